@@ -1,0 +1,150 @@
+"""One exception hierarchy, rooted in `AeroqueueError`.
+
+Each class's docstring is its default message, so `raise ListSealed()` reads
+well and a caller can still pass a precise message. Errors from the Aerospike
+client never leave `aeroqueue.backends`: they are wrapped at the boundary
+into `BackendError` subclasses that name the operation and the key.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class AeroqueueError(Exception):
+    """An aeroqueue operation failed."""
+
+    def __init__(self, message: str | None = None, **context: Any) -> None:
+        self.message = message or (type(self).__doc__ or "").strip().splitlines()[0]
+        self.context = context
+        super().__init__(self.message)
+
+
+# -- configuration ---------------------------------------------------------
+
+
+class ConfigError(AeroqueueError):
+    """The configuration is invalid."""
+
+
+class InvalidURL(ConfigError):
+    """The store URL is malformed."""
+
+
+# -- backend boundary ------------------------------------------------------
+
+
+class BackendError(AeroqueueError):
+    """The Aerospike backend refused or failed an operation."""
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        operation: str = "",
+        key: str = "",
+        code: int | None = None,
+        **context: Any,
+    ) -> None:
+        self.operation = operation
+        self.key = key
+        self.code = code
+        super().__init__(message, operation=operation, key=key, code=code, **context)
+
+
+class RecordNotFound(BackendError):
+    """The record does not exist."""
+
+
+class GenerationConflict(BackendError):
+    """The record changed since it was read (generation check failed)."""
+
+
+class RecordExists(BackendError):
+    """The record already exists (create-only write)."""
+
+
+class RecordTooBig(BackendError):
+    """The record would exceed the namespace's max-record-size."""
+
+
+class RecordBusy(BackendError):
+    """Too many operations are queued on one hot key (Aerospike code 14); retry with backoff."""
+
+
+class BackendTimeout(BackendError):
+    """The backend did not answer in time; the operation may or may not have happened."""
+
+
+class FilteredOut(BackendError):
+    """The record did not match the operation's expression filter."""
+
+
+class UDFError(BackendError):
+    """A Lua UDF raised an error."""
+
+
+class Unsupported(BackendError):
+    """The embedded backend does not implement this client call or option."""
+
+
+class UDFModulesError(AeroqueueError):
+    """The cluster's UDF modules are missing or differ from this client's: run `aeroqueue udf register`."""
+
+
+# -- job lists ---------------------------------------------------------------
+
+
+class ListError(AeroqueueError):
+    """The job list operation failed."""
+
+
+class ListNotFound(ListError):
+    """No job list by that name exists."""
+
+
+class ListSealed(ListError):
+    """The job list is sealed: loading is finished, nothing more can be added."""
+
+
+class ListModeMismatch(ListError):
+    """The job list exists with another reservation mode."""
+
+
+class LoadError(ListError):
+    """The input could not be loaded; nothing from it became reservable."""
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        source: str = "",
+        line: int | None = None,
+        field: str | None = None,
+    ) -> None:
+        self.source = source
+        self.line = line
+        self.field = field
+        where = source
+        if line is not None:
+            where += f", line {line}"
+        if field is not None:
+            where += f", field {field!r}"
+        text = message or (type(self).__doc__ or "").strip()
+        super().__init__(f"{where}: {text}" if where else text)
+
+
+class LoadAbandoned(ListError):
+    """This load's range outlived its lease and was finished by a recovery; run the same load again (it is idempotent)."""
+
+
+class ClaimLost(AeroqueueError):
+    """The job's claim is no longer this session's (it expired or was reaped); the acknowledgement was refused."""
+
+
+class JobNotFound(AeroqueueError):
+    """The job does not exist."""
+
+
+class SessionLost(AeroqueueError):
+    """The session is gone or no longer alive: stop taking work and do not acknowledge what it held."""

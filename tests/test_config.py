@@ -1,0 +1,71 @@
+"""Store URLs: accepted forms, the default, and one clear error per malformed part."""
+
+from __future__ import annotations
+
+import pytest
+
+from aeroqueue.config import default_store_path, parse_url, resolve_url
+from aeroqueue.errors import InvalidURL
+
+
+def test_aerospike_url_with_several_hosts():
+    url = parse_url("aerospike://a.example:3000,10.0.0.2:3100/prod")
+    assert url.scheme == "aerospike" and url.namespace == "prod"
+    assert url.hosts == (("a.example", 3000), ("10.0.0.2", 3100))
+
+
+def test_aerospike_port_defaults_to_3000():
+    assert parse_url("aerospike://db/test").hosts == (("db", 3000),)
+
+
+def test_embedded_file_and_memory():
+    assert parse_url("embedded:///var/lib/aq/store.db").path == "/var/lib/aq/store.db"
+    mem = parse_url("embedded://:memory:")
+    assert mem.is_embedded and mem.path == ":memory:" and mem.namespace == "test"
+
+
+def test_default_is_the_embedded_store(monkeypatch, tmp_path):
+    monkeypatch.delenv("AEROQUEUE_URL", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    url = resolve_url(None)
+    assert url.is_embedded and url.path == str(tmp_path / "aeroqueue" / "store.db")
+    assert default_store_path() == tmp_path / "aeroqueue" / "store.db"
+
+
+def test_environment_variable_is_used(monkeypatch):
+    monkeypatch.setenv("AEROQUEUE_URL", "aerospike://h:3000/ns1")
+    assert resolve_url(None).namespace == "ns1"
+    assert resolve_url("embedded://:memory:").is_embedded  # an explicit URL wins
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        ("localhost:3000/test", "missing scheme"),
+        ("redis://h/test", "unknown scheme 'redis'"),
+        ("aerospike:///test", "no host"),
+        ("aerospike://h:3000", "no namespace"),
+        ("aerospike://h:3000/", "no namespace"),
+        ("aerospike://h:99999/test", "port '99999'"),
+        ("aerospike://h:abc/test", "port 'abc'"),
+        ("aerospike://h:3000,,g:3000/test", "empty host"),
+        ("aerospike://h:3000/bad.ns", "namespace 'bad.ns'"),
+        ("aerospike://h$x:3000/test", "host 'h$x'"),
+        ("embedded://relative/store.db", "absolute file path"),
+        ("embedded:///", "absolute file path"),
+        ("embedded:///tmp/dir/", "names a directory"),
+    ],
+)
+def test_malformed_urls_name_the_wrong_part(text, names):
+    with pytest.raises(InvalidURL) as e:
+        parse_url(text)
+    assert names in str(e.value)
+
+
+def test_password_never_shown():
+    url = parse_url("aerospike://admin:s3cret@h:3000/test")
+    assert url.user == "admin" and url.password == "s3cret"
+    assert "s3cret" not in str(url) and "s3cret" not in repr(url)
+    with pytest.raises(InvalidURL) as e:
+        parse_url("aerospike://admin:s3cret@h:99999/test")
+    assert "s3cret" not in str(e.value)
