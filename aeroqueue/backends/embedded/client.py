@@ -1,0 +1,630 @@
+"""`EmbeddedClient`: the subset of `aerospike.Client` that aeroqueue calls.
+
+It answers as a real Aerospike 8.1 server and the `aerospike` Python client
+19.x do (../shared/observed/observed.json is the reference; the conformance
+test replays it): same return shapes, same `aerospike.exception` classes and
+codes, generations, TTLs honoured on read, last-update times, digests and
+partition ids from `aerospike.calc_digest`, and UDFs run through lupa.
+
+Anything outside that subset raises `NotImplementedError` naming the call or
+option, so nothing silently behaves differently from a server.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import aerospike
+from aerospike_helpers.batch.records import BatchRecord, BatchRecords, Write
+
+from .expressions import matches
+from .faults import Faults
+from .lua_runtime import LuaRuntime
+from .operations import run_operations, server_error
+from .storage import Row, Storage, decode, encode
+from .types import MAX_BIN_NAME, NEVER_EXPIRE, RecordView, UdfFailure
+
+N_PARTITIONS = 4096
+DEFAULT_MAX_RECORD_SIZE = 1024 * 1024  # Aerospike's max-record-size default (1 MiB)
+_MAX_GEN = 0xFFFF  # generations are 16-bit on the server and wrap past this
+_TTL_NEVER = {-1, aerospike.TTL_NEVER_EXPIRE}
+_TTL_KEEP = {-2, aerospike.TTL_DONT_UPDATE}
+_TTL_DEFAULT = {0, -3, aerospike.TTL_CLIENT_DEFAULT, None}
+# Policy keys that only tune the network round trip: meaningless here, accepted.
+_TRANSPORT_POLICY = {
+    "total_timeout", "socket_timeout", "max_retries", "sleep_between_retries", "timeout_delay",
+    "compress", "replica", "read_mode_ap", "read_mode_sc", "read_touch_ttl_percent",
+    "deserialize", "durable_delete", "commit_level", "concurrent", "allow_inline", "allow_inline_ssd",
+    "respond_all_keys", "send_set_name", "max_concurrent_threads", "records_per_second",
+    "expected_duration", "short_query", "fail_on_cluster_change", "include_bin_data", "txn",
+}
+
+
+class Clock:
+    """The embedded server's clock, in unix milliseconds. Tests replace or advance it
+    (`ManualClock`) so that expiry is driven without sleeping."""
+
+    def now_ms(self) -> int:
+        return time.time_ns() // 1_000_000
+
+
+class ManualClock(Clock):
+    """A clock that moves only when told: `advance(ms)`."""
+
+    def __init__(self, start_ms: int | None = None) -> None:
+        self._now = start_ms if start_ms is not None else time.time_ns() // 1_000_000
+        self._lock = threading.Lock()
+
+    def now_ms(self) -> int:
+        with self._lock:
+            return self._now
+
+    def advance(self, ms: int) -> None:
+        with self._lock:
+            self._now += ms
+
+
+def partition_id(digest: bytes) -> int:
+    """Aerospike's partition of a digest: little-endian uint16 of its first two bytes, mod 4096."""
+    return int.from_bytes(digest[:2], "little") & (N_PARTITIONS - 1)
+
+
+def _not_found() -> Exception:
+    return server_error("RecordNotFound", 2, "AEROSPIKE_ERR_RECORD_NOT_FOUND")
+
+
+class EmbeddedClient:
+    """An Aerospike stand-in on one SQLite file (or ``:memory:``)."""
+
+    def __init__(
+        self,
+        path: str,
+        namespace: str = "test",
+        *,
+        clock: Clock | None = None,
+        max_record_size: int = DEFAULT_MAX_RECORD_SIZE,
+        default_ttl: int = 0,
+        faults: Faults | None = None,
+    ) -> None:
+        self.namespace = namespace
+        self.clock = clock or Clock()
+        self.max_record_size = max_record_size
+        self.default_ttl = default_ttl
+        self.faults = faults if faults is not None else Faults.from_env()
+        self._storage = Storage(path)
+        self._lua = LuaRuntime()
+        self._connected = True
+
+    # -- connection ----------------------------------------------------------
+
+    def connect(self, *_: Any) -> EmbeddedClient:
+        self._connected = True
+        return self
+
+    def is_connected(self) -> bool:
+        return self._connected
+
+    def close(self) -> None:
+        self._connected = False
+        self._storage.close()
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for names the class does not define.
+        if name.startswith("_"):
+            raise AttributeError(name)
+        raise NotImplementedError(
+            f"embedded backend: aerospike.Client.{name}() is not implemented "
+            "(aeroqueue only uses a subset of the client; see aerospike-facts.md)"
+        )
+
+    # -- keys, metadata, policies -------------------------------------------
+
+    def _key(self, key: tuple) -> tuple[str, str, Any, bytes]:
+        if not isinstance(key, tuple) or len(key) < 3:
+            raise server_error("ParamError", -2, f"key is invalid: {key!r}")
+        ns, set_name, user_key = key[0], key[1] or "", key[2]
+        if ns != self.namespace:
+            raise server_error("NamespaceNotFound", 20, "AEROSPIKE_ERR_NAMESPACE_NOT_FOUND")
+        digest = key[3] if len(key) > 3 and key[3] else None
+        if digest is None:
+            if user_key is None:
+                raise server_error("ParamError", -2, "key is invalid: no user key and no digest")
+            digest = aerospike.calc_digest(ns, set_name, user_key)
+        return ns, set_name, user_key, bytes(digest)
+
+    def _now(self) -> int:
+        return self.clock.now_ms()
+
+    @staticmethod
+    def _check_policy(policy: dict | None, allowed: set[str], call: str) -> dict:
+        policy = policy or {}
+        unknown = set(policy) - allowed - _TRANSPORT_POLICY
+        if unknown:
+            raise NotImplementedError(
+                f"embedded backend: {call}() policy option(s) {sorted(unknown)} are not implemented"
+            )
+        return policy
+
+    def _meta(self, row: Row | None, now: int) -> dict[str, int]:
+        if row is None:
+            return {"gen": 0, "ttl": NEVER_EXPIRE}
+        if not row.void_ms:
+            return {"gen": row.gen, "ttl": NEVER_EXPIRE}
+        return {"gen": row.gen, "ttl": max(1, -(-(row.void_ms - now) // 1000))}
+
+    def _live(self, db: Any, ns: str, digest: bytes, now: int) -> Row | None:
+        """The record, or None if it is missing or expired (expiry is honoured on read)."""
+        row = Storage.load(db, ns, digest)
+        if row is not None and row.void_ms and row.void_ms <= now:
+            return None
+        return row
+
+    def _view(self, row: Row | None, set_name: str, user_key: Any, digest: bytes, now: int) -> RecordView:
+        if row is None:
+            return RecordView(False, {}, 0, 0, 0, digest, set_name, None, now)
+        return RecordView(True, row.bins, row.gen, row.void_ms, row.lut_ms, digest, row.set_name, row.user_key, now)
+
+    def _void_time(self, ttl: Any, old: Row | None, now: int) -> int:
+        if ttl in _TTL_KEEP:
+            return old.void_ms if old is not None else self._void_time(None, None, now)
+        if ttl in _TTL_NEVER:
+            return 0
+        if ttl in _TTL_DEFAULT:
+            return now + self.default_ttl * 1000 if self.default_ttl else 0
+        if not isinstance(ttl, int) or ttl < 0:
+            raise server_error("ParamError", -2, f"invalid ttl {ttl!r}")
+        return now + ttl * 1000
+
+    @staticmethod
+    def _gen_check(meta: dict | None, policy: dict, row: Row | None) -> None:
+        mode = policy.get("gen", aerospike.POLICY_GEN_IGNORE)
+        if mode == aerospike.POLICY_GEN_IGNORE or not meta or "gen" not in meta:
+            return
+        current = row.gen if row is not None else 0
+        ok = current == meta["gen"] if mode == aerospike.POLICY_GEN_EQ else current < meta["gen"]
+        if not ok:
+            raise server_error("RecordGenerationError", 3, "AEROSPIKE_ERR_RECORD_GENERATION")
+
+    def _filter(self, policy: dict, view: RecordView) -> None:
+        expr = policy.get("expressions")
+        if expr is not None and view.exists and not matches(expr, view):
+            raise server_error("FilteredOut", 27, "AEROSPIKE_FILTERED_OUT")
+
+    def _commit(
+        self,
+        db: Any,
+        ns: str,
+        digest: bytes,
+        set_name: str,
+        user_key: Any,
+        old: Row | None,
+        bins: dict[str, Any],
+        void_ms: int,
+        now: int,
+        send_key: bool,
+    ) -> Row | None:
+        """Write a record's new state as one more generation; a record left without bins is deleted."""
+        if not bins:
+            Storage.delete(db, ns, digest)
+            return None
+        blob = encode(bins)
+        # Close to the server's flat size: the encoded bins plus a per-bin header.
+        if len(blob) + 16 * len(bins) + 64 > self.max_record_size:
+            raise server_error("RecordTooBig", 13, "AEROSPIKE_ERR_RECORD_TOO_BIG")
+        gen = old.gen % _MAX_GEN + 1 if old is not None else 1
+        stored_key = user_key if send_key else (old.user_key if old is not None else None)
+        row = Row(set_name, partition_id(digest), stored_key, bins, gen, void_ms, now)
+        Storage.store(db, ns, digest, row, blob)
+        return row
+
+    # -- single-record calls -----------------------------------------------
+
+    def put(self, key: tuple, bins: dict, meta: dict | None = None, policy: dict | None = None, serializer: Any = None) -> int:
+        pol = self._check_policy(policy, {"key", "gen", "exists", "ttl", "expressions"}, "put")
+        for name in bins:
+            if len(name.encode()) > MAX_BIN_NAME:
+                raise server_error("BinNameError", 21, "A bin name should not exceed 15 characters limit")
+        ns, set_name, user_key, digest = self._key(key)
+        self.faults.check("put", user_key, None, "before")
+        now = self._now()
+        with self._storage.write() as db:
+            old = self._live(db, ns, digest, now)
+            exists_mode = pol.get("exists", aerospike.POLICY_EXISTS_IGNORE)
+            if old is not None and exists_mode == aerospike.POLICY_EXISTS_CREATE:
+                raise server_error("RecordExistsError", 5, "AEROSPIKE_ERR_RECORD_EXISTS")
+            if old is None and exists_mode in (aerospike.POLICY_EXISTS_UPDATE, aerospike.POLICY_EXISTS_REPLACE):
+                raise _not_found()
+            self._gen_check(meta, pol, old)
+            self._filter(pol, self._view(old, set_name, user_key, digest, now))
+            replace = exists_mode in (aerospike.POLICY_EXISTS_REPLACE, aerospike.POLICY_EXISTS_CREATE_OR_REPLACE)
+            new_bins = {} if (old is None or replace) else dict(old.bins)
+            for name, value in bins.items():
+                if value is None:
+                    new_bins.pop(name, None)
+                else:
+                    new_bins[name] = _store_value(value)
+            ttl = (meta or {}).get("ttl", pol.get("ttl"))
+            self._commit(
+                db, ns, digest, set_name, user_key, old, new_bins, self._void_time(ttl, old, now), now,
+                pol.get("key") == aerospike.POLICY_KEY_SEND,
+            )
+        self.faults.check("put", user_key, None, "after")
+        return 0
+
+    def _read(self, key: tuple, policy: dict | None, call: str) -> tuple[tuple, Row, int]:
+        pol = self._check_policy(policy, {"expressions", "key"}, call)
+        ns, set_name, user_key, digest = self._key(key)
+        self.faults.check(call, user_key, None, "before")
+        now = self._now()
+        with self._storage.read() as db:
+            row = self._live(db, ns, digest, now)
+        if row is None:
+            raise _not_found()
+        self._filter(pol, self._view(row, set_name, user_key, digest, now))
+        return (ns, set_name, user_key, bytearray(digest)), row, now
+
+    def get(self, key: tuple, policy: dict | None = None) -> tuple:
+        k, row, now = self._read(key, policy, "get")
+        # The server does not return the user key on a read: the client shows None.
+        return (k[0], k[1], None, k[3]), self._meta(row, now), _out_bins(row.bins)
+
+    def select(self, key: tuple, bins: list[str], policy: dict | None = None) -> tuple:
+        k, row, now = self._read(key, policy, "select")
+        return k, self._meta(row, now), {b: _out(v) for b, v in row.bins.items() if b in bins}
+
+    def exists(self, key: tuple, policy: dict | None = None) -> tuple:
+        pol = self._check_policy(policy, {"expressions"}, "exists")
+        ns, set_name, user_key, digest = self._key(key)
+        now = self._now()
+        with self._storage.read() as db:
+            row = self._live(db, ns, digest, now)
+        if row is not None:
+            self._filter(pol, self._view(row, set_name, user_key, digest, now))
+        return (ns, set_name, user_key, bytearray(digest)), (self._meta(row, now) if row else None)
+
+    def remove(self, key: tuple, meta: dict | None = None, policy: dict | None = None) -> int:
+        pol = self._check_policy(policy, {"gen", "key", "expressions"}, "remove")
+        ns, set_name, user_key, digest = self._key(key)
+        self.faults.check("remove", user_key, None, "before")
+        now = self._now()
+        with self._storage.write() as db:
+            old = self._live(db, ns, digest, now)
+            if old is None:
+                raise _not_found()
+            self._gen_check(meta, pol, old)
+            self._filter(pol, self._view(old, set_name, user_key, digest, now))
+            Storage.delete(db, ns, digest)
+        self.faults.check("remove", user_key, None, "after")
+        return 0
+
+    def operate(self, key: tuple, list_: list, meta: dict | None = None, policy: dict | None = None) -> tuple:
+        k, m, results = self._operate(key, list_, meta, policy, "operate")
+        out: dict[str, Any] = {}
+        for name, value in results:
+            out[name] = value
+        return k, m, out
+
+    def operate_ordered(self, key: tuple, list_: list, meta: dict | None = None, policy: dict | None = None) -> tuple:
+        return self._operate(key, list_, meta, policy, "operate_ordered")
+
+    def _operate(self, key: tuple, ops: list, meta: dict | None, policy: dict | None, call: str) -> tuple:
+        pol = self._check_policy(policy, {"gen", "key", "exists", "ttl", "expressions"}, call)
+        ns, set_name, user_key, digest = self._key(key)
+        self.faults.check(call, user_key, None, "before")
+        now = self._now()
+        with self._storage.write() as db:
+            old = self._live(db, ns, digest, now)
+            view = self._view(old, set_name, user_key, digest, now)
+            self._gen_check(meta, pol, old)
+            self._filter(pol, view)
+            outcome = run_operations(view, ops)
+            if old is None and not outcome.wrote:
+                raise _not_found()
+            if old is not None and pol.get("exists") == aerospike.POLICY_EXISTS_CREATE and outcome.wrote:
+                raise server_error("RecordExistsError", 5, "AEROSPIKE_ERR_RECORD_EXISTS")
+            row = old
+            if outcome.wrote or outcome.touched:
+                ttl = (meta or {}).get("ttl", pol.get("ttl"))
+                row = self._commit(
+                    db, ns, digest, set_name, user_key, old, outcome.bins,
+                    self._void_time(ttl, old, now), now, pol.get("key") == aerospike.POLICY_KEY_SEND,
+                )
+        self.faults.check(call, user_key, None, "after")
+        results = [(name, _out(value)) for name, value in outcome.results]
+        return (ns, set_name, user_key, bytearray(digest)), self._meta(row, now), results
+
+    # -- UDFs ------------------------------------------------------------------
+
+    def apply(self, key: tuple, module: str, function: str, args: list, policy: dict | None = None) -> Any:
+        pol = self._check_policy(policy, {"key", "expressions", "ttl"}, "apply")
+        ns, set_name, user_key, digest = self._key(key)
+        self.faults.check("apply", user_key, function, "before")
+        result, _row, _now = self._apply_one(ns, set_name, user_key, digest, module, function, args, pol)
+        self.faults.check("apply", user_key, function, "after")
+        return result
+
+    def _apply_one(
+        self, ns: str, set_name: str, user_key: Any, digest: bytes, module: str, function: str, args: list, pol: dict
+    ) -> tuple[Any, Row | None, int]:
+        now = self._now()
+        with self._storage.write() as db:
+            source = db.execute("SELECT content, hash FROM udfs WHERE name = ?", (module + ".lua",)).fetchone()
+            if source is None:
+                raise _udf_error("UDF: Execution Error 1", module, function)
+            old = self._live(db, ns, digest, now)
+            view = self._view(old, set_name, user_key, digest, now)
+            self._filter(pol, view)
+            try:
+                outcome = self._lua.call(module, source[0], source[1], function, view, list(args or []))
+            except UdfFailure as failure:
+                raise _udf_error(failure.message, module, function) from None
+            row = old
+            if outcome.action == "remove":
+                if old is not None:
+                    Storage.delete(db, ns, digest)
+                row = None
+            elif outcome.action == "write":
+                bins = {k: _store_value(v) for k, v in (outcome.bins or {}).items() if v is not None}
+                ttl = outcome.ttl if outcome.ttl is not None else pol.get("ttl")
+                row = self._commit(
+                    db, ns, digest, set_name, user_key, old, bins, self._void_time(ttl, old, now), now,
+                    pol.get("key") == aerospike.POLICY_KEY_SEND,
+                )
+        return _out(outcome.result), row, now
+
+    def batch_apply(
+        self,
+        keys: list[tuple],
+        module: str,
+        function: str,
+        args: list,
+        policy_batch: dict | None = None,
+        policy_batch_apply: dict | None = None,
+    ) -> BatchRecords:
+        self._check_policy(policy_batch, set(), "batch_apply")
+        pol = self._check_policy(policy_batch_apply, {"key", "ttl", "expressions"}, "batch_apply")
+        records = []
+        for key in keys:
+            ns, set_name, user_key, digest = self._key(key)
+            br = BatchRecord((ns, set_name, user_key, bytearray(digest)))
+            try:
+                self.faults.check("batch_apply", user_key, function, "before")
+                result, row, now = self._apply_one(ns, set_name, user_key, digest, module, function, args, pol)
+                br.result = 0
+                br.record = (br.key, self._meta(row, now), {"SUCCESS": result})
+                self.faults.check("batch_apply", user_key, function, "after")
+            except aerospike.exception.AerospikeError as e:
+                # batch_apply never raises for one record: the error text is lost,
+                # only its code survives (as with the real client).
+                br.result = e.code
+                br.record = None
+                br.in_doubt = bool(getattr(e, "in_doubt", False))
+            records.append(br)
+        return _batch(records)
+
+    def batch_write(self, batch_records: BatchRecords, policy_batch: dict | None = None) -> BatchRecords:
+        """Write records (``Write`` entries with operations) in one round trip.
+
+        Each record succeeds or fails on its own, as on a server; here they also
+        share one SQLite transaction, which only makes the batch faster.
+        """
+        self._check_policy(policy_batch, set(), "batch_write")
+        with self._storage.write():
+            for br in batch_records.batch_records:
+                if not isinstance(br, Write):
+                    raise NotImplementedError(
+                        f"embedded backend: batch_write supports Write records only, not {type(br).__name__}"
+                    )
+                try:
+                    key, meta, results = self._operate(br.key, br.ops, br.meta, br.policy, "batch_write")
+                    bins: dict[str, Any] = {}
+                    for name, value in results:
+                        bins[name] = value
+                    br.result, br.record = 0, (key, meta, bins)
+                except aerospike.exception.AerospikeError as e:
+                    br.result, br.record = e.code, None
+                    br.in_doubt = bool(getattr(e, "in_doubt", False))
+        batch_records.result = _batch_status(batch_records.batch_records)
+        return batch_records
+
+    def batch_read(self, keys: list[tuple], bins: list[str] | None = None, policy: dict | None = None) -> BatchRecords:
+        pol = self._check_policy(policy, {"expressions"}, "batch_read")
+        now = self._now()
+        records = []
+        with self._storage.read() as db:
+            for key in keys:
+                ns, set_name, user_key, digest = self._key(key)
+                br = BatchRecord((ns, set_name, user_key, bytearray(digest)))
+                row = self._live(db, ns, digest, now)
+                if row is None:
+                    br.result = 2
+                elif pol.get("expressions") is not None and not matches(
+                    pol["expressions"], self._view(row, set_name, user_key, digest, now)
+                ):
+                    br.result = 27
+                else:
+                    chosen = row.bins if bins is None else {b: v for b, v in row.bins.items() if b in bins}
+                    br.record = (br.key, self._meta(row, now), _out_bins(chosen))
+                records.append(br)
+        return _batch(records)
+
+    # -- UDF registry --------------------------------------------------------
+
+    def udf_put(self, filename: str, udf_type: int = 0, policy: dict | None = None) -> int:
+        if udf_type != aerospike.UDF_TYPE_LUA:
+            raise server_error("ParamError", -2, "only Lua UDF modules are supported")
+        with open(filename, encoding="utf-8") as f:
+            content = f.read()
+        name = os.path.basename(filename)
+        digest = hashlib.sha1(content.encode()).hexdigest()
+        with self._storage.write() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO udfs (name, content, hash, type) VALUES (?, ?, ?, ?)",
+                (name, content, digest, udf_type),
+            )
+        return 0
+
+    def udf_list(self, policy: dict | None = None) -> list[dict]:
+        with self._storage.read() as db:
+            rows = db.execute("SELECT name, hash, type FROM udfs ORDER BY name").fetchall()
+        return [{"name": n, "hash": bytearray(h.encode()), "type": t} for n, h, t in rows]
+
+    def udf_get(self, module: str, language: int = 0, policy: dict | None = None) -> str:
+        with self._storage.read() as db:
+            row = db.execute("SELECT content FROM udfs WHERE name = ?", (module,)).fetchone()
+        if row is None:
+            raise server_error("UDFNotFound", 1301, "AEROSPIKE_ERR_UDF_NOT_FOUND")
+        content: str = row[0]
+        return content
+
+    def udf_remove(self, module: str, policy: dict | None = None) -> int:
+        with self._storage.write() as db:
+            gone = db.execute("DELETE FROM udfs WHERE name = ?", (module,)).rowcount
+        if not gone:
+            raise server_error("UDFNotFound", 1301, "AEROSPIKE_ERR_UDF_NOT_FOUND")
+        return 0
+
+    # -- scans and truncation --------------------------------------------------
+
+    def query(self, namespace: str, set_name: str | None = None) -> EmbeddedQuery:
+        if namespace != self.namespace:
+            raise server_error("NamespaceNotFound", 20, "AEROSPIKE_ERR_NAMESPACE_NOT_FOUND")
+        return EmbeddedQuery(self, set_name)
+
+    def _scan(
+        self, set_name: str | None, begin: int, count: int, expr: Any, bins: list[str] | None
+    ) -> Iterator[tuple[int, tuple, dict, dict]]:
+        now = self._now()
+        end = begin + count
+        # Page by partition ranges so a scan of a large set never holds one huge result.
+        for lo in range(begin, end, 128):
+            hi = min(lo + 128, end)
+            sql = "SELECT digest, set_name, part, ukey, bins, gen, void_ms, lut_ms FROM records WHERE ns = ? AND part >= ? AND part < ?"
+            params: list[Any] = [self.namespace, lo, hi]
+            if set_name is not None:
+                sql += " AND set_name = ?"
+                params.append(set_name)
+            with self._storage.read() as db:
+                rows = db.execute(sql + " ORDER BY part, digest", params).fetchall()
+            for digest, sname, part, ukey, blob, gen, void_ms, lut_ms in rows:
+                if void_ms and void_ms <= now:
+                    continue
+                row = Row(sname, part, decode(ukey) if ukey is not None else None, decode(blob), gen, void_ms, lut_ms)
+                if expr is not None and not matches(expr, self._view(row, sname, row.user_key, digest, now)):
+                    continue
+                chosen = row.bins if not bins else {b: v for b, v in row.bins.items() if b in bins}
+                key = (self.namespace, sname, row.user_key, bytearray(digest))
+                yield part, key, self._meta(row, now), _out_bins(chosen)
+
+    def truncate(self, namespace: str, set_name: str | None, nanos: int, policy: dict | None = None) -> int:
+        if namespace != self.namespace:
+            raise server_error("NamespaceNotFound", 20, "AEROSPIKE_ERR_NAMESPACE_NOT_FOUND")
+        # Records last updated before the cut-off go; a record written in the same
+        # instant may survive, as on the server.
+        cutoff = nanos // 1_000_000 if nanos else self._now()
+        with self._storage.write() as db:
+            if set_name:
+                db.execute("DELETE FROM records WHERE ns = ? AND set_name = ? AND lut_ms < ?", (namespace, set_name, cutoff))
+            else:
+                db.execute("DELETE FROM records WHERE ns = ? AND lut_ms < ?", (namespace, cutoff))
+        return 0
+
+    def info_all(self, command: str, policy: dict | None = None) -> dict:
+        if command == "build":
+            return {"embedded": (None, "embedded\n")}
+        raise NotImplementedError(f"embedded backend: info command {command!r} is not implemented")
+
+
+class EmbeddedQuery:
+    """`client.query(ns, set)`: a scan of one set, optionally by partition range
+    (`policy={'partition_filter': {'begin': b, 'count': c}}`) and expression."""
+
+    def __init__(self, client: EmbeddedClient, set_name: str | None) -> None:
+        self._client = client
+        self._set = set_name
+        self._bins: list[str] | None = None
+
+    def select(self, *bins: str) -> None:
+        self._bins = list(bins)
+
+    def where(self, *_: Any) -> None:
+        raise NotImplementedError("embedded backend: secondary-index queries (Query.where) are not implemented")
+
+    def _iterate(self, policy: dict | None) -> tuple[bool, Iterator[tuple[int, tuple, dict, dict]]]:
+        pol = EmbeddedClient._check_policy(policy, {"partition_filter", "expressions"}, "query")
+        pf = pol.get("partition_filter")
+        if pf is None:
+            return False, self._client._scan(self._set, 0, N_PARTITIONS, pol.get("expressions"), self._bins)
+        extra = set(pf) - {"begin", "count"}
+        if extra:
+            raise NotImplementedError(f"embedded backend: partition_filter keys {sorted(extra)} are not implemented")
+        begin, count = int(pf.get("begin", 0)), int(pf.get("count", N_PARTITIONS))
+        if begin < 0 or count < 1 or begin + count > N_PARTITIONS:
+            raise server_error("ParamError", -2, f"invalid partition filter begin={begin} count={count}")
+        return True, self._client._scan(self._set, begin, count, pol.get("expressions"), self._bins)
+
+    def results(self, policy: dict | None = None, options: dict | None = None) -> list[tuple]:
+        _, it = self._iterate(policy)
+        return [(key, meta, bins) for _part, key, meta, bins in it]
+
+    def foreach(self, callback: Callable[..., Any], policy: dict | None = None, options: dict | None = None) -> None:
+        with_partition, it = self._iterate(policy)
+        for part, key, meta, bins in it:
+            # With a partition filter the client calls back with the partition id too.
+            stop = callback(part, (key, meta, bins)) if with_partition else callback((key, meta, bins))
+            if stop is False:
+                return
+
+
+def _store_value(value: Any) -> Any:
+    """Normalise a bin value for storage (bytearray and bytes are both blobs)."""
+    if isinstance(value, bytearray):
+        return bytes(value)
+    if isinstance(value, list):
+        return [_store_value(v) for v in value]
+    if isinstance(value, dict):
+        return {(bytes(k) if isinstance(k, bytearray) else k): _store_value(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [_store_value(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str, bytes)):
+        return value
+    raise server_error("ParamError", -2, f"unsupported bin value type {type(value).__name__}")
+
+
+def _out(value: Any) -> Any:
+    """A stored value as the client returns it: blobs as bytearray."""
+    if isinstance(value, bytes):
+        return bytearray(value)
+    if isinstance(value, list):
+        return [_out(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _out(v) for k, v in value.items()}  # keys stay hashable bytes
+    return value
+
+
+def _out_bins(bins: dict[str, Any]) -> dict[str, Any]:
+    return {k: _out(v) for k, v in bins.items()}
+
+
+def _udf_error(message: str, module: str, function: str) -> Exception:
+    err = server_error("UDFError", 100, message)
+    err.module = module  # type: ignore[attr-defined]
+    err.func = function  # type: ignore[attr-defined]
+    return err
+
+
+def _batch_status(records: list[BatchRecord]) -> int:
+    # 0 unless some record failed for a reason other than not-found or filtered-out
+    # (-16, AEROSPIKE_BATCH_FAILED), as the client documents BatchRecords.result.
+    return -16 if any(r.result not in (0, 2, 27) for r in records) else 0
+
+
+def _batch(records: list[BatchRecord]) -> BatchRecords:
+    out = BatchRecords(records)
+    out.result = _batch_status(records)
+    return out

@@ -1,0 +1,217 @@
+"""Records in one SQLite file, shared by every process and thread on the machine.
+
+Why SQLite: several processes (CLI commands, workers, Spark tasks, a test that
+SIGKILLs a worker) must see one store, and a process killed mid-write must
+leave nothing half-written. SQLite's WAL journal gives both: a write
+transaction either commits whole or is invisible.
+
+Every single-record operation runs as one ``BEGIN IMMEDIATE`` transaction
+(read, compute, write), which makes it atomic and serialises it with every
+other write: stronger than Aerospike's per-record lock, never weaker. Nothing
+above this layer may rely on that extra strength; the contract tests also run
+against a real server.
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+FORMAT_VERSION = "1"  # bump when the table layout or the bin encoding changes
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS records (
+    ns       TEXT    NOT NULL,
+    digest   BLOB    NOT NULL,
+    set_name TEXT    NOT NULL,
+    part     INTEGER NOT NULL,   -- partition id, 0..4095
+    ukey     BLOB,               -- marshalled user key, only with POLICY_KEY_SEND
+    bins     BLOB    NOT NULL,   -- marshalled dict of bins
+    gen      INTEGER NOT NULL,
+    void_ms  INTEGER NOT NULL,   -- unix ms of expiry, 0 = never
+    lut_ms   INTEGER NOT NULL,   -- last-update time, unix ms
+    PRIMARY KEY (ns, digest)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS records_by_partition ON records (ns, set_name, part);
+CREATE TABLE IF NOT EXISTS udfs (
+    name    TEXT PRIMARY KEY,
+    content TEXT NOT NULL,
+    hash    TEXT NOT NULL,
+    type    INTEGER NOT NULL
+);
+"""
+
+
+@dataclass
+class Row:
+    """One stored record, decoded."""
+
+    set_name: str
+    part: int
+    user_key: Any
+    bins: dict[str, Any]
+    gen: int
+    void_ms: int
+    lut_ms: int
+
+
+def encode(value: Any) -> bytes:
+    # marshal: fast, keeps int/float/str/bool/bytes/list/dict apart, and
+    # unlike pickle never runs code when loading a file someone else wrote.
+    return marshal.dumps(value)
+
+
+def decode(blob: bytes) -> Any:
+    return marshal.loads(blob)
+
+
+class Storage:
+    """The SQLite file (or a private in-memory database) behind an EmbeddedClient."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.memory = path == ":memory:"
+        self._local = threading.local()
+        # One writer per process at a time: threads queue on this lock instead of
+        # spinning in SQLite's busy handler; processes still queue in SQLite.
+        self._write_lock = threading.RLock()
+        self._shared: sqlite3.Connection | None = None
+        if self.memory:
+            self._shared = self._connect()
+        else:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self._init_schema()
+
+    # -- connections -------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(
+            self.path,
+            timeout=120.0,
+            isolation_level=None,  # we issue BEGIN IMMEDIATE / COMMIT ourselves
+            check_same_thread=not self.memory,
+            cached_statements=256,
+        )
+        if not self.memory:
+            db.execute("PRAGMA journal_mode=WAL")
+            # NORMAL in WAL mode survives any process crash (only a power loss
+            # can drop the last commits): the failure model this store serves.
+            db.execute("PRAGMA synchronous=NORMAL")
+        return db
+
+    def conn(self) -> sqlite3.Connection:
+        if self._shared is not None:
+            return self._shared
+        local = self._local
+        # A connection must not cross fork(): a child gets its own.
+        if getattr(local, "pid", None) != os.getpid():
+            local.db = self._connect()
+            local.pid = os.getpid()
+        db: sqlite3.Connection = local.db
+        return db
+
+    def _init_schema(self) -> None:
+        with self.write() as db:
+            for stmt in filter(None, (s.strip() for s in _SCHEMA.split(";"))):
+                db.execute(stmt)
+            row = db.execute("SELECT v FROM meta WHERE k = 'format'").fetchone()
+            if row is None:
+                db.execute("INSERT INTO meta (k, v) VALUES ('format', ?)", (FORMAT_VERSION,))
+            elif row[0] != FORMAT_VERSION:
+                raise RuntimeError(
+                    f"embedded store {self.path} has format {row[0]}, this aeroqueue reads format "
+                    f"{FORMAT_VERSION}; move the file aside or use a matching aeroqueue version"
+                )
+
+    @contextmanager
+    def write(self) -> Iterator[sqlite3.Connection]:
+        """One atomic write transaction; rolled back if the block raises.
+
+        Nested use (a batch running its records in one transaction) turns the
+        inner blocks into savepoints: each record still succeeds or fails alone.
+        """
+        with self._write_lock:
+            db = self.conn()
+            depth = getattr(self._local, "depth", 0)
+            self._local.depth = depth + 1
+            try:
+                if depth:
+                    db.execute("SAVEPOINT rec")
+                    try:
+                        yield db
+                    except BaseException:
+                        db.execute("ROLLBACK TO rec")
+                        db.execute("RELEASE rec")
+                        raise
+                    db.execute("RELEASE rec")
+                    return
+                db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield db
+                except BaseException:
+                    db.execute("ROLLBACK")
+                    raise
+                db.execute("COMMIT")
+            finally:
+                self._local.depth = depth
+
+    @contextmanager
+    def read(self) -> Iterator[sqlite3.Connection]:
+        """A connection for reads (each statement sees one committed state)."""
+        if self._shared is not None:
+            with self._write_lock:
+                yield self._shared
+        else:
+            yield self.conn()
+
+    def close(self) -> None:
+        db = getattr(self._local, "db", None)
+        if db is not None and getattr(self._local, "pid", None) == os.getpid():
+            db.close()
+            self._local.db = None
+            self._local.pid = None
+        if self._shared is not None:
+            self._shared.close()
+            self._shared = None
+
+    # -- records -----------------------------------------------------------
+
+    @staticmethod
+    def load(db: sqlite3.Connection, ns: str, digest: bytes) -> Row | None:
+        r = db.execute(
+            "SELECT set_name, part, ukey, bins, gen, void_ms, lut_ms FROM records WHERE ns = ? AND digest = ?",
+            (ns, digest),
+        ).fetchone()
+        if r is None:
+            return None
+        return Row(r[0], r[1], decode(r[2]) if r[2] is not None else None, decode(r[3]), r[4], r[5], r[6])
+
+    @staticmethod
+    def store(db: sqlite3.Connection, ns: str, digest: bytes, row: Row, bins_blob: bytes) -> None:
+        db.execute(
+            "INSERT OR REPLACE INTO records (ns, digest, set_name, part, ukey, bins, gen, void_ms, lut_ms) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                ns,
+                digest,
+                row.set_name,
+                row.part,
+                encode(row.user_key) if row.user_key is not None else None,
+                bins_blob,
+                row.gen,
+                row.void_ms,
+                row.lut_ms,
+            ),
+        )
+
+    @staticmethod
+    def delete(db: sqlite3.Connection, ns: str, digest: bytes) -> None:
+        db.execute("DELETE FROM records WHERE ns = ? AND digest = ?", (ns, digest))

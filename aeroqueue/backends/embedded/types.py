@@ -1,0 +1,61 @@
+"""Plain data passed between the embedded store and its interpreters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# Aerospike's "citrusleaf epoch": record.last_update_time() counts from here.
+CITRUSLEAF_EPOCH_MS = 1262304000000
+NEVER_EXPIRE = 0xFFFFFFFF  # what a client reads back as the ttl of a never-expiring record
+MAX_BIN_NAME = 15
+
+
+@dataclass
+class RecordView:
+    """One record as the store holds it, handed to a UDF, operate or expression."""
+
+    exists: bool
+    bins: dict[str, Any]  # decoded Python values: int, float, str, bool, bytes, list, dict
+    gen: int  # 0 when the record does not exist
+    void_time_ms: int  # unix ms at which the record expires; 0 = never
+    last_update_ms: int  # unix ms; 0 when the record does not exist
+    digest: bytes  # 20 bytes
+    set_name: str
+    user_key: Any | None  # stored only with POLICY_KEY_SEND
+    now_ms: int  # the server's clock (injectable in the embedded backend)
+
+    @property
+    def ttl_seconds(self) -> int:
+        """Remaining life in seconds, 0 for never-expiring or missing (record.ttl semantics)."""
+        if not self.exists or not self.void_time_ms:
+            return 0
+        return max(1, -(-(self.void_time_ms - self.now_ms) // 1000))
+
+
+@dataclass
+class UdfOutcome:
+    """What a UDF run asks the store to do."""
+
+    result: Any  # the function's return value, converted to Python
+    action: str = "none"  # "none" | "write" | "remove"
+    bins: dict[str, Any] | None = None  # action == "write": the complete bins afterwards
+    ttl: int | None = None  # set by record.set_ttl (seconds, Aerospike semantics), else None
+
+
+class UdfFailure(Exception):
+    """A UDF failed; `message` is exactly what the server puts after its node prefix."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+@dataclass
+class OperateOutcome:
+    """What an operate() call asks the store to do, and what it answers."""
+
+    results: list[tuple[str, Any]] = field(default_factory=list)  # (bin, value) in op order
+    wrote: bool = False  # at least one write op ran: generation + 1, last-update time = now
+    bins: dict[str, Any] = field(default_factory=dict)  # the complete bins afterwards
+    touched: bool = False  # a touch op ran (rewrites metadata only)

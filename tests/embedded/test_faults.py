@@ -1,0 +1,83 @@
+"""Fault injection on the embedded backend: errors before and after a write, and crashes."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import signal
+
+import pytest
+
+from aeroqueue import errors
+from aeroqueue.backends import open_backend, retry_busy
+from aeroqueue.backends.embedded.faults import ENV_FAULTS
+
+
+def test_error_before_leaves_nothing_written(tmp_path):
+    b = open_backend(f"embedded://{tmp_path / 's.db'}")
+    b.client.faults.add(op="put", error="TimeoutError")
+    with pytest.raises(errors.BackendTimeout):
+        b.put("s", "k", {"a": 1})
+    assert b.get("s", "k") is None
+    b.put("s", "k", {"a": 1})  # fired once only
+    assert b.get("s", "k").bins == {"a": 1}
+
+
+def test_error_after_commit_is_in_doubt_but_written(tmp_path):
+    b = open_backend(f"embedded://{tmp_path / 's.db'}")
+    b.client.faults.add(op="put", error="TimeoutError", when="after")
+    with pytest.raises(errors.BackendTimeout) as e:
+        b.put("s", "k", {"a": 1})
+    assert e.value.__cause__.in_doubt is True
+    assert b.get("s", "k").bins == {"a": 1}
+
+
+def test_record_busy_is_retried_until_it_clears(tmp_path):
+    b = open_backend(f"embedded://{tmp_path / 's.db'}")
+    b.put("s", "k", {"a": 1})
+    b.client.faults.add(op="get", error="RecordBusy", times=3)
+    assert retry_busy(lambda: b.get("s", "k")).bins == {"a": 1}
+    assert b.client.faults.fired == 3
+    b.client.faults.add(op="get", error="RecordBusy", times=-1)
+    with pytest.raises(errors.RecordBusy):
+        retry_busy(lambda: b.get("s", "k"), deadline_s=0.05)
+
+
+def test_fault_matches_key_and_skips(tmp_path):
+    b = open_backend(f"embedded://{tmp_path / 's.db'}")
+    b.client.faults.add(op="put", key="victim", error="RecordBusy", skip=1)
+    b.put("s", "victim", {"a": 1})  # skipped once
+    b.put("s", "other", {"a": 1})  # another key
+    with pytest.raises(errors.RecordBusy):
+        b.put("s", "victim", {"a": 2})
+
+
+def _crash_mid_put(path: str) -> None:
+    os.environ[ENV_FAULTS] = json.dumps([{"op": "put", "key": "k2", "crash": True}])
+    b = open_backend(f"embedded://{path}")
+    b.put("s", "k1", {"a": 1})
+    b.put("s", "k2", {"a": 2})  # dies here, before writing
+    b.put("s", "k3", {"a": 3})
+
+
+def test_process_killed_mid_operation_leaves_store_consistent(tmp_path):
+    path = str(tmp_path / "s.db")
+    p = mp.get_context("spawn").Process(target=_crash_mid_put, args=(path,))
+    p.start()
+    p.join(60)
+    assert p.exitcode == -signal.SIGKILL
+    b = open_backend(f"embedded://{path}")
+    assert b.get("s", "k1").bins == {"a": 1}
+    assert b.get("s", "k2") is None and b.get("s", "k3") is None
+    b.put("s", "k2", {"a": 2})  # the store is still writable
+    assert b.get("s", "k2").bins == {"a": 2}
+
+
+def test_bad_fault_spec_is_refused():
+    from aeroqueue.backends.embedded import Faults
+
+    with pytest.raises(ValueError, match="NoSuchError"):
+        Faults().add(op="put", error="NoSuchError")
+    with pytest.raises(ValueError, match="when"):
+        Faults().add(op="put", error="RecordBusy", when="during")
