@@ -1,0 +1,282 @@
+"""The narrow contract between aeroqueue's logic and Aerospike.
+
+`Backend` wraps a client object that offers the `aerospike.Client` calls the
+project uses: the real client (``aerospike://``) or `EmbeddedClient`
+(``embedded://``). Everything above this module speaks in sets and record
+names, never in raw key tuples, and never sees an `aerospike.exception`: they
+are turned here into `aeroqueue.errors` classes whose message names the
+operation and the key.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import aerospike
+from aerospike import exception as aex
+
+from .. import errors
+from ..config import StoreURL
+
+N_PARTITIONS = 4096
+
+_BY_CODE: dict[int, type[errors.BackendError]] = {
+    2: errors.RecordNotFound,
+    3: errors.GenerationConflict,
+    5: errors.RecordExists,
+    9: errors.BackendTimeout,
+    13: errors.RecordTooBig,
+    14: errors.RecordBusy,
+    27: errors.FilteredOut,
+    100: errors.UDFError,
+}
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Record:
+    """One record read back: its generation, remaining TTL (None: never expires) and bins."""
+
+    gen: int
+    ttl: int | None
+    bins: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """One key's answer in a batch UDF call: `ok` and the UDF's return value, or the error code."""
+
+    name: str
+    ok: bool
+    value: Any
+    code: int
+
+
+def _record(meta: dict | None, bins: dict | None) -> Record:
+    meta = meta or {}
+    ttl = meta.get("ttl")
+    return Record(gen=meta.get("gen", 0), ttl=None if ttl in (None, 0xFFFFFFFF) else ttl, bins=bins or {})
+
+
+class Backend:
+    """Aerospike records for aeroqueue, in one namespace."""
+
+    def __init__(self, client: Any, url: StoreURL) -> None:
+        self.client = client
+        self.url = url
+        self.namespace = url.namespace
+        # Calls that reach the server: the benchmark reports them per job.
+        self.round_trips = 0
+
+    @property
+    def is_embedded(self) -> bool:
+        return self.url.is_embedded
+
+    def key(self, set_name: str, name: str) -> tuple[str, str, str]:
+        return (self.namespace, set_name, name)
+
+    def _call(self, operation: str, set_name: str, name: str, fn: Callable[[], T]) -> T:
+        self.round_trips += 1
+        try:
+            return fn()
+        except aex.AerospikeError as e:
+            raise wrap(e, operation, f"{set_name}/{name}") from e
+
+    # -- single records ------------------------------------------------------
+
+    def get(self, set_name: str, name: str, *, bins: list[str] | None = None) -> Record | None:
+        """The record, or None if it does not exist."""
+        key = self.key(set_name, name)
+
+        def read() -> Record | None:
+            try:
+                if bins is None:
+                    _, meta, got = self.client.get(key)
+                else:
+                    _, meta, got = self.client.select(key, bins)
+            except aex.RecordNotFound:
+                return None
+            return _record(meta, got)
+
+        return self._call("get", set_name, name, read)
+
+    def put(
+        self,
+        set_name: str,
+        name: str,
+        bins: dict[str, Any],
+        *,
+        gen: int | None = None,
+        create_only: bool = False,
+        ttl: int | None = None,
+    ) -> None:
+        """Write bins; `gen` makes it a compare-and-set, `create_only` refuses an existing record."""
+        policy: dict[str, Any] = {"key": aerospike.POLICY_KEY_SEND}
+        meta: dict[str, Any] = {}
+        if gen is not None:
+            policy["gen"] = aerospike.POLICY_GEN_EQ
+            meta["gen"] = gen
+        if create_only:
+            policy["exists"] = aerospike.POLICY_EXISTS_CREATE
+        if ttl is not None:
+            meta["ttl"] = ttl
+        key = self.key(set_name, name)
+        self._call("put", set_name, name, lambda: self.client.put(key, bins, meta=meta or None, policy=policy))
+
+    def remove(self, set_name: str, name: str, *, gen: int | None = None) -> bool:
+        """Delete a record; False if it was already gone."""
+        key = self.key(set_name, name)
+        policy: dict[str, Any] = {}
+        meta = None
+        if gen is not None:
+            policy["gen"] = aerospike.POLICY_GEN_EQ
+            meta = {"gen": gen}
+
+        def delete() -> bool:
+            try:
+                self.client.remove(key, meta=meta, policy=policy or None)
+            except aex.RecordNotFound:
+                return False
+            return True
+
+        return self._call("remove", set_name, name, delete)
+
+    def operate(
+        self,
+        set_name: str,
+        name: str,
+        ops: list[dict],
+        *,
+        gen: int | None = None,
+        expression: Any = None,
+        ttl: int | None = None,
+    ) -> Record:
+        """Several operations on one record, atomically (aerospike_helpers operations)."""
+        key = self.key(set_name, name)
+        policy: dict[str, Any] = {"key": aerospike.POLICY_KEY_SEND}
+        meta: dict[str, Any] = {}
+        if gen is not None:
+            policy["gen"] = aerospike.POLICY_GEN_EQ
+            meta["gen"] = gen
+        if expression is not None:
+            policy["expressions"] = expression
+        if ttl is not None:
+            meta["ttl"] = ttl
+
+        def run() -> Record:
+            _, m, bins = self.client.operate(key, ops, meta=meta or None, policy=policy)
+            return _record(m, bins)
+
+        return self._call("operate", set_name, name, run)
+
+    def apply(self, set_name: str, name: str, module: str, function: str, *args: Any) -> Any:
+        """Run one UDF on one record (the record lock is held for the whole run)."""
+        key = self.key(set_name, name)
+        return self._call(
+            f"{module}.{function}",
+            set_name,
+            name,
+            lambda: self.client.apply(key, module, function, list(args), policy={"key": aerospike.POLICY_KEY_SEND}),
+        )
+
+    def udf(self, set_name: str, name: str, module: str, function: str, *args: Any, deadline_s: float = 5.0) -> Any:
+        """`apply`, retrying RecordBusy (a hot key) with jittered backoff until `deadline_s`."""
+        return retry_busy(lambda: self.apply(set_name, name, module, function, *args), deadline_s=deadline_s)
+
+    # -- batches ---------------------------------------------------------------
+
+    def batch_apply(
+        self, set_name: str, names: list[str], module: str, function: str, *args: Any
+    ) -> list[BatchResult]:
+        """One UDF on many records in one round trip; never raises for a single record."""
+        if not names:
+            return []
+        keys = [self.key(set_name, n) for n in names]
+        self.round_trips += 1
+        try:
+            out = self.client.batch_apply(keys, module, function, list(args), None, {"key": aerospike.POLICY_KEY_SEND})
+        except aex.AerospikeError as e:
+            raise wrap(e, f"batch {module}.{function}", f"{set_name}/[{len(names)} keys]") from e
+        results = []
+        for name, br in zip(names, out.batch_records, strict=True):
+            value = br.record[2].get("SUCCESS") if br.record is not None else None
+            results.append(BatchResult(name=name, ok=br.result == 0, value=value, code=br.result))
+        return results
+
+    def batch_get(self, set_name: str, names: list[str], bins: list[str] | None = None) -> list[Record | None]:
+        """Many records in one round trip; None where a record does not exist."""
+        if not names:
+            return []
+        keys = [self.key(set_name, n) for n in names]
+        self.round_trips += 1
+        try:
+            out = self.client.batch_read(keys, bins)
+        except aex.AerospikeError as e:
+            raise wrap(e, "batch_read", f"{set_name}/[{len(names)} keys]") from e
+        return [_record(br.record[1], br.record[2]) if br.result == 0 and br.record else None for br in out.batch_records]
+
+    # -- scans ---------------------------------------------------------------
+
+    def scan(
+        self,
+        set_name: str,
+        *,
+        begin: int = 0,
+        count: int = N_PARTITIONS,
+        expression: Any = None,
+        bins: list[str] | None = None,
+    ) -> Iterator[tuple[str, Record]]:
+        """(record name, record) for every record of a set in partitions [begin, begin+count).
+
+        Records are stored with their key (POLICY_KEY_SEND), so the name comes back.
+        """
+        query = self.client.query(self.namespace, set_name)
+        if bins:
+            query.select(*bins)
+        policy: dict[str, Any] = {"partition_filter": {"begin": begin, "count": count}}
+        if expression is not None:
+            policy["expressions"] = expression
+        self.round_trips += 1
+        got: list[tuple[str, Record]] = []
+        try:
+            query.foreach(lambda _part, rec: got.append((rec[0][2], _record(rec[1], rec[2]))), policy)
+        except aex.AerospikeError as e:
+            raise wrap(e, "scan", f"{set_name}/partitions {begin}..{begin + count - 1}") from e
+        yield from got
+
+    def truncate(self, set_name: str) -> None:
+        self._call("truncate", set_name, "*", lambda: self.client.truncate(self.namespace, set_name, 0))
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def wrap(e: Exception, operation: str, where: str) -> errors.BackendError:
+    """An aeroqueue error for a client exception, naming the operation and the key."""
+    code = getattr(e, "code", None)
+    msg = getattr(e, "msg", None) or type(e).__name__
+    cls = _BY_CODE.get(code if isinstance(code, int) else -999, errors.BackendError)
+    return cls(f"{operation} on {where} failed: {msg} (Aerospike code {code})", operation=operation, key=where, code=code)
+
+
+def retry_busy(fn: Callable[[], T], *, deadline_s: float = 5.0, base_s: float = 0.001, cap_s: float = 0.05) -> T:
+    """Run `fn`, retrying RecordBusy (a hot key) with full-jitter exponential backoff
+    until `deadline_s` has passed; then the last RecordBusy reaches the caller."""
+    give_up = time.monotonic() + deadline_s
+    attempt = 0
+    while True:
+        try:
+            return fn()
+        except errors.RecordBusy:
+            attempt += 1
+            now = time.monotonic()
+            if now >= give_up:
+                raise
+            # Full jitter spreads the retries of many clients hitting one key.
+            pause = random.uniform(0, min(cap_s, base_s * 2**attempt))
+            time.sleep(min(pause, max(0.0, give_up - now)))

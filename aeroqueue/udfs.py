@@ -1,0 +1,102 @@
+"""The project's Lua UDF modules: packaged, registered, checked.
+
+The modules ship inside the package (``aeroqueue.lua_udfs``, from the repo's
+``lua_udfs/``) and are registered under versioned names: a file
+``aq_job_v1.lua`` is module ``aq_job_v1``. A change to a module's contract
+gets a new version number, so old and new clients run side by side on one
+cluster during a rolling upgrade; a change within a version must keep the
+contract, and `verify` refuses a cluster whose copy differs from this
+client's (same name, other content).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from importlib import resources
+from importlib.resources.abc import Traversable
+
+from .backends import Backend
+from .errors import UDFModulesError
+
+PACKAGE = "aeroqueue.lua_udfs"
+
+
+@dataclass(frozen=True)
+class ModuleStatus:
+    name: str  # module name, e.g. "aq_job_v1"
+    packaged: str  # sha1 of the packaged source
+    registered: str | None  # sha1 of the cluster's copy, None if missing
+
+    @property
+    def state(self) -> str:
+        if self.registered is None:
+            return "missing"
+        return "ok" if self.registered == self.packaged else "stale"
+
+
+def _files() -> dict[str, Traversable]:
+    return {
+        f.name[: -len(".lua")]: f
+        for f in resources.files(PACKAGE).iterdir()
+        if f.name.endswith(".lua")
+    }
+
+
+def sha1(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()
+
+
+def packaged() -> dict[str, str]:
+    """Module name -> source, for every Lua module shipped in the package."""
+    return {name: f.read_text(encoding="utf-8") for name, f in sorted(_files().items())}
+
+
+def status(backend: Backend) -> list[ModuleStatus]:
+    """Each packaged module, with the hash of the cluster's copy (None when missing)."""
+    backend.round_trips += 1
+    registered = {entry["name"] for entry in backend.client.udf_list()}
+    out = []
+    for name, source in packaged().items():
+        remote = None
+        if name + ".lua" in registered:
+            # Compare contents, not the server's hash field, so the check does not
+            # depend on how a server version computes its hash.
+            backend.round_trips += 1
+            remote = sha1(backend.client.udf_get(name + ".lua"))
+        out.append(ModuleStatus(name, sha1(source), remote))
+    return out
+
+
+def register(backend: Backend, *, wait_s: float = 10.0) -> list[str]:
+    """Upload every packaged module; wait until the cluster serves them."""
+    names = []
+    for name, f in sorted(_files().items()):
+        with resources.as_file(f) as path:
+            backend.round_trips += 1
+            backend.client.udf_put(str(path))
+        names.append(name)
+    # A real cluster distributes modules asynchronously: poll until they all match.
+    give_up = time.monotonic() + wait_s
+    while True:
+        bad = [s for s in status(backend) if s.state != "ok"]
+        if not bad:
+            return names
+        if time.monotonic() > give_up:
+            raise UDFModulesError(
+                f"registered UDF modules did not appear on the cluster within {wait_s:.0f}s: "
+                + ", ".join(s.name for s in bad)
+            )
+        time.sleep(0.2)
+
+
+def verify(backend: Backend) -> None:
+    """Refuse to run against a cluster whose modules are missing or stale."""
+    bad = [s for s in status(backend) if s.state != "ok"]
+    if bad:
+        detail = ", ".join(f"{s.name} ({s.state})" for s in bad)
+        raise UDFModulesError(
+            f"UDF modules on {backend.url} are not this client's: {detail}; "
+            f"run `aeroqueue udf register` (with --url {backend.url} or AEROQUEUE_URL set) to upload them"
+        )

@@ -1,0 +1,83 @@
+"""Shared fixtures.
+
+Backends: every contract case runs on the embedded backend, and also on a real
+Aerospike server when ``AEROQUEUE_TEST_URL=aerospike://host:3000/ns`` is set.
+External services (MySQL, Java for Spark) skip locally when missing and fail
+the run in CI (``CI=true``), so a green CI always means they ran.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from aeroqueue.backends import Backend, open_backend
+
+REAL_URL = os.environ.get("AEROQUEUE_TEST_URL")
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+
+
+def require(condition: bool, why: str) -> None:
+    """Skip locally, fail in CI, when an external service the test needs is missing."""
+    if condition:
+        return
+    if IN_CI:
+        pytest.fail(f"{why} (CI=true: a missing service fails the run)")
+    pytest.skip(why)
+
+
+def port_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def backend_urls(tmp: Path) -> list[tuple[str, str]]:
+    urls = [("embedded", f"embedded://{tmp / 'store.db'}")]
+    if REAL_URL:
+        urls.append(("aerospike", REAL_URL))
+    return urls
+
+
+@pytest.fixture(params=["embedded", "aerospike"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A store URL for each backend: a fresh embedded file, or the real server."""
+    if request.param == "aerospike":
+        if not REAL_URL:
+            pytest.skip("set AEROQUEUE_TEST_URL=aerospike://host:3000/ns to run against a real server")
+        return REAL_URL
+    return f"embedded://{tmp_path / 'store.db'}"
+
+
+@pytest.fixture
+def backend(store_url: str) -> Iterator[Backend]:
+    b = open_backend(store_url)
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def set_name() -> str:
+    """A set of its own for each test, so tests never see each other's records on a shared server."""
+    return f"aqt_{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def java() -> str:
+    path = shutil.which("java")
+    require(path is not None, "Java is not installed (Spark needs Java 17)")
+    return str(path)
+
+
+@pytest.fixture
+def mysql_available() -> None:
+    require(port_open("127.0.0.1", 3306), "MySQL/MariaDB is not listening on 127.0.0.1:3306")

@@ -1,0 +1,66 @@
+-- aq_contract: UDFs that pin down the server behaviours aeroqueue relies on.
+-- Registered by the contract tests only (never by `aeroqueue udf register`).
+--
+-- Keyspace: whatever record the test names, in a set of its own.
+--
+-- incr(rec, bin, by)         -> new value; read-increment-write of an integer bin
+-- stage_then_fail(rec, v)    -> never returns; writes bin 'a' = v, updates, then error('boom', 0)
+-- fail_with(rec, msg)        -> never returns; error(msg, 0)
+-- fail_located(rec)          -> never returns; error('located') at level 1 (file:line prefix)
+-- take(rec, n)               -> {taken = list.take(l, n), is_nil = (result == nil)} for l = {1,2,3}
+-- divide(rec, a, b)          -> a / b   (always a float in Lua 5.4)
+-- idivide(rec, a, b)         -> a // b  (an integer for integer arguments)
+-- claim(rec, who)            -> 'missing' | 'taken' | 'ok'; 'q' -> 'c', a status value (batch-safe)
+-- now(rec)                   -> aerospike:get_current_time()
+-- lut(rec)                   -> record.last_update_time(rec) (ms since 2010-01-01)
+
+function incr(rec, bin, by)
+  local v = (rec[bin] or 0) + by
+  rec[bin] = v
+  if aerospike:exists(rec) then aerospike:update(rec) else aerospike:create(rec) end
+  return v
+end
+
+function stage_then_fail(rec, v)
+  rec['a'] = v
+  aerospike:update(rec)
+  error('boom', 0)
+end
+
+function fail_with(rec, msg)
+  error(msg, 0)
+end
+
+function fail_located(rec)
+  error('located')
+end
+
+function take(rec, n)
+  local t = list.take(list{1, 2, 3}, n)
+  return map{taken = t, is_nil = (t == nil)}
+end
+
+function divide(rec, a, b)
+  return a / b
+end
+
+function idivide(rec, a, b)
+  return a // b
+end
+
+function claim(rec, who)
+  if not aerospike:exists(rec) then return 'missing' end
+  if rec['state'] ~= 'q' then return 'taken' end
+  rec['state'] = 'c'
+  rec['who'] = who
+  aerospike:update(rec)
+  return 'ok'
+end
+
+function now(rec)
+  return aerospike:get_current_time()
+end
+
+function lut(rec)
+  return record.last_update_time(rec)
+end

@@ -1,0 +1,140 @@
+"""Record-level behaviours aeroqueue relies on (aerospike-facts.md, "Client API used").
+
+Written once, run on the embedded backend and on a real server alike.
+"""
+
+from __future__ import annotations
+
+import time
+
+import aerospike
+import pytest
+from aerospike import exception as ex
+from aerospike_helpers import expressions as xp
+from aerospike_helpers.operations import bitwise_operations as bw
+from aerospike_helpers.operations import list_operations as lo
+from aerospike_helpers.operations import operations as op
+
+from aeroqueue import errors
+from aeroqueue.backends import Backend
+
+GEN_EQ = {"gen": aerospike.POLICY_GEN_EQ}
+
+
+def test_generation_check_refuses_a_stale_write(client, ns, set_name):
+    key = (ns, set_name, "g")
+    client.put(key, {"a": 1})
+    _, meta, _ = client.get(key)
+    assert meta["gen"] == 1
+    client.put(key, {"a": 2}, meta={"gen": 1}, policy=GEN_EQ)
+    with pytest.raises(ex.RecordGenerationError) as e:
+        client.put(key, {"a": 3}, meta={"gen": 1}, policy=GEN_EQ)
+    assert e.value.code == 3
+    _, meta, bins = client.get(key)
+    assert (meta["gen"], bins) == (2, {"a": 2})
+
+
+def test_create_only_put_refuses_an_existing_record(client, ns, set_name):
+    key = (ns, set_name, "c")
+    create = {"exists": aerospike.POLICY_EXISTS_CREATE}
+    client.put(key, {"a": 1}, policy=create)
+    with pytest.raises(ex.RecordExistsError) as e:
+        client.put(key, {"a": 2}, policy=create)
+    assert e.value.code == 5
+    assert client.get(key)[2] == {"a": 1}
+
+
+def test_missing_record_reads_raise_not_found_with_code_2(client, ns, set_name):
+    key = (ns, set_name, "none")
+    with pytest.raises(ex.RecordNotFound) as e:
+        client.get(key)
+    assert e.value.code == 2
+    assert e.value.msg.endswith("AEROSPIKE_ERR_RECORD_NOT_FOUND")
+    assert client.exists(key)[1] is None
+    with pytest.raises(ex.RecordNotFound):
+        client.remove(key)
+
+
+def test_ttl_expires_the_record_on_read(client, ns, set_name):
+    key = (ns, set_name, "ttl")
+    client.put(key, {"a": 1}, meta={"ttl": 1})
+    assert client.get(key)[1]["ttl"] in (1, 2)
+    time.sleep(2.2)
+    with pytest.raises(ex.RecordNotFound):
+        client.get(key)
+    client.put(key, {"a": 1}, policy={"ttl": aerospike.TTL_NEVER_EXPIRE})
+    assert client.get(key)[1]["ttl"] == 0xFFFFFFFF
+
+
+def test_bin_name_over_15_bytes_is_refused_by_the_client(client, ns, set_name):
+    with pytest.raises(ex.BinNameError) as e:
+        client.put((ns, set_name, "b"), {"x" * 16: 1})
+    assert e.value.code == 21
+
+
+def test_record_over_max_record_size_is_too_big(client, ns, set_name):
+    with pytest.raises(ex.RecordTooBig) as e:
+        client.put((ns, set_name, "big"), {"a": "x" * (9 * 1024 * 1024)})
+    assert e.value.code == 13
+
+
+def test_operate_increment_read_and_list_ops(client, ns, set_name):
+    key = (ns, set_name, "op")
+    _, meta, bins = client.operate(key, [op.increment("n", 5), op.read("n")])
+    assert (meta["gen"], bins) == (1, {"n": 5})
+    assert client.operate(key, [lo.list_append_items("l", [1, 2, 3])])[2] == {"l": 3}
+    assert client.operate(key, [lo.list_pop_range("l", 0, 2)])[2] == {"l": [1, 2]}
+    with pytest.raises(ex.OpNotApplicable):
+        client.operate(key, [lo.list_pop("l", 5)])
+    _, _, ordered = client.operate_ordered(key, [op.increment("n", 1), op.read("n"), lo.list_size("l")])
+    assert ordered == [("n", 6), ("l", 1)]
+
+
+def test_bitwise_set_is_idempotent_and_counts_exactly(client, ns, set_name):
+    key = (ns, set_name, "bits")
+    client.operate(key, [bw.bit_resize("b", 4)])
+    one = bytearray([0x80])
+    for bit in (0, 9, 9, 31, 0):  # repeats: a retried acknowledgement
+        client.operate(key, [bw.bit_set("b", bit, 1, 1, one)])
+    assert client.operate(key, [bw.bit_count("b", 0, 32)])[2] == {"b": 3}
+    assert bytes(client.operate(key, [bw.bit_get("b", 8, 8)])[2]["b"]) == b"\x40"
+    with pytest.raises(ex.OpNotApplicable):
+        client.operate(key, [bw.bit_set("b", 40, 1, 1, one)])
+
+
+def test_expression_filters_an_operation_out(client, ns, set_name):
+    key = (ns, set_name, "x")
+    client.put(key, {"head": 1, "tail": 2})
+    room = xp.LT(xp.IntBin("head"), xp.IntBin("tail")).compile()
+    assert client.operate(key, [op.increment("head", 1), op.read("head")], policy={"expressions": room})[2] == {"head": 2}
+    with pytest.raises(ex.FilteredOut) as e:
+        client.operate(key, [op.increment("head", 1)], policy={"expressions": room})
+    assert e.value.code == 27
+    # A missing bin makes the expression unknown: filtered out, never true.
+    with pytest.raises(ex.FilteredOut):
+        client.get(key, policy={"expressions": xp.Eq(xp.IntBin("nobin"), 1).compile()})
+    assert client.get(key)[2]["head"] == 2
+
+
+def test_since_update_time_is_measured_by_the_server(client, ns, set_name):
+    key = (ns, set_name, "lut")
+    client.put(key, {"a": 1})
+    old = xp.GE(xp.SinceUpdateTime(), 60_000).compile()
+    with pytest.raises(ex.FilteredOut):
+        client.get(key, policy={"expressions": old})
+    fresh = xp.LT(xp.SinceUpdateTime(), 60_000).compile()
+    assert client.get(key, policy={"expressions": fresh})[2] == {"a": 1}
+
+
+def test_backend_wraps_errors_with_operation_and_key(backend: Backend, set_name):
+    backend.put(set_name, "k", {"a": 1}, create_only=True)
+    with pytest.raises(errors.RecordExists) as e:
+        backend.put(set_name, "k", {"a": 1}, create_only=True)
+    assert f"{set_name}/k" in str(e.value) and "put" in str(e.value)
+    assert e.value.code == 5
+    with pytest.raises(errors.GenerationConflict):
+        backend.put(set_name, "k", {"a": 2}, gen=7)
+    assert backend.get(set_name, "missing") is None
+    assert backend.remove(set_name, "missing") is False
+    rec = backend.get(set_name, "k")
+    assert rec is not None and rec.gen == 1 and rec.ttl is None and rec.bins == {"a": 1}
