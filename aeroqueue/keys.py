@@ -1,0 +1,50 @@
+"""The keyspace: set names, record names and module names, in one place (design.md, Records)."""
+
+from __future__ import annotations
+
+import re
+
+from .errors import AeroqueueError
+
+LIST_SET = "aq_list"  # "<list>": token store and list header
+JOB_SET = "aq_job"  # "<list>/<token>": one job
+IDS_SET = "aq_ids"  # "<list>/<chunk>": ID store chunks
+SESS_SET = "aq_sess"  # "<session id>": heartbeat session
+DONE_SET = "aq_done"  # "<list>/<chunk>": completion bitmaps (bins done, dead)
+JIDX_SET = "aq_jidx"  # "<list>/<jid>": job id -> token, the commit point of a load
+
+LIST_MOD = "aq_list_v1"
+JOB_MOD = "aq_job_v1"
+IDS_MOD = "aq_ids_v1"
+SESS_MOD = "aq_sess_v1"
+
+BITS_PER_CHUNK = 1 << 16  # 8 KiB of bits per bitmap record
+
+_LIST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
+
+
+class InvalidName(AeroqueueError):
+    """A list name must be 1 to 64 letters, digits, '_', '.', ':' or '-', starting with a letter or digit."""
+
+
+def check_list_name(name: str) -> str:
+    if not isinstance(name, str) or not _LIST_NAME.match(name):
+        raise InvalidName(f"invalid list name {name!r}: use 1 to 64 letters, digits, '_', '.', ':' or '-'")
+    return name
+
+
+def job_name(list_name: str, token: int) -> str:
+    return f"{list_name}/{token}"
+
+
+def jidx_name(list_name: str, jid: str) -> str:
+    return f"{list_name}/{jid}"
+
+
+def chunk_name(list_name: str, chunk: int) -> str:
+    return f"{list_name}/{chunk}"
+
+
+def bit_position(token: int) -> tuple[int, int]:
+    """(bitmap chunk, bit offset in it) of a token."""
+    return divmod(token, BITS_PER_CHUNK)

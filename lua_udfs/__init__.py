@@ -1,0 +1,1 @@
+"""aeroqueue's Lua UDF modules, shipped inside the package as `aeroqueue.lua_udfs`."""

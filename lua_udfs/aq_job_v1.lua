@@ -1,0 +1,119 @@
+-- aq_job_v1: the job state machine. Only these functions change `state`.
+--
+-- Keyspace: set aq_job, key "<list>/<token>". Bins:
+--   list     string    the list's name
+--   token    integer   ordinal in the list: the job's completion bit
+--   jid      string    the customer's job id
+--   payload  any       what the handler gets
+--   state    'queued' | 'claimed' | 'done' | 'dead' | 'void'
+--            ('void': a token whose job turned out to be a duplicate; never reserved)
+--   sess     string    the session holding the claim (kept after done: repeat acks)
+--   att      integer   claims so far
+--   max_att  integer   attempts before the job goes dead
+--   claimed  integer   server ms of the last claim
+--   done_at  integer   server ms of completion or death
+--   result   any       complete()'s result
+--   err      string    the last failure
+--   synced   integer   server ms when the sync copied it to MySQL (absent: not yet)
+--
+-- States: queued -> claimed -> done; claimed -> queued (fail with attempts
+-- left, release); claimed -> dead (attempts used up); dead -> queued (kick).
+-- Every function returns a status value instead of raising, so a batch call
+-- (batch_apply) reports each job's outcome.
+
+local function now()
+  return aerospike:get_current_time()
+end
+
+-- claim(rec, sess) -> map{st='ok', jid, payload, att, token}
+--                   | map{st='missing'|'void'|'claimed'|'done'|'dead'}
+--   queued -> claimed under session `sess`; att + 1.
+function claim(rec, sess)
+  if not aerospike:exists(rec) then return map{st = 'missing'} end
+  local state = rec['state']
+  if state ~= 'queued' then return map{st = state} end
+  local att = (rec['att'] or 0) + 1
+  rec['state'] = 'claimed'
+  rec['sess'] = sess
+  rec['att'] = att
+  rec['claimed'] = now()
+  aerospike:update(rec)
+  return map{st = 'ok', jid = rec['jid'], payload = rec['payload'], att = att, token = rec['token']}
+end
+
+-- complete(rec, sess, results) -> 'ok' | 'again' | 'lost' | 'missing'
+--   claimed by `sess` -> done. `results` is a map token -> result, so that
+--   one batch call completes many jobs (batch_apply passes one argument list
+--   to every record). 'again': already done by this session (a retried ack,
+--   harmless). 'lost': the claim is not this session's any more.
+function complete(rec, sess, results)
+  if not aerospike:exists(rec) then return 'missing' end
+  local state = rec['state']
+  if state == 'done' and rec['sess'] == sess then return 'again' end
+  if state ~= 'claimed' or rec['sess'] ~= sess then return 'lost' end
+  rec['state'] = 'done'
+  rec['done_at'] = now()
+  rec['result'] = results[rec['token']]
+  aerospike:update(rec)
+  return 'ok'
+end
+
+-- fail(rec, sess, err) -> 'retry' | 'dead' | 'again' | 'lost' | 'missing'
+--   claimed by `sess` -> queued while attempts remain ('retry': the caller
+--   pushes the token to the retry store), else dead. 'again': a retried fail
+--   that already took effect.
+function fail(rec, sess, err)
+  if not aerospike:exists(rec) then return 'missing' end
+  local state = rec['state']
+  if state ~= 'claimed' or rec['sess'] ~= sess then
+    if rec['sess'] == sess and rec['err'] == err and (state == 'queued' or state == 'dead') then
+      return 'again'
+    end
+    return 'lost'
+  end
+  rec['err'] = err
+  if rec['att'] >= rec['max_att'] then
+    rec['state'] = 'dead'
+    rec['done_at'] = now()
+    aerospike:update(rec)
+    return 'dead'
+  end
+  rec['state'] = 'queued'
+  aerospike:update(rec)
+  return 'retry'
+end
+
+-- release(rec, sess, refund, why) -> 'released' | 'dead' | 'not held' | 'missing'
+--   claimed by `sess` -> queued (a session closing or reaped gives its jobs
+--   back). refund = 1 returns the attempt (a graceful release); a reaped
+--   session's claim keeps it, so a job that kills its worker every time
+--   ends dead instead of looping.
+function release(rec, sess, refund, why)
+  if not aerospike:exists(rec) then return 'missing' end
+  if rec['state'] ~= 'claimed' or rec['sess'] ~= sess then return 'not held' end
+  local att = rec['att']
+  if refund == 1 and att > 0 then att = att - 1 end
+  rec['att'] = att
+  rec['err'] = why
+  if refund ~= 1 and att >= rec['max_att'] then
+    rec['state'] = 'dead'
+    rec['done_at'] = now()
+    aerospike:update(rec)
+    return 'dead'
+  end
+  rec['state'] = 'queued'
+  aerospike:update(rec)
+  return 'released'
+end
+
+-- kick(rec) -> 'ok' | 'not dead' | 'missing'
+--   dead -> queued with fresh attempts (an operator's decision).
+function kick(rec)
+  if not aerospike:exists(rec) then return 'missing' end
+  if rec['state'] ~= 'dead' then return 'not dead' end
+  rec['state'] = 'queued'
+  rec['att'] = 0
+  rec['done_at'] = nil
+  aerospike:update(rec)
+  return 'ok'
+end

@@ -1,0 +1,230 @@
+"""Job lists: load, reserve, acknowledge, status (design.md invariants 1, 2, 4)."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+
+import pytest
+
+from aeroqueue import errors, keys
+from aeroqueue.loading import JobSpec
+from aeroqueue.queue import Queue
+from aeroqueue.sessions import Session
+
+
+def specs(n: int, start: int = 0) -> list[JobSpec]:
+    return [JobSpec(f"job-{i}", {"n": i}) for i in range(start, start + n)]
+
+
+def drain(queue: Queue, name: str, session: Session, count: int = 1) -> list:
+    got = []
+    while batch := queue.reserve(name, session, count):
+        got.extend(batch)
+    return got
+
+
+def test_load_reserve_complete_in_order(queue, lists, list_name, session):
+    report = lists.load(list_name, specs(5), seal=True)
+    assert (report.loaded, report.skipped, report.voided) == (5, 0, 0)
+    jobs = drain(queue, list_name, session)
+    assert [j.jid for j in jobs] == [f"job-{i}" for i in range(5)]
+    assert [j.payload for j in jobs] == [{"n": i} for i in range(5)]
+    assert all(j.attempt == 1 for j in jobs)
+    st = lists.status(list_name)
+    assert (st.total, st.reservable, st.in_flight, st.done, st.complete) == (5, 0, 5, 0, False)
+    for j in jobs:
+        queue.complete(j, {"ok": j.jid})
+    st = lists.status(list_name)
+    assert (st.in_flight, st.done, st.dead, st.complete) == (0, 5, 0, True)
+    assert st.completed_at is not None
+
+
+def test_batch_reserve_never_passes_the_tail(queue, lists, list_name, session):
+    lists.load(list_name, specs(7))
+    first = queue.reserve(list_name, session, 5)
+    second = queue.reserve(list_name, session, 5)
+    assert (len(first), len(second)) == (5, 2)
+    assert queue.reserve(list_name, session, 5) == []
+    assert sorted(j.token for j in first + second) == list(range(7))
+    lost = queue.complete_many(first + second, [j.jid for j in first + second])
+    assert lost == []
+    assert lists.status(list_name).done == 7
+
+
+def test_reload_is_idempotent_by_job_id(queue, lists, list_name, session):
+    lists.load(list_name, specs(30), chunk_size=7)
+    again = lists.load(list_name, specs(40), chunk_size=7)  # 30 old + 10 new
+    assert (again.loaded, again.skipped) == (10, 30)
+    jobs = drain(queue, list_name, session, 8)
+    assert sorted(j.jid for j in jobs) == sorted(f"job-{i}" for i in range(40))
+    assert lists.status(list_name).total == 40
+
+
+def test_sealed_list_refuses_loads(lists, list_name):
+    lists.load(list_name, specs(3), seal=True)
+    with pytest.raises(errors.ListSealed):
+        lists.load(list_name, specs(1, start=100))
+    assert lists.status(list_name).total == 3
+
+
+def test_complete_is_exactly_once(queue, lists, list_name, session, registered):
+    lists.load(list_name, specs(1))
+    [job] = queue.reserve(list_name, session)
+    queue.complete(job, "first")
+    queue.complete(job, "again")  # a retried ack from the same session: harmless
+    rec = registered.get(keys.JOB_SET, job.name)
+    assert rec.bins["state"] == "done" and rec.bins["result"] == "first"
+    other = Session.open(registered)
+    with pytest.raises(errors.ClaimLost):
+        queue.complete(job.__class__(**{**job.__dict__, "session": other.id}), "thief")
+    assert lists.status(list_name).done == 1
+    other.close()
+
+
+def test_complete_from_a_session_that_lost_the_claim(queue, lists, list_name, session, registered):
+    lists.load(list_name, specs(1))
+    [job] = queue.reserve(list_name, session)
+    # The claim is released (as a reaper would) and another session takes the job.
+    assert queue.release(job) == "released"
+    other = Session.open(registered)
+    [again] = queue.reserve(list_name, other)
+    assert again.token == job.token
+    with pytest.raises(errors.ClaimLost):
+        queue.complete(job, "late")
+    queue.complete(again, "on time")
+    assert registered.get(keys.JOB_SET, job.name).bins["result"] == "on time"
+    other.close()
+
+
+def test_failures_retry_first_then_dead_then_kick(queue, lists, list_name, session):
+    lists.load(list_name, specs(3), max_attempts=2)
+    a, b, c = queue.reserve(list_name, session, 3)
+    assert queue.fail(b, "boom 1") == "retry"
+    [again] = queue.reserve(list_name, session)
+    assert again.token == b.token and again.attempt == 2, "the retry store is served first"
+    assert queue.fail(again, "boom 2") == "dead"
+    st = lists.status(list_name)
+    assert (st.dead, st.reservable, st.retry_pending) == (1, 0, 0)
+    buf = io.StringIO()
+    assert lists.export(list_name, buf, state="dead") == 1
+    dead = json.loads(buf.getvalue())
+    assert (dead["jid"], dead["err"], dead["att"]) == (b.jid, "boom 2", 2)
+    assert lists.kick(list_name) == 1
+    assert lists.status(list_name).dead == 0
+    [kicked] = queue.reserve(list_name, session)
+    assert kicked.token == b.token and kicked.attempt == 1
+    for j in (a, c, kicked):
+        queue.complete(j)
+    lists.seal(list_name)
+    assert lists.status(list_name).complete
+
+
+def test_id_store_spans_several_chunks(queue, lists, list_name, session, registered):
+    n, chunk = 53, 10
+    lists.load(list_name, specs(n), mode="ids", chunk_size=chunk, seal=True)
+    head = lists.header(list_name)
+    assert head["pubs"] == 6 and head["mode"] == "ids"
+    chunk_sizes = [len(registered.get(keys.IDS_SET, keys.chunk_name(list_name, c)).bins["ids"]) for c in range(6)]
+    assert chunk_sizes == [10, 10, 10, 10, 10, 3]
+    assert lists.status(list_name).reservable == n
+    got = []
+    for count in (1, 7, 15, 4, 30):  # batches that straddle chunk boundaries
+        got += queue.reserve(list_name, session, count)
+    assert sorted(j.jid for j in got) == sorted(s.jid for s in specs(n))
+    assert queue.reserve(list_name, session, 5) == []
+    assert lists.header(list_name)["cursor"] == 6, "the cursor only moves forward, to the end"
+    queue.complete_many(got)
+    st = lists.status(list_name)
+    assert (st.done, st.reservable, st.complete) == (n, 0, True)
+
+
+def test_mode_mismatch_is_refused(lists, list_name):
+    lists.create(list_name, mode="ids")
+    with pytest.raises(errors.ListModeMismatch):
+        lists.load(list_name, specs(1), mode="tokens")
+
+
+def test_unknown_list(queue, lists, session):
+    with pytest.raises(errors.ListNotFound):
+        queue.reserve("no-such-list", session)
+    with pytest.raises(errors.ListNotFound):
+        lists.status("no-such-list")
+
+
+def test_paused_list_reserves_nothing(queue, lists, list_name, session):
+    lists.load(list_name, specs(2))
+    lists.pause(list_name)
+    assert queue.reserve(list_name, session) == []
+    lists.pause(list_name, False)
+    assert len(queue.reserve(list_name, session, 2)) == 2
+
+
+def test_concurrent_loaders_never_expose_an_unwritten_token(queue, lists, list_name, registered):
+    """Invariant 4: while loaders run, every token a reserver gets has its job record."""
+    lists.create(list_name)
+    stop = threading.Event()
+    problems: list[str] = []
+    seen: list[str] = []
+    reserver_session = Session.open(registered)
+
+    def reserver() -> None:
+        while True:
+            jobs = queue.reserve(list_name, reserver_session, 3)
+            for job in jobs:
+                if job.payload is None or job.jid is None:
+                    problems.append(f"token {job.token} had no job")
+                seen.append(job.jid)
+            if not jobs and stop.is_set():
+                return
+
+    def loader(k: int) -> None:
+        lists.load(list_name, [JobSpec(f"L{k}-{i}", {"k": k}) for i in range(120)], chunk_size=9)
+
+    threads = [threading.Thread(target=reserver)] + [threading.Thread(target=loader, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads[1:]:
+        t.join()
+    stop.set()
+    threads[0].join()
+    seen += [j.jid for j in drain(queue, list_name, reserver_session, 10)]
+    assert problems == []
+    assert sorted(seen) == sorted(f"L{k}-{i}" for k in range(3) for i in range(120))
+    assert lists.status(list_name).total == 360
+    reserver_session.close()
+
+
+def test_concurrent_loaders_of_the_same_file_load_each_job_once(queue, lists, list_name, session):
+    jobs = specs(200)
+    threads = [threading.Thread(target=lists.load, args=(list_name, jobs), kwargs={"chunk_size": 13}) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    got = drain(queue, list_name, session, 25)
+    assert sorted(j.jid for j in got) == sorted(s.jid for s in jobs), "each job id exactly once"
+    assert lists.status(list_name).total == 200
+
+
+def test_a_dead_loaders_range_is_recovered(queue, lists, list_name, session, registered):
+    """A loader that allocated a range and died (no publish) blocks nothing for long:
+    the next load finishes its range once the lease has run out."""
+    lists.load(list_name, specs(4))
+    # A loader allocates tokens 4..9, writes three of its six jobs and its index, then dies.
+    got = registered.apply(keys.LIST_SET, list_name, keys.LIST_MOD, "alloc", 6, 0)
+    assert got["st"] == "ok" and got["start"] == 4
+    for i, t in enumerate(range(4, 7)):
+        spec = JobSpec(f"dead-{i}", {"d": i})
+        registered.put(keys.JOB_SET, keys.job_name(list_name, t), {
+            "list": list_name, "token": t, "jid": spec.jid, "payload": spec.payload, "state": "queued", "att": 0, "max_att": 5,
+        })
+    registered.put(keys.JIDX_SET, keys.jidx_name(list_name, "dead-0"), {"tok": 4})
+    # A later load (or re-run) recovers the expired range, then loads its own jobs after it.
+    report = lists.load(list_name, [JobSpec("dead-1", {"d": 1}), JobSpec("new", {})])
+    assert report.loaded == 1 and report.skipped == 1
+    jobs = drain(queue, list_name, session, 4)
+    assert sorted(j.jid for j in jobs) == sorted([*(s.jid for s in specs(4)), "dead-0", "dead-1", "dead-2", "new"])
+    st = lists.status(list_name)
+    assert st.total == 8 and st.pending_ranges == 0
