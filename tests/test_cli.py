@@ -1,0 +1,117 @@
+"""The command line: UDF registration, help texts, errors, and a job list end to end."""
+
+from __future__ import annotations
+
+import json
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from aeroqueue import udfs
+from aeroqueue.backends import open_backend
+from aeroqueue.cli import main
+from aeroqueue.errors import UDFModulesError
+
+
+def run(*args: str, url: str | None = None) -> click.testing.Result:
+    argv = (["--url", url] if url else []) + list(args)
+    return CliRunner().invoke(main, argv)
+
+
+def test_udf_status_register_and_refusal(store_url):
+    backend = open_backend(store_url)
+    if backend.is_embedded:  # a fresh store has nothing registered
+        out = run("udf", "status", "--json", url=store_url)
+        assert out.exit_code == 1
+        assert {m["state"] for m in json.loads(out.output)} == {"missing"}
+        with pytest.raises(UDFModulesError) as e:
+            udfs.verify(backend)
+        assert "aeroqueue udf register" in str(e.value)
+    out = run("udf", "register", url=store_url)
+    assert out.exit_code == 0, out.output
+    assert "aq_job_v1" in out.output and "aq_list_v1" in out.output
+    out = run("udf", "status", "--json", url=store_url)
+    assert out.exit_code == 0
+    rows = json.loads(out.output)
+    assert {m["module"] for m in rows} == set(udfs.packaged())
+    assert all(m["state"] == "ok" and m["registered"] == m["packaged"] for m in rows)
+    udfs.verify(backend)  # no complaint
+
+
+def test_stale_module_is_refused(tmp_path):
+    backend = open_backend(f"embedded://{tmp_path / 's.db'}")
+    udfs.register(backend)
+    stale = tmp_path / "aq_job_v1.lua"
+    stale.write_text("-- an older copy\nfunction claim(rec) return 'x' end\n")
+    backend.client.udf_put(str(stale))
+    states = {s.name: s.state for s in udfs.status(backend)}
+    assert states["aq_job_v1"] == "stale" and states["aq_list_v1"] == "ok"
+    with pytest.raises(UDFModulesError) as e:
+        udfs.verify(backend)
+    assert "aq_job_v1 (stale)" in str(e.value) and "aeroqueue udf register" in str(e.value)
+
+
+def _commands(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], click.Command]]:
+    out = []
+    for name, cmd in group.commands.items():
+        out.append(((*prefix, name), cmd))
+        if isinstance(cmd, click.Group):
+            out += _commands(cmd, (*prefix, name))
+    return out
+
+
+@pytest.mark.parametrize(("path", "cmd"), _commands(main), ids=lambda v: " ".join(v) if isinstance(v, tuple) else "")
+def test_every_option_names_its_environment_variable(path, cmd):
+    out = run(*path, "--help")
+    assert out.exit_code == 0
+    for param in cmd.params:
+        if isinstance(param, click.Option) and not param.hidden and param.name != "help":
+            assert param.envvar and str(param.envvar).startswith("AEROQUEUE_"), f"{path} --{param.name}"
+            assert str(param.envvar) in " ".join(out.output.split()), f"{path} --{param.name} help"
+
+
+def test_top_level_help_and_url_envvar():
+    out = run("--help")
+    assert out.exit_code == 0 and "AEROQUEUE_URL" in out.output and "embedded:///" in out.output
+
+
+def test_malformed_url_is_one_line_with_what_to_do(tmp_path):
+    out = run("status", "x", url="aerospike://h:notaport/test")
+    assert out.exit_code == 1
+    first = out.output.splitlines()[0]
+    assert first.startswith("error: ") and "port 'notaport'" in first
+    assert "--verbose" in out.output and "Traceback" not in out.output
+    verbose = CliRunner().invoke(main, ["--verbose", "--url", "aerospike://h:notaport/test", "status", "x"])
+    assert "Traceback" in verbose.output
+
+
+def test_load_reserve_complete_status_end_to_end(tmp_path):
+    url = f"embedded://{tmp_path / 's.db'}"
+    data = tmp_path / "jobs.csv"
+    data.write_text("id,email\n" + "".join(f"c{i},u{i}@example.com\n" for i in range(12)))
+    out = run("load", "customers", str(data), "--seal", url=url)
+    assert out.exit_code == 0, out.output
+    assert "12 loaded" in out.output
+    again = run("load", "customers", str(data), url=url)
+    assert again.exit_code == 1 and "sealed" in again.output, "a sealed list refuses even a re-run"
+    out = run("reserve", "customers", "--count", "3", url=url)
+    assert out.exit_code == 0, out.output
+    jobs = [json.loads(line) for line in out.output.splitlines()]
+    assert [j["id"] for j in jobs] == ["c0", "c1", "c2"]
+    assert jobs[0]["payload"] == {"email": "u0@example.com"}
+    for j in jobs:
+        done = run("complete", "customers", str(j["token"]), "--session", j["session"], "--result", '{"sent": true}', url=url)
+        assert done.exit_code == 0, done.output
+    lost = run("complete", "customers", str(jobs[0]["token"]), "--session", "someone-else", url=url)
+    assert lost.exit_code == 1 and "claim" in lost.output
+    st = json.loads(run("status", "customers", "--json", url=url).output)
+    assert st == {"total": 12, "reservable": 9, "in_flight": 0, "retry_pending": 0, "done": 3, "dead": 0,
+                  "sealed": True, "complete": False}
+    table = run("status", "customers", url=url).output
+    assert "reservable" in table and "9" in table
+    listed = json.loads(run("lists", "--json", url=url).output)
+    assert [row["name"] for row in listed] == ["customers"]
+    exported = run("export", "customers", "--state", "done", url=url)
+    assert exported.exit_code == 0
+    assert sorted(json.loads(line)["jid"] for line in exported.output.splitlines() if line.startswith("{")) == ["c0", "c1", "c2"]
