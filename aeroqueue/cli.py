@@ -113,7 +113,8 @@ def udf() -> None:
 @udf.command("register")
 @click.pass_obj
 def udf_register(obj: Context) -> None:
-    """Upload the packaged Lua modules under their versioned names."""
+    """Upload the packaged Lua modules under their versioned names, and create the
+    secondary index the reaper uses (aq_job.sess)."""
     backend = obj.backend(check_udfs=False)
     names = udfs.register(backend)
     click.echo(f"registered {len(names)} module(s) on {backend.url}: {', '.join(names)}")
@@ -385,7 +386,7 @@ def bench(obj: Context, sizes: str, sample: int, batch: int, mode: str, json_out
     for r in rows:
         table.add_row(f"{r.jobs_in_list:,}", r.path, f"{r.measured:,}", f"{r.jobs_per_s:,.0f}", f"{r.reserve_p50_ms:.3f}",
                       f"{r.reserve_p99_ms:.3f}", f"{r.complete_p50_ms:.3f}", f"{r.complete_p99_ms:.3f}", f"{r.round_trips_per_job:.2f}")
-    Console().print(table)
+    Console(width=max(140, Console().width)).print(table)
     for path in ("single", f"batch {batch}"):
         ratio = benchmark.o1_ratio(rows, path)
         if ratio is not None:

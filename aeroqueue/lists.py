@@ -19,17 +19,26 @@ unwritten token.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import aerospike
 from aerospike_helpers.batch.records import BatchRecords, Write
 from aerospike_helpers.operations import operations as op
 
 from . import keys
-from .backends import Backend
-from .errors import ListModeMismatch, ListNotFound, ListSealed, LoadAbandoned, LoadError
+from .backends import Backend, wrap
+from .errors import (
+    ListModeMismatch,
+    ListNotFound,
+    ListSealed,
+    LoadAbandoned,
+    LoadError,
+    RecordExists,
+)
 from .loading import RECORD_OVERHEAD, JobSpec
 
 MODES = ("tokens", "ids")
@@ -198,9 +207,7 @@ class JobLists:
         b.round_trips += 1
         try:
             out = b.client.batch_write(BatchRecords(writes))
-        except Exception as e:
-            from .backends import wrap
-
+        except aerospike.exception.AerospikeError as e:
             raise wrap(e, f"batch_write ({what})", f"[{len(writes)} records]") from e
         return [br.result for br in out.batch_records]
 
@@ -231,13 +238,8 @@ class JobLists:
 
     def _finish_range(self, name: str, head: dict[str, Any], seq: int, real: list[int]) -> None:
         if head["mode"] == "ids":
-            try:
+            with contextlib.suppress(RecordExists):  # a recovery wrote the same chunk
                 self.backend.put(keys.IDS_SET, keys.chunk_name(name, seq), {"ids": real}, create_only=True)
-            except Exception as e:
-                from .errors import RecordExists
-
-                if not isinstance(e, RecordExists):  # a recovery wrote the same chunk
-                    raise
         out = self._list_udf(name, "publish", seq, len(real))
         if out["st"] != "ok":
             raise LoadAbandoned(f"list {name!r}: range {seq} is unknown to the list record")

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
 
+from . import keys
 from .backends import Backend
 from .errors import UDFModulesError
 
@@ -69,8 +70,15 @@ def status(backend: Backend) -> list[ModuleStatus]:
     return out
 
 
+# Secondary indexes the client relies on: (set, bin, index name).
+INDEXES = [(keys.JOB_SET, "sess", "aq_job_sess")]
+
+
 def register(backend: Backend, *, wait_s: float = 10.0) -> list[str]:
-    """Upload every packaged module; wait until the cluster serves them."""
+    """Upload every packaged module and create the secondary indexes; wait until
+    the cluster serves the modules."""
+    for set_name, bin_name, index_name in INDEXES:
+        backend.create_index(set_name, bin_name, index_name)
     names = []
     for name, f in sorted(_files().items()):
         with resources.as_file(f) as path:

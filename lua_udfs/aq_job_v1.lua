@@ -7,7 +7,11 @@
 --   payload  any       what the handler gets
 --   state    'queued' | 'claimed' | 'done' | 'dead' | 'void'
 --            ('void': a token whose job turned out to be a duplicate; never reserved)
---   sess     string    the session holding the claim (kept after done: repeat acks)
+--   sess     string    the session holding the claim, only while it is claimed: a
+--                      secondary index on it lets the reaper find a dead
+--                      session's claims without scanning every job
+--   by       string    the session that completed, failed or released it last (so a
+--                      repeated acknowledgement is recognised)
 --   att      integer   claims so far
 --   max_att  integer   attempts before the job goes dead
 --   claimed  integer   server ms of the last claim
@@ -49,9 +53,11 @@ end
 function complete(rec, sess, results)
   if not aerospike:exists(rec) then return 'missing' end
   local state = rec['state']
-  if state == 'done' and rec['sess'] == sess then return 'again' end
+  if state == 'done' and rec['by'] == sess then return 'again' end
   if state ~= 'claimed' or rec['sess'] ~= sess then return 'lost' end
   rec['state'] = 'done'
+  rec['sess'] = nil
+  rec['by'] = sess
   rec['done_at'] = now()
   rec['result'] = results[rec['token']]
   aerospike:update(rec)
@@ -66,12 +72,14 @@ function fail(rec, sess, err)
   if not aerospike:exists(rec) then return 'missing' end
   local state = rec['state']
   if state ~= 'claimed' or rec['sess'] ~= sess then
-    if rec['sess'] == sess and rec['err'] == err and (state == 'queued' or state == 'dead') then
+    if rec['by'] == sess and rec['err'] == err and (state == 'queued' or state == 'dead') then
       return 'again'
     end
     return 'lost'
   end
   rec['err'] = err
+  rec['sess'] = nil
+  rec['by'] = sess
   if rec['att'] >= rec['max_att'] then
     rec['state'] = 'dead'
     rec['done_at'] = now()
@@ -95,6 +103,8 @@ function release(rec, sess, refund, why)
   if refund == 1 and att > 0 then att = att - 1 end
   rec['att'] = att
   rec['err'] = why
+  rec['sess'] = nil
+  rec['by'] = sess
   if refund ~= 1 and att >= rec['max_att'] then
     rec['state'] = 'dead'
     rec['done_at'] = now()
@@ -114,6 +124,25 @@ function kick(rec)
   rec['state'] = 'queued'
   rec['att'] = 0
   rec['done_at'] = nil
+  aerospike:update(rec)
+  return 'ok'
+end
+
+-- synced(rec, state, done_at, at) -> 'ok' | 'changed' | 'missing'
+--   The sync copied this job to MySQL as it was when it read `state` and
+--   `done_at`: set synced = at, unless the job has moved on since (kicked,
+--   and maybe processed again), which must be copied again: 'changed', and
+--   the next sync picks it up. `state` and `done_at` may also be maps
+--   token -> value, so that one batch call marks many jobs of one list
+--   (batch_apply passes one argument list to every record).
+function synced(rec, state, done_at, at)
+  if not aerospike:exists(rec) then return 'missing' end
+  if type(state) ~= 'string' then
+    local token = rec['token']
+    state, done_at = state[token], done_at[token]
+  end
+  if state == nil or rec['state'] ~= state or rec['done_at'] ~= done_at then return 'changed' end
+  rec['synced'] = at
   aerospike:update(rec)
   return 'ok'
 end

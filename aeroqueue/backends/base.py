@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import aerospike
 from aerospike import exception as aex
+from aerospike import predicates
 
 from .. import errors
 from ..config import StoreURL
@@ -248,6 +249,34 @@ class Backend:
         except aex.AerospikeError as e:
             raise wrap(e, "scan", f"{set_name}/partitions {begin}..{begin + count - 1}") from e
         yield from got
+
+    def create_index(self, set_name: str, bin_name: str, index_name: str) -> bool:
+        """A string secondary index on a bin; False if it already exists."""
+        self.round_trips += 1
+        try:
+            self.client.index_string_create(self.namespace, set_name, bin_name, index_name)
+        except aex.IndexFoundError:
+            return False
+        except aex.AerospikeError as e:
+            raise wrap(e, "index_string_create", f"{set_name}.{bin_name}") from e
+        return True
+
+    def find(
+        self, set_name: str, bin_name: str, value: str, *, expression: Any = None, bins: list[str] | None = None
+    ) -> list[tuple[str, Record]]:
+        """Records whose `bin_name` equals `value`, through its secondary index: the
+        cost follows the matches, not the size of the set."""
+        query = self.client.query(self.namespace, set_name)
+        if bins:
+            query.select(*bins)
+        query.where(predicates.equals(bin_name, value))
+        policy = {"expressions": expression} if expression is not None else {}
+        self.round_trips += 1
+        try:
+            found = query.results(policy)
+        except aex.AerospikeError as e:
+            raise wrap(e, "query", f"{set_name} where {bin_name} = {value!r}") from e
+        return [(key[2], _record(meta, got)) for key, meta, got in found]
 
     def truncate(self, set_name: str) -> None:
         self._call("truncate", set_name, "*", lambda: self.client.truncate(self.namespace, set_name, 0))

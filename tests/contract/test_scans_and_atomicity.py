@@ -8,6 +8,7 @@ import multiprocessing as mp
 import aerospike
 from aerospike_helpers import expressions as xp
 
+from aeroqueue import errors
 from aeroqueue.backends import Backend, open_backend
 
 from .conftest import MODULE
@@ -64,3 +65,27 @@ def test_udf_increments_from_several_processes_lose_no_update(backend: Backend, 
     assert rec is not None
     assert rec.bins["n"] == procs * per_proc
     assert rec.gen == procs * per_proc, "one generation per UDF write"
+
+
+def test_secondary_index_finds_exactly_the_matching_records(backend: Backend, set_name):
+    for i in range(30):
+        backend.put(set_name, f"r{i}", {"owner": f"s{i % 3}", "n": i})
+    assert backend.create_index(set_name, "owner", f"{set_name}_owner") is True
+    assert backend.create_index(set_name, "owner", f"{set_name}_owner") is False  # already there
+    import time
+
+    for _ in range(50):  # a real server builds a new index in the background
+        try:
+            if len(backend.find(set_name, "owner", "s1")) == 10:
+                break
+        except errors.BackendError:
+            pass
+        time.sleep(0.1)
+    assert sorted(n for n, _ in backend.find(set_name, "owner", "s1")) == sorted(f"r{i}" for i in range(1, 30, 3))
+    backend.put(set_name, "r1", {"owner": "s2"})  # moves from s1 to s2
+    backend.put(set_name, "r4", {"owner": None})  # leaves the index
+    backend.remove(set_name, "r7")
+    assert sorted(n for n, _ in backend.find(set_name, "owner", "s1")) == sorted(f"r{i}" for i in range(10, 30, 3))
+    assert "r1" in {n for n, _ in backend.find(set_name, "owner", "s2")}
+    small = xp.LT(xp.IntBin("n"), 20).compile()
+    assert sorted(n for n, _ in backend.find(set_name, "owner", "s1", expression=small)) == ["r10", "r13", "r16", "r19"]

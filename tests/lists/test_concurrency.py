@@ -81,7 +81,8 @@ def test_every_job_done_exactly_once(store_url, registered, list_name, tmp_path,
             assert rec is not None, f"job {t} missing"
             assert rec.bins["state"] == "done", f"job {t} is {rec.bins['state']}"
             assert rec.bins["att"] == 1, f"job {t} was claimed {rec.bins['att']} times"
-            assert rec.bins["sess"] == by_token[t] and rec.bins["result"] == {"by": by_token[t]}
+            assert rec.bins["by"] == by_token[t] and rec.bins["result"] == {"by": by_token[t]}
+            assert "sess" not in rec.bins, "a finished job holds no claim"
 
     st = lists.status(list_name)
     assert (st.done, st.dead, st.in_flight, st.reservable, st.complete) == (N_JOBS, 0, 0, 0, True)

@@ -489,6 +489,53 @@ class EmbeddedClient:
             raise server_error("UDFNotFound", 1301, "AEROSPIKE_ERR_UDF_NOT_FOUND")
         return 0
 
+    # -- secondary indexes -------------------------------------------------------
+
+    def index_string_create(self, ns: str, set_name: str, bin_name: str, index_name: str, policy: dict | None = None) -> int:
+        return self._index_create(ns, set_name, bin_name, index_name, "string")
+
+    def index_integer_create(self, ns: str, set_name: str, bin_name: str, index_name: str, policy: dict | None = None) -> int:
+        return self._index_create(ns, set_name, bin_name, index_name, "numeric")
+
+    def _index_create(self, ns: str, set_name: str, bin_name: str, index_name: str, kind: str) -> int:
+        if ns != self.namespace:
+            raise server_error("NamespaceNotFound", 20, "AEROSPIKE_ERR_NAMESPACE_NOT_FOUND")
+        with self._storage.write() as db:
+            if db.execute("SELECT 1 FROM sindexes WHERE ns = ? AND name = ?", (ns, index_name)).fetchone():
+                raise server_error("IndexFoundError", 200, "AEROSPIKE_ERR_INDEX_FOUND")
+            db.execute(
+                "INSERT INTO sindexes (ns, name, set_name, bin, type) VALUES (?, ?, ?, ?, ?)",
+                (ns, index_name, set_name, bin_name, kind),
+            )
+            # Index what is already there, as the server builds a new index in the background.
+            rows = db.execute("SELECT digest, bins FROM records WHERE ns = ? AND set_name = ?", (ns, set_name)).fetchall()
+            for digest, blob in rows:
+                Storage._reindex(db, ns, digest, set_name, decode(blob))
+        return 0
+
+    def index_remove(self, ns: str, index_name: str, policy: dict | None = None) -> int:
+        with self._storage.write() as db:
+            gone = db.execute("DELETE FROM sindexes WHERE ns = ? AND name = ?", (ns, index_name)).rowcount
+            db.execute("DELETE FROM sindex_entries WHERE ns = ? AND name = ?", (ns, index_name))
+        if not gone:
+            raise server_error("IndexNotFound", 201, "AEROSPIKE_ERR_INDEX_NOT_FOUND")
+        return 0
+
+    def _index_name(self, set_name: str | None, predicate: tuple) -> tuple[str, Any]:
+        """The index an equality predicate uses, and the value it looks up."""
+        kind, bin_name, value = predicate[0], predicate[2], predicate[3]
+        if kind != 0:
+            raise NotImplementedError("embedded backend: only equality predicates (predicates.equals) are implemented")
+        index_type = "string" if isinstance(value, str) else "numeric"
+        with self._storage.read() as db:
+            found = db.execute(
+                "SELECT name FROM sindexes WHERE ns = ? AND set_name = ? AND bin = ? AND type = ?",
+                (self.namespace, set_name or "", bin_name, index_type),
+            ).fetchone()
+        if found is None:
+            raise server_error("IndexNotFound", 201, "AEROSPIKE_ERR_INDEX_NOT_FOUND")
+        return found[0], value
+
     # -- scans and truncation --------------------------------------------------
 
     def query(self, namespace: str, set_name: str | None = None) -> EmbeddedQuery:
@@ -497,20 +544,35 @@ class EmbeddedClient:
         return EmbeddedQuery(self, set_name)
 
     def _scan(
-        self, set_name: str | None, begin: int, count: int, expr: Any, bins: list[str] | None
+        self, set_name: str | None, begin: int, count: int, expr: Any, bins: list[str] | None,
+        predicate: tuple | None = None,
     ) -> Iterator[tuple[int, tuple, dict, dict]]:
         now = self._now()
         end = begin + count
-        # Page by partition ranges so a scan of a large set never holds one huge result.
-        for lo in range(begin, end, 128):
-            hi = min(lo + 128, end)
-            sql = "SELECT digest, set_name, part, ukey, bins, gen, void_ms, lut_ms FROM records WHERE ns = ? AND part >= ? AND part < ?"
-            params: list[Any] = [self.namespace, lo, hi]
-            if set_name is not None:
-                sql += " AND set_name = ?"
-                params.append(set_name)
+        columns = "r.digest, r.set_name, r.part, r.ukey, r.bins, r.gen, r.void_ms, r.lut_ms"
+        pages: Iterator[tuple[str, list[Any]]]
+        if predicate is not None:
+            # Through the secondary index: the cost follows the matches, not the set.
+            index, value = self._index_name(set_name, predicate)
+            pages = iter([(
+                f"SELECT {columns} FROM sindex_entries e JOIN records r ON r.ns = e.ns AND r.digest = e.digest "
+                "WHERE e.ns = ? AND e.name = ? AND e.value = ? AND r.part >= ? AND r.part < ? ORDER BY r.part, r.digest",
+                [self.namespace, index, value, begin, end],
+            )])
+        else:
+            # Page by partition ranges so a scan of a large set never holds one huge result.
+            set_clause = " AND r.set_name = ?" if set_name is not None else ""
+            pages = (
+                (
+                    f"SELECT {columns} FROM records r WHERE r.ns = ? AND r.part >= ? AND r.part < ?{set_clause} "
+                    "ORDER BY r.part, r.digest",
+                    [self.namespace, lo, min(lo + 128, end), *([set_name] if set_name is not None else [])],
+                )
+                for lo in range(begin, end, 128)
+            )
+        for sql, params in pages:
             with self._storage.read() as db:
-                rows = db.execute(sql + " ORDER BY part, digest", params).fetchall()
+                rows = db.execute(sql, params).fetchall()
             for digest, sname, part, ukey, blob, gen, void_ms, lut_ms in rows:
                 if void_ms and void_ms <= now:
                     continue
@@ -548,25 +610,29 @@ class EmbeddedQuery:
         self._client = client
         self._set = set_name
         self._bins: list[str] | None = None
+        self._predicate: tuple | None = None
 
     def select(self, *bins: str) -> None:
         self._bins = list(bins)
 
-    def where(self, *_: Any) -> None:
-        raise NotImplementedError("embedded backend: secondary-index queries (Query.where) are not implemented")
+    def where(self, predicate: tuple, *rest: Any) -> None:
+        """An equality predicate on a bin with a secondary index (`aerospike.predicates.equals`)."""
+        if rest:
+            raise NotImplementedError("embedded backend: Query.where takes one predicate")
+        self._predicate = predicate
 
     def _iterate(self, policy: dict | None) -> tuple[bool, Iterator[tuple[int, tuple, dict, dict]]]:
         pol = EmbeddedClient._check_policy(policy, {"partition_filter", "expressions"}, "query")
         pf = pol.get("partition_filter")
         if pf is None:
-            return False, self._client._scan(self._set, 0, N_PARTITIONS, pol.get("expressions"), self._bins)
+            return False, self._client._scan(self._set, 0, N_PARTITIONS, pol.get("expressions"), self._bins, self._predicate)
         extra = set(pf) - {"begin", "count"}
         if extra:
             raise NotImplementedError(f"embedded backend: partition_filter keys {sorted(extra)} are not implemented")
         begin, count = int(pf.get("begin", 0)), int(pf.get("count", N_PARTITIONS))
         if begin < 0 or count < 1 or begin + count > N_PARTITIONS:
             raise server_error("ParamError", -2, f"invalid partition filter begin={begin} count={count}")
-        return True, self._client._scan(self._set, begin, count, pol.get("expressions"), self._bins)
+        return True, self._client._scan(self._set, begin, count, pol.get("expressions"), self._bins, self._predicate)
 
     def results(self, policy: dict | None = None, options: dict | None = None) -> list[tuple]:
         _, it = self._iterate(policy)

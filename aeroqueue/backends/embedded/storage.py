@@ -41,6 +41,22 @@ CREATE TABLE IF NOT EXISTS records (
     PRIMARY KEY (ns, digest)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS records_by_partition ON records (ns, set_name, part);
+CREATE TABLE IF NOT EXISTS sindexes (
+    ns       TEXT NOT NULL,
+    name     TEXT NOT NULL,
+    set_name TEXT NOT NULL,
+    bin      TEXT NOT NULL,
+    type     TEXT NOT NULL,      -- 'string' or 'numeric'
+    PRIMARY KEY (ns, name)
+);
+CREATE TABLE IF NOT EXISTS sindex_entries (
+    ns     TEXT NOT NULL,
+    name   TEXT NOT NULL,
+    value  NOT NULL,
+    digest BLOB NOT NULL,
+    PRIMARY KEY (ns, name, value, digest)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS sindex_entries_by_digest ON sindex_entries (ns, digest);
 CREATE TABLE IF NOT EXISTS udfs (
     name    TEXT PRIMARY KEY,
     content TEXT NOT NULL,
@@ -195,6 +211,21 @@ class Storage:
         return Row(r[0], r[1], decode(r[2]) if r[2] is not None else None, decode(r[3]), r[4], r[5], r[6])
 
     @staticmethod
+    def _reindex(db: sqlite3.Connection, ns: str, digest: bytes, set_name: str, bins: dict[str, Any] | None) -> None:
+        """Keep the secondary indexes of the record's set in step with its bins (same transaction)."""
+        defs = db.execute("SELECT name, bin, type FROM sindexes WHERE ns = ? AND set_name = ?", (ns, set_name)).fetchall()
+        if not defs:
+            return
+        db.execute("DELETE FROM sindex_entries WHERE ns = ? AND digest = ?", (ns, digest))
+        for name, bin_name, kind in defs:
+            value = (bins or {}).get(bin_name)
+            # Aerospike indexes a bin only when its value has the index's type.
+            if (kind == "string" and isinstance(value, str)) or (
+                kind == "numeric" and isinstance(value, int) and not isinstance(value, bool)
+            ):
+                db.execute("INSERT INTO sindex_entries (ns, name, value, digest) VALUES (?, ?, ?, ?)", (ns, name, value, digest))
+
+    @staticmethod
     def store(db: sqlite3.Connection, ns: str, digest: bytes, row: Row, bins_blob: bytes) -> None:
         db.execute(
             "INSERT OR REPLACE INTO records (ns, digest, set_name, part, ukey, bins, gen, void_ms, lut_ms) "
@@ -211,7 +242,9 @@ class Storage:
                 row.lut_ms,
             ),
         )
+        Storage._reindex(db, ns, digest, row.set_name, row.bins)
 
     @staticmethod
     def delete(db: sqlite3.Connection, ns: str, digest: bytes) -> None:
         db.execute("DELETE FROM records WHERE ns = ? AND digest = ?", (ns, digest))
+        db.execute("DELETE FROM sindex_entries WHERE ns = ? AND digest = ?", (ns, digest))
