@@ -136,3 +136,60 @@ def o1_ratio(rows: list[BenchRow], path: str) -> float | None:
     if len(chosen) < 2 or not chosen[0].reserve_p50_ms:
         return None
     return chosen[-1].reserve_p50_ms / chosen[0].reserve_p50_ms
+
+
+@dataclass
+class DesignRow:
+    design: str
+    jobs_per_s: float
+    round_trips_per_job: float
+    vs_untracked: float  # throughput relative to claims nobody could find
+
+
+def compare_claim_designs(url: str | None, *, jobs: int = 3000, list_size: int = 20_000) -> list[DesignRow]:
+    """How a reaper finds a dead session's claims, measured on the single path:
+
+    - untracked: no way to find them (the job-list benchmark before sessions);
+    - index: a secondary index on the job's ``sess`` bin (what aeroqueue uses):
+      the server maintains it on the claim write, no extra round trip;
+    - intent: the job key appended to the session record's ``claims`` list
+      before each claim (design.md's other option): one more round trip per
+      reservation, even before pruning the list on acknowledgement is counted.
+    """
+    from aerospike_helpers.operations import list_operations as lo
+
+    from . import keys
+
+    tmp = None
+    if url is None:
+        tmp = tempfile.TemporaryDirectory(prefix="aeroqueue-bench-")
+        url = f"embedded://{Path(tmp.name) / 'bench.db'}"
+    backend = open_backend(url)
+    try:
+        udfs.register(backend) if backend.is_embedded else udfs.verify(backend)
+        lists = JobLists(backend)
+        queue = Queue(backend)
+        results: dict[str, tuple[float, float]] = {}
+        for design in ("untracked", "index", "intent"):
+            if design == "untracked":
+                backend.client.index_remove(backend.namespace, "aq_job_sess")
+            elif design == "index":
+                backend.create_index(keys.JOB_SET, "sess", "aq_job_sess")
+            name = f"design-{design}-{uuid.uuid4().hex[:6]}"
+            lists.load(name, (JobSpec(f"j{i}", {"i": i}) for i in range(list_size)), chunk_size=1000)
+            session = Session.open(backend, heartbeat=False)
+            trips0, t0 = backend.round_trips, time.perf_counter()
+            for _ in range(jobs):
+                if design == "intent":
+                    backend.operate(keys.SESS_SET, session.id, [lo.list_append("claims", f"{name}/next")])
+                [job] = queue.reserve(name, session, 1)
+                queue.complete(job, "ok")
+            elapsed = time.perf_counter() - t0
+            results[design] = (jobs / elapsed, (backend.round_trips - trips0) / jobs)
+            session.close(release=False)
+        base = results["untracked"][0]
+        return [DesignRow(d, r[0], r[1], r[0] / base) for d, r in results.items()]
+    finally:
+        backend.close()
+        if tmp is not None:
+            tmp.cleanup()

@@ -8,7 +8,9 @@ wrong and what to do next; ``--verbose`` adds the traceback.
 from __future__ import annotations
 
 import json
+import logging
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -17,6 +19,7 @@ from typing import Any, TypeVar
 
 import click
 from rich.console import Console
+from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -27,7 +30,9 @@ from .errors import AeroqueueError
 from .lists import DEFAULT_CHUNK, DEFAULT_MAX_ATTEMPTS, JobLists, max_payload
 from .loading import read_file, validate
 from .queue import Job, Queue
-from .sessions import Session
+from .sessions import Session, check_timing
+from .sessions import reap as reap_sessions
+from .sessions import sweep as sweep_store
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -364,13 +369,24 @@ def kick(obj: Context, list_name: str) -> None:
 @option("--batch", env="BENCH_BATCH", type=click.IntRange(2, 1000), default=50, help="Batch size of the batch path.")
 @MODE_OPT
 @option("--json-out", env="BENCH_JSON", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Also write the figures as JSON here.")
+@option("--claims", env="BENCH_CLAIMS", is_flag=True, help="Instead, compare the ways a reaper can find a dead session's claims.")
 @click.pass_obj
-def bench(obj: Context, sizes: str, sample: int, batch: int, mode: str, json_out: Path | None) -> None:
+def bench(obj: Context, sizes: str, sample: int, batch: int, mode: str, json_out: Path | None, claims: bool) -> None:
     """Measure reserve + complete throughput and latency by list size.
 
     Without --url (or AEROQUEUE_URL) it runs on a scratch embedded store.
     """
     from . import bench as benchmark
+
+    if claims:
+        designs = benchmark.compare_claim_designs(obj.url, jobs=sample)
+        table = Table(title="finding a dead session's claims: cost on the single reserve + complete path")
+        for col in ("design", "jobs/s", "round trips/job", "vs untracked"):
+            table.add_column(col, justify="right")
+        for d in designs:
+            table.add_row(d.design, f"{d.jobs_per_s:,.0f}", f"{d.round_trips_per_job:.2f}", f"{d.vs_untracked:.2f}")
+        Console().print(table)
+        return
 
     try:
         size_list = [int(x) for x in sizes.split(",") if x.strip()]
@@ -393,6 +409,123 @@ def bench(obj: Context, sizes: str, sample: int, batch: int, mode: str, json_out
             click.echo(f"O(1) check, {path}: reserve p50 on {max(size_list):,} jobs / on {min(size_list):,} jobs = {ratio:.2f}")
     if json_out:
         json_out.write_text(json.dumps({"url": where, "mode": mode, "rows": [r.as_dict() for r in rows]}, indent=1))
+
+
+# -- sessions and workers ----------------------------------------------------
+
+_STANDARD_LOG_ATTRS = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
+
+
+class JsonLines(logging.Formatter):
+    """One JSON object per log line: time, level, message and the record's extra fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out = {"ts": round(record.created, 3), "level": record.levelname.lower(), "msg": record.getMessage()}
+        out.update({k: v for k, v in vars(record).items() if k not in _STANDARD_LOG_ATTRS})
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+def configure_logging(fmt: str, level: str = "info") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonLines() if fmt == "json" else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("aeroqueue")
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    root.propagate = False
+
+
+HEARTBEAT_OPT = option("--heartbeat", "interval_s", env="HEARTBEAT", type=click.FloatRange(min=0.01), default=1.0, help="Seconds between heartbeats.")
+EXPIRY_OPT = option("--expiry", "expiry_s", env="EXPIRY", type=click.FloatRange(min=0.05), default=5.0, help="Seconds without a heartbeat after which a session is dead (more than twice --heartbeat).")
+
+
+@main.command()
+@option("--handler", env="HANDLER", required=True, help="The function to run on each job: package.module:function.")
+@option("--list", "lists", env="LISTS", multiple=True, required=True, help="A list to work on; repeat for several (env: space-separated).")
+@option("--concurrency", "-c", env="CONCURRENCY", type=click.IntRange(1, 256), default=1, help="Handler threads.")
+@option("--batch", env="BATCH", type=click.IntRange(1, 1000), default=1, help="Jobs reserved per reservation.")
+@HEARTBEAT_OPT
+@EXPIRY_OPT
+@option("--drain-timeout", env="DRAIN_TIMEOUT", type=click.FloatRange(min=0), default=30.0, help="Seconds to finish in-flight jobs on SIGTERM/SIGINT before releasing them.")
+@option("--sweep-every", env="SWEEP_EVERY", type=click.FloatRange(min=1), default=300.0, help="Seconds between sweeps inside the worker.")
+@option("--sweep-grace", env="SWEEP_GRACE", type=click.FloatRange(min=0), default=60.0, help="Seconds a job must have been untouched before the sweeper counts it as stuck.")
+@option("--until-complete", env="UNTIL_COMPLETE", is_flag=True, help="Exit once every list is complete.")
+@option("--log-format", env="LOG_FORMAT", type=click.Choice(["json", "text"]), default="json", help="Log lines as JSON objects or plain text.")
+@click.pass_obj
+def worker(
+    obj: Context, handler: str, lists: tuple[str, ...], concurrency: int, batch: int, interval_s: float,
+    expiry_s: float, drain_timeout: float, sweep_every: float, sweep_grace: float, until_complete: bool, log_format: str,
+) -> None:
+    """Run HANDLER on jobs reserved from the lists, under a heartbeat session.
+
+    Drains on SIGTERM/SIGINT (in-flight jobs finish up to --drain-timeout, the
+    rest are released), and exits with status 3 if its session is lost.
+    """
+    from .worker import Worker, load_handler
+
+    configure_logging(log_format)
+    check_timing(interval_s, expiry_s)
+    w = Worker(
+        obj.backend(), load_handler(handler), list(lists), concurrency=concurrency, batch=batch, interval_s=interval_s,
+        expiry_s=expiry_s, drain_timeout_s=drain_timeout, sweep_every_s=sweep_every,
+        sweep_grace_ms=int(sweep_grace * 1000), until_complete=until_complete,
+    )
+    if sys.stderr.isatty():
+        with Live(_counters_table(w), console=err_console, refresh_per_second=2, transient=False) as live:
+            stop = threading.Event()
+            refresher = threading.Thread(target=_refresh, args=(live, w, stop), daemon=True)
+            refresher.start()
+            code = w.run()
+            stop.set()
+            live.update(_counters_table(w))
+    else:
+        code = w.run()
+    sys.exit(code)
+
+
+def _counters_table(w: Any) -> Table:
+    table = Table(title=f"aeroqueue worker {w.session.id[:8] if w.session else ''} on {', '.join(w.lists)}")
+    snap = w.counters.snapshot()
+    for name in ("reserved", "done", "retried", "dead", "lost", "unacked", "released", "reaped"):
+        table.add_column(name, justify="right")
+    table.add_column("in flight", justify="right")
+    table.add_row(*(f"{snap[n]:,}" for n in ("reserved", "done", "retried", "dead", "lost", "unacked", "released", "reaped")), str(w.in_flight))
+    return table
+
+
+def _refresh(live: Live, w: Any, stop: threading.Event) -> None:
+    while not stop.wait(0.5):
+        live.update(_counters_table(w))
+
+
+@main.command()
+@JSON_OPT
+@click.pass_obj
+def reap(obj: Context, as_json: bool) -> None:
+    """Reap expired sessions: their claimed jobs go back to the retry store."""
+    report = reap_sessions(obj.backend())
+    if as_json:
+        click.echo(json.dumps({"sessions": report.sessions, "released": report.released}))
+    else:
+        click.echo(f"reaped {report.sessions} session(s), released {report.released} job(s)")
+
+
+@main.command()
+@option("--grace", "grace_s", env="SWEEP_GRACE", type=click.FloatRange(min=0), default=60.0, help="Seconds a job must have been untouched to count as stuck.")
+@JSON_OPT
+@click.pass_obj
+def sweep(obj: Context, grace_s: float, as_json: bool) -> None:
+    """Find what slipped through: jobs taken but never claimed, claims of vanished
+    sessions, loads whose loader died. Scans every job: run it rarely."""
+    report = sweep_store(obj.backend(), grace_ms=int(grace_s * 1000))
+    if as_json:
+        click.echo(json.dumps({"requeued": report.requeued, "orphans": report.orphans, "recounted": report.recounted, "ranges": report.ranges}))
+    else:
+        click.echo(
+            f"requeued {report.requeued} job(s), released {report.orphans} orphaned claim(s), "
+            f"counted {report.recounted} uncounted ack(s), finished {report.ranges} load range(s)"
+        )
 
 
 @main.command("config")

@@ -34,7 +34,7 @@ from aerospike_helpers import expressions as xp
 
 from . import keys
 from .backends import Backend
-from .errors import BackendError, ConfigError, GenerationConflict, ListNotFound, SessionLost
+from .errors import BackendError, ConfigError, GenerationConflict, SessionLost
 
 log = logging.getLogger("aeroqueue.sessions")
 
@@ -206,46 +206,80 @@ def reap(backend: Backend) -> ReapReport:
 class SweepReport:
     requeued: int  # queued jobs taken but never claimed, offered again
     orphans: int  # claims of sessions that no longer exist, released
+    recounted: int  # finished jobs whose completion bit was missing, counted
     ranges: int  # load ranges of dead loaders, finished
 
 
+def _any_of(exprs: list[Any]) -> Any:
+    return exprs[0] if len(exprs) == 1 else xp.Or(*exprs)
+
+
 def sweep(backend: Backend, *, grace_ms: int = 60_000) -> SweepReport:
-    """The rare full pass: O(jobs in the store), so run it at a low rate."""
+    """The rare pass over the jobs of every list that is not complete (complete
+    lists cost nothing): run it at a low rate."""
     from .lists import JobLists
-    from .queue import push_retry
+    from .queue import push_retry, set_bits
 
     lists = JobLists(backend)
-    ranges = sum(lists.recover(name) for name in lists.names())
+    names = lists.names()
+    ranges = sum(lists.recover(name) for name in names)
+    unfinished = [name for name in names if not lists.status(name).complete]
+    if not unfinished:
+        return SweepReport(0, 0, 0, ranges)
+    state = xp.StrBin("state")
     stale = xp.GE(xp.SinceUpdateTime(), grace_ms)
+    expression = xp.And(
+        _any_of([xp.Eq(xp.StrBin("list"), name) for name in unfinished]),
+        xp.Or(
+            # Finished jobs: a worker may have died between the ack and its bit.
+            xp.Eq(state, "done"), xp.Eq(state, "dead"),
+            # Waiting jobs untouched for the grace period.
+            xp.And(stale, xp.Or(xp.Eq(state, "claimed"), xp.Eq(state, "queued"))),
+        ),
+    ).compile()
+    found: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for _, rec in backend.scan(keys.JOB_SET, expression=expression):
+        found[rec.bins["state"]][rec.bins["list"]].append(rec.bins)
+
+    recounted = 0
+    for bitmap, by_list in (("done", found["done"]), ("dead", found["dead"])):
+        for list_name, jobs in by_list.items():
+            have = _bits(backend, list_name, bitmap, [j["token"] for j in jobs])
+            missing = [j["token"] for j in jobs if j["token"] not in have]
+            set_bits(backend, list_name, missing, bitmap, 1)
+            recounted += len(missing)
 
     # Claims whose session is gone (a reaper missed them, or a claim raced a reap).
-    claimed = list(backend.scan(keys.JOB_SET, expression=xp.And(xp.Eq(xp.StrBin("state"), "claimed"), stale).compile()))
-    holders = sorted({rec.bins.get("sess", "") for _, rec in claimed})
+    holders = sorted({j.get("sess", "") for jobs in found["claimed"].values() for j in jobs})
     alive = {sid for sid, rec in zip(holders, backend.batch_get(keys.SESS_SET, holders), strict=True) if rec is not None}
-    orphans = 0
-    for sid in holders:
-        if sid not in alive:
-            orphans += release_claims(backend, sid, refund=False, why="session vanished")
+    orphans = sum(release_claims(backend, sid, refund=False, why="session vanished") for sid in holders if sid not in alive)
 
     # Jobs taken from a store but never claimed: the reserver died in between.
-    queued = backend.scan(keys.JOB_SET, expression=xp.And(xp.Eq(xp.StrBin("state"), "queued"), stale).compile())
-    by_list: dict[str, list[int]] = defaultdict(list)
-    for _, rec in queued:
-        by_list[rec.bins["list"]].append(rec.bins["token"])
     requeued = 0
-    for list_name, tokens in by_list.items():
-        try:
-            head = lists.header(list_name)
-        except ListNotFound:  # the list is gone: nothing to offer them to
-            continue
+    for list_name, jobs in found["queued"].items():
+        head = lists.header(list_name)
         waiting = set(head.get("retry") or [])
         if head["mode"] == "ids":
             chunks = backend.batch_get(keys.IDS_SET, [keys.chunk_name(list_name, c) for c in range(head["cursor"], head["pubs"])])
             for c in chunks:
                 waiting.update((c.bins.get("ids") or []) if c else [])
-            lost = [t for t in tokens if t not in waiting and t < head["tail"]]
+            lost = [j["token"] for j in jobs if j["token"] not in waiting and j["token"] < head["tail"]]
         else:
-            lost = [t for t in tokens if t < head["head"] and t not in waiting]
+            lost = [j["token"] for j in jobs if j["token"] < head["head"] and j["token"] not in waiting]
         if lost:
             requeued += push_retry(backend, list_name, lost)
-    return SweepReport(requeued, orphans, ranges)
+    return SweepReport(requeued, orphans, recounted, ranges)
+
+
+def _bits(backend: Backend, list_name: str, bitmap: str, tokens: list[int]) -> set[int]:
+    """Which of these tokens have their bit set in a list's bitmap."""
+    chunks = sorted({keys.bit_position(t)[0] for t in tokens})
+    recs = dict(zip(chunks, backend.batch_get(keys.DONE_SET, [keys.chunk_name(list_name, c) for c in chunks]), strict=True))
+    out = set()
+    for t in tokens:
+        chunk, bit = keys.bit_position(t)
+        rec = recs[chunk]
+        data = bytes(rec.bins.get(bitmap) or b"") if rec is not None else b""
+        if bit // 8 < len(data) and data[bit // 8] & (0x80 >> (bit % 8)):
+            out.add(t)
+    return out

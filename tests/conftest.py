@@ -17,7 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from aeroqueue import udfs
 from aeroqueue.backends import Backend, open_backend
+from aeroqueue.lists import JobLists
+from aeroqueue.queue import Queue
+from aeroqueue.sessions import Session
 
 REAL_URL = os.environ.get("AEROQUEUE_TEST_URL")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -81,3 +85,35 @@ def java() -> str:
 @pytest.fixture
 def mysql_available() -> None:
     require(port_open("127.0.0.1", 3306), "MySQL/MariaDB is not listening on 127.0.0.1:3306")
+
+
+# -- job lists and sessions, on every backend ----------------------------------
+
+
+@pytest.fixture
+def registered(backend: Backend) -> Backend:
+    udfs.register(backend)
+    return backend
+
+
+@pytest.fixture
+def queue(registered: Backend) -> Queue:
+    return Queue(registered)
+
+
+@pytest.fixture
+def lists(registered: Backend) -> JobLists:
+    return JobLists(registered)
+
+
+@pytest.fixture
+def list_name() -> str:
+    """A list of its own per test, so tests never meet on a shared server."""
+    return f"t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def session(registered: Backend) -> Iterator[Session]:
+    s = Session.open(registered)
+    yield s
+    s.close()

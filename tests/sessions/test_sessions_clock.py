@@ -143,3 +143,20 @@ def test_sweeper_finds_taken_but_never_claimed_and_orphaned_claims(env, clock):
     got = queue.reserve("L", other, 3)
     assert sorted(j.token for j in got) == sorted([took["start"], took["start"] + 1, orphan.token])
     assert sweep(backend, grace_ms=60_000).requeued == 0, "nothing left to sweep"
+
+
+def test_sweeper_counts_an_ack_whose_bit_was_never_written(env, clock):
+    """A worker killed between the complete UDF and the bitmap write."""
+    backend, queue = env
+    s = open_session(backend)
+    jobs = queue.reserve("L", s, 10)
+    for job in jobs[1:]:
+        queue.complete(job)
+    st = backend.apply(keys.JOB_SET, jobs[0].name, keys.JOB_MOD, "complete", s.id, {jobs[0].token: "x"})
+    assert st == "ok"  # ...and the process dies before setting the bit
+    lists = JobLists(backend)
+    assert (lists.status("L").done, lists.status("L").complete) == (9, False)
+    report = sweep(backend, grace_ms=60_000)  # no grace needed: a finished job is final
+    assert report.recounted == 1
+    assert (lists.status("L").done, lists.status("L").complete) == (10, True)
+    assert sweep(backend).recounted == 0, "a complete list costs the sweeper nothing"

@@ -10,6 +10,12 @@ Every single-record operation runs as one ``BEGIN IMMEDIATE`` transaction
 other write: stronger than Aerospike's per-record lock, never weaker. Nothing
 above this layer may rely on that extra strength; the contract tests also run
 against a real server.
+
+One difference cannot be hidden: the write lock is held by the client process
+during its transaction, where Aerospike holds its locks in the server. A
+client process frozen inside a write (SIGSTOP, a debugger) therefore stalls
+every writer of the store until it continues; a writer that waits longer than
+the busy timeout gets Aerospike's TimeoutError (code 9).
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-FORMAT_VERSION = "1"  # bump when the table layout or the bin encoding changes
+FORMAT_VERSION = "1"
+BUSY_TIMEOUT_S = 60.0  # how long a writer waits for the store's lock before TimeoutError  # bump when the table layout or the bin encoding changes
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
@@ -111,7 +118,7 @@ class Storage:
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(
             self.path,
-            timeout=120.0,
+            timeout=BUSY_TIMEOUT_S,
             isolation_level=None,  # we issue BEGIN IMMEDIATE / COMMIT ourselves
             check_same_thread=not self.memory,
             cached_statements=256,
@@ -169,7 +176,14 @@ class Storage:
                         raise
                     db.execute("RELEASE rec")
                     return
-                db.execute("BEGIN IMMEDIATE")
+                try:
+                    db.execute("BEGIN IMMEDIATE")
+                except sqlite3.OperationalError as e:
+                    # The store stayed locked past the busy timeout: to the caller
+                    # this is a server that did not answer in time.
+                    from .operations import server_error
+
+                    raise server_error("TimeoutError", 9, f"AEROSPIKE_ERR_TIMEOUT (embedded store locked: {e})") from None
                 try:
                     yield db
                 except BaseException:

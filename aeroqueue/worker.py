@@ -1,0 +1,302 @@
+"""The worker: run a handler on reserved jobs, under a heartbeat session.
+
+`run_job` is the one step every path shares: an API handler that reserves one
+job per request calls it (or `process_one`) without running a worker; the
+`Worker` runs it in N threads, heartbeats its session, reaps expired sessions
+and sweeps now and then, and drains on SIGTERM/SIGINT: in-flight jobs finish
+up to a deadline, the rest are released, the session is closed.
+
+A handler is ``def handle(job: Job) -> result``; its return value is stored
+as the job's result, and an exception fails the job with its message and
+traceback (retried until the list's max attempts, then dead). Handlers run at
+least once per job and may run more than once when a worker dies or pauses
+mid-job (its jobs come back): make their side effects idempotent.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import random
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .backends import Backend
+from .errors import AeroqueueError, ClaimLost, ConfigError, SessionLost
+from .lists import JobLists
+from .queue import Job, Queue
+from .sessions import DEFAULT_EXPIRY_S, DEFAULT_INTERVAL_S, Session, reap, sweep
+
+log = logging.getLogger("aeroqueue.worker")
+
+Handler = Callable[[Job], Any]
+EXIT_OK = 0
+EXIT_SESSION_LOST = 3
+
+
+def load_handler(spec: str) -> Handler:
+    """'package.module:function' -> the function."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"handler {spec!r} must be written package.module:function")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(f"handler {spec!r}: cannot import {module_name!r} ({e})") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ConfigError(f"handler {spec!r}: {module_name} has no function {attr!r}")
+    return fn
+
+
+@dataclass
+class Counters:
+    """What a worker did, for the live display and the final log line."""
+
+    reserved: int = 0
+    done: int = 0
+    retried: int = 0
+    dead: int = 0
+    lost: int = 0  # acknowledgements refused: the claim had been given away
+    unacked: int = 0  # finished after the session was lost: not acknowledged
+    released: int = 0
+    reaped: int = 0  # other sessions this worker reaped
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            setattr(self, name, getattr(self, name) + n)
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return {k: v for k, v in vars(self).items() if not k.startswith("_")}
+
+
+def run_job(queue: Queue, job: Job, handler: Handler, session: Session | None = None) -> str:
+    """Run the handler on one reserved job and acknowledge the outcome.
+
+    Returns 'done', 'retry', 'dead', 'lost' (the claim was given away: the
+    acknowledgement was refused) or 'unacked' (the session was lost while the
+    handler ran: its claims may be someone else's, so nothing is acknowledged).
+    """
+    started = time.monotonic()
+    try:
+        result = handler(job)
+    except Exception as e:
+        error = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+        if session is not None and session.lost:
+            return "unacked"
+        try:
+            outcome = queue.fail(job, error)
+        except ClaimLost:
+            return "lost"
+        log.info("job failed", extra={"event": "job_failed", "list": job.list, "token": job.token, "jid": job.jid,
+                                      "attempt": job.attempt, "outcome": outcome, "error": f"{type(e).__name__}: {e}"})
+        return outcome
+    if session is not None and session.lost:
+        log.warning("job finished after the session was lost: not acknowledged",
+                    extra={"event": "job_unacked", "list": job.list, "token": job.token, "jid": job.jid})
+        return "unacked"
+    try:
+        queue.complete(job, result)
+    except ClaimLost:
+        log.warning("claim lost: completion refused",
+                    extra={"event": "claim_lost", "list": job.list, "token": job.token, "jid": job.jid})
+        return "lost"
+    log.info("job done", extra={"event": "job_done", "list": job.list, "token": job.token, "jid": job.jid,
+                                "attempt": job.attempt, "ms": round((time.monotonic() - started) * 1000, 2)})
+    return "done"
+
+
+def process_one(queue: Queue, list_name: str, session: Session | str, handler: Handler) -> str | None:
+    """Reserve one job of a list and run `handler` on it: the API-handler path.
+    None when the list has nothing to give."""
+    jobs = queue.reserve(list_name, session, 1)
+    if not jobs:
+        return None
+    return run_job(queue, jobs[0], handler, session if isinstance(session, Session) else None)
+
+
+_COUNTER_OF = {"done": "done", "retry": "retried", "dead": "dead", "lost": "lost", "unacked": "unacked"}
+
+
+class Worker:
+    """N threads running a handler on jobs of some lists, under one session."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        handler: Handler,
+        lists: list[str],
+        *,
+        concurrency: int = 1,
+        batch: int = 1,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        expiry_s: float = DEFAULT_EXPIRY_S,
+        drain_timeout_s: float = 30.0,
+        reap_every_s: float | None = None,
+        sweep_every_s: float = 300.0,
+        sweep_grace_ms: int = 60_000,
+        idle_s: float = 0.2,
+        until_complete: bool = False,
+    ) -> None:
+        if not lists:
+            raise ConfigError("a worker needs at least one list (--list)")
+        if concurrency < 1 or batch < 1:
+            raise ConfigError("concurrency and batch must be at least 1")
+        self.backend = backend
+        self.queue = Queue(backend)
+        self.handler = handler
+        self.lists = lists
+        self.concurrency = concurrency
+        self.batch = batch
+        self.interval_s = interval_s
+        self.expiry_s = expiry_s
+        self.drain_timeout_s = drain_timeout_s
+        self.reap_every_s = reap_every_s if reap_every_s is not None else expiry_s / 2
+        self.sweep_every_s = sweep_every_s
+        self.sweep_grace_ms = sweep_grace_ms
+        self.idle_s = idle_s
+        self.until_complete = until_complete
+        self.counters = Counters()
+        self.session: Session | None = None
+        self._stopping = threading.Event()
+        self._in_flight: dict[str, Job] = {}
+        self._in_flight_lock = threading.Lock()
+        self._next_list = 0
+
+    def request_stop(self, *_: Any) -> None:
+        """Drain: finish what is in flight, take nothing new."""
+        if not self._stopping.is_set():
+            log.info("draining", extra={"event": "draining"})
+        self._stopping.set()
+
+    @property
+    def in_flight(self) -> int:
+        with self._in_flight_lock:
+            return len(self._in_flight)
+
+    # -- the loop ------------------------------------------------------------
+
+    def run(self, *, install_signals: bool = True) -> int:
+        """Work until stopped (SIGTERM/SIGINT or `request_stop`), the session is lost, or,
+        with `until_complete`, every list is complete. Returns the process exit code."""
+        previous = {}
+        if install_signals and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous[sig] = signal.signal(sig, self.request_stop)
+        self.session = session = Session.open(self.backend, interval_s=self.interval_s, expiry_s=self.expiry_s)
+        log.info("worker started", extra={"event": "started", "session": session.id, "pid": os.getpid(), "lists": self.lists,
+                                          "concurrency": self.concurrency, "batch": self.batch})
+        threads = [threading.Thread(target=self._work, name=f"worker-{i}", daemon=True) for i in range(self.concurrency)]
+        for t in threads:
+            t.start()
+        try:
+            self._maintain(session)
+        finally:
+            code = self._drain(session, threads)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        return code
+
+    def _work(self) -> None:
+        assert self.session is not None
+        session = self.session
+        while not self._stopping.is_set() and not session.lost:
+            try:
+                jobs = self._reserve(session)
+            except SessionLost:
+                return
+            except AeroqueueError as e:
+                log.warning("reserve failed", extra={"event": "reserve_failed", "error": str(e)})
+                self._stopping.wait(self.idle_s)
+                continue
+            if not jobs:
+                self._stopping.wait(self.idle_s * random.uniform(0.5, 1.5))
+                continue
+            self.counters.add("reserved", len(jobs))
+            for i, job in enumerate(jobs):
+                if self._stopping.is_set() or session.lost:
+                    self._release(jobs[i:], session)
+                    break
+                with self._in_flight_lock:
+                    self._in_flight[job.name] = job
+                try:
+                    outcome = run_job(self.queue, job, self.handler, session)
+                except AeroqueueError as e:  # the store failed mid-acknowledgement
+                    log.error("acknowledgement failed", extra={"event": "ack_failed", "jid": job.jid, "error": str(e)})
+                    outcome = "unacked"
+                finally:
+                    with self._in_flight_lock:
+                        self._in_flight.pop(job.name, None)
+                self.counters.add(_COUNTER_OF[outcome])
+
+    def _reserve(self, session: Session) -> list[Job]:
+        # Round robin over the lists, so one busy list does not starve the others.
+        for _ in range(len(self.lists)):
+            name = self.lists[self._next_list % len(self.lists)]
+            self._next_list += 1
+            jobs = self.queue.reserve(name, session, self.batch)
+            if jobs:
+                return jobs
+        return []
+
+    def _release(self, jobs: list[Job], session: Session) -> None:
+        if session.lost:
+            return  # not ours to give back any more
+        for job in jobs:
+            try:
+                if self.queue.release(job, "worker draining") == "released":
+                    self.counters.add("released")
+            except AeroqueueError as e:
+                log.warning("release failed", extra={"event": "release_failed", "jid": job.jid, "error": str(e)})
+
+    def _maintain(self, session: Session) -> None:
+        """Reap and sweep on their schedules until told to stop."""
+        next_reap = time.monotonic() + self.reap_every_s * random.uniform(0.5, 1.0)
+        next_sweep = time.monotonic() + self.sweep_every_s * random.uniform(0.5, 1.0)
+        lists = JobLists(self.backend)
+        while not self._stopping.wait(min(0.2, self.reap_every_s)):
+            if session.lost:
+                log.error("session lost: stopping", extra={"event": "session_lost", "session": session.id})
+                return
+            now = time.monotonic()
+            try:
+                if now >= next_reap:
+                    report = reap(self.backend)
+                    if report.sessions:
+                        self.counters.add("reaped", report.sessions)
+                    next_reap = now + self.reap_every_s * random.uniform(0.8, 1.2)
+                if now >= next_sweep:
+                    sweep(self.backend, grace_ms=self.sweep_grace_ms)
+                    next_sweep = now + self.sweep_every_s * random.uniform(0.8, 1.2)
+                if self.until_complete and all(lists.status(name).complete for name in self.lists):
+                    log.info("every list is complete", extra={"event": "lists_complete"})
+                    return
+            except AeroqueueError as e:
+                log.warning("maintenance failed", extra={"event": "maintenance_failed", "error": str(e)})
+
+    def _drain(self, session: Session, threads: list[threading.Thread]) -> int:
+        self._stopping.set()
+        deadline = time.monotonic() + self.drain_timeout_s
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        if session.lost:
+            session.close(release=False)
+            log.error("exiting: session lost", extra={"event": "stopped", "session": session.id, **self.counters.snapshot()})
+            return EXIT_SESSION_LOST
+        with self._in_flight_lock:
+            stuck = list(self._in_flight.values())
+        if stuck:
+            # Past the deadline: give these back now; their handlers' late acks will be refused.
+            log.warning("drain deadline passed", extra={"event": "drain_timeout", "in_flight": len(stuck)})
+            self._release(stuck, session)
+        self.counters.add("released", session.close(release=True))
+        log.info("worker stopped", extra={"event": "stopped", "session": session.id, **self.counters.snapshot()})
+        return EXIT_OK

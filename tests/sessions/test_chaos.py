@@ -1,0 +1,170 @@
+"""Chaos: 6 worker processes on one 5,000-job list; the test SIGKILLs a worker every
+few hundred completions and SIGSTOPs/SIGCONTs another past its session's expiry.
+At the end every job is done exactly once, none is lost, and every job whose
+handler ran more than once was in flight on a killed or stopped worker.
+
+Real processes, real signals, and the same test against a real server with
+AEROQUEUE_TEST_URL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from aeroqueue import keys
+from aeroqueue.lists import JobLists
+from aeroqueue.loading import JobSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+N_JOBS = 5_000
+N_WORKERS = 6
+KILL_EVERY = 400  # completions between two SIGKILLs
+HEARTBEAT_S, EXPIRY_S = 0.25, 4.0
+STOP_FOR_S = EXPIRY_S + 2.0  # long enough to be reaped
+
+
+@dataclass
+class Worker:
+    proc: subprocess.Popen
+    log: Path
+
+    def working(self) -> bool:
+        """It opened its session and completed jobs (a fresh one may still be importing)."""
+        return '"job_done"' in self.log.read_text()
+
+
+@pytest.fixture
+def spawn(store_url: str, list_name: str, tmp_path: Path) -> Iterator[Callable[[], Worker]]:
+    """Start worker processes; every one is killed at the end, whatever happened."""
+    started: list[Worker] = []
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    env = {**os.environ, "AEROQUEUE_CHAOS_LOG": str(logs), "PYTHONPATH": str(ROOT)}
+    cmd = [
+        sys.executable, "-m", "aeroqueue", "--url", store_url, "worker",
+        "--handler", "tests.sessions.chaos_handler:handle", "--list", list_name,
+        "--concurrency", "2", "--heartbeat", str(HEARTBEAT_S), "--expiry", str(EXPIRY_S),
+        "--sweep-every", "3", "--sweep-grace", "3", "--until-complete", "--log-format", "json", "--drain-timeout", "10",
+    ]
+
+    def start() -> Worker:
+        log = logs / f"worker-{len(started)}.jsonl"
+        with open(log, "w") as stderr:
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+        started.append(Worker(proc, log))
+        return started[-1]
+
+    yield start
+    for w in started:
+        if w.proc.poll() is None:
+            w.proc.send_signal(signal.SIGCONT)
+            w.proc.kill()
+            w.proc.wait()
+
+
+@pytest.mark.slow
+def test_chaos_every_job_done_exactly_once(registered, list_name, tmp_path, spawn):
+    lists = JobLists(registered)
+    lists.load(list_name, [JobSpec(f"c{i}", {"i": i}) for i in range(N_JOBS)], seal=True)
+    logs = tmp_path / "logs"
+
+    live = [spawn() for _ in range(N_WORKERS)]
+    killed: set[int] = set()
+    stopped: set[int] = set()
+    next_kill = KILL_EVERY
+    paused: Worker | None = None
+    paused_at = 0.0
+    deadline = time.monotonic() + 300
+    while True:
+        st = lists.status(list_name)
+        if st.complete:
+            break
+        assert time.monotonic() < deadline, f"not complete in time: {st}"
+        running = [w for w in live if w.proc.poll() is None and w is not paused and w.working()]
+        if st.done >= next_kill and len(running) > 2:
+            victim = running[0]
+            victim.proc.send_signal(signal.SIGKILL)
+            victim.proc.wait()
+            killed.add(victim.proc.pid)
+            live.remove(victim)
+            live.append(spawn())
+            next_kill += KILL_EVERY
+        if paused is None and not stopped and st.done >= N_JOBS // 4 and running:
+            paused = running[-1]
+            paused.proc.send_signal(signal.SIGSTOP)
+            paused_at = time.monotonic()
+            # The embedded store's write lock is held by the client process: one
+            # stopped mid-write stalls every writer (a real server holds its own
+            # locks). If nobody else progresses, continue it and stop it again
+            # at another moment. Against a real server this never triggers.
+            time.sleep(0.3)
+            before = lists.status(list_name).done
+            time.sleep(1.0)
+            if lists.status(list_name).done == before:
+                paused.proc.send_signal(signal.SIGCONT)
+                paused = None
+                continue
+            stopped.add(paused.proc.pid)
+        if paused is not None and time.monotonic() - paused_at > STOP_FOR_S:
+            paused.proc.send_signal(signal.SIGCONT)
+            # Its session was reaped while it slept: its heartbeat finds that out and it exits 3.
+            assert paused.proc.wait(60) == 3, "a worker whose session was reaped must exit non-zero"
+            live.remove(paused)
+            live.append(spawn())
+            paused = None
+        time.sleep(0.05)
+    for w in live:
+        # A worker still starting up has not installed its SIGTERM handler (nor taken
+        # any work): --until-complete lets it see the list is complete and exit.
+        if w.proc.poll() is None and '"started"' in w.log.read_text():
+            w.proc.send_signal(signal.SIGTERM)
+    for w in live:
+        assert w.proc.wait(60) == 0, "a worker drains and exits 0"
+    assert len(killed) >= 3 and len(stopped) == 1, "the chaos happened"
+
+    # The handler's own log: every execution of every job.
+    runs: dict[str, list[int]] = defaultdict(list)
+    for f in logs.glob("exec-*.log"):
+        for line in f.read_text().splitlines():
+            jid, pid, _sess = line.split()
+            runs[jid].append(int(pid))
+    # The workers' logs: every acknowledgement that was accepted.
+    acked = Counter()
+    for f in logs.glob("worker-*.jsonl"):
+        for line in f.read_text().splitlines():
+            if line.startswith("{"):
+                event = json.loads(line)
+                if event.get("event") == "job_done":
+                    acked[event["jid"]] += 1
+
+    names = [keys.job_name(list_name, t) for t in range(N_JOBS)]
+    records = [rec for lo in range(0, N_JOBS, 1000) for rec in registered.batch_get(keys.JOB_SET, names[lo : lo + 1000])]
+    rerun_by_chaos = 0
+    for rec in records:
+        assert rec is not None
+        job = rec.bins
+        jid = job["jid"]
+        assert job["state"] == "done", f"{jid} is {job['state']}: lost"
+        assert "sess" not in job and job["by"] == job["result"]["session"]
+        assert acked[jid] <= 1, f"{jid} acknowledged {acked[jid]} times"
+        pids = runs[jid]
+        assert job["result"]["pid"] in pids, f"{jid}: completed by a run the handler never logged"
+        extra = list(pids)
+        extra.remove(job["result"]["pid"])
+        # Every run that did not count was on a worker the test killed or stopped.
+        assert set(extra) <= killed | stopped, f"{jid} ran on {pids}; killed {killed}, stopped {stopped}"
+        rerun_by_chaos += bool(extra)
+    st = lists.status(list_name)
+    assert (st.done, st.dead, st.in_flight, st.reservable, st.retry_pending) == (N_JOBS, 0, 0, 0, 0)
+    print(f"chaos: {len(killed)} SIGKILLs, {len(stopped)} SIGSTOP, {rerun_by_chaos} jobs ran more than once")

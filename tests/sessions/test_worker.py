@@ -1,0 +1,151 @@
+"""The worker loop and the API-handler path, on every backend."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from aeroqueue import errors, keys
+from aeroqueue.loading import JobSpec
+from aeroqueue.queue import Job, Queue
+from aeroqueue.sessions import Session
+from aeroqueue.worker import EXIT_OK, EXIT_SESSION_LOST, Worker, load_handler, process_one, run_job
+
+
+def fast_worker(backend, handler, list_name, **kw) -> Worker:
+    opts = {"interval_s": 0.1, "expiry_s": 1.0, "idle_s": 0.05, "until_complete": True}
+    opts.update(kw)
+    return Worker(backend, handler, [list_name], **opts)
+
+
+def test_worker_runs_every_job_and_stores_results(registered, lists, list_name):
+    lists.load(list_name, [JobSpec(f"j{i}", {"n": i}) for i in range(40)], seal=True)
+    w = fast_worker(registered, lambda job: job.payload["n"] * 2, list_name, concurrency=3, batch=4)
+    assert w.run(install_signals=False) == EXIT_OK
+    assert w.counters.snapshot()["done"] == 40
+    for t in range(40):
+        assert registered.get(keys.JOB_SET, keys.job_name(list_name, t)).bins["result"] == t * 2
+    assert registered.get(keys.SESS_SET, w.session.id) is None, "the session is closed"
+
+
+def test_handler_exception_fails_the_job_with_traceback_then_dead(registered, lists, list_name):
+    lists.load(list_name, [JobSpec("ok", {}), JobSpec("bad", {})], max_attempts=3, seal=True)
+
+    def handler(job: Job) -> str:
+        if job.jid == "bad":
+            raise ValueError(f"cannot handle {job.jid} (attempt {job.attempt})")
+        return "fine"
+
+    w = fast_worker(registered, handler, list_name)
+    assert w.run(install_signals=False) == EXIT_OK
+    snap = w.counters.snapshot()
+    assert (snap["done"], snap["retried"], snap["dead"]) == (1, 2, 1)
+    bad = registered.get(keys.JOB_SET, keys.job_name(list_name, 1)).bins
+    assert bad["state"] == "dead" and bad["att"] == 3
+    assert bad["err"].startswith("ValueError: cannot handle bad (attempt 3)") and "Traceback" in bad["err"]
+    st = lists.status(list_name)
+    assert (st.done, st.dead, st.complete) == (1, 1, True)
+
+
+def test_drain_finishes_in_flight_and_releases_the_rest(registered, lists, list_name):
+    lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(20)], seal=True)
+    started = threading.Event()
+    ran: list[str] = []
+
+    def slow(job: Job) -> None:
+        started.set()
+        time.sleep(0.3)
+        ran.append(job.jid)
+
+    w = fast_worker(registered, slow, list_name, batch=5, until_complete=False)
+    t = threading.Thread(target=w.run, kwargs={"install_signals": False})
+    t.start()
+    assert started.wait(10)
+    w.request_stop()
+    t.join(30)
+    assert not t.is_alive()
+    snap = w.counters.snapshot()
+    assert snap["done"] == len(ran) >= 1, "the job in flight was finished and acknowledged"
+    assert snap["released"] == snap["reserved"] - snap["done"] >= 1, "reserved but unstarted jobs were given back"
+    st = lists.status(list_name)
+    assert (st.done, st.in_flight, st.reservable + st.retry_pending) == (len(ran), 0, 20 - len(ran))
+
+
+def test_a_lost_session_stops_work_acks_nothing_and_exits_non_zero(registered, lists, list_name):
+    lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(5)], seal=True)
+    holding = threading.Event()
+    go_on = threading.Event()
+
+    def handler(job: Job) -> str:
+        holding.set()
+        go_on.wait(10)
+        return "late"
+
+    w = fast_worker(registered, handler, list_name, until_complete=False)
+    t = threading.Thread(target=w.run, kwargs={"install_signals": False})
+    t.start()
+    assert holding.wait(10)
+    # A reaper took the session away (as after a long pause): mark it reaping.
+    rec = registered.get(keys.SESS_SET, w.session.id)
+    registered.put(keys.SESS_SET, w.session.id, {"state": "reaping"}, gen=rec.gen)
+    deadline = time.monotonic() + 5
+    while not w.session.lost and time.monotonic() < deadline:
+        time.sleep(0.05)
+    go_on.set()
+    t.join(30)
+    assert w.session.lost
+    snap = w.counters.snapshot()
+    assert snap["done"] == 0 and snap["unacked"] == 1
+    held = registered.get(keys.JOB_SET, keys.job_name(list_name, 0)).bins
+    assert held["state"] == "claimed", "nothing acknowledged: the reaper gives it back"
+
+
+def test_worker_exit_code_on_lost_session(registered, lists, list_name):
+    lists.load(list_name, [JobSpec("j", {})], seal=True)
+    w = fast_worker(registered, lambda job: time.sleep(0.5), list_name, until_complete=False)
+    result: list[int] = []
+    t = threading.Thread(target=lambda: result.append(w.run(install_signals=False)))
+    t.start()
+    while w.session is None:
+        time.sleep(0.01)
+    registered.remove(keys.SESS_SET, w.session.id)  # reaped and deleted
+    t.join(30)
+    assert result == [EXIT_SESSION_LOST]
+
+
+def test_api_handler_path_one_job_per_request(registered, lists, list_name):
+    """A web handler: a shared per-process session, one job per request."""
+    lists.load(list_name, [JobSpec(f"r{i}", {"i": i}) for i in range(3)], seal=True)
+    queue = Queue(registered)
+    with Session.open(registered, interval_s=0.2, expiry_s=1.0) as session:
+        outcomes = [process_one(queue, list_name, session, lambda job: {"served": job.jid}) for _ in range(4)]
+    assert outcomes == ["done", "done", "done", None]
+    assert lists.status(list_name).complete
+
+
+def test_run_job_reports_a_lost_claim(registered, lists, list_name):
+    lists.load(list_name, [JobSpec("j", {})], seal=True)
+    queue = Queue(registered)
+    with Session.open(registered, heartbeat=False) as a, Session.open(registered, heartbeat=False) as b:
+        [job] = queue.reserve(list_name, a)
+
+        def handler(j: Job) -> str:
+            queue.release(j)  # meanwhile the job was given back and taken by b
+            queue.reserve(list_name, b)
+            return "too late"
+
+        assert run_job(queue, job, handler, a) == "lost"
+
+
+def test_load_handler_errors():
+    assert load_handler("json:dumps") is __import__("json").dumps
+    for bad in ("json", "json:", ":dumps", "no_such_module_x:f", "json:no_such_function"):
+        with pytest.raises(errors.ConfigError):
+            load_handler(bad)
+
+
+def test_worker_needs_a_list(registered):
+    with pytest.raises(errors.ConfigError):
+        Worker(registered, lambda j: None, [])
