@@ -50,10 +50,15 @@ class Job:
 class Queue:
     """Reservation and acknowledgement on one store."""
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, *, busy_deadline_s: float = 5.0) -> None:
         self.backend = backend
         self.lists = JobLists(backend)
+        # How long RecordBusy on a hot key is retried before it reaches the caller.
+        self.busy_deadline_s = busy_deadline_s
         self._modes: dict[str, str] = {}
+
+    def _udf(self, set_name: str, name: str, module: str, function: str, *args: Any) -> Any:
+        return self.backend.udf(set_name, name, module, function, *args, deadline_s=self.busy_deadline_s)
 
     # -- reserve -------------------------------------------------------------
 
@@ -77,7 +82,7 @@ class Queue:
         return got
 
     def _take(self, name: str, k: int) -> list[int]:
-        out = self.backend.udf(keys.LIST_SET, name, keys.LIST_MOD, "take", k)
+        out = self._udf(keys.LIST_SET, name, keys.LIST_MOD, "take", k)
         st = out["st"]
         if st == "missing":
             raise ListNotFound(f"no job list named {name!r}")
@@ -96,13 +101,12 @@ class Queue:
 
     def _pop_ids(self, name: str, k: int, cursor: int, pubs: int) -> list[int]:
         """ID mode: pop from the chunk at the cursor; move the cursor past drained chunks."""
-        b = self.backend
         got: list[int] = []
         while len(got) < k and cursor < pubs:
-            got.extend(b.udf(keys.IDS_SET, keys.chunk_name(name, cursor), keys.IDS_MOD, "pop", k - len(got)))
+            got.extend(self._udf(keys.IDS_SET, keys.chunk_name(name, cursor), keys.IDS_MOD, "pop", k - len(got)))
             if len(got) < k:
                 seen = cursor
-                cursor = b.udf(keys.LIST_SET, name, keys.LIST_MOD, "advance", seen)
+                cursor = self._udf(keys.LIST_SET, name, keys.LIST_MOD, "advance", seen)
                 if cursor <= seen:  # the list record is gone
                     break
         return got
@@ -110,14 +114,14 @@ class Queue:
     def _claim(self, name: str, sess: str, tokens: list[int]) -> list[Job]:
         b = self.backend
         if len(tokens) == 1:
-            answers = [b.udf(keys.JOB_SET, keys.job_name(name, tokens[0]), keys.JOB_MOD, "claim", sess)]
+            answers = [self._udf(keys.JOB_SET, keys.job_name(name, tokens[0]), keys.JOB_MOD, "claim", sess)]
         else:
             names = [keys.job_name(name, t) for t in tokens]
             results = b.batch_apply(keys.JOB_SET, names, keys.JOB_MOD, "claim", sess)
             busy = [r.name for r in results if not r.ok]
             answers = [r.value for r in results if r.ok]
             for job in busy:  # a hot key in the batch: claim it alone, with backoff
-                answers.append(b.udf(keys.JOB_SET, job, keys.JOB_MOD, "claim", sess))
+                answers.append(self._udf(keys.JOB_SET, job, keys.JOB_MOD, "claim", sess))
         return [
             Job(list=name, token=a["token"], jid=a["jid"], payload=a.get("payload"), attempt=a["att"], session=sess)
             for a in answers
@@ -129,7 +133,7 @@ class Queue:
     def complete(self, job: Job, result: Any = None) -> None:
         """Mark a job done, exactly once. Repeating a successful complete is harmless;
         a complete from a session that lost the claim raises `ClaimLost`."""
-        st = self.backend.udf(keys.JOB_SET, job.name, keys.JOB_MOD, "complete", job.session, {job.token: result})
+        st = self._udf(keys.JOB_SET, job.name, keys.JOB_MOD, "complete", job.session, {job.token: result})
         self._check(job, st)
         self.set_bits(job.list, [job.token], "done", 1)
 
@@ -163,7 +167,7 @@ class Queue:
 
     def fail(self, job: Job, error: str) -> str:
         """Record a failure: back to the queue while attempts remain ('retry'), else 'dead'."""
-        st = self.backend.udf(keys.JOB_SET, job.name, keys.JOB_MOD, "fail", job.session, error)
+        st = self._udf(keys.JOB_SET, job.name, keys.JOB_MOD, "fail", job.session, error)
         self._check(job, st)
         if st == "dead":
             self.set_bits(job.list, [job.token], "dead", 1)
@@ -173,7 +177,7 @@ class Queue:
 
     def release(self, job: Job, why: str = "released") -> str:
         """Give a claimed job back untouched (its attempt refunded)."""
-        st = self.backend.udf(keys.JOB_SET, job.name, keys.JOB_MOD, "release", job.session, 1, why)
+        st = self._udf(keys.JOB_SET, job.name, keys.JOB_MOD, "release", job.session, 1, why)
         if st == "released":
             self.push_retry(job.list, [job.token])
         return str(st)
