@@ -76,7 +76,7 @@ class AeroqueueGroup(click.Group):
             if verbose:
                 click.echo(traceback.format_exc(), err=True)
             # One line, never wrapped, so scripts and people can both read it.
-            click.echo(f"error: {e}", err=True)
+            click.echo(f"error: {e}" + (f" ({e.hint})" if e.hint else ""), err=True)
             if not verbose:
                 click.echo("(run with --verbose for the traceback)", err=True)
             ctx.exit(1)

@@ -14,6 +14,9 @@ from typing import Any
 class AeroqueueError(Exception):
     """An aeroqueue operation failed."""
 
+    #: What to do next, shown by the CLI after the message.
+    hint: str | None = None
+
     def __init__(self, message: str | None = None, **context: Any) -> None:
         self.message = message or (type(self).__doc__ or "").strip().splitlines()[0]
         self.context = context
@@ -29,6 +32,8 @@ class ConfigError(AeroqueueError):
 
 class InvalidURL(ConfigError):
     """The store URL is malformed."""
+
+    hint = "fix --url or AEROQUEUE_URL"
 
 
 # -- backend boundary ------------------------------------------------------
@@ -75,6 +80,8 @@ class RecordBusy(BackendError):
 class BackendTimeout(BackendError):
     """The backend did not answer in time; the operation may or may not have happened."""
 
+    hint = "retry: aeroqueue's operations are safe to repeat"
+
 
 class FilteredOut(BackendError):
     """The record did not match the operation's expression filter."""
@@ -102,9 +109,13 @@ class ListError(AeroqueueError):
 class ListNotFound(ListError):
     """No job list by that name exists."""
 
+    hint = "`aeroqueue lists` shows the lists; `aeroqueue load LIST FILE` creates one"
+
 
 class ListSealed(ListError):
     """The job list is sealed: loading is finished, nothing more can be added."""
+
+    hint = "load into a new list"
 
 
 class ListModeMismatch(ListError):
@@ -113,6 +124,8 @@ class ListModeMismatch(ListError):
 
 class LoadError(ListError):
     """The input could not be loaded; nothing from it became reservable."""
+
+    hint = "nothing was loaded: fix the input and run the same load again"
 
     def __init__(
         self,
@@ -140,6 +153,8 @@ class LoadAbandoned(ListError):
 
 class ClaimLost(AeroqueueError):
     """The job's claim is no longer this session's (it expired or was reaped); the acknowledgement was refused."""
+
+    hint = "another session holds the job now: drop this result"
 
 
 class JobNotFound(AeroqueueError):

@@ -40,5 +40,7 @@ def open_backend(url: str | StoreURL | None = None, **embedded_options: Any) -> 
         client = aerospike.client(config).connect()
     except aerospike.exception.AerospikeError as e:
         # str(parsed) masks the password: nothing secret reaches logs.
-        raise BackendError(f"cannot connect to {parsed}: {getattr(e, 'msg', e)}", operation="connect") from e
+        err = BackendError(f"cannot connect to {parsed}: {getattr(e, 'msg', e)}", operation="connect")
+        err.hint = "is the server running and reachable? check --url or AEROQUEUE_URL"
+        raise err from e
     return Backend(client, parsed)
