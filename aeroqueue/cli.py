@@ -535,5 +535,17 @@ def show_config(obj: Context) -> None:
     click.echo(str(resolve_url(obj.url)))
 
 
+def _register_sync() -> None:
+    # pyspark and the MySQL driver load only when a sync command runs.
+    from .sync import sync_command
+    from .sync_bench import sync_bench_command
+
+    main.add_command(sync_command)
+    main.add_command(sync_bench_command)
+
+
+_register_sync()
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -161,4 +161,4 @@ def _parse_embedded(text: str, rest: str, options: tuple[tuple[str, str], ...]) 
 
 def _safe(text: str) -> str:
     """The URL with any password masked, for error messages."""
-    return re.sub(r"(://[^:/@]+:)[^@/]*@", r"\1***@", text)
+    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", text)

@@ -163,3 +163,7 @@ class JobNotFound(AeroqueueError):
 
 class SessionLost(AeroqueueError):
     """The session is gone or no longer alive: stop taking work and do not acknowledge what it held."""
+
+
+class SyncError(AeroqueueError):
+    """The sync to MySQL failed; rows it had committed are marked synced, the next run copies the rest."""

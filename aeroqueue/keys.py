@@ -12,6 +12,7 @@ IDS_SET = "aq_ids"  # "<list>/<chunk>": ID store chunks
 SESS_SET = "aq_sess"  # "<session id>": heartbeat session
 DONE_SET = "aq_done"  # "<list>/<chunk>": completion bitmaps (bins done, dead)
 JIDX_SET = "aq_jidx"  # "<list>/<jid>": job id -> token, the commit point of a load
+LOCK_SET = "aq_lock"  # "<name>": a lease (owner, host, pid, ttl_ms); the sync's is "sync"
 
 LIST_MOD = "aq_list_v1"
 JOB_MOD = "aq_job_v1"

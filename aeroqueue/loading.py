@@ -127,7 +127,11 @@ def _read_jsonl(handle: Any, source: str, id_field: str, max_payload: int) -> It
 def _checked(spec: JobSpec, source: str, id_field: str, max_payload: int) -> JobSpec:
     if len(spec.jid.encode()) > 200:
         raise LoadError("job id longer than 200 bytes", source=source, line=spec.line, field=id_field)
-    size = payload_size(spec.payload)
+    try:
+        size = payload_size(spec.payload)
+    except UnicodeEncodeError as e:
+        raise LoadError(f"payload is not valid Unicode ({e.reason} at position {e.start})", source=source,
+                        line=spec.line, field="payload") from None
     if size > max_payload:
         raise LoadError(
             f"payload of {size} bytes is over the {max_payload}-byte limit (max-record-size less the job's own bins)",

@@ -124,6 +124,7 @@ function kick(rec)
   rec['state'] = 'queued'
   rec['att'] = 0
   rec['done_at'] = nil
+  rec['synced'] = nil  -- it will be processed again, so copied again
   aerospike:update(rec)
   return 'ok'
 end

@@ -42,3 +42,4 @@ def test_wheel_contains_the_lua_files(tmp_path):
     for module in udfs.packaged():
         assert f"aeroqueue/lua_udfs/{module}.lua" in names
     assert "aeroqueue/backends/embedded/prelude.lua" in names
+    assert "aeroqueue/sync_schema/schema.sql" in names, "aeroqueue sync migrates from the wheel's copy"

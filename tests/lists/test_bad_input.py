@@ -73,6 +73,9 @@ def test_python_iterable_errors_name_the_item():
     with pytest.raises(LoadError) as e:
         from_iterable([JobSpec("a", "x" * 2000)], max_payload=1000)
     assert "field 'payload'" in str(e.value)
+    with pytest.raises(LoadError) as e:
+        from_iterable([("a", {"text": "lone \ud800 surrogate"})], max_payload=1000)
+    assert "line 1" in str(e.value) and "field 'payload'" in str(e.value) and "not valid Unicode" in str(e.value)
 
 
 @pytest.mark.parametrize(("name", "content", "fragments"), CASES, ids=[c[0] for c in CASES])

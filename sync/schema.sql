@@ -1,0 +1,71 @@
+-- aeroqueue sync: the tables of the MySQL copy of processed jobs
+-- (design.md, flow "sync"; invariant 5). `aeroqueue sync` creates and
+-- migrates them itself: nobody needs to run this file by hand.
+--
+-- One file for MySQL 8, MariaDB 10.5+ and SQLite (the file target used when
+-- no MySQL URL is given): text inside /*! ... */ is run by MySQL and MariaDB
+-- and is a comment to SQLite, so table options, character sets and secondary
+-- indexes live there. JSON is stored as text (LONGTEXT with a JSON_VALID
+-- check): the copy keeps what the job held, byte for byte.
+--
+-- Versions: a line "-- migration N: what it does" starts migration N. A run
+-- applies the migrations above the highest version in schema_version, in
+-- order, recording each. MySQL commits DDL implicitly, so a migration cannot
+-- be atomic: every statement must be safe to run twice (IF NOT EXISTS), so a
+-- run that died half-way through a migration finishes it the next time.
+-- Never edit a migration that has shipped; add the next one. Migration 0
+-- runs on every start and must stay idempotent.
+--
+-- Times are Unix milliseconds (BIGINT), as everywhere in aeroqueue.
+-- A statement ends with ';' at the end of a line.
+
+-- migration 0: the version table
+CREATE TABLE IF NOT EXISTS schema_version (
+    version     INT          NOT NULL PRIMARY KEY,
+    description VARCHAR(200) NOT NULL,
+    applied_at  BIGINT       NOT NULL
+) /*! ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 */;
+
+-- migration 1: processed jobs, list summaries, rejected records
+CREATE TABLE IF NOT EXISTS aq_jobs (
+    list      VARCHAR(64) /*! CHARACTER SET ascii COLLATE ascii_bin */ NOT NULL,
+    -- The customer's job id (at most 200 bytes of UTF-8). Binary, so that ids
+    -- differing only in case or in trailing spaces stay two rows.
+    jid       VARBINARY(200) NOT NULL,
+    token     BIGINT         NOT NULL,
+    state     VARCHAR(8)     NOT NULL,
+    attempts  INT            NOT NULL,
+    payload   LONGTEXT       CHECK (payload IS NULL OR JSON_VALID(payload)),
+    result    LONGTEXT       CHECK (result IS NULL OR JSON_VALID(result)),
+    error     TEXT,
+    done_at   BIGINT,
+    synced_at BIGINT         NOT NULL,
+    PRIMARY KEY (list, jid)
+    /*! , KEY aq_jobs_by_token (list, token) */
+) /*! ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin */;
+
+CREATE TABLE IF NOT EXISTS aq_list_summary (
+    list         VARCHAR(64) /*! CHARACTER SET ascii COLLATE ascii_bin */ NOT NULL PRIMARY KEY,
+    mode         VARCHAR(8)  NOT NULL,
+    total        BIGINT      NOT NULL,
+    done         BIGINT      NOT NULL,
+    dead         BIGINT      NOT NULL,
+    sealed       SMALLINT    NOT NULL,
+    complete     SMALLINT    NOT NULL,
+    completed_at BIGINT,
+    updated_at   BIGINT      NOT NULL
+) /*! ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin */;
+
+-- A processed job whose record could not be copied: its payload or result is
+-- not JSON, or the database refused a value. The job stays unsynced in
+-- Aerospike (so retention never deletes it) and is tried again by every run;
+-- its row here goes once it has been copied.
+CREATE TABLE IF NOT EXISTS sync_rejects (
+    list    VARCHAR(64) /*! CHARACTER SET ascii COLLATE ascii_bin */ NOT NULL,
+    token   BIGINT      NOT NULL,
+    jid     TEXT        NOT NULL,
+    state   VARCHAR(8)  NOT NULL,
+    reason  TEXT        NOT NULL,
+    seen_at BIGINT      NOT NULL,
+    PRIMARY KEY (list, token)
+) /*! ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin */;

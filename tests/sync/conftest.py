@@ -1,0 +1,64 @@
+"""Sync fixtures: one local Spark for the whole run, a scratch MySQL database per
+test, and job lists with processed and unprocessed jobs on each backend.
+
+Sync scans every job record of the store, so on a shared server a test may
+copy other tests' jobs too: assertions only look at the test's own list.
+`registered` and `list_name` come from the root conftest.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.conftest import require
+
+from .helpers import root_connection
+
+# Two worker threads; a failed task is tried up to 3 times (local mode's
+# default is once, which would hide Spark's retry from the tests).
+SPARK_MASTER = "local[2,3]"
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One SparkSession for the whole test run: the JVM starts once."""
+    require(shutil.which("java") is not None, "Java is not installed (Spark needs Java 17)")
+    from pyspark.sql import SparkSession
+
+    # The Python workers must run this interpreter (its venv has aeroqueue).
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    session = (
+        SparkSession.builder.master(SPARK_MASTER)
+        .appName("aeroqueue-sync-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def mysql_db(mysql_available: None) -> Iterator[str]:
+    """A scratch database of its own, dropped afterwards."""
+    name = f"aqs_{uuid.uuid4().hex[:12]}"  # generated: a safe identifier (DDL takes no parameters)
+    conn = root_connection()
+    try:
+        conn.cursor().execute(f"CREATE DATABASE {name} CHARACTER SET utf8mb4")
+        yield name
+    finally:
+        conn.cursor().execute(f"DROP DATABASE IF EXISTS {name}")
+        conn.close()
+
+
+@pytest.fixture
+def mysql_url(mysql_db: str) -> str:
+    return f"mysql://root@127.0.0.1:3306/{mysql_db}"

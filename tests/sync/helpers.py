@@ -1,0 +1,107 @@
+"""Helpers for the sync tests: making processed jobs, reading the MySQL copy back."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import mysql.connector
+
+from aeroqueue import keys
+from aeroqueue.backends import Backend
+from aeroqueue.config import parse_url
+from aeroqueue.lists import JobLists
+from aeroqueue.loading import JobSpec
+from aeroqueue.queue import Queue
+from aeroqueue.sessions import Session
+from aeroqueue.sync import SyncOptions, parse_target
+from tests.conftest import port_open
+
+MYSQL = {"host": "127.0.0.1", "port": 3306, "user": "root", "password": ""}
+PARTITIONS = 8
+
+
+def root_connection(database: str | None = None) -> Any:
+    return mysql.connector.connect(**MYSQL, database=database, charset="utf8mb4", collation="utf8mb4_bin")
+
+
+def options(store_url: str, target_url: str | None, **kw: Any) -> SyncOptions:
+    kw.setdefault("partitions", PARTITIONS)
+    return SyncOptions(store_url=store_url, target=parse_target(target_url, parse_url(store_url)), **kw)
+
+
+def make_jobs(backend: Backend, name: str, *, done: int, dead: int = 0, queued: int = 0, start: int = 0) -> None:
+    """Load done + dead + queued jobs into `name` and process the first done + dead:
+    done ones complete with a result, dead ones fail their only attempt."""
+    total = done + dead + queued
+    specs = [JobSpec(f"j{i}", {"n": i, "text": f"payload é {i}"}) for i in range(start, start + total)]
+    JobLists(backend).load(name, specs, max_attempts=1)
+    q = Queue(backend)
+    with Session.open(backend) as s:
+        jobs = q.reserve(name, s, done + dead) if done + dead else []
+        assert len(jobs) == done + dead
+        for j in jobs[:done]:
+            q.complete(j, {"ok": j.token, "list": [1, 2.5, None, True]})
+        for j in jobs[done:]:
+            q.fail(j, f"boom {j.token}")
+
+
+def processed(backend: Backend, name: str) -> dict[str, dict[str, Any]]:
+    """jid -> bins of the list's done and dead jobs, as Aerospike holds them."""
+    return {job["jid"]: job for job in JobLists(backend).jobs(name) if job["state"] in ("done", "dead")}
+
+
+def mysql_rows(database: str, name: str) -> list[dict[str, Any]]:
+    conn = root_connection(database)
+    try:
+        cur = conn.cursor(dictionary=True)
+        cur.execute("SELECT * FROM aq_jobs WHERE list = %s", (name,))
+        return list(cur.fetchall())
+    finally:
+        conn.close()
+
+
+def mysql_query(database: str, sql: str, params: tuple = ()) -> list[tuple]:
+    conn = root_connection(database)
+    try:
+        cur = conn.cursor()
+        cur.execute(sql, params)
+        return list(cur.fetchall())
+    finally:
+        conn.close()
+
+
+def assert_exactly_once(backend: Backend, database: str, name: str) -> None:
+    """Row by row: every processed job of the list is in MySQL once, as Aerospike
+    holds it, and nothing else of the list is."""
+    want = processed(backend, name)
+    rows = mysql_rows(database, name)
+    jids = [bytes(r["jid"]).decode() for r in rows]
+    assert sorted(jids) == sorted(want), "MySQL holds exactly the processed jobs"
+    assert len(set(jids)) == len(jids) and len({r["token"] for r in rows}) == len(rows), "each once"
+    for row, jid in zip(rows, jids, strict=True):
+        job = want[jid]
+        assert row["token"] == job["token"]
+        assert row["state"] == job["state"]
+        assert row["attempts"] == job["att"]
+        assert json.loads(row["payload"]) == job["payload"]
+        assert (json.loads(row["result"]) if row["result"] is not None else None) == job.get("result")
+        assert row["error"] == job.get("err")
+        assert row["done_at"] == job["done_at"]
+
+
+def synced_marks(backend: Backend, name: str) -> dict[str, int]:
+    """jid -> synced, for the list's jobs that carry the mark."""
+    return {job["jid"]: job["synced"] for job in JobLists(backend).jobs(name) if "synced" in job}
+
+
+def job_key(name: str, token: int) -> str:
+    return keys.job_name(name, token)
+
+
+def mysql_port_closed() -> int:
+    """A local port nothing listens on."""
+    for port in range(3390, 3490):
+        if not port_open("127.0.0.1", port):
+            return port
+    raise RuntimeError("no free port")

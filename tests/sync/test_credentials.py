@@ -1,0 +1,89 @@
+"""The MySQL password never appears in output or logs: not on success, not in errors,
+not in Spark's own logging (the whole spark-submit entry script runs in a child process)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from aeroqueue.cli import Context
+from aeroqueue.sync import sync_command
+
+from .helpers import make_jobs, mysql_port_closed, mysql_rows, root_connection
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def mysql_user(mysql_db: str) -> Iterator[tuple[str, str]]:
+    """A user with a password, allowed into the scratch database only."""
+    user = f"aqs_{uuid.uuid4().hex[:10]}"
+    password = f"Pw-{secrets.token_hex(8)}-x"
+    conn = root_connection()
+    cur = conn.cursor()
+    hosts = ("localhost", "127.0.0.1")
+    try:
+        for host in hosts:
+            cur.execute("CREATE USER %s@%s IDENTIFIED BY %s", (user, host, password))
+            # Identifiers cannot be parameters: the database name is generated (aqs_<hex>).
+            cur.execute(f"GRANT ALL ON {mysql_db}.* TO %s@%s", (user, host))
+        yield user, password
+    finally:
+        for host in hosts:
+            cur.execute("DROP USER IF EXISTS %s@%s", (user, host))
+        conn.close()
+
+
+def _run_script(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "sync" / "aeroqueue_sync.py"), *args],
+        capture_output=True, text=True, timeout=240, cwd=ROOT,
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable, **(env or {})},
+    )
+
+
+def test_password_never_shows_through_the_spark_submit_script(registered, store_url, mysql_db, mysql_user, list_name, java):
+    if not registered.is_embedded:
+        pytest.skip("a child process on the embedded store is enough to read every log line")
+    user, password = mysql_user
+    make_jobs(registered, list_name, done=9, dead=1)
+    ok = _run_script("--verbose", "--url", store_url, "sync", "--mysql", f"mysql://{user}:{password}@127.0.0.1:3306/{mysql_db}",
+                     "--master", "local[1]", "--partitions", "2")
+    everything = ok.stdout + ok.stderr
+    assert ok.returncode == 0, everything[-3000:]
+    assert f"synced 10 job(s) to mysql://{user}:***@127.0.0.1:3306/{mysql_db}" in ok.stdout
+    assert password not in everything
+    assert len(mysql_rows(mysql_db, list_name)) == 10
+
+    # From the environment, against a port where nothing listens: one clear line, no password.
+    port = mysql_port_closed()
+    bad = _run_script("--url", store_url, "sync", "--mysql", f"mysql://{user}@127.0.0.1:{port}/{mysql_db}",
+                      env={"AEROQUEUE_MYSQL_PASSWORD": password})
+    everything = bad.stdout + bad.stderr
+    assert bad.returncode == 1
+    assert f"error: cannot connect to mysql://{user}:***@127.0.0.1:{port}/{mysql_db}" in bad.stderr
+    assert password not in everything and "Traceback" not in everything
+
+
+def test_wrong_password_error_and_logs_hold_no_password(registered, store_url, mysql_db, mysql_user, caplog):
+    user, password = mysql_user
+    wrong = password + "-wrong"
+    caplog.set_level(logging.DEBUG)
+    out = CliRunner().invoke(
+        sync_command, ["--mysql", f"mysql://{user}:{wrong}@127.0.0.1:3306/{mysql_db}"],
+        obj=Context(url=store_url, verbose=True),
+    )
+    assert out.exit_code != 0
+    message = str(out.exception)
+    assert "Access denied" in message and f"mysql://{user}:***@" in message
+    for text in (out.output, message, caplog.text):
+        assert wrong not in text and password not in text

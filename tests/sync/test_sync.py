@@ -1,0 +1,268 @@
+"""The Spark sync against the real MariaDB: exactly once row by row, whatever fails."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from aeroqueue import keys
+from aeroqueue.backends import open_backend
+from aeroqueue.cli import Context
+from aeroqueue.lists import JobLists
+from aeroqueue.queue import Queue
+from aeroqueue.sessions import Session
+from aeroqueue.sync import (
+    Sink,
+    SyncError,
+    SyncFaults,
+    parse_target,
+    run_sync,
+    sync_command,
+    sync_once,
+)
+
+from .helpers import (
+    assert_exactly_once,
+    make_jobs,
+    mysql_port_closed,
+    mysql_query,
+    mysql_rows,
+    options,
+    processed,
+    synced_marks,
+)
+
+
+@pytest.fixture
+def store(registered, spark):
+    """A registered backend, once Spark is up (so a missing Java skips first)."""
+    return registered
+
+
+@pytest.mark.parametrize("mark_chunk", [None, 16], ids=["backend-default", "batch-marks"])
+def test_every_processed_job_lands_exactly_once(store, store_url, mysql_db, mysql_url, list_name, spark, mark_chunk):
+    other = list_name + "-b"
+    make_jobs(store, list_name, done=120, dead=15, queued=20)
+    make_jobs(store, other, done=7, dead=0, queued=3)
+    report = sync_once(options(store_url, mysql_url, mark_chunk=mark_chunk), spark, store)
+    assert report.counts.tasks == 8
+    assert report.counts.rejected == 0 and report.counts.changed == 0
+    assert_exactly_once(store, mysql_db, list_name)
+    assert_exactly_once(store, mysql_db, other)
+    assert set(synced_marks(store, list_name)) == set(processed(store, list_name)), "every copied job is marked"
+    assert all(at == report.started_ms for at in synced_marks(store, list_name).values())
+
+    again = sync_once(options(store_url, mysql_url), spark, store)
+    assert len(mysql_rows(mysql_db, list_name)) == 135
+    if store.is_embedded:  # alone in its store: nothing is left to copy
+        assert again.counts.scanned == 0 and again.counts.copied == 0
+
+    # The rest gets processed; the next run copies only them.
+    q = Queue(store)
+    with Session.open(store) as s:
+        jobs = q.reserve(list_name, s, 20)
+        q.complete_many(jobs, [{"late": j.token} for j in jobs])
+    third = sync_once(options(store_url, mysql_url), spark, store)
+    assert third.counts.copied >= 20
+    assert_exactly_once(store, mysql_db, list_name)
+    assert len(mysql_rows(mysql_db, list_name)) == 155
+
+
+def test_unreachable_mysql_fails_clearly_and_marks_nothing(store, store_url, mysql_db, list_name, spark):
+    make_jobs(store, list_name, done=30)
+    bad = f"mysql://root:pw-not-shown@127.0.0.1:{mysql_port_closed()}/{mysql_db}"
+    with pytest.raises(SyncError) as e:
+        sync_once(options(store_url, bad), spark, store)
+    text = str(e.value)
+    assert text.startswith("cannot connect to mysql://root:***@127.0.0.1:") and "pw-not-shown" not in text
+    assert synced_marks(store, list_name) == {}, "nothing marked synced"
+    # The lease was released: the next run (MySQL back) is not refused.
+    sync_once(options(store_url, f"mysql://root@127.0.0.1:3306/{mysql_db}"), spark, store)
+    assert_exactly_once(store, mysql_db, list_name)
+
+
+def test_mysql_killed_mid_run_then_the_next_run_completes(store, store_url, mysql_db, mysql_url, list_name, spark):
+    make_jobs(store, list_name, done=300, dead=20)
+    # Small batches, one task: its connection is killed after 2 batches, on every attempt.
+    broken = options(store_url, mysql_url, partitions=1, batch_size=25, faults=SyncFaults(kill_after_batches=2))
+    with pytest.raises(SyncError) as e:
+        sync_once(broken, spark, store)
+    assert "mysql://root@127.0.0.1:3306" in str(e.value) and "failed while writing" in str(e.value)
+    marked = synced_marks(store, list_name)
+    copied = {bytes(r["jid"]).decode() for r in mysql_rows(mysql_db, list_name)}
+    assert set(marked) <= copied, "nothing is marked synced that MySQL did not commit"
+    if store.is_embedded:  # alone in its store, the list is all the task copies
+        assert marked, "the batches committed before the kill were marked"
+        assert len(copied) < 320
+    sync_once(options(store_url, mysql_url), spark, store)
+    assert_exactly_once(store, mysql_db, list_name)
+    assert set(synced_marks(store, list_name)) == set(processed(store, list_name))
+
+
+@pytest.mark.parametrize("by_exit", [True, False], ids=["worker-crash", "task-raises"])
+def test_task_dying_between_commit_and_mark_is_retried_harmlessly(
+    store, store_url, mysql_db, mysql_url, list_name, spark, by_exit
+):
+    make_jobs(store, list_name, done=200, dead=10)
+    # Every task's first attempt dies right after its first commit, before marking.
+    faulty = options(store_url, mysql_url, batch_size=10, faults=SyncFaults(die_after_commits=1, die_by_exit=by_exit))
+    report = sync_once(faulty, spark, store)
+    # Retried tasks copied the first batch again: more copies than jobs, one row each.
+    assert report.counts.copied >= 210
+    assert_exactly_once(store, mysql_db, list_name)
+    assert set(synced_marks(store, list_name)) == set(processed(store, list_name))
+
+
+def test_records_that_cannot_be_stored_go_to_rejects_and_the_run_goes_on(
+    store, store_url, mysql_db, mysql_url, list_name, spark
+):
+    make_jobs(store, list_name, done=40, dead=5)
+    q = Queue(store)
+    make_jobs(store, list_name, done=0, queued=2, start=1000)
+    with Session.open(store) as s:
+        blob, long_err = q.reserve(list_name, s, 2)
+        q.complete(blob, bytearray(b"\x00\xff"))  # bytes: not JSON
+        Queue(store).fail(long_err, "x" * 70_000)  # more than MySQL's TEXT holds: MySQL refuses it
+    bad = {blob.jid: "cannot be stored as JSON", long_err.jid: "Data too long for column 'error'"}
+    if store.is_embedded:
+        # A record another client wrote with a string that is not Unicode.
+        name = keys.job_name(list_name, 0)
+        rec = store.get(keys.JOB_SET, name)
+        assert rec is not None and rec.bins["state"] == "done"
+        store.put(keys.JOB_SET, name, {"payload": {"text": "lone \ud800 surrogate"}})
+        bad[rec.bins["jid"]] = "surrogates not allowed"
+
+    report = sync_once(options(store_url, mysql_url, batch_size=7), spark, store)
+    # On a shared server, other tests' rejects stay unsynced and count too.
+    assert report.counts.rejected == len(bad) if store.is_embedded else report.counts.rejected >= len(bad)
+    rejects = {jid: reason for jid, reason in mysql_query(
+        mysql_db, "SELECT jid, reason FROM sync_rejects WHERE list = %s", (list_name,))}
+    assert set(rejects) == set(bad)
+    for jid, says in bad.items():
+        assert says in rejects[jid], rejects[jid]
+    # Everything else was copied and marked; the rejects stay unsynced, to be tried again.
+    copied = {bytes(r["jid"]).decode() for r in mysql_rows(mysql_db, list_name)}
+    assert copied == set(processed(store, list_name)) - set(bad)
+    assert set(synced_marks(store, list_name)) == copied
+    again = sync_once(options(store_url, mysql_url), spark, store)
+    if store.is_embedded:
+        assert again.counts.rejected == len(bad), "tried again, refused again"
+        assert again.counts.copied == 0
+    assert len(mysql_query(mysql_db, "SELECT * FROM sync_rejects WHERE list = %s", (list_name,))) == len(bad)
+
+
+def test_a_reject_that_copies_later_leaves_the_rejects_table(store, store_url, mysql_db, mysql_url, list_name, spark):
+    make_jobs(store, list_name, done=3)
+    name = keys.job_name(list_name, 1)
+    store.put(keys.JOB_SET, name, {"result": bytearray(b"\x01")})
+    sync_once(options(store_url, mysql_url), spark, store)
+    assert len(mysql_query(mysql_db, "SELECT * FROM sync_rejects WHERE list = %s", (list_name,))) == 1
+    store.put(keys.JOB_SET, name, {"result": {"fixed": True}})  # an operator repaired the record
+    sync_once(options(store_url, mysql_url), spark, store)
+    assert mysql_query(mysql_db, "SELECT * FROM sync_rejects WHERE list = %s", (list_name,)) == []
+    assert_exactly_once(store, mysql_db, list_name)
+
+
+def test_list_summaries(store, store_url, mysql_db, mysql_url, list_name, spark):
+    finished, running = list_name, list_name + "-run"
+    make_jobs(store, finished, done=8, dead=2)
+    JobLists(store).seal(finished)
+    make_jobs(store, running, done=3, dead=1, queued=6)
+    sync_once(options(store_url, mysql_url), spark, store)
+    rows = {r[0]: r[1:] for r in mysql_query(
+        mysql_db, "SELECT list, total, done, dead, sealed, complete, completed_at FROM aq_list_summary "
+        "WHERE list IN (%s, %s)", (finished, running))}
+    st = JobLists(store).status(finished)
+    assert st.complete and st.completed_at
+    assert rows[finished] == (10, 8, 2, 1, 1, st.completed_at)
+    assert rows[running] == (10, 3, 1, 0, 0, None)
+
+
+def test_marking_refuses_a_job_that_moved_on(registered, list_name):
+    """The UDF behind marking: a dead job kicked after it was read is not marked."""
+    store = registered
+    make_jobs(store, list_name, done=1, dead=1)
+    lists = JobLists(store)
+    dead = next(j for j in lists.jobs(list_name) if j["state"] == "dead")
+    done = next(j for j in lists.jobs(list_name) if j["state"] == "done")
+    name = keys.job_name(list_name, dead["token"])
+    assert lists.kick(list_name) == 1
+    assert store.udf(keys.JOB_SET, name, keys.JOB_MOD, "synced", "dead", dead["done_at"], 1) == "changed"
+    assert store.udf(keys.JOB_SET, keys.job_name(list_name, 99), keys.JOB_MOD, "synced", "done", 1, 1) == "missing"
+    done_name = keys.job_name(list_name, done["token"])
+    assert store.udf(keys.JOB_SET, done_name, keys.JOB_MOD, "synced", "done", done["done_at"], 7) == "ok"
+    assert "synced" not in store.get(keys.JOB_SET, name).bins
+    assert store.get(keys.JOB_SET, done_name).bins["synced"] == 7
+    # The batch form: expected states as maps token -> value.
+    out = store.batch_apply(keys.JOB_SET, [name, done_name], keys.JOB_MOD, "synced",
+                            {dead["token"]: "dead", done["token"]: "done"},
+                            {dead["token"]: dead["done_at"], done["token"]: done["done_at"]}, 8)
+    assert [r.value for r in out] == ["changed", "ok"]
+
+
+def test_retention_deletes_only_jobs_synced_longer_ago_than_the_grace(
+    store, store_url, mysql_db, mysql_url, list_name, spark
+):
+    make_jobs(store, list_name, done=30, dead=5)
+    sync_once(options(store_url, mysql_url), spark, store)
+    old = set(synced_marks(store, list_name))
+    assert len(old) == 35
+    time.sleep(2.2)
+    # Since then: more processed jobs (unsynced), one that cannot be copied, and queued ones.
+    make_jobs(store, list_name, done=10, queued=5, start=100)
+    store.put(keys.JOB_SET, keys.job_name(list_name, 35), {"result": bytearray(b"\x01")})
+    report = sync_once(options(store_url, mysql_url, delete_after_s=2.0), spark, store)
+    assert report.counts.deleted >= 35
+    left = {j["jid"]: j for j in JobLists(store).jobs(list_name)}
+    assert not old & set(left), "jobs synced before the grace period are gone from Aerospike"
+    assert {j["state"] for j in left.values()} == {"done", "queued"}
+    assert len(left) == 15, "just synced (10 - 1 reject), the reject, and the queued stay"
+    assert "synced" not in left["j100"], "the reject was never synced, and is kept"
+    assert len(mysql_rows(mysql_db, list_name)) == 44, "MySQL still holds every copied job"
+
+
+def test_the_sqlite_default_through_the_command(store, store_url, list_name, spark, tmp_path):
+    if not store.is_embedded:
+        pytest.skip("the SQLite default target is for the embedded store")
+    make_jobs(store, list_name, done=12, dead=3)
+    out = CliRunner().invoke(sync_command, ["--partitions", "4", "--json"], obj=Context(url=store_url, verbose=False))
+    assert out.exit_code == 0, out.output
+    assert '"copied": 15' in out.output
+    target = parse_target(None, store.url)
+    assert target.path.endswith("store.sync.db")
+    with Sink(target) as sink:
+        rows = sink.execute("SELECT jid, state, payload FROM aq_jobs WHERE list = ? ORDER BY token", (list_name,))
+    want = processed(store, list_name)
+    assert sorted(j for j, _, _ in rows) == sorted(want)
+    assert all(state == want[jid]["state"] for jid, state, _ in rows)
+
+
+def test_run_sync_reports_a_missing_udf_clearly(tmp_path, spark, mysql_url, list_name):
+    url = f"embedded://{tmp_path / 'old.db'}"
+    backend = open_backend(url)
+    from aeroqueue import udfs
+
+    udfs.register(backend)
+    make_jobs(backend, list_name, done=2)
+    # A store whose aq_job_v1 predates `synced` (registered by an older client).
+    old = tmp_path / "aq_job_v1.lua"
+    source = udfs.packaged()["aq_job_v1"]
+    old.write_text(source[: source.index("-- synced(")])
+    backend.client.udf_put(str(old))
+    with pytest.raises(SyncError) as e:
+        run_sync(options(url, mysql_url, partitions=2), spark, backend)
+    assert "synced" in str(e.value) and "function not found" in str(e.value)
+
+
+def test_a_kicked_job_is_copied_again_once_it_finishes(store, store_url, mysql_db, mysql_url, list_name, spark):
+    make_jobs(store, list_name, done=2, dead=3)
+    sync_once(options(store_url, mysql_url), spark, store)
+    assert JobLists(store).kick(list_name) == 3
+    q = Queue(store)
+    with Session.open(store) as s:
+        jobs = q.reserve(list_name, s, 3)
+        q.complete_many(jobs, [{"second": True}] * 3)
+    sync_once(options(store_url, mysql_url), spark, store)
+    assert_exactly_once(store, mysql_db, list_name)  # the three rows now say done

@@ -1,0 +1,197 @@
+"""The pieces under the Spark job: target URLs, the versioned schema, the one
+upsert path on both dialects, and turning job records into rows or rejects."""
+
+from __future__ import annotations
+
+import itertools
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from aeroqueue.config import parse_url
+from aeroqueue.sync import (
+    JOB_COLUMNS,
+    JOB_KEY,
+    JOBS_TABLE,
+    Refused,
+    Sink,
+    SyncError,
+    Target,
+    job_row,
+    migrate,
+    migrations,
+    parse_duration,
+    parse_target,
+    ranges,
+    redact,
+)
+
+from .helpers import mysql_port_closed, mysql_query
+
+EMBEDDED = parse_url("embedded:///var/lib/aq/store.db")
+
+
+def test_mysql_url_with_password_in_url_or_environment(monkeypatch):
+    monkeypatch.delenv("AEROQUEUE_MYSQL_PASSWORD", raising=False)
+    monkeypatch.delenv("MYSQL_PWD", raising=False)
+    t = parse_target("mysql://sync%40svc:p%40ss%2Fw0rd@db.example:3307/aq", EMBEDDED)
+    assert (t.dialect, t.user, t.password, t.host, t.port, t.database) == ("mysql", "sync@svc", "p@ss/w0rd", "db.example", 3307, "aq")
+    assert "p@ss" not in str(t) and "p%40ss" not in str(t) and "***" in str(t)
+    assert "p@ss" not in repr(t)
+    no_pw = parse_target("mysql://sync@db.example/aq", EMBEDDED)
+    assert no_pw.password is None and no_pw.port == 3306 and str(no_pw) == "mysql://sync@db.example:3306/aq"
+    monkeypatch.setenv("MYSQL_PWD", "from-mysql-pwd")
+    assert parse_target("mysql://sync@db.example/aq", EMBEDDED).password == "from-mysql-pwd"
+    monkeypatch.setenv("AEROQUEUE_MYSQL_PASSWORD", "from-aeroqueue")
+    assert parse_target("mysql://sync@db.example/aq", EMBEDDED).password == "from-aeroqueue"
+    assert parse_target("mysql://sync:inurl@db.example/aq", EMBEDDED).password == "inurl", "the URL wins"
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("mysql://u:secret@h:notaport/db", "port"),
+        ("mysql://u:secret@h:3306/", "database name"),
+        ("mysql://u:secret@h:3306/bad-name", "database name"),
+        ("mysql://:secret@h:3306/db", "no user"),
+        ("mysql://u:secret@h:3306/db?ssl=1", "not supported"),
+        ("postgres://u:secret@h/db", "unknown scheme"),
+        ("sqlite://relative.db", "absolute"),
+        ("h:3306/db", "expected mysql://"),
+    ],
+)
+def test_bad_target_urls_say_what_is_wrong_without_the_password(url, says):
+    with pytest.raises(SyncError) as e:
+        parse_target(url, EMBEDDED)
+    assert says in str(e.value)
+    assert "secret" not in str(e.value)
+
+
+def test_default_target_is_a_sqlite_file_beside_the_embedded_store():
+    t = parse_target(None, EMBEDDED)
+    assert t == Target(dialect="sqlite", path="/var/lib/aq/store.sync.db")
+    assert parse_target("sqlite:///tmp/x/copy.db", EMBEDDED).path == "/tmp/x/copy.db"
+    with pytest.raises(SyncError, match="--mysql"):
+        parse_target(None, parse_url("aerospike://h:3000/test"))
+    with pytest.raises(SyncError, match="--mysql"):
+        parse_target(None, parse_url("embedded://:memory:"))
+
+
+def test_redact_masks_passwords_anywhere():
+    assert redact("failed for mysql://u:hunter2@h/db: hunter2!", "hunter2") == "failed for mysql://u:***@h/db: ***!"
+    assert redact("pw p%40ss and p@ss", "p@ss") == "pw *** and ***"
+
+
+def test_durations_and_ranges():
+    assert [parse_duration(t) for t in ("90", "90s", "5m", "2h", "7d", "500ms", "1.5m")] == [90, 90, 300, 7200, 604800, 0.5, 90]
+    with pytest.raises(ValueError):
+        parse_duration("5 minutes")
+    for n in (1, 7, 64, 4096):
+        rs = ranges(n)
+        assert len(rs) == n and rs[0][0] == 0 and sum(c for _, c in rs) == 4096
+        assert all(b + c == nb for (b, c), (nb, _) in itertools.pairwise(rs)), "contiguous"
+        assert max(c for _, c in rs) - min(c for _, c in rs) <= 1
+
+
+def test_schema_file_parses_into_numbered_migrations():
+    steps = migrations()
+    assert [m.version for m in steps] == list(range(len(steps))) and len(steps) >= 2
+    assert any("schema_version" in s for s in steps[0].statements)
+    assert any("aq_jobs" in s for s in steps[1].statements)
+    with pytest.raises(SyncError, match="numbered"):
+        migrations("-- migration 0: a\nSELECT 1;\n-- migration 2: b\nSELECT 2;\n")
+    with pytest.raises(SyncError, match="end with"):
+        migrations("-- migration 0: a\nSELECT 1\n")
+
+
+def _sqlite(tmp_path: Path) -> Target:
+    return Target(dialect="sqlite", path=str(tmp_path / "copy.db"))
+
+
+def test_migration_is_versioned_and_idempotent_on_sqlite(tmp_path):
+    target = _sqlite(tmp_path)
+    with Sink(target) as sink:
+        newest = migrate(sink)
+        assert migrate(sink) == newest, "running it again changes nothing"
+        versions = sink.execute("SELECT version FROM schema_version ORDER BY version")
+        assert [v for (v,) in versions] == list(range(1, newest + 1))
+        sink.execute("INSERT INTO schema_version (version, description, applied_at) VALUES (?, ?, ?)", (newest + 1, "from the future", 0))
+        sink.commit()
+        with pytest.raises(SyncError, match="newer than this aeroqueue"):
+            migrate(sink)
+
+
+def test_migration_on_mysql(mysql_db):
+    target = parse_target(f"mysql://root@127.0.0.1:3306/{mysql_db}", EMBEDDED)
+    with Sink(target) as sink:
+        newest = migrate(sink)
+        migrate(sink)
+    tables = {t for (t,) in mysql_query(mysql_db, "SHOW TABLES")}
+    assert {"schema_version", "aq_jobs", "aq_list_summary", "sync_rejects"} <= tables
+    assert mysql_query(mysql_db, "SELECT MAX(version), COUNT(*) FROM schema_version") == [(newest, newest)]
+    # Binary job ids: case and trailing spaces make different rows.
+    ddl = mysql_query(mysql_db, "SHOW CREATE TABLE aq_jobs")[0][1]
+    assert "varbinary(200)" in ddl.lower() and "InnoDB" in ddl
+
+
+def _row(jid: str, done_at: int, state: str = "done", synced_at: int = 1) -> tuple:
+    return job_row({"list": "L", "token": 0, "jid": jid, "state": state, "att": 1, "payload": {"a": 1},
+                    "result": [1], "done_at": done_at}, synced_at)
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "mysql"])
+def test_one_upsert_path_is_idempotent_and_never_takes_a_newer_copy_back(dialect, tmp_path, request):
+    if dialect == "mysql":
+        db = request.getfixturevalue("mysql_db")
+        target = parse_target(f"mysql://root@127.0.0.1:3306/{db}", EMBEDDED)
+    else:
+        target = _sqlite(tmp_path)
+    with Sink(target) as sink:
+        migrate(sink)
+        for _ in range(2):  # the same rows twice: still one each
+            assert sink.upsert(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, [_row("a", 100), _row("A", 100), _row("a ", 100)], newer="done_at") == []
+            sink.commit()
+        sink.upsert(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, [_row("a", 200, "dead", synced_at=2)], newer="done_at")
+        sink.upsert(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, [_row("a", 100, "done", synced_at=3)], newer="done_at")  # late, older
+        sink.commit()
+        rows = sink.execute(f"SELECT jid, state, done_at, synced_at FROM {JOBS_TABLE} ORDER BY jid")
+    as_text = sorted((bytes(j).decode() if not isinstance(j, str) else j, s, d, at) for j, s, d, at in rows)
+    assert as_text == [("A", "done", 100, 1), ("a", "dead", 200, 2), ("a ", "done", 100, 1)]
+
+
+def test_values_that_are_not_json_or_not_unicode_are_refused():
+    base = {"list": "L", "token": 3, "jid": "j", "state": "done", "att": 1, "payload": {"k": "v"}, "done_at": 5}
+    assert job_row(base, 9)[5] == '{"k":"v"}'
+    for bins, says in [
+        ({**base, "result": bytearray(b"\x00\xff")}, "result cannot be stored as JSON"),
+        ({**base, "payload": {"x": float("nan")}}, "payload cannot be stored as JSON"),
+        ({**base, "payload": "lone \ud800"}, "surrogates"),
+        ({**base, "err": "bad \udcff"}, "the error is not valid Unicode"),
+        ({**base, "payload": {b"k": 1}}, "payload"),
+    ]:
+        with pytest.raises(Refused, match=says):
+            job_row(bins, 9)
+
+
+def test_cannot_connect_is_one_clear_line_without_the_password(tmp_path):
+    target = Target(dialect="mysql", host="127.0.0.1", port=mysql_port_closed(), user="u", password="s3cr3t!", database="d")
+    with pytest.raises(SyncError) as e:
+        Sink(target)
+    text = str(e.value)
+    assert text.startswith("cannot connect to mysql://u:***@127.0.0.1:") and "s3cr3t" not in text
+    with pytest.raises(SyncError, match="cannot connect to sqlite"):
+        (tmp_path / "dir.db").mkdir()
+        Sink(Target(dialect="sqlite", path=str(tmp_path / "dir.db")))
+
+
+def test_sqlite_target_refuses_rows_like_mysql(tmp_path):
+    with Sink(_sqlite(tmp_path)) as sink:
+        migrate(sink)
+        good, bad = _row("ok", 1), list(_row("bad", 1))
+        bad[5] = "{not json"  # the CHECK (JSON_VALID) refuses it
+        refused = sink.upsert(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, [good, tuple(bad)])
+        sink.commit()
+        assert [i for i, _ in refused] == [1] and "CHECK" in refused[0][1]
+        assert sink.execute(f"SELECT COUNT(*) FROM {JOBS_TABLE}") == [(1,)]
+    assert sqlite3.connect(str(tmp_path / "copy.db")).execute("PRAGMA journal_mode").fetchone() == ("wal",)
