@@ -1,82 +1,207 @@
-"""`make demo`: aeroqueue's job lists on the embedded store, end to end.
+"""`make demo`: the whole mission on the embedded store, shown as it happens.
 
-Generates two customer job lists as CSV files (one token store, one ID store),
-loads them, lets several worker processes reserve and complete every job, and
-ends with a summary. The store stays at var/demo/store.db for
-`aeroqueue --url embedded://$PWD/var/demo/store.db status demo-tokens`.
+1. Two customer job lists from generated CSV files: one token store, one ID
+   store (non-contiguous customer ids).
+2. Worker processes with heartbeat sessions drain both lists.
+3. Mid-way one worker is killed with SIGKILL; its claimed jobs come back
+   when another worker reaps its session.
+4. Every job is completed; the Spark job copies them to the sync target.
+5. A summary: jobs, completions, recoveries, duplicates, rows synced, time.
+
+Everything stays under var/demo/ for `aeroqueue status` and a SQL client.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
+import functools
+import json
+import os
+import random
 import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
-from . import udfs
-from .backends import open_backend
+from . import keys, udfs
+from .backends import Backend, open_backend
 from .lists import JobLists
 from .loading import read_file, validate
-from .queue import Queue
-from .sessions import Session
+from .queue import Job
 
-LISTS = {"demo-tokens": ("tokens", 3000), "demo-ids": ("ids", 2000)}
+ROOT = Path("var/demo")
+LISTS = {"acme-invoices": ("tokens", 4000), "globex-reminders": ("ids", 2000)}
 WORKERS = 4
+KILL_AT = 0.35  # share of the jobs done when a worker is killed
 
 
-def _worker(url: str, names: list[str], out: mp.Queue) -> None:
-    backend = open_backend(url)
-    queue = Queue(backend)
-    done = 0
-    with Session.open(backend) as session:
-        for name in names:
-            while jobs := queue.reserve(name, session, 20):
-                queue.complete_many(jobs, [{"sent_to": j.payload["email"]} for j in jobs])
-                done += len(jobs)
-    out.put(done)
+def handle(job: Job) -> dict:
+    """The demo's handler: pretend to send a message, and log the execution."""
+    log_dir = Path(os.environ.get("AEROQUEUE_DEMO_LOGS", "."))
+    with open(log_dir / f"exec-{os.getpid()}.log", "a") as f:
+        f.write(f"{job.list} {job.jid}\n")
+    time.sleep(random.uniform(0.001, 0.003))
+    return {"sent_to": job.payload.get("email"), "by": os.getpid()}
 
 
-def main(root: Path = Path("var/demo")) -> None:
+def _write_csv(path: Path, name: str, n: int, ids: bool) -> None:
+    rng = random.Random(name)
+    rows = ["id,email,amount"]
+    used: set[int] = set()
+    for i in range(n):
+        if ids:  # an ID-store list: the customer's own, non-contiguous ids
+            jid = rng.randrange(10**9)
+            while jid in used:
+                jid = rng.randrange(10**9)
+            used.add(jid)
+        else:
+            jid = i
+        rows.append(f"{name}-{jid},customer{i}@example.com,{rng.randrange(100, 99999) / 100}")
+    path.write_text("\n".join(rows) + "\n")
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=console)
+
+
+def _start_worker(url: str, logs: Path, n: int) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "aeroqueue", "--url", url, "worker", "--handler", "aeroqueue.demo:handle",
+           *(arg for name in LISTS for arg in ("--list", name)), "--concurrency", "2", "--batch", "5",
+           "--heartbeat", "0.5", "--expiry", "2", "--sweep-every", "10", "--until-complete", "--log-format", "json"]
+    env = {**os.environ, "AEROQUEUE_DEMO_LOGS": str(logs)}
+    with open(logs / f"worker-{n}.jsonl", "w") as err:
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
+
+
+def _events(logs: Path) -> list[dict]:
+    out = []
+    for f in logs.glob("worker-*.jsonl"):
+        for line in f.read_text().splitlines():
+            if line.startswith("{"):
+                out.append(json.loads(line))
+    return out
+
+
+def _done(lists: JobLists) -> int:
+    return sum(lists.status(name).done for name in LISTS)
+
+
+def main(root: Path = ROOT) -> None:
     console = Console()
+    t0 = time.perf_counter()
     if root.exists():
         shutil.rmtree(root)
-    root.mkdir(parents=True)
-    url = f"embedded://{(root / 'store.db').resolve()}"
+    logs = root / "logs"
+    logs.mkdir(parents=True)
+    store = (root / "store.db").resolve()
+    target = (root / "sync.db").resolve()
+    url = f"embedded://{store}"
     backend = open_backend(url)
     udfs.register(backend)
     lists = JobLists(backend)
-    t0 = time.perf_counter()
-    for name, (mode, n) in LISTS.items():
-        path = root / f"{name}.csv"
-        path.write_text("id,email\n" + "".join(f"{name}-{i},customer{i}@example.com\n" for i in range(n)))
-        limit = 1024 * 1024
-        validate(read_file(path, max_payload=limit), str(path))
-        report = lists.load(name, read_file(path, max_payload=limit), mode=mode, seal=True)
-        console.print(f"loaded {report.loaded:,} jobs into [bold]{name}[/] ({mode} mode) from {path}")
-    results: mp.Queue = mp.get_context("spawn").Queue()
-    procs = [mp.get_context("spawn").Process(target=_worker, args=(url, list(LISTS), results)) for _ in range(WORKERS)]
-    for p in procs:
-        p.start()
-    completions = sum(results.get() for _ in procs)
-    for p in procs:
-        p.join()
+    total = sum(n for _, n in LISTS.values())
+    console.rule("[bold]aeroqueue demo")
+
+    # 1. two customer lists from CSV files
+    with _progress(console) as progress:
+        for name, (mode, n) in LISTS.items():
+            path = root / f"{name}.csv"
+            _write_csv(path, name, n, ids=mode == "ids")
+            validate(read_file(path, max_payload=1 << 20), str(path))
+            task = progress.add_task(f"loading {path.name} ({mode} store)", total=n)
+            lists.load(name, read_file(path, max_payload=1 << 20), mode=mode, seal=True,
+                       progress=functools.partial(progress.advance, task))
+
+    # 2 and 3. workers drain the lists; one is killed mid-way
+    workers = [_start_worker(url, logs, n) for n in range(WORKERS)]
+    victim_session, held, killed_at = _run_workers(console, backend, lists, workers, logs, total)
+
+    # 4. the Spark sync
+    synced_rows, sync_note = _sync(console, url, target)
+
+    # 5. the summary
     elapsed = time.perf_counter() - t0
-    table = Table(title="aeroqueue demo")
-    for col in ("list", "mode", "total", "done", "dead", "in flight", "complete"):
-        table.add_column(col)
+    events = _events(logs)
+    acked = Counter(e["jid"] for e in events if e.get("event") == "job_done")
+    executions = sum(1 for f in logs.glob("exec-*.log") for _ in f.read_text().splitlines())
+    recovered = sum(e.get("released", 0) for e in events if e.get("event") == "reaped" and e.get("session") == victim_session)
+    table = Table(title="aeroqueue demo: summary", show_header=False)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
     for name in LISTS:
         st = lists.status(name)
-        table.add_row(name, st.mode, f"{st.total:,}", f"{st.done:,}", str(st.dead), str(st.in_flight), "yes" if st.complete else "no")
+        table.add_row(f"{name} ({st.mode} store)", f"{st.done:,} of {st.total:,} done, complete: {'yes' if st.complete else 'no'}")
+    table.add_row("jobs", f"{total:,}")
+    table.add_row("completions accepted", f"{sum(acked.values()):,}")
+    table.add_row("handler runs", f"{executions:,}")
+    table.add_row("worker killed (SIGKILL)", f"holding {held} job(s), reaped in {killed_at:.1f}s")
+    table.add_row("jobs recovered from it", f"{recovered:,}")
+    table.add_row("duplicates", f"{sum(c - 1 for c in acked.values() if c > 1)}")
+    table.add_row("not done", f"{total - sum(lists.status(name).done for name in LISTS)}")
+    table.add_row("rows in the sync target", sync_note if synced_rows is None else f"{synced_rows:,}")
+    table.add_row("elapsed", f"{elapsed:.1f}s")
+    table.add_row("throughput", f"{total / elapsed:,.0f} jobs/s end to end")
     console.print(table)
-    total = sum(n for _, n in LISTS.values())
-    console.print(f"{completions:,} completions by {WORKERS} worker processes for {total:,} jobs "
-                  f"(duplicates: {completions - total}) in {elapsed:.1f}s")
-    console.print(f"store: {url}")
-    console.print("[dim]coming next: heartbeat sessions that bring back a SIGKILLed worker's jobs, "
-                  "and the Spark sync to MySQL[/]")
+    console.print(f"store:       {url}\n             aeroqueue --url {url} status {next(iter(LISTS))}", soft_wrap=True)
+    console.print(f"sync target: {target}\n             sqlite3 {target} 'select state, count(*) from aq_jobs group by state'",
+                  soft_wrap=True)
+
+
+def _run_workers(
+    console: Console, backend: Backend, lists: JobLists, workers: list[subprocess.Popen], logs: Path, total: int
+) -> tuple[str, int, float]:
+    victim_session, held, reaped_in = "", 0, 0.0
+    with _progress(console) as progress:
+        task = progress.add_task(f"{len(workers)} workers completing jobs", total=total)
+        killed = False
+        killed_time = 0.0
+        while any(w.poll() is None for w in workers):
+            done = _done(lists)
+            progress.update(task, completed=done)
+            if not killed and done >= total * KILL_AT:
+                victim = workers[0]
+                started = [e for e in _events(logs) if e.get("event") == "started" and e.get("pid") == victim.pid]
+                victim_session = started[0]["session"] if started else ""
+                held = len(backend.find(keys.JOB_SET, "sess", victim_session)) if victim_session else 0
+                victim.send_signal(signal.SIGKILL)
+                victim.wait()
+                killed, killed_time = True, time.perf_counter()
+                progress.console.print(f"[red]SIGKILL[/] worker pid {victim.pid}: it held {held} claimed job(s)")
+            if killed and not reaped_in and victim_session and backend.get(keys.SESS_SET, victim_session) is None:
+                reaped_in = time.perf_counter() - killed_time
+                progress.console.print(f"[green]its session was reaped after {reaped_in:.1f}s: its jobs are back in the queue[/]")
+            time.sleep(0.2)
+        progress.update(task, completed=_done(lists))
+    return victim_session, held, reaped_in
+
+
+def _sync(console: Console, url: str, target: Path) -> tuple[int | None, str]:
+    if shutil.which("java") is None:
+        return None, "skipped: Java 17 is needed for Spark"
+    cmd = [sys.executable, "-m", "aeroqueue", "--url", url, "sync", "--mysql", f"sqlite://{target}", "--master", "local[2]"]
+    with console.status("running the Spark sync (local mode)..."):
+        out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        console.print(f"[red]sync failed[/]: {out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode}")
+        return None, "sync failed"
+    with sqlite3.connect(target) as db:
+        rows: int = db.execute("SELECT count(*) FROM aq_jobs").fetchone()[0]
+    return rows, ""
 
 
 if __name__ == "__main__":
