@@ -81,3 +81,19 @@ def test_bad_fault_spec_is_refused():
         Faults().add(op="put", error="NoSuchError")
     with pytest.raises(ValueError, match="when"):
         Faults().add(op="put", error="RecordBusy", when="during")
+
+
+def test_batch_fault_after_commit_leaves_the_record_written_but_in_doubt(tmp_path):
+    from aeroqueue import udfs
+    from aeroqueue.keys import JOB_MOD, JOB_SET
+
+    b = open_backend(f"embedded://{tmp_path / 's.db'}")
+    udfs.register(b)
+    for name in ("L/0", "L/1"):
+        b.put(JOB_SET, name, {"state": "queued", "token": int(name[-1]), "att": 0})
+    b.client.faults.add(op="batch_apply", function="claim", key="L/1", error="TimeoutError", when="after")
+    keys = [b.key(JOB_SET, "L/0"), b.key(JOB_SET, "L/1")]
+    out = b.client.batch_apply(keys, JOB_MOD, "claim", ["s1"])
+    assert [(r.result, r.in_doubt) for r in out.batch_records] == [(0, False), (9, True)]
+    assert out.result == -16
+    assert b.get(JOB_SET, "L/1").bins["state"] == "claimed", "it happened; only the answer was lost"
