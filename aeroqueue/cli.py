@@ -427,9 +427,24 @@ class JsonLines(logging.Formatter):
         return json.dumps(out, default=str)
 
 
-def configure_logging(fmt: str, level: str = "info") -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonLines() if fmt == "json" else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+class TextLines(logging.Formatter):
+    """A plain line: time, level, message, then the record's extra fields as key=value."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        extras = " ".join(f"{k}={v}" for k, v in vars(record).items() if k not in _STANDARD_LOG_ATTRS)
+        return f"{self.formatTime(record)} {record.levelname.lower()} {record.getMessage()}" + (f" {extras}" if extras else "")
+
+
+def configure_logging(fmt: str, level: str = "info", *, live: bool = False) -> None:
+    handler: logging.Handler
+    if live:  # print above the live counters instead of through them
+        from rich.logging import RichHandler
+
+        handler = RichHandler(console=err_console, show_path=False, markup=False)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(JsonLines() if fmt == "json" else TextLines())
     root = logging.getLogger("aeroqueue")
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
@@ -452,10 +467,13 @@ EXPIRY_OPT = option("--expiry", "expiry_s", env="EXPIRY", type=click.FloatRange(
 @option("--sweep-grace", env="SWEEP_GRACE", type=click.FloatRange(min=0), default=60.0, help="Seconds a job must have been untouched before the sweeper counts it as stuck.")
 @option("--until-complete", env="UNTIL_COMPLETE", is_flag=True, help="Exit once every list is complete.")
 @option("--log-format", env="LOG_FORMAT", type=click.Choice(["json", "text"]), default="json", help="Log lines as JSON objects or plain text.")
+@option("--log-level", env="LOG_LEVEL", type=click.Choice(["debug", "info", "warning", "error"]), default=None,
+        help="Lowest level logged. Default: info, or warning on a terminal, where live counters show the progress.")
 @click.pass_obj
 def worker(
     obj: Context, handler: str, lists: tuple[str, ...], concurrency: int, batch: int, interval_s: float,
     expiry_s: float, drain_timeout: float, sweep_every: float, sweep_grace: float, until_complete: bool, log_format: str,
+    log_level: str | None,
 ) -> None:
     """Run HANDLER on jobs reserved from the lists, under a heartbeat session.
 
@@ -464,21 +482,22 @@ def worker(
     """
     from .worker import Worker, load_handler
 
-    configure_logging(log_format)
+    live = sys.stderr.isatty()
+    configure_logging(log_format, log_level or ("warning" if live else "info"), live=live)
     check_timing(interval_s, expiry_s)
     w = Worker(
         obj.backend(), load_handler(handler), list(lists), concurrency=concurrency, batch=batch, interval_s=interval_s,
         expiry_s=expiry_s, drain_timeout_s=drain_timeout, sweep_every_s=sweep_every,
         sweep_grace_ms=int(sweep_grace * 1000), until_complete=until_complete,
     )
-    if sys.stderr.isatty():
-        with Live(_counters_table(w), console=err_console, refresh_per_second=2, transient=False) as live:
+    if live:
+        with Live(_counters_table(w), console=err_console, refresh_per_second=2, transient=False) as display:
             stop = threading.Event()
-            refresher = threading.Thread(target=_refresh, args=(live, w, stop), daemon=True)
+            refresher = threading.Thread(target=_refresh, args=(display, w, stop), daemon=True)
             refresher.start()
             code = w.run()
             stop.set()
-            live.update(_counters_table(w))
+            display.update(_counters_table(w))
     else:
         code = w.run()
     sys.exit(code)
