@@ -8,11 +8,13 @@ backend boundary.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import statistics
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -89,6 +91,20 @@ def measure(backend: Backend, list_name: str, jobs: int, batch: int) -> BenchRow
     )
 
 
+@contextlib.contextmanager
+def _store(url: str | None) -> Iterator[Backend]:
+    """The store to measure: the URL's (its modules verified), or a scratch embedded
+    store, so that a user's own store is never touched by default."""
+    with contextlib.ExitStack() as stack:
+        if url is None:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="aeroqueue-bench-"))
+            url = f"embedded://{Path(tmp) / 'bench.db'}"
+        backend = open_backend(url)
+        stack.callback(backend.close)
+        udfs.register(backend) if backend.is_embedded else udfs.verify(backend)
+        yield backend
+
+
 def run(
     url: str | None,
     sizes: list[int],
@@ -99,13 +115,7 @@ def run(
     progress: Any = None,
 ) -> list[BenchRow]:
     """Load a list of each size, then measure the single and the batch path on it."""
-    tmp = None
-    if url is None:  # a scratch embedded store, so the user's own store is untouched
-        tmp = tempfile.TemporaryDirectory(prefix="aeroqueue-bench-")
-        url = f"embedded://{Path(tmp.name) / 'bench.db'}"
-    backend = open_backend(url)
-    try:
-        udfs.register(backend) if backend.is_embedded else udfs.verify(backend)
+    with _store(url) as backend:
         lists = JobLists(backend)
         rows = []
         for size in sizes:
@@ -124,10 +134,6 @@ def run(
                 row.jobs_in_list = size
                 rows.append(row)
         return rows
-    finally:
-        backend.close()
-        if tmp is not None:
-            tmp.cleanup()
 
 
 def o1_ratio(rows: list[BenchRow], path: str) -> float | None:
@@ -160,13 +166,7 @@ def compare_claim_designs(url: str | None, *, jobs: int = 3000, list_size: int =
 
     from . import keys
 
-    tmp = None
-    if url is None:
-        tmp = tempfile.TemporaryDirectory(prefix="aeroqueue-bench-")
-        url = f"embedded://{Path(tmp.name) / 'bench.db'}"
-    backend = open_backend(url)
-    try:
-        udfs.register(backend) if backend.is_embedded else udfs.verify(backend)
+    with _store(url) as backend:
         lists = JobLists(backend)
         queue = Queue(backend)
         results: dict[str, tuple[float, float]] = {}
@@ -189,7 +189,3 @@ def compare_claim_designs(url: str | None, *, jobs: int = 3000, list_size: int =
             session.close(release=False)
         base = results["untracked"][0]
         return [DesignRow(d, r[0], r[1], r[0] / base) for d, r in results.items()]
-    finally:
-        backend.close()
-        if tmp is not None:
-            tmp.cleanup()

@@ -29,6 +29,24 @@ local function now()
   return aerospike:get_current_time()
 end
 
+-- Ends `sess`'s claim (fail, release): the job goes dead when `dead`, else back
+-- to the queue, answering `queued_status`. The session moves to `by`, so a
+-- retried call is recognised.
+local function end_claim(rec, sess, why, dead, queued_status)
+  rec['err'] = why
+  rec['sess'] = nil
+  rec['by'] = sess
+  if dead then
+    rec['state'] = 'dead'
+    rec['done_at'] = now()
+    aerospike:update(rec)
+    return 'dead'
+  end
+  rec['state'] = 'queued'
+  aerospike:update(rec)
+  return queued_status
+end
+
 -- claim(rec, sess) -> map{st='ok', jid, payload, att, token}
 --                   | map{st='missing'|'void'|'claimed'|'done'|'dead'}
 --   queued -> claimed under session `sess`; att + 1.
@@ -77,18 +95,7 @@ function fail(rec, sess, err)
     end
     return 'lost'
   end
-  rec['err'] = err
-  rec['sess'] = nil
-  rec['by'] = sess
-  if rec['att'] >= rec['max_att'] then
-    rec['state'] = 'dead'
-    rec['done_at'] = now()
-    aerospike:update(rec)
-    return 'dead'
-  end
-  rec['state'] = 'queued'
-  aerospike:update(rec)
-  return 'retry'
+  return end_claim(rec, sess, err, rec['att'] >= rec['max_att'], 'retry')
 end
 
 -- release(rec, sess, refund, why) -> 'released' | 'dead' | 'not held' | 'missing'
@@ -102,18 +109,7 @@ function release(rec, sess, refund, why)
   local att = rec['att']
   if refund == 1 and att > 0 then att = att - 1 end
   rec['att'] = att
-  rec['err'] = why
-  rec['sess'] = nil
-  rec['by'] = sess
-  if refund ~= 1 and att >= rec['max_att'] then
-    rec['state'] = 'dead'
-    rec['done_at'] = now()
-    aerospike:update(rec)
-    return 'dead'
-  end
-  rec['state'] = 'queued'
-  aerospike:update(rec)
-  return 'released'
+  return end_claim(rec, sess, why, refund ~= 1 and att >= rec['max_att'], 'released')
 end
 
 -- kick(rec) -> 'ok' | 'not dead' | 'missing'
