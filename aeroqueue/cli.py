@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
 import threading
 import traceback
@@ -490,16 +491,24 @@ def worker(
         expiry_s=expiry_s, drain_timeout_s=drain_timeout, sweep_every_s=sweep_every,
         sweep_grace_ms=int(sweep_grace * 1000), until_complete=until_complete,
     )
+    # For the life of the process, not just of run(): a SIGTERM arriving while a
+    # finished worker exits must not kill it with the default action.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, w.request_stop)
     if live:
         with Live(_counters_table(w), console=err_console, refresh_per_second=2, transient=False) as display:
             stop = threading.Event()
             refresher = threading.Thread(target=_refresh, args=(display, w, stop), daemon=True)
             refresher.start()
-            code = w.run()
+            code = w.run(install_signals=False)
             stop.set()
             display.update(_counters_table(w))
     else:
-        code = w.run()
+        code = w.run(install_signals=False)
+    # Stopped: a late SIGTERM asks for what is already happening. Python's shutdown
+    # resets handlers to the default action (death by signal) but keeps SIG_IGN.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
     sys.exit(code)
 
 

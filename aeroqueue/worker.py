@@ -186,7 +186,10 @@ class Worker:
 
     def run(self, *, install_signals: bool = True) -> int:
         """Work until stopped (SIGTERM/SIGINT or `request_stop`), the session is lost, or,
-        with `until_complete`, every list is complete. Returns the process exit code."""
+        with `until_complete`, every list is complete. Returns the process exit code.
+
+        With `install_signals`, SIGTERM/SIGINT drain the worker while it runs and the
+        previous handlers come back afterwards (for a host process that goes on)."""
         previous = {}
         if install_signals and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
