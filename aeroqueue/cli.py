@@ -51,19 +51,8 @@ class Context:
         if self._backend is None:
             self._backend = open_backend(self.url)
             if check_udfs:
-                ensure_udfs(self._backend)
+                udfs.ensure(self._backend)
         return self._backend
-
-
-def ensure_udfs(backend: Backend) -> None:
-    """An embedded store registers the packaged modules itself (it is this
-    client's own store); a real cluster must have them registered by an
-    operator, and is refused otherwise."""
-    if backend.is_embedded:
-        if any(s.state != "ok" for s in udfs.status(backend)):
-            udfs.register(backend)
-    else:
-        udfs.verify(backend)
 
 
 class AeroqueueGroup(click.Group):

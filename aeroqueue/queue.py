@@ -175,9 +175,10 @@ class Queue:
             self.push_retry(job.list, [job.token])
         return "dead" if st == "dead" else "retry"
 
-    def release(self, job: Job, why: str = "released") -> str:
-        """Give a claimed job back untouched (its attempt refunded)."""
-        st = self._udf(keys.JOB_SET, job.name, keys.JOB_MOD, "release", job.session, 1, why)
+    def release(self, job: Job, why: str = "released", *, refund: bool = True) -> str:
+        """Give a claimed job back, if this session still holds it. With `refund` the
+        attempt is returned (it never ran); without, it counts (it ran, or may have)."""
+        st = self._udf(keys.JOB_SET, job.name, keys.JOB_MOD, "release", job.session, 1 if refund else 0, why)
         if st == "released":
             self.push_retry(job.list, [job.token])
         return str(st)

@@ -108,3 +108,14 @@ def verify(backend: Backend) -> None:
             f"UDF modules on {backend.url} are not this client's: {detail}; "
             f"run `aeroqueue udf register` (with --url {backend.url} or AEROQUEUE_URL set) to upload them"
         )
+
+
+def ensure(backend: Backend) -> None:
+    """Before work: an embedded store registers the packaged modules itself (it is
+    this client's own store); a real cluster must have had them registered by an
+    operator, and is refused otherwise (`verify`)."""
+    if backend.is_embedded:
+        if any(s.state != "ok" for s in status(backend)):
+            register(backend)
+    else:
+        verify(backend)

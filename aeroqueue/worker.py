@@ -20,6 +20,7 @@ import logging
 import os
 import random
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .backends import Backend
-from .errors import AeroqueueError, ClaimLost, ConfigError, SessionLost
+from .errors import AeroqueueError, ClaimLost, ConfigError, ListNotFound, SessionLost
 from .lists import JobLists
 from .queue import Job, Queue
 from .sessions import DEFAULT_EXPIRY_S, DEFAULT_INTERVAL_S, Session, reap, sweep
@@ -45,6 +46,10 @@ def load_handler(spec: str) -> Handler:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ConfigError(f"handler {spec!r} must be written package.module:function")
+    # Like celery and gunicorn: a handler module in the current directory is found
+    # whether the worker started as `aeroqueue` or `python -m aeroqueue`.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
@@ -170,6 +175,7 @@ class Worker:
         self._in_flight: dict[str, Job] = {}
         self._in_flight_lock = threading.Lock()
         self._next_list = 0
+        self._warned: set[str] = set()
 
     def request_stop(self, *_: Any) -> None:
         """Drain: finish what is in flight, take nothing new."""
@@ -216,6 +222,13 @@ class Worker:
                 jobs = self._reserve(session)
             except SessionLost:
                 return
+            except ListNotFound as e:
+                # Nothing to do until someone loads it; say so once, not every poll.
+                if str(e) not in self._warned:
+                    self._warned.add(str(e))
+                    log.warning("list not found", extra={"event": "list_missing", "error": str(e)})
+                self._stopping.wait(self.idle_s * 5)
+                continue
             except AeroqueueError as e:
                 log.warning("reserve failed", extra={"event": "reserve_failed", "error": str(e)})
                 self._stopping.wait(self.idle_s)
@@ -235,6 +248,10 @@ class Worker:
                 except AeroqueueError as e:  # the store failed mid-acknowledgement
                     log.error("acknowledgement failed", extra={"event": "ack_failed", "jid": job.jid, "error": str(e)})
                     outcome = "unacked"
+                    # The ack may or may not have landed; if the claim is still ours,
+                    # give the job back (its attempt counted) rather than hold it
+                    # until this worker exits: a live session is never reaped.
+                    self._release([job], session, refund=False)
                 finally:
                     with self._in_flight_lock:
                         self._in_flight.pop(job.name, None)
@@ -250,12 +267,12 @@ class Worker:
                 return jobs
         return []
 
-    def _release(self, jobs: list[Job], session: Session) -> None:
+    def _release(self, jobs: list[Job], session: Session, *, refund: bool = True) -> None:
         if session.lost:
             return  # not ours to give back any more
         for job in jobs:
             try:
-                if self.queue.release(job, "worker draining") == "released":
+                if self.queue.release(job, "worker draining" if refund else "acknowledgement failed", refund=refund) == "released":
                     self.counters.add("released")
             except AeroqueueError as e:
                 log.warning("release failed", extra={"event": "release_failed", "jid": job.jid, "error": str(e)})

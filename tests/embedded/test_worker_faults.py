@@ -1,0 +1,46 @@
+"""Worker behaviour under store faults (embedded fault injection)."""
+
+from __future__ import annotations
+
+import logging
+
+from aeroqueue import keys, udfs
+from aeroqueue.backends import open_backend
+from aeroqueue.lists import JobLists
+from aeroqueue.loading import JobSpec
+from aeroqueue.worker import EXIT_OK, Worker
+
+
+def test_a_failed_ack_gives_the_job_back_instead_of_holding_it(tmp_path):
+    backend = open_backend(f"embedded://{tmp_path / 's.db'}")
+    udfs.register(backend)
+    JobLists(backend).load("L", [JobSpec("a", {}), JobSpec("b", {})], seal=True)
+    backend.client.faults.add(op="apply", function="complete", key="L/0", error="TimeoutError")
+    runs: list[str] = []
+    w = Worker(backend, lambda job: runs.append(job.jid), ["L"], interval_s=0.1, expiry_s=1.0, idle_s=0.05,
+               until_complete=True)
+    assert w.run(install_signals=False) == EXIT_OK
+    assert sorted(runs) == ["a", "a", "b"], "the job whose ack failed ran again"
+    job = backend.get(keys.JOB_SET, "L/0").bins
+    assert job["state"] == "done" and job["att"] == 2, "its first attempt counted"
+
+
+def test_a_missing_list_is_reported_once_not_every_poll(tmp_path, caplog):
+    backend = open_backend(f"embedded://{tmp_path / 's.db'}")
+    udfs.register(backend)
+    JobLists(backend).load("real", [JobSpec("a", {})], seal=True)
+    w = Worker(backend, lambda job: None, ["real", "nope"], concurrency=2, interval_s=0.1, expiry_s=1.0,
+               idle_s=0.01, until_complete=False)
+    with caplog.at_level(logging.WARNING, logger="aeroqueue.worker"):
+        import threading
+
+        t = threading.Thread(target=w.run, kwargs={"install_signals": False})
+        t.start()
+        import time
+
+        time.sleep(1.0)
+        w.request_stop()
+        t.join(10)
+    missing = [r for r in caplog.records if getattr(r, "event", "") == "list_missing"]
+    assert len(missing) == 1 and "nope" in missing[0].error
+    assert w.counters.snapshot()["done"] == 1, "the other list was served"
