@@ -172,9 +172,9 @@ def compare_claim_designs(url: str | None, *, jobs: int = 3000, list_size: int =
         results: dict[str, tuple[float, float]] = {}
         for design in ("untracked", "index", "intent"):
             if design == "untracked":
-                backend.client.index_remove(backend.namespace, "aq_job_sess")
+                backend.client.index_remove(backend.namespace, keys.SESS_INDEX)
             elif design == "index":
-                backend.create_index(keys.JOB_SET, "sess", "aq_job_sess")
+                backend.create_index(keys.JOB_SET, "sess", keys.SESS_INDEX)
             name = f"design-{design}-{uuid.uuid4().hex[:6]}"
             lists.load(name, (JobSpec(f"j{i}", {"i": i}) for i in range(list_size)), chunk_size=1000)
             session = Session.open(backend, heartbeat=False)

@@ -19,6 +19,8 @@ JOB_MOD = "aq_job_v1"
 IDS_MOD = "aq_ids_v1"
 SESS_MOD = "aq_sess_v1"
 
+SESS_INDEX = "aq_job_sess"  # secondary index on aq_job.sess: a session's claims
+
 BITS_PER_CHUNK = 1 << 16  # 8 KiB of bits per bitmap record
 
 _LIST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")

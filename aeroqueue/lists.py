@@ -47,6 +47,7 @@ DEFAULT_LEASE_MS = 120_000
 DEFAULT_MAX_ATTEMPTS = 5
 RETRY_CAP = 20_000  # tokens kept in the list record's retry store (well under max-record-size)
 PAGE = 1000  # records per batch read when walking a list
+RECORD_EXISTS = 5  # Aerospike's code for a create-only write on an existing record
 
 
 @dataclass(frozen=True)
@@ -220,19 +221,26 @@ class JobLists:
             for t, jid in pairs
         ]
         codes = self._batch_write(writes, "index job ids")
-        clashes = [(t, jid) for (t, jid), code in zip(pairs, codes, strict=True) if code != 0]
+        if any(code not in (0, RECORD_EXISTS) for code in codes):
+            # Not a clash but a failure: leave the range pending, so that a re-run or a
+            # recovery decides these tokens from the index alone, never by guess.
+            raise LoadAbandoned(f"list {name!r}: indexing job ids failed (codes {sorted(set(codes))}); run the load again")
+        clashes = [(t, jid) for (t, jid), code in zip(pairs, codes, strict=True) if code == RECORD_EXISTS]
         owners: dict[str, int] = {}
         if clashes:
             recs = b.batch_get(keys.JIDX_SET, [keys.jidx_name(name, jid) for _, jid in clashes])
             owners = {jid: r.bins["tok"] for (_, jid), r in zip(clashes, recs, strict=True) if r is not None}
-        voids = [t for t, jid in clashes if owners.get(jid) != t]
+            if len(owners) != len(clashes):
+                raise LoadAbandoned(f"list {name!r}: a job id index vanished while loading; run the load again")
+        voids = [t for t, jid in clashes if owners[jid] != t]
         if voids:
             # Unpublished tokens: nobody can hold them, so overwriting is safe.
             void_writes = [
                 Write(b.key(keys.JOB_SET, keys.job_name(name, t)), [op.write("state", "void")], policy={"key": 1})
                 for t in voids
             ]
-            self._batch_write(void_writes, "void duplicate jobs")
+            if any(code != 0 for code in self._batch_write(void_writes, "void duplicate jobs")):
+                raise LoadAbandoned(f"list {name!r}: voiding duplicate jobs failed; run the load again")
         void_set = set(voids)
         return [t for t, _ in pairs if t not in void_set]
 
@@ -345,12 +353,15 @@ class JobLists:
         from .queue import push_retry, set_bits
 
         tokens = [job["token"] for job in self.jobs(name, "dead")]
-        kicked = []
-        for t in tokens:
-            if self.backend.udf(keys.JOB_SET, keys.job_name(name, t), keys.JOB_MOD, "kick") == "ok":
-                kicked.append(t)
-        # Clear the dead bits, then offer the jobs again (the sweeper catches a crash in between).
-        set_bits(self.backend, name, kicked, "dead", 0)
+        # Bits first: a kick interrupted after this leaves the list incomplete, so
+        # the sweeper sets the bits of jobs still dead and requeues the kicked
+        # ones. The other order could leave a kicked job waiting in a list that
+        # counts as complete, which nobody sweeps.
+        set_bits(self.backend, name, tokens, "dead", 0)
+        kicked = [
+            t for t in tokens
+            if self.backend.udf(keys.JOB_SET, keys.job_name(name, t), keys.JOB_MOD, "kick") == "ok"
+        ]
         push_retry(self.backend, name, kicked)
         return len(kicked)
 

@@ -10,6 +10,8 @@ bitmap: 4 per job. The batch path makes the same four calls per batch
 from __future__ import annotations
 
 import functools
+import time
+import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -20,7 +22,7 @@ from aerospike_helpers.operations import bitwise_operations as bw
 
 from . import keys
 from .backends import Backend, retry_busy
-from .errors import ClaimLost, JobNotFound, ListNotFound
+from .errors import AeroqueueError, BackendTimeout, ClaimLost, JobNotFound, ListNotFound
 from .lists import RETRY_CAP, JobLists
 
 if TYPE_CHECKING:
@@ -73,12 +75,19 @@ class Queue:
         if count < 1:
             raise ValueError(f"count must be at least 1, not {count}")
         sess = session if isinstance(session, str) else session.claim_id()
+        rid = uuid.uuid4().hex  # makes a claim whose answer was lost safe to repeat
         got: list[Job] = []
-        while len(got) < count:
-            tokens = self._take(list_name, count - len(got))
-            if not tokens:
-                break
-            got.extend(self._claim(list_name, sess, tokens))
+        try:
+            while len(got) < count:
+                tokens = self._take(list_name, count - len(got))
+                if not tokens:
+                    break
+                got.extend(self._claim(list_name, sess, rid, tokens))
+        except AeroqueueError:
+            if not got:
+                raise
+            # Never drop jobs already claimed: they would stay held by a live
+            # session, which no reaper touches. The error will show again.
         return got
 
     def _take(self, name: str, k: int) -> list[int]:
@@ -111,22 +120,31 @@ class Queue:
                     break
         return got
 
-    def _claim(self, name: str, sess: str, tokens: list[int]) -> list[Job]:
-        b = self.backend
+    def _claim(self, name: str, sess: str, rid: str, tokens: list[int]) -> list[Job]:
         if len(tokens) == 1:
-            answers = [self._udf(keys.JOB_SET, keys.job_name(name, tokens[0]), keys.JOB_MOD, "claim", sess)]
+            answers = [self._claim_one(name, sess, rid, tokens[0])]
         else:
             names = [keys.job_name(name, t) for t in tokens]
-            results = b.batch_apply(keys.JOB_SET, names, keys.JOB_MOD, "claim", sess)
-            busy = [r.name for r in results if not r.ok]
+            results = self.backend.batch_apply(keys.JOB_SET, names, keys.JOB_MOD, "claim", sess, rid)
             answers = [r.value for r in results if r.ok]
-            for job in busy:  # a hot key in the batch: claim it alone, with backoff
-                answers.append(self._udf(keys.JOB_SET, job, keys.JOB_MOD, "claim", sess))
+            # A busy key, or an answer lost in the batch: claim it alone. The same
+            # request id makes a claim that did happen answer 'ok' again.
+            answers += [self._claim_one(name, sess, rid, t) for t, r in zip(tokens, results, strict=True) if not r.ok]
         return [
             Job(list=name, token=a["token"], jid=a["jid"], payload=a.get("payload"), attempt=a["att"], session=sess)
             for a in answers
             if a and a.get("st") == "ok"
         ]
+
+    def _claim_one(self, name: str, sess: str, rid: str, token: int) -> Any:
+        """One claim, repeated while its answer is in doubt (a timeout) until the deadline."""
+        give_up = time.monotonic() + self.busy_deadline_s
+        while True:
+            try:
+                return self._udf(keys.JOB_SET, keys.job_name(name, token), keys.JOB_MOD, "claim", sess, rid)
+            except BackendTimeout:
+                if time.monotonic() >= give_up:
+                    raise
 
     # -- acknowledge -------------------------------------------------------------
 
@@ -169,11 +187,13 @@ class Queue:
         """Record a failure: back to the queue while attempts remain ('retry'), else 'dead'."""
         st = self._udf(keys.JOB_SET, job.name, keys.JOB_MOD, "fail", job.session, error)
         self._check(job, st)
+        # A repeated fail answers as the first did, so these follow-ups are redone
+        # (both are idempotent) when the first answer was lost.
         if st == "dead":
             self.set_bits(job.list, [job.token], "dead", 1)
-        elif st == "retry":
+        else:
             self.push_retry(job.list, [job.token])
-        return "dead" if st == "dead" else "retry"
+        return str(st)
 
     def release(self, job: Job, why: str = "released", *, refund: bool = True) -> str:
         """Give a claimed job back, if this session still holds it. With `refund` the
@@ -181,6 +201,8 @@ class Queue:
         st = self._udf(keys.JOB_SET, job.name, keys.JOB_MOD, "release", job.session, 1 if refund else 0, why)
         if st == "released":
             self.push_retry(job.list, [job.token])
+        elif st == "dead":
+            self.set_bits(job.list, [job.token], "dead", 1)
         return str(st)
 
     @staticmethod

@@ -40,7 +40,6 @@ log = logging.getLogger("aeroqueue.sessions")
 
 DEFAULT_INTERVAL_S = 1.0
 DEFAULT_EXPIRY_S = 5.0
-SESS_INDEX = "aq_job_sess"  # the secondary index on aq_job.sess
 
 # Sessions past their expiry (server clock), or already being reaped (a half-done reap).
 _EXPIRED = xp.Or(
@@ -137,17 +136,23 @@ class Session:
 
     def close(self, *, release: bool = True) -> int:
         """Stop heartbeating, give back what the session holds so others can take it at
-        once, and delete the session. A lost session gives back nothing: a reaper
-        does, and its claims may already be someone else's. Returns jobs released."""
+        once, and delete the session. Returns jobs released.
+
+        A lost session still gives back the claims it holds under its id (a claim
+        made after a reaper looked, by a process paused past its expiry): nobody
+        else can hold a claim under this id, and the release only acts on claims
+        still held, so nothing that became someone else's is touched."""
         if self.closed:
             return 0
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=self.interval_s + 5)
         released = 0
-        if release and not self._lost.is_set():
-            released = release_claims(self.backend, self.id, refund=True, why="session closed")
-        if not self._lost.is_set():
+        if self._lost.is_set():
+            released = release_claims(self.backend, self.id, refund=False, why="session lost")
+        else:
+            if release:
+                released = release_claims(self.backend, self.id, refund=True, why="session closed")
             self.backend.remove(keys.SESS_SET, self.id)
         self.closed = True
         return released

@@ -71,7 +71,7 @@ def status(backend: Backend) -> list[ModuleStatus]:
 
 
 # Secondary indexes the client relies on: (set, bin, index name).
-INDEXES = [(keys.JOB_SET, "sess", "aq_job_sess")]
+INDEXES = [(keys.JOB_SET, "sess", keys.SESS_INDEX)]
 
 
 def register(backend: Backend, *, wait_s: float = 10.0) -> list[str]:

@@ -176,6 +176,7 @@ class Worker:
         self._in_flight_lock = threading.Lock()
         self._next_list = 0
         self._warned: set[str] = set()
+        self._threads: list[threading.Thread] = []
 
     def request_stop(self, *_: Any) -> None:
         """Drain: finish what is in flight, take nothing new."""
@@ -204,6 +205,7 @@ class Worker:
         log.info("worker started", extra={"event": "started", "session": session.id, "pid": os.getpid(), "lists": self.lists,
                                           "concurrency": self.concurrency, "batch": self.batch})
         threads = [threading.Thread(target=self._work, name=f"worker-{i}", daemon=True) for i in range(self.concurrency)]
+        self._threads = threads
         for t in threads:
             t.start()
         try:
@@ -252,6 +254,12 @@ class Worker:
                     # give the job back (its attempt counted) rather than hold it
                     # until this worker exits: a live session is never reaped.
                     self._release([job], session, refund=False)
+                except BaseException:
+                    # The thread is dying (SystemExit or KeyboardInterrupt from a
+                    # handler...): give its jobs back rather than hold them under a
+                    # session that stays alive.
+                    self._release(jobs[i:], session, refund=False)
+                    raise
                 finally:
                     with self._in_flight_lock:
                         self._in_flight.pop(job.name, None)
@@ -285,6 +293,9 @@ class Worker:
         while not self._stopping.wait(min(0.2, self.reap_every_s)):
             if session.lost:
                 log.error("session lost: stopping", extra={"event": "session_lost", "session": session.id})
+                return
+            if not any(t.is_alive() for t in self._threads):
+                log.error("every worker thread has died: stopping", extra={"event": "threads_died"})
                 return
             now = time.monotonic()
             try:

@@ -7,6 +7,8 @@
 --   payload  any       what the handler gets
 --   state    'queued' | 'claimed' | 'done' | 'dead' | 'void'
 --            ('void': a token whose job turned out to be a duplicate; never reserved)
+--   rid      string    the request id of the claim: a claim retried after a lost
+--                      answer (a timeout) is recognised as the same claim
 --   sess     string    the session holding the claim, only while it is claimed: a
 --                      secondary index on it lets the reaper find a dead
 --                      session's claims without scanning every job
@@ -47,16 +49,22 @@ local function end_claim(rec, sess, why, dead, queued_status)
   return queued_status
 end
 
--- claim(rec, sess) -> map{st='ok', jid, payload, att, token}
---                   | map{st='missing'|'void'|'claimed'|'done'|'dead'}
---   queued -> claimed under session `sess`; att + 1.
-function claim(rec, sess)
+-- claim(rec, sess, rid) -> map{st='ok', jid, payload, att, token}
+--                        | map{st='missing'|'void'|'claimed'|'done'|'dead'}
+--   queued -> claimed under session `sess`; att + 1. The same call repeated
+--   (same sess and rid: its first answer was lost) answers 'ok' again, so a
+--   claim in doubt can be retried instead of being stranded.
+function claim(rec, sess, rid)
   if not aerospike:exists(rec) then return map{st = 'missing'} end
   local state = rec['state']
+  if state == 'claimed' and rec['sess'] == sess and rid ~= nil and rec['rid'] == rid then
+    return map{st = 'ok', jid = rec['jid'], payload = rec['payload'], att = rec['att'], token = rec['token']}
+  end
   if state ~= 'queued' then return map{st = state} end
   local att = (rec['att'] or 0) + 1
   rec['state'] = 'claimed'
   rec['sess'] = sess
+  rec['rid'] = rid
   rec['att'] = att
   rec['claimed'] = now()
   aerospike:update(rec)
@@ -82,16 +90,18 @@ function complete(rec, sess, results)
   return 'ok'
 end
 
--- fail(rec, sess, err) -> 'retry' | 'dead' | 'again' | 'lost' | 'missing'
+-- fail(rec, sess, err) -> 'retry' | 'dead' | 'lost' | 'missing'
 --   claimed by `sess` -> queued while attempts remain ('retry': the caller
---   pushes the token to the retry store), else dead. 'again': a retried fail
---   that already took effect.
+--   pushes the token to the retry store), else 'dead' (the caller sets its
+--   dead bit). A retried fail that already took effect answers the same, so
+--   the caller redoes its (idempotent) follow-up.
 function fail(rec, sess, err)
   if not aerospike:exists(rec) then return 'missing' end
   local state = rec['state']
   if state ~= 'claimed' or rec['sess'] ~= sess then
-    if rec['by'] == sess and rec['err'] == err and (state == 'queued' or state == 'dead') then
-      return 'again'
+    if rec['by'] == sess and rec['err'] == err then
+      if state == 'queued' then return 'retry' end
+      if state == 'dead' then return 'dead' end
     end
     return 'lost'
   end
@@ -102,10 +112,17 @@ end
 --   claimed by `sess` -> queued (a session closing or reaped gives its jobs
 --   back). refund = 1 returns the attempt (a graceful release); a reaped
 --   session's claim keeps it, so a job that kills its worker every time
---   ends dead instead of looping.
+--   ends dead instead of looping. A retried release that already took effect
+--   answers the same, so the caller redoes its follow-up.
 function release(rec, sess, refund, why)
   if not aerospike:exists(rec) then return 'missing' end
-  if rec['state'] ~= 'claimed' or rec['sess'] ~= sess then return 'not held' end
+  if rec['state'] ~= 'claimed' or rec['sess'] ~= sess then
+    if rec['by'] == sess and rec['err'] == why then
+      if rec['state'] == 'queued' then return 'released' end
+      if rec['state'] == 'dead' then return 'dead' end
+    end
+    return 'not held'
+  end
   local att = rec['att']
   if refund == 1 and att > 0 then att = att - 1 end
   rec['att'] = att

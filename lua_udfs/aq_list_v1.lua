@@ -29,10 +29,6 @@ local function now()
   return aerospike:get_current_time()
 end
 
-local function save(rec)
-  if aerospike:exists(rec) then aerospike:update(rec) else aerospike:create(rec) end
-end
-
 -- create(rec, mode, max_att) -> map{st='created'|'exists', mode, max_att}
 --   Creates the list if missing; never changes an existing one.
 function create(rec, mode, max_att)

@@ -219,7 +219,17 @@ class Backend:
             out = self.client.batch_read(keys, bins)
         except aex.AerospikeError as e:
             raise wrap(e, "batch_read", f"{set_name}/[{len(names)} keys]") from e
-        return [_record(br.record[1], br.record[2]) if br.result == 0 and br.record else None for br in out.batch_records]
+        records: list[Record | None] = []
+        for name, br in zip(names, out.batch_records, strict=True):
+            if br.result == 0 and br.record:
+                records.append(_record(br.record[1], br.record[2]))
+            elif br.result == 2:  # not found: the only answer that means "no record"
+                records.append(None)
+            else:
+                # Any other per-key error (a timeout...) says nothing about the record;
+                # taking it for "missing" would, say, make a live session look gone.
+                raise wrap(_KeyError(br.result), "batch_read", f"{set_name}/{name}")
+        return records
 
     # -- scans ---------------------------------------------------------------
 
@@ -283,6 +293,15 @@ class Backend:
 
     def close(self) -> None:
         self.client.close()
+
+
+class _KeyError(Exception):
+    """One key's error code inside a batch, for `wrap`."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(f"per-key result {code}")
+        self.code = code
+        self.msg = f"per-key result {code}"
 
 
 def wrap(e: Exception, operation: str, where: str) -> errors.BackendError:

@@ -99,7 +99,9 @@ def test_a_lost_session_stops_work_acks_nothing_and_exits_non_zero(registered, l
     snap = w.counters.snapshot()
     assert snap["done"] == 0 and snap["unacked"] == 1
     held = registered.get(keys.JOB_SET, keys.job_name(list_name, 0)).bins
-    assert held["state"] == "claimed", "nothing acknowledged: the reaper gives it back"
+    # Nothing acknowledged: the job is given back (its attempt counted), not done.
+    assert held["state"] == "queued" and "result" not in held and held["att"] == 1
+    assert lists.status(list_name).done == 0
 
 
 def test_worker_exit_code_on_lost_session(registered, lists, list_name):

@@ -1,0 +1,93 @@
+"""Calls whose answer is lost (timeouts after the write), and interrupted operator
+commands: no job may be stranded, duplicated or lost (invariant 3)."""
+
+from __future__ import annotations
+
+import pytest
+
+from aeroqueue import errors, keys, udfs
+from aeroqueue.backends import open_backend
+from aeroqueue.lists import JobLists
+from aeroqueue.loading import JobSpec
+from aeroqueue.queue import Queue
+from aeroqueue.sessions import Session, sweep
+
+
+@pytest.fixture
+def env(tmp_path):
+    backend = open_backend(f"embedded://{tmp_path / 's.db'}")
+    udfs.register(backend)
+    return backend, JobLists(backend), Queue(backend, busy_deadline_s=0.3), Session.open(backend, heartbeat=False)
+
+
+def specs(n: int) -> list[JobSpec]:
+    return [JobSpec(f"j{i}", {"i": i}) for i in range(n)]
+
+
+def test_a_claim_whose_answer_was_lost_is_retried_not_stranded(env):
+    backend, lists, queue, session = env
+    lists.load("L", specs(2))
+    backend.client.faults.add(op="apply", function="claim", error="TimeoutError", when="after")
+    [job] = queue.reserve("L", session)
+    assert job.token == 0 and job.attempt == 1, "the repeated claim answered 'ok' for the claim that happened"
+
+
+def test_a_batch_claim_whose_answer_was_lost_returns_every_job(env):
+    backend, lists, queue, session = env
+    lists.load("L", specs(3))
+    backend.client.faults.add(op="batch_apply", function="claim", key="L/1", error="TimeoutError", when="after")
+    jobs = queue.reserve("L", session, 3)
+    assert sorted(j.token for j in jobs) == [0, 1, 2]
+
+
+def test_reserve_keeps_what_it_claimed_when_a_later_step_fails(env):
+    backend, lists, queue, session = env
+    lists.load("L", specs(4))
+    backend.put(keys.JOB_SET, keys.job_name("L", 1), {"state": "void"})  # makes reserve take again
+    backend.client.faults.add(op="apply", function="take", error="RecordBusy", skip=1, times=-1)
+    jobs = queue.reserve("L", session, 2)
+    assert [j.token for j in jobs] == [0], "the claimed job is returned, not dropped"
+
+
+def test_a_fail_whose_answer_was_lost_still_requeues_the_job(env):
+    backend, lists, queue, session = env
+    lists.load("L", specs(1))
+    [job] = queue.reserve("L", session)
+    backend.client.faults.add(op="apply", function="fail", error="TimeoutError", when="after")
+    with pytest.raises(errors.BackendTimeout):
+        queue.fail(job, "boom")
+    assert queue.fail(job, "boom") == "retry", "the repeated fail answers as the first"
+    [again] = queue.reserve("L", session)
+    assert again.token == job.token and again.attempt == 2
+
+
+def test_an_interrupted_kick_is_finished_by_the_sweeper(env):
+    backend, lists, queue, session = env
+    lists.load("L", specs(3), max_attempts=1, seal=True)
+    a, b, c = queue.reserve("L", session, 3)
+    queue.complete(a)
+    assert queue.fail(b, "boom") == "dead" and queue.fail(c, "boom") == "dead"
+    assert lists.status("L").complete
+    # The operator's kick dies after kicking the first dead job.
+    backend.client.faults.add(op="apply", function="kick", error="TimeoutError", skip=1, times=-1)
+    with pytest.raises(errors.BackendTimeout):
+        lists.kick("L")
+    backend.client.faults.clear()
+    assert not lists.status("L").complete, "a list with a kicked job waiting must not look complete"
+    report = sweep(backend, grace_ms=0)
+    assert (report.requeued, report.recounted) == (1, 1), "one requeued, the one still dead counted again"
+    [kicked] = queue.reserve("L", session)
+    assert kicked.token == b.token
+    st = lists.status("L")
+    assert (st.dead, st.reservable, st.retry_pending) == (1, 0, 0)
+
+
+def test_a_failed_index_write_leaves_the_range_for_recovery_not_a_lost_job(env):
+    backend, lists, queue, session = env
+    backend.client.faults.add(op="batch_write", key="L/j1", error="TimeoutError")
+    with pytest.raises(errors.LoadAbandoned):
+        lists.load("L", specs(3), lease_ms=0)
+    lists.load("L", specs(3), lease_ms=0)  # the re-run recovers the range first
+    got = queue.reserve("L", session, 10)
+    assert sorted(j.jid for j in got) == ["j0", "j1", "j2"], "every job once, none voided by guess"
+    assert lists.status("L").total == 3
