@@ -32,7 +32,14 @@ def open_backend(url: str | StoreURL | None = None, **embedded_options: Any) -> 
         raise ConfigError(f"options {sorted(embedded_options)} only apply to the embedded backend")
     import aerospike
 
-    config: dict[str, Any] = {"hosts": list(parsed.hosts), "policies": {"key": aerospike.POLICY_KEY_SEND}}
+    # No silent client retries of writes: take and alloc are not idempotent (a
+    # retried take would hand out tokens twice). aeroqueue retries what is safe
+    # itself (RecordBusy, and claims/acks whose answer was lost).
+    no_retry = {"max_retries": 0, "key": aerospike.POLICY_KEY_SEND}
+    config: dict[str, Any] = {
+        "hosts": list(parsed.hosts),
+        "policies": {"key": aerospike.POLICY_KEY_SEND, "write": no_retry, "apply": no_retry, "operate": no_retry},
+    }
     if parsed.user:
         config["user"] = parsed.user
         config["password"] = parsed.password or ""
