@@ -167,9 +167,9 @@ class Queue:
             by_session[job.session].append((job, res))
         for sess, pairs in by_session.items():
             for list_name, group in _group_by_list(pairs).items():
-                out = self.backend.batch_apply(
-                    keys.JOB_SET, [j.name for j, _ in group], keys.JOB_MOD, "complete", sess,
-                    {j.token: r for j, r in group},
+                # Each job gets only its own result (not the whole batch's), in one round trip.
+                out = self.backend.batch_udf(
+                    keys.JOB_SET, [(j.name, [sess, {j.token: r}]) for j, r in group], keys.JOB_MOD, "complete"
                 )
                 done = []
                 for (job, res), r in zip(group, out, strict=True):

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import aerospike
 from aerospike import exception as aex
 from aerospike import predicates
+from aerospike_helpers.batch.records import Apply, BatchRecords
 
 from .. import errors
 from ..config import StoreURL
@@ -208,6 +209,23 @@ class Backend:
             value = br.record[2].get("SUCCESS") if br.record is not None else None
             results.append(BatchResult(name=name, ok=br.result == 0, value=value, code=br.result))
         return results
+
+    def batch_udf(self, set_name: str, calls: list[tuple[str, list[Any]]], module: str, function: str) -> list[BatchResult]:
+        """One UDF on many records, each with its own arguments, in one round trip
+        (batch_write with Apply records); never raises for a single record."""
+        if not calls:
+            return []
+        policy = {"key": aerospike.POLICY_KEY_SEND}
+        batch = BatchRecords([Apply(self.key(set_name, n), module, function, args, policy=policy) for n, args in calls])
+        self.round_trips += 1
+        try:
+            out = self.client.batch_write(batch)
+        except aex.AerospikeError as e:
+            raise wrap(e, f"batch {module}.{function}", f"{set_name}/[{len(calls)} keys]") from e
+        return [
+            BatchResult(name=n, ok=br.result == 0, value=br.record[2].get("SUCCESS") if br.record else None, code=br.result)
+            for (n, _), br in zip(calls, out.batch_records, strict=True)
+        ]
 
     def batch_get(self, set_name: str, names: list[str], bins: list[str] | None = None) -> list[Record | None]:
         """Many records in one round trip; None where a record does not exist."""

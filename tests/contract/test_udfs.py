@@ -102,3 +102,13 @@ def test_backend_batch_apply(backend: Backend, client, set_name):
     assert [(r.name, r.ok, r.value) for r in out] == [("a", True, "ok"), ("a", True, "taken"), ("z", True, "missing")]
     bad = backend.batch_apply(set_name, ["a"], MODULE, "fail_with", "x")
     assert [(r.ok, r.code) for r in bad] == [(False, 100)]
+
+
+def test_batch_write_applies_a_udf_with_each_records_own_arguments(backend: Backend, client, set_name):
+    for name in ("a", "b"):
+        backend.put(set_name, name, {"state": "q"})
+    out = backend.batch_udf(set_name, [("a", ["w1"]), ("b", ["w2"]), ("z", ["w3"])], MODULE, "claim")
+    assert [(r.name, r.ok, r.value) for r in out] == [("a", True, "ok"), ("b", True, "ok"), ("z", True, "missing")]
+    assert backend.get(set_name, "a").bins["who"] == "w1" and backend.get(set_name, "b").bins["who"] == "w2"
+    bad = backend.batch_udf(set_name, [("a", ["boom"])], MODULE, "fail_with")
+    assert [(r.ok, r.code) for r in bad] == [(False, 100)]

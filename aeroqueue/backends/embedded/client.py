@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import aerospike
-from aerospike_helpers.batch.records import BatchRecord, BatchRecords, Write
+from aerospike_helpers.batch.records import Apply, BatchRecord, BatchRecords, Write
 
 from .expressions import matches
 from .faults import Faults
@@ -427,9 +427,15 @@ class EmbeddedClient:
         self._check_policy(policy_batch, set(), "batch_write")
         with self._storage.write():
             for br in batch_records.batch_records:
+                if isinstance(br, Apply):
+                    # A UDF per record, each with its own arguments, in one round trip.
+                    pol = self._check_policy(br.policy, {"key", "ttl", "expressions"}, "batch_write Apply")
+                    done = self._batch_apply_one(br.key, br.module, br.function, list(br.args or []), pol)
+                    br.result, br.record = done.result, done.record
+                    continue
                 if not isinstance(br, Write):
                     raise NotImplementedError(
-                        f"embedded backend: batch_write supports Write records only, not {type(br).__name__}"
+                        f"embedded backend: batch_write supports Write and Apply records, not {type(br).__name__}"
                     )
                 try:
                     key, meta, results = self._operate(br.key, br.ops, br.meta, br.policy, "batch_write")
