@@ -172,15 +172,21 @@ class Queue:
                     keys.JOB_SET, [(j.name, [sess, {j.token: r}]) for j, r in group], keys.JOB_MOD, "complete"
                 )
                 done = []
-                for (job, res), r in zip(group, out, strict=True):
-                    st = r.value if r.ok else None
-                    if st is None:  # this key failed (busy): complete it alone
-                        self.complete(job, res)
-                    elif st in ("ok", "again"):
-                        done.append(job.token)
-                    else:
-                        lost.append(job)
-                self.set_bits(list_name, done, "done", 1)
+                try:
+                    for (job, res), r in zip(group, out, strict=True):
+                        st = r.value if r.ok else None
+                        if st is None:  # this key failed (busy, in doubt): complete it alone
+                            try:
+                                self.complete(job, res)
+                            except (ClaimLost, JobNotFound):
+                                lost.append(job)
+                        elif st in ("ok", "again"):
+                            done.append(job.token)
+                        else:
+                            lost.append(job)
+                finally:
+                    # Whatever happens to the rest, count what was completed.
+                    self.set_bits(list_name, done, "done", 1)
         return lost
 
     def fail(self, job: Job, error: str) -> str:

@@ -91,3 +91,15 @@ def test_a_failed_index_write_leaves_the_range_for_recovery_not_a_lost_job(env):
     got = queue.reserve("L", session, 10)
     assert sorted(j.jid for j in got) == ["j0", "j1", "j2"], "every job once, none voided by guess"
     assert lists.status("L").total == 3
+
+
+def test_complete_many_reports_a_claim_lost_in_its_fallback_and_counts_the_rest(env):
+    backend, lists, queue, session = env
+    lists.load("L", specs(3))
+    jobs = queue.reserve("L", session, 3)
+    queue.release(jobs[1])  # the second job's claim is gone
+    # Per-record UDFs in a batch answer to faults named batch_apply.
+    backend.client.faults.add(op="batch_apply", function="complete", key="L/1", error="RecordBusy")
+    lost = queue.complete_many(jobs)
+    assert [j.token for j in lost] == [1]
+    assert lists.status("L").done == 2, "the completed ones are counted"
