@@ -1,0 +1,228 @@
+"""aeroqueue itself, the baseline every peer is compared with.
+
+Without a URL each run gets a fresh scratch embedded store (one SQLite file
+in a temporary directory), so one run's leftovers never slow the next and the
+user's own store is never touched. With a URL (a real server, or an embedded
+file the user chose) each run loads its own list and removes it afterwards.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+import aeroqueue
+from aeroqueue import keys, udfs
+from aeroqueue.backends import Backend, open_backend
+from aeroqueue.config import parse_url
+from aeroqueue.errors import AeroqueueError, ClaimLost
+from aeroqueue.lists import JobLists
+from aeroqueue.loading import JobSpec
+from aeroqueue.queue import Job, Queue
+from aeroqueue.sessions import Session
+
+from .harness import Peer, PeerInfo, PeerUnavailable, Prepared, Worker
+
+LOAD_CHUNK = 1000  # jobs per load range: the CLI's default
+REMOVE_CHUNK = 5000  # keys per batch_remove when cleaning a real server
+
+
+class AeroqueueWorker(Worker):
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__(config)
+        self.backend = open_backend(config["url"])
+        self.queue = Queue(self.backend)
+        self.session = Session.open(self.backend)
+        self.list = config["list"]
+
+    def round_trips(self) -> int:
+        # Counted at the backend boundary: every call that reaches the store,
+        # RecordBusy retries included, so it is the figure a server would see.
+        return self.backend.round_trips
+
+    def reserve(self, n: int) -> list[tuple[int, Any]]:
+        return [(int(job.jid), job) for job in self.queue.reserve(self.list, self.session, n)]
+
+    def ack(self, jobs: list[tuple[int, Any]]) -> list[int]:
+        if len(jobs) == 1:
+            number, job = jobs[0]
+            try:
+                self.queue.complete(job, "ok")
+            except ClaimLost:
+                self.lost += 1
+                return []
+            return [number]
+        lost: list[Job] = self.queue.complete_many([job for _, job in jobs], ["ok"] * len(jobs))
+        self.lost += len(lost)
+        refused = {job.token for job in lost}
+        return [number for number, job in jobs if job.token not in refused]
+
+    def close(self) -> None:
+        try:
+            self.session.close()
+        finally:
+            self.backend.close()
+
+
+class AeroqueuePeer(Peer):
+    name = "aeroqueue"
+    batch_form = "reserve(list, session, 100): one take UDF + one batch claim UDF"
+    trips_source = "backend.round_trips"
+
+    def __init__(self, url: str | None) -> None:
+        self.url = url
+        self._scratch: Path | None = None
+        self._backends: dict[str, Backend] = {}
+        self._label: str | None = None
+
+    @property
+    def embedded(self) -> bool:
+        return self.url is None or parse_url(self.url).is_embedded
+
+    def label(self) -> str:
+        """The backend, for the table title: never a password. Stable after `stop`."""
+        if self._label is not None:
+            return self._label
+        if self.url is None:
+            where = self._scratch or Path(tempfile.gettempdir())
+            return f"embedded (scratch SQLite store per run in {where})"
+        parsed = parse_url(self.url)
+        return f"{'embedded store' if parsed.is_embedded else 'Aerospike server'} {parsed}"
+
+    def start(self) -> PeerInfo:
+        if self.url is None:
+            self._scratch = Path(tempfile.mkdtemp(prefix="aeroqueue-peers-"))
+        else:
+            # Fail here, with the backend's own message, rather than in every client.
+            try:
+                backend = open_backend(self.url)
+                try:
+                    udfs.register(backend) if backend.is_embedded else udfs.verify(backend)
+                    version = _server_version(backend)
+                    durability = _server_durability(backend)
+                finally:
+                    backend.close()
+            except AeroqueueError as e:
+                raise PeerUnavailable(str(e)) from e
+        if self.embedded:
+            version = f"aeroqueue {aeroqueue.__version__}, embedded store"
+            durability = (
+                "SQLite WAL, synchronous=NORMAL: every write survives a process crash; "
+                "an OS crash or power loss can drop the last commits"
+            )
+        self._label = self.label()
+        return PeerInfo(
+            name=self.name,
+            version=version,
+            target=self._label,
+            recipe=(
+                "take tokens (UDF on the list record) + claim UDF on each job under a session; "
+                "ack = complete UDF, refused unless the session still holds the claim; "
+                "a dead worker's claims come back when its session is reaped"
+            ),
+            durability=durability,
+        )
+
+    def prepare(self, n_jobs: int) -> Prepared:
+        name = f"bench-{uuid.uuid4().hex[:10]}"
+        if self.url is None:
+            assert self._scratch is not None, "start() first"
+            url = f"embedded://{self._scratch / (name + '.db')}"
+        else:
+            url = self.url
+        backend = open_backend(url)
+        self._backends[name] = backend
+        if self.url is None:
+            udfs.register(backend)
+        JobLists(backend).load(
+            name, (JobSpec(str(i), {"i": i}) for i in range(n_jobs)), seal=True, chunk_size=LOAD_CHUNK
+        )
+        return Prepared(AeroqueueWorker, {"url": url, "list": name}, n_jobs)
+
+    def verify(self, prepared: Prepared, acked: int) -> str | None:
+        status = JobLists(self._backends[prepared.config["list"]]).status(prepared.config["list"])
+        problems = []
+        if status.done != acked:
+            problems.append(f"{status.done} jobs done, {acked} acked")
+        if status.dead:
+            problems.append(f"{status.dead} dead")
+        if acked == prepared.jobs and status.in_flight:
+            problems.append(f"{status.in_flight} still in flight")
+        return "; ".join(problems) or None
+
+    def discard(self, prepared: Prepared) -> None:
+        name = prepared.config["list"]
+        backend = self._backends.pop(name)
+        try:
+            if self.url is not None:
+                _drop_list(backend, name, prepared.jobs)
+        finally:
+            backend.close()
+        if self.url is None:
+            assert self._scratch is not None
+            for suffix in (".db", ".db-wal", ".db-shm"):
+                (self._scratch / (name + suffix)).unlink(missing_ok=True)
+
+    def stop(self) -> None:
+        for backend in self._backends.values():
+            backend.close()
+        self._backends.clear()
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
+
+
+def _drop_list(backend: Backend, name: str, n_jobs: int) -> None:
+    """Remove a benchmark list's records from a store the user owns.
+
+    aeroqueue has no "delete list" yet, so this names the records itself
+    (design.md, Records): the list record, one job and one id-index record per
+    job, and the completion bitmaps. Sessions are closed by their clients.
+    """
+    targets = [(keys.LIST_SET, name)]
+    targets += [(keys.JOB_SET, keys.job_name(name, t)) for t in range(n_jobs)]
+    targets += [(keys.JIDX_SET, keys.jidx_name(name, str(i))) for i in range(n_jobs)]
+    chunks = -(-n_jobs // keys.BITS_PER_CHUNK)
+    targets += [(keys.DONE_SET, keys.chunk_name(name, c)) for c in range(chunks)]
+    if backend.is_embedded:  # the embedded client has no batch_remove: one record at a time
+        for set_name, record in targets:
+            backend.remove(set_name, record)
+        return
+    for lo in range(0, len(targets), REMOVE_CHUNK):
+        # Records already gone answer "not found" per key; batch_remove does not raise for that.
+        backend.client.batch_remove([backend.key(s, r) for s, r in targets[lo : lo + REMOVE_CHUNK]])
+
+
+def _info(backend: Backend, command: str) -> str:
+    """One node's answer to an info command ('' when it cannot be had)."""
+    try:
+        answers = backend.client.info_all(command)
+    except Exception:
+        return ""
+    for answer in (answers or {}).values():
+        if answer and not answer[0] and answer[1]:
+            text = str(answer[1])
+            return text.split("\t", 1)[-1].strip()
+    return ""
+
+
+def _server_version(backend: Backend) -> str:
+    build = _info(backend, "build")
+    edition = _info(backend, "edition")
+    return f"Aerospike {edition or ''} {build or '(version unknown)'}".replace("  ", " ")
+
+
+def _server_durability(backend: Backend) -> str:
+    """The namespace's storage engine and commit-to-device, as the server reports them."""
+    settings = dict(
+        item.split("=", 1) for item in _info(backend, f"namespace/{backend.namespace}").split(";") if "=" in item
+    )
+    engine = settings.get("storage-engine")
+    if not engine:
+        return "see the namespace's storage-engine configuration (not readable through info)"
+    commit = settings.get("storage-engine.commit-to-device", settings.get("commit-to-device", "false"))
+    replication = settings.get("replication-factor", "?")
+    return f"namespace {backend.namespace}: storage-engine {engine}, commit-to-device {commit}, replication-factor {replication}"

@@ -1,0 +1,123 @@
+"""The peers benchmark, in small: a few dozen jobs on aeroqueue and Redis.
+
+It checks the report's shape and the exactly-once audit, never timings (timed
+tests flake). Redis is measured when it answers on 127.0.0.1:6379 and must be
+reported as skipped, with the reason, when it does not; beanstalkd is pointed
+at a binary that does not exist, so the skip path is always exercised.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from array import array
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from benchmarks.harness import RunRow, WorkerResult, _merge, with_retry
+from benchmarks.peers import peers_command
+from benchmarks.report import markdown
+from tests.conftest import port_open
+
+JOBS = 30
+BATCH = 10
+
+
+def _redis_up() -> bool:
+    return importlib.util.find_spec("redis") is not None and port_open("127.0.0.1", 6379)
+
+
+def test_harness_report_and_exactly_once(tmp_path: Path) -> None:
+    out = tmp_path / "report.json"
+    args = [
+        "--jobs", str(JOBS), "--clients", "2", "--batch", str(BATCH),
+        "--peers", "redis,beanstalkd", "--beanstalkd-bin", str(tmp_path / "no-such-beanstalkd"),
+        "--json", str(out), "--markdown", str(tmp_path / "report.md"), "--quiet", "--timeout", "60",
+        "--settle", "0",  # no waiting for a quiet machine: this test checks no timings
+    ]
+    png = importlib.util.find_spec("matplotlib") is not None
+    if png:
+        args += ["--png", str(tmp_path / "report.png")]
+    # No AEROQUEUE_URL from the environment: aeroqueue must run on a scratch embedded store.
+    result = CliRunner().invoke(peers_command, args, env={"AEROQUEUE_URL": None})
+    assert result.exit_code == 0, result.output + repr(result.exception)
+
+    report = json.loads(out.read_text())
+    assert report["schema"] == "aeroqueue-peers/1"
+    assert {"nproc", "memory_gib", "cpu"} <= set(report["machine"])
+    assert report["aeroqueue_backend"].startswith("embedded")
+    assert report["params"]["jobs"] == JOBS and report["params"]["batch"] == BATCH
+    assert report["scaling"] is None
+
+    redis_up = _redis_up()
+    peers = {p["name"]: p for p in report["peers"]}
+    assert list(peers) == ["aeroqueue", "beanstalkd", "redis"]
+    assert peers["beanstalkd"]["status"] == "skipped" and "not found" in peers["beanstalkd"]["reason"]
+    assert peers["redis"]["status"] == ("ok" if redis_up else "skipped")
+    for p in peers.values():
+        if p["status"] == "ok":
+            assert p["version"] and p["recipe"] and p["durability"]
+
+    rows = {(r["peer"], r["mode"]): r for r in report["rows"]}
+    measured = ["aeroqueue"] + (["redis"] if redis_up else [])
+    assert set(rows) == {(p, m) for p in ["aeroqueue", "beanstalkd", "redis"] for m in ("single", f"batch {BATCH}")}
+    for peer in measured:
+        for mode in ("single", f"batch {BATCH}"):
+            row = rows[peer, mode]
+            assert row["status"] == "ok", row
+            # Every job acked exactly once, by the clients' count and by the server's.
+            assert (row["acked"], row["duplicates"], row["missing"]) == (JOBS, 0, 0), row
+            assert row["exactly_once"] and row["server_check"] is None, row
+            assert row["reserve_calls"] >= (JOBS if mode == "single" else JOBS // BATCH)
+            assert row["round_trips_per_job"] > 0
+            assert row["clients"] == 2
+    for mode in ("single", f"batch {BATCH}"):
+        assert rows["aeroqueue", mode]["vs_aeroqueue_jobs_per_s"] == 1.0
+        assert rows["aeroqueue", mode]["trips_source"] == "backend.round_trips"
+        assert rows["beanstalkd", mode]["status"] == "skipped" and rows["beanstalkd", mode]["reason"]
+        if not redis_up:
+            assert rows["redis", mode]["status"] == "skipped" and rows["redis", mode]["reason"]
+
+    text = markdown(report)
+    assert "| peer | mode | clients | jobs/s |" in text and "skipped" in text
+    if png:
+        assert (tmp_path / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_audit_catches_a_job_acked_twice_and_one_never_acked() -> None:
+    def result(index: int, acked: list[int]) -> WorkerResult:
+        return WorkerResult(index, array("q", acked), array("q", [1000] * len(acked)), array("q"), 0, 0, 0, 0.0, 1.0, False)
+
+    row = RunRow(peer="x", mode="single", batch=1, clients=2, jobs=4, expected=4, status="ok")
+    _merge(row, [result(0, [0, 1]), result(1, [1, 3])], 0.5, [], "adapter calls")
+    assert (row.acked, row.duplicates, row.missing, row.exactly_once) == (4, 1, 1, False)
+
+
+def test_retry_repeats_only_what_a_worker_would_retry() -> None:
+    attempts: list[int] = []
+    retried: list[int] = []
+
+    def deadlocks_twice() -> str:
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise DeadlockError("1213 deadlock found when trying to get lock")
+        return "claimed"
+
+    def retryable(e: BaseException) -> bool:
+        return isinstance(e, DeadlockError)
+
+    assert with_retry(deadlocks_twice, retryable, lambda: retried.append(1), base_s=0) == "claimed"
+    assert (len(attempts), len(retried)) == (3, 2)
+
+    def broken() -> None:
+        raise ValueError("not a deadlock")
+
+    with pytest.raises(ValueError):
+        with_retry(broken, retryable, lambda: retried.append(1), base_s=0)
+    assert len(retried) == 2  # a non-retryable error is raised at once
+
+
+class DeadlockError(Exception):
+    pass
