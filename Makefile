@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check aeroqueue tests sync
+	$(BIN)/ruff check aeroqueue tests sync benchmarks examples
 	$(BIN)/mypy
 
 test: lint
