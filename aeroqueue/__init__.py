@@ -9,5 +9,17 @@ from .backends import Backend, open_backend
 from .config import StoreURL, parse_url, resolve_url
 from .errors import AeroqueueError
 
-__all__ = ["AeroqueueError", "Backend", "StoreURL", "open_backend", "parse_url", "resolve_url"]
+
+def connect(url: str | None = None) -> Backend:
+    """Open the store (`url`, else AEROQUEUE_URL, else the embedded default) and make
+    sure it runs this client's UDF modules: an embedded store registers them; a
+    cluster without them is refused with the command that registers them."""
+    from . import udfs
+
+    backend = open_backend(url)
+    udfs.ensure(backend)
+    return backend
+
+
+__all__ = ["AeroqueueError", "Backend", "StoreURL", "connect", "open_backend", "parse_url", "resolve_url"]
 __version__ = "0.1.0"

@@ -20,6 +20,7 @@ unwritten token.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
@@ -39,7 +40,7 @@ from .errors import (
     LoadError,
     RecordExists,
 )
-from .loading import RECORD_OVERHEAD, JobSpec
+from .loading import RECORD_OVERHEAD, JobSpec, from_iterable
 
 MODES = ("tokens", "ids")
 DEFAULT_CHUNK = 1000
@@ -137,7 +138,7 @@ class JobLists:
     def load(
         self,
         name: str,
-        jobs: Iterable[JobSpec],
+        jobs: Iterable[Any],
         *,
         mode: str = "tokens",
         seal: bool = False,
@@ -146,9 +147,14 @@ class JobLists:
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         progress: Callable[[int], None] | None = None,
     ) -> LoadReport:
-        """Load validated jobs (see `aeroqueue.loading`) into a list, creating it if needed."""
+        """Load jobs into a list, creating it if needed.
+
+        `jobs` yields `JobSpec`s already checked (the CLI checks a whole file
+        first), or plain items, `(id, payload)` pairs or `{"id", "payload"}`
+        dicts, which are checked whole here before anything is written."""
         if chunk_size < 1:
             raise LoadError(f"chunk size must be at least 1, not {chunk_size}")
+        jobs = _specs(jobs, max_payload(self.backend))
         self.create(name, mode=mode, max_attempts=max_attempts)
         head = self.header(name)
         if head["sealed"] == 1:
@@ -364,6 +370,17 @@ class JobLists:
         ]
         push_retry(self.backend, name, kicked)
         return len(kicked)
+
+
+def _specs(jobs: Iterable[Any], limit: int) -> Iterable[JobSpec]:
+    """JobSpecs pass through lazily; any other item means the Python API: check all first."""
+    it = iter(jobs)
+    first = next(it, None)
+    if first is None:
+        return []
+    if isinstance(first, JobSpec):
+        return itertools.chain([first], it)
+    return from_iterable(itertools.chain([first], it), max_payload=limit)
 
 
 def _job_bins(name: str, token: int, spec: JobSpec, max_att: int) -> dict[str, Any]:

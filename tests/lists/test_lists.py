@@ -228,3 +228,13 @@ def test_a_dead_loaders_range_is_recovered(queue, lists, list_name, session, reg
     assert sorted(j.jid for j in jobs) == sorted([*(s.jid for s in specs(4)), "dead-0", "dead-1", "dead-2", "new"])
     st = lists.status(list_name)
     assert st.total == 8 and st.pending_ranges == 0
+
+
+def test_python_api_loads_plain_items_checked_whole_first(queue, lists, list_name, session):
+    report = lists.load(list_name, [("a", {"n": 1}), {"id": "b", "payload": [2]}, ("c", "three")])
+    assert report.loaded == 3
+    assert [(j.jid, j.payload) for j in drain(queue, list_name, session, 5)] == [("a", {"n": 1}), ("b", [2]), ("c", "three")]
+    other = f"{list_name}-x"
+    with pytest.raises(errors.LoadError, match="duplicate job id 'x'"):
+        lists.load(other, (item for item in [("x", 1), ("y", 2), ("x", 3)]))
+    assert other not in lists.names(), "nothing written, not even the list"
