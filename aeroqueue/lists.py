@@ -290,10 +290,7 @@ class JobLists:
         done, dead = self._bit_counts(name, head["alloc"])
         retry = len(head.get("retry") or [])
         if head["mode"] == "ids":
-            chunks = self.backend.batch_get(
-                keys.IDS_SET, [keys.chunk_name(name, c) for c in range(head["cursor"], head["pubs"])], bins=["ids"]
-            )
-            reservable = sum(len(c.bins.get("ids") or []) for c in chunks if c is not None)
+            reservable = len(self.unpopped_ids(name, head))
         else:
             reservable = head["tail"] - head["head"]
         total = head["total"]
@@ -321,6 +318,13 @@ class JobLists:
             created=head["created"],
             completed_at=completed_at,
         )
+
+    def unpopped_ids(self, name: str, head: dict[str, Any]) -> list[int]:
+        """ID mode: the tokens still waiting in the published chunks from the cursor on."""
+        chunks = self.backend.batch_get(
+            keys.IDS_SET, [keys.chunk_name(name, c) for c in range(head["cursor"], head["pubs"])], bins=["ids"]
+        )
+        return [t for c in chunks if c is not None for t in (c.bins.get("ids") or [])]
 
     def _bit_counts(self, name: str, alloc: int) -> tuple[int, int]:
         n_chunks = -(-alloc // keys.BITS_PER_CHUNK)

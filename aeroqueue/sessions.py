@@ -265,9 +265,7 @@ def sweep(backend: Backend, *, grace_ms: int = 60_000) -> SweepReport:
         head = lists.header(list_name)
         waiting = set(head.get("retry") or [])
         if head["mode"] == "ids":
-            chunks = backend.batch_get(keys.IDS_SET, [keys.chunk_name(list_name, c) for c in range(head["cursor"], head["pubs"])])
-            for c in chunks:
-                waiting.update((c.bins.get("ids") or []) if c else [])
+            waiting.update(lists.unpopped_ids(list_name, head))
             lost = [j["token"] for j in jobs if j["token"] not in waiting and j["token"] < head["tail"]]
         else:
             lost = [j["token"] for j in jobs if j["token"] < head["head"] and j["token"] not in waiting]
