@@ -288,6 +288,7 @@ class Worker:
     def _maintain(self, session: Session) -> None:
         """Reap and sweep on their schedules until told to stop."""
         next_reap = time.monotonic() + self.reap_every_s * random.uniform(0.5, 1.0)
+        next_check = time.monotonic()  # --until-complete: status reads every bitmap, so not every tick
         next_sweep = time.monotonic() + self.sweep_every_s * random.uniform(0.5, 1.0)
         lists = JobLists(self.backend)
         while not self._stopping.wait(min(0.2, self.reap_every_s)):
@@ -307,9 +308,11 @@ class Worker:
                 if now >= next_sweep:
                     sweep(self.backend, grace_ms=self.sweep_grace_ms)
                     next_sweep = now + self.sweep_every_s * random.uniform(0.8, 1.2)
-                if self.until_complete and all(lists.status(name).complete for name in self.lists):
-                    log.info("every list is complete", extra={"event": "lists_complete"})
-                    return
+                if self.until_complete and now >= next_check:
+                    next_check = now + self.reap_every_s
+                    if all(lists.status(name).complete for name in self.lists):
+                        log.info("every list is complete", extra={"event": "lists_complete"})
+                        return
             except AeroqueueError as e:
                 log.warning("maintenance failed", extra={"event": "maintenance_failed", "error": str(e)})
 
