@@ -74,7 +74,7 @@ from .lists import JobLists
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from .cli import Context
+    from .cli.context import Context
 
 log = logging.getLogger(__name__)
 

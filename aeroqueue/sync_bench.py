@@ -59,7 +59,7 @@ from .sync import (
 )
 
 if TYPE_CHECKING:
-    from .cli import Context
+    from .cli.context import Context
 
 DEFAULT_JOBS = 100_000
 DEAD_EVERY = 20  # one job in 20 fails its only attempt: the copy holds dead jobs too

@@ -7,7 +7,7 @@ import json
 from click.testing import CliRunner
 from rich.console import Console
 
-from aeroqueue.cli import Context
+from aeroqueue.cli.context import Context
 from aeroqueue.sync_bench import print_result, run_bench, sync_bench_command
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from aeroqueue.cli import Context
+from aeroqueue.cli.context import Context
 from aeroqueue.sync import sync_command
 
 from .helpers import make_jobs, mysql_port_closed, mysql_rows, root_connection

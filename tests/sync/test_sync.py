@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from aeroqueue import keys
 from aeroqueue.backends import open_backend
-from aeroqueue.cli import Context
+from aeroqueue.cli.context import Context
 from aeroqueue.lists import JobLists
 from aeroqueue.queue import Queue
 from aeroqueue.sessions import Session

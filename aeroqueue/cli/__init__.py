@@ -1,0 +1,82 @@
+"""The `aeroqueue` command line: load job lists and operate the queue.
+
+Every option can also be set from an environment variable, named in its help
+(``AEROQUEUE_URL`` for ``--url``, ...). Errors print one line saying what went
+wrong and what to do next; ``--verbose`` adds the traceback.
+
+One module per group of commands; `context` holds what they share. Commands
+are plain click commands added to `main` here, so no command module imports
+another, and no library module imports the CLI.
+"""
+
+from __future__ import annotations
+
+import click
+
+from ..config import ENV_URL, default_store_path, resolve_url
+from . import bench_cmd, jobs_cmd, lists_cmd, udf_cmd, worker_cmd
+from .context import AeroqueueGroup, Context
+
+
+@click.group(cls=AeroqueueGroup, context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.option(
+    "--url",
+    envvar=ENV_URL,
+    show_envvar=True,
+    metavar="URL",
+    help=(
+        "Where the records live: aerospike://host:3000[,host2:3000]/namespace for a server or cluster, "
+        "embedded:///path/store.db for the embedded store. "
+        f"Default: the embedded store at {default_store_path()}."
+    ),
+)
+@click.option("-v", "--verbose", is_flag=True, envvar="AEROQUEUE_VERBOSE", show_envvar=True, help="Show tracebacks on errors.")
+@click.version_option(package_name="aeroqueue")
+@click.pass_context
+def main(ctx: click.Context, url: str | None, verbose: bool) -> None:
+    """aeroqueue: a job queue on Aerospike.
+
+    Load job lists, reserve jobs in O(1), acknowledge each exactly once, and
+    recover the jobs of workers that died.
+    """
+    ctx.obj = Context(url=url, verbose=verbose)
+    ctx.call_on_close(lambda: ctx.obj._backend and ctx.obj._backend.close())
+
+
+# -- udf -------------------------------------------------------------------
+
+
+@click.command("config")
+@click.pass_obj
+def show_config(obj: Context) -> None:
+    """Show the store URL in use (credentials masked)."""
+    click.echo(str(resolve_url(obj.url)))
+
+
+for _command in (
+    udf_cmd.udf,
+    lists_cmd.create, lists_cmd.load, lists_cmd.seal, lists_cmd.pause, lists_cmd.status, lists_cmd.lists_cmd,
+    lists_cmd.export, lists_cmd.kick,
+    jobs_cmd.reserve, jobs_cmd.complete, jobs_cmd.fail,
+    bench_cmd.bench,
+    worker_cmd.worker, worker_cmd.reap, worker_cmd.sweep,
+    show_config,
+):
+    main.add_command(_command)
+
+
+def _register_sync() -> None:
+    # pyspark and the MySQL driver load only when a sync command runs.
+    from ..sync import sync_command
+    from ..sync_bench import sync_bench_command
+
+    main.add_command(sync_command)
+    main.add_command(sync_bench_command)
+
+
+_register_sync()
+
+__all__ = ["Context", "main"]
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,126 @@
+"""Sessions and workers: worker, reap, sweep."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+from typing import Any
+
+import click
+from rich.live import Live
+from rich.table import Table
+
+from ..logs import configure_logging
+from ..sessions import check_timing
+from ..sessions import reap as reap_sessions
+from ..sessions import sweep as sweep_store
+from .context import (
+    EXPIRY_OPT,
+    HEARTBEAT_OPT,
+    JSON_OPT,
+    Context,
+    err_console,
+    option,
+)
+
+
+@click.command()
+@option("--handler", env="HANDLER", required=True, help="The function to run on each job: package.module:function.")
+@option("--list", "lists", env="LISTS", multiple=True, required=True, help="A list to work on; repeat for several (env: space-separated).")
+@option("--concurrency", "-c", env="CONCURRENCY", type=click.IntRange(1, 256), default=1, help="Handler threads.")
+@option("--batch", env="BATCH", type=click.IntRange(1, 1000), default=1, help="Jobs reserved per reservation.")
+@HEARTBEAT_OPT
+@EXPIRY_OPT
+@option("--drain-timeout", env="DRAIN_TIMEOUT", type=click.FloatRange(min=0), default=30.0, help="Seconds to finish in-flight jobs on SIGTERM/SIGINT before releasing them.")
+@option("--sweep-every", env="SWEEP_EVERY", type=click.FloatRange(min=1), default=300.0, help="Seconds between sweeps inside the worker.")
+@option("--sweep-grace", env="SWEEP_GRACE", type=click.FloatRange(min=0), default=60.0, help="Seconds a job must have been untouched before the sweeper counts it as stuck.")
+@option("--until-complete", env="UNTIL_COMPLETE", is_flag=True, help="Exit once every list is complete.")
+@option("--log-format", env="LOG_FORMAT", type=click.Choice(["json", "text"]), default="json", help="Log lines as JSON objects or plain text.")
+@option("--log-level", env="LOG_LEVEL", type=click.Choice(["debug", "info", "warning", "error"]), default=None,
+        help="Lowest level logged. Default: info, or warning on a terminal, where live counters show the progress.")
+@click.pass_obj
+def worker(
+    obj: Context, handler: str, lists: tuple[str, ...], concurrency: int, batch: int, interval_s: float,
+    expiry_s: float, drain_timeout: float, sweep_every: float, sweep_grace: float, until_complete: bool, log_format: str,
+    log_level: str | None,
+) -> None:
+    """Run HANDLER on jobs reserved from the lists, under a heartbeat session.
+
+    Drains on SIGTERM/SIGINT (in-flight jobs finish up to --drain-timeout, the
+    rest are released), and exits with status 3 if its session is lost.
+    """
+    from ..worker import Worker, load_handler
+
+    live = sys.stderr.isatty()
+    configure_logging(log_format, log_level or ("warning" if live else "info"), live=live)
+    check_timing(interval_s, expiry_s)
+    w = Worker(
+        obj.backend(), load_handler(handler), list(lists), concurrency=concurrency, batch=batch, interval_s=interval_s,
+        expiry_s=expiry_s, drain_timeout_s=drain_timeout, sweep_every_s=sweep_every,
+        sweep_grace_ms=int(sweep_grace * 1000), until_complete=until_complete,
+    )
+    # For the life of the process, not just of run(): a SIGTERM arriving while a
+    # finished worker exits must not kill it with the default action.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, w.request_stop)
+    if live:
+        with Live(_counters_table(w), console=err_console, refresh_per_second=2, transient=False) as display:
+            stop = threading.Event()
+            refresher = threading.Thread(target=_refresh, args=(display, w, stop), daemon=True)
+            refresher.start()
+            code = w.run(install_signals=False)
+            stop.set()
+            display.update(_counters_table(w))
+    else:
+        code = w.run(install_signals=False)
+    # Stopped: a late SIGTERM asks for what is already happening. Python's shutdown
+    # resets handlers to the default action (death by signal) but keeps SIG_IGN.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    sys.exit(code)
+
+
+def _counters_table(w: Any) -> Table:
+    table = Table(title=f"aeroqueue worker {w.session.id[:8] if w.session else ''} on {', '.join(w.lists)}")
+    snap = w.counters.snapshot()
+    for name in ("reserved", "done", "retried", "dead", "lost", "unacked", "released", "reaped"):
+        table.add_column(name, justify="right")
+    table.add_column("in flight", justify="right")
+    table.add_row(*(f"{snap[n]:,}" for n in ("reserved", "done", "retried", "dead", "lost", "unacked", "released", "reaped")), str(w.in_flight))
+    return table
+
+
+def _refresh(live: Live, w: Any, stop: threading.Event) -> None:
+    while not stop.wait(0.5):
+        live.update(_counters_table(w))
+
+
+@click.command()
+@JSON_OPT
+@click.pass_obj
+def reap(obj: Context, as_json: bool) -> None:
+    """Reap expired sessions: their claimed jobs go back to the retry store."""
+    report = reap_sessions(obj.backend())
+    if as_json:
+        click.echo(json.dumps({"sessions": report.sessions, "released": report.released}))
+    else:
+        click.echo(f"reaped {report.sessions} session(s), released {report.released} job(s)")
+
+
+@click.command()
+@option("--grace", "grace_s", env="SWEEP_GRACE", type=click.FloatRange(min=0), default=60.0, help="Seconds a job must have been untouched to count as stuck.")
+@JSON_OPT
+@click.pass_obj
+def sweep(obj: Context, grace_s: float, as_json: bool) -> None:
+    """Find what slipped through: jobs taken but never claimed, claims of vanished
+    sessions, loads whose loader died. Scans every job: run it rarely."""
+    report = sweep_store(obj.backend(), grace_ms=int(grace_s * 1000))
+    if as_json:
+        click.echo(json.dumps({"requeued": report.requeued, "orphans": report.orphans, "recounted": report.recounted, "ranges": report.ranges}))
+    else:
+        click.echo(
+            f"requeued {report.requeued} job(s), released {report.orphans} orphaned claim(s), "
+            f"counted {report.recounted} uncounted ack(s), finished {report.ranges} load range(s)"
+        )
