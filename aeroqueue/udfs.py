@@ -74,23 +74,47 @@ def status(backend: Backend) -> list[ModuleStatus]:
 INDEXES = [(keys.JOB_SET, "sess", keys.SESS_INDEX)]
 
 
-def register(backend: Backend, *, wait_s: float = 10.0) -> list[str]:
-    """Upload every packaged module and create the secondary indexes; wait until
-    the cluster serves the modules."""
+@dataclass(frozen=True)
+class Registration:
+    """What `register` changed: modules uploaded and indexes created (both empty
+    when the cluster was already up to date)."""
+
+    uploaded: list[str]
+    indexes: list[str]
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.uploaded or self.indexes)
+
+
+def register(backend: Backend, *, wait_s: float = 10.0, force: bool = False) -> Registration:
+    """Upload the packaged modules the cluster lacks or holds another version of, and
+    create the missing secondary indexes; wait until the cluster serves them.
+
+    Each upload and index creation blocks about 2 s on the real client (it polls the
+    cluster until done), so nothing that is already in place is sent again."""
+    present = backend.indexes()
+    created = []
     for set_name, bin_name, index_name in INDEXES:
-        backend.create_index(set_name, bin_name, index_name)
-    names = []
+        if present.get(index_name) != (set_name, bin_name, "string") and backend.create_index(set_name, bin_name, index_name):
+            created.append(index_name)
+    stale = {s.name for s in status(backend) if force or s.state != "ok"}
+    uploaded = []
     for name, f in sorted(_files().items()):
+        if name not in stale:
+            continue
         with resources.as_file(f) as path:
             backend.round_trips += 1
             backend.client.udf_put(str(path))
-        names.append(name)
+        uploaded.append(name)
+    if not uploaded:
+        return Registration(uploaded, created)
     # A real cluster distributes modules asynchronously: poll until they all match.
     give_up = time.monotonic() + wait_s
     while True:
         bad = [s for s in status(backend) if s.state != "ok"]
         if not bad:
-            return names
+            return Registration(uploaded, created)
         if time.monotonic() > give_up:
             raise UDFModulesError(
                 f"registered UDF modules did not appear on the cluster within {wait_s:.0f}s: "
@@ -115,7 +139,6 @@ def ensure(backend: Backend) -> None:
     this client's own store); a real cluster must have had them registered by an
     operator, and is refused otherwise (`verify`)."""
     if backend.is_embedded:
-        if any(s.state != "ok" for s in status(backend)):
-            register(backend)
+        register(backend)
     else:
         verify(backend)

@@ -19,6 +19,7 @@ import pytest
 
 from aeroqueue import udfs
 from aeroqueue.backends import Backend, open_backend
+from aeroqueue.config import parse_url
 from aeroqueue.lists import JobLists
 from aeroqueue.queue import Queue
 from aeroqueue.sessions import Session
@@ -52,13 +53,30 @@ def backend_urls(tmp: Path) -> list[tuple[str, str]]:
     return urls
 
 
+@pytest.fixture(scope="session")
+def real_url() -> str:
+    """The real server's URL (AEROQUEUE_TEST_URL), checked once to answer: skipped
+    with the reason locally when there is none, a failure in CI (.ci/run starts the
+    server of ../shared/aerospike and sets it)."""
+    require(
+        bool(REAL_URL),
+        "set AEROQUEUE_TEST_URL=aerospike://host:3000/ns to run against a real server "
+        "(../shared/aerospike/server start, then AEROQUEUE_TEST_URL=$(../shared/aerospike/server url))",
+    )
+    assert REAL_URL is not None
+    hosts = parse_url(REAL_URL).hosts
+    require(
+        any(port_open(host, port) for host, port in hosts),
+        f"no Aerospike server answers at {REAL_URL} (AEROQUEUE_TEST_URL)",
+    )
+    return REAL_URL
+
+
 @pytest.fixture(params=["embedded", "aerospike"])
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A store URL for each backend: a fresh embedded file, or the real server."""
     if request.param == "aerospike":
-        if not REAL_URL:
-            pytest.skip("set AEROQUEUE_TEST_URL=aerospike://host:3000/ns to run against a real server")
-        return REAL_URL
+        return str(request.getfixturevalue("real_url"))
     return f"embedded://{tmp_path / 'store.db'}"
 
 

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from aeroqueue import udfs
-from aeroqueue.backends import open_backend
+from aeroqueue.backends import Backend, open_backend
 from aeroqueue.cli import main
 from aeroqueue.errors import UDFModulesError
 
@@ -30,13 +30,36 @@ def test_udf_status_register_and_refusal(store_url):
         assert "aeroqueue udf register" in str(e.value)
     out = run("udf", "register", url=store_url)
     assert out.exit_code == 0, out.output
-    assert "aq_job_v1" in out.output and "aq_list_v1" in out.output
+    if backend.is_embedded:
+        assert "aq_job_v1" in out.output and "aq_list_v1" in out.output
+    # Up to date now: a second register says so, and sends nothing that blocks.
+    out = run("udf", "register", url=store_url)
+    assert out.exit_code == 0, out.output
+    assert "nothing changed" in out.output
+    spy = SpyClient(backend.client)
+    assert udfs.register(Backend(spy, backend.url)).changed is False
+    assert spy.blocking == []
     out = run("udf", "status", "--json", url=store_url)
     assert out.exit_code == 0
     rows = json.loads(out.output)
     assert {m["module"] for m in rows} == set(udfs.packaged())
     assert all(m["state"] == "ok" and m["registered"] == m["packaged"] for m in rows)
     udfs.verify(backend)  # no complaint
+
+
+class SpyClient:
+    """Passes every call to the real client, noting the ones that block for seconds."""
+
+    BLOCKING = ("udf_put", "index_string_create", "index_integer_create")
+
+    def __init__(self, client):
+        self.client = client
+        self.blocking: list[str] = []
+
+    def __getattr__(self, name):
+        if name in self.BLOCKING:
+            self.blocking.append(name)
+        return getattr(self.client, name)
 
 
 def test_stale_module_is_refused(tmp_path):

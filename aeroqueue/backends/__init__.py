@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from typing import Any
 
 from ..config import StoreURL, resolve_url
@@ -18,6 +20,13 @@ def open_backend(url: str | StoreURL | None = None, **embedded_options: Any) -> 
     embedded backend; they exist for tests.
     """
     parsed = url if isinstance(url, StoreURL) else resolve_url(url)
+    import aerospike
+
+    # No silent client retries of writes: take and alloc are not idempotent (a
+    # retried take would hand out tokens twice). aeroqueue retries what is safe
+    # itself (RecordBusy, and claims/acks whose answer was lost).
+    no_retry = {"max_retries": 0, "key": aerospike.POLICY_KEY_SEND}
+    policies: dict[str, Any] = {"key": aerospike.POLICY_KEY_SEND, "write": no_retry, "apply": no_retry, "operate": no_retry}
     if parsed.is_embedded:
         from .embedded import EmbeddedClient
 
@@ -26,19 +35,17 @@ def open_backend(url: str | StoreURL | None = None, **embedded_options: Any) -> 
             if not max_size.isdigit():
                 raise ConfigError(f"store URL option max_record_size={max_size!r} is not a number of bytes")
             embedded_options.setdefault("max_record_size", int(max_size))
-        embedded = EmbeddedClient(parsed.path or ":memory:", parsed.namespace, **embedded_options)
+        embedded = EmbeddedClient(parsed.path or ":memory:", parsed.namespace, policies=policies, **embedded_options)
         return Backend(embedded, parsed)
     if embedded_options:
         raise ConfigError(f"options {sorted(embedded_options)} only apply to the embedded backend")
-    import aerospike
-
-    # No silent client retries of writes: take and alloc are not idempotent (a
-    # retried take would hand out tokens twice). aeroqueue retries what is safe
-    # itself (RecordBusy, and claims/acks whose answer was lost).
-    no_retry = {"max_retries": 0, "key": aerospike.POLICY_KEY_SEND}
     config: dict[str, Any] = {
         "hosts": list(parsed.hosts),
-        "policies": {"key": aerospike.POLICY_KEY_SEND, "write": no_retry, "apply": no_retry, "operate": no_retry},
+        "policies": policies,
+        # udf_put leaves a copy of each module in the client's Lua user path, by
+        # default the current directory, where it would litter the user's work
+        # tree (and shadow modules for a server started there).
+        "lua": {"user_path": lua_cache_dir()},
     }
     if parsed.user:
         config["user"] = parsed.user
@@ -51,3 +58,10 @@ def open_backend(url: str | StoreURL | None = None, **embedded_options: Any) -> 
         err.hint = "is the server running and reachable? check --url or AEROQUEUE_URL"
         raise err from e
     return Backend(client, parsed)
+
+
+def lua_cache_dir() -> str:
+    """A private directory for the client's copies of uploaded Lua modules."""
+    path = os.path.join(tempfile.gettempdir(), f"aeroqueue-lua-{os.getuid()}")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path

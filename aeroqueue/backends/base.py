@@ -278,15 +278,34 @@ class Backend:
             raise wrap(e, "scan", f"{set_name}/partitions {begin}..{begin + count - 1}") from e
         yield from got
 
+    def indexes(self) -> dict[str, tuple[str, str, str]]:
+        """The namespace's secondary indexes: name -> (set, bin, type)."""
+        self.round_trips += 1
+        try:
+            answers = self.client.info_all(f"sindex-list:ns={self.namespace}")
+        except aex.AerospikeError as e:
+            raise wrap(e, "sindex-list", self.namespace) from e
+        out: dict[str, tuple[str, str, str]] = {}
+        for err, text in answers.values():
+            if err is not None or not text:
+                continue
+            for entry in text.strip().split(";"):
+                fields = dict(part.split("=", 1) for part in entry.split(":") if "=" in part)
+                if "indexname" in fields:
+                    out[fields["indexname"]] = (fields.get("set", ""), fields.get("bin", ""), fields.get("type", ""))
+        return out
+
     def create_index(self, set_name: str, bin_name: str, index_name: str) -> bool:
-        """A string secondary index on a bin; False if it already exists."""
+        """A string secondary index on a bin; False (and no call that blocks) if it is
+        already there. The server answers OK to an identical create, so whether it
+        existed is read from the index list first."""
+        if self.indexes().get(index_name) == (set_name, bin_name, "string"):
+            return False
         self.round_trips += 1
         try:
             self.client.index_string_create(self.namespace, set_name, bin_name, index_name)
-        except aex.IndexFoundError:
-            return False
         except aex.AerospikeError as e:
-            raise wrap(e, "index_string_create", f"{set_name}.{bin_name}") from e
+            raise wrap(e, "index_string_create", f"{set_name}.{bin_name} as {index_name}") from e
         return True
 
     def find(

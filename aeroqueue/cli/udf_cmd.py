@@ -12,6 +12,7 @@ from .. import udfs
 from .context import (
     Context,
     err_console,
+    option,
 )
 
 
@@ -21,13 +22,21 @@ def udf() -> None:
 
 
 @udf.command("register")
+@option("--force", env="UDF_FORCE", is_flag=True, help="Upload every module even when the cluster's copy is the same.")
 @click.pass_obj
-def udf_register(obj: Context) -> None:
-    """Upload the packaged Lua modules under their versioned names, and create the
-    secondary index the reaper uses (aq_job.sess)."""
+def udf_register(obj: Context, force: bool) -> None:
+    """Upload the packaged Lua modules the cluster lacks (or holds another version of),
+    under their versioned names, and create the secondary index the reaper uses
+    (aq_job.sess) if it is missing. On an up-to-date cluster it changes nothing."""
     backend = obj.backend(check_udfs=False)
-    names = udfs.register(backend)
-    click.echo(f"registered {len(names)} module(s) on {backend.url}: {', '.join(names)}")
+    done = udfs.register(backend, force=force)
+    if not done.changed:
+        click.echo(f"nothing changed on {backend.url}: every module and index is already in place")
+        return
+    if done.uploaded:
+        click.echo(f"uploaded {len(done.uploaded)} module(s) to {backend.url}: {', '.join(done.uploaded)}")
+    if done.indexes:
+        click.echo(f"created index(es) on {backend.url}: {', '.join(done.indexes)}")
 
 
 @udf.command("status")

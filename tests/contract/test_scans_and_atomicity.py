@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import multiprocessing as mp
 
 import aerospike
+import pytest
+from aerospike import exception as aex
 from aerospike_helpers import expressions as xp
 
 from aeroqueue import errors
@@ -71,7 +74,7 @@ def test_secondary_index_finds_exactly_the_matching_records(backend: Backend, se
     for i in range(30):
         backend.put(set_name, f"r{i}", {"owner": f"s{i % 3}", "n": i})
     assert backend.create_index(set_name, "owner", f"{set_name}_owner") is True
-    assert backend.create_index(set_name, "owner", f"{set_name}_owner") is False  # already there
+    assert backend.create_index(set_name, "owner", f"{set_name}_owner") is False  # already there, nothing sent
     import time
 
     for _ in range(50):  # a real server builds a new index in the background
@@ -89,3 +92,36 @@ def test_secondary_index_finds_exactly_the_matching_records(backend: Backend, se
     assert "r1" in {n for n, _ in backend.find(set_name, "owner", "s2")}
     small = xp.LT(xp.IntBin("n"), 20).compile()
     assert sorted(n for n, _ in backend.find(set_name, "owner", "s1", expression=small)) == ["r10", "r13", "r16", "r19"]
+
+
+def test_index_creation_answers_as_the_server_does(backend: Backend, set_name):
+    """8.1.2.0 with client 19.3: an identical create is OK, the same set/bin/type under a
+    new name is OK and renames the index, the same name with another bin is refused."""
+    ns, c = backend.namespace, backend.client
+    first, second = f"{set_name}_a", f"{set_name}_b"
+    try:
+        assert c.index_string_create(ns, set_name, "b1", first) == 0
+        assert c.index_string_create(ns, set_name, "b1", first) == 0
+        assert backend.indexes()[first] == (set_name, "b1", "string")
+        with pytest.raises(aex.IndexFoundError) as e:
+            c.index_string_create(ns, set_name, "b2", first)
+        assert e.value.code == 200
+        assert "already exists with different definition" in e.value.msg
+        assert c.index_string_create(ns, set_name, "b1", second) == 0
+        now = backend.indexes()
+        assert now.get(second) == (set_name, "b1", "string")
+        assert first not in now, "the index carries the new name"
+    finally:
+        for name in (first, second):
+            with contextlib.suppress(aex.AerospikeError):
+                c.index_remove(ns, name)
+
+
+def test_get_returns_the_user_key_only_under_a_send_key_policy(backend: Backend, set_name):
+    """The project's client sends keys (config policies.key = SEND), so `get` answers
+    with the user key; a call with an explicit digest policy answers None."""
+    backend.put(set_name, "k1", {"a": 1})
+    key = backend.key(set_name, "k1")
+    assert backend.client.get(key)[0][2] == "k1"
+    assert backend.client.get(key, policy={"key": aerospike.POLICY_KEY_DIGEST})[0][2] is None
+    assert backend.client.select(key, ["a"])[0][2] == "k1"

@@ -90,8 +90,12 @@ class EmbeddedClient:
         max_record_size: int = DEFAULT_MAX_RECORD_SIZE,
         default_ttl: int = 0,
         faults: Faults | None = None,
+        policies: dict[str, Any] | None = None,
     ) -> None:
         self.namespace = namespace
+        # The client config's default policies, as `aerospike.client({"policies": ...})`
+        # takes them: the key policy decides what is stored and what `get` returns.
+        self.policies = dict(policies or {})
         self.clock = clock or Clock()
         self.max_record_size = max_record_size
         self.default_ttl = default_ttl
@@ -139,6 +143,14 @@ class EmbeddedClient:
 
     def _now(self) -> int:
         return self.clock.now_ms()
+
+    def _send_key(self, policy: dict, kind: str) -> bool:
+        """Whether a call sends the user key: its own policy, else the config's policy
+        for that kind of call, else the config's global key policy (the client's order)."""
+        for source in (policy, self.policies.get(kind) or {}, self.policies):
+            if "key" in source:
+                return bool(source["key"] == aerospike.POLICY_KEY_SEND)
+        return False
 
     @staticmethod
     def _check_policy(policy: dict | None, allowed: set[str], call: str) -> dict:
@@ -251,7 +263,7 @@ class EmbeddedClient:
             ttl = (meta or {}).get("ttl", pol.get("ttl"))
             self._commit(
                 db, ns, digest, set_name, user_key, old, new_bins, self._void_time(ttl, old, now), now,
-                pol.get("key") == aerospike.POLICY_KEY_SEND,
+                self._send_key(pol, "write"),
             )
         self.faults.check("put", user_key, None, "after")
         return 0
@@ -270,8 +282,11 @@ class EmbeddedClient:
 
     def get(self, key: tuple, policy: dict | None = None) -> tuple:
         k, row, now = self._read(key, policy, "get")
-        # The server does not return the user key on a read: the client shows None.
-        return (k[0], k[1], None, k[3]), self._meta(row, now), _out_bins(row.bins)
+        # The real client answers `get` with the user key it was given only when the
+        # read sends the key (seen on 8.1 with client 19.3); select, exists and
+        # operate always answer with it.
+        shown = k[2] if self._send_key(policy or {}, "read") else None
+        return (k[0], k[1], shown, k[3]), self._meta(row, now), _out_bins(row.bins)
 
     def select(self, key: tuple, bins: list[str], policy: dict | None = None) -> tuple:
         k, row, now = self._read(key, policy, "select")
@@ -332,7 +347,7 @@ class EmbeddedClient:
                 ttl = (meta or {}).get("ttl", pol.get("ttl"))
                 row = self._commit(
                     db, ns, digest, set_name, user_key, old, outcome.bins,
-                    self._void_time(ttl, old, now), now, pol.get("key") == aerospike.POLICY_KEY_SEND,
+                    self._void_time(ttl, old, now), now, self._send_key(pol, "operate"),
                 )
         self.faults.check(call, user_key, None, "after")
         results = [(name, _out(value)) for name, value in outcome.results]
@@ -373,7 +388,7 @@ class EmbeddedClient:
                 ttl = outcome.ttl if outcome.ttl is not None else pol.get("ttl")
                 row = self._commit(
                     db, ns, digest, set_name, user_key, old, bins, self._void_time(ttl, old, now), now,
-                    pol.get("key") == aerospike.POLICY_KEY_SEND,
+                    self._send_key(pol, "apply"),
                 )
         return _out(outcome.result), row, now
 
@@ -515,11 +530,27 @@ class EmbeddedClient:
         return self._index_create(ns, set_name, bin_name, index_name, "numeric")
 
     def _index_create(self, ns: str, set_name: str, bin_name: str, index_name: str, kind: str) -> int:
+        """As the 8.1 server answers (aerospike-facts.md): the same definition again is
+        OK; the same set/bin/type under a new name is OK and renames the index; the
+        same name with another definition is refused."""
         if ns != self.namespace:
             raise server_error("NamespaceNotFound", 20, "AEROSPIKE_ERR_NAMESPACE_NOT_FOUND")
         with self._storage.write() as db:
-            if db.execute("SELECT 1 FROM sindexes WHERE ns = ? AND name = ?", (ns, index_name)).fetchone():
-                raise server_error("IndexFoundError", 200, "AEROSPIKE_ERR_INDEX_FOUND")
+            named = db.execute(
+                "SELECT set_name, bin, type FROM sindexes WHERE ns = ? AND name = ?", (ns, index_name)
+            ).fetchone()
+            if named is not None:
+                if tuple(named) == (set_name, bin_name, kind):
+                    return 0
+                raise server_error("IndexFoundError", 200, "'indexname' already exists with different definition")
+            same = db.execute(
+                "SELECT name FROM sindexes WHERE ns = ? AND set_name = ? AND bin = ? AND type = ?",
+                (ns, set_name, bin_name, kind),
+            ).fetchone()
+            if same is not None:
+                db.execute("UPDATE sindexes SET name = ? WHERE ns = ? AND name = ?", (index_name, ns, same[0]))
+                db.execute("UPDATE sindex_entries SET name = ? WHERE ns = ? AND name = ?", (index_name, ns, same[0]))
+                return 0
             db.execute(
                 "INSERT INTO sindexes (ns, name, set_name, bin, type) VALUES (?, ?, ?, ?, ?)",
                 (ns, index_name, set_name, bin_name, kind),
@@ -614,8 +645,26 @@ class EmbeddedClient:
         return 0
 
     def info_all(self, command: str, policy: dict | None = None) -> dict:
+        """The info commands aeroqueue sends, answered as a one-node cluster would:
+        {node name: (error, response)}."""
+        return {"embedded": (None, self._info(command) + "\n")}
+
+    def info_random_node(self, command: str, policy: dict | None = None) -> str:
+        return f"{command}\t{self._info(command)}\n"
+
+    def _info(self, command: str) -> str:
         if command == "build":
-            return {"embedded": (None, "embedded\n")}
+            return "embedded"
+        if command.startswith("sindex-list:ns="):
+            ns = command.split("=", 1)[1]
+            with self._storage.read() as db:
+                rows = db.execute("SELECT name, set_name, bin, type FROM sindexes WHERE ns = ? ORDER BY name", (ns,)).fetchall()
+            return ";".join(
+                f"ns={ns}:indexname={n}:set={s}:bin={b}:type={t}:indextype=default:context=null:exp=null:state=RW"
+                for n, s, b, t in rows
+            )
+        if command == f"namespace/{self.namespace}":
+            return f"ns_cluster_size=1;replication-factor=1;max-record-size={self.max_record_size}"
         raise NotImplementedError(f"embedded backend: info command {command!r} is not implemented")
 
 
