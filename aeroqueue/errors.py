@@ -17,6 +17,10 @@ class AeroqueueError(Exception):
     #: What to do next, shown by the CLI after the message.
     hint: str | None = None
 
+    #: `Queue.complete_and_reserve` only: the jobs the same call claimed before its
+    #: ack failed. They are the caller's to run or release.
+    reserved: list[Any] = []  # noqa: RUF012 (replaced per instance, never mutated)
+
     def __init__(self, message: str | None = None, **context: Any) -> None:
         self.message = message or (type(self).__doc__ or "").strip().splitlines()[0]
         self.context = context

@@ -30,7 +30,7 @@ import aerospike
 from aerospike_helpers.batch.records import BatchRecords, Write
 from aerospike_helpers.operations import operations as op
 
-from . import keys
+from . import keys, transitions
 from .backends import Backend, wrap
 from .errors import (
     ListModeMismatch,
@@ -46,7 +46,6 @@ MODES = ("tokens", "ids")
 DEFAULT_CHUNK = 1000
 DEFAULT_LEASE_MS = 120_000
 DEFAULT_MAX_ATTEMPTS = 5
-RETRY_CAP = 20_000  # tokens kept in the list record's retry store (well under max-record-size)
 PAGE = 1000  # records per batch read when walking a list
 RECORD_EXISTS = 5  # Aerospike's code for a create-only write on an existing record
 
@@ -286,6 +285,7 @@ class JobLists:
     # -- status ------------------------------------------------------------------
 
     def status(self, name: str) -> ListStatus:
+        transitions.flush_bits(self.backend)  # this process's acks count at once
         head = self.header(name)
         done, dead = self._bit_counts(name, head["alloc"])
         retry = len(head.get("retry") or [])
@@ -360,20 +360,7 @@ class JobLists:
 
     def kick(self, name: str) -> int:
         """Put dead jobs back in the queue with fresh attempts. Returns how many."""
-        from .queue import push_retry, set_bits
-
-        tokens = [job["token"] for job in self.jobs(name, "dead")]
-        # Bits first: a kick interrupted after this leaves the list incomplete, so
-        # the sweeper sets the bits of jobs still dead and requeues the kicked
-        # ones. The other order could leave a kicked job waiting in a list that
-        # counts as complete, which nobody sweeps.
-        set_bits(self.backend, name, tokens, "dead", 0)
-        kicked = [
-            t for t in tokens
-            if self.backend.udf(keys.JOB_SET, keys.job_name(name, t), keys.JOB_MOD, "kick") == "ok"
-        ]
-        push_retry(self.backend, name, kicked)
-        return len(kicked)
+        return transitions.kick(self.backend, name, [job["token"] for job in self.jobs(name, "dead")])
 
 
 def _specs(jobs: Iterable[Any], limit: int) -> Iterable[JobSpec]:

@@ -1,36 +1,36 @@
 """Reserve and acknowledge: the hot path (design.md, flows reserve/complete/fail).
 
-Round trips on the single path, token mode: ``take`` on the list record (the
-retry store first, then the token store), ``claim`` on the job record,
-``complete`` on the job record, and one bitwise operate on the completion
-bitmap: 4 per job. The batch path makes the same four calls per batch
-(batch UDFs), whatever its size.
+Round trips, token mode:
+
+- ``reserve``: ``take`` on the list record (the retry store first, then the
+  token store), then ``claim`` on the job record (one batch call for n > 1):
+  2 per reservation, whatever its size. This is the API handler's path.
+- ``complete``: ``complete`` on the job record: 1. Its completion bit goes
+  through the process's `transitions.BitBuffer`, one bitmap write per chunk
+  for many jobs, so it costs next to nothing per job.
+- ``complete_and_reserve``: the worker's path. The ack of the job just done
+  and the claims of the next ones are independent writes, so they travel in
+  one batch call after the ``take``: 2 per job in all.
+
+Each of these UDFs is O(1) in the list's size.
 """
 
 from __future__ import annotations
 
-import functools
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import aerospike
-from aerospike_helpers.operations import bitwise_operations as bw
+from aerospike import exception as aex
 
-from . import keys
-from .backends import Backend, retry_busy
-from .errors import AeroqueueError, BackendTimeout, ClaimLost, JobNotFound, ListNotFound
-from .lists import RETRY_CAP, JobLists
-
-if TYPE_CHECKING:
-    from .sessions import Session
-
-BITMAP_BYTES = keys.BITS_PER_CHUNK // 8
-_ONE = bytearray([0x80])
-_ZERO = bytearray([0x00])
+from . import keys, transitions
+from .backends import Backend, BatchResult, retry_busy, wrap
+from .errors import AeroqueueError, BackendTimeout, ClaimLost, JobNotFound, ListNotFound, RecordBusy
+from .lists import JobLists
+from .sessions import Session
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,7 @@ class Queue:
         self.lists = JobLists(backend)
         # How long RecordBusy on a hot key is retried before it reaches the caller.
         self.busy_deadline_s = busy_deadline_s
+        self.bits = transitions.bit_buffer(backend)
         self._modes: dict[str, str] = {}
 
     def _udf(self, set_name: str, name: str, module: str, function: str, *args: Any) -> Any:
@@ -72,23 +73,60 @@ class Queue:
         duplicate retry entry) are skipped, and the call tries again, so it
         returns nothing only when the list has nothing to give.
         """
+        reserved, _ = self._reserve(list_name, session, count, [])
+        return reserved
+
+    def complete_and_reserve(
+        self, done: Sequence[tuple[Job, Any]], list_name: str, session: Session | str, count: int = 1
+    ) -> tuple[list[Job], list[Job]]:
+        """Complete jobs (`(job, result)` pairs) and reserve up to `count` jobs of
+        `list_name`, in two round trips: ``take``, then one batch call carrying the
+        acks and the claims. Returns (jobs reserved, jobs whose claim was lost:
+        not completed by this call).
+
+        An ack that fails (not refused: failed, e.g. a timeout) raises its error
+        after the new jobs were claimed: they are on the exception's ``reserved``
+        attribute, for the caller to run or release. A failure of the
+        reservation alone, once the acks went through, returns what was claimed
+        (maybe nothing): the next reservation shows it again."""
+        return self._reserve(list_name, session, count, list(done))
+
+    def _reserve(
+        self, list_name: str, session: Session | str, count: int, acks: list[tuple[Job, Any]]
+    ) -> tuple[list[Job], list[Job]]:
         if count < 1:
             raise ValueError(f"count must be at least 1, not {count}")
         sess = session if isinstance(session, str) else session.claim_id()
         rid = uuid.uuid4().hex  # makes a claim whose answer was lost safe to repeat
         got: list[Job] = []
+        lost: list[Job] = []
+        pending = acks  # the acks, until they have been sent
         try:
             while len(got) < count:
                 tokens = self._take(list_name, count - len(got))
+                if not tokens and not pending:
+                    break
+                these, pending = pending, []
+                got.extend(self._claim(list_name, sess, rid, tokens, these, got, lost))
                 if not tokens:
                     break
-                got.extend(self._claim(list_name, sess, rid, tokens))
-        except AeroqueueError:
-            if not got:
+        except AeroqueueError as e:
+            if getattr(e, "_from_ack", False):
+                raise  # an ack failed; `reserved` carries what was claimed
+            if pending:
+                # The acks never left: send them alone, so the jobs are not held until reaped.
+                try:
+                    lost += self.complete_many([j for j, _ in pending], [r for _, r in pending])
+                except AeroqueueError as failed:
+                    failed.reserved = got
+                    raise
+            if not got and not acks:
                 raise
             # Never drop jobs already claimed: they would stay held by a live
-            # session, which no reaper touches. The error will show again.
-        return got
+            # session, which no reaper touches. With acks, the acks are what the
+            # caller must know about: they went through. A reserve problem shows
+            # again at the next reservation.
+        return got, lost
 
     def _take(self, name: str, k: int) -> list[int]:
         out = self._udf(keys.LIST_SET, name, keys.LIST_MOD, "take", k)
@@ -97,7 +135,8 @@ class Queue:
             raise ListNotFound(f"no job list named {name!r}")
         if st == "paused":
             return []
-        tokens = list(out["retry"]) + list(range(out["start"], out["start"] + out["n"]))
+        retry, start, n = out["retry"], out["start"], out["n"]
+        tokens = list(range(start, start + n)) if not retry else [*retry, *range(start, start + n)]
         if len(tokens) < k and self._mode(name) == "ids":
             tokens += self._pop_ids(name, k - len(tokens), out["cursor"], out["pubs"])
         return tokens
@@ -120,20 +159,59 @@ class Queue:
                     break
         return got
 
-    def _claim(self, name: str, sess: str, rid: str, tokens: list[int]) -> list[Job]:
-        if len(tokens) == 1:
+    def _claim(
+        self, name: str, sess: str, rid: str, tokens: list[int], acks: list[tuple[Job, Any]],
+        earlier: list[Job], lost: list[Job],
+    ) -> list[Job]:
+        acked: list[BatchResult] = []
+        if not acks and len(tokens) == 1:
             answers = [self._claim_one(name, sess, rid, tokens[0])]
         else:
-            names = [keys.job_name(name, t) for t in tokens]
-            results = self.backend.batch_apply(keys.JOB_SET, names, keys.JOB_MOD, "claim", sess, rid)
+            calls = [(keys.job_name(name, t), [sess, rid]) for t in tokens]
+            if not acks:
+                results = self.backend.batch_apply(keys.JOB_SET, [c[0] for c in calls], keys.JOB_MOD, "claim", sess, rid)
+            else:
+                results = self._batch(calls, acks)
+                results, acked = results[: len(calls)], results[len(calls) :]
             answers = [r.value for r in results if r.ok]
             # A busy key, or an answer lost in the batch: claim it alone. The same
             # request id makes a claim that did happen answer 'ok' again.
             answers += [self._claim_one(name, sess, rid, t) for t, r in zip(tokens, results, strict=True) if not r.ok]
-        return [
+        jobs = [
             Job(list=name, token=a["token"], jid=a["jid"], payload=a.get("payload"), attempt=a["att"], session=sess)
             for a in answers
             if a and a.get("st") == "ok"
+        ]
+        try:
+            for (job, result), answer in zip(acks, acked, strict=True):
+                if not self._acked(job, result, answer):
+                    lost.append(job)
+        except AeroqueueError as e:
+            e.reserved = earlier + jobs
+            e._from_ack = True  # type: ignore[attr-defined]
+            raise
+        return jobs
+
+    def _batch(self, claims: list[tuple[str, list[Any]]], acks: list[tuple[Job, Any]]) -> list[BatchResult]:
+        """Claims and acks in one batch call: the claims' results, then the acks'."""
+        from aerospike_helpers.batch.records import Apply, BatchRecords
+
+        policy = {"key": 1}  # POLICY_KEY_SEND
+        b = self.backend
+        records = [Apply(b.key(keys.JOB_SET, n), keys.JOB_MOD, "claim", args, policy=policy) for n, args in claims]
+        records += [
+            Apply(b.key(keys.JOB_SET, job.name), keys.JOB_MOD, "complete", [job.session, {job.token: result}], policy=policy)
+            for job, result in acks
+        ]
+        b.round_trips += 1
+        try:
+            out = b.client.batch_write(BatchRecords(records))
+        except aex.AerospikeError as e:
+            raise wrap(e, "batch claim + complete", f"{keys.JOB_SET}/[{len(records)} keys]") from e
+        names = [n for n, _ in claims] + [job.name for job, _ in acks]
+        return [
+            BatchResult(name=n, ok=br.result == 0, value=br.record[2].get("SUCCESS") if br.record else None, code=br.result)
+            for n, br in zip(names, out.batch_records, strict=True)
         ]
 
     def _claim_one(self, name: str, sess: str, rid: str, token: int) -> Any:
@@ -153,11 +231,26 @@ class Queue:
         a complete from a session that lost the claim raises `ClaimLost`."""
         st = self._udf(keys.JOB_SET, job.name, keys.JOB_MOD, "complete", job.session, {job.token: result})
         self._check(job, st)
-        self.set_bits(job.list, [job.token], "done", 1)
+        self.bits.add(job.list, [job.token])
+
+    def _acked(self, job: Job, result: Any, answer: BatchResult) -> bool:
+        """An ack that rode in a batch, checked as `complete` checks: False when the
+        claim was lost; an ack in doubt (busy, timeout) is sent again alone."""
+        if not answer.ok:
+            try:
+                self.complete(job, result)
+            except ClaimLost:
+                return False
+            return True
+        if answer.value == "lost":
+            return False
+        self._check(job, answer.value)
+        self.bits.add(job.list, [job.token])
+        return True
 
     def complete_many(self, jobs: Sequence[Job], results: Sequence[Any] | None = None) -> list[Job]:
-        """Complete a batch in one batch UDF (plus one bitmap write per chunk).
-        Returns the jobs whose claim was lost (not completed by this call)."""
+        """Complete a batch in one batch UDF call. Returns the jobs whose claim was lost
+        (not completed by this call)."""
         if not jobs:
             return []
         results = list(results) if results is not None else [None] * len(jobs)
@@ -166,50 +259,37 @@ class Queue:
         for job, res in zip(jobs, results, strict=True):
             by_session[job.session].append((job, res))
         for sess, pairs in by_session.items():
-            for list_name, group in _group_by_list(pairs).items():
-                # Each job gets only its own result (not the whole batch's), in one round trip.
-                out = self.backend.batch_udf(
-                    keys.JOB_SET, [(j.name, [sess, {j.token: r}]) for j, r in group], keys.JOB_MOD, "complete"
-                )
-                done = []
-                try:
-                    for (job, res), r in zip(group, out, strict=True):
-                        st = r.value if r.ok else None
-                        if st is None:  # this key failed (busy, in doubt): complete it alone
-                            try:
-                                self.complete(job, res)
-                            except (ClaimLost, JobNotFound):
-                                lost.append(job)
-                        elif st in ("ok", "again"):
-                            done.append(job.token)
-                        else:
-                            lost.append(job)
-                finally:
-                    # Whatever happens to the rest, count what was completed.
-                    self.set_bits(list_name, done, "done", 1)
+            # Each job gets only its own result (not the whole batch's), in one round trip.
+            out = self.backend.batch_udf(
+                keys.JOB_SET, [(j.name, [sess, {j.token: r}]) for j, r in pairs], keys.JOB_MOD, "complete"
+            )
+            for (job, res), r in zip(pairs, out, strict=True):
+                st = r.value if r.ok else None
+                if st is None:  # this key failed (busy, in doubt): complete it alone
+                    try:
+                        self.complete(job, res)
+                    except (ClaimLost, JobNotFound):
+                        lost.append(job)
+                elif st in ("ok", "again"):
+                    self.bits.add(job.list, [job.token])
+                else:
+                    lost.append(job)
         return lost
 
     def fail(self, job: Job, error: str) -> str:
         """Record a failure: back to the queue while attempts remain ('retry'), else 'dead'."""
-        st = self._udf(keys.JOB_SET, job.name, keys.JOB_MOD, "fail", job.session, error)
+        st = transitions.fail(self.backend, job.list, job.token, job.session, error)
         self._check(job, st)
-        # A repeated fail answers as the first did, so these follow-ups are redone
-        # (both are idempotent) when the first answer was lost.
-        if st == "dead":
-            self.set_bits(job.list, [job.token], "dead", 1)
-        else:
-            self.push_retry(job.list, [job.token])
-        return str(st)
+        return st
 
     def release(self, job: Job, why: str = "released", *, refund: bool = True) -> str:
         """Give a claimed job back, if this session still holds it. With `refund` the
         attempt is returned (it never ran); without, it counts (it ran, or may have)."""
-        st = self._udf(keys.JOB_SET, job.name, keys.JOB_MOD, "release", job.session, 1 if refund else 0, why)
-        if st == "released":
-            self.push_retry(job.list, [job.token])
-        elif st == "dead":
-            self.set_bits(job.list, [job.token], "dead", 1)
-        return str(st)
+        return transitions.release(self.backend, job.list, job.token, job.session, refund=refund, why=why)
+
+    def flush(self) -> None:
+        """Write the completion bits still pending in this process."""
+        self.bits.flush()
 
     @staticmethod
     def _check(job: Job, st: str) -> None:
@@ -221,40 +301,5 @@ class Queue:
                 "(expired or reaped, and the job was given to another session); the acknowledgement was refused"
             )
 
-    # -- shared with lists and sessions ------------------------------------------
 
-    def set_bits(self, list_name: str, tokens: Iterable[int], bitmap: str, value: int) -> None:
-        set_bits(self.backend, list_name, tokens, bitmap, value)
-
-    def push_retry(self, list_name: str, tokens: list[int]) -> int:
-        return push_retry(self.backend, list_name, tokens)
-
-
-def set_bits(backend: Backend, list_name: str, tokens: Iterable[int], bitmap: str, value: int) -> None:
-    """Set (1) or clear (0) tokens' bits in a completion bitmap ('done' or 'dead'):
-    one operate per bitmap chunk, idempotent, so a retried ack never double-counts."""
-    by_chunk: dict[int, list[int]] = defaultdict(list)
-    for t in tokens:
-        chunk, bit = keys.bit_position(t)
-        by_chunk[chunk].append(bit)
-    for chunk, bits in by_chunk.items():
-        # Grow-only resize makes the chunk exist at its full size, whoever comes first.
-        ops = [bw.bit_resize(bitmap, BITMAP_BYTES, resize_flags=aerospike.BIT_RESIZE_GROW_ONLY)]
-        ops += [bw.bit_set(bitmap, bit, 1, 1, _ONE if value else _ZERO) for bit in bits]
-        retry_busy(functools.partial(backend.operate, keys.DONE_SET, keys.chunk_name(list_name, chunk), ops))
-
-
-def push_retry(backend: Backend, list_name: str, tokens: list[int]) -> int:
-    """Offer jobs again: onto the list's retry store (served before the token store).
-    Returns how many fit; the rest stay queued for the sweeper to find."""
-    if not tokens:
-        return 0
-    accepted: int = backend.udf(keys.LIST_SET, list_name, keys.LIST_MOD, "push_retry", tokens, RETRY_CAP)
-    return accepted
-
-
-def _group_by_list(pairs: list[tuple[Job, Any]]) -> dict[str, list[tuple[Job, Any]]]:
-    out: dict[str, list[tuple[Job, Any]]] = defaultdict(list)
-    for job, res in pairs:
-        out[job.list].append((job, res))
-    return out
+__all__ = ["Job", "Queue", "RecordBusy", "retry_busy"]

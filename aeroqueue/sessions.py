@@ -35,6 +35,8 @@ from aerospike_helpers import expressions as xp
 from . import keys
 from .backends import Backend
 from .errors import BackendError, ConfigError, GenerationConflict, SessionLost
+from .lists import JobLists
+from .transitions import flush_bits, push_retry, set_bits
 
 log = logging.getLogger("aeroqueue.sessions")
 
@@ -148,6 +150,7 @@ class Session:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=self.interval_s + 5)
         released = 0
+        flush_bits(self.backend)  # what this process acknowledged counts before it goes
         if self._lost.is_set():
             released = release_claims(self.backend, self.id, refund=False, why="session lost")
         else:
@@ -167,8 +170,6 @@ class Session:
 def release_claims(backend: Backend, session_id: str, *, refund: bool, why: str) -> int:
     """Release every job still claimed by a session onto its list's retry store.
     Idempotent: the release UDF only acts on a claim the session still holds."""
-    from .queue import push_retry, set_bits
-
     released: dict[str, list[int]] = defaultdict(list)
     dead: dict[str, list[int]] = defaultdict(list)
     for name, rec in backend.find(keys.JOB_SET, "sess", session_id, expression=_CLAIMED):
@@ -201,10 +202,33 @@ def reap(backend: Backend) -> ReapReport:
             except GenerationConflict:
                 continue
         released += release_claims(backend, session_id, refund=False, why="session expired")
+        # A process that died may not have written the bits of its last acks.
+        recount_session(backend, session_id)
         backend.remove(keys.SESS_SET, session_id)
         sessions += 1
         log.info("session reaped", extra={"event": "reaped", "session": session_id, "released": released})
     return ReapReport(sessions, released)
+
+
+def recount_session(backend: Backend, session_id: str) -> int:
+    """Set the missing completion bits of the jobs a session finished: what a process
+    that died had not written yet (`transitions.BitBuffer`). One filtered scan of the
+    job set, run when a session is reaped (rare); returns the bits it set."""
+    finished = xp.And(
+        xp.Eq(xp.StrBin("by"), session_id),
+        xp.Or(xp.Eq(xp.StrBin("state"), "done"), xp.Eq(xp.StrBin("state"), "dead")),
+    ).compile()
+    found: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for _, rec in backend.scan(keys.JOB_SET, expression=finished, bins=["list", "token", "state"]):
+        found[(rec.bins["list"], rec.bins["state"])].append(rec.bins["token"])
+    return sum(_recount(backend, list_name, state, tokens) for (list_name, state), tokens in found.items())
+
+
+def _recount(backend: Backend, list_name: str, bitmap: str, tokens: list[int]) -> int:
+    have = _bits(backend, list_name, bitmap, tokens)
+    missing = [t for t in tokens if t not in have]
+    set_bits(backend, list_name, missing, bitmap, 1)
+    return len(missing)
 
 
 @dataclass(frozen=True)
@@ -222,9 +246,6 @@ def _any_of(exprs: list[Any]) -> Any:
 def sweep(backend: Backend, *, grace_ms: int = 60_000) -> SweepReport:
     """The rare pass over the jobs of every list that is not complete (complete
     lists cost nothing): run it at a low rate."""
-    from .lists import JobLists
-    from .queue import push_retry, set_bits
-
     lists = JobLists(backend)
     names = lists.names()
     ranges = sum(lists.recover(name) for name in names)
@@ -246,13 +267,11 @@ def sweep(backend: Backend, *, grace_ms: int = 60_000) -> SweepReport:
     for _, rec in backend.scan(keys.JOB_SET, expression=expression):
         found[rec.bins["state"]][rec.bins["list"]].append(rec.bins)
 
-    recounted = 0
-    for bitmap, by_list in (("done", found["done"]), ("dead", found["dead"])):
-        for list_name, jobs in by_list.items():
-            have = _bits(backend, list_name, bitmap, [j["token"] for j in jobs])
-            missing = [j["token"] for j in jobs if j["token"] not in have]
-            set_bits(backend, list_name, missing, bitmap, 1)
-            recounted += len(missing)
+    recounted = sum(
+        _recount(backend, list_name, bitmap, [j["token"] for j in jobs])
+        for bitmap in ("done", "dead")
+        for list_name, jobs in found[bitmap].items()
+    )
 
     # Claims whose session is gone (a reaper missed them, or a claim raced a reap).
     holders = sorted({j.get("sess", "") for jobs in found["claimed"].values() for j in jobs})

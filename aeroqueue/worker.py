@@ -83,40 +83,45 @@ class Counters:
             return {k: v for k, v in vars(self).items() if not k.startswith("_")}
 
 
-def run_job(queue: Queue, job: Job, handler: Handler, session: Session | None = None) -> str:
-    """Run the handler on one reserved job and acknowledge the outcome.
-
-    Returns 'done', 'retry', 'dead', 'lost' (the claim was given away: the
-    acknowledgement was refused) or 'unacked' (the session was lost while the
-    handler ran: its claims may be someone else's, so nothing is acknowledged).
-    """
-    started = time.monotonic()
+def run_handler(job: Job, handler: Handler) -> tuple[bool, Any]:
+    """Run the handler: (True, its result) or (False, the error with its traceback)."""
     try:
-        result = handler(job)
+        return True, handler(job)
     except Exception as e:
-        error = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
-        if session is not None and session.lost:
-            return "unacked"
-        try:
-            outcome = queue.fail(job, error)
-        except ClaimLost:
-            return "lost"
-        log.info("job failed", extra={"event": "job_failed", "list": job.list, "token": job.token, "jid": job.jid,
-                                      "attempt": job.attempt, "outcome": outcome, "error": f"{type(e).__name__}: {e}"})
-        return outcome
+        return False, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+
+
+def acknowledge(queue: Queue, job: Job, ok: bool, value: Any, session: Session | None = None) -> str:
+    """Acknowledge what the handler did: 'done', 'retry', 'dead', 'lost' (the claim was
+    given away: the acknowledgement was refused) or 'unacked' (the session was lost
+    while the handler ran: its claims may be someone else's, so nothing is sent)."""
     if session is not None and session.lost:
         log.warning("job finished after the session was lost: not acknowledged",
                     extra={"event": "job_unacked", "list": job.list, "token": job.token, "jid": job.jid})
         return "unacked"
     try:
-        queue.complete(job, result)
+        if not ok:
+            outcome = queue.fail(job, value)
+            log.info("job failed", extra={"event": "job_failed", "list": job.list, "token": job.token, "jid": job.jid,
+                                          "attempt": job.attempt, "outcome": outcome, "error": value.split("\n", 1)[0]})
+            return outcome
+        queue.complete(job, value)
     except ClaimLost:
-        log.warning("claim lost: completion refused",
+        log.warning("claim lost: acknowledgement refused",
                     extra={"event": "claim_lost", "list": job.list, "token": job.token, "jid": job.jid})
         return "lost"
-    log.info("job done", extra={"event": "job_done", "list": job.list, "token": job.token, "jid": job.jid,
-                                "attempt": job.attempt, "ms": round((time.monotonic() - started) * 1000, 2)})
     return "done"
+
+
+def run_job(queue: Queue, job: Job, handler: Handler, session: Session | None = None) -> str:
+    """Run the handler on one reserved job and acknowledge the outcome (`acknowledge`)."""
+    started = time.monotonic()
+    ok, value = run_handler(job, handler)
+    outcome = acknowledge(queue, job, ok, value, session)
+    if outcome == "done":
+        log.info("job done", extra={"event": "job_done", "list": job.list, "token": job.token, "jid": job.jid,
+                                    "attempt": job.attempt, "ms": round((time.monotonic() - started) * 1000, 2)})
+    return outcome
 
 
 def process_one(queue: Queue, list_name: str, session: Session | str, handler: Handler) -> str | None:
@@ -219,58 +224,94 @@ class Worker:
     def _work(self) -> None:
         assert self.session is not None
         session = self.session
-        while not self._stopping.is_set() and not session.lost:
-            try:
-                jobs = self._reserve(session)
-            except SessionLost:
+        jobs: list[Job] = []  # reserved, not yet started
+        while True:
+            if self._stopping.is_set() or session.lost:
+                self._release(jobs, session)
                 return
-            except ListNotFound as e:
-                # Nothing to do until someone loads it; say so once, not every poll.
-                if str(e) not in self._warned:
-                    self._warned.add(str(e))
-                    log.warning("list not found", extra={"event": "list_missing", "error": str(e)})
-                self._stopping.wait(self.idle_s * 5)
-                continue
-            except AeroqueueError as e:
-                log.warning("reserve failed", extra={"event": "reserve_failed", "error": str(e)})
-                self._stopping.wait(self.idle_s)
-                continue
             if not jobs:
-                self._stopping.wait(self.idle_s * random.uniform(0.5, 1.5))
-                continue
-            self.counters.add("reserved", len(jobs))
-            for i, job in enumerate(jobs):
-                if self._stopping.is_set() or session.lost:
-                    self._release(jobs[i:], session)
-                    break
+                jobs = self._reserve_any(session)
+                if not jobs:
+                    continue
+            job = jobs.pop(0)
+            with self._in_flight_lock:
+                self._in_flight[job.name] = job
+            try:
+                outcome, jobs = self._run(job, jobs, session)
+            except AeroqueueError as e:  # the store failed mid-acknowledgement
+                log.error("acknowledgement failed", extra={"event": "ack_failed", "jid": job.jid, "error": str(e)})
+                outcome = "unacked"
+                jobs = [*jobs, *e.reserved]  # claimed in the same call as the failed ack
+                # The ack may or may not have landed; if the claim is still ours,
+                # give the job back (its attempt counted) rather than hold it
+                # until this worker exits: a live session is never reaped.
+                self._release([job], session, refund=False)
+            except BaseException:
+                # The thread is dying (SystemExit or KeyboardInterrupt from a
+                # handler...): give its jobs back rather than hold them under a
+                # session that stays alive.
+                self._release([job, *jobs], session, refund=False)
+                raise
+            finally:
                 with self._in_flight_lock:
-                    self._in_flight[job.name] = job
-                try:
-                    outcome = run_job(self.queue, job, self.handler, session)
-                except AeroqueueError as e:  # the store failed mid-acknowledgement
-                    log.error("acknowledgement failed", extra={"event": "ack_failed", "jid": job.jid, "error": str(e)})
-                    outcome = "unacked"
-                    # The ack may or may not have landed; if the claim is still ours,
-                    # give the job back (its attempt counted) rather than hold it
-                    # until this worker exits: a live session is never reaped.
-                    self._release([job], session, refund=False)
-                except BaseException:
-                    # The thread is dying (SystemExit or KeyboardInterrupt from a
-                    # handler...): give its jobs back rather than hold them under a
-                    # session that stays alive.
-                    self._release(jobs[i:], session, refund=False)
-                    raise
-                finally:
-                    with self._in_flight_lock:
-                        self._in_flight.pop(job.name, None)
-                self.counters.add(_COUNTER_OF[outcome])
+                    self._in_flight.pop(job.name, None)
+            self.counters.add(_COUNTER_OF[outcome])
+
+    def _run(self, job: Job, queued: list[Job], session: Session) -> tuple[str, list[Job]]:
+        """Run one job and acknowledge it. When it succeeded and nothing else waits, the
+        ack rides with the next reservation (`Queue.complete_and_reserve`): two round
+        trips per job. Returns the outcome and the jobs now waiting."""
+        started = time.monotonic()
+        ok, value = run_handler(job, self.handler)
+        if not ok or queued or self._stopping.is_set() or session.lost:
+            return acknowledge(self.queue, job, ok, value, session), queued
+        try:
+            nxt, lost = self.queue.complete_and_reserve([(job, value)], self._next_list_name(), session, self.batch)
+        except SessionLost:  # lost between the check and the call: nothing was sent
+            return acknowledge(self.queue, job, ok, value, session), queued
+        outcome = "lost" if lost else "done"
+        if lost:
+            log.warning("claim lost: acknowledgement refused",
+                        extra={"event": "claim_lost", "list": job.list, "token": job.token, "jid": job.jid})
+        if nxt:
+            self.counters.add("reserved", len(nxt))
+        if outcome == "done":
+            log.info("job done", extra={"event": "job_done", "list": job.list, "token": job.token, "jid": job.jid,
+                                        "attempt": job.attempt, "ms": round((time.monotonic() - started) * 1000, 2)})
+        return outcome, nxt
+
+    def _reserve_any(self, session: Session) -> list[Job]:
+        """Reserve from the lists in turn; [] (after an idle pause) when none gives anything."""
+        try:
+            jobs = self._reserve(session)
+        except SessionLost:
+            return []
+        except ListNotFound as e:
+            # Nothing to do until someone loads it; say so once, not every poll.
+            if str(e) not in self._warned:
+                self._warned.add(str(e))
+                log.warning("list not found", extra={"event": "list_missing", "error": str(e)})
+            self._stopping.wait(self.idle_s * 5)
+            return []
+        except AeroqueueError as e:
+            log.warning("reserve failed", extra={"event": "reserve_failed", "error": str(e)})
+            self._stopping.wait(self.idle_s)
+            return []
+        if not jobs:
+            self._stopping.wait(self.idle_s * random.uniform(0.5, 1.5))
+            return []
+        self.counters.add("reserved", len(jobs))
+        return jobs
+
+    def _next_list_name(self) -> str:
+        name = self.lists[self._next_list % len(self.lists)]
+        self._next_list += 1
+        return name
 
     def _reserve(self, session: Session) -> list[Job]:
         # Round robin over the lists, so one busy list does not starve the others.
         for _ in range(len(self.lists)):
-            name = self.lists[self._next_list % len(self.lists)]
-            self._next_list += 1
-            jobs = self.queue.reserve(name, session, self.batch)
+            jobs = self.queue.reserve(self._next_list_name(), session, self.batch)
             if jobs:
                 return jobs
         return []
@@ -331,6 +372,10 @@ class Worker:
             # Past the deadline: give these back now; their handlers' late acks will be refused.
             log.warning("drain deadline passed", extra={"event": "drain_timeout", "in_flight": len(stuck)})
             self._release(stuck, session)
+        try:
+            self.queue.flush()
+        except AeroqueueError as e:  # the reaper's recount sets them if this process cannot
+            log.warning("writing completion bits failed", extra={"event": "bits_failed", "error": str(e)})
         self.counters.add("released", session.close(release=True))
         log.info("worker stopped", extra={"event": "stopped", "session": session.id, **self.counters.snapshot()})
         return EXIT_OK

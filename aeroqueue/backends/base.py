@@ -74,6 +74,11 @@ class Backend:
         self.namespace = url.namespace
         # Calls that reach the server: the benchmark reports them per job.
         self.round_trips = 0
+        self._on_close: list[Callable[[], None]] = []
+
+    def on_close(self, fn: Callable[[], None]) -> None:
+        """Run `fn` before the connection closes (writes a layer above still owes)."""
+        self._on_close.append(fn)
 
     @property
     def is_embedded(self) -> bool:
@@ -329,7 +334,12 @@ class Backend:
         self._call("truncate", set_name, "*", lambda: self.client.truncate(self.namespace, set_name, 0))
 
     def close(self) -> None:
-        self.client.close()
+        hooks, self._on_close = self._on_close, []
+        try:
+            for fn in hooks:
+                fn()
+        finally:
+            self.client.close()
 
 
 class _KeyError(Exception):

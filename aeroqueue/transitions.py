@@ -1,0 +1,228 @@
+"""The job's state transitions, client half: one home for what follows each UDF.
+
+The job record changes state only through the UDFs of ``aq_job_v1.lua``
+(design.md, Records). Each transition has a follow-up on other records, done
+here and nowhere else:
+
+- ``complete``: the job's bit in the list's ``done`` bitmap;
+- ``fail`` / ``release``: back onto the list's retry store while attempts
+  remain, else the ``dead`` bit;
+- ``kick``: the ``dead`` bit cleared, then back onto the retry store.
+
+Every follow-up is idempotent (a bit set twice counts once; a token twice in
+the retry store is claimed once), so a transition whose answer was lost is
+simply repeated.
+
+Completion bits are written in bulk: a bitmap chunk is an 8 KiB record, and
+rewriting it for every job cost as much server time as the job's own claim.
+`BitBuffer` collects ``done`` bits and writes each chunk's pending bits in one
+operate, within ``max_delay_s`` or once ``max_pending`` are waiting, and at
+`flush` (workers flush as they stop; `JobLists.status` flushes this process's
+bits before it counts). A process killed with bits pending leaves done jobs
+uncounted: the reaper and the sweeper recount them (sessions.recount).
+``dead`` bits, rare and final, are written at once.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import logging
+import threading
+import weakref
+from collections import defaultdict
+from collections.abc import Iterable
+
+import aerospike
+from aerospike_helpers.operations import bitwise_operations as bw
+
+from . import keys
+from .backends import Backend, retry_busy
+from .errors import AeroqueueError
+
+log = logging.getLogger("aeroqueue.transitions")
+
+RETRY_CAP = 20_000  # tokens kept in the list record's retry store (well under max-record-size)
+BITMAP_BYTES = keys.BITS_PER_CHUNK // 8
+_ONE = bytearray([0x80])
+_ZERO = bytearray([0x00])
+_GROW = bw.bit_resize("done", BITMAP_BYTES, resize_flags=aerospike.BIT_RESIZE_GROW_ONLY)
+
+
+# -- follow-ups ----------------------------------------------------------------
+
+
+def set_bits(backend: Backend, list_name: str, tokens: Iterable[int], bitmap: str, value: int) -> None:
+    """Set (1) or clear (0) tokens' bits in a completion bitmap ('done' or 'dead'):
+    one operate per bitmap chunk, idempotent, so a retried ack never double-counts."""
+    by_chunk: dict[int, list[int]] = defaultdict(list)
+    for t in tokens:
+        chunk, bit = keys.bit_position(t)
+        by_chunk[chunk].append(bit)
+    byte = _ONE if value else _ZERO
+    for chunk, bits in by_chunk.items():
+        # Grow-only resize makes the chunk exist at its full size, whoever comes first.
+        grow = _GROW if bitmap == "done" else bw.bit_resize(bitmap, BITMAP_BYTES, resize_flags=aerospike.BIT_RESIZE_GROW_ONLY)
+        ops = [grow] + [bw.bit_set(bitmap, bit, 1, 1, byte) for bit in sorted(set(bits))]
+        retry_busy(functools.partial(backend.operate, keys.DONE_SET, keys.chunk_name(list_name, chunk), ops))
+
+
+def push_retry(backend: Backend, list_name: str, tokens: list[int]) -> int:
+    """Offer jobs again: onto the list's retry store (served before the token store).
+    Returns how many fit; the rest stay queued for the sweeper to find."""
+    if not tokens:
+        return 0
+    accepted: int = backend.udf(keys.LIST_SET, list_name, keys.LIST_MOD, "push_retry", tokens, RETRY_CAP)
+    return accepted
+
+
+class BitBuffer:
+    """``done`` bits waiting to be written, per list; thread-safe."""
+
+    def __init__(self, backend: Backend, *, max_pending: int = 512, max_delay_s: float = 0.05) -> None:
+        self.backend = backend
+        self.max_pending = max_pending
+        self.max_delay_s = max_delay_s
+        self._pending: dict[str, set[int]] = defaultdict(set)
+        self._count = 0
+        self._lock = threading.Lock()
+        self._flushing = threading.Lock()  # one writer at a time keeps chunks in order
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def add(self, list_name: str, tokens: Iterable[int]) -> None:
+        with self._lock:
+            pending = self._pending[list_name]
+            before = len(pending)
+            pending.update(tokens)
+            self._count += len(pending) - before
+            full = self._count >= self.max_pending
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(target=self._run, name="aeroqueue-bits", daemon=True)
+                self._thread.start()
+        if full:
+            self.flush()
+        else:
+            self._wake.set()
+
+    def _run(self) -> None:
+        while not self._closed:
+            self._wake.wait()
+            self._wake.clear()
+            if self._closed:
+                return
+            # Let a few more acks join this write: the delay bounds how stale counts get.
+            threading.Event().wait(self.max_delay_s)
+            try:
+                self.flush()
+            except AeroqueueError as e:  # kept pending; the next flush tries again
+                log.warning("writing completion bits failed", extra={"event": "bits_failed", "error": str(e)})
+                self._wake.set()
+
+    def flush(self) -> int:
+        """Write every pending bit now; returns how many. On failure the bits stay
+        pending (and the error reaches the caller)."""
+        with self._flushing:
+            with self._lock:
+                taken, self._pending = self._pending, defaultdict(set)
+                self._count = 0
+            written = 0
+            try:
+                for list_name in list(taken):
+                    set_bits(self.backend, list_name, taken[list_name], "done", 1)
+                    written += len(taken.pop(list_name))
+            finally:
+                if taken:  # put back what was not written
+                    with self._lock:
+                        for list_name, tokens in taken.items():
+                            self._pending[list_name].update(tokens)
+                            self._count += len(tokens)
+            return written
+
+    def close(self) -> None:
+        """Flush and stop the writer thread."""
+        self._closed = True
+        self._wake.set()
+        self.flush()
+
+
+_BUFFERS: weakref.WeakKeyDictionary[Backend, BitBuffer] = weakref.WeakKeyDictionary()
+_BUFFERS_LOCK = threading.Lock()
+
+
+def bit_buffer(backend: Backend) -> BitBuffer:
+    """The process's bit buffer for a store connection (one per Backend, so every
+    Queue, Session and JobLists on it reads its own writes after `flush_bits`)."""
+    with _BUFFERS_LOCK:
+        buf = _BUFFERS.get(backend)
+        if buf is None or buf._closed:
+            buf = _BUFFERS[backend] = BitBuffer(backend)
+            backend.on_close(buf.close)
+            _register_exit_flush()
+        return buf
+
+
+@functools.cache
+def _register_exit_flush() -> None:
+    # A short-lived process (a CLI command, a script) exits right after its ack:
+    # the writer thread is a daemon and would die with the bits.
+    atexit.register(_flush_all)
+
+
+def _flush_all() -> None:
+    for buf in list(_BUFFERS.values()):
+        if not buf._closed:
+            try:
+                buf.close()
+            except Exception as e:  # at exit: say so, the reaper's recount repairs it
+                log.warning("writing completion bits at exit failed", extra={"event": "bits_failed", "error": str(e)})
+
+
+def flush_bits(backend: Backend) -> None:
+    """Write this process's pending completion bits for a store, if any."""
+    buf = _BUFFERS.get(backend)
+    if buf is not None:
+        buf.flush()
+
+
+# -- transitions ---------------------------------------------------------------
+
+
+def after_fail(backend: Backend, list_name: str, token: int, outcome: str) -> None:
+    """Follow-up of a fail or release: dead bit, or back onto the retry store."""
+    if outcome == "dead":
+        set_bits(backend, list_name, [token], "dead", 1)
+    elif outcome in ("retry", "released"):
+        push_retry(backend, list_name, [token])
+
+
+def release(backend: Backend, list_name: str, token: int, session_id: str, *, refund: bool, why: str) -> str:
+    """claimed by `session_id` -> queued (or dead when attempts are used up and the
+    attempt is not refunded); 'released', 'dead', 'not held' or 'missing'."""
+    st = str(backend.udf(keys.JOB_SET, keys.job_name(list_name, token), keys.JOB_MOD, "release",
+                         session_id, 1 if refund else 0, why))
+    after_fail(backend, list_name, token, st)
+    return st
+
+
+def fail(backend: Backend, list_name: str, token: int, session_id: str, error: str) -> str:
+    """claimed by `session_id` -> queued while attempts remain ('retry'), else 'dead';
+    'lost' or 'missing' change nothing."""
+    st = str(backend.udf(keys.JOB_SET, keys.job_name(list_name, token), keys.JOB_MOD, "fail", session_id, error))
+    after_fail(backend, list_name, token, st)
+    return st
+
+
+def kick(backend: Backend, list_name: str, tokens: list[int]) -> int:
+    """dead -> queued with fresh attempts (an operator's decision). Returns how many.
+
+    Bits first: a kick interrupted after this leaves the list incomplete, so the
+    sweeper sets the bits of jobs still dead and requeues the kicked ones. The
+    other order could leave a kicked job waiting in a list that counts as
+    complete, which nobody sweeps."""
+    set_bits(backend, list_name, tokens, "dead", 0)
+    kicked = [t for t in tokens if backend.udf(keys.JOB_SET, keys.job_name(list_name, t), keys.JOB_MOD, "kick") == "ok"]
+    push_retry(backend, list_name, kicked)
+    return len(kicked)
+

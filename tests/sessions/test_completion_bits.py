@@ -1,0 +1,75 @@
+"""Completion bits written in bulk (transitions.BitBuffer), on every backend.
+
+The bits of a process's acks are written a little after the acks; a process
+killed before that leaves done jobs uncounted until its session is reaped,
+and the reaper counts them. Real processes and SIGKILL.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+from aeroqueue import keys
+from aeroqueue.lists import JobLists
+from aeroqueue.loading import JobSpec
+from aeroqueue.queue import Queue
+from aeroqueue.sessions import reap
+
+CHILD = textwrap.dedent(
+    """
+    import os, signal, sys
+    from aeroqueue import transitions
+    from aeroqueue.backends import open_backend
+    from aeroqueue.queue import Queue
+    from aeroqueue.sessions import Session
+
+    backend = open_backend(sys.argv[1])
+    transitions.bit_buffer(backend).max_delay_s = 3600  # nothing is written before the kill
+    queue = Queue(backend)
+    session = Session.open(backend, interval_s=0.2, expiry_s=1.0, heartbeat=False)
+    jobs = queue.reserve(sys.argv[2], session, 4)
+    for job in jobs[:3]:
+        queue.complete(job, "ok")
+    print(" ".join(str(j.token) for j in jobs), flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+
+
+def test_acks_count_at_once_in_the_acking_process(lists, queue: Queue, session, list_name):
+    lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(5)], seal=True)
+    jobs = queue.reserve(list_name, session, 5)
+    queue.complete_many(jobs[:2], ["a", "b"])
+    queue.complete(jobs[2], "c")
+    st = lists.status(list_name)  # flushes this process's pending bits first
+    assert (st.done, st.in_flight) == (3, 2)
+    reserved, lost = queue.complete_and_reserve([(jobs[3], "d"), (jobs[4], "e")], list_name, session, 1)
+    assert (reserved, lost) == ([], [])
+    st = lists.status(list_name)
+    assert (st.done, st.in_flight, st.complete) == (5, 0, True)
+
+
+def test_bits_a_killed_process_never_wrote_are_counted_when_it_is_reaped(registered, store_url, list_name):
+    lists = JobLists(registered)
+    lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(4)], seal=True)
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    out = subprocess.run([sys.executable, "-c", CHILD, store_url, list_name], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == -signal.SIGKILL, out.stderr
+    tokens = [int(t) for t in out.stdout.split()]
+    assert len(tokens) == 4
+    done = [registered.get(keys.JOB_SET, keys.job_name(list_name, t)).bins["state"] for t in tokens]
+    assert done == ["done", "done", "done", "claimed"], "three acks landed before the kill"
+    assert lists.status(list_name).done == 0, "their bits were still in the killed process"
+
+    give_up = time.monotonic() + 30
+    while reap(registered).sessions == 0:  # the session expires 1 s after its last beat
+        assert time.monotonic() < give_up, "the killed process's session was never reaped"
+        time.sleep(0.2)
+    st = lists.status(list_name)
+    assert (st.done, st.dead, st.in_flight, st.retry_pending) == (3, 0, 0, 1), "counted, and the 4th came back"
