@@ -24,13 +24,15 @@ from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Job, Queue
 from aeroqueue.sessions import Session
 
-from .harness import Peer, PeerInfo, PeerUnavailable, Prepared, Worker
+from .harness import Peer, PeerInfo, PeerUnavailable, PipelinedWorker, Prepared, Worker
 
 LOAD_CHUNK = 1000  # jobs per load range: the CLI's default
 REMOVE_CHUNK = 5000  # keys per batch_remove when cleaning a real server
 
 
 class AeroqueueWorker(Worker):
+    """The API handler's path: reserve (take + claim), then ack (complete)."""
+
     def __init__(self, config: dict[str, Any]) -> None:
         super().__init__(config)
         self.backend = open_backend(config["url"])
@@ -56,23 +58,102 @@ class AeroqueueWorker(Worker):
                 return []
             return [number]
         lost: list[Job] = self.queue.complete_many([job for _, job in jobs], ["ok"] * len(jobs))
+        return self._accepted(jobs, lost)
+
+    def _accepted(self, jobs: list[tuple[int, Any]], lost: list[Job]) -> list[int]:
         self.lost += len(lost)
         refused = {job.token for job in lost}
         return [number for number, job in jobs if job.token not in refused]
 
     def close(self) -> None:
         try:
+            self.queue.flush()
             self.session.close()
         finally:
             self.backend.close()
 
 
+class AeroqueuePipelinedWorker(AeroqueueWorker, PipelinedWorker):
+    """The worker's path (`aeroqueue worker`): each ack rides with the next reservation."""
+
+    def ack_and_reserve(self, jobs: list[tuple[int, Any]], n: int) -> tuple[list[int], list[tuple[int, Any]]]:
+        got, lost = self.queue.complete_and_reserve([(job, "ok") for _, job in jobs], self.list, self.session, n)
+        return self._accepted(jobs, lost), [(int(job.jid), job) for job in got]
+
+
+class BareWorker(Worker):
+    """No aeroqueue: the same Lua modules called from a plain loop, as a script would,
+    with no session, no request id and no completion bits. The floor the API path's
+    reserve is compared with: take + claim for a reserve, complete for an ack."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__(config)
+        self.backend = open_backend(config["url"])
+        self.client = self.backend.client  # the raw client: none of aeroqueue's code on the path
+        self.ns, self.list = self.backend.namespace, config["list"]
+
+    def reserve(self, n: int) -> list[tuple[int, Any]]:
+        out = self.client.apply((self.ns, keys.LIST_SET, self.list), keys.LIST_MOD, "take", [n])
+        self.calls += 1
+        tokens = [*out["retry"], *range(out["start"], out["start"] + out["n"])]
+        if not tokens:
+            return []
+        self.calls += 1
+        if len(tokens) == 1:
+            answers = [self.client.apply(self._key(tokens[0]), keys.JOB_MOD, "claim", ["bare", None])]
+        else:
+            out = self.client.batch_apply([self._key(t) for t in tokens], keys.JOB_MOD, "claim", ["bare", None])
+            answers = [br.record[2]["SUCCESS"] for br in out.batch_records if br.record]
+        return [(int(a["jid"]), a["token"]) for a in answers if a and a.get("st") == "ok"]
+
+    def ack(self, jobs: list[tuple[int, Any]]) -> list[int]:
+        self.calls += 1
+        if len(jobs) == 1:
+            number, token = jobs[0]
+            return [number] if self.client.apply(self._key(token), keys.JOB_MOD, "complete", ["bare", {}]) == "ok" else []
+        out = self.client.batch_apply([self._key(t) for _, t in jobs], keys.JOB_MOD, "complete", ["bare", {}])
+        return [number for (number, _), br in zip(jobs, out.batch_records, strict=True)
+                if br.record and br.record[2].get("SUCCESS") == "ok"]
+
+    def _key(self, token: int) -> tuple[str, str, str]:
+        return (self.ns, keys.JOB_SET, keys.job_name(self.list, token))
+
+    def close(self) -> None:
+        self.backend.close()
+
+
+PATHS = {
+    # name: (worker class, batch form, recipe)
+    "aeroqueue": (
+        AeroqueuePipelinedWorker,
+        "complete_and_reserve(done, list, session, 100): one take UDF + one batch of 100 acks and 100 claims",
+        "worker path: take tokens (UDF on the list record), then one batch call carrying the acks of the jobs "
+        "just done and the claims of the next ones (claim UDF under a session; complete UDF, refused unless "
+        "the session still holds the claim); completion bits written in bulk",
+    ),
+    "aeroqueue-api": (
+        AeroqueueWorker,
+        "reserve(list, session, 100): one take UDF + one batch claim UDF; complete_many: one batch",
+        "API handler path: reserve = take (list record) + claim (job record); ack = complete UDF; "
+        "completion bits written in bulk",
+    ),
+    "bare-udf": (
+        BareWorker,
+        "take(100) + batch claim + batch complete, no session",
+        "not a queue: the same Lua modules from a plain loop (take + claim + complete UDF calls), no "
+        "sessions, request ids or completion bits: the floor for the API path's reserve",
+    ),
+}
+
+
 class AeroqueuePeer(Peer):
     name = "aeroqueue"
-    batch_form = "reserve(list, session, 100): one take UDF + one batch claim UDF"
+    batch_form = PATHS["aeroqueue"][1]
     trips_source = "backend.round_trips"
 
-    def __init__(self, url: str | None) -> None:
+    def __init__(self, url: str | None, path: str = "aeroqueue") -> None:
+        self.name = path
+        self.worker_cls, self.batch_form, self.recipe = PATHS[path]
         self.url = url
         self._scratch: Path | None = None
         self._backends: dict[str, Backend] = {}
@@ -118,11 +199,7 @@ class AeroqueuePeer(Peer):
             name=self.name,
             version=version,
             target=self._label,
-            recipe=(
-                "take tokens (UDF on the list record) + claim UDF on each job under a session; "
-                "ack = complete UDF, refused unless the session still holds the claim; "
-                "a dead worker's claims come back when its session is reaped"
-            ),
+            recipe=self.recipe,
             durability=durability,
         )
 
@@ -140,10 +217,14 @@ class AeroqueuePeer(Peer):
         JobLists(backend).load(
             name, (JobSpec(str(i), {"i": i}) for i in range(n_jobs)), seal=True, chunk_size=LOAD_CHUNK
         )
-        return Prepared(AeroqueueWorker, {"url": url, "list": name}, n_jobs)
+        return Prepared(self.worker_cls, {"url": url, "list": name}, n_jobs)
 
     def verify(self, prepared: Prepared, acked: int) -> str | None:
-        status = JobLists(self._backends[prepared.config["list"]]).status(prepared.config["list"])
+        lists = JobLists(self._backends[prepared.config["list"]])
+        if self.name == "bare-udf":  # no completion bits: count the job records
+            done = sum(1 for _ in lists.jobs(prepared.config["list"], "done"))
+            return None if done == acked else f"{done} jobs done, {acked} acked"
+        status = lists.status(prepared.config["list"])
         problems = []
         if status.done != acked:
             problems.append(f"{status.done} jobs done, {acked} acked")

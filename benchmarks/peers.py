@@ -42,7 +42,7 @@ from .peer_postgres import PostgresPeer
 from .peer_redis import DEFAULT_URL as REDIS_URL
 from .peer_redis import RedisPeer
 
-PEER_NAMES = ("beanstalkd", "mysql", "postgres", "redis")
+PEER_NAMES = ("aeroqueue-api", "bare-udf", "beanstalkd", "mysql", "postgres", "redis")
 DEFAULT_JOBS = 20_000
 DEFAULT_SIZES = (1_000, 100_000, 1_000_000)
 DEFAULT_CLIENT_COUNTS = (1, 4, 16)
@@ -82,6 +82,8 @@ def make_peers(options: Options) -> list[Peer]:
     if unknown:
         raise ValueError(f"unknown peer(s) {sorted(unknown)}: choose from {', '.join(PEER_NAMES)}")
     factories: dict[str, Callable[[], Peer]] = {
+        "aeroqueue-api": lambda: AeroqueuePeer(options.url, "aeroqueue-api"),
+        "bare-udf": lambda: AeroqueuePeer(options.url, "bare-udf"),
         "beanstalkd": lambda: BeanstalkdPeer(options.beanstalkd_bin, binlog=options.beanstalkd_binlog),
         "mysql": lambda: MySQLPeer(options.mysql_url),
         "postgres": lambda: PostgresPeer(options.postgres_dsn),
