@@ -38,6 +38,10 @@ log = logging.getLogger("aeroqueue.worker")
 
 Handler = Callable[[Job], Any]
 EXIT_OK = 0
+# Jobs a worker thread reserves at a time: a reservation is two round trips
+# (take, then one batch of claims), each ack one, so 4 make 1.5 per job. The
+# jobs wait claimed in the thread's hands, as with Celery's prefetch.
+DEFAULT_PREFETCH = 4
 EXIT_SESSION_LOST = 3
 
 
@@ -146,7 +150,7 @@ class Worker:
         lists: list[str],
         *,
         concurrency: int = 1,
-        batch: int = 1,
+        batch: int = DEFAULT_PREFETCH,
         interval_s: float = DEFAULT_INTERVAL_S,
         expiry_s: float = DEFAULT_EXPIRY_S,
         drain_timeout_s: float = 30.0,
@@ -258,27 +262,15 @@ class Worker:
             self.counters.add(_COUNTER_OF[outcome])
 
     def _run(self, job: Job, queued: list[Job], session: Session) -> tuple[str, list[Job]]:
-        """Run one job and acknowledge it. When it succeeded and nothing else waits, the
-        ack rides with the next reservation (`Queue.complete_and_reserve`): two round
-        trips per job. Returns the outcome and the jobs now waiting."""
+        """Run one job and acknowledge it (one round trip). Returns the outcome and the
+        jobs still waiting."""
         started = time.monotonic()
         ok, value = run_handler(job, self.handler)
-        if not ok or queued or self._stopping.is_set() or session.lost:
-            return acknowledge(self.queue, job, ok, value, session), queued
-        try:
-            nxt, lost = self.queue.complete_and_reserve([(job, value)], self._next_list_name(), session, self.batch)
-        except SessionLost:  # lost between the check and the call: nothing was sent
-            return acknowledge(self.queue, job, ok, value, session), queued
-        outcome = "lost" if lost else "done"
-        if lost:
-            log.warning("claim lost: acknowledgement refused",
-                        extra={"event": "claim_lost", "list": job.list, "token": job.token, "jid": job.jid})
-        if nxt:
-            self.counters.add("reserved", len(nxt))
+        outcome = acknowledge(self.queue, job, ok, value, session)
         if outcome == "done":
             log.info("job done", extra={"event": "job_done", "list": job.list, "token": job.token, "jid": job.jid,
                                         "attempt": job.attempt, "ms": round((time.monotonic() - started) * 1000, 2)})
-        return outcome, nxt
+        return outcome, queued
 
     def _reserve_any(self, session: Session) -> list[Job]:
         """Reserve from the lists in turn; [] (after an idle pause) when none gives anything."""
@@ -362,6 +354,14 @@ class Worker:
         deadline = time.monotonic() + self.drain_timeout_s
         for t in threads:
             t.join(max(0.0, deadline - time.monotonic()))
+        if not session.lost:
+            # Ask the server, not the last heartbeat: a process paused past its
+            # expiry (SIGSTOP, a long GC) may stop before its heartbeat thread
+            # has run, and its session may be gone.
+            try:
+                session.beat()
+            except AeroqueueError as e:
+                log.warning("last heartbeat failed", extra={"event": "heartbeat_failed", "error": str(e)})
         if session.lost:
             session.close(release=False)
             log.error("exiting: session lost", extra={"event": "stopped", "session": session.id, **self.counters.snapshot()})

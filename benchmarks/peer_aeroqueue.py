@@ -23,6 +23,7 @@ from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Job, Queue
 from aeroqueue.sessions import Session
+from aeroqueue.worker import DEFAULT_PREFETCH
 
 from .harness import Peer, PeerInfo, PeerUnavailable, PipelinedWorker, Prepared, Worker
 
@@ -73,12 +74,22 @@ class AeroqueueWorker(Worker):
             self.backend.close()
 
 
-class AeroqueuePipelinedWorker(AeroqueueWorker, PipelinedWorker):
-    """The worker's path (`aeroqueue worker`): each ack rides with the next reservation."""
+class AeroqueuePrefetchWorker(AeroqueueWorker, PipelinedWorker):
+    """The worker's path (`aeroqueue worker`): reserve `PREFETCH` jobs at a time (take +
+    one batch of claims), hand them out one by one, ack each as it finishes."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__(config)
+        self.waiting: list[Job] = []
+
+    def reserve(self, n: int) -> list[tuple[int, Any]]:
+        if len(self.waiting) < n:
+            self.waiting += self.queue.reserve(self.list, self.session, max(n, DEFAULT_PREFETCH) - len(self.waiting))
+        got, self.waiting = self.waiting[:n], self.waiting[n:]
+        return [(int(job.jid), job) for job in got]
 
     def ack_and_reserve(self, jobs: list[tuple[int, Any]], n: int) -> tuple[list[int], list[tuple[int, Any]]]:
-        got, lost = self.queue.complete_and_reserve([(job, "ok") for _, job in jobs], self.list, self.session, n)
-        return self._accepted(jobs, lost), [(int(job.jid), job) for job in got]
+        return self.ack(jobs), self.reserve(n)
 
 
 class BareWorker(Worker):
@@ -125,11 +136,11 @@ class BareWorker(Worker):
 PATHS = {
     # name: (worker class, batch form, recipe)
     "aeroqueue": (
-        AeroqueuePipelinedWorker,
-        "complete_and_reserve(done, list, session, 100): one take UDF + one batch of 100 acks and 100 claims",
-        "worker path: take tokens (UDF on the list record), then one batch call carrying the acks of the jobs "
-        "just done and the claims of the next ones (claim UDF under a session; complete UDF, refused unless "
-        "the session still holds the claim); completion bits written in bulk",
+        AeroqueuePrefetchWorker,
+        "reserve(list, session, 100): one take UDF + one batch claim UDF; complete_many: one batch",
+        f"worker path: reserve {DEFAULT_PREFETCH} jobs at a time (take on the list record + one batch of claim "
+        "UDFs under a session), ack each as it finishes (complete UDF, refused unless the session still holds "
+        "the claim); completion bits written in bulk",
     ),
     "aeroqueue-api": (
         AeroqueueWorker,

@@ -16,6 +16,7 @@ from ..logs import configure_logging
 from ..sessions import check_timing
 from ..sessions import reap as reap_sessions
 from ..sessions import sweep as sweep_store
+from ..worker import DEFAULT_PREFETCH
 from .context import (
     EXPIRY_OPT,
     HEARTBEAT_OPT,
@@ -30,7 +31,9 @@ from .context import (
 @option("--handler", env="HANDLER", required=True, help="The function to run on each job: package.module:function.")
 @option("--list", "lists", env="LISTS", multiple=True, required=True, help="A list to work on; repeat for several (env: space-separated).")
 @option("--concurrency", "-c", env="CONCURRENCY", type=click.IntRange(1, 256), default=1, help="Handler threads.")
-@option("--batch", env="BATCH", type=click.IntRange(1, 1000), default=1, help="Jobs reserved per reservation.")
+@option("--batch", "--prefetch", "batch", env="BATCH", type=click.IntRange(1, 1000), default=DEFAULT_PREFETCH,
+        help="Jobs each thread reserves at a time (they wait claimed): 2 round trips per reservation and 1 per ack, "
+             "so 4 make 1.5 per job. Use 1 for long jobs, so no job waits behind another.")
 @HEARTBEAT_OPT
 @EXPIRY_OPT
 @option("--drain-timeout", env="DRAIN_TIMEOUT", type=click.FloatRange(min=0), default=30.0, help="Seconds to finish in-flight jobs on SIGTERM/SIGINT before releasing them.")

@@ -15,8 +15,8 @@ def test_a_failed_ack_gives_the_job_back_instead_of_holding_it(tmp_path):
     backend = open_backend(f"embedded://{tmp_path / 's.db'}")
     udfs.register(backend)
     JobLists(backend).load("L", [JobSpec("a", {}), JobSpec("b", {})], seal=True)
-    # The ack fails in the batch that carries it (the worker's path) and again alone.
-    backend.client.faults.add(op="*", function="complete", key="L/0", error="TimeoutError", times=2)
+    # The first ack of job a fails (a timeout: it may or may not have landed).
+    backend.client.faults.add(op="*", function="complete", key="L/0", error="TimeoutError")
     runs: list[str] = []
     w = Worker(backend, lambda job: runs.append(job.jid), ["L"], interval_s=0.1, expiry_s=1.0, idle_s=0.05,
                until_complete=True)

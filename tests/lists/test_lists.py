@@ -238,3 +238,17 @@ def test_python_api_loads_plain_items_checked_whole_first(queue, lists, list_nam
     with pytest.raises(errors.LoadError, match="duplicate job id 'x'"):
         lists.load(other, (item for item in [("x", 1), ("y", 2), ("x", 3)]))
     assert other not in lists.names(), "nothing written, not even the list"
+
+
+def test_a_token_twice_in_the_retry_store_is_handed_out_once(lists, queue, session, list_name):
+    """A job can come back twice (a reaper and a sweeper both push it): one reservation
+    taking both copies must claim it once, or its handler would run twice."""
+    from aeroqueue import transitions
+
+    lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(3)], seal=True)
+    first = queue.reserve(list_name, session, 1)[0]
+    queue.release(first, refund=True)  # back onto the retry store
+    transitions.push_retry(queue.backend, list_name, [first.token])  # and once more
+    got = queue.reserve(list_name, session, 3)
+    assert sorted(j.token for j in got) == [0, 1, 2]
+    assert len(got) == 3, "each job once"
