@@ -31,6 +31,7 @@ from typing import Any
 from .backends import Backend
 from .errors import AeroqueueError, ClaimLost, ConfigError, ListNotFound, SessionLost
 from .lists import JobLists
+from .observe import NULL_OBSERVER, WorkerObserver
 from .queue import Job, Queue
 from .sessions import DEFAULT_EXPIRY_S, DEFAULT_INTERVAL_S, Session, reap, sweep
 
@@ -155,6 +156,7 @@ class Worker:
         sweep_grace_ms: int = 60_000,
         idle_s: float = 0.2,
         until_complete: bool = False,
+        observer: WorkerObserver | None = None,
     ) -> None:
         if not lists:
             raise ConfigError("a worker needs at least one list (--list)")
@@ -175,6 +177,7 @@ class Worker:
         self.idle_s = idle_s
         self.until_complete = until_complete
         self.counters = Counters()
+        self.observer = observer or NULL_OBSERVER
         self.session: Session | None = None
         self._stopping = threading.Event()
         self._in_flight: dict[str, Job] = {}
@@ -206,7 +209,9 @@ class Worker:
         if install_signals and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous[sig] = signal.signal(sig, self.request_stop)
-        self.session = session = Session.open(self.backend, interval_s=self.interval_s, expiry_s=self.expiry_s)
+        self.session = session = Session.open(
+            self.backend, interval_s=self.interval_s, expiry_s=self.expiry_s, on_beat=self.observer.heartbeat
+        )
         log.info("worker started", extra={"event": "started", "session": session.id, "pid": os.getpid(), "lists": self.lists,
                                           "concurrency": self.concurrency, "batch": self.batch})
         threads = [threading.Thread(target=self._work, name=f"worker-{i}", daemon=True) for i in range(self.concurrency)]
@@ -256,6 +261,7 @@ class Worker:
                 with self._in_flight_lock:
                     self._in_flight.pop(job.name, None)
             self.counters.add(_COUNTER_OF[outcome])
+            self.observer.outcome(job.list, outcome)
 
     def _run(self, job: Job, queued: list[Job], session: Session) -> tuple[str, list[Job]]:
         """Run one job and acknowledge it. When it succeeded and nothing else waits, the
@@ -263,18 +269,22 @@ class Worker:
         trips per job. Returns the outcome and the jobs now waiting."""
         started = time.monotonic()
         ok, value = run_handler(job, self.handler)
+        self.observer.handler_duration(job.list, time.monotonic() - started)
         if not ok or queued or self._stopping.is_set() or session.lost:
             return acknowledge(self.queue, job, ok, value, session), queued
+        name, asked = self._next_list_name(), time.monotonic()
         try:
-            nxt, lost = self.queue.complete_and_reserve([(job, value)], self._next_list_name(), session, self.batch)
+            nxt, lost = self.queue.complete_and_reserve([(job, value)], name, session, self.batch)
         except SessionLost:  # lost between the check and the call: nothing was sent
             return acknowledge(self.queue, job, ok, value, session), queued
+        self.observer.reserve_latency(name, time.monotonic() - asked)  # a reservation carrying an ack
         outcome = "lost" if lost else "done"
         if lost:
             log.warning("claim lost: acknowledgement refused",
                         extra={"event": "claim_lost", "list": job.list, "token": job.token, "jid": job.jid})
         if nxt:
             self.counters.add("reserved", len(nxt))
+            self.observer.reserved(name, len(nxt))
         if outcome == "done":
             log.info("job done", extra={"event": "job_done", "list": job.list, "token": job.token, "jid": job.jid,
                                         "attempt": job.attempt, "ms": round((time.monotonic() - started) * 1000, 2)})
@@ -301,6 +311,7 @@ class Worker:
             self._stopping.wait(self.idle_s * random.uniform(0.5, 1.5))
             return []
         self.counters.add("reserved", len(jobs))
+        self.observer.reserved(jobs[0].list, len(jobs))
         return jobs
 
     def _next_list_name(self) -> str:
@@ -311,7 +322,11 @@ class Worker:
     def _reserve(self, session: Session) -> list[Job]:
         # Round robin over the lists, so one busy list does not starve the others.
         for _ in range(len(self.lists)):
-            jobs = self.queue.reserve(self._next_list_name(), session, self.batch)
+            name, asked = self._next_list_name(), time.monotonic()
+            try:
+                jobs = self.queue.reserve(name, session, self.batch)
+            finally:
+                self.observer.reserve_latency(name, time.monotonic() - asked)
             if jobs:
                 return jobs
         return []
@@ -323,6 +338,7 @@ class Worker:
             try:
                 if self.queue.release(job, "worker draining" if refund else "acknowledgement failed", refund=refund) == "released":
                     self.counters.add("released")
+                    self.observer.released(job.list)
             except AeroqueueError as e:
                 log.warning("release failed", extra={"event": "release_failed", "jid": job.jid, "error": str(e)})
 
