@@ -36,11 +36,12 @@ def metrics(obj: Context, port: int, host: str, lists: tuple[str, ...], discover
     its header and completion bitmaps, never a scan of its jobs)."""
     from ..metrics import ListNames, serve, store_registry
 
+    stop = _stop_on_signals()
     backend = obj.backend()
     registry = store_registry(backend, ListNames(backend, lists, discover_every_s=discover_every))
     server = serve(registry, port, host)
     err_console.print(f"serving metrics on http://{host}:{server.server_port}/metrics", highlight=False)
-    _until_signalled(server)
+    _serve_until(stop, server)
 
 
 @click.command()
@@ -61,20 +62,27 @@ def dashboard(obj: Context, port: int, host: str, read_only: bool) -> None:
         from ..dashboard.app import create_app
     except ImportError as e:
         raise ConfigError(f"the dashboard needs Flask and Flask-WTF ({e.name} is missing): pip install 'aeroqueue[dashboard]'") from None
+    stop = _stop_on_signals()
     app = create_app(obj.backend(), read_only=read_only)
     server = make_server(host, port, app, threaded=True)
     threading.Thread(target=server.serve_forever, name="dashboard", daemon=True).start()
     err_console.print(
         f"dashboard on http://{host}:{server.server_port}/" + (" (read-only)" if read_only else ""), highlight=False
     )
-    _until_signalled(server)
+    _serve_until(stop, server)
 
 
-def _until_signalled(server: Any) -> None:
-    """Wait for SIGTERM/SIGINT, then stop the server (it serves from its own thread)."""
+def _stop_on_signals() -> threading.Event:
+    """An event SIGTERM/SIGINT set: installed before anything is served, so a signal
+    that comes early still ends the command cleanly."""
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+def _serve_until(stop: threading.Event, server: Any) -> None:
+    """Wait for the signal, then stop the server (it serves from its own thread)."""
     while not stop.wait(1.0):
         pass
     server.shutdown()

@@ -70,6 +70,11 @@ def worker(
         expiry_s=expiry_s, drain_timeout_s=drain_timeout, sweep_every_s=sweep_every,
         sweep_grace_ms=int(sweep_grace * 1000), until_complete=until_complete, observer=observer,
     )
+    # For the life of the process, not just of run(): a SIGTERM arriving while a
+    # finished worker exits must not kill it with the default action.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, w.request_stop)
+    # After the handlers: a scraper that sees the port up may signal the worker at once.
     if observer is not None and metrics_port is not None:
         from ..metrics import serve
 
@@ -77,10 +82,6 @@ def worker(
         server = serve(observer.registry, metrics_port, metrics_host)
         logging.getLogger("aeroqueue.worker").info(
             "serving metrics", extra={"event": "metrics", "url": f"http://{metrics_host}:{server.server_port}/metrics"})
-    # For the life of the process, not just of run(): a SIGTERM arriving while a
-    # finished worker exits must not kill it with the default action.
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, w.request_stop)
     if live:
         with Live(_counters_table(w), console=err_console, refresh_per_second=2, transient=False) as display:
             stop = threading.Event()

@@ -20,28 +20,13 @@ from typing import Any
 
 import pytest
 
-from aeroqueue import udfs
-from aeroqueue.backends import Backend
 from tests.conftest import require
-
-_REGISTERED: set[str] = set()  # real servers whose modules this session registered
 
 CHROMIUM_FLAGS = (
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
     "--window-size=1400,1000",
 )
-
-
-@pytest.fixture
-def registered(backend: Backend, store_url: str) -> Backend:
-    """The modules registered: on a real server once per session (udf_put and index
-    creation take seconds there), on each fresh embedded store every time (cheap)."""
-    if backend.is_embedded or store_url not in _REGISTERED:
-        udfs.register(backend)
-        if not backend.is_embedded:
-            _REGISTERED.add(store_url)
-    return backend
 
 
 @pytest.fixture(scope="session")

@@ -23,8 +23,9 @@ from aeroqueue.dashboard import create_app
 from aeroqueue.dashboard.data import Store, dead_tokens, error_history
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
-from aeroqueue.queue import Queue, set_bits
+from aeroqueue.queue import Queue
 from aeroqueue.sessions import Session
+from aeroqueue.transitions import set_bits
 from tests.observe.conftest import free_port, spawn, stop
 
 pytestmark = pytest.mark.timeout(60)
