@@ -358,9 +358,14 @@ class JobLists:
             n += 1
         return n
 
-    def kick(self, name: str) -> int:
-        """Put dead jobs back in the queue with fresh attempts. Returns how many."""
-        return transitions.kick(self.backend, name, [job["token"] for job in self.jobs(name, "dead")])
+    def kick(self, name: str, tokens: Iterable[int] | None = None) -> int:
+        """Put dead jobs back in the queue with fresh attempts: all of the list's, or
+        only these tokens (a token that is not dead is left alone). Returns how many."""
+        if tokens is None:
+            tokens = [job["token"] for job in self.jobs(name, "dead")]
+        else:
+            self.header(name)  # a clear error for a missing list
+        return transitions.kick(self.backend, name, list(tokens))
 
 
 def _specs(jobs: Iterable[Any], limit: int) -> Iterable[JobSpec]:

@@ -27,6 +27,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,8 +66,12 @@ def check_timing(interval_s: float, expiry_s: float) -> None:
 class Session:
     """A process's claim identity, kept alive by heartbeats."""
 
-    def __init__(self, backend: Backend, session_id: str, *, interval_s: float, expiry_s: float) -> None:
+    def __init__(
+        self, backend: Backend, session_id: str, *, interval_s: float, expiry_s: float,
+        on_beat: Callable[[bool], None] | None = None,
+    ) -> None:
         self.backend = backend
+        self.on_beat = on_beat  # told each heartbeat's outcome (metrics)
         self.id = session_id
         self.interval_s = interval_s
         self.expiry_s = expiry_s
@@ -84,10 +89,11 @@ class Session:
         interval_s: float = DEFAULT_INTERVAL_S,
         expiry_s: float = DEFAULT_EXPIRY_S,
         heartbeat: bool = True,
+        on_beat: Callable[[bool], None] | None = None,
     ) -> Session:
         """Open a session; with `heartbeat` a daemon thread keeps it alive until `close`."""
         check_timing(interval_s, expiry_s)
-        session = cls(backend, uuid.uuid4().hex, interval_s=interval_s, expiry_s=expiry_s)
+        session = cls(backend, uuid.uuid4().hex, interval_s=interval_s, expiry_s=expiry_s, on_beat=on_beat)
         st = backend.udf(
             keys.SESS_SET, session.id, keys.SESS_MOD, "open", socket.gethostname()[:200], os.getpid(), int(expiry_s * 1000)
         )
@@ -110,7 +116,13 @@ class Session:
 
     def beat(self) -> bool:
         """One heartbeat. False (and the session lost) when the server says it is gone or reaping."""
-        st = self.backend.udf(keys.SESS_SET, self.id, keys.SESS_MOD, "beat")
+        ok = False
+        try:
+            st = self.backend.udf(keys.SESS_SET, self.id, keys.SESS_MOD, "beat")
+            ok = st == "ok"
+        finally:
+            if self.on_beat:  # failed heartbeats (errors) are worth counting too
+                self.on_beat(ok)
         if st != "ok":
             if not self._lost.is_set():
                 log.warning("session lost", extra={"event": "session_lost", "session": self.id, "why": st})

@@ -31,6 +31,7 @@ from typing import Any
 from .backends import Backend
 from .errors import AeroqueueError, ClaimLost, ConfigError, ListNotFound, SessionLost
 from .lists import JobLists
+from .observe import NULL_OBSERVER, WorkerObserver
 from .queue import Job, Queue
 from .sessions import DEFAULT_EXPIRY_S, DEFAULT_INTERVAL_S, Session, reap, sweep
 
@@ -159,6 +160,7 @@ class Worker:
         sweep_grace_ms: int = 60_000,
         idle_s: float = 0.2,
         until_complete: bool = False,
+        observer: WorkerObserver | None = None,
     ) -> None:
         if not lists:
             raise ConfigError("a worker needs at least one list (--list)")
@@ -179,6 +181,7 @@ class Worker:
         self.idle_s = idle_s
         self.until_complete = until_complete
         self.counters = Counters()
+        self.observer = observer or NULL_OBSERVER
         self.session: Session | None = None
         self._stopping = threading.Event()
         self._in_flight: dict[str, Job] = {}
@@ -210,7 +213,9 @@ class Worker:
         if install_signals and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous[sig] = signal.signal(sig, self.request_stop)
-        self.session = session = Session.open(self.backend, interval_s=self.interval_s, expiry_s=self.expiry_s)
+        self.session = session = Session.open(
+            self.backend, interval_s=self.interval_s, expiry_s=self.expiry_s, on_beat=self.observer.heartbeat
+        )
         log.info("worker started", extra={"event": "started", "session": session.id, "pid": os.getpid(), "lists": self.lists,
                                           "concurrency": self.concurrency, "batch": self.batch})
         threads = [threading.Thread(target=self._work, name=f"worker-{i}", daemon=True) for i in range(self.concurrency)]
@@ -260,12 +265,14 @@ class Worker:
                 with self._in_flight_lock:
                     self._in_flight.pop(job.name, None)
             self.counters.add(_COUNTER_OF[outcome])
+            self.observer.outcome(job.list, outcome)
 
     def _run(self, job: Job, queued: list[Job], session: Session) -> tuple[str, list[Job]]:
         """Run one job and acknowledge it (one round trip). Returns the outcome and the
         jobs still waiting."""
         started = time.monotonic()
         ok, value = run_handler(job, self.handler)
+        self.observer.handler_duration(job.list, time.monotonic() - started)
         outcome = acknowledge(self.queue, job, ok, value, session)
         if outcome == "done":
             log.info("job done", extra={"event": "job_done", "list": job.list, "token": job.token, "jid": job.jid,
@@ -293,6 +300,7 @@ class Worker:
             self._stopping.wait(self.idle_s * random.uniform(0.5, 1.5))
             return []
         self.counters.add("reserved", len(jobs))
+        self.observer.reserved(jobs[0].list, len(jobs))
         return jobs
 
     def _next_list_name(self) -> str:
@@ -303,7 +311,11 @@ class Worker:
     def _reserve(self, session: Session) -> list[Job]:
         # Round robin over the lists, so one busy list does not starve the others.
         for _ in range(len(self.lists)):
-            jobs = self.queue.reserve(self._next_list_name(), session, self.batch)
+            name, asked = self._next_list_name(), time.monotonic()
+            try:
+                jobs = self.queue.reserve(name, session, self.batch)
+            finally:
+                self.observer.reserve_latency(name, time.monotonic() - asked)
             if jobs:
                 return jobs
         return []
@@ -315,6 +327,7 @@ class Worker:
             try:
                 if self.queue.release(job, "worker draining" if refund else "acknowledgement failed", refund=refund) == "released":
                     self.counters.add("released")
+                    self.observer.released(job.list)
             except AeroqueueError as e:
                 log.warning("release failed", extra={"event": "release_failed", "jid": job.jid, "error": str(e)})
 

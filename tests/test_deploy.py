@@ -32,9 +32,10 @@ AEROSPIKE_CONF = ROOT / "deploy" / "aerospike.conf"
 README = ROOT / "README.md"
 DEPLOY_README = ROOT / "deploy" / "README.md"
 
-SERVICES = {"aerospike", "mysql", "spark-master", "spark-worker", "aeroqueue-init", "aeroqueue-worker", "aeroqueue-sync"}
+SERVICES = {"aerospike", "mysql", "spark-master", "spark-worker", "aeroqueue-init", "aeroqueue-worker", "aeroqueue-sync",
+            "aeroqueue-metrics"}
 # Host port -> the service that publishes it (the README's "Deploying" section lists them).
-PORTS = {3000: "aerospike", 3306: "mysql", 8080: "spark-master", 7077: "spark-master"}
+PORTS = {3000: "aerospike", 3306: "mysql", 8080: "spark-master", 7077: "spark-master", 9420: "aeroqueue-metrics"}
 STORE_URL = "aerospike://aerospike:3000/test"
 SECRET_NAME = re.compile(r"PASSWORD|PASSWD|PWD|SECRET|TOKEN|API_KEY", re.I)
 SPARK_CLASSES = {"org.apache.spark.deploy.master.Master", "org.apache.spark.deploy.worker.Worker"}

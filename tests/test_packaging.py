@@ -43,3 +43,7 @@ def test_wheel_contains_the_lua_files(tmp_path):
         assert f"aeroqueue/lua_udfs/{module}.lua" in names
     assert "aeroqueue/backends/embedded/prelude.lua" in names
     assert "aeroqueue/sync_schema/schema.sql" in names, "aeroqueue sync migrates from the wheel's copy"
+    # The dashboard serves its pages and assets from the package (no CDN).
+    dashboard = ROOT / "aeroqueue" / "dashboard"
+    for path in [*dashboard.glob("templates/*.html"), *dashboard.glob("static/*")]:
+        assert f"aeroqueue/dashboard/{path.relative_to(dashboard)}" in names, path.name

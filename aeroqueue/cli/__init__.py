@@ -14,7 +14,7 @@ from __future__ import annotations
 import click
 
 from ..config import ENV_URL, default_store_path, resolve_url
-from . import bench_cmd, jobs_cmd, lists_cmd, udf_cmd, worker_cmd
+from . import bench_cmd, jobs_cmd, lists_cmd, observe_cmd, udf_cmd, worker_cmd
 from .context import AeroqueueGroup, Context
 
 
@@ -60,6 +60,7 @@ for _command in (
     jobs_cmd.reserve, jobs_cmd.complete, jobs_cmd.fail,
     bench_cmd.bench,
     worker_cmd.worker, worker_cmd.reap, worker_cmd.sweep,
+    observe_cmd.metrics, observe_cmd.dashboard,
     show_config,
 ):
     main.add_command(_command)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import sys
 import threading
@@ -40,14 +41,17 @@ from .context import (
 @option("--sweep-every", env="SWEEP_EVERY", type=click.FloatRange(min=1), default=300.0, help="Seconds between sweeps inside the worker.")
 @option("--sweep-grace", env="SWEEP_GRACE", type=click.FloatRange(min=0), default=60.0, help="Seconds a job must have been untouched before the sweeper counts it as stuck.")
 @option("--until-complete", env="UNTIL_COMPLETE", is_flag=True, help="Exit once every list is complete.")
+@option("--metrics-port", env="METRICS_PORT", type=click.IntRange(0, 65535), default=None,
+        help="Serve this worker's Prometheus metrics on /metrics at this port (default: none).")
+@option("--metrics-host", env="METRICS_HOST", default="127.0.0.1", help="Address the metrics port binds.")
 @option("--log-format", env="LOG_FORMAT", type=click.Choice(["json", "text"]), default="json", help="Log lines as JSON objects or plain text.")
 @option("--log-level", env="LOG_LEVEL", type=click.Choice(["debug", "info", "warning", "error"]), default=None,
         help="Lowest level logged. Default: info, or warning on a terminal, where live counters show the progress.")
 @click.pass_obj
 def worker(
     obj: Context, handler: str, lists: tuple[str, ...], concurrency: int, batch: int, interval_s: float,
-    expiry_s: float, drain_timeout: float, sweep_every: float, sweep_grace: float, until_complete: bool, log_format: str,
-    log_level: str | None,
+    expiry_s: float, drain_timeout: float, sweep_every: float, sweep_grace: float, until_complete: bool,
+    metrics_port: int | None, metrics_host: str, log_format: str, log_level: str | None,
 ) -> None:
     """Run HANDLER on jobs reserved from the lists, under a heartbeat session.
 
@@ -59,15 +63,28 @@ def worker(
     live = sys.stderr.isatty()
     configure_logging(log_format, log_level or ("warning" if live else "info"), live=live)
     check_timing(interval_s, expiry_s)
+    observer = None
+    if metrics_port is not None:
+        from ..metrics import WorkerMetrics
+
+        observer = WorkerMetrics()
     w = Worker(
         obj.backend(), load_handler(handler), list(lists), concurrency=concurrency, batch=batch, interval_s=interval_s,
         expiry_s=expiry_s, drain_timeout_s=drain_timeout, sweep_every_s=sweep_every,
-        sweep_grace_ms=int(sweep_grace * 1000), until_complete=until_complete,
+        sweep_grace_ms=int(sweep_grace * 1000), until_complete=until_complete, observer=observer,
     )
     # For the life of the process, not just of run(): a SIGTERM arriving while a
     # finished worker exits must not kill it with the default action.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, w.request_stop)
+    # After the handlers: a scraper that sees the port up may signal the worker at once.
+    if observer is not None and metrics_port is not None:
+        from ..metrics import serve
+
+        observer.bind(lambda: w.in_flight)
+        server = serve(observer.registry, metrics_port, metrics_host)
+        logging.getLogger("aeroqueue.worker").info(
+            "serving metrics", extra={"event": "metrics", "url": f"http://{metrics_host}:{server.server_port}/metrics"})
     if live:
         with Live(_counters_table(w), console=err_console, refresh_per_second=2, transient=False) as display:
             stop = threading.Event()

@@ -1,0 +1,89 @@
+"""Seeing the queue: `metrics` (a Prometheus exporter) and `dashboard` (a web UI).
+
+Both serve HTTP until SIGTERM/SIGINT, on 127.0.0.1 unless told otherwise:
+neither has a login, so another address belongs behind a proxy that has one.
+(`aeroqueue worker --metrics-port` serves a worker's own metrics: worker_cmd.)
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any
+
+import click
+
+from ..errors import ConfigError
+from .context import Context, err_console, option
+
+METRICS_PORT = 9420
+DASHBOARD_PORT = 8420
+
+HOST_HELP = "Address to bind. Nothing here asks for a login: bind another address only behind a proxy that does."
+
+
+@click.command()
+@option("--port", env="METRICS_PORT", type=click.IntRange(0, 65535), default=METRICS_PORT, help="Port serving /metrics.")
+@option("--host", env="METRICS_HOST", default="127.0.0.1", help=HOST_HELP)
+@option("--list", "lists", env="METRICS_LISTS", multiple=True,
+        help="Export only this list (repeatable; env: space-separated): no scan at all. Default: every list.")
+@option("--discover-every", env="METRICS_DISCOVER_EVERY", type=click.FloatRange(min=1), default=60.0,
+        help="Without --list: seconds between scans of the list set for new lists (never one per scrape).")
+@click.pass_obj
+def metrics(obj: Context, port: int, host: str, lists: tuple[str, ...], discover_every: float) -> None:
+    """Export every list's counts to Prometheus: total, queued, delayed, claimed, done,
+    dead and completion, read from the store at each scrape (a few reads per list:
+    its header and completion bitmaps, never a scan of its jobs)."""
+    from ..metrics import ListNames, serve, store_registry
+
+    stop = _stop_on_signals()
+    backend = obj.backend()
+    registry = store_registry(backend, ListNames(backend, lists, discover_every_s=discover_every))
+    server = serve(registry, port, host)
+    err_console.print(f"serving metrics on http://{host}:{server.server_port}/metrics", highlight=False)
+    _serve_until(stop, server)
+
+
+@click.command()
+@option("--port", env="DASHBOARD_PORT", type=click.IntRange(0, 65535), default=DASHBOARD_PORT, help="Port serving the dashboard.")
+@option("--host", env="DASHBOARD_HOST", default="127.0.0.1", help=HOST_HELP)
+@option("--read-only", env="DASHBOARD_READ_ONLY", is_flag=True, help="Show, but offer no actions (pause, resume, kick), and refuse them.")
+@click.pass_obj
+def dashboard(obj: Context, port: int, host: str, read_only: bool) -> None:
+    """Serve the web dashboard: lists with progress and counts, live sessions, dead
+    jobs with their errors, each job's detail; pause/resume a list, kick dead jobs.
+
+    The CSRF tokens of its forms are signed with AEROQUEUE_DASHBOARD_SECRET when
+    set (needed when several processes serve one address), else a key made up
+    for this process."""
+    try:
+        from werkzeug.serving import make_server
+
+        from ..dashboard.app import create_app
+    except ImportError as e:
+        raise ConfigError(f"the dashboard needs Flask and Flask-WTF ({e.name} is missing): pip install 'aeroqueue[dashboard]'") from None
+    stop = _stop_on_signals()
+    app = create_app(obj.backend(), read_only=read_only)
+    server = make_server(host, port, app, threaded=True)
+    threading.Thread(target=server.serve_forever, name="dashboard", daemon=True).start()
+    err_console.print(
+        f"dashboard on http://{host}:{server.server_port}/" + (" (read-only)" if read_only else ""), highlight=False
+    )
+    _serve_until(stop, server)
+
+
+def _stop_on_signals() -> threading.Event:
+    """An event SIGTERM/SIGINT set: installed before anything is served, so a signal
+    that comes early still ends the command cleanly."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+def _serve_until(stop: threading.Event, server: Any) -> None:
+    """Wait for the signal, then stop the server (it serves from its own thread)."""
+    while not stop.wait(1.0):
+        pass
+    server.shutdown()
+    server.server_close()

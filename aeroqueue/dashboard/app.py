@@ -1,0 +1,189 @@
+"""The dashboard's Flask application: pages, and the operator's POST actions.
+
+Pages: the lists with progress bars and counts, the live sessions with their
+last heartbeat, the dead jobs of each list with their errors, and one job's
+detail. Actions (POST only, each form carrying a CSRF token checked by
+Flask-WTF): pause or resume a list, kick one dead job, kick all dead jobs of a
+list. ``read_only`` hides the buttons and refuses the POSTs (403).
+
+Every asset ships in the package (templates/, static/); the Content Security
+Policy allows nothing from elsewhere, and no inline script or style.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from typing import Any
+from urllib.parse import urlsplit
+
+from flask import Flask, abort, flash, redirect, render_template, request, url_for
+from flask_wtf.csrf import CSRFError, CSRFProtect
+from werkzeug.wrappers import Response
+
+from ..backends import Backend, open_backend
+from ..errors import AeroqueueError, ListNotFound
+from ..keys import InvalidName
+from .data import Store, format_ms, now_ms
+
+ENV_SECRET = "AEROQUEUE_DASHBOARD_SECRET"
+REFRESH_S = 5.0  # the pages re-read the store this often (dashboard.js); 0: never
+
+CSP = "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+
+
+def create_app(
+    store: Backend | str | None = None, *, read_only: bool = False, secret_key: str | None = None,
+    refresh_s: float = REFRESH_S,
+) -> Flask:
+    """The dashboard app on a backend (or a store URL; default: AEROQUEUE_URL).
+
+    `secret_key` signs the session cookie that holds the CSRF token; by default
+    it is read from AEROQUEUE_DASHBOARD_SECRET, else made up for this process
+    (set it when several processes serve the dashboard behind one address)."""
+    backend = store if isinstance(store, Backend) else open_backend(store)
+    app = Flask(__name__)
+    app.config.update(
+        SECRET_KEY=secret_key or os.environ.get(ENV_SECRET) or secrets.token_hex(32),
+        SESSION_COOKIE_HTTPONLY=True,
+        SESSION_COOKIE_SAMESITE="Strict",
+        WTF_CSRF_TIME_LIMIT=None,  # valid for the life of the page's session cookie
+        AEROQUEUE_READ_ONLY=read_only,
+    )
+    CSRFProtect(app)
+    data = Store(backend)
+    app.extensions["aeroqueue"] = data
+
+    @app.context_processor
+    def _globals() -> dict[str, Any]:
+        return {"read_only": read_only, "now_ms": now_ms(), "refresh_s": refresh_s}
+
+    app.add_template_filter(format_ms, "time")
+    app.add_template_filter(_percent, "percent")
+    app.add_template_filter(_pretty, "pretty")
+
+    @app.after_request
+    def _headers(resp: Response) -> Response:
+        resp.headers["Content-Security-Policy"] = CSP
+        resp.headers["X-Content-Type-Options"] = "nosniff"
+        resp.headers["X-Frame-Options"] = "DENY"
+        resp.headers["Referrer-Policy"] = "same-origin"
+        if request.method == "GET" and not request.path.startswith("/static/"):
+            resp.headers["Cache-Control"] = "no-store"  # live counts
+        return resp
+
+    @app.errorhandler(CSRFError)
+    def _csrf_error(e: CSRFError) -> tuple[str, int]:
+        return render_template("error.html", title="Refused", message=f"{e.description} Reload the page and try again."), 400
+
+    @app.errorhandler(ListNotFound)
+    @app.errorhandler(InvalidName)
+    def _not_found(e: AeroqueueError) -> tuple[str, int]:
+        return render_template("error.html", title="Not found", message=str(e)), 404
+
+    @app.errorhandler(AeroqueueError)
+    def _store_error(e: AeroqueueError) -> tuple[str, int]:
+        app.logger.warning("store error: %s", e)
+        return render_template("error.html", title="Store error", message=str(e)), 503
+
+    # -- pages -------------------------------------------------------------------
+
+    @app.get("/")
+    def index() -> str:
+        rows = data.list_rows()
+        dead = [job for row in rows if row.status.dead for job in data.dead_jobs(row.name, limit=20)][:50]
+        return render_template("index.html", lists=rows, sessions=data.sessions(), dead=dead)
+
+    @app.get("/lists/<name>")
+    def list_page(name: str) -> str:
+        row = data.list_row(name)
+        return render_template("list.html", row=row, dead=data.dead_jobs(name))
+
+    @app.get("/lists/<name>/jobs/<int:token>")
+    def job_page(name: str, token: int) -> str:
+        job = data.job(name, token)
+        if job is None:
+            abort(404, f"list {name!r} has no job {token}")
+        return render_template("job.html", job=job, fields=sorted(job.bins.items()))
+
+    @app.get("/lists/<name>/find")
+    def find_job(name: str) -> Response:
+        jid = request.args.get("id", "").strip()
+        token = data.token_of(name, jid) if jid else None
+        if token is None:
+            flash(f"list {name!r} has no job with id {jid!r}", "error")
+            return redirect(url_for("list_page", name=name))
+        return redirect(url_for("job_page", name=name, token=token))
+
+    @app.errorhandler(404)
+    def _404(e: Any) -> tuple[str, int]:
+        return render_template("error.html", title="Not found", message=getattr(e, "description", "")), 404
+
+    # -- actions -----------------------------------------------------------------
+
+    def writable() -> None:
+        if read_only:
+            abort(403, "this dashboard is read-only")
+
+    @app.post("/lists/<name>/pause")
+    def pause(name: str) -> Response:
+        writable()
+        data.pause(name, True)
+        flash(f"list {name} paused: workers take nothing more from it", "ok")
+        return back(url_for("list_page", name=name))
+
+    @app.post("/lists/<name>/resume")
+    def resume(name: str) -> Response:
+        writable()
+        data.pause(name, False)
+        flash(f"list {name} resumed", "ok")
+        return back(url_for("list_page", name=name))
+
+    @app.post("/lists/<name>/kick")
+    def kick_all(name: str) -> Response:
+        writable()
+        n = data.kick_all(name)
+        flash(f"{n} dead job(s) of {name} put back in the queue", "ok")
+        return back(url_for("list_page", name=name))
+
+    @app.post("/lists/<name>/jobs/<int:token>/kick")
+    def kick_job(name: str, token: int) -> Response:
+        writable()
+        if data.kick_job(name, token):
+            flash(f"job {name}/{token} kicked: queued again with fresh attempts", "ok")
+        else:
+            flash(f"job {name}/{token} is not dead: left as it is", "error")
+        return redirect(url_for("job_page", name=name, token=token))
+
+    @app.errorhandler(403)
+    def _403(e: Any) -> tuple[str, int]:
+        return render_template("error.html", title="Refused", message=getattr(e, "description", "")), 403
+
+    return app
+
+
+def back(default: str) -> Response:
+    """Redirect to the form's `next` (a path on this site only), else `default`."""
+    target = request.form.get("next", "")
+    parts = urlsplit(target)
+    if not target.startswith("/") or target.startswith(("//", "/\\")) or parts.scheme or parts.netloc:
+        target = default
+    return redirect(target)
+
+
+def _percent(share: float) -> str:
+    return f"{share * 100:.1f}"
+
+
+def _pretty(value: Any) -> str:
+    """A bin's value as indented JSON (bytes as hex); the template escapes it."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, indent=2, ensure_ascii=False, default=_bytes_hex)
+
+
+def _bytes_hex(value: Any) -> str:
+    if isinstance(value, (bytes, bytearray)):
+        return value.hex()
+    return repr(value)

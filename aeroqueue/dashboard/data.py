@@ -1,0 +1,230 @@
+"""What the dashboard shows, read from the store (no Flask here).
+
+Reads stay cheap whatever a list's size: a list's counts are `JobLists.status`
+(its header and completion bitmaps); its dead jobs are found from the dead
+bitmap (one bit per job) and only those job records are read; sessions are
+the (small) session set, and each session's claims come from the secondary
+index on ``sess``. Kicking every dead job of a list walks the list's job
+records (`JobLists.kick`): an operator's action, not a page view.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aerospike_helpers import expressions as xp
+
+from .. import keys
+from ..backends import Backend
+from ..errors import ListNotFound
+from ..lists import JobLists, ListStatus
+
+DEAD_PAGE = 100  # dead jobs shown per list page
+# Bins that may hold a job's earlier errors (newest last), besides `err` (the last one).
+HISTORY_BINS = ("errs", "errors", "err_hist")
+
+_CLAIMED = xp.Eq(xp.StrBin("state"), "claimed").compile()
+
+
+@dataclass(frozen=True)
+class ListRow:
+    status: ListStatus
+    queued: int
+    delayed: int
+    claimed: int
+
+    @property
+    def name(self) -> str:
+        return self.status.name
+
+    def share(self, count: int) -> float:
+        """count as a fraction of the list's total (0 for an empty list)."""
+        return count / self.status.total if self.status.total else 0.0
+
+    @property
+    def finished_share(self) -> float:
+        return self.share(self.status.done + self.status.dead)
+
+
+@dataclass(frozen=True)
+class SessionRow:
+    id: str
+    state: str
+    host: str
+    pid: int | None
+    started: int | None
+    beat: int | None
+    expiry_ms: int
+    claims: int
+
+    def beat_age_s(self, now_ms: int) -> float | None:
+        """Seconds since the last heartbeat, by this process's clock: for display only
+        (liveness is judged by the server's clock, by the reaper)."""
+        return None if self.beat is None else max(0.0, (now_ms - self.beat) / 1000)
+
+    def overdue(self, now_ms: int) -> bool:
+        age = self.beat_age_s(now_ms)
+        return self.state != "alive" or (age is not None and age * 1000 > self.expiry_ms)
+
+
+@dataclass(frozen=True)
+class ErrorEntry:
+    message: str
+    at: int | None = None
+    traceback: str | None = None
+
+
+@dataclass(frozen=True)
+class JobView:
+    list_name: str
+    token: int
+    bins: dict[str, Any]
+    errors: list[ErrorEntry] = field(default_factory=list)
+
+    @property
+    def state(self) -> str:
+        return str(self.bins.get("state", "?"))
+
+    @property
+    def jid(self) -> str:
+        return str(self.bins.get("jid", ""))
+
+    @property
+    def last_error(self) -> ErrorEntry | None:
+        return self.errors[-1] if self.errors else None
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def format_ms(ms: Any) -> str:
+    """Server milliseconds as an ISO 8601 UTC time; '' when unset."""
+    if not isinstance(ms, (int, float)) or isinstance(ms, bool) or ms <= 0:
+        return ""
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+
+
+def split_error(text: str) -> tuple[str, str | None]:
+    """'Type: message\\nTraceback ...' (how the worker records a failure) -> (message, traceback)."""
+    head, sep, rest = text.partition("\n")
+    return (head, rest.strip() or None) if sep else (text, None)
+
+
+def error_history(bins: dict[str, Any]) -> list[ErrorEntry]:
+    """A job's errors, oldest first: an error-history bin if the job has one (entries
+    given as maps with a message and maybe a time and traceback, or as strings),
+    then its last error (`err`) unless the history already ends with it."""
+    out: list[ErrorEntry] = []
+    for name in HISTORY_BINS:
+        history = bins.get(name)
+        if not isinstance(history, list):
+            continue
+        for entry in history:
+            if isinstance(entry, dict):
+                text = str(entry.get("err") or entry.get("msg") or entry.get("message") or entry.get("error") or "")
+                message, tb = split_error(text)
+                tb = entry.get("tb") or entry.get("traceback") or tb
+                at = entry.get("at") or entry.get("time") or entry.get("t")
+                out.append(ErrorEntry(message, at if isinstance(at, int) else None, str(tb) if tb else None))
+            elif entry is not None:
+                message, tb = split_error(str(entry))
+                out.append(ErrorEntry(message, None, tb))
+        break
+    err = bins.get("err")
+    if isinstance(err, str) and err:
+        message, tb = split_error(err)
+        if not out or out[-1].message != message:
+            out.append(ErrorEntry(message, None, tb))
+    return out
+
+
+class Store:
+    """The dashboard's reads and the operator's actions, on one backend."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.lists = JobLists(backend)
+
+    # -- reads ---------------------------------------------------------------------
+
+    def list_rows(self) -> list[ListRow]:
+        rows = []
+        for name in self.lists.names():
+            try:
+                rows.append(self.list_row(name))
+            except ListNotFound:
+                continue  # dropped meanwhile
+        return rows
+
+    def list_row(self, name: str) -> ListRow:
+        st = self.lists.status(name)
+        delayed = int(getattr(st, "delayed", 0) or 0)
+        return ListRow(st, queued=st.reservable + st.retry_pending, delayed=delayed, claimed=st.in_flight)
+
+    def sessions(self) -> list[SessionRow]:
+        rows = []
+        for sid, rec in self.backend.scan(keys.SESS_SET):
+            b = rec.bins
+            claims = len(self.backend.find(keys.JOB_SET, "sess", sid, expression=_CLAIMED, bins=["state"]))
+            rows.append(SessionRow(
+                id=sid, state=str(b.get("state", "?")), host=str(b.get("host", "")), pid=b.get("pid"),
+                started=b.get("started"), beat=b.get("beat"), expiry_ms=int(b.get("exp") or 0), claims=claims,
+            ))
+        return sorted(rows, key=lambda r: (r.host, r.started or 0, r.id))
+
+    def dead_jobs(self, name: str, limit: int = DEAD_PAGE) -> list[JobView]:
+        """Up to `limit` dead jobs of a list, in token order, found from its dead bitmap."""
+        head = self.lists.header(name)
+        tokens = dead_tokens(self.backend, name, head["alloc"], limit)
+        recs = self.backend.batch_get(keys.JOB_SET, [keys.job_name(name, t) for t in tokens])
+        return [
+            JobView(name, t, rec.bins, error_history(rec.bins))
+            for t, rec in zip(tokens, recs, strict=True)
+            if rec is not None and rec.bins.get("state") == "dead"  # a bit may lag a kick
+        ]
+
+    def job(self, name: str, token: int) -> JobView | None:
+        keys.check_list_name(name)
+        rec = self.backend.get(keys.JOB_SET, keys.job_name(name, token))
+        if rec is None or rec.bins.get("state") == "void":
+            return None
+        return JobView(name, token, rec.bins, error_history(rec.bins))
+
+    def token_of(self, name: str, jid: str) -> int | None:
+        """The token of a job by its id (the load's job-id index), or None."""
+        keys.check_list_name(name)
+        rec = self.backend.get(keys.JIDX_SET, keys.jidx_name(name, jid))
+        return None if rec is None else int(rec.bins["tok"])
+
+    # -- actions -------------------------------------------------------------------
+
+    def pause(self, name: str, paused: bool) -> None:
+        self.lists.pause(name, paused)
+
+    def kick_job(self, name: str, token: int) -> bool:
+        return self.lists.kick(name, [token]) == 1
+
+    def kick_all(self, name: str) -> int:
+        return self.lists.kick(name)
+
+
+def dead_tokens(backend: Backend, name: str, alloc: int, limit: int) -> list[int]:
+    """Tokens whose bit is set in a list's dead bitmap, lowest first, at most `limit`."""
+    n_chunks = -(-alloc // keys.BITS_PER_CHUNK)
+    recs = backend.batch_get(keys.DONE_SET, [keys.chunk_name(name, c) for c in range(n_chunks)], bins=["dead"])
+    out: list[int] = []
+    for chunk, rec in enumerate(recs):
+        data = bytes(rec.bins.get("dead") or b"") if rec is not None else b""
+        for i, byte in enumerate(data):
+            if not byte:
+                continue
+            for bit in range(8):
+                if byte & (0x80 >> bit):
+                    out.append(chunk * keys.BITS_PER_CHUNK + i * 8 + bit)
+                    if len(out) >= limit:
+                        return out
+    return out

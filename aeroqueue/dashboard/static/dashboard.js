@@ -1,0 +1,38 @@
+// aeroqueue dashboard: keep the counts live, and confirm the actions that need it.
+// Served from the package (the Content Security Policy allows no inline script).
+"use strict";
+
+(function () {
+  const live = document.getElementById("live");
+  const every = live ? Number(live.dataset.refresh || 0) : 0;
+
+  function busy() {
+    // Never swap the page under someone using it: a focused field, a <details>
+    // they opened, or a selection in progress.
+    const active = document.activeElement;
+    if (active && active !== document.body && live.contains(active)) return true;
+    if (live.querySelector("details[open]:not([data-default-open])")) return true;
+    const sel = window.getSelection();
+    return sel && !sel.isCollapsed;
+  }
+
+  async function refresh() {
+    if (document.hidden || busy()) return;
+    try {
+      const resp = await fetch(window.location.href, { headers: { Accept: "text/html" }, cache: "no-store" });
+      if (!resp.ok) return;
+      const doc = new DOMParser().parseFromString(await resp.text(), "text/html");
+      const fresh = doc.getElementById("live");
+      if (fresh && !busy()) live.innerHTML = fresh.innerHTML;
+    } catch (e) {
+      // The dashboard or the store is unreachable for a moment: keep what is shown.
+    }
+  }
+
+  if (every > 0) window.setInterval(refresh, every * 1000);
+
+  document.addEventListener("submit", function (event) {
+    const form = event.target;
+    if (form.dataset && form.dataset.confirm && !window.confirm(form.dataset.confirm)) event.preventDefault();
+  });
+})();

@@ -1,0 +1,246 @@
+"""Prometheus metrics: a worker's counters, and per-list gauges read from the store.
+
+Two sources, two commands:
+
+- `WorkerMetrics` is a `WorkerObserver`: ``aeroqueue worker --metrics-port P``
+  counts what that worker does (jobs reserved, completed, failed, timed out,
+  dead, released, lost, by list), how long handlers and reservations take
+  (histograms), the jobs in flight and the session's heartbeats.
+- `StoreCollector` answers each scrape of ``aeroqueue metrics --port P`` with
+  every list's counts as they are in the store, read at scrape time the way
+  `JobLists.status` reads them: the list's header record and its completion
+  bitmap chunks, a few reads per list, never a scan of the jobs. Which lists
+  exist is a scan of the list set, so it is not done per scrape: either the
+  lists are named, or they are discovered at most every `discover_every_s`.
+
+Names follow Prometheus' conventions: a common ``aeroqueue_`` prefix, base
+units (seconds, ratios), ``_total`` for counters only. Histograms carry no
+list label: one series set per worker, whatever number of lists it follows.
+Each source has its own registry, so several can live in one process (tests).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    start_http_server,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from .backends import Backend
+from .errors import AeroqueueError, ListNotFound
+from .lists import JobLists, ListStatus
+from .observe import WorkerObserver
+
+log = logging.getLogger("aeroqueue.metrics")
+
+# Handlers run from milliseconds to the job time limit (minutes).
+HANDLER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+# A reservation is two or three round trips (more when the key is busy).
+RESERVE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+
+STATES = ("queued", "delayed", "claimed", "done", "dead")
+
+
+class WorkerMetrics(WorkerObserver):
+    """A worker's metrics, in a registry of their own (`registry`)."""
+
+    def __init__(self, in_flight: Callable[[], float] | None = None, *, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+
+        def jobs(name: str, what: str) -> Counter:
+            return Counter(f"aeroqueue_jobs_{name}", what, ["list"], registry=r)
+
+        self.jobs_reserved = jobs("reserved", "Jobs reserved (claimed) by this worker.")
+        self.jobs_completed = jobs("completed", "Jobs this worker completed (acknowledged done).")
+        self.jobs_failed = jobs("failed", "Failed attempts put back for a retry (a last attempt that fails counts as dead).")
+        self.jobs_timed_out = jobs("timed_out", "Attempts whose handler ran past the job's time limit.")
+        self.jobs_dead = jobs("dead", "Jobs that failed their last attempt here and went dead.")
+        self.jobs_released = jobs("released", "Jobs given back unfinished (draining, or an acknowledgement that failed).")
+        self.jobs_lost = jobs("lost", "Outcomes not acknowledged: the claim or the session was lost meanwhile.")
+        self.handler_seconds = Histogram(
+            "aeroqueue_handler_duration_seconds", "Time a handler took on one job, whatever its outcome.",
+            buckets=HANDLER_BUCKETS, registry=r,
+        )
+        self.reserve_seconds = Histogram(
+            "aeroqueue_reserve_duration_seconds", "Time one reservation call took (including those that found nothing).",
+            buckets=RESERVE_BUCKETS, registry=r,
+        )
+        self.in_flight = Gauge("aeroqueue_worker_jobs_in_flight", "Jobs whose handler is running now.", registry=r)
+        if in_flight is not None:
+            self.in_flight.set_function(in_flight)
+        self.heartbeats = Counter(
+            "aeroqueue_session_heartbeats", "Session heartbeats, by result (ok, or failed: refused or not answered).",
+            ["result"], registry=r,
+        )
+        self.last_heartbeat = Gauge(
+            "aeroqueue_session_last_heartbeat_timestamp_seconds", "When the session's last heartbeat succeeded (Unix time).",
+            registry=r,
+        )
+        for result in ("ok", "failed"):  # both series exist from the start, so rate() sees the first one
+            self.heartbeats.labels(result)
+        ProcessCollector(registry=r)
+
+    def bind(self, in_flight: Callable[[], float]) -> None:
+        """Read the in-flight gauge from this function at each scrape."""
+        self.in_flight.set_function(in_flight)
+
+    # -- WorkerObserver -----------------------------------------------------------
+
+    def reserve_latency(self, list_name: str, seconds: float) -> None:
+        self.reserve_seconds.observe(seconds)
+
+    def reserved(self, list_name: str, n: int) -> None:
+        self.jobs_reserved.labels(list_name).inc(n)
+
+    def handler_duration(self, list_name: str, seconds: float) -> None:
+        self.handler_seconds.observe(seconds)
+
+    def done(self, list_name: str) -> None:
+        self.jobs_completed.labels(list_name).inc()
+
+    def failed(self, list_name: str) -> None:
+        self.jobs_failed.labels(list_name).inc()
+
+    def dead(self, list_name: str) -> None:
+        self.jobs_dead.labels(list_name).inc()
+
+    def timed_out(self, list_name: str) -> None:
+        self.jobs_timed_out.labels(list_name).inc()
+
+    def released(self, list_name: str, n: int = 1) -> None:
+        self.jobs_released.labels(list_name).inc(n)
+
+    def lost(self, list_name: str) -> None:
+        self.jobs_lost.labels(list_name).inc()
+
+    def heartbeat(self, ok: bool) -> None:
+        self.heartbeats.labels("ok" if ok else "failed").inc()
+        if ok:
+            self.last_heartbeat.set_to_current_time()
+
+
+# -- the store exporter -----------------------------------------------------------------
+
+
+class ListNames:
+    """The lists to export: the ones named, or those found by a scan of the list set
+    at most every `discover_every_s` (the scan is the only costly read)."""
+
+    def __init__(self, backend: Backend, names: Sequence[str] = (), *, discover_every_s: float = 60.0) -> None:
+        self.lists = JobLists(backend)
+        self.fixed = list(names)
+        self.discover_every_s = discover_every_s
+        self._found: list[str] = []
+        self._at = float("-inf")
+        self._lock = threading.Lock()
+
+    def __call__(self) -> list[str]:
+        if self.fixed:
+            return self.fixed
+        with self._lock:  # concurrent scrapes share one discovery
+            if time.monotonic() - self._at >= self.discover_every_s:
+                self._found = self.lists.names()
+                self._at = time.monotonic()
+            return list(self._found)
+
+
+def state_counts(st: ListStatus) -> dict[str, int]:
+    """A status as the exporter's states. `delayed` is read from the status when it
+    has one (jobs waiting for their time, not reservable yet), else 0."""
+    return {
+        "queued": st.reservable + st.retry_pending,
+        "delayed": int(getattr(st, "delayed", 0) or 0),
+        "claimed": st.in_flight,
+        "done": st.done,
+        "dead": st.dead,
+    }
+
+
+def completion(st: ListStatus) -> float:
+    """Finished (done or dead) over total: 0..1; an empty list is 0."""
+    return (st.done + st.dead) / st.total if st.total else 0.0
+
+
+class StoreCollector(Collector):
+    """Per-list gauges, read from the store at each scrape."""
+
+    def __init__(self, backend: Backend, names: Callable[[], Iterable[str]]) -> None:
+        self.lists = JobLists(backend)
+        self.names = names
+        self._errors = 0
+        self._lock = threading.Lock()
+
+    def collect(self) -> Iterator[Metric]:
+        started = time.monotonic()
+        total = GaugeMetricFamily("aeroqueue_list_jobs", "Jobs loaded into the list.", labels=["list"])
+        by_state = GaugeMetricFamily(
+            "aeroqueue_list_jobs_by_state",
+            "Jobs of the list by state: queued (reservable or waiting for a retry), delayed, claimed, done, dead.",
+            labels=["list", "state"],
+        )
+        ratio = GaugeMetricFamily("aeroqueue_list_completion_ratio", "Finished jobs (done or dead) over total, 0 to 1.", labels=["list"])
+        complete = GaugeMetricFamily("aeroqueue_list_complete", "1 once the list is sealed and every job is done or dead.", labels=["list"])
+        paused = GaugeMetricFamily("aeroqueue_list_paused", "1 while reservations from the list are paused.", labels=["list"])
+        sealed = GaugeMetricFamily("aeroqueue_list_sealed", "1 once loading into the list is finished.", labels=["list"])
+        n = 0
+        try:
+            names = list(self.names())
+        except AeroqueueError as e:
+            self._error("cannot list the job lists", e)
+            names = []
+        for name in names:
+            try:
+                st = self.lists.status(name)
+            except ListNotFound:
+                continue  # dropped since it was discovered
+            except AeroqueueError as e:
+                self._error(f"cannot read list {name!r}", e)
+                continue
+            n += 1
+            total.add_metric([name], st.total)
+            for state, count in state_counts(st).items():
+                by_state.add_metric([name, state], count)
+            ratio.add_metric([name], completion(st))
+            complete.add_metric([name], 1 if st.complete else 0)
+            paused.add_metric([name], 1 if st.paused else 0)
+            sealed.add_metric([name], 1 if st.sealed else 0)
+        yield from (total, by_state, ratio, complete, paused, sealed)
+        yield GaugeMetricFamily("aeroqueue_lists", "Job lists exported.", value=n)
+        with self._lock:
+            errors = self._errors
+        yield CounterMetricFamily("aeroqueue_exporter_errors", "Store reads that failed during scrapes.", value=errors)
+        yield GaugeMetricFamily(
+            "aeroqueue_exporter_scrape_duration_seconds", "Time this scrape took to read the store.",
+            value=time.monotonic() - started,
+        )
+
+    def _error(self, what: str, e: Exception) -> None:
+        with self._lock:
+            self._errors += 1
+        log.warning(what, extra={"event": "scrape_failed", "error": str(e)})
+
+
+def store_registry(backend: Backend, names: Callable[[], Iterable[str]]) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    registry.register(StoreCollector(backend, names))
+    return registry
+
+
+def serve(registry: CollectorRegistry, port: int, host: str = "127.0.0.1") -> Any:
+    """Serve /metrics from `registry` in a daemon thread; returns the HTTP server
+    (`server_port` is the port bound, useful with port 0; `shutdown()` stops it)."""
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    return server

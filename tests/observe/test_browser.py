@@ -1,0 +1,105 @@
+"""The dashboard in a real headless Chromium (selenium): an operator kicks a dead
+job and sees it queued; the page keeps its counts live; the Content Security
+Policy lets every asset load (they ship in the package). On every backend."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aeroqueue import keys
+from aeroqueue.backends import Backend
+from aeroqueue.dashboard import create_app
+from aeroqueue.lists import JobLists
+from aeroqueue.loading import JobSpec
+from aeroqueue.queue import Queue
+from aeroqueue.sessions import Session
+from tests.observe.conftest import serving
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def click(browser: Any, css: str) -> None:
+    """Click the element, again if the live refresh replaced it meanwhile."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def attempt(drv: Any) -> bool:
+        try:
+            drv.find_element("css selector", css).click()
+            return True
+        except StaleElementReferenceException:
+            return False
+
+    WebDriverWait(browser, 10).until(attempt)
+
+
+def wait_text(browser: Any, css: str, expected: str, timeout: float = 10) -> None:
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def seen(drv: Any) -> bool:
+        try:
+            return expected in drv.find_element("css selector", css).text
+        except (NoSuchElementException, StaleElementReferenceException):
+            return False
+
+    WebDriverWait(browser, timeout).until(seen, f"{css!r} never showed {expected!r}")
+
+
+def test_kick_a_dead_job_from_the_browser(
+    browser: Any, registered: Backend, list_name: str, screenshot_dir: Callable[[str], Path] | None,
+) -> None:
+    lists, queue = JobLists(registered), Queue(registered)
+    lists.load(list_name, [JobSpec(f"mail-{i}", {"to": f"u{i}@example.org"}) for i in range(8)], max_attempts=1, seal=True)
+    with Session.open(registered, heartbeat=False) as session:
+        for job in queue.reserve(list_name, session, 4):
+            if job.token in (1, 2):
+                queue.fail(job, f"SMTPError: mailbox {job.payload['to']} unreachable\nTraceback (most recent call last):\n  ...")
+            else:
+                queue.complete(job, {"sent": True})
+    assert lists.status(list_name).dead == 2
+    browser.get("about:blank")  # nothing of an earlier test's page runs on
+    browser.get_log("browser")  # and what it logged is dropped
+
+    with serving(create_app(registered, secret_key="browser-test", refresh_s=1)) as base:
+        browser.get(f"{base}/lists/{list_name}")
+        assert list_name in browser.title
+        rows = browser.find_elements("css selector", "tr.dead-job")
+        assert sorted(r.get_attribute("data-token") for r in rows) == ["1", "2"]
+        assert "mailbox u2@example.org unreachable" in browser.find_element("css selector", 'tr.dead-job[data-token="2"]').text
+        # The stylesheet applied (served from the package, allowed by the CSP): the bar has colour.
+        fill = browser.execute_script(
+            "return getComputedStyle(document.querySelector('svg.bar rect.dead')).fill")
+        assert fill == "rgb(214, 69, 69)", fill
+        if screenshot_dir:
+            browser.save_screenshot(str(screenshot_dir("list")))
+
+        click(browser, 'tr.dead-job[data-token="2"] button.kick')
+        wait_text(browser, "#job-state", "queued")
+        assert browser.current_url.endswith(f"/lists/{list_name}/jobs/2")
+        assert "kicked" in browser.find_element("css selector", ".flash").text
+        rec = registered.get(keys.JOB_SET, keys.job_name(list_name, 2))
+        assert rec is not None and rec.bins["state"] == "queued" and rec.bins["att"] == 0
+        assert lists.status(list_name).dead == 1
+        if screenshot_dir:
+            browser.save_screenshot(str(screenshot_dir("job")))
+
+        # The list page keeps itself current: a job dying elsewhere shows up without a reload.
+        browser.get(f"{base}/lists/{list_name}")
+        wait_text(browser, "dl.counts .dead dd", "1")
+        with Session.open(registered, heartbeat=False) as session:
+            for job in queue.reserve(list_name, session, 8):
+                if job.token == 2:
+                    queue.fail(job, "SMTPError: still unreachable")
+                else:
+                    queue.complete(job)
+        wait_text(browser, "dl.counts .dead dd", "2")
+        wait_text(browser, 'tr.dead-job[data-token="2"]', "still unreachable")
+        severe = [e for e in browser.get_log("browser") if e.get("level") == "SEVERE"]
+        browser.get("about:blank")  # before the server goes: the page's refresh would fail
+
+    assert not severe, f"the browser reported errors (a CSP violation?): {severe}"

@@ -1,0 +1,262 @@
+"""The dashboard over HTTP (Flask's test client) on every backend: what the pages
+show matches the store, each action changes the store as it says and only with
+a valid CSRF token, and --read-only offers and accepts none."""
+
+from __future__ import annotations
+
+import html
+import re
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+
+from aeroqueue import keys
+from aeroqueue.backends import Backend
+from aeroqueue.dashboard import create_app
+from aeroqueue.dashboard.data import Store, dead_tokens, error_history
+from aeroqueue.lists import JobLists
+from aeroqueue.loading import JobSpec
+from aeroqueue.queue import Queue
+from aeroqueue.sessions import Session
+from aeroqueue.transitions import set_bits
+from tests.observe.conftest import free_port, spawn, stop
+
+pytestmark = pytest.mark.timeout(60)
+
+TOKEN = re.compile(r'name="csrf_token" value="([^"]+)"')
+
+
+@pytest.fixture
+def dead_list(registered: Backend, list_name: str) -> Iterator[tuple[str, Session]]:
+    """10 jobs, one attempt each: 0, 3 and 6 dead (with their errors), 1, 2, 4 done,
+    5 claimed by a live session, the rest queued."""
+    lists, queue = JobLists(registered), Queue(registered)
+    lists.load(list_name, [JobSpec(f"job-{i}", {"i": i}) for i in range(10)], max_attempts=1, seal=True)
+    session = Session.open(registered, heartbeat=False)
+    for job in queue.reserve(list_name, session, 7):
+        if job.token % 3 == 0:
+            queue.fail(job, f"ValueError: <bad> input {job.token}\nTraceback (most recent call last):\n  boom")
+        elif job.token != 5:
+            queue.complete(job, {"ok": job.token})
+    yield list_name, session
+    session.close()
+
+
+@pytest.fixture
+def app(registered: Backend) -> Flask:
+    return create_app(registered, secret_key="test-secret")
+
+
+def csrf(client: FlaskClient, path: str) -> str:
+    page = client.get(path)
+    assert page.status_code == 200
+    found = TOKEN.search(page.get_data(as_text=True))
+    assert found, f"no CSRF token in {path}"
+    return found.group(1)
+
+
+def job_state(backend: Backend, list_name: str, token: int) -> str:
+    rec = backend.get(keys.JOB_SET, keys.job_name(list_name, token))
+    assert rec is not None
+    return str(rec.bins["state"])
+
+
+def text(resp: Any) -> str:
+    return html.unescape(resp.get_data(as_text=True))
+
+
+def test_pages_show_the_store(app: Flask, registered: Backend, dead_list: tuple[str, Session]) -> None:
+    name, session = dead_list
+    client = app.test_client()
+    st = JobLists(registered).status(name)
+    assert (st.done, st.dead, st.in_flight) == (3, 3, 1)
+
+    index = client.get("/")
+    assert index.status_code == 200
+    assert index.headers["Content-Security-Policy"].startswith("default-src 'self'")
+    page = text(index)
+    row = re.search(rf'<tr class="list-row" data-list="{re.escape(name)}">(.*?)</tr>', page, re.S)
+    assert row, "the list is on the overview"
+    numbers = re.findall(r'<td class="num[^"]*">([\d,]+)</td>', row.group(1))
+    assert numbers == ["10", "3", "0", "1", "3", "3"]  # total, queued, delayed, claimed, done, dead
+    assert "60.0%" in row.group(1)  # (3 done + 3 dead) / 10
+    assert session.id[:12] in page and "session-row" in page
+    assert "ValueError: <bad> input 3" in page  # dead jobs with their errors, escaped by the template
+    assert "<bad>" not in index.get_data(as_text=True)
+
+    listing = text(client.get(f"/lists/{name}"))
+    assert sorted(int(t) for t in re.findall(r'<tr class="dead-job" data-token="(\d+)"', listing)) == [0, 3, 6]
+    assert "kick all 3 dead" in listing
+
+    job = client.get(f"/lists/{name}/jobs/3")
+    assert job.status_code == 200
+    body = text(job)
+    assert re.search(r'id="job-state">dead<', body)
+    assert "job-3" in body and "Traceback (most recent call last)" in body
+    done = text(client.get(f"/lists/{name}/jobs/1"))
+    assert re.search(r'id="job-state">done<', done) and '"ok": 1' in done
+
+    assert client.get(f"/lists/{name}/find?id=job-6").headers["Location"].endswith(f"/lists/{name}/jobs/6")
+    assert client.get(f"/lists/{name}-nope").status_code == 404
+    assert client.get(f"/lists/{name}/jobs/99").status_code == 404
+    assert client.get("/lists/bad name!").status_code == 404
+
+
+def test_actions_need_a_csrf_token(app: Flask, registered: Backend, dead_list: tuple[str, Session]) -> None:
+    name, _ = dead_list
+    client = app.test_client()
+    refused = client.post(f"/lists/{name}/jobs/0/kick")
+    assert refused.status_code == 400 and "CSRF" in refused.get_data(as_text=True)
+    assert client.post(f"/lists/{name}/pause", data={"csrf_token": "forged"}).status_code == 400
+    assert job_state(registered, name, 0) == "dead"
+    assert not JobLists(registered).status(name).paused
+    # A token from another dashboard (another secret) is no good either.
+    other = create_app(registered, secret_key="another-secret").test_client()
+    assert client.post(f"/lists/{name}/pause", data={"csrf_token": csrf(other, f"/lists/{name}")}).status_code == 400
+    assert not JobLists(registered).status(name).paused
+
+
+def test_pause_resume_and_kick(app: Flask, registered: Backend, dead_list: tuple[str, Session]) -> None:
+    name, _ = dead_list
+    lists = JobLists(registered)
+    client = app.test_client()
+    token = csrf(client, f"/lists/{name}")
+
+    resp = client.post(f"/lists/{name}/pause", data={"csrf_token": token, "next": "/"})
+    assert resp.status_code == 302 and resp.headers["Location"] == "/"
+    assert lists.status(name).paused
+    with Session.open(registered, heartbeat=False) as other:
+        assert Queue(registered).reserve(name, other, 1) == []
+    assert "paused" in text(client.get("/"))
+    client.post(f"/lists/{name}/resume", data={"csrf_token": token})
+    assert not lists.status(name).paused
+
+    # Kick one dead job: queued again with fresh attempts, its dead bit cleared, the others still dead.
+    resp = client.post(f"/lists/{name}/jobs/3/kick", data={"csrf_token": token}, follow_redirects=True)
+    assert resp.status_code == 200 and "kicked" in text(resp)
+    assert re.search(r'id="job-state">queued<', text(resp))
+    assert [job_state(registered, name, t) for t in (0, 3, 6)] == ["dead", "queued", "dead"]
+    st = lists.status(name)
+    assert st.dead == 2 and 3 in (registered.get(keys.LIST_SET, name).bins.get("retry") or [])  # type: ignore[union-attr]
+    # Kicking a job that is not dead changes nothing.
+    resp = client.post(f"/lists/{name}/jobs/1/kick", data={"csrf_token": token}, follow_redirects=True)
+    assert "is not dead" in text(resp) and job_state(registered, name, 1) == "done"
+    assert lists.status(name).done == 3
+
+    # Kick all: the two left.
+    resp = client.post(f"/lists/{name}/kick", data={"csrf_token": token}, follow_redirects=True)
+    assert "2 dead job(s)" in text(resp)
+    assert lists.status(name).dead == 0
+    assert [job_state(registered, name, t) for t in (0, 3, 6)] == ["queued"] * 3
+    # And a worker can take them again: the kicked jobs come first (retry store).
+    with Session.open(registered, heartbeat=False) as other:
+        got = Queue(registered).reserve(name, other, 3)
+        assert sorted(j.token for j in got) == [0, 3, 6]
+
+
+def test_next_never_leaves_the_site(app: Flask, registered: Backend, dead_list: tuple[str, Session]) -> None:
+    name, _ = dead_list
+    client = app.test_client()
+    token = csrf(client, "/")
+    for target in ("//evil.example/x", "https://evil.example/", "/\\evil.example", "javascript:alert(1)"):
+        resp = client.post(f"/lists/{name}/pause", data={"csrf_token": token, "next": target})
+        assert resp.headers["Location"] == f"/lists/{name}", target
+
+
+def test_read_only_offers_and_accepts_no_action(registered: Backend, dead_list: tuple[str, Session]) -> None:
+    name, _ = dead_list
+    app = create_app(registered, read_only=True, secret_key="s")
+    client = app.test_client()
+    for path in ("/", f"/lists/{name}", f"/lists/{name}/jobs/0"):
+        page = client.get(path).get_data(as_text=True)
+        assert 'method="post"' not in page, path
+        assert ">kick<" not in page and ">pause<" not in page
+        assert "read-only" in page
+    for path in (f"/lists/{name}/pause", f"/lists/{name}/jobs/0/kick", f"/lists/{name}/kick"):
+        assert client.post(path, data={"csrf_token": "x"}).status_code in (400, 403)
+    # With the token of a real session, it is the read-only check that refuses.
+    writable = create_app(registered, read_only=False, secret_key="s").test_client()
+    token = csrf(writable, f"/lists/{name}")
+    client.set_cookie("session", writable.get_cookie("session").value)  # type: ignore[union-attr]
+    for path in (f"/lists/{name}/pause", f"/lists/{name}/jobs/0/kick", f"/lists/{name}/kick"):
+        assert client.post(path, data={"csrf_token": token}).status_code == 403, path
+    assert job_state(registered, name, 0) == "dead"
+    assert not JobLists(registered).status(name).paused
+
+
+def test_dead_jobs_are_found_from_the_bitmap(registered: Backend, list_name: str) -> None:
+    # Bits in two bitmap chunks (65,536 jobs each), without loading 70,000 jobs.
+    set_bits(registered, list_name, [3, 9, 70_000], "dead", 1)
+    assert dead_tokens(registered, list_name, 70_001, 10) == [3, 9, 70_000]
+    assert dead_tokens(registered, list_name, 70_001, 2) == [3, 9]
+    assert dead_tokens(registered, list_name, 100, 10) == [3, 9]  # only the chunks the list has
+    assert dead_tokens(registered, f"{list_name}-none", 10, 10) == []
+
+
+def test_error_history_bins_are_shown(app: Flask, registered: Backend, dead_list: tuple[str, Session]) -> None:
+    name, _ = dead_list
+    # A job record carrying an error history (another feature writes one): shown oldest first.
+    registered.put(keys.JOB_SET, keys.job_name(name, 6), {"errs": [
+        {"at": 1_700_000_000_000, "err": "TimeoutError: first\nTraceback: t1"},
+        {"at": 1_700_000_100_000, "err": "ValueError: <bad> input 6"},
+    ]})
+    page = text(app.test_client().get(f"/lists/{name}/jobs/6"))
+    assert page.index("TimeoutError: first") < page.index("ValueError: <bad> input 6")
+    assert "2023-11-14 22:13:20.000Z" in page and "Traceback: t1" in page
+    assert re.search(r'<span class="count">2</span>', page)
+
+    bins = {"errs": ["RuntimeError: a", {"msg": "RuntimeError: b", "tb": "tb-b", "at": 5}], "err": "RuntimeError: c\ntb-c"}
+    got = [(e.message, e.traceback, e.at) for e in error_history(bins)]
+    assert got == [("RuntimeError: a", None, None), ("RuntimeError: b", "tb-b", 5), ("RuntimeError: c", "tb-c", None)]
+    assert [e.message for e in error_history({"err": "x", "errs": [{"err": "x"}]})] == ["x"]
+    assert error_history({}) == []
+
+
+def test_sessions_show_their_heartbeat_and_claims(registered: Backend, dead_list: tuple[str, Session]) -> None:
+    _, session = dead_list
+    rows = {r.id: r for r in Store(registered).sessions()}
+    mine = rows[session.id]
+    assert mine.state == "alive" and mine.claims == 1 and mine.expiry_ms == 5000
+    assert mine.beat is not None and not mine.overdue(mine.beat + 1000)
+    assert mine.overdue(mine.beat + 6000)  # past its expiry: shown as overdue
+    time.sleep(0.01)
+    session.beat()
+    again = {r.id: r for r in Store(registered).sessions()}[session.id]
+    assert again.beat is not None and again.beat > mine.beat
+
+
+def test_dashboard_command_serves_on_loopback(registered: Backend, store_url: str, dead_list: tuple[str, Session], tmp_path: Path) -> None:
+    from aeroqueue.cli import main
+
+    for command in ("dashboard", "metrics"):
+        (host,) = [p for p in main.commands[command].params if p.name == "host"]
+        assert host.default == "127.0.0.1", command
+    name, _ = dead_list
+    port, log = free_port(), tmp_path / "dashboard.log"
+    proc = spawn(["--url", store_url, "dashboard", "--port", str(port), "--read-only"], log)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/lists/{name}", timeout=5) as resp:
+                    page = resp.read().decode()
+                break
+            except (urllib.error.URLError, ConnectionError):
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.1)
+        assert "read-only" in page and 'data-token="3"' in page and 'method="post"' not in page
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(urllib.request.Request(f"{base}/lists/{name}/kick", data=b"", method="POST"), timeout=5)
+        assert refused.value.code in (400, 403)
+    finally:
+        code = stop(proc)
+    assert code == 0, log.read_text()[-3000:]
+    assert job_state(registered, name, 3) == "dead"

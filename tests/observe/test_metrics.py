@@ -1,0 +1,269 @@
+"""Prometheus metrics: a worker's counters scraped over HTTP while it runs and
+audited against the store job by job; the exporter's per-list gauges against
+`status`, without a scan per scrape. On every backend (AEROQUEUE_TEST_URL)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from aeroqueue.backends import Backend
+from aeroqueue.lists import JobLists
+from aeroqueue.loading import JobSpec
+from aeroqueue.metrics import (
+    ListNames,
+    StoreCollector,
+    WorkerMetrics,
+    completion,
+    state_counts,
+    store_registry,
+)
+from aeroqueue.queue import Queue
+from aeroqueue.sessions import Session
+from tests.observe.conftest import free_port, spawn, stop
+
+pytestmark = pytest.mark.timeout(120)
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+COUNTERS = ("reserved", "completed", "failed", "timed_out", "dead", "released", "lost")
+
+
+def parse(text: str) -> Samples:
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def scrape(url: str) -> Samples:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        assert resp.status == 200
+        return parse(resp.read().decode())
+
+
+def value(samples: Samples, name: str, **labels: str) -> float | None:
+    return samples.get((name, frozenset(labels.items())))
+
+
+def wait_for(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 30) -> Samples:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return scrape(url)
+        except (urllib.error.URLError, ConnectionError):
+            assert proc.poll() is None, f"the process exited ({proc.returncode}):\n{log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"{url} never answered:\n{log.read_text()[-3000:]}"
+            time.sleep(0.05)
+
+
+# -- the worker ------------------------------------------------------------------------------
+
+
+def test_worker_metrics_while_it_runs_match_the_store(registered: Backend, store_url: str, list_name: str, tmp_path: Path) -> None:
+    lists = JobLists(registered)
+    specs = (
+        [JobSpec(f"ok{i}", {"sleep": 0.02}) for i in range(20)]
+        + [JobSpec(f"flaky{i}", {"sleep": 0.02, "fail_until": 1}) for i in range(5)]  # fails once, then done
+        + [JobSpec(f"bad{i}", {"fail_until": 99}) for i in range(5)]  # fails both attempts: dead
+    )
+    lists.load(list_name, specs, max_attempts=2, seal=True)
+    port, log = free_port(), tmp_path / "worker.log"
+    proc = spawn([
+        "--url", store_url, "worker", "--handler", "tests.observe.handlers:scripted", "--list", list_name,
+        "--heartbeat", "0.2", "--expiry", "2", "--metrics-port", str(port), "--log-format", "json",
+    ], log)
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        scrapes = [wait_for(url, proc, log)]
+        deadline = time.monotonic() + 60
+        while (value(scrapes[-1], "aeroqueue_jobs_completed_total", list=list_name) or 0) + (
+            value(scrapes[-1], "aeroqueue_jobs_dead_total", list=list_name) or 0
+        ) < len(specs):
+            assert time.monotonic() < deadline, f"the worker did not finish:\n{log.read_text()[-3000:]}"
+            assert proc.poll() is None, f"the worker exited ({proc.returncode}):\n{log.read_text()[-3000:]}"
+            time.sleep(0.05)
+            scrapes.append(scrape(url))
+        time.sleep(0.5)  # at least two heartbeats at 0.2 s
+        scrapes.append(scrape(url))
+    finally:
+        code = stop(proc)
+    assert code == 0, log.read_text()[-3000:]
+
+    # Counters only ever go up, scrape after scrape.
+    for name in COUNTERS:
+        seen = [value(s, f"aeroqueue_jobs_{name}_total", list=list_name) or 0 for s in scrapes]
+        assert seen == sorted(seen), f"{name} went down: {seen}"
+    final = scrapes[-1]
+
+    def counter(name: str) -> float:
+        return value(final, f"aeroqueue_jobs_{name}_total", list=list_name) or 0
+
+    # Audit against the store, job by job: each claim is one reservation; every
+    # attempt but a job's last failed and was retried; the last one is done or dead.
+    st = lists.status(list_name)
+    jobs = list(lists.jobs(list_name))
+    assert len(jobs) == len(specs)
+    assert counter("completed") == st.done == sum(j["state"] == "done" for j in jobs) == 25
+    assert counter("dead") == st.dead == sum(j["state"] == "dead" for j in jobs) == 5
+    assert counter("reserved") == sum(j["att"] for j in jobs) == 40
+    assert counter("failed") == sum(j["att"] - 1 for j in jobs) == 10
+    assert counter("timed_out") == counter("released") == counter("lost") == 0
+    # One handler run per reservation; at least as many reserve calls (some find nothing).
+    assert value(final, "aeroqueue_handler_duration_seconds_count") == 40
+    assert (value(final, "aeroqueue_handler_duration_seconds_sum") or 0) >= 25 * 0.02
+    assert (value(final, "aeroqueue_reserve_duration_seconds_count") or 0) >= 40
+    assert value(final, "aeroqueue_worker_jobs_in_flight") == 0
+    assert (value(final, "aeroqueue_session_heartbeats_total", result="ok") or 0) >= 2
+    assert value(final, "aeroqueue_session_heartbeats_total", result="failed") == 0
+    assert abs((value(final, "aeroqueue_session_last_heartbeat_timestamp_seconds") or 0) - time.time()) < 30
+
+
+def test_worker_metrics_count_each_outcome_by_list() -> None:
+    m = WorkerMetrics(lambda: 3)
+    m.reserved("a", 4)
+    for outcome in ("done", "done", "retry", "dead", "lost", "unacked", "timed_out"):
+        m.outcome("a", outcome)
+    m.reserved("b", 1)
+    m.outcome("b", "done")
+    m.released("b")
+    m.heartbeat(True)
+    m.heartbeat(False)
+    s = parse(generate_latest(m.registry).decode())
+    expected = {("a", "reserved"): 4, ("a", "completed"): 2, ("a", "failed"): 1, ("a", "dead"): 1, ("a", "lost"): 2,
+                ("a", "timed_out"): 1, ("b", "reserved"): 1, ("b", "completed"): 1, ("b", "released"): 1}
+    for (lst, name), n in expected.items():
+        assert value(s, f"aeroqueue_jobs_{name}_total", list=lst) == n, (lst, name)
+    assert value(s, "aeroqueue_jobs_dead_total", list="b") is None
+    assert value(s, "aeroqueue_worker_jobs_in_flight") == 3
+    assert value(s, "aeroqueue_session_heartbeats_total", result="ok") == 1
+    assert value(s, "aeroqueue_session_heartbeats_total", result="failed") == 1
+
+
+def test_metric_names_follow_prometheus_conventions(registered: Backend, list_name: str) -> None:
+    JobLists(registered).load(list_name, [JobSpec("x", 1)])
+    worker = WorkerMetrics()
+    worker.reserved(list_name, 1)
+    worker.done(list_name)
+    store = store_registry(registered, ListNames(registered, [list_name]))
+    families = [
+        *text_string_to_metric_families(generate_latest(worker.registry).decode()),
+        *text_string_to_metric_families(generate_latest(store).decode()),
+    ]
+    names = {f.name: f.type for f in families if not f.name.startswith("process_")}
+    for required in ("aeroqueue_jobs_completed", "aeroqueue_jobs_reserved", "aeroqueue_jobs_failed",
+                     "aeroqueue_jobs_timed_out", "aeroqueue_jobs_dead", "aeroqueue_session_heartbeats"):
+        assert names.get(required) == "counter", required
+    for name, kind in names.items():
+        assert name.startswith("aeroqueue_"), name
+        assert not any(unit in name for unit in ("_ms", "millis", "_minutes", "percent")), f"{name}: use base units"
+        if kind == "histogram":
+            assert name.endswith("_seconds"), name
+        if kind != "counter":
+            assert not name.endswith("_total"), f"{name}: _total is for counters"
+    assert names["aeroqueue_handler_duration_seconds"] == names["aeroqueue_reserve_duration_seconds"] == "histogram"
+    assert names["aeroqueue_list_completion_ratio"] == "gauge"
+
+
+# -- the exporter -----------------------------------------------------------------------------
+
+
+def _prepare(backend: Backend, list_name: str) -> tuple[str, str]:
+    """Two lists: one with done, dead, claimed and queued jobs; one paused and untouched."""
+    lists, queue = JobLists(backend), Queue(backend)
+    other = f"{list_name}-b"
+    lists.load(list_name, [JobSpec(f"j{i}", i) for i in range(12)], max_attempts=1, seal=True)
+    lists.load(other, [JobSpec(f"k{i}", i) for i in range(5)])
+    lists.pause(other)
+    session = Session.open(backend, heartbeat=False)
+    jobs = queue.reserve(list_name, session, 6)
+    for job in jobs[:3]:
+        queue.complete(job)
+    for job in jobs[3:5]:
+        queue.fail(job, "boom")  # one attempt only: dead
+    return list_name, other  # jobs[5] stays claimed
+
+
+def _check_gauges(samples: Samples, lists: JobLists, name: str) -> None:
+    st = lists.status(name)
+    assert value(samples, "aeroqueue_list_jobs", list=name) == st.total
+    for state, n in state_counts(st).items():
+        assert value(samples, "aeroqueue_list_jobs_by_state", list=name, state=state) == n, state
+    assert value(samples, "aeroqueue_list_completion_ratio", list=name) == pytest.approx(completion(st))
+    assert value(samples, "aeroqueue_list_paused", list=name) == (1 if st.paused else 0)
+    assert value(samples, "aeroqueue_list_complete", list=name) == (1 if st.complete else 0)
+
+
+def test_exporter_gauges_are_the_store_counts_without_a_scan_per_scrape(
+    registered: Backend, list_name: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    first, other = _prepare(registered, list_name)
+    lists = JobLists(registered)
+    scans: list[str] = []
+    real_scan = registered.scan
+    monkeypatch.setattr(registered, "scan", lambda set_name, **kw: scans.append(set_name) or real_scan(set_name, **kw))
+
+    named = store_registry(registered, ListNames(registered, [first, other]))
+    for _ in range(3):
+        samples = parse(generate_latest(named).decode())
+    assert scans == [], "named lists need no scan"
+    for name in (first, other):
+        _check_gauges(samples, lists, name)
+    # The figures themselves, not only their agreement with status.
+    assert value(samples, "aeroqueue_list_jobs", list=first) == 12
+    by_state = {s: value(samples, "aeroqueue_list_jobs_by_state", list=first, state=s) for s in
+                ("queued", "delayed", "claimed", "done", "dead")}
+    assert by_state == {"queued": 6, "delayed": 0, "claimed": 1, "done": 3, "dead": 2}
+    assert value(samples, "aeroqueue_list_completion_ratio", list=first) == pytest.approx(5 / 12)
+    assert value(samples, "aeroqueue_list_paused", list=other) == 1
+    assert value(samples, "aeroqueue_lists") == 2
+
+    discovered = store_registry(registered, ListNames(registered, discover_every_s=3600))
+    for _ in range(3):
+        samples = parse(generate_latest(discovered).decode())
+    assert len(scans) == 1, f"one discovery scan for three scrapes, not {len(scans)}"
+    for name in (first, other):
+        _check_gauges(samples, lists, name)
+
+
+def test_exporter_reads_delayed_from_status_when_it_has_it() -> None:
+    st: Any = SimpleNamespace(reservable=4, retry_pending=1, in_flight=2, done=3, dead=1, total=15, delayed=4)
+    assert state_counts(st) == {"queued": 5, "delayed": 4, "claimed": 2, "done": 3, "dead": 1}
+    del st.delayed
+    assert state_counts(st)["delayed"] == 0
+
+
+def test_exporter_skips_a_list_that_vanished(registered: Backend, list_name: str) -> None:
+    JobLists(registered).load(list_name, [JobSpec("x", 1)])
+    collector = StoreCollector(registered, lambda: [list_name, f"{list_name}-gone"])
+    registry = store_registry(registered, lambda: [list_name, f"{list_name}-gone"])
+    samples = parse(generate_latest(registry).decode())
+    assert value(samples, "aeroqueue_list_jobs", list=list_name) == 1
+    assert value(samples, "aeroqueue_list_jobs", list=f"{list_name}-gone") is None
+    assert value(samples, "aeroqueue_exporter_errors_total") == 0
+    assert list(collector.collect())  # a collector on its own works too
+
+
+def test_metrics_command_serves_the_gauges_over_http(registered: Backend, store_url: str, list_name: str, tmp_path: Path) -> None:
+    first, other = _prepare(registered, list_name)
+    port, log = free_port(), tmp_path / "exporter.log"
+    proc = spawn(["--url", store_url, "metrics", "--port", str(port), "--list", first, "--list", other], log)
+    try:
+        samples = wait_for(f"http://127.0.0.1:{port}/metrics", proc, log)
+        lists = JobLists(registered)
+        for name in (first, other):
+            _check_gauges(samples, lists, name)
+        assert value(samples, "aeroqueue_list_jobs_by_state", list=first, state="dead") == 2
+    finally:
+        code = stop(proc)
+    assert code == 0, log.read_text()[-3000:]
