@@ -379,3 +379,23 @@ def test_bench_on_a_given_store_deletes_everything_it_made(ready_url, mode):
     assert bench_records() == before
     assert not [n for n in JobLists(backend).names() if n.startswith("bench-")]
     assert udfs.status(backend) and all(s.state == "ok" for s in udfs.status(backend))
+
+
+def test_bench_claims_refuses_a_store_with_open_sessions(tmp_path):
+    url = f"embedded://{tmp_path}/s.db"
+    backend = open_backend(url)
+    udfs.register(backend)
+    with Session.open(backend):
+        out = cli("bench", "--claims", "--sample", "10", url=url)
+    assert out.exit_code == 1 and "Traceback" not in out.output
+    assert "refused" in out.stderr.splitlines()[-1] and "open sessions" in out.stderr.splitlines()[-1]
+    assert backend.create_index(keys.JOB_SET, "sess", keys.SESS_INDEX) is False, "the reaper's index is still there"
+
+
+def test_an_unterminated_quote_is_reported_on_the_line_it_opens(tmp_path):
+    url = f"embedded://{tmp_path}/s.db"
+    data = tmp_path / "jobs.csv"
+    data.write_text('id,email\nc0,a@example.com\n\nc1,"b@example.com\nc2,c@example.com\nc3,d@example.com\n')
+    out = cli("--create", "load", "customers", str(data), url=url)
+    assert out.exit_code == 1 and "Traceback" not in out.output
+    assert "jobs.csv, line 4: malformed CSV" in out.stderr.splitlines()[-1]  # (after load's progress bar)
