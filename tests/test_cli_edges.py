@@ -47,18 +47,11 @@ def one_error_line(out: Result, code: int) -> str:
     return lines[0]
 
 
-_INITIALISED: set[str] = set()
-
-
 @pytest.fixture
 def ready_url(store_url: str) -> str:
-    """A store the CLI will open: an embedded one made with `aeroqueue init`, or the
-    real server, initialised once per run (each module upload takes 2 s there)."""
-    if store_url not in _INITIALISED:
-        out = cli("init", url=store_url)
-        assert out.exit_code == 0, out.output
-        if not store_url.startswith("embedded:"):
-            _INITIALISED.add(store_url)
+    """A store the CLI will open: an embedded one made with `aeroqueue init`, or the real server."""
+    out = cli("init", url=store_url)
+    assert out.exit_code == 0, out.output
     return store_url
 
 
@@ -338,9 +331,8 @@ def test_json_shapes_are_the_documented_ones(ready_url, list_name):
     assert set(shape("status", list_name)) == STATUS_KEYS  # type: ignore[arg-type]
     assert set(shape("reap")) == {"sessions", "released"}  # type: ignore[arg-type]
     assert set(shape("sweep")) == {"requeued", "orphans", "recounted", "ranges"}  # type: ignore[arg-type]
-    if backend.is_embedded:  # (on a server each upload takes 2 s: the shape is the same)
-        assert set(shape("udf", "register")) == {"url", "modules"}  # type: ignore[arg-type]
-        assert set(shape("init")) == {"url", "backend", "created", "modules"}  # type: ignore[arg-type]
+    assert set(shape("udf", "register")) == {"url", "uploaded", "indexes"}  # type: ignore[arg-type]
+    assert set(shape("init")) == {"url", "backend", "created", "uploaded", "indexes"}  # type: ignore[arg-type]
     assert {m["state"] for m in shape("udf", "status")} == {"ok"}  # type: ignore[union-attr, index]
     config = shape("config")
     assert set(config) >= {"url", "backend", "namespace", "source"} and config["source"] == "--url"  # type: ignore[index]
