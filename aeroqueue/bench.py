@@ -10,21 +10,28 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from . import udfs
+from aerospike_helpers.batch.records import BatchRecords, Write
+from aerospike_helpers.operations import operations as op
+
+from . import keys, udfs
 from .backends import Backend, open_backend
+from .errors import BackendError, ConfigError
 from .lists import JobLists
 from .loading import JobSpec
 from .queue import Queue
 from .sessions import Session
+
+RECORD_NOT_FOUND = 2  # Aerospike's code: deleting what is already gone is fine
 
 
 @dataclass
@@ -51,7 +58,7 @@ def _pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
 
 
-def measure(backend: Backend, list_name: str, jobs: int, batch: int) -> BenchRow:
+def measure(backend: Backend, list_name: str, jobs: int, batch: int, advance: Callable[[int], Any] | None = None) -> BenchRow:
     """Reserve and complete `jobs` jobs of a loaded list, `batch` at a time (1: the single path)."""
     queue = Queue(backend)
     session = Session.open(backend)
@@ -74,6 +81,8 @@ def measure(backend: Backend, list_name: str, jobs: int, batch: int) -> BenchRow
         reserve_ms.append((b - a) * 1000 / len(got))
         complete_ms.append((c - b) * 1000 / len(got))
         done += len(got)
+        if advance is not None:
+            advance(len(got))
     elapsed = time.perf_counter() - t0
     trips = backend.round_trips - trips0
     session.close()
@@ -92,17 +101,32 @@ def measure(backend: Backend, list_name: str, jobs: int, batch: int) -> BenchRow
 
 
 @contextlib.contextmanager
-def _store(url: str | None) -> Iterator[Backend]:
-    """The store to measure: the URL's (its modules verified), or a scratch embedded
-    store, so that a user's own store is never touched by default."""
+def _store(url: str | None, create: bool = True) -> Iterator[tuple[Backend, bool]]:
+    """The store to measure, and whether it is a scratch one: the URL's (its
+    modules verified), or a scratch embedded store, so that a user's own store
+    is never touched by default."""
     with contextlib.ExitStack() as stack:
-        if url is None:
+        scratch = url is None
+        if scratch:
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="aeroqueue-bench-"))
             url = f"embedded://{Path(tmp) / 'bench.db'}"
-        backend = open_backend(url)
+        backend = open_backend(url, create=create or scratch)
         stack.callback(backend.close)
         udfs.register(backend) if backend.is_embedded else udfs.verify(backend)
-        yield backend
+        yield backend, scratch
+
+
+@contextlib.contextmanager
+def _cleanup(backend: Backend, scratch: bool) -> Iterator[list[tuple[str, int]]]:
+    """Collects (list, size) as lists are made; drops them all at the end, whatever
+    happens, unless the whole store is a scratch one that goes away anyway."""
+    made: list[tuple[str, int]] = []
+    try:
+        yield made
+    finally:
+        if not scratch:
+            for name, size in made:
+                drop_list(backend, name, (f"j{i}" for i in range(size)))
 
 
 def run(
@@ -113,13 +137,16 @@ def run(
     batch: int = 50,
     mode: str = "tokens",
     progress: Any = None,
+    create: bool = True,
 ) -> list[BenchRow]:
-    """Load a list of each size, then measure the single and the batch path on it."""
-    with _store(url) as backend:
+    """Load a list of each size, then measure the single and the batch path on it.
+    Every list it made is removed at the end (a scratch store is removed whole)."""
+    with _store(url, create) as (backend, scratch), _cleanup(backend, scratch) as made:
         lists = JobLists(backend)
         rows = []
         for size in sizes:
             name = f"bench-{size}-{uuid.uuid4().hex[:6]}"
+            made.append((name, size))
             task = progress.add_task(f"loading {size:,} jobs", total=size) if progress else None
             lists.load(
                 name,
@@ -130,10 +157,42 @@ def run(
             )
             for b in (1, batch):
                 n = min(sample if b == 1 else sample * 5, size // 2)
-                row = measure(backend, name, n, b)
+                task = progress.add_task(f"measuring {'single' if b == 1 else f'batch {b}'} on {size:,}", total=n) if progress else None
+                row = measure(backend, name, n, b, functools.partial(progress.advance, task) if progress else None)
                 row.jobs_in_list = size
                 rows.append(row)
         return rows
+
+
+def drop_list(backend: Backend, name: str, jids: Iterable[str], *, chunk: int = 5000) -> int:
+    """Delete every record of a list the benchmark made (jobs, id index, bitmaps, ID
+    chunks, the list record last): batch deletes, `chunk` records a round trip.
+    Returns how many records were deleted."""
+    head = backend.get(keys.LIST_SET, name)
+    if head is None:
+        return 0
+    alloc = int(head.bins.get("alloc") or 0)
+    ranges = int(head.bins.get("seq") or 0)
+    names: Iterator[tuple[str, str]] = itertools.chain(
+        ((keys.JOB_SET, keys.job_name(name, t)) for t in range(alloc)),
+        ((keys.JIDX_SET, keys.jidx_name(name, jid)) for jid in jids),
+        ((keys.DONE_SET, keys.chunk_name(name, c)) for c in range(-(-alloc // keys.BITS_PER_CHUNK))),
+        ((keys.IDS_SET, keys.chunk_name(name, c)) for c in range(ranges)),
+    )
+    deleted = 0
+    while batch := list(itertools.islice(names, chunk)):
+        deleted += _delete(backend, batch)
+    return deleted + _delete(backend, [(keys.LIST_SET, name)])
+
+
+def _delete(backend: Backend, names: list[tuple[str, str]]) -> int:
+    backend.round_trips += 1
+    out = backend.client.batch_write(BatchRecords([Write(backend.key(s, n), [op.delete()]) for s, n in names]))
+    codes = [br.result for br in out.batch_records]
+    bad = sorted({c for c in codes if c not in (0, RECORD_NOT_FOUND)})
+    if bad:
+        raise BackendError(f"deleting the benchmark's records failed (codes {bad})", operation="batch_write delete")
+    return codes.count(0)
 
 
 def o1_ratio(rows: list[BenchRow], path: str) -> float | None:
@@ -152,7 +211,16 @@ class DesignRow:
     vs_untracked: float  # throughput relative to claims nobody could find
 
 
-def compare_claim_designs(url: str | None, *, jobs: int = 3000, list_size: int = 20_000) -> list[DesignRow]:
+@contextlib.contextmanager
+def _index_back(backend: Backend) -> Iterator[None]:
+    """Whatever happens, leave the reaper's index in place."""
+    try:
+        yield
+    finally:
+        backend.create_index(keys.JOB_SET, "sess", keys.SESS_INDEX)
+
+
+def compare_claim_designs(url: str | None, *, jobs: int = 3000, list_size: int = 20_000, create: bool = True) -> list[DesignRow]:
     """How a reaper finds a dead session's claims, measured on the single path:
 
     - untracked: no way to find them (the job-list benchmark before sessions);
@@ -166,7 +234,13 @@ def compare_claim_designs(url: str | None, *, jobs: int = 3000, list_size: int =
 
     from . import keys
 
-    with _store(url) as backend:
+    with _store(url, create) as (backend, scratch), _cleanup(backend, scratch) as made, _index_back(backend):
+        if not scratch and any(True for _ in backend.scan(keys.SESS_SET, bins=["state"])):
+            # "untracked" drops the reaper's index for a while: not under live workers.
+            raise ConfigError(
+                f"bench --claims drops the reaper's index for a while: refused on {backend.url}, which has "
+                "open sessions; run it on a scratch store (no --url) or a store nobody uses"
+            )
         lists = JobLists(backend)
         queue = Queue(backend)
         results: dict[str, tuple[float, float]] = {}
@@ -176,6 +250,7 @@ def compare_claim_designs(url: str | None, *, jobs: int = 3000, list_size: int =
             elif design == "index":
                 backend.create_index(keys.JOB_SET, "sess", keys.SESS_INDEX)
             name = f"design-{design}-{uuid.uuid4().hex[:6]}"
+            made.append((name, list_size))
             lists.load(name, (JobSpec(f"j{i}", {"i": i}) for i in range(list_size)), chunk_size=1000)
             session = Session.open(backend, heartbeat=False)
             trips0, t0 = backend.round_trips, time.perf_counter()

@@ -65,10 +65,20 @@ def default_store_path() -> Path:
 
 
 def resolve_url(url: str | None = None) -> StoreURL:
-    """The URL given, else ``$AEROQUEUE_URL``, else the default embedded store."""
-    text = url or os.environ.get(ENV_URL)
-    if not text:
+    """The URL given, else ``$AEROQUEUE_URL``, else the default embedded store.
+
+    An empty URL (``--url ''``, or ``AEROQUEUE_URL`` set but empty) is an error,
+    not the default: a variable meant to point somewhere and left empty by a
+    broken script must not send the work to another store."""
+    text = url if url is not None else os.environ.get(ENV_URL)
+    if text is None:
         return StoreURL(scheme="embedded", namespace=DEFAULT_NAMESPACE, path=str(default_store_path()))
+    if not text.strip():
+        where = "--url" if url is not None else ENV_URL
+        raise InvalidURL(
+            f"{where} is set but empty; unset it to use the default store ({default_store_path()}), "
+            "or give a store URL"
+        )
     return parse_url(text)
 
 

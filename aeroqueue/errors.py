@@ -40,6 +40,18 @@ class InvalidURL(ConfigError):
     hint = "fix --url or AEROQUEUE_URL"
 
 
+class StoreNotFound(ConfigError):
+    """The embedded store named by the URL does not exist."""
+
+    hint = "check the path for a typo, or create the store with `aeroqueue init` (or --create)"
+
+
+class NotAStore(ConfigError):
+    """The file named by the URL is not an aeroqueue embedded store."""
+
+    hint = "check the path in --url or AEROQUEUE_URL"
+
+
 # -- backend boundary ------------------------------------------------------
 
 

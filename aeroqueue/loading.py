@@ -84,13 +84,14 @@ def _read_csv(handle: Any, source: str, id_field: str, max_payload: int) -> Iter
         dup = next(h for h in header if header.count(h) > 1)
         raise LoadError("duplicate column in the header", source=source, line=1, field=dup)
     id_at = header.index(id_field)
+    line = reader.line_num  # the last line read so far: a record starts on the next one
     while True:
         try:
             row = next(reader)
         except StopIteration:
             return
         except csv.Error as e:
-            raise LoadError(f"malformed CSV: {e}", source=source, line=reader.line_num) from None
+            raise LoadError(f"malformed CSV: {e}", source=source, line=line + 1) from None
         line = reader.line_num
         if not row:  # a blank line
             continue

@@ -16,6 +16,7 @@ mid-job (its jobs come back): make their side effects idempotent.
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import os
 import random
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .backends import Backend
-from .errors import AeroqueueError, ClaimLost, ConfigError, ListNotFound, SessionLost
+from .errors import AeroqueueError, ClaimLost, ConfigError, ListNotFound, RecordTooBig, SessionLost
 from .lists import JobLists
 from .observe import NULL_OBSERVER, WorkerObserver
 from .queue import Job, Queue
@@ -38,12 +39,15 @@ from .sessions import DEFAULT_EXPIRY_S, DEFAULT_INTERVAL_S, Session, reap, sweep
 log = logging.getLogger("aeroqueue.worker")
 
 Handler = Callable[[Job], Any]
-EXIT_OK = 0
+# The worker's exit statuses (README, "Exit statuses"); 1 and 2 are the CLI's
+# (an error before work started, wrong usage).
+EXIT_OK = 0  # stopped as asked (SIGTERM/SIGINT, drained) or every list complete
+EXIT_SESSION_LOST = 3  # its session expired or was reaped: it stopped acknowledging
+EXIT_THREADS_DIED = 4  # every handler thread died (a bug in the worker, not a handler)
 # Jobs a worker thread reserves at a time: a reservation is two round trips
 # (take, then one batch of claims), each ack one, so 4 make 1.5 per job. The
 # jobs wait claimed in the thread's hands, as with Celery's prefetch.
 DEFAULT_PREFETCH = 4
-EXIT_SESSION_LOST = 3
 
 
 def load_handler(spec: str) -> Handler:
@@ -88,12 +92,57 @@ class Counters:
             return {k: v for k, v in vars(self).items() if not k.startswith("_")}
 
 
-def run_handler(job: Job, handler: Handler) -> tuple[bool, Any]:
-    """Run the handler: (True, its result) or (False, the error with its traceback)."""
+class ResultNotStorable(AeroqueueError):
+    """The handler's result cannot be stored: it must be JSON (what the sync copies to MySQL)."""
+
+
+def storable_result(value: Any) -> Any:
+    """The handler's result as it will be stored: plain JSON values (tuples become
+    lists, keys strings), or `ResultNotStorable` saying why not. The sync copies
+    results to MySQL as JSON, and the Aerospike client cannot take other types
+    (some crash its process), so nothing else reaches the store."""
     try:
-        return True, handler(job)
-    except Exception as e:
-        return False, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+        text.encode("utf-8")  # a lone surrogate passes json.dumps, not a database
+        return json.loads(text, parse_int=_int64)
+    except (TypeError, ValueError, RecursionError) as e:
+        raise ResultNotStorable(f"the handler's result cannot be stored as JSON: {e}") from None
+
+
+def _int64(text: str) -> int:
+    n = int(text)
+    if not -(1 << 63) <= n < (1 << 63):
+        raise ValueError(f"integer {text} does not fit in 64 bits")
+    return n
+
+
+def _failure_text(e: BaseException) -> str:
+    """What went wrong, as stored in the job's error: true to what the handler did."""
+    if isinstance(e, SystemExit):
+        what = f"the handler called sys.exit({e.code!r})"
+    elif isinstance(e, KeyboardInterrupt):
+        what = "the handler raised KeyboardInterrupt"
+    elif isinstance(e, ResultNotStorable):
+        return str(e)
+    else:
+        what = f"{type(e).__name__}: {e}"
+    return f"{what}\n{traceback.format_exc()}"
+
+
+def run_handler(job: Job, handler: Handler) -> tuple[bool, Any]:
+    """Run the handler: (True, its result as it will be stored) or (False, what went
+    wrong, with the traceback).
+
+    Whatever the handler does fails that job and nothing else: an exception, a
+    result that cannot be stored, ``sys.exit`` or ``KeyboardInterrupt`` raised
+    inside it. Only on the main thread do the last two propagate: there they are
+    the host program's Ctrl-C or exit (`run_job` fails the job first)."""
+    try:
+        return True, storable_result(handler(job))
+    except BaseException as e:
+        if not isinstance(e, Exception) and threading.current_thread() is threading.main_thread():
+            raise
+        return False, _failure_text(e)
 
 
 def acknowledge(queue: Queue, job: Job, ok: bool, value: Any, session: Session | None = None) -> str:
@@ -115,13 +164,20 @@ def acknowledge(queue: Queue, job: Job, ok: bool, value: Any, session: Session |
         log.warning("claim lost: acknowledgement refused",
                     extra={"event": "claim_lost", "list": job.list, "token": job.token, "jid": job.jid})
         return "lost"
+    except RecordTooBig as e:
+        # Retrying cannot help: the same result is as big next time.
+        return acknowledge(queue, job, False, f"the handler's result is too big to store ({e})", session)
     return "done"
 
 
 def run_job(queue: Queue, job: Job, handler: Handler, session: Session | None = None) -> str:
     """Run the handler on one reserved job and acknowledge the outcome (`acknowledge`)."""
     started = time.monotonic()
-    ok, value = run_handler(job, handler)
+    try:
+        ok, value = run_handler(job, handler)
+    except BaseException as e:  # only on the main thread: the host program's Ctrl-C or exit
+        acknowledge(queue, job, False, _failure_text(e), session)
+        raise
     outcome = acknowledge(queue, job, ok, value, session)
     if outcome == "done":
         log.info("job done", extra={"event": "job_done", "list": job.list, "token": job.token, "jid": job.jid,
@@ -189,6 +245,7 @@ class Worker:
         self._next_list = 0
         self._warned: set[str] = set()
         self._threads: list[threading.Thread] = []
+        self._threads_died = False
 
     def request_stop(self, *_: Any) -> None:
         """Drain: finish what is in flight, take nothing new."""
@@ -343,6 +400,7 @@ class Worker:
                 return
             if not any(t.is_alive() for t in self._threads):
                 log.error("every worker thread has died: stopping", extra={"event": "threads_died"})
+                self._threads_died = True
                 return
             now = time.monotonic()
             try:
@@ -391,4 +449,4 @@ class Worker:
             log.warning("writing completion bits failed", extra={"event": "bits_failed", "error": str(e)})
         self.counters.add("released", session.close(release=True))
         log.info("worker stopped", extra={"event": "stopped", "session": session.id, **self.counters.snapshot()})
-        return EXIT_OK
+        return EXIT_THREADS_DIED if self._threads_died else EXIT_OK

@@ -6,16 +6,18 @@ import os
 import tempfile
 from typing import Any
 
-from ..config import StoreURL, resolve_url
+from ..config import StoreURL, default_store_path, resolve_url
 from ..errors import BackendError, ConfigError
 from .base import Backend, BatchResult, Record, retry_busy, wrap
 
 __all__ = ["Backend", "BatchResult", "Record", "open_backend", "retry_busy", "wrap"]
 
 
-def open_backend(url: str | StoreURL | None = None, **embedded_options: Any) -> Backend:
+def open_backend(url: str | StoreURL | None = None, *, create: bool = True, **embedded_options: Any) -> Backend:
     """Connect to the store the URL names (see `aeroqueue.config`).
 
+    An embedded store file that does not exist is created only with `create`
+    (its directory must exist, except for the default store's, which is made).
     `embedded_options` (clock, faults, max_record_size) only apply to the
     embedded backend; they exist for tests.
     """
@@ -30,12 +32,16 @@ def open_backend(url: str | StoreURL | None = None, **embedded_options: Any) -> 
     if parsed.is_embedded:
         from .embedded import EmbeddedClient
 
+        if create and parsed.path == str(default_store_path()):
+            # A new user's first command: nobody typed this path, so no typo to catch.
+            default_store_path().parent.mkdir(parents=True, exist_ok=True)
+
         max_size = parsed.option("max_record_size")
         if max_size is not None:
             if not max_size.isdigit():
                 raise ConfigError(f"store URL option max_record_size={max_size!r} is not a number of bytes")
             embedded_options.setdefault("max_record_size", int(max_size))
-        embedded = EmbeddedClient(parsed.path or ":memory:", parsed.namespace, policies=policies, **embedded_options)
+        embedded = EmbeddedClient(parsed.path or ":memory:", parsed.namespace, policies=policies, create=create, **embedded_options)
         return Backend(embedded, parsed)
     if embedded_options:
         raise ConfigError(f"options {sorted(embedded_options)} only apply to the embedded backend")

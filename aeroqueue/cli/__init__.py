@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import click
 
-from ..config import ENV_URL, default_store_path, resolve_url
-from . import bench_cmd, jobs_cmd, lists_cmd, observe_cmd, udf_cmd, worker_cmd
+from ..config import ENV_URL, default_store_path
+from . import bench_cmd, jobs_cmd, lists_cmd, observe_cmd, store_cmd, udf_cmd, worker_cmd
 from .context import AeroqueueGroup, Context
 
 
@@ -31,29 +31,27 @@ from .context import AeroqueueGroup, Context
     ),
 )
 @click.option("-v", "--verbose", is_flag=True, envvar="AEROQUEUE_VERBOSE", show_envvar=True, help="Show tracebacks on errors.")
+@click.option(
+    "--create", is_flag=True, envvar="AEROQUEUE_CREATE", show_envvar=True,
+    help="Create the embedded store file if it does not exist (its directory must). Without it, a missing "
+    "store named by --url or AEROQUEUE_URL is an error; the default store is always created on first use.",
+)
 @click.version_option(package_name="aeroqueue")
 @click.pass_context
-def main(ctx: click.Context, url: str | None, verbose: bool) -> None:
+def main(ctx: click.Context, url: str | None, verbose: bool, create: bool) -> None:
     """aeroqueue: a job queue on Aerospike.
 
     Load job lists, reserve jobs in O(1), acknowledge each exactly once, and
-    recover the jobs of workers that died.
+    recover the jobs of workers that died. Exit status: 0 success, 1 error
+    (one line on stderr), 2 wrong usage, 3 and 4 from `worker` (see its help),
+    130 interrupted.
     """
-    ctx.obj = Context(url=url, verbose=verbose)
+    ctx.obj = Context(url=url, verbose=verbose, create=create)
     ctx.call_on_close(lambda: ctx.obj._backend and ctx.obj._backend.close())
 
 
-# -- udf -------------------------------------------------------------------
-
-
-@click.command("config")
-@click.pass_obj
-def show_config(obj: Context) -> None:
-    """Show the store URL in use (credentials masked)."""
-    click.echo(str(resolve_url(obj.url)))
-
-
 for _command in (
+    store_cmd.init, store_cmd.show_config,
     udf_cmd.udf,
     lists_cmd.create, lists_cmd.load, lists_cmd.seal, lists_cmd.pause, lists_cmd.status, lists_cmd.lists_cmd,
     lists_cmd.export, lists_cmd.kick,
@@ -61,7 +59,6 @@ for _command in (
     bench_cmd.bench,
     worker_cmd.worker, worker_cmd.reap, worker_cmd.sweep,
     observe_cmd.metrics, observe_cmd.dashboard,
-    show_config,
 ):
     main.add_command(_command)
 

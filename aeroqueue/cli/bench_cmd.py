@@ -13,6 +13,7 @@ from ..config import resolve_url
 from .context import (
     MODE_OPT,
     Context,
+    err_console,
     option,
     progress_bar,
 )
@@ -29,12 +30,18 @@ from .context import (
 def bench(obj: Context, sizes: str, sample: int, batch: int, mode: str, json_out: Path | None, claims: bool) -> None:
     """Measure reserve + complete throughput and latency by list size.
 
-    Without --url (or AEROQUEUE_URL) it runs on a scratch embedded store.
+    Without --url (or AEROQUEUE_URL) it runs on a scratch embedded store, removed
+    at the end. Given a store, it loads lists named bench-SIZE-XXXXXX into it and
+    deletes every record of them at the end, also when interrupted.
     """
     from .. import bench as benchmark
 
+    where = str(resolve_url(obj.url)) if obj.url else "a scratch embedded store"
+    err_console.print(
+        f"bench on {where}: " + ("its lists are deleted at the end" if obj.url else "removed at the end"), highlight=False
+    )
     if claims:
-        designs = benchmark.compare_claim_designs(obj.url, jobs=sample)
+        designs = benchmark.compare_claim_designs(obj.url, jobs=sample, create=obj.create)
         table = Table(title="finding a dead session's claims: cost on the single reserve + complete path")
         for col in ("design", "jobs/s", "round trips/job", "vs untracked"):
             table.add_column(col, justify="right")
@@ -48,8 +55,7 @@ def bench(obj: Context, sizes: str, sample: int, batch: int, mode: str, json_out
     except ValueError:
         raise click.BadParameter(f"not a comma-separated list of integers: {sizes!r}", param_hint="--sizes") from None
     with progress_bar() as progress:
-        rows = benchmark.run(obj.url, size_list, sample=sample, batch=batch, mode=mode, progress=progress)
-    where = str(resolve_url(obj.url)) if obj.url else "a scratch embedded store"
+        rows = benchmark.run(obj.url, size_list, sample=sample, batch=batch, mode=mode, progress=progress, create=obj.create)
     table = Table(title=f"aeroqueue reserve + complete ({mode} mode) on {where}")
     for col in ("jobs in list", "path", "measured", "jobs/s", "reserve p50 ms", "reserve p99 ms",
                 "complete p50 ms", "complete p99 ms", "round trips/job"):

@@ -6,9 +6,10 @@ library (design.md's modules), and these helpers are its common ground.
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -18,6 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from .. import udfs
 from ..backends import Backend, open_backend
+from ..config import ENV_URL
 from ..errors import AeroqueueError
 from ..lists import DEFAULT_MAX_ATTEMPTS
 
@@ -26,35 +28,110 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 err_console = Console(stderr=True)
 
+# Exit statuses of every command (README: "Exit statuses"). The worker adds its
+# own (aeroqueue.worker: 3 session lost, 4 every handler thread died).
+EXIT_OK = 0
+EXIT_ERROR = 1  # what went wrong is one line on stderr
+EXIT_USAGE = 2  # a wrong option or argument
+EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
+
+_VERBOSE = "aeroqueue.verbose"
+
+
 @dataclass
 class Context:
     url: str | None
     verbose: bool
     _backend: Backend | None = None
+    create: bool = False  # --create: an embedded store file that does not exist yet is made
 
-    def backend(self, *, check_udfs: bool = True) -> Backend:
+    def backend(self, *, check_udfs: bool = True, create: bool = False) -> Backend:
         if self._backend is None:
-            self._backend = open_backend(self.url)
+            self._backend = open_backend(self.url, create=create or self.create or self.uses_default_store())
             if check_udfs:
                 udfs.ensure(self._backend)
         return self._backend
 
+    def uses_default_store(self) -> bool:
+        """No URL configured: the default embedded store, made on first use (nobody
+        typed its path, so there is no typo to catch)."""
+        return self.url is None and os.environ.get(ENV_URL) is None
+
+
+def _set_verbose(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:
+        # meta is shared by the whole chain of contexts: the group sees it.
+        ctx.meta[_VERBOSE] = True
+
+
+def verbose_option() -> click.Option:
+    """--verbose, for every command, so that it works before or after the subcommand."""
+    return click.Option(
+        ["-v", "--verbose"], is_flag=True, expose_value=False, is_eager=True, callback=_set_verbose,
+        envvar="AEROQUEUE_VERBOSE", show_envvar=True, help="Show tracebacks on errors.",
+    )
+
+
+def _with_verbose(cmd: click.Command) -> None:
+    if not any(isinstance(p, click.Option) and "--verbose" in p.opts for p in cmd.params):
+        cmd.params.append(verbose_option())
+    if isinstance(cmd, click.Group):
+        for sub in cmd.commands.values():
+            _with_verbose(sub)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
 
 class AeroqueueGroup(click.Group):
-    """Turns aeroqueue errors into one line on stderr and exit code 1."""
+    """Every error is one line on stderr: 1 for errors, 2 for usage errors, 130 on
+    Ctrl-C; the traceback only with --verbose (given anywhere on the line)."""
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        _with_verbose(cmd)
+        super().add_command(cmd, name)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except AeroqueueError as e:
-            verbose = bool(ctx.obj and ctx.obj.verbose) or "--verbose" in sys.argv or "-v" in sys.argv
+        except (click.ClickException, click.exceptions.Exit, click.Abort, KeyboardInterrupt):
+            raise
+        except Exception as e:
+            verbose = bool(ctx.meta.get(_VERBOSE) or (ctx.obj and ctx.obj.verbose))
             if verbose:
-                click.echo(traceback.format_exc(), err=True)
+                click.echo(traceback.format_exc(), err=True, nl=False)
+            if isinstance(e, AeroqueueError):
+                line = f"error: {e}" + (f" ({e.hint})" if e.hint else "")
+            elif isinstance(e, OSError):
+                line = f"error: {e}"
+            else:
+                line = f"error: internal error, {type(e).__name__}: {e}" + (
+                    "" if verbose else " (run with --verbose for the traceback, and please report it)"
+                )
             # One line, never wrapped, so scripts and people can both read it.
-            click.echo(f"error: {e}" + (f" ({e.hint})" if e.hint else ""), err=True)
-            if not verbose:
-                click.echo("(run with --verbose for the traceback)", err=True)
-            ctx.exit(1)
+            click.echo(_one_line(line), err=True)
+            ctx.exit(EXIT_ERROR)
+
+    def main(
+        self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
+        standalone_mode: bool = True, **extra: Any,
+    ) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, False, **extra)
+        except click.UsageError as e:
+            where = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
+            click.echo(_one_line(f"error: {e.format_message()}{where}"), err=True)
+            sys.exit(e.exit_code)
+        except click.ClickException as e:
+            click.echo(_one_line(f"error: {e.format_message()}"), err=True)
+            sys.exit(e.exit_code)
+        except click.Abort:
+            click.echo("error: interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        sys.exit(rv if isinstance(rv, int) else EXIT_OK)
 
 
 def option(*decls: str, env: str, **kw: Any) -> Callable[[F], F]:

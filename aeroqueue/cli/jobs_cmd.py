@@ -1,40 +1,185 @@
-"""One job at a time from a shell: reserve, complete, fail."""
+"""One job at a time from a shell: reserve, complete, fail.
+
+`reserve` holds its jobs under a session that must stay alive until they are
+acknowledged: either its own (``--hold SECONDS``: it heartbeats while it
+waits, ends as soon as every job it printed is acknowledged, and releases what
+is left when it ends), or one a program keeps alive (``--session``).
+"""
 
 from __future__ import annotations
 
 import json
+import signal
+import threading
+import time
+from typing import Any
 
 import click
 
+from .. import keys
+from ..backends import Backend
+from ..errors import ClaimLost, JobNotFound, SessionLost
+from ..lists import JobLists
 from ..queue import Job, Queue
-from ..sessions import Session
+from ..sessions import Session, check_timing
 from .context import (
+    EXPIRY_OPT,
+    HEARTBEAT_OPT,
+    JSON_OPT,
     LIST_ARG,
     Context,
+    err_console,
     option,
 )
+
+
+def job_json(job: Job) -> dict[str, Any]:
+    """One line of `reserve`'s output (JSON Lines, with or without --json)."""
+    return {"list": job.list, "token": job.token, "id": job.jid, "payload": job.payload, "attempt": job.attempt,
+            "session": job.session}
 
 
 @click.command()
 @LIST_ARG
 @option("--count", "-n", env="COUNT", type=click.IntRange(1, 10_000), default=1, help="How many jobs to reserve.")
-@option("--session", env="SESSION", default=None, help="Reserve under this session id (default: open a new session).")
+@option("--hold", "hold_s", env="HOLD", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+        help="Keep the session alive (heartbeating) up to SECONDS after printing the jobs; end as soon as each is "
+             "acknowledged with `aeroqueue complete/fail --session`, then close the session, releasing the rest. "
+             "Needed unless --session is given.")
+@option("--session", env="SESSION", default=None,
+        help="Reserve under this live session, which your program opened and heartbeats; reserve does not close it "
+             "(with --hold it also heartbeats it while holding).")
+@HEARTBEAT_OPT
+@EXPIRY_OPT
+@JSON_OPT
 @click.pass_obj
-def reserve(obj: Context, list_name: str, count: int, session: str | None) -> None:
-    """Reserve up to N jobs of LIST and print them as JSON lines.
+def reserve(obj: Context, list_name: str, count: int, hold_s: float | None, session: str | None, interval_s: float,
+            expiry_s: float, as_json: bool) -> None:
+    """Reserve up to N jobs of LIST and print them as JSON Lines, one job a line:
+    {"list", "token", "id", "payload", "attempt", "session"} (--json changes nothing:
+    this is always the output).
 
-    Each line carries the session id the claim is held under; acknowledge
-    with `aeroqueue complete` or `aeroqueue fail`.
+    The claims live as long as their session. Without --session, reserve opens
+    one and needs --hold: for example
+
+    \b
+      aeroqueue reserve L -n 10 --hold 300 | while read -r job; do
+        ...; aeroqueue complete L "$(jq .token <<<"$job")" --session "$(jq -r .session <<<"$job")"
+      done
+
+    The session is heartbeated until reserve exits: when every job is
+    acknowledged, after --hold seconds, or on SIGTERM/SIGINT, whichever comes
+    first. On exit the jobs not acknowledged are released at once (their
+    attempt refunded) for others to take; a summary goes to stderr.
     """
+    if session is None and hold_s is None:
+        raise click.UsageError(
+            "reserve needs --hold SECONDS (keep its own session alive while you acknowledge the jobs) or "
+            "--session ID (a session your program keeps alive): a session that ended with the command "
+            "would give the jobs away before you could complete them"
+        )
+    check_timing(interval_s, expiry_s)
     backend = obj.backend()
-    sess = session or Session.open(backend).id
-    for job in Queue(backend).reserve(list_name, sess, count):
-        click.echo(json.dumps({"list": job.list, "token": job.token, "id": job.jid, "payload": job.payload,
-                               "attempt": job.attempt, "session": job.session}))
+    queue = Queue(backend)
+    own = session is None
+    if own:
+        sess = Session.open(backend, interval_s=interval_s, expiry_s=expiry_s)
+    else:
+        assert session is not None
+        _check_alive(backend, session)
+        sess = Session(backend, session, interval_s=interval_s, expiry_s=expiry_s)
+    released = 0
+    jobs: list[Job] = []
+    try:
+        jobs = queue.reserve(list_name, sess, count)
+        for job in jobs:
+            click.echo(json.dumps(job_json(job)))
+        if not jobs:
+            err_console.print(f"no job to reserve in {list_name}", highlight=False)
+        elif hold_s is not None:
+            _hold(backend, sess, jobs, hold_s, heartbeat=not own)
+    finally:
+        if own:
+            released = sess.close(release=True)
+    if released:
+        err_console.print(f"released {released} job(s) not acknowledged before reserve ended", highlight=False)
+    if sess.lost:
+        raise SessionLost(f"session {sess.id} was lost while holding: the jobs may be someone else's now")
 
 
-def _job_from_args(obj: Context, list_name: str, token: int, session: str) -> Job:
-    return Job(list=list_name, token=token, jid=str(token), payload=None, attempt=0, session=session)
+def _check_alive(backend: Backend, session_id: str) -> None:
+    rec = backend.get(keys.SESS_SET, session_id)
+    if rec is None or rec.bins.get("state") != "alive":
+        raise SessionLost(
+            f"session {session_id} does not exist or is not alive (expired, reaped or closed): "
+            "claims under it would not be held"
+        )
+
+
+def _hold(backend: Backend, sess: Session, jobs: list[Job], hold_s: float, *, heartbeat: bool) -> None:
+    """Wait until every job is acknowledged, the time is up, a signal comes, or the session is lost.
+    With `heartbeat`, beat the (borrowed) session here; an own session beats in its thread."""
+    stop = threading.Event()
+    previous: dict[signal.Signals, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, lambda *_: stop.set())
+    names = [j.name for j in jobs]
+    err_console.print(
+        f"holding {len(jobs)} job(s) under session {sess.id} for up to {hold_s:g} s: acknowledge each with "
+        f"`aeroqueue complete {jobs[0].list} TOKEN --session {sess.id}` (or `fail`); Ctrl-C releases them",
+        highlight=False,
+    )
+    try:
+        deadline = time.monotonic() + hold_s
+        next_beat = time.monotonic() + sess.interval_s
+        while not stop.is_set() and not sess.lost and time.monotonic() < deadline:
+            if heartbeat and time.monotonic() >= next_beat:
+                sess.beat()
+                next_beat = time.monotonic() + sess.interval_s
+            recs = backend.batch_get(keys.JOB_SET, names, bins=["state", "sess"])
+            if not any(r is not None and r.bins.get("state") == "claimed" and r.bins.get("sess") == sess.id for r in recs):
+                return
+            stop.wait(min(0.2, sess.interval_s, max(0.0, deadline - time.monotonic())))
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _held_job(backend: Backend, list_name: str, token: int, session: str) -> Job:
+    """The job as the CLI names it (list and token), with its real id from the record."""
+    rec = backend.get(keys.JOB_SET, keys.job_name(keys.check_list_name(list_name), token))
+    if rec is None or rec.bins.get("state") == "void":
+        JobLists(backend).header(list_name)  # no such list: say that instead
+        raise JobNotFound(f"list {list_name!r} has no job with token {token}")
+    return Job(list=list_name, token=token, jid=str(rec.bins.get("jid")), payload=None, attempt=rec.bins.get("att", 0),
+               session=session)
+
+
+def _refusal(backend: Backend, job: Job, what: str) -> ClaimLost:
+    """Why `session` cannot acknowledge the job, from the job record as it is now."""
+    rec = backend.get(keys.JOB_SET, job.name)
+    bins = rec.bins if rec is not None else {}
+    state, holder, by = bins.get("state"), bins.get("sess"), bins.get("by")
+    who = f"job {job.jid!r} ({job.list}/{job.token})"
+    if state == "claimed":
+        text, hint = f"{who} is claimed by session {holder}, not {job.session}", "only the holding session can acknowledge it"
+    elif state == "done":
+        text, hint = f"{who} is already done (completed by session {by})", "nothing to do: drop this result"
+    elif state == "dead":
+        text, hint = f"{who} is dead after {bins.get('att')} attempt(s)", f"`aeroqueue kick {job.list}` puts dead jobs back"
+    elif state == "queued" and by is None and not bins.get("claimed"):
+        text, hint = f"{who} was never reserved", "reserve it first: `aeroqueue reserve --hold SECONDS`"
+    else:
+        text = f"{who} is back in the queue: its last claim ended ({bins.get('err') or 'released'})"
+        hint = "the claim was released (session expired, reaped or closed, or the job failed): another session will take it"
+    err = ClaimLost(f"{what} refused: {text}")
+    err.hint = hint
+    return err
+
+
+def _ack_json(job: Job, outcome: str) -> str:
+    return json.dumps({"list": job.list, "token": job.token, "id": job.jid, "session": job.session, "outcome": outcome})
 
 
 @click.command()
@@ -42,15 +187,24 @@ def _job_from_args(obj: Context, list_name: str, token: int, session: str) -> Jo
 @click.argument("token", type=click.IntRange(0))
 @option("--session", env="SESSION", required=True, help="The session the job was reserved under.")
 @option("--result", env="RESULT", default="null", help="The result, as JSON.")
+@JSON_OPT
 @click.pass_obj
-def complete(obj: Context, list_name: str, token: int, session: str, result: str) -> None:
-    """Acknowledge job TOKEN of LIST as done (exactly once)."""
+def complete(obj: Context, list_name: str, token: int, session: str, result: str, as_json: bool) -> None:
+    """Acknowledge job TOKEN of LIST as done (exactly once; repeating it is harmless).
+
+    --json prints {"list", "token", "id", "session", "outcome": "done"}.
+    """
     try:
         value = json.loads(result)
     except json.JSONDecodeError as e:
         raise click.BadParameter(f"not JSON: {e.msg}", param_hint="--result") from None
-    Queue(obj.backend()).complete(_job_from_args(obj, list_name, token, session), value)
-    click.echo(f"{list_name}/{token} done")
+    backend = obj.backend()
+    job = _held_job(backend, list_name, token, session)
+    try:
+        Queue(backend).complete(job, value)
+    except ClaimLost:
+        raise _refusal(backend, job, "completion") from None
+    click.echo(_ack_json(job, "done") if as_json else f"{list_name}/{token} (id {job.jid!r}) done")
 
 
 @click.command()
@@ -58,10 +212,20 @@ def complete(obj: Context, list_name: str, token: int, session: str, result: str
 @click.argument("token", type=click.IntRange(0))
 @option("--session", env="SESSION", required=True, help="The session the job was reserved under.")
 @option("--error", "error_text", env="ERROR", required=True, help="What went wrong.")
+@JSON_OPT
 @click.pass_obj
-def fail(obj: Context, list_name: str, token: int, session: str, error_text: str) -> None:
-    """Record a failure of job TOKEN: retried while attempts remain, else dead."""
-    outcome = Queue(obj.backend()).fail(_job_from_args(obj, list_name, token, session), error_text)
-    click.echo(f"{list_name}/{token} {'will be retried' if outcome == 'retry' else 'is dead'}")
+def fail(obj: Context, list_name: str, token: int, session: str, error_text: str, as_json: bool) -> None:
+    """Record a failure of job TOKEN: retried while attempts remain, else dead.
 
-
+    --json prints {"list", "token", "id", "session", "outcome": "retry" | "dead"}.
+    """
+    backend = obj.backend()
+    job = _held_job(backend, list_name, token, session)
+    try:
+        outcome = Queue(backend).fail(job, error_text)
+    except ClaimLost:
+        raise _refusal(backend, job, "failure") from None
+    if as_json:
+        click.echo(_ack_json(job, outcome))
+    else:
+        click.echo(f"{list_name}/{token} (id {job.jid!r}) {'will be retried' if outcome == 'retry' else 'is dead'}")

@@ -95,7 +95,16 @@ def pause(obj: Context, list_name: str, resume: bool) -> None:
 
 
 
-STATUS_FIELDS = ("total", "reservable", "in_flight", "retry_pending", "done", "dead", "sealed", "complete")
+STATUS_FIELDS = ("total", "reservable", "in_flight", "retry_pending", "done", "dead", "sealed", "paused", "complete")
+
+
+def status_json(st: Any) -> dict[str, Any]:
+    """The documented JSON shape of one list (`status --json`, each row of `lists --json`)."""
+    return {"name": st.name, "mode": st.mode, **{f: getattr(st, f) for f in STATUS_FIELDS}}
+
+
+def _cell(value: Any) -> str:
+    return ("yes" if value else "no") if isinstance(value, bool) else f"{value:,}"
 
 
 @click.command()
@@ -103,19 +112,16 @@ STATUS_FIELDS = ("total", "reservable", "in_flight", "retry_pending", "done", "d
 @JSON_OPT
 @click.pass_obj
 def status(obj: Context, list_name: str, as_json: bool) -> None:
-    """Show LIST's counts: total, reservable, in flight, retry pending, done, dead, sealed, complete."""
+    """Show LIST's counts: total, reservable, in flight, retry pending, done, dead, sealed, paused, complete."""
     st = JobLists(obj.backend()).status(list_name)
     if as_json:
-        click.echo(json.dumps({f: getattr(st, f) for f in STATUS_FIELDS}))
+        click.echo(json.dumps(status_json(st)))
         return
     table = Table(title=f"{list_name} ({st.mode} mode)")
     table.add_column("")
     table.add_column("", justify="right")
     for f in STATUS_FIELDS:
-        value = getattr(st, f)
-        table.add_row(f.replace("_", " "), ("yes" if value else "no") if isinstance(value, bool) else f"{value:,}")
-    if st.paused:
-        table.add_row("paused", "yes")
+        table.add_row(f.replace("_", " "), _cell(getattr(st, f)))
     if st.pending_ranges:
         table.add_row("loads in progress", str(st.pending_ranges))
     Console().print(table)
@@ -125,18 +131,55 @@ def status(obj: Context, list_name: str, as_json: bool) -> None:
 @JSON_OPT
 @click.pass_obj
 def lists_cmd(obj: Context, as_json: bool) -> None:
-    """List the job lists with their counts."""
+    """List the job lists with their counts.
+
+    On a terminal, a table that fits its width (long names wrap, never cut);
+    piped, plain aligned columns with whole names, one list per line.
+    """
     jl = JobLists(obj.backend())
     rows = [jl.status(name) for name in jl.names()]
     if as_json:
-        click.echo(json.dumps([{"name": r.name, **{f: getattr(r, f) for f in STATUS_FIELDS}} for r in rows]))
+        click.echo(json.dumps([status_json(r) for r in rows]))
         return
+    header = ["list", "mode", *(f.replace("_", " ") for f in STATUS_FIELDS)]
+    cells = [[r.name, r.mode, *(_cell(getattr(r, f)) for f in STATUS_FIELDS)] for r in rows]
+    console = Console()
+    if not console.is_terminal:
+        # For grep, awk and cut: nothing truncated, nothing wrapped.
+        widths = [max(len(row[i]) for row in [header, *cells]) for i in range(len(header))]
+        for row in [header, *cells]:
+            click.echo("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip())
+        return
+    # A narrow terminal drops the least useful columns (never the name, which
+    # wraps rather than being cut) until the table fits.
+    natural = [max(len(row[i]) for row in [header, *cells]) for i in range(len(header))]
+    natural[0] = min(natural[0], 20)  # the name can wrap down to this
+    shown = list(range(len(header)))
+    for drop in _DROP_ORDER:
+        # Each column: its text, a space either side, and one border line.
+        if sum(natural[i] + 3 for i in shown) + 1 <= console.width:
+            break
+        shown.remove(header.index(drop))
+    table = _table(header, cells, shown)
+    hidden = [h for i, h in enumerate(header) if i not in shown]
+    if hidden:
+        table.caption = f"not shown at this width: {', '.join(hidden)} (widen the terminal, or use --json)"
+    console.print(table)
+
+
+_DROP_ORDER = ("paused", "mode", "sealed", "retry pending", "in flight", "reservable", "dead")
+
+
+def _table(header: list[str], cells: list[list[str]], shown: list[int]) -> Table:
     table = Table()
-    for col in ("list", "mode", *STATUS_FIELDS):
-        table.add_column(col.replace("_", " "), justify="left" if col in ("list", "mode") else "right")
-    for r in rows:
-        table.add_row(r.name, r.mode, *(("yes" if getattr(r, f) else "no") if isinstance(getattr(r, f), bool) else f"{getattr(r, f):,}" for f in STATUS_FIELDS))
-    Console().print(table)
+    for i in shown:
+        if i == 0:
+            table.add_column(header[i], overflow="fold", min_width=8)
+        else:
+            table.add_column(header[i], justify="left" if i == 1 else "right", no_wrap=True)
+    for row in cells:
+        table.add_row(*(row[i] for i in shown))
+    return table
 
 
 @click.command()

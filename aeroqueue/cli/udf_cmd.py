@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 import click
@@ -10,6 +11,7 @@ from rich.table import Table
 
 from .. import udfs
 from .context import (
+    JSON_OPT,
     Context,
     err_console,
     option,
@@ -23,13 +25,20 @@ def udf() -> None:
 
 @udf.command("register")
 @option("--force", env="UDF_FORCE", is_flag=True, help="Upload every module even when the cluster's copy is the same.")
+@JSON_OPT
 @click.pass_obj
-def udf_register(obj: Context, force: bool) -> None:
+def udf_register(obj: Context, force: bool, as_json: bool) -> None:
     """Upload the packaged Lua modules the cluster lacks (or holds another version of),
     under their versioned names, and create the secondary index the reaper uses
-    (aq_job.sess) if it is missing. On an up-to-date cluster it changes nothing."""
+    (aq_job.sess) if it is missing. On an up-to-date cluster it changes nothing.
+
+    --json prints {"url", "uploaded": [modules], "indexes": [indexes created]}.
+    """
     backend = obj.backend(check_udfs=False)
     done = udfs.register(backend, force=force)
+    if as_json:
+        click.echo(json.dumps({"url": str(backend.url), "uploaded": done.uploaded, "indexes": done.indexes}))
+        return
     if not done.changed:
         click.echo(f"nothing changed on {backend.url}: every module and index is already in place")
         return
@@ -40,15 +49,16 @@ def udf_register(obj: Context, force: bool) -> None:
 
 
 @udf.command("status")
-@click.option("--json", "as_json", is_flag=True, envvar="AEROQUEUE_JSON", show_envvar=True, help="Print JSON.")
+@JSON_OPT
 @click.pass_obj
 def udf_status(obj: Context, as_json: bool) -> None:
-    """Show registered vs packaged modules (by hash); exit 1 if any is missing or stale."""
+    """Show registered vs packaged modules (by hash); exit 1 if any is missing or stale.
+
+    --json prints [{"module", "state": "ok" | "stale" | "missing", "packaged", "registered"}].
+    """
     backend = obj.backend(check_udfs=False)
     rows = udfs.status(backend)
     if as_json:
-        import json
-
         click.echo(json.dumps([{"module": s.name, "state": s.state, "packaged": s.packaged, "registered": s.registered} for s in rows]))
     else:
         table = Table(title=f"UDF modules on {backend.url}")

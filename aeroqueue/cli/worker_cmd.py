@@ -56,7 +56,9 @@ def worker(
     """Run HANDLER on jobs reserved from the lists, under a heartbeat session.
 
     Drains on SIGTERM/SIGINT (in-flight jobs finish up to --drain-timeout, the
-    rest are released), and exits with status 3 if its session is lost.
+    rest are released). Exit status: 0 stopped as asked or every list complete
+    (--until-complete), 1 an error before work started, 3 its session was lost,
+    4 every handler thread died.
     """
     from ..worker import Worker, load_handler
 
@@ -121,7 +123,10 @@ def _refresh(live: Live, w: Any, stop: threading.Event) -> None:
 @JSON_OPT
 @click.pass_obj
 def reap(obj: Context, as_json: bool) -> None:
-    """Reap expired sessions: their claimed jobs go back to the retry store."""
+    """Reap expired sessions: their claimed jobs go back to the retry store.
+
+    --json prints {"sessions": reaped, "released": jobs given back}.
+    """
     report = reap_sessions(obj.backend())
     if as_json:
         click.echo(json.dumps({"sessions": report.sessions, "released": report.released}))
@@ -135,7 +140,10 @@ def reap(obj: Context, as_json: bool) -> None:
 @click.pass_obj
 def sweep(obj: Context, grace_s: float, as_json: bool) -> None:
     """Find what slipped through: jobs taken but never claimed, claims of vanished
-    sessions, loads whose loader died. Scans every job: run it rarely."""
+    sessions, loads whose loader died. Scans every job: run it rarely.
+
+    --json prints {"requeued", "orphans", "recounted", "ranges"} (counts, as in the text).
+    """
     report = sweep_store(obj.backend(), grace_ms=int(grace_s * 1000))
     if as_json:
         click.echo(json.dumps({"requeued": report.requeued, "orphans": report.orphans, "recounted": report.recounted, "ranges": report.ranges}))

@@ -91,6 +91,7 @@ class EmbeddedClient:
         default_ttl: int = 0,
         faults: Faults | None = None,
         policies: dict[str, Any] | None = None,
+        create: bool = True,
     ) -> None:
         self.namespace = namespace
         # The client config's default policies, as `aerospike.client({"policies": ...})`
@@ -100,7 +101,7 @@ class EmbeddedClient:
         self.max_record_size = max_record_size
         self.default_ttl = default_ttl
         self.faults = faults if faults is not None else Faults.from_env()
-        self._storage = Storage(path)
+        self._storage = Storage(path, create=create)
         self._lua = LuaRuntime()
         self._connected = True
 

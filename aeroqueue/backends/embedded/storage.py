@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ...errors import NotAStore, StoreNotFound
+
 FORMAT_VERSION = "1"
 BUSY_TIMEOUT_S = 60.0  # how long a writer waits for the store's lock before TimeoutError  # bump when the table layout or the bin encoding changes
 
@@ -104,10 +106,41 @@ def decode(blob: bytes) -> Any:
     return marshal.loads(blob)
 
 
+def _check_path(path: Path, create: bool) -> None:
+    if path.is_dir():
+        raise NotAStore(f"embedded store {path}: is a directory, not a store file")
+    if not path.parent.is_dir():
+        raise StoreNotFound(f"embedded store {path}: directory {path.parent} does not exist")
+    if not path.exists():
+        if not create:
+            raise StoreNotFound(f"embedded store {path} does not exist")
+        return
+    if path.stat().st_size == 0:
+        return  # an empty file: a new store
+    # Look before touching: switching a file to WAL mode, or adding our tables,
+    # would change someone else's database.
+    try:
+        probe = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            tables = {r[0] for r in probe.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            probe.close()
+    except sqlite3.DatabaseError as e:
+        raise NotAStore(f"embedded store {path}: not an aeroqueue store ({e})") from None
+    if "meta" not in tables or "records" not in tables:
+        raise NotAStore(
+            f"embedded store {path}: a SQLite database, but not an aeroqueue store "
+            f"(its tables: {', '.join(sorted(tables)[:5]) or 'none'})"
+        )
+
+
 class Storage:
     """The SQLite file (or a private in-memory database) behind an EmbeddedClient."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, create: bool = True) -> None:
+        """Open the store at `path`; a missing file is created only with `create`.
+        A missing directory is always an error: it is a typo far more often than
+        a wish, and creating it would hide the typo behind an empty store."""
         self.path = path
         self.memory = path == ":memory:"
         self._local = threading.local()
@@ -120,8 +153,12 @@ class Storage:
         if self.memory:
             self._shared = self._connect()
         else:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self._init_schema()
+            _check_path(Path(path), create)
+        try:
+            self._init_schema()
+        except sqlite3.DatabaseError as e:
+            # /etc/passwd, a directory, an unreadable file: one clear error, not a traceback.
+            raise NotAStore(f"embedded store {path}: cannot open it as a store ({e})") from None
 
     # -- connections -------------------------------------------------------
 
@@ -159,7 +196,7 @@ class Storage:
             if row is None:
                 db.execute("INSERT INTO meta (k, v) VALUES ('format', ?)", (FORMAT_VERSION,))
             elif row[0] != FORMAT_VERSION:
-                raise RuntimeError(
+                raise NotAStore(
                     f"embedded store {self.path} has format {row[0]}, this aeroqueue reads format "
                     f"{FORMAT_VERSION}; move the file aside or use a matching aeroqueue version"
                 )

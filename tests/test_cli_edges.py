@@ -1,0 +1,393 @@
+"""The edges a user meets in the first hour (issue 17): store URLs, one-line errors
+and exit statuses, --verbose anywhere, reserve's session, acknowledgement
+refusals, `lists` on terminals and pipes, JSON output, and `bench`'s store."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from aeroqueue import keys, udfs
+from aeroqueue.backends import open_backend
+from aeroqueue.cli import main
+from aeroqueue.lists import JobLists
+from aeroqueue.loading import JobSpec
+from aeroqueue.queue import Queue
+from aeroqueue.sessions import Session, reap
+
+# Environment variables that would change what these commands do, removed for each run.
+CLEAN = {"AEROQUEUE_URL": None, "AEROQUEUE_VERBOSE": None, "AEROQUEUE_CREATE": None, "AEROQUEUE_JSON": None,
+         "FORCE_COLOR": None, "TTY_COMPATIBLE": None, "COLUMNS": None}
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def cli(*args: str, url: str | None = None, **env: str | None) -> Result:
+    argv = (["--url", url] if url is not None else []) + list(args)
+    return CliRunner().invoke(main, argv, env={**CLEAN, **env})
+
+
+def one_error_line(out: Result, code: int) -> str:
+    """The run failed with `code` and said why in exactly one line on stderr, no traceback."""
+    assert out.exit_code == code, (out.exit_code, out.output)
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr
+    assert "Traceback" not in out.output
+    return lines[0]
+
+
+@pytest.fixture
+def ready_url(store_url: str) -> str:
+    """A store the CLI will open: an embedded one made with `aeroqueue init`, or the real server."""
+    out = cli("init", url=store_url)
+    assert out.exit_code == 0, out.output
+    return store_url
+
+
+# -- store URLs -----------------------------------------------------------------
+
+
+def test_a_store_in_a_directory_that_does_not_exist_is_an_error_and_makes_nothing(tmp_path):
+    for args in (("lists",), ("--create", "lists"), ("init",)):
+        line = one_error_line(cli(*args, url=f"embedded://{tmp_path}/typo/store.db"), 1)
+        assert f"directory {tmp_path}/typo does not exist" in line
+    assert not (tmp_path / "typo").exists()
+
+
+def test_a_store_file_that_does_not_exist_needs_init_or_create(tmp_path):
+    url = f"embedded://{tmp_path}/store.db"
+    line = one_error_line(cli("lists", url=url), 1)
+    assert "does not exist" in line and "aeroqueue init" in line and "--create" in line
+    assert not (tmp_path / "store.db").exists(), "a typo must not become a new, empty store"
+    made = cli("init", "--json", url=url)
+    assert made.exit_code == 0, made.output
+    assert json.loads(made.stdout)["created"] is True and (tmp_path / "store.db").is_file()
+    again = cli("init", "--json", url=url)
+    assert json.loads(again.stdout)["created"] is False, "init is safe to repeat"
+    assert cli("lists", "--json", url=url).stdout.strip() == "[]"
+    other = f"embedded://{tmp_path}/other.db"
+    assert cli("--create", "lists", "--json", url=other).exit_code == 0
+    assert cli("lists", url=other, AEROQUEUE_CREATE=None).exit_code == 0, "made by --create"
+    third = f"embedded://{tmp_path}/third.db"
+    assert cli("lists", url=third, AEROQUEUE_CREATE="1").exit_code == 0
+
+
+def test_the_default_store_is_made_on_first_use(tmp_path):
+    out = cli("lists", "--json", XDG_DATA_HOME=str(tmp_path / "xdg"))
+    assert out.exit_code == 0, out.output
+    assert (tmp_path / "xdg" / "aeroqueue" / "store.db").is_file()
+    shown = json.loads(cli("config", "--json", XDG_DATA_HOME=str(tmp_path / "xdg")).stdout)
+    assert shown["source"] == "default" and shown["exists"] is True
+
+
+@pytest.mark.parametrize("kind", ["text", "foreign-sqlite", "directory"])
+def test_a_file_that_is_not_a_store_is_a_clear_error_and_stays_untouched(tmp_path, kind):
+    path = tmp_path / "passwd"
+    if kind == "text":
+        path.write_text("root:x:0:0:root:/root:/bin/bash\n" * 40)
+    elif kind == "foreign-sqlite":
+        with sqlite3.connect(path) as db:
+            db.execute("CREATE TABLE customers (id INTEGER)")
+    else:
+        path.mkdir()
+    before = sorted(p.name for p in tmp_path.iterdir())
+    content = path.read_bytes() if path.is_file() else None
+    line = one_error_line(cli("--create", "lists", url=f"embedded://{path}"), 1)
+    assert str(path) in line and ("not an aeroqueue store" in line or "cannot open it as a store" in line
+                                  or "is a directory" in line)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before, "no -wal or -shm file left beside it"
+    if content is not None:
+        assert path.read_bytes() == content
+
+
+def test_etc_passwd_is_one_line(tmp_path):
+    line = one_error_line(cli("lists", url="embedded:///etc/passwd"), 1)
+    assert "/etc/passwd" in line and "not" in line
+    assert not Path("/etc/passwd-wal").exists()
+
+
+@pytest.mark.parametrize("how", ["env", "option"])
+def test_an_empty_url_is_an_error_not_the_default(tmp_path, how):
+    xdg = str(tmp_path / "xdg")
+    out = cli("lists", AEROQUEUE_URL="", XDG_DATA_HOME=xdg) if how == "env" else cli("lists", url="", XDG_DATA_HOME=xdg)
+    line = one_error_line(out, 1)
+    assert ("AEROQUEUE_URL" if how == "env" else "--url") in line and "empty" in line
+    assert not (tmp_path / "xdg").exists(), "the default store was not used"
+
+
+# -- one-line errors, exit statuses, --verbose ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "says"),
+    [
+        (("status", "nope"), 1, "no job list named 'nope'"),
+        (("--url", "aerospike://h:notaport/test", "lists"), 1, "port 'notaport'"),
+        (("frobnicate",), 2, "No such command 'frobnicate'"),
+        (("status",), 2, "Missing argument 'LIST'"),
+        (("reserve", "x", "--count", "zero"), 2, "'zero' is not a valid integer"),
+        (("--bogus", "lists"), 2, "No such option '--bogus'"),
+        (("complete", "x", "0", "--session", "s", "--result", "{nope"), 2, "--result"),
+    ],
+)
+def test_every_error_is_one_line_with_its_exit_status(tmp_path, args, code, says):
+    open_backend(f"embedded://{tmp_path}/s.db").close()
+    out = cli(*args) if args[0] == "--url" else cli(*args, url=f"embedded://{tmp_path}/s.db")
+    assert says in one_error_line(out, code)
+
+
+def test_an_unexpected_error_is_one_line_too(tmp_path, monkeypatch):
+    def broken(*_: object) -> list[str]:
+        raise TypeError("a bug")
+
+    monkeypatch.setattr(JobLists, "names", broken)
+    url = f"embedded://{tmp_path}/s.db"
+    line = one_error_line(cli("--create", "lists", url=url), 1)
+    assert "internal error" in line and "TypeError: a bug" in line and "--verbose" in line
+    assert "Traceback" in cli("--create", "lists", "--verbose", url=url).stderr
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--verbose", "status", "nope"],
+        ["status", "--verbose", "nope"],
+        ["status", "nope", "-v"],
+        ["udf", "register", "--verbose"],
+        ["udf", "--verbose", "register"],
+    ],
+)
+def test_verbose_works_anywhere_on_the_line(tmp_path, argv):
+    url = f"embedded://{tmp_path}/s.db"
+    if argv[0] == "udf":
+        url = f"embedded://{tmp_path}/missing.db"  # an error to show the traceback of
+    else:
+        open_backend(url).close()
+    quiet = cli(*[a for a in argv if a not in ("--verbose", "-v")], url=url)
+    assert quiet.exit_code == 1 and "Traceback" not in quiet.output
+    loud = cli(*argv, url=url)
+    assert loud.exit_code == 1 and "Traceback (most recent call last)" in loud.stderr
+    assert loud.stderr.splitlines()[-1].startswith("error: "), "the one line still ends the output"
+    assert "Traceback" in cli(*[a for a in argv if a not in ("--verbose", "-v")], url=url, AEROQUEUE_VERBOSE="1").stderr
+
+
+# -- complete and fail: which job, and why not ------------------------------------------
+
+
+def test_ack_refusals_name_the_job_id_and_say_why(ready_url, list_name):
+    backend = open_backend(ready_url)
+    JobLists(backend).load(list_name, [JobSpec(f"c{i}", {}) for i in range(5)], max_attempts=1)
+    queue = Queue(backend)
+    holder = Session.open(backend)
+    try:
+        never = one_error_line(cli("complete", list_name, "0", "--session", holder.id, url=ready_url), 1)
+        assert "job 'c0'" in never and "never reserved" in never and "another session" not in never
+        [j0, j1, j2] = queue.reserve(list_name, holder, 3)
+        other = one_error_line(cli("complete", list_name, str(j0.token), "--session", "intruder", url=ready_url), 1)
+        assert f"job {j0.jid!r}" in other and f"claimed by session {holder.id}, not intruder" in other
+
+        ok = cli("complete", list_name, str(j0.token), "--session", holder.id, "--result", '{"n": 1}', "--json", url=ready_url)
+        assert ok.exit_code == 0, ok.output
+        assert json.loads(ok.stdout) == {"list": list_name, "token": j0.token, "id": j0.jid, "session": holder.id,
+                                         "outcome": "done"}
+        done = one_error_line(cli("fail", list_name, str(j0.token), "--session", "late", "--error", "x", url=ready_url), 1)
+        assert f"job {j0.jid!r}" in done and f"already done (completed by session {holder.id})" in done
+
+        dead = cli("fail", list_name, str(j1.token), "--session", holder.id, "--error", "broken", "--json", url=ready_url)
+        assert json.loads(dead.stdout)["outcome"] == "dead" and json.loads(dead.stdout)["id"] == j1.jid
+        line = one_error_line(cli("complete", list_name, str(j1.token), "--session", holder.id, url=ready_url), 1)
+        assert "is dead" in line and f"aeroqueue kick {list_name}" in line
+    finally:
+        holder.close()  # releases j2
+    back = one_error_line(cli("complete", list_name, str(j2.token), "--session", holder.id, url=ready_url), 1)
+    assert f"job {j2.jid!r}" in back and "back in the queue" in back and "session closed" in back
+    missing = one_error_line(cli("complete", list_name, "99", "--session", "s", url=ready_url), 1)
+    assert f"list {list_name!r} has no job with token 99" in missing
+    assert "no job list named" in one_error_line(cli("fail", "no-such-list", "0", "--session", "s", "--error", "e", url=ready_url), 1)
+
+
+# -- reserve and its session ----------------------------------------------------------
+
+
+def _reserve_process(url: str, list_name: str, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "aeroqueue", "--url", url, "reserve", list_name, *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def test_reserve_heartbeats_while_holding_and_ends_when_every_job_is_acknowledged(ready_url, list_name):
+    backend = open_backend(ready_url)
+    JobLists(backend).load(list_name, [JobSpec(f"c{i}", {}) for i in range(5)])
+    proc = _reserve_process(ready_url, list_name, "-n", "3", "--hold", "60", "--heartbeat", "0.2", "--expiry", "1")
+    try:
+        assert proc.stdout is not None
+        jobs = [json.loads(proc.stdout.readline()) for _ in range(3)]
+        time.sleep(2.5)  # two and a half expiries: a session nobody heartbeats would be reaped now
+        reap(backend)  # (other tests' leftovers on a shared server may go; this one must not)
+        assert backend.get(keys.SESS_SET, jobs[0]["session"]) is not None
+        assert all(backend.get(keys.JOB_SET, keys.job_name(list_name, j["token"])).bins["state"] == "claimed" for j in jobs)
+        assert cli("complete", list_name, str(jobs[0]["token"]), "--session", jobs[0]["session"], url=ready_url).exit_code == 0
+        assert cli("complete", list_name, str(jobs[1]["token"]), "--session", jobs[1]["session"], url=ready_url).exit_code == 0
+        assert proc.poll() is None, "one job is still held"
+        assert cli("fail", list_name, str(jobs[2]["token"]), "--session", jobs[2]["session"], "--error", "e", url=ready_url).exit_code == 0
+        assert proc.wait(20) == 0
+    finally:
+        proc.kill()
+    assert "released" not in (proc.stderr.read() if proc.stderr else "")
+    st = JobLists(backend).status(list_name)
+    assert (st.done, st.in_flight, st.retry_pending, st.reservable) == (2, 0, 1, 2)
+    assert backend.get(keys.SESS_SET, jobs[0]["session"]) is None, "its session is closed"
+
+
+@pytest.mark.parametrize("end", ["time", "sigterm"])
+def test_reserve_releases_what_is_left_when_it_ends(ready_url, list_name, end):
+    backend = open_backend(ready_url)
+    JobLists(backend).load(list_name, [JobSpec(f"c{i}", {}) for i in range(3)])
+    proc = _reserve_process(ready_url, list_name, "-n", "2", "--hold", "2" if end == "time" else "60")
+    assert proc.stdout is not None
+    jobs = [json.loads(proc.stdout.readline()) for _ in range(2)]
+    assert cli("complete", list_name, str(jobs[0]["token"]), "--session", jobs[0]["session"], url=ready_url).exit_code == 0
+    if end == "sigterm":
+        proc.send_signal(signal.SIGTERM)
+    try:
+        assert proc.wait(30) == 0
+    finally:
+        proc.kill()
+    assert "released 1 job(s)" in (proc.stderr.read() if proc.stderr else "")
+    rec = backend.get(keys.JOB_SET, keys.job_name(list_name, jobs[1]["token"])).bins
+    assert rec["state"] == "queued" and rec["att"] == 0, "back at once, its attempt refunded"
+    st = JobLists(backend).status(list_name)
+    assert (st.done, st.in_flight, st.retry_pending + st.reservable) == (1, 0, 2)
+
+
+def test_reserve_needs_hold_or_a_live_session(ready_url, list_name):
+    backend = open_backend(ready_url)
+    JobLists(backend).load(list_name, [JobSpec("c0", {})])
+    line = one_error_line(cli("reserve", list_name, url=ready_url), 2)
+    assert "--hold" in line and "--session" in line
+    gone = one_error_line(cli("reserve", list_name, "--session", "no-such-session", url=ready_url), 1)
+    assert "no-such-session does not exist or is not alive" in gone
+    assert JobLists(backend).status(list_name).reservable == 1, "nothing was taken"
+
+
+# -- lists, status, --json ------------------------------------------------------------------
+
+
+def test_lists_prints_whole_names_when_piped_and_fits_a_terminal(ready_url):
+    backend = open_backend(ready_url)
+    long_name = f"{os.getpid()}-a-customer-list-with-a-really-long-name-for-the-terminal"[:64]
+    JobLists(backend).load(long_name, [JobSpec("c0", {})])
+    piped = cli("lists", url=ready_url)
+    assert piped.exit_code == 0
+    row = next(line for line in piped.stdout.splitlines() if line.startswith(long_name))
+    assert row.split()[0] == long_name and "…" not in piped.stdout
+    assert piped.stdout.splitlines()[0].split()[:3] == ["list", "mode", "total"]
+    narrow = cli("lists", url=ready_url, TTY_COMPATIBLE="1", COLUMNS="60")
+    assert narrow.exit_code == 0
+    lines = ANSI.sub("", narrow.stdout).splitlines()
+    assert max(len(line) for line in lines) <= 60
+    cells = "".join(line.split("│")[1].strip() for line in lines if line.startswith("│"))
+    assert long_name in cells, "wrapped, never cut"
+    assert "not shown at this width" in " ".join(" ".join(lines).split())
+    wide = ANSI.sub("", cli("lists", url=ready_url, TTY_COMPATIBLE="1", COLUMNS="400").stdout)
+    assert "not shown" not in wide and "retry pending" in wide and long_name in wide
+
+
+def test_status_json_has_paused(ready_url, list_name):
+    JobLists(open_backend(ready_url)).load(list_name, [JobSpec("c0", {})])
+    assert json.loads(cli("status", list_name, "--json", url=ready_url).stdout)["paused"] is False
+    assert cli("pause", list_name, url=ready_url).exit_code == 0
+    st = json.loads(cli("status", list_name, "--json", url=ready_url).stdout)
+    assert st["paused"] is True and st["name"] == list_name
+    row = next(r for r in json.loads(cli("lists", "--json", url=ready_url).stdout) if r["name"] == list_name)
+    assert row == st
+
+
+STATUS_KEYS = {"name", "mode", "total", "reservable", "in_flight", "retry_pending", "done", "dead", "sealed", "paused",
+               "complete"}
+
+
+def test_json_shapes_are_the_documented_ones(ready_url, list_name):
+    backend = open_backend(ready_url)
+    JobLists(backend).load(list_name, [JobSpec("c0", {})])
+
+    def shape(*args: str) -> object:
+        out = cli(*args, "--json", url=ready_url)
+        assert out.exit_code == 0, out.output
+        return json.loads(out.stdout)
+
+    assert set(shape("status", list_name)) == STATUS_KEYS  # type: ignore[arg-type]
+    assert set(shape("reap")) == {"sessions", "released"}  # type: ignore[arg-type]
+    assert set(shape("sweep")) == {"requeued", "orphans", "recounted", "ranges"}  # type: ignore[arg-type]
+    assert set(shape("udf", "register")) == {"url", "uploaded", "indexes"}  # type: ignore[arg-type]
+    assert set(shape("init")) == {"url", "backend", "created", "uploaded", "indexes"}  # type: ignore[arg-type]
+    assert {m["state"] for m in shape("udf", "status")} == {"ok"}  # type: ignore[union-attr, index]
+    config = shape("config")
+    assert set(config) >= {"url", "backend", "namespace", "source"} and config["source"] == "--url"  # type: ignore[index]
+    with Session.open(backend) as s:
+        out = cli("reserve", list_name, "--session", s.id, "--json", url=ready_url)
+        job = json.loads(out.stdout)
+        assert set(job) == {"list", "token", "id", "payload", "attempt", "session"} and job["session"] == s.id
+
+
+# -- bench ------------------------------------------------------------------------------------------
+
+
+def test_bench_uses_a_scratch_store_unless_told_and_shows_progress(tmp_path):
+    xdg = tmp_path / "xdg"
+    out = cli("bench", "--sizes", "100,200", "--sample", "10", "--batch", "5", XDG_DATA_HOME=str(xdg))
+    assert out.exit_code == 0, out.output
+    assert "scratch embedded store" in out.stderr
+    assert "loading 200 jobs" in out.stderr and "measuring batch 5 on 200" in out.stderr, "the progress bar"
+    assert "jobs in list" in out.stdout
+    assert not xdg.exists(), "the user's default store is not touched"
+
+
+@pytest.mark.parametrize("mode", ["tokens", "ids"])
+def test_bench_on_a_given_store_deletes_everything_it_made(ready_url, mode):
+    backend = open_backend(ready_url)
+    sets = (keys.LIST_SET, keys.JOB_SET, keys.JIDX_SET, keys.DONE_SET, keys.IDS_SET)
+
+    def bench_records() -> dict[str, int]:
+        counts = {s: sum(1 for name, _ in backend.scan(s) if str(name).startswith("bench-")) for s in sets}
+        return {**counts, "sessions": sum(1 for _ in backend.scan(keys.SESS_SET))}
+
+    before = bench_records()
+    out = cli("bench", "--sizes", "150,300", "--sample", "10", "--batch", "5", "--mode", mode, url=ready_url)
+    assert out.exit_code == 0, out.output
+    assert "its lists are deleted at the end" in out.stderr
+    assert bench_records() == before
+    assert not [n for n in JobLists(backend).names() if n.startswith("bench-")]
+    assert udfs.status(backend) and all(s.state == "ok" for s in udfs.status(backend))
+
+
+def test_bench_claims_refuses_a_store_with_open_sessions(tmp_path):
+    url = f"embedded://{tmp_path}/s.db"
+    backend = open_backend(url)
+    udfs.register(backend)
+    with Session.open(backend):
+        out = cli("bench", "--claims", "--sample", "10", url=url)
+    assert out.exit_code == 1 and "Traceback" not in out.output
+    assert "refused" in out.stderr.splitlines()[-1] and "open sessions" in out.stderr.splitlines()[-1]
+    assert backend.create_index(keys.JOB_SET, "sess", keys.SESS_INDEX) is False, "the reaper's index is still there"
+
+
+def test_an_unterminated_quote_is_reported_on_the_line_it_opens(tmp_path):
+    url = f"embedded://{tmp_path}/s.db"
+    data = tmp_path / "jobs.csv"
+    data.write_text('id,email\nc0,a@example.com\n\nc1,"b@example.com\nc2,c@example.com\nc3,d@example.com\n')
+    out = cli("--create", "load", "customers", str(data), url=url)
+    assert out.exit_code == 1 and "Traceback" not in out.output
+    assert "jobs.csv, line 4: malformed CSV" in out.stderr.splitlines()[-1]  # (after load's progress bar)
