@@ -1,6 +1,9 @@
 """Where the records live: one URL, parsed once.
 
-- ``aerospike://host:3000[,host2:3000]/namespace``: a real server or cluster.
+- ``aerospike://[user:password@]host:3000[,host2:3000]/namespace[?option=value&...]``:
+  a real server or cluster. Every host is a seed: the client starts with
+  whichever of them answer. The options are the client settings a cluster
+  needs (`CLIENT_OPTIONS`); an unknown option or a bad value is refused.
 - ``embedded:///abs/path/store.db``: the embedded stand-in, a SQLite file
   shared by every process on the machine.
 - ``embedded://:memory:``: a private in-process store (unit tests).
@@ -15,7 +18,8 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import parse_qsl
+from typing import Any
+from urllib.parse import parse_qsl, unquote
 
 from .errors import InvalidURL
 
@@ -27,6 +31,22 @@ MEMORY = ":memory:"
 # Aerospike namespace names: at most 31 bytes, no dots or colons.
 _NAMESPACE = re.compile(r"^[A-Za-z0-9_-]{1,31}$")
 _HOST = re.compile(r"^[A-Za-z0-9._-]+$|^\[[0-9A-Fa-f:.]+\]$")
+
+# Client options an aerospike:// URL may carry, each with what its value must be.
+# Timeouts are in milliseconds and apply to every command (0: no limit).
+CLIENT_OPTIONS: dict[str, str] = {
+    "connect_timeout": "milliseconds, more than 0: how long to wait for each seed at start-up",
+    "total_timeout": "milliseconds: the whole of one command, retries included (0: no limit)",
+    "socket_timeout": "milliseconds: one attempt's idle socket (0: no limit)",
+    "min_conns_per_node": "a count: connections opened to each node up front",
+    "max_conns_per_node": "a count, more than 0: the most connections to one node",
+    "use_services_alternate": "true or false: connect to the nodes' alternate-access-address (NAT, containers)",
+    "tls_name": "the nodes' TLS name: turns TLS on",
+    "tls_cafile": "path of the CA certificate file that signs the nodes' certificates: turns TLS on",
+    "cluster_name": "the cluster-name the nodes must have",
+}
+CLIENT_MAX_CONNS = 100  # the client's default max_conns_per_node
+_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
 
 @dataclass(frozen=True)
@@ -48,13 +68,18 @@ class StoreURL:
     def option(self, name: str, default: str | None = None) -> str | None:
         return dict(self.options).get(name, default)
 
+    def client_options(self) -> dict[str, Any]:
+        """The aerospike:// options, checked and typed (`CLIENT_OPTIONS`)."""
+        return _client_options(str(self), self.options)
+
     def __str__(self) -> str:
         if self.is_embedded:
             # An absolute path brings the third slash: embedded:///abs/path.db
             return f"embedded://{self.path}"
         who = f"{self.user}:***@" if self.user else ""
         hosts = ",".join(f"{h}:{p}" for h, p in self.hosts)
-        return f"aerospike://{who}{hosts}/{self.namespace}"
+        query = "&".join(f"{k}={v}" for k, v in self.options)
+        return f"aerospike://{who}{hosts}/{self.namespace}" + (f"?{query}" if query else "")
 
 
 def default_store_path() -> Path:
@@ -92,7 +117,7 @@ def parse_url(text: str) -> StoreURL:
     scheme, rest = text.split("://", 1)
     rest, _, query = rest.partition("?")
     try:
-        options = tuple(parse_qsl(query, strict_parsing=True)) if query else ()
+        options = tuple(parse_qsl(query, keep_blank_values=True, strict_parsing=True)) if query else ()
     except ValueError:
         raise InvalidURL(f"store URL {_safe(text)!r}: malformed query string {query!r}") from None
     if scheme == "aerospike":
@@ -112,6 +137,8 @@ def _parse_aerospike(text: str, rest: str, options: tuple[tuple[str, str], ...])
         user, _, password = creds.partition(":")
         if not user:
             raise InvalidURL(f"store URL {_safe(text)!r}: empty user name before '@'")
+        # Percent-encoding lets a password hold ':', '/', '@', '?' or '&'.
+        user, password = unquote(user), unquote(password)
     if not authority:
         raise InvalidURL(f"store URL {_safe(text)!r}: no host; expected aerospike://host:3000/namespace")
     hosts = []
@@ -125,7 +152,7 @@ def _parse_aerospike(text: str, rest: str, options: tuple[tuple[str, str], ...])
             f"store URL {_safe(text)!r}: namespace {namespace!r} is not a valid Aerospike namespace "
             "(1 to 31 letters, digits, '_' or '-')"
         )
-    return StoreURL(
+    url = StoreURL(
         scheme="aerospike",
         namespace=namespace,
         hosts=tuple(hosts),
@@ -133,6 +160,44 @@ def _parse_aerospike(text: str, rest: str, options: tuple[tuple[str, str], ...])
         password=password or None,
         options=options,
     )
+    url.client_options()  # refuse an unknown option or a bad value now, not at connect time
+    return url
+
+
+def _client_options(where: str, options: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, value in options:
+        what = CLIENT_OPTIONS.get(name)
+        if what is None:
+            raise InvalidURL(
+                f"store URL {where!r}: unknown option {name!r}; the options are {', '.join(sorted(CLIENT_OPTIONS))}"
+            )
+        if name in out:
+            raise InvalidURL(f"store URL {where!r}: option {name!r} is given twice")
+        bad = InvalidURL(f"store URL {where!r}: option {name}={value!r} is not valid; it takes {what}")
+        if name.endswith("_timeout") or name.endswith("_per_node"):
+            if not value.isdigit() or len(value) > 9:
+                raise bad
+            number = int(value)
+            if number == 0 and name in ("connect_timeout", "max_conns_per_node"):
+                raise bad
+            out[name] = number
+        elif name == "use_services_alternate":
+            if value.lower() not in _TRUE + _FALSE:
+                raise bad
+            out[name] = value.lower() in _TRUE
+        elif name == "tls_cafile":
+            if not value or not os.path.isfile(value):
+                raise InvalidURL(f"store URL {where!r}: option tls_cafile={value!r}: no such file")
+            out[name] = value
+        else:
+            if not value or any(c.isspace() for c in value):
+                raise bad
+            out[name] = value
+    low, high = out.get("min_conns_per_node", 0), out.get("max_conns_per_node", CLIENT_MAX_CONNS)
+    if low > high:
+        raise InvalidURL(f"store URL {where!r}: min_conns_per_node={low} is more than max_conns_per_node={high}")
+    return out
 
 
 def _split_host_port(text: str, part: str) -> tuple[str, int]:

@@ -8,9 +8,11 @@ from typing import Any
 
 from ..config import StoreURL, default_store_path, resolve_url
 from ..errors import BackendError, ConfigError
-from .base import Backend, BatchResult, Record, retry_busy, wrap
+from .base import IN_DOUBT, Backend, BatchResult, Record, retry_busy, retry_in_doubt, wrap
 
-__all__ = ["Backend", "BatchResult", "Record", "open_backend", "retry_busy", "wrap"]
+__all__ = [
+    "IN_DOUBT", "Backend", "BatchResult", "Record", "client_config", "open_backend", "retry_busy", "retry_in_doubt", "wrap",
+]
 
 
 def open_backend(url: str | StoreURL | None = None, *, create: bool = True, **embedded_options: Any) -> Backend:
@@ -24,11 +26,6 @@ def open_backend(url: str | StoreURL | None = None, *, create: bool = True, **em
     parsed = url if isinstance(url, StoreURL) else resolve_url(url)
     import aerospike
 
-    # No silent client retries of writes: take and alloc are not idempotent (a
-    # retried take would hand out tokens twice). aeroqueue retries what is safe
-    # itself (RecordBusy, and claims/acks whose answer was lost).
-    no_retry = {"max_retries": 0, "key": aerospike.POLICY_KEY_SEND}
-    policies: dict[str, Any] = {"key": aerospike.POLICY_KEY_SEND, "write": no_retry, "apply": no_retry, "operate": no_retry}
     if parsed.is_embedded:
         from .embedded import EmbeddedClient
 
@@ -41,29 +38,71 @@ def open_backend(url: str | StoreURL | None = None, *, create: bool = True, **em
             if not max_size.isdigit():
                 raise ConfigError(f"store URL option max_record_size={max_size!r} is not a number of bytes")
             embedded_options.setdefault("max_record_size", int(max_size))
-        embedded = EmbeddedClient(parsed.path or ":memory:", parsed.namespace, policies=policies, create=create, **embedded_options)
+        embedded = EmbeddedClient(
+            parsed.path or ":memory:", parsed.namespace, policies=_base_policies(), create=create, **embedded_options
+        )
         return Backend(embedded, parsed)
     if embedded_options:
         raise ConfigError(f"options {sorted(embedded_options)} only apply to the embedded backend")
+    config = client_config(parsed)
+    try:
+        client = aerospike.client(config).connect()
+        if not client.is_connected():
+            # No seed answered. Ask again the strict way: its error says why
+            # (refused, timed out, authentication, wrong cluster name...).
+            client.close()
+            client = aerospike.client({**config, "fail_if_not_connected": True}).connect()
+    except aerospike.exception.AerospikeError as e:
+        # str(parsed) masks the password: nothing secret reaches logs.
+        seeds = "its seed" if len(parsed.hosts) == 1 else f"any of its {len(parsed.hosts)} seeds"
+        err = BackendError(f"cannot connect to {parsed} through {seeds}: {getattr(e, 'msg', e)}", operation="connect")
+        err.hint = "is the server running and reachable? check --url or AEROQUEUE_URL"
+        raise err from e
+    return Backend(client, parsed)
+
+
+def _base_policies() -> dict[str, Any]:
+    import aerospike
+
+    # No silent client retries of writes: take and alloc are not idempotent (a
+    # retried take would hand out tokens twice). aeroqueue retries what is safe
+    # itself (RecordBusy, and claims/acks whose answer was lost).
+    no_retry = {"max_retries": 0, "key": aerospike.POLICY_KEY_SEND}
+    return {"key": aerospike.POLICY_KEY_SEND, "write": dict(no_retry), "apply": dict(no_retry), "operate": dict(no_retry)}
+
+
+def client_config(url: StoreURL) -> dict[str, Any]:
+    """The `aerospike.client` configuration for an aerospike:// URL and its options."""
+    options = url.client_options()
+    policies = _base_policies()
+    commands = ("read", "write", "apply", "operate", "remove", "batch", "batch_parent_write")
+    for name in ("total_timeout", "socket_timeout"):
+        if name in options:
+            for command in commands:
+                policies.setdefault(command, {})[name] = options[name]
+    if "total_timeout" in options:
+        policies["info"] = {"timeout": options["total_timeout"]}
+    tls_name = options.get("tls_name")
     config: dict[str, Any] = {
-        "hosts": list(parsed.hosts),
+        "hosts": [(h, p, tls_name) if tls_name else (h, p) for h, p in url.hosts],
         "policies": policies,
+        # Start with whichever seeds answer: one node down must not stop a process
+        # from starting (the default refuses when any seed's peers are unreachable).
+        "fail_if_not_connected": False,
         # udf_put leaves a copy of each module in the client's Lua user path, by
         # default the current directory, where it would litter the user's work
         # tree (and shadow modules for a server started there).
         "lua": {"user_path": lua_cache_dir()},
     }
-    if parsed.user:
-        config["user"] = parsed.user
-        config["password"] = parsed.password or ""
-    try:
-        client = aerospike.client(config).connect()
-    except aerospike.exception.AerospikeError as e:
-        # str(parsed) masks the password: nothing secret reaches logs.
-        err = BackendError(f"cannot connect to {parsed}: {getattr(e, 'msg', e)}", operation="connect")
-        err.hint = "is the server running and reachable? check --url or AEROQUEUE_URL"
-        raise err from e
-    return Backend(client, parsed)
+    for name in ("connect_timeout", "min_conns_per_node", "max_conns_per_node", "use_services_alternate", "cluster_name"):
+        if name in options:
+            config[name] = options[name]
+    if tls_name or "tls_cafile" in options:
+        config["tls"] = {"enable": True, **({"cafile": options["tls_cafile"]} if "tls_cafile" in options else {})}
+    if url.user:
+        config["user"] = url.user
+        config["password"] = url.password or ""
+    return config
 
 
 def lua_cache_dir() -> str:
