@@ -99,6 +99,16 @@ class BackendTimeout(BackendError):
     hint = "retry: aeroqueue's operations are safe to repeat"
 
 
+class NodeUnreachable(BackendTimeout):
+    """The node holding the record could not be reached (connection refused or reset, no answer); the operation may or may not have happened."""
+
+
+class ClusterChanging(BackendError):
+    """The cluster is changing (a node left or joined) and could not serve the record just now; nothing was done."""
+
+    hint = "retry in a moment: aeroqueue's operations are safe to repeat"
+
+
 class FilteredOut(BackendError):
     """The record did not match the operation's expression filter."""
 

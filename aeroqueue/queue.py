@@ -22,7 +22,6 @@ Each of these UDFs is O(1) in the list's size.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections import defaultdict
 from collections.abc import Sequence
@@ -32,8 +31,8 @@ from typing import Any
 from aerospike import exception as aex
 
 from . import keys, transitions
-from .backends import Backend, BatchResult, retry_busy, wrap
-from .errors import AeroqueueError, BackendTimeout, ClaimLost, JobNotFound, ListNotFound, RecordBusy
+from .backends import IN_DOUBT, Backend, BatchResult, retry_busy, retry_in_doubt, wrap
+from .errors import AeroqueueError, ClaimLost, JobNotFound, ListNotFound, RecordBusy
 from .lists import JobLists
 from .sessions import Session
 
@@ -67,6 +66,14 @@ class Queue:
 
     def _udf(self, set_name: str, name: str, module: str, function: str, *args: Any) -> Any:
         return self.backend.udf(set_name, name, module, function, *args, deadline_s=self.busy_deadline_s)
+
+    def _job_udf(self, job_name: str, function: str, *args: Any) -> Any:
+        """A job UDF that is safe to repeat (claim with its request id, complete: a repeat
+        that finds it done answers as the first did), repeated while its answer is in
+        doubt: a node that dies mid-call costs a retry, not a job."""
+        return retry_in_doubt(
+            lambda: self._udf(keys.JOB_SET, job_name, keys.JOB_MOD, function, *args), deadline_s=self.busy_deadline_s
+        )
 
     # -- reserve -------------------------------------------------------------
 
@@ -180,11 +187,17 @@ class Queue:
             answers = [self._claim_one(name, sess, rid, tokens[0])]
         else:
             calls = [(keys.job_name(name, t), [sess, rid]) for t in tokens]
-            if not acks:
-                results = self.backend.batch_apply(keys.JOB_SET, [c[0] for c in calls], keys.JOB_MOD, "claim", sess, rid)
-            else:
-                results = self._batch(calls, acks)
-                results, acked = results[: len(calls)], results[len(calls) :]
+            try:
+                if not acks:
+                    results = self.backend.batch_apply(keys.JOB_SET, [c[0] for c in calls], keys.JOB_MOD, "claim", sess, rid)
+                else:
+                    results = self._batch(calls, acks)
+            except IN_DOUBT:
+                # The whole batch's answer was lost (a node died mid-call): each claim
+                # and ack is repeated alone below, which is safe for both.
+                names = [c[0] for c in calls] + [job.name for job, _ in acks]
+                results = [BatchResult(name=n, ok=False, value=None, code=-1) for n in names]
+            results, acked = results[: len(calls)], results[len(calls) :]
             answers = [r.value for r in results if r.ok]
             # A busy key, or an answer lost in the batch: claim it alone. The same
             # request id makes a claim that did happen answer 'ok' again.
@@ -227,21 +240,15 @@ class Queue:
         ]
 
     def _claim_one(self, name: str, sess: str, rid: str, token: int) -> Any:
-        """One claim, repeated while its answer is in doubt (a timeout) until the deadline."""
-        give_up = time.monotonic() + self.busy_deadline_s
-        while True:
-            try:
-                return self._udf(keys.JOB_SET, keys.job_name(name, token), keys.JOB_MOD, "claim", sess, rid)
-            except BackendTimeout:
-                if time.monotonic() >= give_up:
-                    raise
+        """One claim, repeated while its answer is in doubt (a timeout, a node lost) until the deadline."""
+        return self._job_udf(keys.job_name(name, token), "claim", sess, rid)
 
     # -- acknowledge -------------------------------------------------------------
 
     def complete(self, job: Job, result: Any = None) -> None:
         """Mark a job done, exactly once. Repeating a successful complete is harmless;
         a complete from a session that lost the claim raises `ClaimLost`."""
-        st = self._udf(keys.JOB_SET, job.name, keys.JOB_MOD, "complete", job.session, {job.token: result})
+        st = self._job_udf(job.name, "complete", job.session, {job.token: result})
         self._check(job, st)
         self.bits.add(job.list, [job.token])
 
@@ -290,14 +297,16 @@ class Queue:
 
     def fail(self, job: Job, error: str) -> str:
         """Record a failure: back to the queue while attempts remain ('retry'), else 'dead'."""
-        st = transitions.fail(self.backend, job.list, job.token, job.session, error)
+        st = transitions.fail(self.backend, job.list, job.token, job.session, error, deadline_s=self.busy_deadline_s)
         self._check(job, st)
         return st
 
     def release(self, job: Job, why: str = "released", *, refund: bool = True) -> str:
         """Give a claimed job back, if this session still holds it. With `refund` the
         attempt is returned (it never ran); without, it counts (it ran, or may have)."""
-        return transitions.release(self.backend, job.list, job.token, job.session, refund=refund, why=why)
+        return transitions.release(
+            self.backend, job.list, job.token, job.session, refund=refund, why=why, deadline_s=self.busy_deadline_s
+        )
 
     def flush(self) -> None:
         """Write the completion bits still pending in this process."""

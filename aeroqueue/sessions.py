@@ -34,7 +34,7 @@ from typing import Any
 from aerospike_helpers import expressions as xp
 
 from . import keys
-from .backends import Backend
+from .backends import Backend, retry_in_doubt
 from .errors import BackendError, ConfigError, GenerationConflict, SessionLost
 from .lists import JobLists
 from .transitions import flush_bits, push_retry, set_bits
@@ -94,10 +94,19 @@ class Session:
         """Open a session; with `heartbeat` a daemon thread keeps it alive until `close`."""
         check_timing(interval_s, expiry_s)
         session = cls(backend, uuid.uuid4().hex, interval_s=interval_s, expiry_s=expiry_s, on_beat=on_beat)
-        st = backend.udf(
-            keys.SESS_SET, session.id, keys.SESS_MOD, "open", socket.gethostname()[:200], os.getpid(), int(expiry_s * 1000)
-        )
-        if st != "ok":  # a uuid4 collision: never in practice
+        tries = 0
+
+        def open_once() -> Any:
+            nonlocal tries
+            tries += 1
+            return backend.udf(
+                keys.SESS_SET, session.id, keys.SESS_MOD, "open", socket.gethostname()[:200], os.getpid(), int(expiry_s * 1000)
+            )
+
+        # Repeated while its answer is in doubt (a node of the cluster died mid-call):
+        # 'exists' on a repeat is our own first attempt, which did land.
+        st = retry_in_doubt(open_once)
+        if st != "ok" and not (st == "exists" and tries > 1):  # a uuid4 collision: never in practice
             raise BackendError(f"session {session.id} already exists", operation="open session", key=session.id)
         if heartbeat:
             session._thread = threading.Thread(target=session._beat_forever, name=f"heartbeat-{session.id[:8]}", daemon=True)

@@ -37,7 +37,7 @@ import aerospike
 from aerospike_helpers.operations import bitwise_operations as bw
 
 from . import keys
-from .backends import Backend, retry_busy
+from .backends import Backend, retry_in_doubt
 from .errors import AeroqueueError
 
 log = logging.getLogger("aeroqueue.transitions")
@@ -64,7 +64,8 @@ def set_bits(backend: Backend, list_name: str, tokens: Iterable[int], bitmap: st
         # Grow-only resize makes the chunk exist at its full size, whoever comes first.
         grow = _GROW if bitmap == "done" else bw.bit_resize(bitmap, BITMAP_BYTES, resize_flags=aerospike.BIT_RESIZE_GROW_ONLY)
         ops = [grow] + [bw.bit_set(bitmap, bit, 1, 1, byte) for bit in sorted(set(bits))]
-        retry_busy(functools.partial(backend.operate, keys.DONE_SET, keys.chunk_name(list_name, chunk), ops))
+        # Repeated while busy or in doubt (a node lost mid-call): it sets the same bits.
+        retry_in_doubt(functools.partial(backend.operate, keys.DONE_SET, keys.chunk_name(list_name, chunk), ops))
 
 
 def push_retry(backend: Backend, list_name: str, tokens: list[int]) -> int:
@@ -72,7 +73,10 @@ def push_retry(backend: Backend, list_name: str, tokens: list[int]) -> int:
     Returns how many fit; the rest stay queued for the sweeper to find."""
     if not tokens:
         return 0
-    accepted: int = backend.udf(keys.LIST_SET, list_name, keys.LIST_MOD, "push_retry", tokens, RETRY_CAP)
+    # Repeated after a lost answer it may push a token twice: harmless (see above).
+    accepted: int = retry_in_doubt(
+        lambda: backend.udf(keys.LIST_SET, list_name, keys.LIST_MOD, "push_retry", tokens, RETRY_CAP)
+    )
     return accepted
 
 
@@ -197,19 +201,27 @@ def after_fail(backend: Backend, list_name: str, token: int, outcome: str) -> No
         push_retry(backend, list_name, [token])
 
 
-def release(backend: Backend, list_name: str, token: int, session_id: str, *, refund: bool, why: str) -> str:
+def release(
+    backend: Backend, list_name: str, token: int, session_id: str, *, refund: bool, why: str, deadline_s: float = 5.0
+) -> str:
     """claimed by `session_id` -> queued (or dead when attempts are used up and the
-    attempt is not refunded); 'released', 'dead', 'not held' or 'missing'."""
-    st = str(backend.udf(keys.JOB_SET, keys.job_name(list_name, token), keys.JOB_MOD, "release",
-                         session_id, 1 if refund else 0, why))
+    attempt is not refunded); 'released', 'dead', 'not held' or 'missing'. Repeated
+    while its answer is in doubt, for `deadline_s`: a repeat answers as the first did."""
+    st = str(retry_in_doubt(lambda: backend.udf(
+        keys.JOB_SET, keys.job_name(list_name, token), keys.JOB_MOD, "release", session_id, 1 if refund else 0, why,
+    ), deadline_s=deadline_s))
     after_fail(backend, list_name, token, st)
     return st
 
 
-def fail(backend: Backend, list_name: str, token: int, session_id: str, error: str) -> str:
+def fail(backend: Backend, list_name: str, token: int, session_id: str, error: str, *, deadline_s: float = 5.0) -> str:
     """claimed by `session_id` -> queued while attempts remain ('retry'), else 'dead';
-    'lost' or 'missing' change nothing."""
-    st = str(backend.udf(keys.JOB_SET, keys.job_name(list_name, token), keys.JOB_MOD, "fail", session_id, error))
+    'lost' or 'missing' change nothing. Repeated while its answer is in doubt, for
+    `deadline_s`: a repeat answers as the first did."""
+    st = str(retry_in_doubt(
+        lambda: backend.udf(keys.JOB_SET, keys.job_name(list_name, token), keys.JOB_MOD, "fail", session_id, error),
+        deadline_s=deadline_s,
+    ))
     after_fail(backend, list_name, token, st)
     return st
 

@@ -27,6 +27,13 @@ from ..config import StoreURL
 N_PARTITIONS = 4096
 
 _BY_CODE: dict[int, type[errors.BackendError]] = {
+    # A node of a cluster died or is frozen: the command may have landed (in doubt).
+    -15: errors.NodeUnreachable,  # no response
+    -10: errors.NodeUnreachable,  # connection refused, reset or closed
+    # The client's partition map names no live node yet, or the cluster is reforming.
+    -8: errors.ClusterChanging,  # invalid node
+    7: errors.ClusterChanging,  # cluster key mismatch
+    11: errors.ClusterChanging,  # partition unavailable
     2: errors.RecordNotFound,
     3: errors.GenerationConflict,
     5: errors.RecordExists,
@@ -357,6 +364,31 @@ def wrap(e: Exception, operation: str, where: str) -> errors.BackendError:
     msg = getattr(e, "msg", None) or type(e).__name__
     cls = _BY_CODE.get(code if isinstance(code, int) else -999, errors.BackendError)
     return cls(f"{operation} on {where} failed: {msg} (Aerospike code {code})", operation=operation, key=where, code=code)
+
+
+# Errors after which an idempotent step is simply repeated: its outcome is unknown
+# (a timeout, a node that died mid-command), or nothing was done (a busy key, a
+# cluster that is changing).
+IN_DOUBT = (errors.BackendTimeout, errors.ClusterChanging, errors.RecordBusy)
+
+
+def retry_in_doubt(fn: Callable[[], T], *, deadline_s: float = 5.0, pause_s: float = 0.05) -> T:
+    """Run `fn`, an idempotent step (repeated after it took effect, it answers as the
+    first time did), again while it fails with an `IN_DOUBT` error, until `deadline_s`
+    has passed; then the last error reaches the caller. A node that dies takes the
+    cluster about 1.5 s to drop and the client about 1 s more to learn: the default
+    deadline outlasts both."""
+    give_up = time.monotonic() + deadline_s
+    attempt = 0
+    while True:
+        try:
+            return fn()
+        except IN_DOUBT:
+            attempt += 1
+            now = time.monotonic()
+            if now >= give_up:
+                raise
+            time.sleep(min(random.uniform(0.5, 1.0) * pause_s * min(attempt, 10), max(0.0, give_up - now)))
 
 
 def retry_busy(fn: Callable[[], T], *, deadline_s: float = 5.0, base_s: float = 0.001, cap_s: float = 0.05) -> T:

@@ -53,9 +53,10 @@ def test_a_fail_whose_answer_was_lost_still_requeues_the_job(env):
     backend, lists, queue, session = env
     lists.load("L", specs(1))
     [job] = queue.reserve("L", session)
-    backend.client.faults.add(op="apply", function="fail", error="TimeoutError", when="after")
-    with pytest.raises(errors.BackendTimeout):
+    backend.client.faults.add(op="apply", function="fail", error="TimeoutError", when="after", times=-1)
+    with pytest.raises(errors.BackendTimeout):  # in doubt until the deadline: the caller hears it
         queue.fail(job, "boom")
+    backend.client.faults.clear()
     assert queue.fail(job, "boom") == "retry", "the repeated fail answers as the first"
     [again] = queue.reserve("L", session)
     assert again.token == job.token and again.attempt == 2
@@ -84,9 +85,11 @@ def test_an_interrupted_kick_is_finished_by_the_sweeper(env):
 
 def test_a_failed_index_write_leaves_the_range_for_recovery_not_a_lost_job(env):
     backend, lists, queue, session = env
-    backend.client.faults.add(op="batch_write", key="L/j1", error="TimeoutError")
-    with pytest.raises(errors.LoadAbandoned):
+    backend.client.faults.add(op="batch_write", key="L/j1", error="TimeoutError", times=-1)
+    lists.write_retry_s = 0.2  # the load repeats the write this long, then gives up
+    with pytest.raises(errors.LoadAbandoned, match="indexing job ids failed"):
         lists.load("L", specs(3), lease_ms=0)
+    backend.client.faults.clear()
     lists.load("L", specs(3), lease_ms=0)  # the re-run recovers the range first
     got = queue.reserve("L", session, 10)
     assert sorted(j.jid for j in got) == ["j0", "j1", "j2"], "every job once, none voided by guess"
