@@ -242,6 +242,8 @@ class Worker:
         self._stopping = threading.Event()
         self._in_flight: dict[str, Job] = {}
         self._in_flight_lock = threading.Lock()
+        self._held: set[str] = set()  # every job a thread reserved and has not finished with
+        self._orphans: set[str] = set()  # claims of our session no thread held at the last check
         self._next_list = 0
         self._warned: set[str] = set()
         self._threads: list[threading.Thread] = []
@@ -294,6 +296,7 @@ class Worker:
         while True:
             if self._stopping.is_set() or session.lost:
                 self._release(jobs, session)
+                self._unhold(jobs)
                 return
             if not jobs:
                 jobs = self._reserve_any(session)
@@ -308,6 +311,7 @@ class Worker:
                 log.error("acknowledgement failed", extra={"event": "ack_failed", "jid": job.jid, "error": str(e)})
                 outcome = "unacked"
                 jobs = [*jobs, *e.reserved]  # claimed in the same call as the failed ack
+                self._hold(e.reserved)
                 # The ack may or may not have landed; if the claim is still ours,
                 # give the job back (its attempt counted) rather than hold it
                 # until this worker exits: a live session is never reaped.
@@ -317,10 +321,12 @@ class Worker:
                 # handler...): give its jobs back rather than hold them under a
                 # session that stays alive.
                 self._release([job, *jobs], session, refund=False)
+                self._unhold(jobs)
                 raise
             finally:
                 with self._in_flight_lock:
                     self._in_flight.pop(job.name, None)
+                    self._held.discard(job.name)
             self.counters.add(_COUNTER_OF[outcome])
             self.observer.outcome(job.list, outcome)
 
@@ -356,9 +362,18 @@ class Worker:
         if not jobs:
             self._stopping.wait(self.idle_s * random.uniform(0.5, 1.5))
             return []
+        self._hold(jobs)
         self.counters.add("reserved", len(jobs))
         self.observer.reserved(jobs[0].list, len(jobs))
         return jobs
+
+    def _hold(self, jobs: list[Job]) -> None:
+        with self._in_flight_lock:
+            self._held.update(job.name for job in jobs)
+
+    def _unhold(self, jobs: list[Job]) -> None:
+        with self._in_flight_lock:
+            self._held.difference_update(job.name for job in jobs)
 
     def _next_list_name(self) -> str:
         name = self.lists[self._next_list % len(self.lists)]
@@ -408,6 +423,7 @@ class Worker:
                     report = reap(self.backend)
                     if report.sessions:
                         self.counters.add("reaped", report.sessions)
+                    self._release_orphans(session)
                     next_reap = now + self.reap_every_s * random.uniform(0.8, 1.2)
                 if now >= next_sweep:
                     sweep(self.backend, grace_ms=self.sweep_grace_ms)
@@ -419,6 +435,25 @@ class Worker:
                         return
             except AeroqueueError as e:
                 log.warning("maintenance failed", extra={"event": "maintenance_failed", "error": str(e)})
+
+    def _release_orphans(self, session: Session) -> None:
+        """Give back claims of our session that no thread works on. A claim whose answer
+        was lost (a node died mid-call, and the retries ran out), or a release that
+        failed after a failed acknowledgement, leaves such a claim: nobody would ever
+        finish it, and no reaper takes jobs from a live session. A claim found orphaned
+        at two checks in a row (a reap interval apart) cannot be one a thread is
+        still picking up, and is released with its attempt counted."""
+        held = dict(session.held())
+        with self._in_flight_lock:
+            orphans = set(held) - self._held
+        ripe, self._orphans = orphans & self._orphans, orphans - self._orphans
+        for name in sorted(ripe):
+            bins = held[name]
+            job = Job(list=bins["list"], token=bins["token"], jid=bins["jid"], payload=None,
+                      attempt=bins.get("att", 0), session=session.id)
+            log.warning("orphaned claim released", extra={"event": "orphan_released", "list": job.list,
+                                                          "token": job.token, "jid": job.jid})
+            self._release([job], session, refund=False)
 
     def _drain(self, session: Session, threads: list[threading.Thread]) -> int:
         self._stopping.set()

@@ -1,0 +1,88 @@
+"""Answers lost when a cluster node dies mid-call: steps that are safe to repeat are
+repeated, and a claim nobody works on is given back (embedded fault injection; the
+same on a real cluster in tests/multinode)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from aeroqueue import errors, keys, udfs
+from aeroqueue.backends import IN_DOUBT, open_backend, wrap
+from aeroqueue.lists import JobLists
+from aeroqueue.loading import JobSpec
+from aeroqueue.queue import Queue
+from aeroqueue.sessions import Session
+from aeroqueue.worker import EXIT_OK, Worker
+
+
+class _Coded(Exception):
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code, self.msg = code, f"code {code}"
+
+
+@pytest.mark.parametrize(
+    ("code", "cls"),
+    [(-15, errors.NodeUnreachable), (-10, errors.NodeUnreachable), (9, errors.BackendTimeout),
+     (-8, errors.ClusterChanging), (7, errors.ClusterChanging), (11, errors.ClusterChanging)],
+)
+def test_a_lost_node_or_a_changing_cluster_is_in_doubt(code, cls):
+    err = wrap(_Coded(code), "apply", "aq_job/L/0")
+    assert type(err) is cls and isinstance(err, IN_DOUBT)
+    assert isinstance(errors.NodeUnreachable(), errors.BackendTimeout), "the outcome is unknown, as for a timeout"
+
+
+@pytest.fixture
+def backend(tmp_path):
+    b = open_backend(f"embedded://{tmp_path / 's.db'}")
+    udfs.register(b)
+    return b
+
+
+def test_a_session_whose_open_answer_was_lost_opens(backend):
+    backend.client.faults.add(op="apply", function="open", error="TimeoutError", when="after")
+    session = Session.open(backend, heartbeat=False)
+    assert backend.get(keys.SESS_SET, session.id) is not None and backend.client.faults.fired == 1
+    session.close()
+
+
+def test_a_release_whose_answer_was_lost_is_repeated(backend):
+    JobLists(backend).load("L", [JobSpec("a", {})])
+    queue = Queue(backend, busy_deadline_s=1.0)
+    with Session.open(backend, heartbeat=False) as s:
+        [job] = queue.reserve("L", s)
+        backend.client.faults.add(op="apply", function="release", error="TimeoutError", when="after")
+        backend.client.faults.add(op="apply", function="push_retry", error="TimeoutError", when="after")
+        assert queue.release(job) == "released"
+        [again] = queue.reserve("L", s)
+    assert again.token == job.token
+
+
+def test_a_worker_gives_back_a_claim_of_its_session_that_no_thread_holds(backend):
+    """A claim whose answer was lost past every retry stays claimed by the live session:
+    no reaper touches it. The worker finds it and gives it back."""
+    lists = JobLists(backend)
+    lists.load("L", [JobSpec(f"j{i}", {}) for i in range(3)], seal=True)
+    lists.pause("L")
+    ran: list[str] = []
+    w = Worker(backend, lambda job: ran.append(job.jid), ["L"], interval_s=0.1, expiry_s=1.0, idle_s=0.05,
+               reap_every_s=0.2, until_complete=True)
+    exit_codes: list[int] = []
+    t = threading.Thread(target=lambda: exit_codes.append(w.run(install_signals=False)), daemon=True)
+    t.start()
+    give_up = time.monotonic() + 5
+    while w.session is None and time.monotonic() < give_up:
+        time.sleep(0.01)
+    assert w.session is not None
+    # The lost claim: job 0 claimed under the worker's session, returned to none of its threads.
+    got = backend.udf(keys.JOB_SET, keys.job_name("L", 0), keys.JOB_MOD, "claim", w.session.id, "lost-request")
+    assert got["st"] == "ok"
+    lists.pause("L", False)
+    t.join(15)
+    assert not t.is_alive(), "the orphaned claim was never given back: the list cannot complete"
+    assert exit_codes == [EXIT_OK] and sorted(ran) == ["j0", "j1", "j2"]
+    job = backend.get(keys.JOB_SET, keys.job_name("L", 0)).bins
+    assert job["state"] == "done" and job["att"] == 2, "released with its attempt counted, then run once"
