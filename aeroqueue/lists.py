@@ -19,9 +19,11 @@ unwritten token.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import json
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -31,7 +33,7 @@ from aerospike_helpers.batch.records import BatchRecords, Write
 from aerospike_helpers.operations import operations as op
 
 from . import keys, transitions
-from .backends import Backend, wrap
+from .backends import IN_DOUBT, Backend, retry_in_doubt, wrap
 from .errors import (
     ListModeMismatch,
     ListNotFound,
@@ -48,6 +50,8 @@ DEFAULT_LEASE_MS = 120_000
 DEFAULT_MAX_ATTEMPTS = 5
 PAGE = 1000  # records per batch read when walking a list
 RECORD_EXISTS = 5  # Aerospike's code for a create-only write on an existing record
+# Per-record codes of a batch write that did not land, or may have: repeated.
+IN_DOUBT_CODES = frozenset({-15, -10, -8, 7, 9, 11, 14, 18})
 
 
 @dataclass(frozen=True)
@@ -89,11 +93,19 @@ class JobLists:
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
+        # How long a load repeats batch writes whose answer was lost or that a
+        # changing cluster could not serve (a node died, migrations) before it gives up.
+        self.write_retry_s = 10.0
 
     # -- small helpers ---------------------------------------------------------
 
     def _list_udf(self, name: str, function: str, *args: Any) -> Any:
-        return self.backend.udf(keys.LIST_SET, name, keys.LIST_MOD, function, *args)
+        def call() -> Any:
+            return self.backend.udf(keys.LIST_SET, name, keys.LIST_MOD, function, *args)
+
+        # Every list call here is safe to repeat after a lost answer (a node died
+        # mid-call) except alloc: a repeat would allocate a second range.
+        return call() if function == "alloc" else retry_in_doubt(call)
 
     def header(self, name: str) -> dict[str, Any]:
         rec = self.backend.get(keys.LIST_SET, keys.check_list_name(name))
@@ -201,21 +213,56 @@ class JobLists:
             )
             for t, s in zip(tokens, new, strict=True)
         ]
-        if any(code != 0 for code in self._batch_write(job_writes, "write jobs")):
-            raise LoadAbandoned(f"list {name!r}: load range {seq} was recovered by another process; run the load again")
+        codes = self._batch_write(job_writes, "write jobs")
+        # RecordExists is this load's own write when it was repeated after a lost
+        # answer (by the client, or by _batch_write): the record then holds our job.
+        exists = [i for i, code in enumerate(codes) if code == RECORD_EXISTS]
+        if exists:
+            recs = retry_in_doubt(lambda: b.batch_get(keys.JOB_SET, [keys.job_name(name, tokens[i]) for i in exists]))
+            for i, rec in zip(exists, recs, strict=True):
+                if rec is not None and rec.bins.get("state") != "void" and rec.bins.get("jid") == new[i].jid:
+                    codes[i] = 0
+            if any(codes[i] == RECORD_EXISTS for i in exists):
+                raise LoadAbandoned(
+                    f"list {name!r}: load range {seq} outlived its lease ({lease_ms / 1000:g} s) and was finished by "
+                    "a recovery before its jobs were written; run the load again"
+                )
+        if any(codes):
+            raise LoadAbandoned(
+                f"list {name!r}: writing the jobs of load range {seq} failed ({_describe(codes)}); "
+                "run the load again once the cluster is healthy (the range stays pending: "
+                f"a later load or `aeroqueue sweep` finishes it after its lease of {lease_ms / 1000:g} s)"
+            )
         # 4. the index: the commit point of each job.
         real = self._commit_index(name, list(zip(tokens, [s.jid for s in new], strict=True)))
         self._finish_range(name, head, seq, real)
         return len(real), len(batch) - len(new), len(new) - len(real)
 
     def _batch_write(self, writes: list[Write], what: str) -> list[int]:
+        """Each write's result code. Writes whose answer was lost or that the cluster could
+        not serve just now (a node died, migrations: `IN_DOUBT_CODES`) are repeated for
+        `write_retry_s`; every write here is create-only or idempotent, and a create-only
+        repeat of a write that did land answers RecordExists, which the callers check."""
         b = self.backend
-        b.round_trips += 1
-        try:
-            out = b.client.batch_write(BatchRecords(writes))
-        except aerospike.exception.AerospikeError as e:
-            raise wrap(e, f"batch_write ({what})", f"[{len(writes)} records]") from e
-        return [br.result for br in out.batch_records]
+        codes = [-1] * len(writes)
+        todo = list(range(len(writes)))
+        give_up = time.monotonic() + self.write_retry_s
+        while True:
+            b.round_trips += 1
+            try:
+                out = b.client.batch_write(BatchRecords([writes[i] for i in todo]))
+                for i, br in zip(todo, out.batch_records, strict=True):
+                    codes[i] = br.result
+            except aerospike.exception.AerospikeError as e:
+                err = wrap(e, f"batch_write ({what})", f"[{len(todo)} records]")
+                if not isinstance(err, IN_DOUBT) or time.monotonic() >= give_up:
+                    raise err from e
+                for i in todo:
+                    codes[i] = err.code if isinstance(err.code, int) else -1
+            todo = [i for i in todo if codes[i] in IN_DOUBT_CODES]
+            if not todo or time.monotonic() >= give_up:
+                return codes
+            time.sleep(0.1)
 
     def _commit_index(self, name: str, pairs: list[tuple[int, str]]) -> list[int]:
         """Index each (token, jid) create-only; the tokens whose index is theirs are real,
@@ -366,6 +413,22 @@ class JobLists:
         else:
             self.header(name)  # a clear error for a missing list
         return transitions.kick(self.backend, name, list(tokens))
+
+
+def _describe(codes: list[int]) -> str:
+    """'3 records: Aerospike code 9 (timeout)' for the codes that are not 0."""
+    counts = collections.Counter(code for code in codes if code != 0)
+    return ", ".join(
+        f"{n} record{'s' if n > 1 else ''}: Aerospike code {code}{f' ({_CODE_NAMES[code]})' if code in _CODE_NAMES else ''}"
+        for code, n in sorted(counts.items())
+    )
+
+
+_CODE_NAMES = {
+    -15: "no response from the node", -10: "node unreachable", -8: "no node for the partition",
+    7: "cluster changing", 9: "timeout", 11: "partition unavailable", 13: "record too big",
+    14: "key busy", 18: "device overload", 22: "forbidden",
+}
 
 
 def _specs(jobs: Iterable[Any], limit: int) -> Iterable[JobSpec]:
