@@ -11,14 +11,17 @@ client's (same name, other content).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
 
+import aerospike
+
 from . import keys
-from .backends import Backend
+from .backends import Backend, retry_in_doubt, wrap
 from .errors import UDFModulesError
 
 PACKAGE = "aeroqueue.lua_udfs"
@@ -92,11 +95,15 @@ def register(backend: Backend, *, wait_s: float = 10.0, force: bool = False) -> 
     create the missing secondary indexes; wait until the cluster serves them.
 
     Each upload and index creation blocks about 2 s on the real client (it polls the
-    cluster until done), so nothing that is already in place is sent again."""
+    cluster until done), so nothing that is already in place is sent again. Both are
+    idempotent, and on a cluster still settling (just formed, migrating) the client's
+    wait for them can time out: they are repeated then."""
     present = backend.indexes()
     created = []
     for set_name, bin_name, index_name in INDEXES:
-        if present.get(index_name) != (set_name, bin_name, "string") and backend.create_index(set_name, bin_name, index_name):
+        if present.get(index_name) != (set_name, bin_name, "string") and retry_in_doubt(
+            functools.partial(backend.create_index, set_name, bin_name, index_name), deadline_s=wait_s * 3
+        ):
             created.append(index_name)
     stale = {s.name for s in status(backend) if force or s.state != "ok"}
     uploaded = []
@@ -104,8 +111,7 @@ def register(backend: Backend, *, wait_s: float = 10.0, force: bool = False) -> 
         if name not in stale:
             continue
         with resources.as_file(f) as path:
-            backend.round_trips += 1
-            backend.client.udf_put(str(path))
+            retry_in_doubt(functools.partial(_udf_put, backend, str(path)), deadline_s=wait_s * 3)
         uploaded.append(name)
     if not uploaded:
         return Registration(uploaded, created)
@@ -121,6 +127,14 @@ def register(backend: Backend, *, wait_s: float = 10.0, force: bool = False) -> 
                 + ", ".join(s.name for s in bad)
             )
         time.sleep(0.2)
+
+
+def _udf_put(backend: Backend, path: str) -> None:
+    backend.round_trips += 1
+    try:
+        backend.client.udf_put(path)
+    except aerospike.exception.AerospikeError as e:
+        raise wrap(e, "udf_put", path) from e
 
 
 def verify(backend: Backend) -> None:
