@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import resource
 import shutil
@@ -50,6 +51,7 @@ ASD = Path(os.environ.get("AEROQUEUE_ASD", ROOT.parent / "shared" / "aerospike" 
 if not ASD.exists():  # a worktree beside the shared directory
     ASD = Path("/work/shared/aerospike/asd")
 PREFIX = "aqtest-"
+DEFAULT_SUBNET = "10.77.9"
 BASE_PORT = 3000
 PORT_STEP = 10  # node i: service 3000+10i, fabric +1, heartbeat +2, admin +3
 FD_LIMIT = 20000  # asd refuses to start below proto-fd-max (15000)
@@ -109,7 +111,7 @@ class Node:
 class Cluster:
     """N asd processes in one network namespace (see the module docstring)."""
 
-    def __init__(self, name: str, nodes: int, *, subnet: str = "10.77.9", root: Path | None = None) -> None:
+    def __init__(self, name: str, nodes: int, *, subnet: str = DEFAULT_SUBNET, root: Path | None = None) -> None:
         if not 1 <= nodes <= 9:
             raise ClusterError(f"nodes must be 1..9, not {nodes}")
         self.name = name
@@ -147,6 +149,8 @@ class Cluster:
     def up(self, *, timeout_s: float = 60.0) -> Cluster:
         """Make the namespace and start every node; returns once they form one cluster."""
         self.down()  # what a crashed run of the same name left behind
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "cluster.json").write_text(json.dumps({"nodes": len(self.nodes), "subnet": self.subnet}) + "\n")
         self._make_namespace()
         for node in self.nodes:
             self._write_conf(node)
@@ -444,7 +448,7 @@ def _parse_hosts(text: str) -> list[tuple[str, int]]:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.cluster", description=__doc__.split("\n\n")[0])
     p.add_argument("--name", default="dev", help="cluster name; namespace aqtest-NAME (default: dev)")
-    p.add_argument("--subnet", default="10.77.9", help="first three octets of the node addresses (default: 10.77.9)")
+    p.add_argument("--subnet", default=None, help=f"first three octets of the node addresses (default: {DEFAULT_SUBNET})")
     p.add_argument("--nodes", type=int, default=None, help="number of nodes (default: 2, or what `up` made)")
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("up", help="make the namespace and start the nodes")
@@ -473,9 +477,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             ((host, port),) = _parse_hosts(args.host)
             print(info(host, port, args.command))
             return 0
-        root = Path(f"/tmp/aeroqueue-cluster-{args.name}")
-        nodes = args.nodes or (len(list(root.glob("node*"))) if root.exists() else 0) or 2
-        cluster = Cluster(args.name, nodes, subnet=args.subnet)
+        # What `up` made, unless told otherwise.
+        saved_file = Path(f"/tmp/aeroqueue-cluster-{args.name}") / "cluster.json"
+        saved = json.loads(saved_file.read_text()) if saved_file.exists() and args.cmd != "up" else {}
+        nodes = args.nodes or saved.get("nodes") or 2
+        cluster = Cluster(args.name, nodes, subnet=args.subnet or saved.get("subnet") or DEFAULT_SUBNET)
         if args.cmd == "up":
             why = namespaces_possible()
             if why:

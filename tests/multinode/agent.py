@@ -1,0 +1,101 @@
+"""What multi-node tests run inside a cluster's namespace; each command prints JSON.
+
+    python -m tests.multinode.agent audit URL LIST N     every job record and the list's status
+    python -m tests.multinode.agent web URL LIST K       K requests through examples.webapp
+    python -m tests.multinode.agent load URL LIST N [LEASE_MS]  load N jobs; the report, or the error
+    python -m tests.multinode.agent nodes URL            the nodes the client sees
+    python -m tests.multinode.agent frozen-write URL PID N SIGSTOP asd PID, write until a timeout
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from aeroqueue import keys
+from aeroqueue.backends import open_backend
+from aeroqueue.errors import AeroqueueError
+from aeroqueue.lists import JobLists
+
+
+def audit(url: str, name: str, n: int) -> dict[str, Any]:
+    """Every token's job record (void ones included), and the list's status."""
+    backend = open_backend(url)
+    head = backend.get(keys.LIST_SET, name)
+    alloc = max(n, head.bins["alloc"] if head is not None else 0)
+    names = [keys.job_name(name, t) for t in range(alloc)]
+    jobs = []
+    for lo in range(0, alloc, 1000):
+        for rec in backend.batch_get(keys.JOB_SET, names[lo : lo + 1000]):
+            jobs.append(None if rec is None else {k: rec.bins.get(k) for k in ("token", "jid", "state", "by", "sess", "att", "result")})
+    return {"status": JobLists(backend).status(name).as_dict(), "jobs": jobs}
+
+
+def web(url: str, name: str, k: int) -> dict[str, Any]:
+    from examples.webapp import create_app, service
+
+    app = create_app(url)
+    answers = []
+    with app.test_client() as client:
+        for i in range(k):
+            style = ("request", "shared")[i % 2]
+            resp = client.post(f"/lists/{name}/next?session={style}")
+            answers.append({"status": resp.status_code, "body": resp.get_json(silent=True)})
+    service(app).close()
+    return {"answers": answers}
+
+
+def load(url: str, name: str, n: int, lease_ms: int = 120_000) -> dict[str, Any]:
+    try:
+        jobs = [(f"j{i}", {"i": i}) for i in range(n)]
+        report = JobLists(open_backend(url)).load(name, jobs, seal=True, lease_ms=lease_ms)
+    except AeroqueueError as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+    return {"loaded": report.loaded, "skipped": report.skipped, "voided": report.voided}
+
+
+def nodes(url: str) -> dict[str, Any]:
+    return {"nodes": sorted(n["node_name"] for n in open_backend(url).client.get_node_names())}
+
+
+def frozen_write(url: str, pid: int, n: int) -> dict[str, Any]:
+    """Connect, SIGSTOP the asd `pid`, write n keys until one times out on it (a write
+    goes to the master only; a read would be retried on the replica); the error's text."""
+    import os
+    import signal
+
+    backend = open_backend(url)
+    for i in range(n):  # connections made, partition map known
+        backend.put("aq_probe", f"k{i}", {"v": 0})
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        for i in range(n):
+            try:
+                backend.put("aq_probe", f"k{i}", {"v": 1})
+            except AeroqueueError as e:
+                return {"error": str(e), "type": type(e).__name__}
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    return {"error": None}
+
+
+def main(argv: list[str]) -> None:
+    cmd, *args = argv
+    if cmd == "audit":
+        out = audit(args[0], args[1], int(args[2]))
+    elif cmd == "web":
+        out = web(args[0], args[1], int(args[2]))
+    elif cmd == "load":
+        out = load(args[0], args[1], int(args[2]), *(int(a) for a in args[3:4]))
+    elif cmd == "frozen-write":
+        out = frozen_write(args[0], int(args[1]), int(args[2]))
+    elif cmd == "nodes":
+        out = nodes(args[0])
+    else:
+        raise SystemExit(f"unknown command {cmd!r}")
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

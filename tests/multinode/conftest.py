@@ -1,0 +1,111 @@
+"""Fixtures for multi-node tests: real Aerospike clusters in network namespaces.
+
+Each test gets the session's cluster (tests/cluster.py) started again with
+the nodes it asks for, empty (about 3 s); the UDF modules are registered once
+(about 10 s). Clients, workers and the web
+handler run inside the namespace as subprocesses (`Cluster.run`/`popen`).
+Tests skip with the reason where network namespaces cannot be made, and fail
+in CI (CI=true). Every namespace and asd process is removed at the end, even
+when a test fails; one left behind by a run that was itself killed is removed
+by the next run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster import PREFIX, Cluster, namespaces_possible
+from tests.conftest import require
+
+ROOT = Path(__file__).resolve().parents[2]
+_OURS = re.compile(rf"^{re.escape(PREFIX)}p(\d+)$")
+
+
+def _remove_leftovers() -> None:
+    """Namespaces of earlier test runs whose pytest process is gone (killed mid-run)."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    for name in listed:
+        m = _OURS.match(name)
+        if m and not Path(f"/proc/{m.group(1)}").exists():
+            Cluster(name[len(PREFIX):], 9).down()
+            shutil.rmtree(f"/tmp/aeroqueue-cluster-{name[len(PREFIX):]}", ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def clusters() -> Iterator[Callable[[int], Cluster]]:
+    """fresh(n): this session's cluster started again with n nodes, empty, its UDF
+    modules registered. Every size shares the nodes' directories, where the modules
+    and the index definition survive restarts (a node that joins gets them from
+    the others), so they are registered once (about 10 s); a restart takes about
+    3 s, less than waiting for the migrations a test before left behind, and no
+    test sees another's records."""
+    why = namespaces_possible()
+    require(why is None, f"multi-node tests need network namespaces here: {why}")
+    _remove_leftovers()
+    name = f"p{os.getpid()}"
+    last: list[Cluster] = []
+
+    def fresh(n: int) -> Cluster:
+        for c in last:
+            c.down()
+        last[:] = [Cluster(name, n, subnet="10.77.5")]
+        cluster = last[0].up()
+        if not (cluster.root / ".registered").exists():
+            out = aq(cluster, "udf", "register", timeout=120)
+            assert out.returncode == 0, out.stderr
+            (cluster.root / ".registered").touch()
+        return cluster
+
+    try:
+        yield fresh
+    finally:
+        for c in last:
+            if os.environ.get("AEROQUEUE_KEEP_CLUSTER"):  # to look at a failure: `python -m tests.cluster --name ...`
+                print(f"\nkept cluster {c.name}: {c.url()} (namespace {c.netns}, dir {c.root})")
+                continue
+            c.down()
+            shutil.rmtree(c.root, ignore_errors=True)
+
+
+@pytest.fixture
+def cluster2(clusters: Callable[[int], Cluster]) -> Cluster:
+    return clusters(2)
+
+
+@pytest.fixture
+def cluster3(clusters: Callable[[int], Cluster]) -> Cluster:
+    return clusters(3)
+
+
+def in_namespace(cluster: Cluster) -> dict[str, Any]:
+    """Where clients run: the cluster's directory (the client drops a copy of every
+    registered .lua file into its cwd), with the repository importable."""
+    return {"cwd": cluster.root, "env": {**os.environ, "PYTHONPATH": str(ROOT)}}
+
+
+def aq(cluster: Cluster, *args: str, url: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """`aeroqueue ARGS` inside the cluster's namespace."""
+    return cluster.run(
+        [sys.executable, "-m", "aeroqueue", "--url", url or cluster.url(), *args],
+        capture_output=True, text=True, timeout=timeout, **in_namespace(cluster),
+    )
+
+
+def agent(cluster: Cluster, *args: str, timeout: float = 60) -> Any:
+    """tests/multinode/agent.py inside the namespace; its JSON answer."""
+    out = cluster.run(
+        [sys.executable, "-m", "tests.multinode.agent", *args],
+        capture_output=True, text=True, timeout=timeout, **in_namespace(cluster),
+    )
+    assert out.returncode == 0, f"agent {args[0]} failed:\n{out.stderr}"
+    return json.loads(out.stdout)

@@ -1,0 +1,229 @@
+"""Losing a node of a replication-factor-2 cluster, under load.
+
+Worker processes work through a list while the test kills a node (SIGKILL), or
+freezes it (SIGSTOP) past the cluster's heartbeat timeout, at a random moment.
+While it is down, `aeroqueue status`, a new worker and the web handler must
+start and work with the full seed list (the lost node among the seeds); then
+the node comes back. On two nodes, once the copies are made again, the other
+node (the first seed) goes the same way. At the end every job is done,
+acknowledged exactly once, and none is still claimed; a job whose handler ran
+twice was given back after an acknowledgement failed or as an orphaned claim
+(losses in flight surface as retries), and no worker died.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster import Cluster
+
+from .conftest import agent, aq, in_namespace
+
+N_JOBS = 3000
+PROBE = 20  # jobs of each round's probe list: the web handler and the new worker take them
+N_WORKERS = 3
+# The expiry must outlast a node's loss: the cluster drops a node after 1.5 s
+# (heartbeat interval 150 ms x timeout 10), and the client learns the new
+# partition map within about 2 s more, while calls to a frozen node time out.
+HEARTBEAT_S, EXPIRY_S = 0.5, 8.0
+
+pytestmark = pytest.mark.timeout(240)
+
+
+class Workers:
+    """Worker processes inside the namespace, each logging JSON lines to its own file."""
+
+    def __init__(self, cluster: Cluster, list_name: str, logs: Path) -> None:
+        self.cluster = cluster
+        self.list_name = list_name
+        self.logs = logs
+        self.procs: list[tuple[subprocess.Popen[bytes], Path]] = []
+
+    def start(self, *more_lists: str) -> Path:
+        log = self.logs / f"worker-{len(self.procs)}.jsonl"
+        lists = [arg for name in (*more_lists, self.list_name) for arg in ("--list", name)]
+        cmd = [
+            sys.executable, "-m", "aeroqueue", "--url", self.cluster.url(), "worker",
+            "--handler", "tests.multinode.handler:handle", *lists, "--concurrency", "3",
+            "--heartbeat", str(HEARTBEAT_S), "--expiry", str(EXPIRY_S), "--sweep-every", "5", "--sweep-grace", "5",
+            "--until-complete", "--log-format", "json", "--drain-timeout", "10",
+        ]
+        where = in_namespace(self.cluster)
+        where["env"]["AEROQUEUE_CHAOS_LOG"] = str(self.logs)
+        with open(log, "w") as stderr:
+            proc = self.cluster.popen(cmd, stdout=subprocess.DEVNULL, stderr=stderr, **where)
+        self.procs.append((proc, log))
+        return log
+
+    def events(self) -> list[dict[str, Any]]:
+        out = []
+        for _, log in self.procs:
+            for line in log.read_text().splitlines():
+                if line.startswith("{"):
+                    out.append(json.loads(line))
+        return out
+
+    def stop_all(self) -> None:
+        for proc, _ in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def probes(tmp_path: Path, n: int) -> Path:
+    path = tmp_path / f"probe-{n}.csv"
+    path.write_text("id,n\n" + "".join(f"p{n}-{i},{i}\n" for i in range(PROBE)))
+    return path
+
+
+def done_count(log: Path) -> int:
+    return log.read_text().count('"job_done"')
+
+
+def wait_for(what: str, check: Any, timeout_s: float) -> None:
+    give_up = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < give_up, f"{what}: not within {timeout_s:.0f}s"
+        time.sleep(0.1)
+
+
+def complete(cluster: Cluster, list_name: str) -> bool:
+    out = aq(cluster, "status", list_name, "--json")
+    return out.returncode == 0 and bool(json.loads(out.stdout)["complete"])
+
+
+def down_checks(cluster: Cluster, workers: Workers, list_name: str, probe: str, victim: int) -> dict[str, float]:
+    """With node `victim` down, every kind of process starts and works through the full seed
+    list. The web handler and the new worker take jobs from `probe`, so that they have jobs
+    to take however far the workers got with the main list."""
+    took: dict[str, float] = {}
+    t = time.monotonic()
+    st = aq(cluster, "status", list_name, "--json")
+    assert st.returncode == 0, f"status with node {victim} down: {st.stderr}"
+    assert json.loads(st.stdout)["total"] == N_JOBS
+    took["status"] = time.monotonic() - t
+
+    t = time.monotonic()
+    web = agent(cluster, "web", cluster.url(), probe, "2")["answers"]
+    # 503 (with Retry-After) is how the web handler says "try again"; it must serve.
+    assert all(a["status"] in (200, 503) for a in web) and any(a["status"] == 200 for a in web), web
+    took["web"] = time.monotonic() - t
+
+    t = time.monotonic()
+    log = workers.start(probe)
+    wait_for(f"a worker started with node {victim} down completes jobs", lambda: done_count(log) > 0, 30)
+    took["new worker"] = time.monotonic() - t
+    return took
+
+
+def audit(cluster: Cluster, workers: Workers, list_name: str, logs: Path) -> dict[str, int]:
+    got = agent(cluster, "audit", cluster.url(), list_name, str(N_JOBS), timeout=120)
+    st = got["status"]
+    assert (st["done"], st["dead"], st["in_flight"], st["reservable"], st["retry_pending"]) == (N_JOBS, 0, 0, 0, 0), st
+
+    events = workers.events()
+    acked = Counter(e["jid"] for e in events if e.get("event") == "job_done")
+    ack_failed = {e["jid"] for e in events if e.get("event") == "ack_failed"}
+    runs: dict[str, list[int]] = defaultdict(list)
+    for f in logs.glob("exec-*.log"):
+        for line in f.read_text().splitlines():
+            jid, pid, _sess = line.split()
+            runs[jid].append(int(pid))
+    for job in got["jobs"]:
+        assert job is not None, "a job record is missing"
+        jid = job["jid"]
+        assert job["state"] == "done", f"{jid} is {job['state']}"
+        assert job["sess"] is None, f"{jid} is still claimed by {job['sess']}"
+        assert jid in runs, f"{jid} is done, but no handler ran it"
+        # Its worker logs each acknowledgement it heard succeed: one at most. None when
+        # the answer was lost past every retry (ack_failed), though it did land.
+        assert acked[jid] == 1 or (acked[jid] == 0 and jid in ack_failed), f"{jid} acknowledged {acked[jid]} times"
+        assert job["by"] == job["result"]["session"], f"{jid}: completed by a session other than the one that ran it"
+    given_back = ack_failed | {e["jid"] for e in events if e.get("event") == "orphan_released"}
+    reruns = sorted(jid for jid, pids in runs.items() if len(pids) > 1)
+    assert set(reruns) <= given_back, f"jobs that ran twice without a loss in flight: {set(reruns) - given_back}"
+    return {"reruns": len(reruns)}
+
+
+@pytest.mark.parametrize(
+    ("size", "how", "victims"),
+    [(2, "SIGKILL", (1, 0)), (2, "SIGSTOP", (0,)), (3, "SIGKILL", (0,))],
+    ids=["2-nodes-SIGKILL", "2-nodes-SIGSTOP", "3-nodes-SIGKILL"],
+)
+def test_losing_a_node_loses_no_job(
+    request: pytest.FixtureRequest, size: int, how: str, victims: tuple[int, ...], tmp_path: Path
+) -> None:
+    cluster: Cluster = request.getfixturevalue(f"cluster{size}")
+    list_name = f"fo-{how.lower()}-{size}"
+    jobs = tmp_path / "jobs.csv"
+    jobs.write_text("id,n\n" + "".join(f"c{i},{i}\n" for i in range(N_JOBS)))
+    out = aq(cluster, "load", list_name, str(jobs), "--seal")
+    assert out.returncode == 0, out.stderr
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    workers = Workers(cluster, list_name, logs)
+    seed = random.randrange(10**6)
+    rng = random.Random(seed)
+    figures: list[str] = [f"seed {seed}"]
+    try:
+        pace = logs / "pace-ms"
+        pace.write_text("30")  # at most ~35 jobs/s per handler thread while nodes come and go
+        for _ in range(N_WORKERS):
+            workers.start()
+        started = time.monotonic()
+        # Node 0 is the first seed of every process's URL.
+        for n, victim in enumerate(victims):
+            probe = f"probe-{n}"
+            out = aq(cluster, "load", probe, str(probes(tmp_path, n)), "--seal")
+            assert out.returncode == 0, out.stderr
+            wait_for("workers progress", lambda: sum(done_count(log) for _, log in workers.procs) > 0, 60)
+            time.sleep(rng.uniform(0.2, 1.5))  # a random moment of the run
+            t = time.monotonic()
+            if how == "SIGKILL":
+                cluster.kill(victim)
+            else:
+                cluster.signal(victim, signal.SIGSTOP)
+                time.sleep(2.5)  # past the heartbeat timeout (1.5 s): the others drop it
+            live = [node.index for node in cluster.nodes if node.index != victim]
+            cluster.wait_stable(live, timeout_s=30)
+            took = down_checks(cluster, workers, list_name, probe, victim)
+            if how == "SIGKILL":
+                cluster.start(victim, wait=False)
+            else:
+                cluster.signal(victim, signal.SIGCONT)
+            took["back"] = time.monotonic() - t
+            if n + 1 < len(victims):
+                # The next node may go only once the copies are made again (replication factor 2).
+                pace.write_text("150")  # slower meanwhile, so that the next round has jobs left
+                cluster.wait_stable(migrations=True, timeout_s=90)
+                pace.write_text("30")
+            figures.append(
+                f"node {victim} {how} at {t - started:.1f}s, back after {took['back']:.1f}s "
+                f"(status {took['status']:.2f}s, web {took['web']:.2f}s, new worker's first job {took['new worker']:.2f}s)"
+            )
+        pace.write_text("0")
+        for name in (list_name, *(f"probe-{n}" for n in range(len(victims)))):
+            wait_for(f"{name} completes", lambda name=name: complete(cluster, name), 90)
+        elapsed = time.monotonic() - started
+        for proc, log in workers.procs:
+            code = proc.wait(60)
+            assert code == 0, f"worker exited {code}:\n{log.read_text()[-2000:]}"
+    finally:
+        workers.stop_all()
+    counts = audit(cluster, workers, list_name, logs)
+    events = Counter(e.get("event") for e in workers.events())
+    retries = {k: v for k, v in sorted(events.items()) if k.endswith("_failed") or k == "orphan_released"}
+    print(
+        f"\nfailover {size} nodes {how}: {N_JOBS} jobs in {elapsed:.1f}s by {len(workers.procs)} workers; "
+        f"{counts['reruns']} handler reruns; retries {retries}\n  " + "\n  ".join(figures)
+    )
