@@ -171,13 +171,25 @@ class Session:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=self.interval_s + 5)
         released = 0
-        flush_bits(self.backend)  # what this process acknowledged counts before it goes
-        if self._lost.is_set():
-            released = release_claims(self.backend, self.id, refund=False, why="session lost")
-        else:
-            if release:
-                released = release_claims(self.backend, self.id, refund=True, why="session closed")
-            self.backend.remove(keys.SESS_SET, self.id)
+        try:
+            flush_bits(self.backend)  # what this process acknowledged counts before it goes
+            # Finding the claims is a query: while partitions migrate (a node came back)
+            # it can fail for a while. Releasing is idempotent: repeated, up to the expiry.
+            if self._lost.is_set():
+                released = retry_in_doubt(
+                    lambda: release_claims(self.backend, self.id, refund=False, why="session lost"), deadline_s=self.expiry_s
+                )
+            else:
+                if release:
+                    released = retry_in_doubt(
+                        lambda: release_claims(self.backend, self.id, refund=True, why="session closed"),
+                        deadline_s=self.expiry_s,
+                    )
+                self.backend.remove(keys.SESS_SET, self.id)
+        except BackendError as e:
+            # The session record stays: it expires, and the reaper gives back what it
+            # still holds. Deleting it would leave those claims to the rare sweep.
+            log.warning("session left to expire", extra={"event": "close_failed", "session": self.id, "error": str(e)})
         self.closed = True
         return released
 

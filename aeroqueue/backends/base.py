@@ -275,20 +275,26 @@ class Backend:
         """(record name, record) for every record of a set in partitions [begin, begin+count).
 
         Records are stored with their key (POLICY_KEY_SEND), so the name comes back.
+        A scan that partitions in migration refuse ("partition unavailable", now and
+        then while a cluster rebalances) is repeated, as is one whose answer is lost.
         """
-        query = self.client.query(self.namespace, set_name)
-        if bins:
-            query.select(*bins)
         policy: dict[str, Any] = {"partition_filter": {"begin": begin, "count": count}}
         if expression is not None:
             policy["expressions"] = expression
-        self.round_trips += 1
-        got: list[tuple[str, Record]] = []
-        try:
-            query.foreach(lambda _part, rec: got.append((rec[0][2], _record(rec[1], rec[2]))), policy)
-        except aex.AerospikeError as e:
-            raise wrap(e, "scan", f"{set_name}/partitions {begin}..{begin + count - 1}") from e
-        yield from got
+
+        def once() -> list[tuple[str, Record]]:
+            query = self.client.query(self.namespace, set_name)
+            if bins:
+                query.select(*bins)
+            self.round_trips += 1
+            got: list[tuple[str, Record]] = []
+            try:
+                query.foreach(lambda _part, rec: got.append((rec[0][2], _record(rec[1], rec[2]))), policy)
+            except aex.AerospikeError as e:
+                raise wrap(e, "scan", f"{set_name}/partitions {begin}..{begin + count - 1}") from e
+            return got
+
+        yield from retry_in_doubt(once)
 
     def indexes(self) -> dict[str, tuple[str, str, str]]:
         """The namespace's secondary indexes: name -> (set, bin, type)."""
@@ -324,18 +330,23 @@ class Backend:
         self, set_name: str, bin_name: str, value: str, *, expression: Any = None, bins: list[str] | None = None
     ) -> list[tuple[str, Record]]:
         """Records whose `bin_name` equals `value`, through its secondary index: the
-        cost follows the matches, not the size of the set."""
-        query = self.client.query(self.namespace, set_name)
-        if bins:
-            query.select(*bins)
-        query.where(predicates.equals(bin_name, value))
+        cost follows the matches, not the size of the set. Repeated, like `scan`,
+        while partitions in migration refuse it."""
         policy = {"expressions": expression} if expression is not None else {}
-        self.round_trips += 1
-        try:
-            found = query.results(policy)
-        except aex.AerospikeError as e:
-            raise wrap(e, "query", f"{set_name} where {bin_name} = {value!r}") from e
-        return [(key[2], _record(meta, got)) for key, meta, got in found]
+
+        def once() -> list[tuple[str, Record]]:
+            query = self.client.query(self.namespace, set_name)
+            if bins:
+                query.select(*bins)
+            query.where(predicates.equals(bin_name, value))
+            self.round_trips += 1
+            try:
+                found = query.results(policy)
+            except aex.AerospikeError as e:
+                raise wrap(e, "query", f"{set_name} where {bin_name} = {value!r}") from e
+            return [(key[2], _record(meta, got)) for key, meta, got in found]
+
+        return retry_in_doubt(once)
 
     def truncate(self, set_name: str) -> None:
         self._call("truncate", set_name, "*", lambda: self.client.truncate(self.namespace, set_name, 0))

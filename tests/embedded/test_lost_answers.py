@@ -14,7 +14,7 @@ from aeroqueue.backends import IN_DOUBT, open_backend, wrap
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Queue
-from aeroqueue.sessions import Session
+from aeroqueue.sessions import Session, reap
 from aeroqueue.worker import EXIT_OK, Worker
 
 
@@ -86,3 +86,22 @@ def test_a_worker_gives_back_a_claim_of_its_session_that_no_thread_holds(backend
     assert exit_codes == [EXIT_OK] and sorted(ran) == ["j0", "j1", "j2"]
     job = backend.get(keys.JOB_SET, keys.job_name("L", 0)).bins
     assert job["state"] == "done" and job["att"] == 2, "released with its attempt counted, then run once"
+
+
+def test_a_session_that_cannot_give_back_its_claims_at_close_is_left_to_the_reaper(backend):
+    """While partitions migrate the query for a session's claims can fail for many
+    seconds: closing then must not crash the worker, nor strand its claims."""
+    JobLists(backend).load("L", [JobSpec("a", {})])
+    queue = Queue(backend, busy_deadline_s=0.2)
+    s = Session.open(backend, heartbeat=False, interval_s=0.1, expiry_s=0.5)
+    [job] = queue.reserve("L", s)
+    backend.client.faults.add(op="apply", function="release", error="TimeoutError", times=-1)
+    assert s.close() == 0  # no exception
+    assert backend.get(keys.SESS_SET, s.id) is not None, "left to expire, not deleted with its claims"
+    backend.client.faults.clear()
+    time.sleep(0.6)
+    report = reap(backend)
+    assert (report.sessions, report.released) == (1, 1)
+    with Session.open(backend, heartbeat=False) as other:
+        [again] = queue.reserve("L", other)
+    assert again.token == job.token
