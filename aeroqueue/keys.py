@@ -12,7 +12,8 @@ IDS_SET = "aq_ids"  # "<list>/<chunk>": ID store chunks
 SESS_SET = "aq_sess"  # "<session id>": heartbeat session
 DONE_SET = "aq_done"  # "<list>/<chunk>": completion bitmaps (bins done, dead)
 JIDX_SET = "aq_jidx"  # "<list>/<jid>": job id -> token, the commit point of a load
-LOCK_SET = "aq_lock"  # "<name>": a lease (owner, host, pid, ttl_ms); the sync's is "sync"
+LOCK_SET = "aq_lock"  # "<name>": a lease (owner, host, pid, ttl_ms); a sync's is "sync:<target>"
+SYNC_SET = "aq_sync"  # "<run>/<partition>": a running sync task's progress (lists: copied per list)
 
 LIST_MOD = "aq_list_v1"
 JOB_MOD = "aq_job_v1"

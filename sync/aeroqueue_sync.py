@@ -35,7 +35,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from aeroqueue.sync import ENV_SCHEMA, spark_submit_main
+from aeroqueue.cli.sync_cmd import spark_submit_main
+from aeroqueue.sync import ENV_SCHEMA
 
 if __name__ == "__main__":
     # With --py-files the driver imports aeroqueue from the wheel, which may not

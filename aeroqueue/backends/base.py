@@ -19,12 +19,14 @@ from typing import Any, TypeVar
 import aerospike
 from aerospike import exception as aex
 from aerospike import predicates
-from aerospike_helpers.batch.records import Apply, BatchRecords
+from aerospike_helpers.batch.records import Apply, BatchRecords, Write
 
 from .. import errors
 from ..config import StoreURL
 
 N_PARTITIONS = 4096
+# Records per page of a streamed scan.
+SCAN_PAGE = 1000
 
 _BY_CODE: dict[int, type[errors.BackendError]] = {
     # A node of a cluster died or is frozen: the command may have landed (in doubt).
@@ -271,30 +273,75 @@ class Backend:
         count: int = N_PARTITIONS,
         expression: Any = None,
         bins: list[str] | None = None,
+        page_size: int = SCAN_PAGE,
     ) -> Iterator[tuple[str, Record]]:
         """(record name, record) for every record of a set in partitions [begin, begin+count).
 
-        Records are stored with their key (POLICY_KEY_SEND), so the name comes back.
-        A scan that partitions in migration refuse ("partition unavailable", now and
-        then while a cluster rebalances) is repeated, as is one whose answer is lost.
+        Streams: a paginated query (`max_records` per page, the client keeping
+        each partition's resume point), so at most `page_size` records are
+        held whatever the size of the partitions, and a consumer that stalls
+        holds no scan open on the server. A page that partitions in migration
+        refuse ("partition unavailable", now and then while a cluster
+        rebalances), or whose answer is lost, is asked for again by a new query
+        that resumes after the last page handed over: no record is skipped or
+        repeated. Records are stored with their key (POLICY_KEY_SEND), so the
+        name comes back.
         """
+        where = f"{set_name}/partitions {begin}..{begin + count - 1}"
         policy: dict[str, Any] = {"partition_filter": {"begin": begin, "count": count}}
         if expression is not None:
             policy["expressions"] = expression
+        query = self._paged_query(set_name, bins, page_size)
+        handed: dict | None = None  # the partitions' resume points after the last page handed over
 
-        def once() -> list[tuple[str, Record]]:
-            query = self.client.query(self.namespace, set_name)
-            if bins:
-                query.select(*bins)
+        def page() -> list[tuple]:
+            nonlocal query
             self.round_trips += 1
-            got: list[tuple[str, Record]] = []
             try:
-                query.foreach(lambda _part, rec: got.append((rec[0][2], _record(rec[1], rec[2]))), policy)
+                return list(query.results(policy))
             except aex.AerospikeError as e:
-                raise wrap(e, "scan", f"{set_name}/partitions {begin}..{begin + count - 1}") from e
-            return got
+                # The failed call may have moved the query's resume points past
+                # records it never returned: start again from the last whole page.
+                query = self._paged_query(set_name, bins, page_size)
+                policy["partition_filter"] = {"begin": begin, "count": count}
+                if handed is not None:
+                    policy["partition_filter"]["partition_status"] = handed
+                raise wrap(e, "scan", where) from e
 
-        yield from retry_in_doubt(once)
+        while True:
+            got = retry_in_doubt(page)
+            handed = query.get_partitions_status()
+            for key, meta, bins_ in got:
+                yield key[2], _record(meta, bins_)
+            if query.is_done():
+                return
+
+    def _paged_query(self, set_name: str, bins: list[str] | None, page_size: int) -> Any:
+        query = self.client.query(self.namespace, set_name)
+        if bins:
+            query.select(*bins)
+        query.max_records = page_size
+        query.paginate()
+        return query
+
+    def batch_operate(
+        self, set_name: str, items: list[tuple[str, list[dict]]], *, update_only: bool = False
+    ) -> list[int]:
+        """Operations on many records in one round trip (batch_write of Write records);
+        each record's result code (0: done; 2: missing, with `update_only`). Never
+        raises for a single record."""
+        if not items:
+            return []
+        policy: dict[str, Any] = {"key": aerospike.POLICY_KEY_SEND}
+        if update_only:
+            policy["exists"] = aerospike.POLICY_EXISTS_UPDATE
+        batch = BatchRecords([Write(self.key(set_name, n), ops, policy=policy) for n, ops in items])
+        self.round_trips += 1
+        try:
+            out = self.client.batch_write(batch)
+        except aex.AerospikeError as e:
+            raise wrap(e, "batch_write", f"{set_name}/[{len(items)} keys]") from e
+        return [br.result for br in out.batch_records]
 
     def indexes(self) -> dict[str, tuple[str, str, str]]:
         """The namespace's secondary indexes: name -> (set, bin, type)."""

@@ -64,12 +64,11 @@ for _command in (
 
 
 def _register_sync() -> None:
-    # pyspark and the MySQL driver load only when a sync command runs.
-    from ..sync import sync_command
-    from ..sync_bench import sync_bench_command
+    # aeroqueue.sync loads neither pyspark nor the MySQL driver until a run starts.
+    from . import sync_cmd
 
-    main.add_command(sync_command)
-    main.add_command(sync_bench_command)
+    main.add_command(sync_cmd.sync)
+    main.add_command(sync_cmd.sync_bench)
 
 
 _register_sync()

@@ -78,6 +78,10 @@ def _not_found() -> Exception:
     return server_error("RecordNotFound", 2, "AEROSPIKE_ERR_RECORD_NOT_FOUND")
 
 
+# Rows per SQLite read of a scan: what a scan holds at once.
+_SCAN_PAGE = 500
+
+
 class EmbeddedClient:
     """An Aerospike stand-in on one SQLite file (or ``:memory:``)."""
 
@@ -341,6 +345,8 @@ class EmbeddedClient:
             outcome = run_operations(view, ops)
             if old is None and not outcome.wrote:
                 raise _not_found()
+            if old is None and pol.get("exists") in (aerospike.POLICY_EXISTS_UPDATE, aerospike.POLICY_EXISTS_REPLACE):
+                raise _not_found()  # update-only: never creates the record
             if old is not None and pol.get("exists") == aerospike.POLICY_EXISTS_CREATE and outcome.wrote:
                 raise server_error("RecordExistsError", 5, "AEROSPIKE_ERR_RECORD_EXISTS")
             row = old
@@ -594,35 +600,37 @@ class EmbeddedClient:
 
     def _scan(
         self, set_name: str | None, begin: int, count: int, expr: Any, bins: list[str] | None,
-        predicate: tuple | None = None,
+        predicate: tuple | None = None, after: tuple[int, bytes] | None = None,
     ) -> Iterator[tuple[int, tuple, dict, dict]]:
-        now = self._now()
+        """Records of partitions [begin, begin+count) in (partition, digest) order,
+        after `after` (a resume point) when given. Streams: rows are read a page
+        at a time (keyset pagination), and no read transaction stays open while
+        the caller handles them (it may write, as a reaper does)."""
         end = begin + count
         columns = "r.digest, r.set_name, r.part, r.ukey, r.bins, r.gen, r.void_ms, r.lut_ms"
-        pages: Iterator[tuple[str, list[Any]]]
         if predicate is not None:
             # Through the secondary index: the cost follows the matches, not the set.
             index, value = self._index_name(set_name, predicate)
-            pages = iter([(
-                f"SELECT {columns} FROM sindex_entries e JOIN records r ON r.ns = e.ns AND r.digest = e.digest "
-                "WHERE e.ns = ? AND e.name = ? AND e.value = ? AND r.part >= ? AND r.part < ? ORDER BY r.part, r.digest",
-                [self.namespace, index, value, begin, end],
-            )])
+            source = "sindex_entries e JOIN records r ON r.ns = e.ns AND r.digest = e.digest"
+            where, params = "e.ns = ? AND e.name = ? AND e.value = ?", [self.namespace, index, value]
         else:
-            # Page by partition ranges so a scan of a large set never holds one huge result.
-            set_clause = " AND r.set_name = ?" if set_name is not None else ""
-            pages = (
-                (
-                    f"SELECT {columns} FROM records r WHERE r.ns = ? AND r.part >= ? AND r.part < ?{set_clause} "
-                    "ORDER BY r.part, r.digest",
-                    [self.namespace, lo, min(lo + 128, end), *([set_name] if set_name is not None else [])],
-                )
-                for lo in range(begin, end, 128)
+            source = "records r"
+            where, params = "r.ns = ?", [self.namespace]
+            if set_name is not None:
+                where, params = where + " AND r.set_name = ?", [*params, set_name]
+        cursor = after if after is not None else (begin, b"")
+        while True:
+            sql = (
+                f"SELECT {columns} FROM {source} WHERE {where} AND r.part < ? "
+                "AND (r.part, r.digest) > (?, ?) ORDER BY r.part, r.digest LIMIT ?"
             )
-        for sql, params in pages:
             with self._storage.read() as db:
-                rows = db.execute(sql, params).fetchall()
+                rows = db.execute(sql, [*params, end, cursor[0], cursor[1], _SCAN_PAGE]).fetchall()
+            now = self._now()
             for digest, sname, part, ukey, blob, gen, void_ms, lut_ms in rows:
+                if part < begin:
+                    continue
+                cursor = (part, digest)
                 if void_ms and void_ms <= now:
                     continue
                 row = Row(sname, part, decode(ukey) if ukey is not None else None, decode(blob), gen, void_ms, lut_ms)
@@ -631,6 +639,8 @@ class EmbeddedClient:
                 chosen = row.bins if not bins else {b: v for b, v in row.bins.items() if b in bins}
                 key = (self.namespace, sname, row.user_key, bytearray(digest))
                 yield part, key, self._meta(row, now), _out_bins(chosen)
+            if len(rows) < _SCAN_PAGE:
+                return
 
     def truncate(self, namespace: str, set_name: str | None, nanos: int, policy: dict | None = None) -> int:
         if namespace != self.namespace:
@@ -671,13 +681,19 @@ class EmbeddedClient:
 
 class EmbeddedQuery:
     """`client.query(ns, set)`: a scan of one set, optionally by partition range
-    (`policy={'partition_filter': {'begin': b, 'count': c}}`) and expression."""
+    (`policy={'partition_filter': {'begin': b, 'count': c}}`) and expression, and
+    paginated as the client does it: `max_records` per `results()` call after
+    `paginate()`, resuming where the last page ended until `is_done()`."""
 
     def __init__(self, client: EmbeddedClient, set_name: str | None) -> None:
         self._client = client
         self._set = set_name
         self._bins: list[str] | None = None
         self._predicate: tuple | None = None
+        self.max_records = 0
+        self._paginate = False
+        self._resume: tuple[int, bytes] | None = None
+        self._done = False
 
     def select(self, *bins: str) -> None:
         self._bins = list(bins)
@@ -688,22 +704,48 @@ class EmbeddedQuery:
             raise NotImplementedError("embedded backend: Query.where takes one predicate")
         self._predicate = predicate
 
+    def paginate(self) -> None:
+        self._paginate = True
+
+    def is_done(self) -> bool:
+        return self._done
+
+    def get_partitions_status(self) -> dict:
+        """Where a paginated scan stands: given back as the partition filter's
+        ``partition_status``, a new query resumes there (an opaque token here)."""
+        return {"resume": self._resume, "done": self._done}
+
     def _iterate(self, policy: dict | None) -> tuple[bool, Iterator[tuple[int, tuple, dict, dict]]]:
         pol = EmbeddedClient._check_policy(policy, {"partition_filter", "expressions"}, "query")
         pf = pol.get("partition_filter")
-        if pf is None:
-            return False, self._client._scan(self._set, 0, N_PARTITIONS, pol.get("expressions"), self._bins, self._predicate)
-        extra = set(pf) - {"begin", "count"}
-        if extra:
-            raise NotImplementedError(f"embedded backend: partition_filter keys {sorted(extra)} are not implemented")
-        begin, count = int(pf.get("begin", 0)), int(pf.get("count", N_PARTITIONS))
-        if begin < 0 or count < 1 or begin + count > N_PARTITIONS:
-            raise server_error("ParamError", -2, f"invalid partition filter begin={begin} count={count}")
-        return True, self._client._scan(self._set, begin, count, pol.get("expressions"), self._bins, self._predicate)
+        begin, count = 0, N_PARTITIONS
+        if pf is not None:
+            extra = set(pf) - {"begin", "count", "partition_status"}
+            if extra:
+                raise NotImplementedError(f"embedded backend: partition_filter keys {sorted(extra)} are not implemented")
+            begin, count = int(pf.get("begin", 0)), int(pf.get("count", N_PARTITIONS))
+            if begin < 0 or count < 1 or begin + count > N_PARTITIONS:
+                raise server_error("ParamError", -2, f"invalid partition filter begin={begin} count={count}")
+            status = pf.get("partition_status")
+            if status is not None and self._resume is None and not self._done:
+                self._resume = status.get("resume")
+        after = self._resume if self._paginate else None
+        it = self._client._scan(self._set, begin, count, pol.get("expressions"), self._bins, self._predicate, after)
+        return pf is not None, it
 
     def results(self, policy: dict | None = None, options: dict | None = None) -> list[tuple]:
         _, it = self._iterate(policy)
-        return [(key, meta, bins) for _part, key, meta, bins in it]
+        limit = self.max_records if self._paginate and self.max_records > 0 else None
+        out: list[tuple] = []
+        last: tuple[int, bytes] | None = None
+        for part, key, meta, bins in it:
+            out.append((key, meta, bins))
+            last = (part, bytes(key[3]))
+            if limit is not None and len(out) >= limit:
+                self._resume = last  # only once the page is handed over
+                return out
+        self._done = True
+        return out
 
     def foreach(self, callback: Callable[..., Any], policy: dict | None = None, options: dict | None = None) -> None:
         with_partition, it = self._iterate(policy)

@@ -1,0 +1,314 @@
+"""`aeroqueue sync` and `aeroqueue sync-bench`: the Spark sync to MySQL, and its benchmark.
+
+A thin shell over `aeroqueue.sync`: options, the target's choice, the
+progress bar and the output. PySpark and the MySQL driver load only when a
+run starts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import signal
+import sys
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from ..backends.base import N_PARTITIONS
+from ..config import ENV_URL, default_store_path, parse_url
+from ..errors import ListNotFound, SyncError
+from ..lists import JobLists
+from ..sync import (
+    DEFAULT_BATCH,
+    DEFAULT_LEASE_S,
+    DEFAULT_PARTITIONS,
+    Scheduler,
+    SyncOptions,
+    SyncReport,
+    Target,
+    demo_target,
+    parse_target,
+    rows_to_copy,
+    run_sync,
+    spark_session,
+    sync_once,
+)
+from ..sync.bench import DEFAULT_JOBS, BenchResult, run_bench
+from ..sync.target import ENV_MYSQL_PWD, ENV_PASSWORD
+from .context import Context, err_console, option, progress_bar
+
+log = logging.getLogger("aeroqueue.sync")
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str) -> float:
+    """'90', '90s', '5m', '2h', '7d', '500ms' -> seconds."""
+    m = _DURATION.match(text)
+    if not m:
+        raise ValueError(f"{text!r} is not a duration: use a number with ms, s, m, h or d (e.g. 5m)")
+    return float(m.group(1)) * _UNIT_S[m.group(2) or "s"]
+
+
+def parse_since(text: str, now_ms: int | None = None) -> int:
+    """--since: a duration back from now ('2h', '7d') or a date/time ('2026-11-01', '2026-11-01T12:00:00+00:00',
+    UTC unless it says otherwise) -> Unix ms."""
+    now_ms = now_ms if now_ms is not None else time.time_ns() // 1_000_000
+    try:
+        return now_ms - int(parse_duration(text) * 1000)
+    except ValueError:
+        pass
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ValueError(f"{text!r} is neither a duration (2h, 7d) nor a date (2026-11-01 or 2026-11-01T12:00:00)") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return int(when.timestamp() * 1000)
+
+
+class Duration(click.ParamType):
+    name = "DURATION"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, (int, float)):
+            return float(value)
+        try:
+            return parse_duration(str(value))
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
+class Since(click.ParamType):
+    name = "WHEN"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_since(str(value))
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
+DURATION = Duration()
+
+
+def store_url_text(url: str | None) -> str:
+    """The store URL as given (credentials included: the executors need them),
+    or the default embedded store's."""
+    return url or os.environ.get(ENV_URL) or f"embedded://{default_store_path()}"
+
+
+def _log_to_stderr() -> None:
+    # Only when nothing else configured logging (a test runner, an embedding app).
+    if not logging.getLogger().handlers and not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+
+
+def _no_target(lists: JobLists, store: str, only: tuple[str, ...]) -> SyncError:
+    """No --mysql: say what a run would copy, and how to point it somewhere."""
+    names = list(only) or lists.names()
+    done = dead = 0
+    for name in names:
+        st = lists.status(name)
+        done, dead = done + st.done, dead + st.dead
+    return SyncError(
+        f"no sync target given: a run would copy up to {done + dead:,} processed job(s) ({done:,} done, {dead:,} dead) "
+        f"of {len(names):,} list(s) from {store}, minus what the target already holds; "
+        "point it at a database with --mysql mysql://user@host:3306/db (or AEROQUEUE_MYSQL), "
+        "or sqlite:///path/sync.db for a file"
+    )
+
+
+class SyncProgress:
+    """Rows copied of rows to copy, per list, on a terminal (rich)."""
+
+    def __init__(self, to_copy: dict[str, int]) -> None:
+        self.bar = progress_bar()
+        shown = {name: n for name, n in to_copy.items() if n > 0}
+        self.total = self.bar.add_task("all lists", total=sum(shown.values()) or None)
+        self.tasks = {name: self.bar.add_task(f"  {name}", total=n) for name, n in list(shown.items())[:20]}
+
+    def __enter__(self) -> SyncProgress:
+        self.bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.stop()
+
+    def update(self, copied: dict[str, int]) -> None:
+        total = 0
+        for name, n in copied.items():
+            total += n
+            task = self.tasks.get(name)
+            if task is not None:
+                # An estimate: a row copied before and never marked counts twice.
+                self.bar.update(task, completed=n, total=max(n, self.bar.tasks[task].total or 0))
+        self.bar.update(self.total, completed=total, total=max(total, self.bar.tasks[self.total].total or 0))
+
+
+@click.command("sync")
+@option(
+    "--mysql", "target_url", env="MYSQL", metavar="URL", default=None,
+    help=(
+        "Where processed jobs are copied: mysql://user[:password]@host:3306/db (the password may instead come "
+        f"from {ENV_PASSWORD} or {ENV_MYSQL_PWD}), or sqlite:///path/sync.db. Required, except for the store "
+        "`make demo` made (it remembers its target); without it the sync says what it would copy."
+    ),
+)
+@option("--master", env="SPARK_MASTER", default=None, metavar="MASTER",
+        help="Spark master, e.g. local[*] or spark://host:7077. Default: spark-submit's, else local[*].")
+@option("--every", env="SYNC_EVERY", type=DURATION, default=None,
+        help="Run on a schedule (e.g. 5m) instead of once; one scheduler per target holds its lease, others stand by.")
+@option("--resync", env="SYNC_RESYNC", is_flag=True,
+        help="Copy again what the target already holds (idempotent); with --list and --since to narrow it.")
+@option("--list", "only", env="SYNC_LISTS", multiple=True, metavar="LIST",
+        help="Only these lists (repeat the option; the variable takes names separated by spaces).")
+@option("--since", env="SYNC_SINCE", type=Since(), default=None,
+        help="Only jobs processed since: a duration back from now (2h, 7d) or a date (2026-11-01, UTC).")
+@option("--partitions", env="SYNC_PARTITIONS", type=click.IntRange(1, N_PARTITIONS), default=DEFAULT_PARTITIONS,
+        help="Spark tasks; each scans an equal share of Aerospike's 4096 partitions.")
+@option("--batch-size", env="SYNC_BATCH_SIZE", type=click.IntRange(1, 100_000), default=DEFAULT_BATCH,
+        help="Rows per upsert and commit.")
+@option("--delete-after", env="SYNC_DELETE_AFTER", type=DURATION, default=None,
+        help="Retention: delete jobs from Aerospike once this target has held them this long (e.g. 7d). Jobs it does not hold are never deleted. Default: keep.")
+@option("--lease", "lease_s", env="SYNC_LEASE", type=DURATION, default=f"{DEFAULT_LEASE_S:.0f}s",
+        help="How long a target's sync lease outlives a scheduler that stopped renewing it.")
+@option("--json", "as_json", env="JSON", is_flag=True, help="Print one JSON line per run (no progress bar).")
+@click.pass_obj
+def sync(
+    obj: Context, target_url: str | None, master: str | None, every: float | None, resync: bool,
+    only: tuple[str, ...], since: int | None, partitions: int, batch_size: int, delete_after: float | None,
+    lease_s: float, as_json: bool,
+) -> None:
+    """Copy processed jobs (done or dead) to MySQL with Spark, once or on a schedule.
+
+    Each job lands once (an upsert keyed by list and job id) and is marked
+    as held by that target only after its row is committed, so a crash
+    re-copies some rows and loses none. Records that cannot be stored go to
+    the sync_rejects table with the reason, and the run exits non-zero.
+    """
+    text = store_url_text(obj.url)
+    store = parse_url(text)
+    backend = obj.backend()
+    lists = JobLists(backend)
+    for name in only:
+        try:
+            lists.header(name)
+        except ListNotFound:
+            raise SyncError(f"--list {name!r}: no such job list in {store}") from None
+    target: Target | None = parse_target(target_url) if target_url else demo_target(store)
+    if target is None:
+        raise _no_target(lists, str(store), only)
+    options = SyncOptions(
+        store_url=text, target=target, partitions=partitions, batch_size=batch_size, delete_after_s=delete_after,
+        resync=resync, lists=only, since_ms=since,
+    )
+    _log_to_stderr()
+    if every is None:
+        from ..sync import Sink, migrate
+
+        # Fail fast, before a JVM starts, when the target is unreachable.
+        with Sink(options.target) as sink:
+            migrate(sink)
+
+    def report(r: SyncReport) -> None:
+        click.echo(json.dumps(r.as_dict()) if as_json else str(r))
+
+    spark, created = spark_session(master, verbose=obj.verbose)
+    try:
+        if every is None:
+            if not as_json and err_console.is_terminal:
+                with SyncProgress(rows_to_copy(backend, options)) as bar:
+                    r = sync_once(options, spark, backend, lease_s=lease_s, on_progress=bar.update)
+            else:
+                r = sync_once(options, spark, backend, lease_s=lease_s)
+            report(r)
+            if r.counts.rejected:
+                raise SyncError(r.rejects_note)
+            return
+
+        def one_run() -> None:
+            r = run_sync(options, spark, backend)
+            report(r)
+            if r.counts.rejected:
+                log.error("%s", r.rejects_note)
+
+        scheduler = Scheduler(backend, every, one_run, lease_s=lease_s, lock=target.lease_name)
+        previous = signal.signal(signal.SIGTERM, lambda *_: scheduler.stop.set())
+        try:
+            scheduler.run()
+        except KeyboardInterrupt:
+            scheduler.stop.set()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    finally:
+        if created:
+            spark.stop()
+
+
+def print_bench(r: BenchResult, console: Console | None = None) -> None:
+    console = console or Console()
+    table = Table(title=f"aeroqueue sync: {r.jobs:,} processed jobs from {r.store} -> {r.target}")
+    for col in ("path", "rows", "seconds", "rows/s", "does"):
+        table.add_column(col, justify="left" if col in ("path", "does") else "right")
+    table.add_row("plain Python loop (1 process)", f"{r.plain_rows:,}", f"{r.plain_s:.2f}", f"{r.plain_rows_per_s:,.0f}",
+                  "scan + executemany + commit")
+    table.add_row(f"Spark {r.master}, {r.partitions} tasks", f"{r.spark_rows:,}", f"{r.spark_s:.2f}",
+                  f"{r.spark_rows_per_s:,.0f}", "scan + upsert + commit + mark")
+    console.print(table)
+    c = r.spark_counts
+    console.print(
+        f"Spark task seconds, summed over tasks: scan {c.scan_s:.2f}, write {c.write_s:.2f}, mark {c.mark_s:.2f}; "
+        f"Spark start-up {r.spark_start_s:.1f}s and writing the jobs {r.prepare_s:.1f}s are not counted.",
+        highlight=False,
+    )
+
+
+@click.command("sync-bench")
+@option("--jobs", env="BENCH_JOBS", type=click.IntRange(1, 10_000_000), default=DEFAULT_JOBS, help="Processed jobs to copy.")
+@option("--mysql", "target_url", env="MYSQL", metavar="URL", default=None,
+        help="A MySQL server to copy to (two scratch databases are created on it and dropped); default: SQLite files.")
+@option("--master", env="SPARK_MASTER", default=None, metavar="MASTER", help="Spark master (default: local[*]).")
+@option("--partitions", env="SYNC_PARTITIONS", type=click.IntRange(1, N_PARTITIONS), default=DEFAULT_PARTITIONS,
+        help="Spark tasks.")
+@option("--batch-size", env="SYNC_BATCH_SIZE", type=click.IntRange(1, 100_000), default=DEFAULT_BATCH,
+        help="Rows per executemany and commit, on both paths.")
+@option("--json", "as_json", env="JSON", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def sync_bench(
+    obj: Context, jobs: int, target_url: str | None, master: str | None, partitions: int, batch_size: int, as_json: bool,
+) -> None:
+    """Rows per second synced by Spark, beside a plain Python loop (scan, executemany), for the same jobs.
+
+    With --url (or AEROQUEUE_URL) the jobs are written into a list of the
+    benchmark's own in that store, and only that list is read, marked and
+    deleted afterwards; without, into a scratch embedded store.
+    """
+    say = Console(stderr=True)
+    url = obj.url if obj is not None else None
+    result = run_bench(jobs=jobs, store_url=url, target_url=target_url, master=master, partitions=partitions,
+                       batch_size=batch_size, say=lambda m: say.print(m, highlight=False))
+    if as_json:
+        click.echo(json.dumps(result.as_dict()))
+    else:
+        print_bench(result)
+
+
+def spark_submit_main(argv: list[str] | None = None) -> None:
+    """The aeroqueue command line, for ``spark-submit sync/aeroqueue_sync.py ...``."""
+    from . import main
+
+    main(args=argv, prog_name="aeroqueue_sync.py")

@@ -1,0 +1,285 @@
+"""The Spark job: the driver's side of a run.
+
+1. The target's schema is created or migrated (``sync/schema.sql``).
+2. Spark tasks each take a range of Aerospike's 4096 partitions (`task`);
+   only counts come back. Meanwhile the driver reads the tasks' progress
+   records and hands rows copied per list to a callback (the progress bar).
+3. The driver writes the list summaries and drops rejects since copied.
+
+It runs unchanged in ``local[*]``, under ``spark-submit`` and on a
+standalone or YARN cluster: tasks receive plain values only (the store URL,
+the target) and open their own connections. Spark's own logging is kept to
+errors unless asked for (`spark_session(verbose=True)`).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import re
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .. import keys
+from ..backends import Backend, open_backend
+from ..errors import AeroqueueError, BackendError, SyncError
+from ..lists import JobLists
+from .options import Counts, SyncOptions, SyncReport, ranges
+from .schema import (
+    JOBS_TABLE,
+    REJECTS_TABLE,
+    SUMMARY_COLUMNS,
+    SUMMARY_TABLE,
+    migrate,
+    now_ms,
+)
+from .target import Target
+from .task import progress_name, sync_ranges
+from .write import Sink
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+PROGRESS_EVERY_S = 0.5
+# Spark's JVM logging, errors only: given to a JVM this process starts.
+_QUIET_LOG4J2 = """\
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
+"""
+
+
+def _quiet_log4j2() -> str:
+    path = Path(tempfile.gettempdir()) / f"aeroqueue-spark-log4j2-{os.getuid()}.properties"
+    if not path.is_file() or path.read_text() != _QUIET_LOG4J2:
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(_QUIET_LOG4J2)
+        tmp.replace(path)
+    return str(path)
+
+
+def spark_session(
+    master: str | None = None, app_name: str = "aeroqueue-sync", *, verbose: bool = False
+) -> tuple[SparkSession, bool]:
+    """The active SparkSession, or a new one; and whether this call created it.
+
+    With no master: the one spark-submit was given, else ``local[*]``. In
+    local mode the Python workers run this interpreter, so they import the
+    same aeroqueue and its dependencies. Unless `verbose`, Spark logs errors
+    only (for a JVM started here, from its first line on).
+    """
+    try:
+        from pyspark import SparkContext
+        from pyspark.sql import SparkSession
+    except ImportError:
+        raise SyncError("PySpark is not installed: pip install 'aeroqueue[spark]' (and Java 17 for Spark)") from None
+
+    created = SparkContext._active_spark_context is None
+    builder = SparkSession.builder.appName(app_name).config("spark.ui.showConsoleProgress", "false")
+    under_submit = "PYSPARK_GATEWAY_PORT" in os.environ
+    chosen = master or (None if under_submit else "local[*]")
+    if chosen:
+        builder = builder.master(chosen)
+    if created and not under_submit:
+        # Read once, when the context starts: without it the workers run
+        # whatever `python3` is on the PATH, likely without aeroqueue.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        if not verbose:
+            builder = builder.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{_quiet_log4j2()}")
+    spark = builder.getOrCreate()
+    if created:
+        spark.sparkContext.setLogLevel("WARN" if verbose else "ERROR")
+    return spark, created
+
+
+_TASK_ERROR = re.compile(r"SyncError: ([^\n]+)")
+_PY_ERROR = re.compile(r"^\s*((?:[a-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)): (.+)$", re.M)
+_JVM_PREFIXES = ("org.", "java.", "scala.", "py4j.")
+
+
+def _spark_failure(e: Exception, target: Target) -> SyncError:
+    """A clear one-line error from a failed Spark job. Spark wraps a task's
+    Python traceback in a Java stack trace: the task's own SyncError message
+    if there is one, else the last Python exception line, else Spark's."""
+    text = str(e)
+    found = _TASK_ERROR.findall(text)
+    if found:
+        return SyncError(target.redact(found[-1].strip()))
+    python = [f"{name}: {msg}" for name, msg in _PY_ERROR.findall(text) if not name.startswith(_JVM_PREFIXES)]
+    if python:
+        why = python[-1]
+    elif "worker exited unexpectedly" in text or "crashed" in text:
+        why = "a task's Python worker crashed"
+    else:
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        why = next((line for line in lines if "Job aborted" in line), lines[0] if lines else repr(e))
+    return SyncError(
+        f"the Spark job failed: {target.redact(why)[:500]}; rows committed so far are marked synced, "
+        "the next run copies the rest"
+    )
+
+
+class ProgressWatcher:
+    """Reads the tasks' progress records every half second, for a callback
+    given rows copied per list; deletes them when the run ends."""
+
+    def __init__(self, options: SyncOptions, on_progress: Callable[[dict[str, int]], None]) -> None:
+        self.names = [progress_name(options.run_id, begin) for begin, _ in ranges(options.partitions)]
+        self.url = options.store_url
+        self.on_progress = on_progress
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="aeroqueue-sync-progress", daemon=True)
+
+    def __enter__(self) -> ProgressWatcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _read(self, backend: Backend) -> dict[str, int]:
+        total: dict[str, int] = {}
+        for i in range(0, len(self.names), 500):
+            for rec in backend.batch_get(keys.SYNC_SET, self.names[i:i + 500]):
+                for name, n in ((rec.bins.get("lists") or {}) if rec else {}).items():
+                    total[name] = total.get(name, 0) + int(n)
+        return total
+
+    def _run(self) -> None:
+        # A backend of its own: the caller's may not be shared across threads.
+        backend = open_backend(self.url)
+        try:
+            while True:
+                stopping = self._stop.wait(PROGRESS_EVERY_S)
+                try:
+                    self.on_progress(self._read(backend))
+                except BackendError as e:
+                    log.debug("reading the sync's progress failed: %s", e)
+                if stopping:
+                    break
+            for i in range(0, len(self.names), 500):
+                backend.batch_operate(keys.SYNC_SET, [(n, [_delete()]) for n in self.names[i:i + 500]])
+        except BackendError as e:
+            log.debug("cleaning up the sync's progress records failed: %s", e)
+        finally:
+            backend.close()
+
+
+def _delete() -> dict:
+    from aerospike_helpers.operations import operations as op
+
+    return op.delete()
+
+
+def run_sync(
+    options: SyncOptions, spark: SparkSession, backend: Backend,
+    on_progress: Callable[[dict[str, int]], None] | None = None,
+) -> SyncReport:
+    """One sync run on `spark`. The caller holds the lease (see `sync_once`)."""
+    started = time.monotonic()
+    synced_at = now_ms()
+    target = options.target
+    with Sink(target) as sink:
+        migrate(sink)
+    if on_progress is not None and not options.run_id:
+        options = _with_run_id(options)
+    sc = spark.sparkContext
+    parts = ranges(options.partitions)
+    task = functools.partial(sync_ranges, options, synced_at)
+    watcher = ProgressWatcher(options, on_progress) if on_progress is not None else None
+    try:
+        if watcher:
+            watcher.__enter__()
+        try:
+            per_task = sc.parallelize(parts, len(parts)).mapPartitions(task).collect()
+        finally:
+            if watcher:
+                watcher.__exit__(None, None, None)
+    except Exception as e:
+        if isinstance(e, AeroqueueError):
+            raise
+        raise _spark_failure(e, target) from None
+    counts = Counts()
+    for c in per_task:
+        counts.add(c)
+    with Sink(target) as sink:
+        n_lists = write_summaries(backend, sink, synced_at, options.lists)
+        forget_copied_rejects(sink)
+    report = SyncReport(str(target), counts, n_lists, time.monotonic() - started, synced_at, options.resync)
+    log.debug("%s", report)
+    return report
+
+
+def _with_run_id(options: SyncOptions) -> SyncOptions:
+    from dataclasses import replace
+
+    return replace(options, run_id=uuid.uuid4().hex[:16])
+
+
+def write_summaries(backend: Backend, sink: Sink, at_ms: int, only: tuple[str, ...] = ()) -> int:
+    """One aq_list_summary row per job list (read from the list records, not the jobs)."""
+    lists = JobLists(backend)
+    rows = []
+    for name in (only or lists.names()):
+        st = lists.status(name)
+        rows.append((name, st.mode, st.total, st.done, st.dead, int(st.sealed), int(st.complete), st.completed_at, at_ms))
+    try:
+        sink.upsert(SUMMARY_TABLE, SUMMARY_COLUMNS, ("list",), rows)
+        sink.commit()
+    except Exception as e:
+        if not sink.dialect.is_error(e):
+            raise
+        raise sink.fail(e, "writing the list summaries") from None
+    return len(rows)
+
+
+def forget_copied_rejects(sink: Sink) -> None:
+    """Drop sync_rejects rows whose job has been copied since it was refused."""
+    try:
+        sink.execute(
+            f"DELETE FROM {REJECTS_TABLE} WHERE EXISTS (SELECT 1 FROM {JOBS_TABLE} j "
+            f"WHERE j.list = {REJECTS_TABLE}.list AND j.token = {REJECTS_TABLE}.token "
+            f"AND j.synced_at >= {REJECTS_TABLE}.seen_at)"
+        )
+        sink.commit()
+    except Exception as e:
+        if not sink.dialect.is_error(e):
+            raise
+        raise sink.fail(e, "clearing copied rejects") from None
+
+
+
+def rows_to_copy(backend: Backend, options: SyncOptions) -> dict[str, int]:
+    """Per list, about how many rows this run copies: the list's processed jobs
+    (from its header and bitmaps: no job is read), less the rows the target
+    already holds for it (none counted for a resync). For the progress bar."""
+    lists = JobLists(backend)
+    names = list(options.lists) or lists.names()
+    held: dict[str, int] = {}
+    if not options.resync:
+        with Sink(options.target) as sink:
+            try:
+                held = {name: int(n) for name, n in sink.execute(f"SELECT list, COUNT(*) FROM {JOBS_TABLE} GROUP BY list")}
+            except Exception as e:
+                if not sink.dialect.is_error(e):
+                    raise
+                held = {}  # no table yet: nothing held
+    out = {}
+    for name in names:
+        st = lists.status(name)
+        out[name] = max(0, st.done + st.dead - held.get(name, 0))
+    return out

@@ -1,0 +1,204 @@
+"""The target's tables: the versioned schema (sync/schema.sql) and job records as rows.
+
+A job record becomes one ``aq_jobs`` row, or, when a value cannot be stored
+(not JSON, not Unicode), a ``sync_rejects`` row with the reason: `Refused`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import SyncError
+from .target import JOBS_TABLE
+from .write import Sink
+
+log = logging.getLogger(__name__)
+
+SCHEMA_FILE = Path(__file__).resolve().parents[2] / "sync" / "schema.sql"
+ENV_SCHEMA = "AEROQUEUE_SYNC_SCHEMA"
+
+SUMMARY_TABLE = "aq_list_summary"
+REJECTS_TABLE = "sync_rejects"
+VERSION_TABLE = "schema_version"
+JOB_COLUMNS = ("list", "jid", "token", "state", "attempts", "payload", "result", "error", "done_at", "synced_at")
+JOB_KEY = ("list", "jid")
+SUMMARY_COLUMNS = ("list", "mode", "total", "done", "dead", "sealed", "complete", "completed_at", "updated_at")
+REJECT_COLUMNS = ("list", "token", "jid", "state", "reason", "seen_at")
+MAX_REASON = 2000
+
+__all__ = ["JOBS_TABLE", "Migration", "Refused", "job_row", "migrate", "migrations", "reject_row"]
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    description: str
+    statements: tuple[str, ...]
+
+
+_MIGRATION = re.compile(r"^--\s*migration\s+(\d+):\s*(.+?)\s*$")
+
+
+def schema_text() -> str:
+    """sync/schema.sql (or the file ``AEROQUEUE_SYNC_SCHEMA`` names)."""
+    override = os.environ.get(ENV_SCHEMA)
+    candidates = [Path(override)] if override else []
+    try:
+        from importlib import resources
+
+        # Installed from a wheel that ships sync/ as package data.
+        candidates.append(Path(str(resources.files("aeroqueue.sync_schema").joinpath("schema.sql"))))
+    except (ModuleNotFoundError, TypeError):
+        pass
+    candidates.append(SCHEMA_FILE)
+    for path in candidates:
+        if path.is_file():
+            return path.read_text(encoding="utf-8")
+    raise SyncError(f"the sync schema is missing (looked for {', '.join(map(str, candidates))}); set {ENV_SCHEMA}")
+
+
+def migrations(text: str | None = None) -> list[Migration]:
+    """The migrations in schema.sql, in version order."""
+    text = schema_text() if text is None else text
+    found: list[Migration] = []
+    version, description, statements, current = None, "", [], []  # type: ignore[var-annotated]
+
+    def close() -> None:
+        if version is not None:
+            found.append(Migration(version, description, tuple(statements)))
+
+    for line in text.splitlines():
+        head = _MIGRATION.match(line)
+        if head:
+            if current:
+                raise SyncError(f"schema.sql: a statement before migration {head.group(1)} does not end with ';'")
+            close()
+            version, description, statements = int(head.group(1)), head.group(2), []
+            continue
+        stripped = line.strip()
+        if not stripped or stripped.startswith("--"):
+            continue
+        if version is None:
+            raise SyncError("schema.sql: a statement comes before the first '-- migration N:' line")
+        current.append(line)
+        if stripped.endswith(";"):
+            statements.append("\n".join(current).rstrip().rstrip(";"))
+            current = []
+    if current:
+        raise SyncError("schema.sql: the last statement does not end with ';'")
+    close()
+    versions = [m.version for m in found]
+    if versions != list(range(len(found))):
+        raise SyncError(f"schema.sql: migrations must be numbered 0, 1, 2, ... in order, not {versions}")
+    return found
+
+
+def migrate(sink: Sink, *, at_ms: int | None = None) -> int:
+    """Bring the target's schema to the newest version; returns that version."""
+    steps = migrations()
+    newest = steps[-1].version
+    try:
+        for stmt in steps[0].statements:
+            sink.execute(stmt)
+        rows = sink.execute(f"SELECT MAX(version) FROM {VERSION_TABLE}")
+        current = rows[0][0] if rows and rows[0][0] is not None else 0
+        if current > newest:
+            raise SyncError(
+                f"the schema of {sink.target} is at version {current}, newer than this aeroqueue's "
+                f"{newest}: upgrade aeroqueue before syncing into it"
+            )
+        for step in steps[current + 1:]:
+            for stmt in step.statements:
+                sink.execute(stmt)
+            sink.upsert(
+                VERSION_TABLE, ("version", "description", "applied_at"), ("version",),
+                [(step.version, step.description, at_ms or now_ms())],
+            )
+            sink.commit()
+            log.info("schema of %s migrated to version %d (%s)", sink.target, step.version, step.description)
+        sink.commit()
+        return newest
+    except SyncError:
+        raise
+    except Exception as e:
+        if not sink.dialect.is_error(e):
+            raise
+        raise sink.fail(e, "creating or migrating the schema") from None
+
+
+# -- one job record -> one row ------------------------------------------------------
+
+
+class Refused(Exception):
+    """A record's value cannot be stored: the reason, for sync_rejects."""
+
+
+def _json(value: Any, what: str) -> str | None:
+    if value is None:
+        return None
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        # A lone surrogate passes json.dumps but is not Unicode a database can hold.
+        text.encode("utf-8")
+    except (TypeError, ValueError, RecursionError) as e:
+        raise Refused(f"{what} cannot be stored as JSON: {e}") from None
+    return text
+
+
+def _text(value: Any, what: str) -> str | None:
+    if value is None:
+        return None
+    text = value if isinstance(value, str) else str(value)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise Refused(f"{what} is not valid Unicode: {e}") from None
+    return text
+
+
+def job_row(bins: dict[str, Any], synced_at: int) -> tuple[Any, ...]:
+    """The aq_jobs row for a job record's bins (in JOB_COLUMNS order), or `Refused`."""
+    return (
+        bins["list"],
+        _text(bins.get("jid"), "the job id"),
+        bins["token"],
+        bins["state"],
+        bins.get("att") or 0,
+        _json(bins.get("payload"), "the payload"),
+        _json(bins.get("result"), "the result"),
+        _text(bins.get("err"), "the error"),
+        bins.get("done_at"),
+        synced_at,
+    )
+
+
+def reject_row(bins: dict[str, Any], reason: str, seen_at: int) -> tuple[Any, ...]:
+    jid = bins.get("jid")
+    shown = "" if jid is None else ascii(jid)
+    if isinstance(jid, str):
+        try:
+            jid.encode("utf-8")
+            shown = jid
+        except UnicodeEncodeError:
+            pass  # shown escaped: the table holds Unicode only
+    reason = reason.encode("utf-8", "backslashreplace").decode("utf-8")
+    if len(reason) > MAX_REASON:
+        reason = reason[: MAX_REASON - 3] + "..."
+    return (bins["list"], bins["token"], shown, bins.get("state") or "", reason, seen_at)
+
+
+def _row_bytes(row: Sequence[Any]) -> int:
+    return sum(len(v) if isinstance(v, str) else 8 for v in row)
+

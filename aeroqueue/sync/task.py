@@ -1,0 +1,181 @@
+"""A Spark task's work: scan a range of partitions, upsert, commit, then mark.
+
+Why nothing is lost and nothing is doubled: a record is marked only after
+the commit that holds its row, so a crash anywhere leaves it unmarked and
+the next scan copies it again; copying again is an upsert of the same key,
+so the row is there once. A record whose payload or result cannot be stored
+goes to ``sync_rejects`` with the reason and stays unmarked, so retention
+never deletes it and every run tries it again.
+
+Only counts leave a task; while it runs it reports rows copied per list in
+a record of its own (set ``aq_sync``) for the driver's progress bar.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from .. import keys
+from ..backends import Backend, open_backend
+from ..errors import BackendError, SyncError
+from .mark import mark, retain
+from .options import Counts, SyncFaults, SyncOptions
+from .scan import Batch, batches
+from .schema import JOB_COLUMNS, JOB_KEY, JOBS_TABLE, REJECT_COLUMNS, REJECTS_TABLE, reject_row
+from .write import Sink
+
+DEADLOCK_RETRIES = 3
+PAUSE_LIMIT_S = 60.0
+
+
+def progress_name(run_id: str, begin: int) -> str:
+    """The record a task reports its progress in: one per task, under the run."""
+    return f"{run_id}/{begin}"
+
+
+class RangeSync:
+    """Syncs ranges of partitions from one backend into one sink (a task's work)."""
+
+    def __init__(self, options: SyncOptions, backend: Backend, sink: Sink, synced_at: int, attempt: int = 0) -> None:
+        self.options = options
+        self.backend = backend
+        self.sink = sink
+        self.synced_at = synced_at
+        self.attempt = attempt
+        self.counts = Counts()
+        self.faults = options.faults or SyncFaults()
+        self.mark_bin = options.target.mark_bin
+        self.per_list: Counter[str] = Counter()
+        self._commits = 0
+        self._report_as = ""
+
+    def run(self, begin: int, count: int) -> Counts:
+        self._report_as = progress_name(self.options.run_id, begin) if self.options.run_id else ""
+        for batch in batches(self.backend, self.options, begin, count, self.synced_at):
+            self.counts.scanned += batch.scanned
+            self.counts.scan_s += batch.scan_s
+            self._flush(batch)
+        if self.options.delete_after_s is not None:
+            t0 = time.perf_counter()
+            self.counts.deleted += retain(self.backend, self.mark_bin, begin, count, int(self.options.delete_after_s * 1000))
+            self.counts.retain_s += time.perf_counter() - t0
+        return self.counts
+
+    def _flush(self, batch: Batch) -> None:
+        if not len(batch):
+            return
+        t0 = time.perf_counter()
+        refused = self._write(batch)
+        self.counts.write_s += time.perf_counter() - t0
+        self.counts.batches += 1
+        self._commits += 1
+        self.counts.rejected += len(batch.rejects) + len(refused)
+        self.counts.copied += len(batch.rows) - len(refused)
+        self._fault_after_commit()
+        t0 = time.perf_counter()
+        refused_at = {i for i, _ in refused}
+        keep = [i for i in range(len(batch.rows)) if i not in refused_at]
+        marked, vanished = mark(self.backend, self.mark_bin, [batch.names[i] for i in keep],
+                                [batch.versions[i] for i in keep])
+        self.counts.marked += marked
+        self.counts.vanished += vanished
+        self.counts.mark_s += time.perf_counter() - t0
+        self.per_list.update(batch.bins[i]["list"] for i in keep)
+        self._report()
+        f = self.faults
+        if f.kill_after_batches and self.counts.batches == f.kill_after_batches:
+            self.sink.kill()
+
+    def _fault_after_commit(self) -> None:
+        f = self.faults
+        if self.attempt != 0:
+            return
+        if f.die_after_commits and self._commits == f.die_after_commits:
+            if f.die_by_exit:
+                os._exit(17)
+            raise SyncError("fault injection: the task died after its commit, before marking")
+        if f.pause_after_commits and self._commits == f.pause_after_commits and f.pause_dir:
+            here = Path(f.pause_dir)
+            (here / f"paused-{os.getpid()}").touch()
+            give_up = time.monotonic() + PAUSE_LIMIT_S
+            while not (here / "go").exists() and time.monotonic() < give_up:
+                time.sleep(0.05)
+
+    def _write(self, batch: Batch) -> list[tuple[int, str]]:
+        """Upsert a batch and its rejects in one transaction; retried on a deadlock."""
+        sink = self.sink
+        for attempt in range(DEADLOCK_RETRIES):
+            try:
+                refused = sink.upsert(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, batch.rows, newer="done_at")
+                rejects = batch.rejects + [
+                    reject_row(batch.bins[i], reason, self.synced_at) for i, reason in refused
+                ]
+                sink.upsert(REJECTS_TABLE, REJECT_COLUMNS, ("list", "token"), rejects)
+                sink.commit()
+                return refused
+            except Exception as e:
+                if not sink.dialect.is_error(e):
+                    raise
+                sink.rollback()
+                if sink.dialect.transient(e) and attempt + 1 < DEADLOCK_RETRIES:
+                    time.sleep(0.05 * (attempt + 1))
+                    continue
+                raise sink.fail(e, f"writing a batch of {len(batch)} row(s)") from None
+        raise AssertionError("unreachable")
+
+    def _report(self) -> None:
+        """Rows copied so far per list, for the driver's progress bar (best effort)."""
+        if not self._report_as:
+            return
+        # Progress is a courtesy: never fail a task for it.
+        with contextlib.suppress(BackendError):
+            self.backend.put(keys.SYNC_SET, self._report_as, {"lists": dict(self.per_list), "attempt": self.attempt})
+
+
+def _task_attempt() -> int:
+    try:
+        from pyspark import TaskContext
+    except ImportError:
+        return 0
+    ctx = TaskContext.get()
+    return int(ctx.attemptNumber()) if ctx is not None else 0
+
+
+# One backend per store URL per Python worker: Spark reuses its Python workers
+# across tasks, and connecting to a cluster costs more than a small task.
+_BACKENDS: dict[str, Backend] = {}
+
+
+def _backend(url: str) -> Backend:
+    backend = _BACKENDS.get(url)
+    if backend is None:
+        backend = _BACKENDS[url] = open_backend(url)
+    return backend
+
+
+def sync_ranges(options: SyncOptions, synced_at: int, parts: Iterable[tuple[int, int]]) -> Iterator[dict[str, Any]]:
+    """A Spark task: sync its ranges of partitions; yields one dict of counts.
+
+    Uses its worker's backend for the store (opened from the URL string:
+    nothing but plain values crosses to an executor) and its own connection
+    to the target.
+    """
+    parts = list(parts)
+    counts = Counts(tasks=1)
+    try:
+        backend = _backend(options.store_url)
+        with Sink(options.target) as sink:
+            worker = RangeSync(options, backend, sink, synced_at, _task_attempt())
+            for begin, count in parts:
+                worker.run(begin, count)
+            counts.add(worker.counts)
+    except BackendError as e:
+        raise SyncError(f"the store failed during the sync: {options.target.redact(str(e))}") from None
+    yield asdict(counts)

@@ -1,0 +1,269 @@
+"""Writing to the target: one upsert code path, two databases (MySQL and SQLite).
+
+`Sink` is one connection with the upsert every table goes through: a batch
+is one multi-row ``INSERT ... ON DUPLICATE KEY UPDATE`` (``ON CONFLICT`` on
+SQLite); if the database refuses a value, the batch is tried row by row to
+find the rows at fault, which the caller turns into rejects. SQL is always
+parameterised; the MySQL driver's parameter conversion is the hot spot of a
+sync, so the session runs with ``NO_BACKSLASH_ESCAPES`` (only a quote needs
+doubling) and a converter with fast paths for the few types a row holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import SyncError
+from .target import Target
+
+log = logging.getLogger(__name__)
+
+# Strict, whatever the server's default: a value that does not fit is an error
+# (and a reject), never silently truncated. With NO_BACKSLASH_ESCAPES a string
+# literal only needs its quotes doubled: the driver escapes accordingly.
+MYSQL_SQL_MODE = "TRADITIONAL,NO_BACKSLASH_ESCAPES"
+
+
+class Dialect:
+    """What differs between MySQL and SQLite: connecting, placeholders, the upsert
+    clause, and which errors mean "this row's values were refused"."""
+
+    name = ""
+    placeholder = ""
+
+    def connect(self, target: Target) -> Any:
+        raise NotImplementedError
+
+    def conflict_clause(self, table: str, key: Sequence[str], update: Sequence[str], newer: str | None) -> str:
+        raise NotImplementedError
+
+    def refused(self, error: BaseException) -> bool:
+        """The database refused a value in the row (too long, not valid, ...): reject the row."""
+        raise NotImplementedError
+
+    def transient(self, error: BaseException) -> bool:
+        """A deadlock or lock timeout: the batch can be tried again as it is."""
+        return False
+
+    def is_error(self, error: BaseException) -> bool:
+        raise NotImplementedError
+
+    def upsert_sql(self, table: str, columns: Sequence[str], key: Sequence[str], newer: str | None = None) -> str:
+        """INSERT of `columns`, updating the non-key columns of an existing row.
+
+        With `newer` (a column), an existing row is only overwritten by a row
+        whose `newer` is at least its own: a late writer holding an older
+        version of a job never takes a newer copy back.
+        """
+        values = ", ".join([self.placeholder] * len(columns))
+        update = [c for c in columns if c not in key]
+        return (
+            f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({values}) "
+            + self.conflict_clause(table, key, update, newer)
+        )
+
+
+def _fast_converter() -> type:
+    """mysql-connector's converter with fast paths for str, int and None (what a
+    row holds); anything else goes the driver's own way. The escaping rules are
+    the driver's: under NO_BACKSLASH_ESCAPES it only doubles quotes."""
+    from mysql.connector.conversion import MySQLConverter
+
+    class FastConverter(MySQLConverter):
+        def to_mysql(self, value: Any) -> Any:
+            kind = type(value)
+            if kind is str:
+                return value.encode("utf-8")
+            if kind is int or value is None:
+                return value
+            return super().to_mysql(value)
+
+        @staticmethod
+        def escape(value: Any, sql_mode: Any = None) -> Any:
+            if type(value) is bytes and isinstance(sql_mode, str) and "NO_BACKSLASH_ESCAPES" in sql_mode:
+                return value.replace(b"'", b"''")
+            return MySQLConverter.escape(value, sql_mode)
+
+        @staticmethod
+        def quote(buf: Any) -> Any:
+            if type(buf) is bytes:
+                return b"'" + buf + b"'"
+            if buf is None:
+                return b"NULL"
+            return MySQLConverter.quote(buf)
+
+    return FastConverter
+
+
+class MySQLDialect(Dialect):
+    name = "mysql"
+    placeholder = "%s"
+    # Values refused: data too long, out of range, bad string, constraint check
+    # (MariaDB 4025, MySQL 3819), invalid JSON, NULL in a NOT NULL column.
+    _REFUSED = frozenset({1048, 1264, 1292, 1366, 1406, 3140, 3819, 4025})
+    _TRANSIENT = frozenset({1205, 1213})  # lock wait timeout, deadlock
+
+    def connect(self, target: Target) -> Any:
+        import mysql.connector
+
+        conn = mysql.connector.connect(
+            host=target.host,
+            port=target.port,
+            user=target.user,
+            password=target.password or "",
+            database=target.database,
+            charset="utf8mb4",
+            collation="utf8mb4_bin",
+            autocommit=False,
+            connection_timeout=10,
+            converter_class=_fast_converter(),
+        )
+        # Through the driver's property, so that its escaping knows the mode.
+        conn.sql_mode = MYSQL_SQL_MODE  # type: ignore[union-attr]
+        return conn
+
+    def conflict_clause(self, table: str, key: Sequence[str], update: Sequence[str], newer: str | None) -> str:
+        if newer is None:
+            return "ON DUPLICATE KEY UPDATE " + ", ".join(f"{c} = VALUES({c})" for c in update)
+        # MySQL assigns left to right, each assignment seeing the ones before
+        # it: the guard column must be assigned last.
+        ordered = [c for c in update if c != newer] + [newer]
+        guard = f"COALESCE(VALUES({newer}) >= {newer}, TRUE)"
+        return "ON DUPLICATE KEY UPDATE " + ", ".join(f"{c} = IF({guard}, VALUES({c}), {c})" for c in ordered)
+
+    def refused(self, error: BaseException) -> bool:
+        import mysql.connector.errors as me
+
+        if isinstance(error, (me.DataError, me.IntegrityError)):
+            return True
+        return isinstance(error, me.DatabaseError) and getattr(error, "errno", None) in self._REFUSED
+
+    def transient(self, error: BaseException) -> bool:
+        return getattr(error, "errno", None) in self._TRANSIENT
+
+    def is_error(self, error: BaseException) -> bool:
+        import mysql.connector.errors as me
+
+        return isinstance(error, me.Error)
+
+
+class SQLiteDialect(Dialect):
+    name = "sqlite"
+    placeholder = "?"
+
+    def connect(self, target: Target) -> Any:
+        Path(target.path).parent.mkdir(parents=True, exist_ok=True)
+        # Spark tasks write to the one file concurrently: wait for the lock.
+        conn = sqlite3.connect(target.path, timeout=120.0)
+        conn.execute("PRAGMA journal_mode=WAL")
+        return conn
+
+    def conflict_clause(self, table: str, key: Sequence[str], update: Sequence[str], newer: str | None) -> str:
+        clause = f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET " + ", ".join(f"{c} = excluded.{c}" for c in update)
+        if newer is not None:
+            clause += f" WHERE excluded.{newer} >= {table}.{newer} OR {table}.{newer} IS NULL OR excluded.{newer} IS NULL"
+        return clause
+
+    def refused(self, error: BaseException) -> bool:
+        return isinstance(error, (sqlite3.IntegrityError, sqlite3.DataError))
+
+    def is_error(self, error: BaseException) -> bool:
+        return isinstance(error, sqlite3.Error)
+
+
+DIALECTS: dict[str, Dialect] = {"mysql": MySQLDialect(), "sqlite": SQLiteDialect()}
+
+
+class Sink:
+    """One connection to the target, with the upsert every table goes through."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.dialect = DIALECTS[target.dialect]
+        try:
+            self.conn = self.dialect.connect(target)
+        except Exception as e:
+            if not self.dialect.is_error(e) and not isinstance(e, OSError):
+                raise
+            raise SyncError(f"cannot connect to {target}: {target.redact(str(e))}") from None
+
+    def __enter__(self) -> Sink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        try:
+            self.conn.close()
+        except Exception:  # closing a connection the server already dropped
+            log.debug("closing %s failed", self.target, exc_info=True)
+
+    def fail(self, error: BaseException, doing: str) -> SyncError:
+        return SyncError(
+            f"{self.target} failed while {doing}: {self.target.redact(str(error))}; "
+            "nothing it had not committed was marked synced, the next run copies the rest"
+        )
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
+        cur = self.conn.cursor()
+        try:
+            cur.execute(sql, tuple(params))
+            return list(cur.fetchall()) if cur.description else []
+        finally:
+            cur.close()
+
+    def upsert(
+        self, table: str, columns: Sequence[str], key: Sequence[str], rows: Sequence[Sequence[Any]], *, newer: str | None = None
+    ) -> list[tuple[int, str]]:
+        """Upsert rows in one statement; if the database refuses a value, row by
+        row, returning (row index, reason) for each row it refused. Does not commit."""
+        if not rows:
+            return []
+        sql = self.dialect.upsert_sql(table, columns, key, newer)
+        cur = self.conn.cursor()
+        try:
+            try:
+                cur.executemany(sql, rows)
+                return []
+            except Exception as e:
+                if not self.dialect.refused(e):
+                    raise
+            # A statement that fails is undone whole (MySQL), so the batch is
+            # tried row by row to find the rows at fault; upserts make the
+            # rows that did land (SQLite) harmless to write again.
+            refused: list[tuple[int, str]] = []
+            for i, row in enumerate(rows):
+                try:
+                    cur.execute(sql, tuple(row))
+                except Exception as e:
+                    if not self.dialect.refused(e):
+                        raise
+                    refused.append((i, f"{self.dialect.name} refused the row: {self.target.redact(str(e))}"))
+            return refused
+        finally:
+            cur.close()
+
+    def commit(self) -> None:
+        self.conn.commit()
+
+    def rollback(self) -> None:
+        try:
+            self.conn.rollback()
+        except Exception:
+            log.debug("rollback on %s failed", self.target, exc_info=True)
+
+    def kill(self) -> None:
+        """Fault injection: drop this connection the way a server restart would."""
+        if self.dialect.name == "mysql":
+            victim = self.conn.connection_id
+            with Sink(self.target) as other:
+                other.execute("KILL %s", (victim,))
+        else:
+            self.conn.close()
+
+
