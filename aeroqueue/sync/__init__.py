@@ -21,6 +21,7 @@ run needs them.
 
 from __future__ import annotations
 
+from ..errors import SyncError
 from .job import ProgressWatcher, rows_to_copy, run_sync, spark_session, write_summaries
 from .mark import mark, retain
 from .options import (
@@ -52,7 +53,7 @@ from .write import Sink
 __all__ = [
     "DEFAULT_BATCH", "DEFAULT_LEASE_S", "DEFAULT_PAGE", "DEFAULT_PARTITIONS", "ENV_SCHEMA", "JOBS_TABLE",
     "JOB_COLUMNS", "JOB_KEY", "REJECTS_TABLE", "SCAN_BINS", "Counts", "Lease", "LeaseKeeper", "ProgressWatcher",
-    "Refused", "Scheduler", "Sink", "SyncFaults", "SyncOptions", "SyncReport", "Target", "demo_target", "job_row",
+    "Refused", "Scheduler", "Sink", "SyncError", "SyncFaults", "SyncOptions", "SyncReport", "Target", "demo_target", "job_row",
     "mark", "migrate", "migrations", "parse_target", "ranges", "redact", "remember_demo_target", "retain",
     "rows_to_copy", "run_sync", "spark_session", "sync_once", "to_copy", "write_summaries",
 ]

@@ -59,6 +59,9 @@ appender.console.name = console
 appender.console.target = SYSTEM_ERR
 appender.console.layout.type = PatternLayout
 appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
+# The level Spark compares the root's with before it says "Setting default log level".
+logger.repl.name = org.apache.spark.repl.Main
+logger.repl.level = error
 """
 
 

@@ -14,7 +14,7 @@ import hashlib
 import json
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit
 
@@ -134,7 +134,8 @@ def remember_demo_target(store: StoreURL, target_url: str) -> None:
     marker = demo_marker(store)
     if marker is None:
         raise SyncError(f"{store} is not an embedded store with a file")
-    marker.write_text(json.dumps({"target": redact(target_url)}) + "\n")
+    # Without the password: a later run reads it from the environment, as always.
+    marker.write_text(json.dumps({"target": str(replace(parse_target(target_url), password=None))}) + "\n")
 
 
 def demo_target(store: StoreURL) -> Target | None:

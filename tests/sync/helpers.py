@@ -9,7 +9,6 @@ import mysql.connector
 
 from aeroqueue import keys
 from aeroqueue.backends import Backend
-from aeroqueue.config import parse_url
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Queue
@@ -25,9 +24,9 @@ def root_connection(database: str | None = None) -> Any:
     return mysql.connector.connect(**MYSQL, database=database, charset="utf8mb4", collation="utf8mb4_bin")
 
 
-def options(store_url: str, target_url: str | None, **kw: Any) -> SyncOptions:
+def options(store_url: str, target_url: str, **kw: Any) -> SyncOptions:
     kw.setdefault("partitions", PARTITIONS)
-    return SyncOptions(store_url=store_url, target=parse_target(target_url, parse_url(store_url)), **kw)
+    return SyncOptions(store_url=store_url, target=parse_target(target_url), **kw)
 
 
 def make_jobs(backend: Backend, name: str, *, done: int, dead: int = 0, queued: int = 0, start: int = 0) -> None:
@@ -90,9 +89,17 @@ def assert_exactly_once(backend: Backend, database: str, name: str) -> None:
         assert row["done_at"] == job["done_at"]
 
 
-def synced_marks(backend: Backend, name: str) -> dict[str, int]:
-    """jid -> synced, for the list's jobs that carry the mark."""
-    return {job["jid"]: job["synced"] for job in JobLists(backend).jobs(name) if "synced" in job}
+def synced_marks(backend: Backend, name: str, target_url: str) -> dict[str, int]:
+    """jid -> the version (done_at) the target holds, for the list's jobs whose
+    current version the target holds."""
+    bin_name = parse_target(target_url).mark_bin
+    return {job["jid"]: job[bin_name] for job in JobLists(backend).jobs(name)
+            if bin_name in job and job[bin_name] == job.get("done_at")}
+
+
+def marked_anywhere(backend: Backend, name: str) -> set[str]:
+    """The list's jobs that carry a mark for any target."""
+    return {job["jid"] for job in JobLists(backend).jobs(name) if any(b.startswith("sync_") for b in job)}
 
 
 def job_key(name: str, token: int) -> str:

@@ -7,23 +7,28 @@ import json
 from click.testing import CliRunner
 from rich.console import Console
 
+from aeroqueue import keys
 from aeroqueue.cli.context import Context
-from aeroqueue.sync_bench import print_result, run_bench, sync_bench_command
+from aeroqueue.cli.sync_cmd import print_bench, sync_bench
+from aeroqueue.sync.bench import run_bench
 
 
-def test_bench_against_mysql_prints_both_rates(spark, mysql_url):
-    result = run_bench(jobs=300, target_url=mysql_url, partitions=4, batch_size=50)
-    assert result.plain_rows == result.spark_rows == 300
+def test_bench_in_a_store_reads_marks_and_removes_only_its_own_list(registered, store_url, spark, mysql_url):
+    before = {n for n, _ in registered.scan(keys.LIST_SET)}
+    result = run_bench(jobs=300, store_url=store_url, target_url=mysql_url, partitions=4, batch_size=50)
+    assert result.plain_rows == result.spark_rows == 300, "only the benchmark's own list is copied"
     assert result.spark_counts.marked == 300 and result.plain_rows_per_s > 0 and result.spark_rows_per_s > 0
+    assert {n for n, _ in registered.scan(keys.LIST_SET)} == before, "its list is gone afterwards"
+    assert not [n for n, _ in registered.scan(keys.JOB_SET, bins=["list"]) if n.startswith("aq-bench-")]
     console = Console(record=True, width=200)
-    print_result(result, console)
+    print_bench(result, console)
     text = console.export_text()
     assert "plain Python loop (1 process)" in text and "Spark" in text and "rows/s" in text
     assert "(scratch)" in result.target
 
 
-def test_bench_command_on_sqlite_files(spark):
-    out = CliRunner().invoke(sync_bench_command, ["--jobs", "120", "--partitions", "2", "--json"],
+def test_bench_command_on_a_scratch_store_and_sqlite_files(spark):
+    out = CliRunner().invoke(sync_bench, ["--jobs", "120", "--partitions", "2", "--json"],
                              obj=Context(url=None, verbose=False))
     assert out.exit_code == 0, out.output
     got = json.loads(out.output.strip().splitlines()[-1])

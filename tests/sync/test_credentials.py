@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from aeroqueue.cli.context import Context
-from aeroqueue.sync import sync_command
+from aeroqueue.cli.sync_cmd import sync as sync_command
 
 from .helpers import make_jobs, mysql_port_closed, mysql_rows, root_connection
 

@@ -60,7 +60,7 @@ def test_a_one_shot_sync_is_refused_while_the_lease_is_held(store_url, lock, tmp
     try:
         with pytest.raises(SyncError) as e:
             sync_once(options(store_url, f"sqlite://{tmp_path / 'c.db'}"), None, open_backend(store_url), lock=lock)  # type: ignore[arg-type]
-        assert "another sync is running" in str(e.value) and f"pid {holder._bins()['pid']}" in str(e.value)
+        assert "another sync to sqlite://" in str(e.value) and "is running" in str(e.value) and f"pid {holder._bins()['pid']}" in str(e.value)
         assert "runs out 30s after" in str(e.value), "the holder's own lease length"
     finally:
         holder.release()

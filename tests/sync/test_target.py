@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from aeroqueue.cli.sync_cmd import parse_duration, parse_since
 from aeroqueue.config import parse_url
 from aeroqueue.sync import (
     JOB_COLUMNS,
@@ -21,31 +22,31 @@ from aeroqueue.sync import (
     job_row,
     migrate,
     migrations,
-    parse_duration,
     parse_target,
+    remember_demo_target,
     ranges,
     redact,
 )
+from aeroqueue.sync.target import demo_target
 
 from .helpers import mysql_port_closed, mysql_query
 
-EMBEDDED = parse_url("embedded:///var/lib/aq/store.db")
 
 
 def test_mysql_url_with_password_in_url_or_environment(monkeypatch):
     monkeypatch.delenv("AEROQUEUE_MYSQL_PASSWORD", raising=False)
     monkeypatch.delenv("MYSQL_PWD", raising=False)
-    t = parse_target("mysql://sync%40svc:p%40ss%2Fw0rd@db.example:3307/aq", EMBEDDED)
+    t = parse_target("mysql://sync%40svc:p%40ss%2Fw0rd@db.example:3307/aq")
     assert (t.dialect, t.user, t.password, t.host, t.port, t.database) == ("mysql", "sync@svc", "p@ss/w0rd", "db.example", 3307, "aq")
     assert "p@ss" not in str(t) and "p%40ss" not in str(t) and "***" in str(t)
     assert "p@ss" not in repr(t)
-    no_pw = parse_target("mysql://sync@db.example/aq", EMBEDDED)
+    no_pw = parse_target("mysql://sync@db.example/aq")
     assert no_pw.password is None and no_pw.port == 3306 and str(no_pw) == "mysql://sync@db.example:3306/aq"
     monkeypatch.setenv("MYSQL_PWD", "from-mysql-pwd")
-    assert parse_target("mysql://sync@db.example/aq", EMBEDDED).password == "from-mysql-pwd"
+    assert parse_target("mysql://sync@db.example/aq").password == "from-mysql-pwd"
     monkeypatch.setenv("AEROQUEUE_MYSQL_PASSWORD", "from-aeroqueue")
-    assert parse_target("mysql://sync@db.example/aq", EMBEDDED).password == "from-aeroqueue"
-    assert parse_target("mysql://sync:inurl@db.example/aq", EMBEDDED).password == "inurl", "the URL wins"
+    assert parse_target("mysql://sync@db.example/aq").password == "from-aeroqueue"
+    assert parse_target("mysql://sync:inurl@db.example/aq").password == "inurl", "the URL wins"
 
 
 @pytest.mark.parametrize(
@@ -63,19 +64,31 @@ def test_mysql_url_with_password_in_url_or_environment(monkeypatch):
 )
 def test_bad_target_urls_say_what_is_wrong_without_the_password(url, says):
     with pytest.raises(SyncError) as e:
-        parse_target(url, EMBEDDED)
+        parse_target(url)
     assert says in str(e.value)
     assert "secret" not in str(e.value)
 
 
-def test_default_target_is_a_sqlite_file_beside_the_embedded_store():
-    t = parse_target(None, EMBEDDED)
-    assert t == Target(dialect="sqlite", path="/var/lib/aq/store.sync.db")
-    assert parse_target("sqlite:///tmp/x/copy.db", EMBEDDED).path == "/tmp/x/copy.db"
-    with pytest.raises(SyncError, match="--mysql"):
-        parse_target(None, parse_url("aerospike://h:3000/test"))
-    with pytest.raises(SyncError, match="--mysql"):
-        parse_target(None, parse_url("embedded://:memory:"))
+def test_marks_name_the_target_not_the_credentials():
+    a = parse_target("mysql://u:pw@db.example:3306/aq")
+    assert a.mark_bin == parse_target("mysql://other:x@DB.example:3306/aq").mark_bin, "same table, other user"
+    others = [parse_target(u) for u in ("mysql://u@db.example:3307/aq", "mysql://u@db.example:3306/aq2",
+                                         "mysql://u@db2.example:3306/aq", "sqlite:///tmp/aq.db")]
+    bins = {a.mark_bin, *(t.mark_bin for t in others)}
+    assert len(bins) == 5 and all(b.startswith("sync_") and len(b.encode()) <= 15 for b in bins)
+    assert a.lease_name != others[0].lease_name
+
+
+def test_only_the_demo_store_has_a_default_target(tmp_path):
+    store = parse_url(f"embedded://{tmp_path / 'store.db'}")
+    assert demo_target(store) is None
+    assert demo_target(parse_url("aerospike://h:3000/test")) is None
+    remember_demo_target(store, "mysql://root:hidden@127.0.0.1:3306/aq_demo")
+    assert "hidden" not in (tmp_path / "store.demo.json").read_text()
+    assert demo_target(store) == Target(dialect="mysql", host="127.0.0.1", user="root", database="aq_demo")
+    (tmp_path / "store.demo.json").write_text("{")
+    with pytest.raises(SyncError, match="give --mysql"):
+        demo_target(store)
 
 
 def test_redact_masks_passwords_anywhere():
@@ -83,7 +96,11 @@ def test_redact_masks_passwords_anywhere():
     assert redact("pw p%40ss and p@ss", "p@ss") == "pw *** and ***"
 
 
-def test_durations_and_ranges():
+def test_durations_since_and_ranges():
+    assert parse_since("2h", now_ms=10_000_000) == 10_000_000 - 7_200_000
+    assert parse_since("2026-11-01") == parse_since("2026-11-01T00:00:00+00:00") == 1793491200000
+    with pytest.raises(ValueError, match="neither a duration"):
+        parse_since("yesterday")
     assert [parse_duration(t) for t in ("90", "90s", "5m", "2h", "7d", "500ms", "1.5m")] == [90, 90, 300, 7200, 604800, 0.5, 90]
     with pytest.raises(ValueError):
         parse_duration("5 minutes")
@@ -123,7 +140,7 @@ def test_migration_is_versioned_and_idempotent_on_sqlite(tmp_path):
 
 
 def test_migration_on_mysql(mysql_db):
-    target = parse_target(f"mysql://root@127.0.0.1:3306/{mysql_db}", EMBEDDED)
+    target = parse_target(f"mysql://root@127.0.0.1:3306/{mysql_db}")
     with Sink(target) as sink:
         newest = migrate(sink)
         migrate(sink)
@@ -144,7 +161,7 @@ def _row(jid: str, done_at: int, state: str = "done", synced_at: int = 1) -> tup
 def test_one_upsert_path_is_idempotent_and_never_takes_a_newer_copy_back(dialect, tmp_path, request):
     if dialect == "mysql":
         db = request.getfixturevalue("mysql_db")
-        target = parse_target(f"mysql://root@127.0.0.1:3306/{db}", EMBEDDED)
+        target = parse_target(f"mysql://root@127.0.0.1:3306/{db}")
     else:
         target = _sqlite(tmp_path)
     with Sink(target) as sink:
