@@ -5,20 +5,14 @@ from __future__ import annotations
 import time
 
 import pytest
-from click.testing import CliRunner
 
 from aeroqueue import keys
-from aeroqueue.cli.context import Context
-from aeroqueue.cli.sync_cmd import sync as sync_command
 from aeroqueue.lists import JobLists
 from aeroqueue.queue import Queue
 from aeroqueue.sessions import Session
 from aeroqueue.sync import (
-    Sink,
     SyncError,
     SyncFaults,
-    parse_target,
-    remember_demo_target,
     sync_once,
 )
 

@@ -23,14 +23,13 @@ from aeroqueue.sync import (
     migrate,
     migrations,
     parse_target,
-    remember_demo_target,
     ranges,
     redact,
+    remember_demo_target,
 )
 from aeroqueue.sync.target import demo_target
 
 from .helpers import mysql_port_closed, mysql_query
-
 
 
 def test_mysql_url_with_password_in_url_or_environment(monkeypatch):
