@@ -20,8 +20,8 @@ MYSQL = {"host": "127.0.0.1", "port": 3306, "user": "root", "password": ""}
 PARTITIONS = 8
 
 
-def root_connection(database: str | None = None) -> Any:
-    return mysql.connector.connect(**MYSQL, database=database, charset="utf8mb4", collation="utf8mb4_bin")
+def root_connection(database: str | None = None, port: int = 3306) -> Any:
+    return mysql.connector.connect(**{**MYSQL, "port": port}, database=database, charset="utf8mb4", collation="utf8mb4_bin")
 
 
 def options(store_url: str, target_url: str, **kw: Any) -> SyncOptions:
@@ -50,8 +50,8 @@ def processed(backend: Backend, name: str) -> dict[str, dict[str, Any]]:
     return {job["jid"]: job for job in JobLists(backend).jobs(name) if job["state"] in ("done", "dead")}
 
 
-def mysql_rows(database: str, name: str) -> list[dict[str, Any]]:
-    conn = root_connection(database)
+def mysql_rows(database: str, name: str, port: int = 3306) -> list[dict[str, Any]]:
+    conn = root_connection(database, port)
     try:
         cur = conn.cursor(dictionary=True)
         cur.execute("SELECT * FROM aq_jobs WHERE list = %s", (name,))
@@ -70,11 +70,11 @@ def mysql_query(database: str, sql: str, params: tuple = ()) -> list[tuple]:
         conn.close()
 
 
-def assert_exactly_once(backend: Backend, database: str, name: str) -> None:
+def assert_exactly_once(backend: Backend, database: str, name: str, port: int = 3306) -> None:
     """Row by row: every processed job of the list is in MySQL once, as Aerospike
     holds it, and nothing else of the list is."""
     want = processed(backend, name)
-    rows = mysql_rows(database, name)
+    rows = mysql_rows(database, name, port)
     jids = [bytes(r["jid"]).decode() for r in rows]
     assert sorted(jids) == sorted(want), "MySQL holds exactly the processed jobs"
     assert len(set(jids)) == len(jids) and len({r["token"] for r in rows}) == len(rows), "each once"

@@ -1,0 +1,146 @@
+"""Servers the fault and cluster tests start and stop themselves: a MariaDB of
+their own (never the machine's), and a Spark standalone master and worker from
+the installed pyspark. Loopback only; each stops what it started."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from tests.conftest import port_open
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(check, timeout: float, what: str) -> None:
+    give_up = time.monotonic() + timeout
+    while time.monotonic() < give_up:
+        if check():
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"{what} within {timeout:.0f}s")
+
+
+class OwnMariaDB:
+    """A mariadbd on its own port with its own datadir, which a test may stop and restart."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+
+    @staticmethod
+    def available() -> bool:
+        return bool(shutil.which("mariadbd") and shutil.which("mariadb-install-db"))
+
+    def install(self) -> None:
+        subprocess.run(
+            ["mariadb-install-db", "--no-defaults", f"--datadir={self.root / 'data'}", "--user=root",
+             "--auth-root-authentication-method=normal", "--skip-test-db"],
+            check=True, capture_output=True, timeout=120,
+        )
+
+    def start(self) -> None:
+        log = open(self.root / "mariadbd.log", "ab")  # noqa: SIM115 - held by the child
+        self.proc = subprocess.Popen(
+            ["mariadbd", "--no-defaults", f"--datadir={self.root / 'data'}", "--user=root", f"--port={self.port}",
+             "--bind-address=127.0.0.1", f"--socket={self.root / 'sock'}", f"--pid-file={self.root / 'pid'}",
+             # A throwaway server for one test: anyone on loopback is root.
+             "--skip-grant-tables", "--innodb-buffer-pool-size=32M", "--skip-log-bin"],
+            stdout=log, stderr=log,
+        )
+        wait_for(lambda: port_open("127.0.0.1", self.port), 60, f"mariadbd on port {self.port} did not listen")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=60)
+        self.proc = None
+
+
+def spark_home() -> Path:
+    import pyspark
+
+    return Path(pyspark.__file__).resolve().parent
+
+
+class SparkCluster:
+    """A standalone master and one worker on 127.0.0.1, started with `spark-class`."""
+
+    MASTER_PORT = 7077
+
+    def __init__(self, root: Path, cores: int = 2) -> None:
+        self.root = root
+        self.cores = cores
+        self.ui_port = free_port()
+        self.procs: list[subprocess.Popen] = []
+        self.url = f"spark://127.0.0.1:{self.MASTER_PORT}"
+
+    def _env(self) -> dict[str, str]:
+        return {**os.environ, "SPARK_HOME": str(spark_home()), "SPARK_LOCAL_IP": "127.0.0.1",
+                "SPARK_LOG_DIR": str(self.root), "PYSPARK_PYTHON": sys.executable}
+
+    def _start(self, name: str, *args: str) -> subprocess.Popen:
+        log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 - held by the child
+        proc = subprocess.Popen([str(spark_home() / "bin" / "spark-class"), *args], env=self._env(),
+                                stdout=log, stderr=log, start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    def state(self) -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=5) as r:
+            return json.loads(r.read())
+
+    def start(self) -> None:
+        self._start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                    "--port", str(self.MASTER_PORT), "--webui-port", str(self.ui_port))
+        wait_for(lambda: port_open("127.0.0.1", self.MASTER_PORT), 90, "the Spark master did not listen")
+        self.worker = self._start(
+            "worker", "org.apache.spark.deploy.worker.Worker", self.url, "--host", "127.0.0.1",
+            "--cores", str(self.cores), "--memory", "1g", "--webui-port", str(free_port()),
+            "--work-dir", str(self.root / "work"),
+        )
+
+        def worker_alive() -> bool:
+            try:
+                return any(w.get("state") == "ALIVE" for w in self.state().get("workers", []))
+            except OSError:
+                return False
+
+        wait_for(worker_alive, 90, "the Spark worker did not register")
+
+    def executors(self) -> list[int]:
+        """Pids of the executor JVMs our worker launched (its child processes)."""
+        out = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == self.worker.pid:
+                cmdline = (stat.parent / "cmdline").read_bytes()
+                if b"CoarseGrainedExecutorBackend" in cmdline:
+                    out.append(int(stat.parent.name))
+        return out
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()

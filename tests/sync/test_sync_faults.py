@@ -1,0 +1,112 @@
+"""Faults with real processes: MySQL stopped in the middle of a run (a server the
+test starts, stops and restarts), and the sync's driver killed between commit
+and mark. Afterwards every processed job is in MySQL exactly once and nothing
+is marked that is not there."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from aeroqueue.errors import SyncError
+from aeroqueue.sync import SyncFaults, sync_once
+from tests.conftest import require
+
+from .helpers import (
+    assert_exactly_once,
+    make_jobs,
+    mysql_rows,
+    options,
+    processed,
+    root_connection,
+    synced_marks,
+)
+from .servers import OwnMariaDB, wait_for
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def own_mariadb(tmp_path_factory) -> OwnMariaDB:
+    require(OwnMariaDB.available(), "mariadbd and mariadb-install-db are not installed")
+    server = OwnMariaDB(tmp_path_factory.mktemp("mariadb"))
+    server.install()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def store(registered, spark):
+    return registered
+
+
+def _copied(database: str, name: str, port: int) -> set[str]:
+    return {bytes(r["jid"]).decode() for r in mysql_rows(database, name, port)}
+
+
+def test_mysql_stopped_mid_run_then_restarted(store, store_url, list_name, spark, own_mariadb, tmp_path):
+    db = f"aqf_{list_name.replace('-', '_')}"
+    conn = root_connection(port=own_mariadb.port)
+    conn.cursor().execute(f"CREATE DATABASE {db} CHARACTER SET utf8mb4")
+    conn.close()
+    url = f"mysql://root@127.0.0.1:{own_mariadb.port}/{db}"
+    make_jobs(store, list_name, done=200, dead=10)
+    faults = SyncFaults(pause_after_commits=2, pause_dir=str(tmp_path))
+    opts = options(store_url, url, partitions=2, batch_size=20, lists=(list_name,), faults=faults)
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            sync_once(opts, spark, store, lease_s=5)
+        except BaseException as e:  # the run is expected to fail: kept for the assertion
+            failure.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    wait_for(lambda: any(tmp_path.glob("paused-*")), 120, "no task paused after its commits")
+    own_mariadb.stop()  # MySQL goes away between two batches
+    (tmp_path / "go").touch()
+    t.join(240)
+    assert not t.is_alive()
+    assert failure and isinstance(failure[0], SyncError), failure
+    own_mariadb.start()
+    copied = _copied(db, list_name, own_mariadb.port)
+    marked = synced_marks(store, list_name, url)
+    assert copied and set(marked) <= copied, "nothing is marked that MySQL did not commit"
+    assert len(copied) < 210
+    sync_once(options(store_url, url, partitions=2, lists=(list_name,)), spark, store, lease_s=5)
+    assert_exactly_once(store, db, list_name, own_mariadb.port)
+    assert set(synced_marks(store, list_name, url)) == set(processed(store, list_name))
+
+
+def test_the_driver_killed_between_commit_and_mark(store, store_url, list_name, mysql_db, mysql_url, spark, tmp_path, java):
+    make_jobs(store, list_name, done=90, dead=6)
+    args = {"store": store_url, "target": mysql_url, "master": "local[2]", "partitions": 2, "batch": 15,
+            "lists": [list_name], "pause_dir": str(tmp_path), "lease_s": 2.0}
+    driver = subprocess.Popen([sys.executable, str(HERE / "run_driver.py"), json.dumps(args)],
+                              env={**os.environ, "PYSPARK_PYTHON": sys.executable}, start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: any(tmp_path.glob("paused-*")), 180, "no task paused after its commit")
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)  # the driver, its JVM and its Python workers
+        driver.wait()
+    copied = {bytes(r["jid"]).decode() for r in mysql_rows(mysql_db, list_name)}
+    marked = synced_marks(store, list_name, mysql_url)
+    assert copied, "the paused task had committed"
+    assert set(marked) < copied, "committed and never marked: the next run copies it again"
+    # The dead driver's lease runs out (2 s by the server's clock); the next run completes the copy.
+    time.sleep(2.5)
+    report = sync_once(options(store_url, mysql_url, lists=(list_name,)), spark, store)
+    assert report.counts.copied >= len(processed(store, list_name)) - len(marked)
+    assert_exactly_once(store, mysql_db, list_name)
+    assert set(synced_marks(store, list_name, mysql_url)) == set(processed(store, list_name))
