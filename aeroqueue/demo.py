@@ -5,10 +5,15 @@
 2. Worker processes with heartbeat sessions drain both lists.
 3. Mid-way one worker is killed with SIGKILL; its claimed jobs come back
    when another worker reaps its session.
-4. Every job is completed; the Spark job copies them to the sync target.
+4. Every job is completed; the Spark job copies them to the sync target:
+   the machine's MariaDB/MySQL when one answers on 127.0.0.1:3306 (as root
+   without a password, database ``aeroqueue_demo``; ``AEROQUEUE_DEMO_MYSQL``
+   names another), else the SQLite file var/demo/sync.db, and says which.
 5. A summary: jobs, completions, recoveries, duplicates, rows synced, time.
 
-Everything stays under var/demo/ for `aeroqueue status` and a SQL client.
+Everything stays under var/demo/ for `aeroqueue status` and a SQL client; the
+store remembers its target, so `aeroqueue --url embedded://$PWD/var/demo/store.db
+sync` needs no --mysql.
 """
 
 from __future__ import annotations
@@ -19,11 +24,11 @@ import os
 import random
 import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -39,9 +44,12 @@ from rich.table import Table
 
 from . import keys, udfs
 from .backends import Backend, open_backend
+from .config import parse_url
+from .errors import SyncError
 from .lists import JobLists
 from .loading import read_file, validate
 from .queue import Job
+from .sync import Sink, parse_target, remember_demo_target
 
 ROOT = Path("var/demo")
 LISTS = {"acme-invoices": ("tokens", 4000), "globex-reminders": ("ids", 2000)}
@@ -109,7 +117,6 @@ def main(root: Path = ROOT) -> None:
     logs = root / "logs"
     logs.mkdir(parents=True)
     store = (root / "store.db").resolve()
-    target = (root / "sync.db").resolve()
     url = f"embedded://{store}"
     backend = open_backend(url)
     udfs.register(backend)
@@ -132,6 +139,9 @@ def main(root: Path = ROOT) -> None:
     victim_session, held, killed_at = _run_workers(console, backend, lists, workers, logs, total)
 
     # 4. the Spark sync
+    target, why = _choose_target(root)
+    console.print(why, highlight=False)
+    remember_demo_target(parse_url(url), target)
     synced_rows, sync_note = _sync(console, url, target)
 
     # 5. the summary
@@ -158,8 +168,13 @@ def main(root: Path = ROOT) -> None:
     table.add_row("throughput", f"{total / elapsed:,.0f} jobs/s end to end")
     console.print(table)
     console.print(f"store:       {url}\n             aeroqueue --url {url} status {next(iter(LISTS))}", soft_wrap=True)
-    console.print(f"sync target: {target}\n             sqlite3 {target} 'select state, count(*) from aq_jobs group by state'",
-                  soft_wrap=True)
+    query = "select state, count(*) from aq_jobs group by state"
+    if target.startswith("sqlite://"):
+        look = f"sqlite3 {target[len('sqlite://'):]} '{query}'"
+    else:
+        t = parse_target(target)
+        look = f"mariadb -h {t.host} -P {t.port} -u {t.user} {t.database} -e '{query}'"
+    console.print(f"sync target: {target}\n             {look}", soft_wrap=True)
 
 
 def _run_workers(
@@ -190,17 +205,38 @@ def _run_workers(
     return victim_session, held, reaped_in
 
 
-def _sync(console: Console, url: str, target: Path) -> tuple[int | None, str]:
+DEMO_DB = "aeroqueue_demo"
+ENV_DEMO_MYSQL = "AEROQUEUE_DEMO_MYSQL"
+
+
+def _choose_target(root: Path) -> tuple[str, str]:
+    """The machine's MariaDB when it answers, else a SQLite file: (target URL, what to tell)."""
+    url = os.environ.get(ENV_DEMO_MYSQL) or f"mysql://root@127.0.0.1:3306/{DEMO_DB}"
+    target = parse_target(url)
+    try:
+        with Sink(replace(target, database="")) as admin:
+            # A generated, checked name (parse_target allows [A-Za-z0-9_$] only): DDL takes no parameters.
+            admin.execute(f"CREATE DATABASE IF NOT EXISTS {target.database} CHARACTER SET utf8mb4")
+    except SyncError as e:
+        fallback = f"sqlite://{(root / 'sync.db').resolve()}"
+        return fallback, f"[yellow]no MySQL/MariaDB reachable[/] ({e}): falling back to the SQLite file {fallback}"
+    return url, f"syncing into the machine's MariaDB/MySQL: {target} (set {ENV_DEMO_MYSQL} for another)"
+
+
+def _sync(console: Console, url: str, target: str) -> tuple[int | None, str]:
     if shutil.which("java") is None:
         return None, "skipped: Java 17 is needed for Spark"
-    cmd = [sys.executable, "-m", "aeroqueue", "--url", url, "sync", "--mysql", f"sqlite://{target}", "--master", "local[2]"]
+    cmd = [sys.executable, "-m", "aeroqueue", "--url", url, "sync", "--mysql", target, "--master", "local[2]", "--json"]
     with console.status("running the Spark sync (local mode)..."):
         out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         console.print(f"[red]sync failed[/]: {out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode}")
         return None, "sync failed"
-    with sqlite3.connect(target) as db:
-        rows: int = db.execute("SELECT count(*) FROM aq_jobs").fetchone()[0]
+    with Sink(parse_target(target)) as sink:
+        rows = int(sink.execute(
+            f"SELECT count(*) FROM aq_jobs WHERE list IN ({', '.join([sink.dialect.placeholder] * len(LISTS))})",
+            list(LISTS),
+        )[0][0])
     return rows, ""
 
 

@@ -59,9 +59,12 @@ appender.console.name = console
 appender.console.target = SYSTEM_ERR
 appender.console.layout.type = PatternLayout
 appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
-# The level Spark compares the root's with before it says "Setting default log level".
+# The levels Spark compares the root's with before it says "Setting default log level"
+# (the shell's logger, and the one PySpark's gateway logs as).
 logger.repl.name = org.apache.spark.repl.Main
 logger.repl.level = error
+logger.pygateway.name = org.apache.spark.api.python.PythonGatewayServer
+logger.pygateway.level = error
 """
 
 
