@@ -80,7 +80,8 @@ class Batch:
         self.versions.append(bins.get("done_at"))
         self.bins.append(bins)
         self.rows.append(row)
-        self.bytes += sum(len(v) if isinstance(v, str) else 8 for v in row)
+        # The payload and the result are what can be large (JOB_COLUMNS order).
+        self.bytes += 128 + len(row[5] or "") + len(row[6] or "")
 
 
 def batches(

@@ -145,11 +145,15 @@ class Refused(Exception):
     """A record's value cannot be stored: the reason, for sync_rejects."""
 
 
+# Built once: json.dumps with options builds a new encoder at every call.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
 def _json(value: Any, what: str) -> str | None:
     if value is None:
         return None
     try:
-        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        text = _ENCODER.encode(value)
         # A lone surrogate passes json.dumps but is not Unicode a database can hold.
         text.encode("utf-8")
     except (TypeError, ValueError, RecursionError) as e:

@@ -84,14 +84,17 @@ def _fast_converter() -> type:
 
         @staticmethod
         def escape(value: Any, sql_mode: Any = None) -> Any:
-            if type(value) is bytes and isinstance(sql_mode, str) and "NO_BACKSLASH_ESCAPES" in sql_mode:
+            if type(value) is bytes and sql_mode == MYSQL_SQL_MODE:
                 return value.replace(b"'", b"''")
             return MySQLConverter.escape(value, sql_mode)
 
         @staticmethod
         def quote(buf: Any) -> Any:
-            if type(buf) is bytes:
+            kind = type(buf)
+            if kind is bytes:
                 return b"'" + buf + b"'"
+            if kind is int:
+                return str(buf).encode("ascii")
             if buf is None:
                 return b"NULL"
             return MySQLConverter.quote(buf)
