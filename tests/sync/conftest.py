@@ -17,8 +17,6 @@ from typing import Any
 
 import pytest
 
-from aeroqueue import udfs
-from aeroqueue.backends import Backend
 from tests.conftest import require
 
 from .helpers import root_connection
@@ -65,15 +63,3 @@ def mysql_db(mysql_available: None) -> Iterator[str]:
 def mysql_url(mysql_db: str) -> str:
     return f"mysql://root@127.0.0.1:3306/{mysql_db}"
 
-
-_REGISTERED: set[str] = set()
-
-
-@pytest.fixture
-def registered(backend: Backend) -> Backend:
-    """The root fixture's, but a real server is registered once per run: udf_put
-    and index creation take seconds each there, and the modules do not change."""
-    if backend.is_embedded or str(backend.url) not in _REGISTERED:
-        udfs.register(backend)
-        _REGISTERED.add(str(backend.url))
-    return backend
