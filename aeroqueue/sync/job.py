@@ -167,7 +167,7 @@ class ProgressWatcher:
 
     def _run(self) -> None:
         # A backend of its own: the caller's may not be shared across threads.
-        backend = open_backend(self.url)
+        backend = open_backend(self.url, create=False)
         try:
             while True:
                 stopping = self._stop.wait(PROGRESS_EVERY_S)

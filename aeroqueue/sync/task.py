@@ -156,7 +156,8 @@ _BACKENDS: dict[str, Backend] = {}
 def _backend(url: str) -> Backend:
     backend = _BACKENDS.get(url)
     if backend is None:
-        backend = _BACKENDS[url] = open_backend(url)
+        # Never create a store: an executor that sees another filesystem must fail, not copy nothing.
+        backend = _BACKENDS[url] = open_backend(url, create=False)
     return backend
 
 
