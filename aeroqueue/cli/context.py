@@ -64,6 +64,11 @@ def _set_verbose(ctx: click.Context, _param: click.Parameter, value: bool) -> No
         ctx.meta[_VERBOSE] = True
 
 
+def verbose_requested(ctx: click.Context) -> bool:
+    """--verbose was given, before or after the subcommand (or AEROQUEUE_VERBOSE)."""
+    return bool(ctx.meta.get(_VERBOSE) or (ctx.obj and ctx.obj.verbose))
+
+
 def verbose_option() -> click.Option:
     """--verbose, for every command, so that it works before or after the subcommand."""
     return click.Option(

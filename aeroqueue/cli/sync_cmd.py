@@ -42,7 +42,7 @@ from ..sync import (
 )
 from ..sync.bench import DEFAULT_JOBS, BenchResult, run_bench
 from ..sync.target import ENV_MYSQL_PWD, ENV_PASSWORD
-from .context import Context, err_console, option, progress_bar
+from .context import Context, err_console, option, progress_bar, verbose_requested
 
 log = logging.getLogger("aeroqueue.sync")
 
@@ -227,7 +227,7 @@ def sync(
     def report(r: SyncReport) -> None:
         click.echo(json.dumps(r.as_dict()) if as_json else str(r))
 
-    spark, created = spark_session(master, verbose=obj.verbose)
+    spark, created = spark_session(master, verbose=verbose_requested(click.get_current_context()))
     try:
         if every is None:
             if not as_json and err_console.is_terminal:
