@@ -92,14 +92,19 @@ def test_the_driver_killed_between_commit_and_mark(store, store_url, list_name, 
     make_jobs(store, list_name, done=90, dead=6)
     args = {"store": store_url, "target": mysql_url, "master": "local[2]", "partitions": 2, "batch": 15,
             "lists": [list_name], "pause_dir": str(tmp_path), "lease_s": 2.0}
-    driver = subprocess.Popen([sys.executable, str(HERE / "run_driver.py"), json.dumps(args)],
-                              env={**os.environ, "PYSPARK_PYTHON": sys.executable}, start_new_session=True,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    stderr = tmp_path / "driver.err"
+    with open(stderr, "w") as err:
+        driver = subprocess.Popen([sys.executable, str(HERE / "run_driver.py"), json.dumps(args)],
+                                  env={**os.environ, "PYSPARK_PYTHON": sys.executable}, start_new_session=True,
+                                  stdout=subprocess.DEVNULL, stderr=err)
     try:
         wait_for(lambda: any(tmp_path.glob("paused-*")), 180, "no task paused after its commit")
     finally:
         os.killpg(driver.pid, signal.SIGKILL)  # the driver, its JVM and its Python workers
         driver.wait()
+    # Without --verbose, Spark's own logging is down to errors from the JVM's first line on.
+    said = [line for line in stderr.read_text().splitlines() if line.strip() and "incubator modules" not in line]
+    assert said == [], "Spark said more than errors"
     copied = {bytes(r["jid"]).decode() for r in mysql_rows(mysql_db, list_name)}
     marked = synced_marks(store, list_name, mysql_url)
     assert copied, "the paused task had committed"
