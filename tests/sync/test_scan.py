@@ -36,3 +36,55 @@ def test_batch_operate_update_only_never_creates(backend, set_name):
     assert backend.get(set_name, "gone") is None
     assert backend.get(set_name, "here").bins == {"v": 1, "m": 5}
     backend.remove(set_name, "here")
+
+
+def test_a_page_that_fails_is_asked_again_without_skipping_or_repeating(backend, set_name, monkeypatch):
+    from aerospike import exception as aex
+
+    n = 40
+    backend.batch_operate(set_name, [(f"r{i}", [op.write("i", i)]) for i in range(n)])
+    real_query = backend.client.query
+    calls = {"n": 0}
+
+    class Flaky:
+        """The client's query, whose third page fails as a migrating partition would."""
+
+        def __init__(self, query):
+            self._q = query
+
+        def __getattr__(self, name):
+            return getattr(self._q, name)
+
+        def __setattr__(self, name, value):
+            if name == "_q":
+                object.__setattr__(self, name, value)
+            else:
+                setattr(self._q, name, value)
+
+        def results(self, policy=None):
+            calls["n"] += 1
+            got = self._q.results(policy)  # the failed call may still move the query's resume points
+            if calls["n"] == 3:
+                error = aex.ServerError()
+                error.code, error.msg = 11, "partition unavailable"
+                raise error
+            return got
+
+    class Client:
+        def __init__(self, client):
+            self._c = client
+
+        def __getattr__(self, name):
+            return getattr(self._c, name)
+
+        def query(self, ns, s):
+            return Flaky(real_query(ns, s))
+
+    monkeypatch.setattr(backend, "client", Client(backend.client))
+    try:
+        got = [r.bins["i"] for _, r in backend.scan(set_name, page_size=6)]
+    finally:
+        monkeypatch.undo()
+        backend.batch_operate(set_name, [(f"r{i}", [op.delete()]) for i in range(n)])
+    assert calls["n"] > 3, "the failed page was asked for again"
+    assert sorted(got) == list(range(n)), "nothing skipped, nothing twice"
