@@ -187,16 +187,16 @@ class _RangeLoader:
         if got["st"] != "ok":
             raise ListNotFound(f"no job list named {name!r}")
         seq, start = got["seq"], got["start"]
-        ns, max_att = b.namespace, self.max_att
+        ns = b.namespace
+        # The bins every job of the range shares: one operation dict each, reused
+        # (the client only reads them).
+        same = [op.write("list", name), op.write("state", "queued"), op.write("att", 0), op.write("max_att", self.max_att)]
         # 3. job records, create-only: tokens are fresh, so a conflict means a
         # recovery voided this range after our lease ran out.
         job_writes = [
             Write(
                 (ns, keys.JOB_SET, f"{name}/{t}"),
-                [
-                    op.write("list", name), op.write("token", t), op.write("jid", s.jid), op.write("payload", s.payload),
-                    op.write("state", "queued"), op.write("att", 0), op.write("max_att", max_att),
-                ],
+                [op.write("token", t), op.write("jid", s.jid), op.write("payload", s.payload), *same],
                 policy=_CREATE,
             )
             for t, s in zip(range(start, start + len(new)), new, strict=True)

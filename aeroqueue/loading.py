@@ -350,9 +350,13 @@ class IdDigests:
         self.suspects: set[int] = set()
         self.count = 0
 
+    @staticmethod
+    def digest(jid: str) -> int:
+        return hash(jid)
+
     def add(self, jid: str) -> bool:
         """Record an id; True when its digest was seen before in memory (check it now)."""
-        h = hash(jid)
+        h = self.digest(jid)
         self.count += 1
         seen = self._seen
         if seen is not None:
@@ -431,12 +435,12 @@ def validate(
         for spec in specs():
             n += 1
             if ids.add(spec.jid):
-                _confirm(specs, {hash(spec.jid)}, source, id_field, upto=spec.line)
+                _confirm(specs, {ids.digest(spec.jid)}, ids.digest, source, id_field, upto=spec.line)
             if progress is not None and n % 4096 == 0:
                 progress(n)
         suspects = ids.finish()
         if suspects:
-            _confirm(specs, suspects, source, id_field)
+            _confirm(specs, suspects, ids.digest, source, id_field)
     finally:
         ids.close()
     if progress is not None:
@@ -445,12 +449,13 @@ def validate(
 
 
 def _confirm(
-    specs: Callable[[], Iterable[JobSpec]], suspects: set[int], source: str, id_field: str, upto: int | None = None
+    specs: Callable[[], Iterable[JobSpec]], suspects: set[int], digest: Callable[[str], int], source: str,
+    id_field: str, upto: int | None = None,
 ) -> None:
     """Read again: raise for the first id that really repeats among the suspect digests."""
     first: dict[str, int | None] = {}
     for spec in specs():
-        if hash(spec.jid) not in suspects:
+        if digest(spec.jid) not in suspects:
             continue
         if spec.jid in first:
             where = f" (first at line {first[spec.jid]})" if first[spec.jid] is not None else ""
