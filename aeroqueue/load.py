@@ -30,6 +30,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -118,8 +119,8 @@ def load(
 
     ranges = _chunks(specs, chunk_size)
     if n_workers <= 1:
-        for batch in ranges:
-            add(loader.load_range(batch), len(batch))
+        for i, batch in enumerate(ranges):
+            add(loader.load_range(i, batch), len(batch))
     else:
         _run_concurrently(loader, ranges, n_workers, add)
     if seal:
@@ -147,10 +148,10 @@ def _run_concurrently(
                 add(f.result(), size)
 
     with ThreadPoolExecutor(max_workers=n_workers, thread_name_prefix="aeroqueue-load") as pool:
-        for batch in ranges:
+        for i, batch in enumerate(ranges):
             if error is not None:
                 break
-            pending[pool.submit(loader.load_range, batch)] = len(batch)
+            pending[pool.submit(loader.load_range, i, batch)] = len(batch)
             if len(pending) >= 2 * n_workers:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
                 collect(done)
@@ -162,7 +163,11 @@ def _run_concurrently(
 
 
 class _RangeLoader:
-    """Steps 1-6 of the module docstring for one range; safe to call from several threads."""
+    """Steps 1-6 of the module docstring for one range; safe to call from several threads.
+
+    Ranges allocate their tokens in input order (range i waits for range i-1's
+    alloc, one short round trip), so tokens follow the file whatever the
+    threads: the list is served in the order it was loaded."""
 
     def __init__(self, lists: JobLists, name: str, head: dict[str, Any], lease_ms: int, check_index: bool) -> None:
         self.lists = lists
@@ -172,16 +177,27 @@ class _RangeLoader:
         self.max_att = head["max_att"]
         self.lease_ms = lease_ms
         self.check_index = check_index
+        self._turn = 0  # the next range (by input order) allowed to allocate
+        self._turns = threading.Condition()
 
-    def load_range(self, batch: list[JobSpec]) -> tuple[int, int, int]:
+    def load_range(self, i: int, batch: list[JobSpec]) -> tuple[int, int, int]:
         b, name = self.b, self.name
-        new = batch
-        if self.check_index:
-            indexed = b.batch_get(keys.JIDX_SET, [keys.jidx_name(name, s.jid) for s in batch], bins=["tok"])
-            new = [s for s, rec in zip(batch, indexed, strict=True) if rec is None]
-            if not new:
-                return 0, len(batch), 0
-        got = self.lists._list_udf(name, "alloc", len(new), self.lease_ms)
+        try:
+            new = batch
+            if self.check_index:
+                indexed = b.batch_get(keys.JIDX_SET, [keys.jidx_name(name, s.jid) for s in batch], bins=["tok"])
+                new = [s for s, rec in zip(batch, indexed, strict=True) if rec is None]
+            with self._turns:
+                self._turns.wait_for(lambda: self._turn == i)
+                if not new:
+                    return 0, len(batch), 0
+                got = self.lists._list_udf(name, "alloc", len(new), self.lease_ms)
+        finally:
+            # Whatever happened to this range, the next one may allocate now (range i
+            # only ever waits for ranges before it, which started first: no deadlock).
+            with self._turns:
+                self._turn = max(self._turn, i + 1)
+                self._turns.notify_all()
         if got["st"] == "sealed":
             raise ListSealed(f"list {name!r} was sealed during the load")
         if got["st"] != "ok":

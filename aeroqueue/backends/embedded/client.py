@@ -494,7 +494,7 @@ class EmbeddedClient:
                     return None
                 bins[name] = value
             ns, set_name, user_key, digest = self._key(br.key)
-            out.append((ns, set_name, user_key, digest, pol.get("key") == aerospike.POLICY_KEY_SEND, bins))
+            out.append((ns, set_name, user_key, digest, self._send_key(pol, "operate"), bins))
         return out
 
     def _write_new(self, db: Any, records: list[BatchRecord], plain: list[tuple[Any, ...]]) -> None:
