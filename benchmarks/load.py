@@ -7,7 +7,7 @@ Each row is one `aeroqueue load LIST FILE --json` run in its own process, as
 a user runs it: the whole file is checked, then read again and written.
 Figures: jobs/s over the whole command (check + write), the time of each
 pass, the loader's peak RSS (from wait4, the child's own maximum) and its CPU
-per job; on a local server given by ``--server-pid``, the server's CPU per
+per job (peak RSS: the child's VmHWM, sampled every 20 ms); on a local server given by ``--server-pid``, the server's CPU per
 job too, so that the machine's bound shows (client + server CPU per job on
 the cores there are).
 
@@ -25,6 +25,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -107,7 +108,8 @@ def run(url: str | None, sizes: list[int], *, server_pid: int | None, workers: i
 
 
 def _measure(url: str, path: Path, n: int, server_pid: int | None, workers: int | None) -> LoadRow:
-    # The child's own peak RSS: wait4 on it (RUSAGE_CHILDREN would be the largest of all children so far).
+    # The child's own peak RSS: its VmHWM, sampled while it runs. (wait4's ru_maxrss would
+    # not do: Linux carries the parent's RSS at fork over into the child's maximum.)
     cmd = [sys.executable, "-m", "aeroqueue", "--url", url, "load", f"loadbench-{n}-{uuid.uuid4().hex[:6]}", str(path), "--json"]
     if workers:
         cmd += ["--workers", str(workers)]
@@ -115,7 +117,11 @@ def _measure(url: str, path: Path, n: int, server_pid: int | None, workers: int 
     t0 = time.perf_counter()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err)
+        peak = [0]
+        watcher = threading.Thread(target=_watch_hwm, args=(proc.pid, peak), daemon=True)
+        watcher.start()
         _, status, usage = os.wait4(proc.pid, 0)
+        watcher.join()
         proc.returncode = os.waitstatus_to_exitcode(status)
         wall = time.perf_counter() - t0
         s1 = _cpu_of(server_pid)
@@ -134,10 +140,25 @@ def _measure(url: str, path: Path, n: int, server_pid: int | None, workers: int 
         check_s=summary["check_s"],
         write_s=summary["load_s"],
         wall_s=wall,
-        peak_rss_mb=usage.ru_maxrss / 1024,
+        peak_rss_mb=peak[0] / 1024,
         client_cpu_us_per_job=(usage.ru_utime + usage.ru_stime) / n * 1e6,
         server_cpu_us_per_job=(s1 - s0) / n * 1e6 if s0 is not None and s1 is not None else None,
     )
+
+
+def _watch_hwm(pid: int, peak: list[int]) -> None:
+    """Keep the largest VmHWM (kB) of `pid` in peak[0] until the process is gone."""
+    status = Path(f"/proc/{pid}/status")
+    while True:
+        try:
+            text = status.read_text()
+        except OSError:
+            return
+        if "VmHWM:" not in text:  # a zombie: exited, waiting for wait4
+            return
+        kb = int(text.split("VmHWM:", 1)[1].split()[0])
+        peak[0] = max(peak[0], kb)
+        time.sleep(0.02)
 
 
 def markdown(rows: list[LoadRow]) -> str:
@@ -173,10 +194,12 @@ def main(url: str | None, sizes: str, server_pid: int | None, workers: int | Non
     except ValueError:
         raise click.BadParameter(f"not a comma-separated list of integers: {sizes!r}", param_hint="--sizes") from None
     started = datetime.now(UTC)
+    load_before = os.getloadavg()[0]
     rows = run(url, size_list, server_pid=server_pid, workers=workers)
     table = markdown(rows)
     header = (f"Measured {started:%Y-%m-%d %H:%M} UTC on {os.cpu_count()} cores, {platform.platform()}, "
-              f"Python {platform.python_version()}; load average before: {os.getloadavg()[0]:.1f}.")
+              f"Python {platform.python_version()}; load average {load_before:.1f} before, "
+              f"{os.getloadavg()[0]:.1f} after.")
     click.echo(header)
     click.echo(table)
     if md_out:
