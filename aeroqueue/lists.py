@@ -131,7 +131,7 @@ class JobLists:
         at all is an error (nothing is created). A sealed list takes no new
         job: loading only jobs it already holds is a no-op
         (`LoadReport.already_sealed`), any new one raises `ListSealed`.
-        `workers` ranges are written at once (default: 4 on a server, 1 on the
+        `workers` ranges are written at once (default: 8 on a server, 1 on the
         embedded store)."""
         return _load.load(
             self, name, jobs, mode=mode, seal=seal, chunk_size=chunk_size, lease_ms=lease_ms,

@@ -55,7 +55,7 @@ def _progress(enabled: bool) -> Progress:
 @option("--chunk-size", env="CHUNK_SIZE", type=click.IntRange(1, 50_000), default=DEFAULT_CHUNK,
         help="Jobs per load range (and per ID-store chunk record).")
 @option("--workers", env="LOAD_WORKERS", type=click.IntRange(1, 64), default=None,
-        help="Load ranges written at once (default: 4 on a server, 1 on the embedded store).")
+        help="Load ranges written at once (default: 8 on a server, 1 on the embedded store).")
 @JSON_OPT
 @click.pass_obj
 def load(
