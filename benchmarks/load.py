@@ -11,8 +11,8 @@ per job (peak RSS: the child's VmHWM, sampled every 20 ms); on a local server gi
 job too, so that the machine's bound shows (client + server CPU per job on
 the cores there are).
 
-The embedded backend always runs, on a scratch store per size (deleted
-afterwards). ``--url`` adds a server: each list loaded there is removed
+The embedded backend runs (unless ``--no-embedded``) on a scratch store per
+size, deleted afterwards. ``--url`` adds a server: each list loaded there is removed
 afterwards (batch removes), so nothing is left behind.
 """
 
@@ -91,16 +91,19 @@ def _remove_list(url: str, name: str, rows: int) -> None:
     backend.close()
 
 
-def run(url: str | None, sizes: list[int], *, server_pid: int | None, workers: int | None) -> list[LoadRow]:
+def run(
+    url: str | None, sizes: list[int], *, server_pid: int | None, workers: int | None, embedded: bool = True
+) -> list[LoadRow]:
     rows: list[LoadRow] = []
     with tempfile.TemporaryDirectory(prefix="aeroqueue-loadbench-") as tmp:
         for n in sizes:
             path = Path(tmp) / f"jobs-{n}.csv"
             make_csv(path, n)
-            store = Path(tmp) / f"store-{n}.db"
-            rows.append(_measure(f"embedded://{store}", path, n, None, workers))
-            for suffix in ("", "-wal", "-shm"):
-                Path(f"{store}{suffix}").unlink(missing_ok=True)
+            if embedded:
+                store = Path(tmp) / f"store-{n}.db"
+                rows.append(_measure(f"embedded://{store}", path, n, None, workers))
+                for suffix in ("", "-wal", "-shm", ".lock"):
+                    Path(f"{store}{suffix}").unlink(missing_ok=True)
             if url:
                 rows.append(_measure(url, path, n, server_pid, workers))
             path.unlink()
@@ -182,12 +185,14 @@ def markdown(rows: list[LoadRow]) -> str:
               help="pid of a local asd, to report its CPU per job.")
 @click.option("--workers", envvar="AEROQUEUE_LOAD_WORKERS", show_envvar=True, type=int, default=None,
               help="Ranges in flight (aeroqueue load --workers).")
+@click.option("--no-embedded", is_flag=True, envvar="AEROQUEUE_BENCH_NO_EMBEDDED", show_envvar=True,
+              help="Only the server given by --url.")
 @click.option("--markdown", "md_out", envvar="AEROQUEUE_BENCH_MARKDOWN", show_envvar=True,
               type=click.Path(dir_okay=False, path_type=Path), default=None, help="Also write the table here.")
 @click.option("--json", "json_out", envvar="AEROQUEUE_BENCH_JSON", show_envvar=True,
               type=click.Path(dir_okay=False, path_type=Path), default=None, help="Also write the rows as JSON here.")
-def main(url: str | None, sizes: str, server_pid: int | None, workers: int | None, md_out: Path | None,
-         json_out: Path | None) -> None:
+def main(url: str | None, sizes: str, server_pid: int | None, workers: int | None, no_embedded: bool,
+         md_out: Path | None, json_out: Path | None) -> None:
     """Load generated CSV files of each size; print jobs/s and peak RSS per backend."""
     try:
         size_list = [int(x) for x in sizes.split(",") if x.strip()]
@@ -195,7 +200,9 @@ def main(url: str | None, sizes: str, server_pid: int | None, workers: int | Non
         raise click.BadParameter(f"not a comma-separated list of integers: {sizes!r}", param_hint="--sizes") from None
     started = datetime.now(UTC)
     load_before = os.getloadavg()[0]
-    rows = run(url, size_list, server_pid=server_pid, workers=workers)
+    if no_embedded and not url:
+        raise click.UsageError("--no-embedded needs --url")
+    rows = run(url, size_list, server_pid=server_pid, workers=workers, embedded=not no_embedded)
     table = markdown(rows)
     header = (f"Measured {started:%Y-%m-%d %H:%M} UTC on {os.cpu_count()} cores, {platform.platform()}, "
               f"Python {platform.python_version()}; load average {load_before:.1f} before, "
