@@ -134,7 +134,7 @@ def _run_concurrently(
     loader: _RangeLoader, ranges: Iterator[list[JobSpec]], n_workers: int,
     add: Callable[[tuple[int, int, int], int], None],
 ) -> None:
-    """Ranges on `n_workers` threads, at most two per thread queued (bounded memory).
+    """Ranges on `n_workers` threads, and one more queued (bounded memory).
     The first failure stops new ranges; those in flight finish (or stay pending for
     recovery, as a killed loader's would) before it is raised."""
     pending: dict[Future[tuple[int, int, int]], int] = {}
@@ -154,7 +154,7 @@ def _run_concurrently(
             if error is not None:
                 break
             pending[pool.submit(loader.load_range, i, batch)] = len(batch)
-            if len(pending) >= 2 * n_workers:
+            if len(pending) > n_workers:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
                 collect(done)
         while pending:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,18 @@ class RateColumn(ProgressColumn):
     def render(self, task: Task) -> Text:
         speed = task.finished_speed or task.speed
         return Text(f"{speed:,.0f} rows/s" if speed else "", style="progress.data.speed")
+
+
+def _few_malloc_arenas() -> None:
+    """glibc gives each thread that allocates under contention its own malloc arena (up
+    to 8 per core), and each keeps what was freed in it: with 8 writer threads that was
+    about 55 MB of the loader's 150 MB peak RSS for 1,000,000 rows. Two arenas are
+    enough for threads that mostly wait on the network. (Process-wide, so the CLI
+    decides it, not the library.)"""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).mallopt(-8, 2)  # M_ARENA_MAX
 
 
 def _progress(enabled: bool) -> Progress:
@@ -70,6 +84,7 @@ def load(
     same load adds nothing twice (jobs are keyed by their id); re-running it
     on a list it sealed is a no-op.
     """
+    _few_malloc_arenas()
     backend = obj.backend()
     limit = max_payload(backend)
     with contextlib.ExitStack() as stack:
