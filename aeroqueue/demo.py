@@ -129,7 +129,7 @@ def main(root: Path = ROOT) -> None:
         for name, (mode, n) in LISTS.items():
             path = root / f"{name}.csv"
             _write_csv(path, name, n, ids=mode == "ids")
-            validate(read_file(path, max_payload=1 << 20), str(path))
+            validate(functools.partial(read_file, path, max_payload=1 << 20), str(path))
             task = progress.add_task(f"loading {path.name} ({mode} store)", total=n)
             lists.load(name, read_file(path, max_payload=1 << 20), mode=mode, seal=True,
                        progress=functools.partial(progress.advance, task))

@@ -1,30 +1,50 @@
-"""Reading job lists from files (CSV, JSON Lines) and Python iterables.
+"""Reading job lists from files (CSV, JSON Lines), standard input and Python iterables.
 
-Each job is a customer job id and a payload. Input is validated whole before
+Each job is a customer job id and a payload. Input is checked whole before
 anything is written, so a bad line leaves nothing from that load reservable;
-every error names the source, the line and the field.
+every error names the source, the line and the field. A file is read twice
+(checked, then written), never held whole in memory; standard input is first
+spooled to a temporary file so that it can be read twice too.
 
-- CSV: a header row; the id column (``id`` unless told otherwise); the
-  payload is the row's other columns, as an object of strings.
+- CSV (UTF-8, with or without a byte-order mark): a header row; the id column
+  (``id`` unless told otherwise). Without a ``payload`` column the payload is
+  the row's other columns, as an object of strings. With one, the cell holds
+  the payload as JSON.
 - JSON Lines: one object per line with the id field (``id``) and a
   ``payload`` field (any JSON value); without ``payload``, the payload is the
   object's other fields.
+- Extra columns (fields) beside the id and a ``payload``: kept, merged into
+  the payload object (which must then be an object, without a field of the
+  same name), or refused with ``strict``.
+- Payload values must be JSON that MySQL's JSON type (the sync's target) and
+  Aerospike can both store: no NaN or Infinity, integers within 64 bits,
+  nesting at most 100 deep, valid Unicode.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
-from collections.abc import Iterable, Iterator
+import os
+import shutil
+import sys
+import tempfile
+from array import array
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from .errors import LoadError
 
 # What a job record holds besides its payload (bins, names, bookkeeping): the
 # payload may use the rest of max-record-size.
 RECORD_OVERHEAD = 4096
+MAX_ID_BYTES = 200
+MAX_DEPTH = 100  # MySQL refuses JSON nested deeper than this
+INT64 = (-(1 << 63), (1 << 63) - 1)  # Aerospike integers (and MySQL's JSON integers)
+STDIN = "-"
 
 
 @dataclass(frozen=True)
@@ -36,8 +56,12 @@ class JobSpec:
     line: int | None = None
 
 
+class _BadValue(ValueError):
+    """A JSON value MySQL or Aerospike cannot store; the text says which."""
+
+
 def payload_size(payload: Any) -> int:
-    return len(json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode())
+    return len(json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode())
 
 
 def detect_format(path: Path, fmt: str | None) -> str:
@@ -51,26 +75,59 @@ def detect_format(path: Path, fmt: str | None) -> str:
     raise LoadError(f"cannot tell the format from the extension {suffix!r}; pass --format csv or jsonl", source=str(path))
 
 
-def read_file(path: Path, *, fmt: str | None = None, id_field: str = "id", max_payload: int) -> Iterator[JobSpec]:
-    """Parse a file lazily (call `validate` first for whole-file checks)."""
+@contextlib.contextmanager
+def spooled_stdin(stream: IO[bytes] | None = None) -> Iterator[Path]:
+    """Standard input copied to a temporary file (removed afterwards): the load reads
+    its input twice, to check it whole before writing, and a pipe reads once."""
+    src = stream if stream is not None else sys.stdin.buffer
+    with tempfile.TemporaryDirectory(prefix="aeroqueue-load-") as tmp:
+        path = Path(tmp) / "stdin"
+        with path.open("wb") as out:
+            shutil.copyfileobj(src, out, 1 << 20)
+        yield path
+
+
+def sniff_format(path: Path) -> str:
+    """For input without a name (stdin): JSON Lines if the first non-blank character is '{'."""
+    with path.open("rb") as f:
+        head = f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
+    return "jsonl" if head.startswith(b"{") else "csv"
+
+
+def read_file(
+    path: Path, *, fmt: str | None = None, id_field: str = "id", max_payload: int, strict: bool = False,
+    source: str | None = None,
+) -> Iterator[JobSpec]:
+    """Parse a file lazily, checking each line (`validate` adds the whole-file checks)."""
     kind = detect_format(path, fmt)
+    name = source or str(path)
     try:
-        handle = path.open(newline="", encoding="utf-8")
+        # utf-8-sig: a byte-order mark (Excel's "CSV UTF-8") is dropped, not taken for
+        # part of the first column's name.
+        handle = path.open(newline="", encoding="utf-8-sig")
     except OSError as e:
-        raise LoadError(f"cannot read the file: {e.strerror or e}", source=str(path)) from None
+        raise LoadError(f"cannot read the file: {e.strerror or e}", source=name) from None
     with handle:
         try:
             if kind == "csv":
-                yield from _read_csv(handle, str(path), id_field, max_payload)
+                yield from _read_csv(handle, name, id_field, max_payload, strict)
             elif kind == "jsonl":
-                yield from _read_jsonl(handle, str(path), id_field, max_payload)
+                yield from _read_jsonl(handle, name, id_field, max_payload, strict)
             else:
-                raise LoadError(f"unknown format {kind!r}: use csv or jsonl", source=str(path))
+                raise LoadError(f"unknown format {kind!r}: use csv or jsonl", source=name)
         except UnicodeDecodeError as e:
-            raise LoadError(f"not UTF-8 text ({e.reason} at byte {e.start})", source=str(path)) from None
+            raise LoadError(f"not UTF-8 text ({e.reason} at byte {e.start})", source=name) from None
 
 
-def _read_csv(handle: Any, source: str, id_field: str, max_payload: int) -> Iterator[JobSpec]:
+def _field_limit(max_payload: int) -> None:
+    # The csv module refuses fields over 128 KiB by default; the real limit is the
+    # record's. A field over it can never fit in a payload, so that is where we stop.
+    # (field_size_limit is process-wide: only ever raise it.)
+    csv.field_size_limit(max(csv.field_size_limit(), max_payload + 1))
+
+
+def _read_csv(handle: Any, source: str, id_field: str, max_payload: int, strict: bool) -> Iterator[JobSpec]:
+    _field_limit(max_payload)
     reader = csv.reader(handle, strict=True)
     try:
         header = next(reader)
@@ -84,54 +141,173 @@ def _read_csv(handle: Any, source: str, id_field: str, max_payload: int) -> Iter
         dup = next(h for h in header if header.count(h) > 1)
         raise LoadError("duplicate column in the header", source=source, line=1, field=dup)
     id_at = header.index(id_field)
-    line = reader.line_num  # the last line read so far: a record starts on the next one
+    payload_at = header.index("payload") if "payload" in header and id_field != "payload" else None
+    extra = [(i, h) for i, h in enumerate(header) if i not in (id_at, payload_at)]
+    if payload_at is not None and extra and strict:
+        raise LoadError(f"column {extra[0][1]!r} is neither the id nor 'payload' (--strict)", source=source,
+                        line=1, field=extra[0][1])
+    width = len(header)
+    # A row whose text is this short cannot reach the payload limit: skip measuring it.
+    fast = max_payload // 6 - 8 * width - sum(len(h) for h in header)
+    last = reader.line_num  # the physical line the previous row ended on
     while True:
         try:
             row = next(reader)
         except StopIteration:
             return
         except csv.Error as e:
-            raise LoadError(f"malformed CSV: {e}", source=source, line=line + 1) from None
-        line = reader.line_num
+            msg = str(e)
+            if "field larger than field limit" in msg:
+                raise LoadError(f"a field is over the {max_payload}-byte payload limit (max-record-size less the "
+                                "job's own bins)", source=source, line=last + 1) from None
+            # The error is in the row after the last good one (an unclosed quote runs
+            # to the end of the file, where line_num points).
+            raise LoadError(f"malformed CSV: {msg}", source=source, line=last + 1) from None
+        line = last + 1
+        last = reader.line_num
         if not row:  # a blank line
             continue
-        if len(row) != len(header):
-            raise LoadError(
-                f"{len(row)} fields where the header has {len(header)}", source=source, line=line
-            )
+        if len(row) != width:
+            raise LoadError(f"{len(row)} fields where the header has {width}", source=source, line=line)
         jid = row[id_at].strip()
         if not jid:
             raise LoadError("empty job id", source=source, line=line, field=id_field)
-        payload = {h: v for i, (h, v) in enumerate(zip(header, row, strict=True)) if i != id_at}
-        yield _checked(JobSpec(jid, payload, line), source, id_field, max_payload)
+        if payload_at is None:
+            payload: Any = dict(zip(header, row, strict=True))
+            del payload[id_field]
+            measure = sum(map(len, row)) > fast
+        else:
+            payload = _json_cell(row[payload_at], source, line)
+            if extra:
+                payload = _merge_extra(payload, {h: row[i] for i, h in extra}, source, line)
+            measure = True
+        yield _checked(JobSpec(jid, payload, line), source, id_field, max_payload, measure)
 
 
-def _read_jsonl(handle: Any, source: str, id_field: str, max_payload: int) -> Iterator[JobSpec]:
+def _json_cell(text: str, source: str, line: int) -> Any:
+    if not text.strip():
+        return None
+    try:
+        value = _loads(text)
+    except json.JSONDecodeError as e:
+        raise LoadError(f"the payload column holds JSON: {e.msg} at column {e.colno}", source=source, line=line,
+                        field="payload") from None
+    except _BadValue as e:
+        raise LoadError(str(e), source=source, line=line, field="payload") from None
+    return value
+
+
+def _merge_extra(payload: Any, extra: dict[str, Any], source: str, line: int) -> Any:
+    """Extra columns beside a payload go into it, never silently dropped."""
+    if payload is None:
+        payload = {}
+    if not isinstance(payload, dict):
+        name = next(iter(extra))
+        raise LoadError(f"extra field {name!r} beside a payload that is not an object (use --strict to refuse "
+                        "extra fields, or move it into the payload)", source=source, line=line, field=name)
+    clash = next((k for k in extra if k in payload), None)
+    if clash is not None:
+        raise LoadError(f"extra field {clash!r} is also a field of the payload", source=source, line=line, field=clash)
+    return {**payload, **extra}
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _BadValue(f"{name} is not a number MySQL's JSON (nor the sync) can store")
+
+
+def _checked_int(text: str) -> int:
+    value = int(text)
+    if not INT64[0] <= value <= INT64[1]:
+        raise _BadValue(f"integer {text[:30]} is outside the 64-bit range Aerospike and MySQL store")
+    return value
+
+
+def _loads(text: str) -> Any:
+    value = json.loads(text, parse_constant=_refuse_constant, parse_int=_checked_int)
+    if text.count("[") + text.count("{") > MAX_DEPTH and _depth(value) > MAX_DEPTH:
+        raise _BadValue(f"JSON nested more than {MAX_DEPTH} deep (MySQL's limit)")
+    return value
+
+
+def _depth(value: Any) -> int:
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict):
+            v = list(v.values())
+        if isinstance(v, list):
+            deepest = max(deepest, d)
+            stack.extend((x, d + 1) for x in v)
+    return deepest
+
+
+def _read_jsonl(handle: Any, source: str, id_field: str, max_payload: int, strict: bool) -> Iterator[JobSpec]:
+    # Lines this short cannot reach the payload limit, however their numbers re-encode.
+    fast = max_payload // 20
     for line, text in enumerate(handle, start=1):
         if not text.strip():
             continue
         try:
-            obj = json.loads(text)
+            obj = _loads(text)
         except json.JSONDecodeError as e:
             raise LoadError(f"malformed JSON: {e.msg} at column {e.colno}", source=source, line=line) from None
+        except _BadValue as e:
+            raise LoadError(str(e), source=source, line=line, field=_bad_field(text)) from None
         if not isinstance(obj, dict):
             raise LoadError(f"expected a JSON object, got {type(obj).__name__}", source=source, line=line)
         if id_field not in obj:
             raise LoadError("missing job id", source=source, line=line, field=id_field)
-        jid = obj[id_field]
+        jid = obj.pop(id_field)
         if isinstance(jid, bool) or not isinstance(jid, (str, int)) or str(jid).strip() == "":
             raise LoadError(f"job id must be a non-empty string or integer, got {jid!r}", source=source, line=line, field=id_field)
-        payload = obj["payload"] if "payload" in obj else {k: v for k, v in obj.items() if k != id_field}
-        yield _checked(JobSpec(str(jid), payload, line), source, id_field, max_payload)
+        if "payload" in obj and id_field != "payload":
+            payload = obj.pop("payload")
+            if obj:
+                if strict:
+                    name = next(iter(obj))
+                    raise LoadError(f"field {name!r} is neither the id nor 'payload' (--strict)", source=source,
+                                    line=line, field=name)
+                payload = _merge_extra(payload, obj, source, line)
+        else:
+            payload = obj
+        # A \u escape may hide a lone surrogate, which is not valid Unicode: measure those.
+        measure = len(text) > fast or "\\u" in text
+        yield _checked(JobSpec(str(jid), payload, line), source, id_field, max_payload, measure)
 
 
-def _checked(spec: JobSpec, source: str, id_field: str, max_payload: int) -> JobSpec:
-    if len(spec.jid.encode()) > 200:
-        raise LoadError("job id longer than 200 bytes", source=source, line=spec.line, field=id_field)
+def _bad_field(text: str) -> str:
+    """The top-level field that holds a refused value (for the error message)."""
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return "payload"
+    if not isinstance(obj, dict):
+        return "payload"
+    for k, v in obj.items():
+        try:
+            _loads(json.dumps(v))
+        except (_BadValue, ValueError):
+            return str(k)
+    return "payload"
+
+
+def _checked(spec: JobSpec, source: str, id_field: str, max_payload: int, measure: bool = True) -> JobSpec:
+    try:
+        too_long = len(spec.jid.encode()) > MAX_ID_BYTES
+    except UnicodeEncodeError as e:
+        raise LoadError(f"job id is not valid Unicode ({e.reason} at position {e.start})", source=source,
+                        line=spec.line, field=id_field) from None
+    if too_long:
+        raise LoadError(f"job id longer than {MAX_ID_BYTES} bytes", source=source, line=spec.line, field=id_field)
+    if not measure:
+        return spec
     try:
         size = payload_size(spec.payload)
     except UnicodeEncodeError as e:
         raise LoadError(f"payload is not valid Unicode ({e.reason} at position {e.start})", source=source,
+                        line=spec.line, field="payload") from None
+    except ValueError as e:  # NaN or Infinity from Python
+        raise LoadError(f"payload holds a value MySQL's JSON cannot store ({e})", source=source,
                         line=spec.line, field="payload") from None
     if size > max_payload:
         raise LoadError(
@@ -143,8 +319,155 @@ def _checked(spec: JobSpec, source: str, id_field: str, max_payload: int) -> Job
     return spec
 
 
-def validate(specs: Iterable[JobSpec], source: str, id_field: str = "id") -> int:
-    """Check a whole input (duplicate ids) without writing anything; returns the job count."""
+# -- whole-input checks ---------------------------------------------------------
+
+
+class IdDigests:
+    """Which job ids were seen, in bounded memory: 8 bytes per id, mostly on disk.
+
+    Each id is reduced to the interpreter's 64-bit string hash (SipHash, salted
+    per process: fine, everything happens in this process). Up to `in_memory`
+    digests live in a set, which finds a repeat at once. Past that the set is
+    spilled to `buckets` temporary files by digest (8 bytes per id on disk,
+    small write buffers in memory) and each bucket is checked on its own at the
+    end, so memory stays bounded whatever the file's size. A repeated digest is
+    only a suspect (two ids can share a hash): the caller confirms it against
+    the ids themselves on another read.
+
+    Why not a sorted array or a SQLite table: sorting needs the whole array in
+    memory (or an external merge) and a Python list of ints costs 36 bytes per
+    id; SQLite with a primary key costs about 1 µs per id in inserts alone.
+    Hash buckets cost one append per id and a set per bucket at the end.
+    """
+
+    def __init__(self, *, in_memory: int = 1 << 19, buckets: int = 256, flush: int = 4096) -> None:
+        self._seen: set[int] | None = set()
+        self._limit = in_memory
+        self._nbuckets = buckets
+        self._flush = flush
+        self._bufs: list[array] = []
+        self._dir: tempfile.TemporaryDirectory[str] | None = None
+        self.suspects: set[int] = set()
+        self.count = 0
+
+    @staticmethod
+    def digest(jid: str) -> int:
+        return hash(jid)
+
+    def add(self, jid: str) -> bool:
+        """Record an id; True when its digest was seen before in memory (check it now)."""
+        h = self.digest(jid)
+        self.count += 1
+        seen = self._seen
+        if seen is not None:
+            if h in seen:
+                self.suspects.add(h)
+                return True
+            seen.add(h)
+            if len(seen) >= self._limit:
+                self._spill()
+            return False
+        buf = self._bufs[h % self._nbuckets]
+        buf.append(h)
+        if len(buf) >= self._flush:
+            self._write(h % self._nbuckets)
+        return False
+
+    def _spill(self) -> None:
+        assert self._seen is not None
+        self._dir = tempfile.TemporaryDirectory(prefix="aeroqueue-ids-")
+        self._bufs = [array("q") for _ in range(self._nbuckets)]
+        seen, self._seen = self._seen, None
+        for h in seen:
+            self._bufs[h % self._nbuckets].append(h)
+        for b in range(self._nbuckets):
+            self._write(b)
+
+    def _write(self, b: int) -> None:
+        assert self._dir is not None
+        with open(os.path.join(self._dir.name, str(b)), "ab") as f:
+            self._bufs[b].tofile(f)
+        self._bufs[b] = array("q")
+
+    def finish(self) -> set[int]:
+        """Digests seen more than once (suspects); frees the disk."""
+        if self._dir is not None:
+            for b in range(self._nbuckets):
+                self._write(b)
+                digests = array("q")
+                path = os.path.join(self._dir.name, str(b))
+                with open(path, "rb") as f:
+                    digests.frombytes(f.read())
+                os.unlink(path)
+                unique = set(digests)
+                if len(unique) != len(digests):
+                    seen: set[int] = set()
+                    for h in digests:
+                        if h in seen:
+                            self.suspects.add(h)
+                        seen.add(h)
+            self._dir.cleanup()
+            self._dir = None
+        return self.suspects
+
+    def close(self) -> None:
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None
+
+
+def validate(
+    specs: Iterable[JobSpec] | Callable[[], Iterable[JobSpec]],
+    source: str,
+    id_field: str = "id",
+    progress: Callable[[int], None] | None = None,
+) -> int:
+    """Check a whole input (duplicate ids) without writing anything; returns the job count.
+
+    Pass a callable that reads the input afresh (as `read_file` does) for
+    bounded memory: a repeated id digest is then confirmed by reading again.
+    A plain iterable is checked with its ids held in memory."""
+    if not callable(specs):
+        return _validate_in_memory(specs, source, id_field, progress)
+    ids = IdDigests()
+    try:
+        n = 0
+        for spec in specs():
+            n += 1
+            if ids.add(spec.jid):
+                _confirm(specs, {ids.digest(spec.jid)}, ids.digest, source, id_field, upto=spec.line)
+            if progress is not None and n % 4096 == 0:
+                progress(n)
+        suspects = ids.finish()
+        if suspects:
+            _confirm(specs, suspects, ids.digest, source, id_field)
+    finally:
+        ids.close()
+    if progress is not None:
+        progress(n)
+    return n
+
+
+def _confirm(
+    specs: Callable[[], Iterable[JobSpec]], suspects: set[int], digest: Callable[[str], int], source: str,
+    id_field: str, upto: int | None = None,
+) -> None:
+    """Read again: raise for the first id that really repeats among the suspect digests."""
+    first: dict[str, int | None] = {}
+    for spec in specs():
+        if digest(spec.jid) not in suspects:
+            continue
+        if spec.jid in first:
+            where = f" (first at line {first[spec.jid]})" if first[spec.jid] is not None else ""
+            raise LoadError(f"duplicate job id {spec.jid!r}{where}", source=source, line=spec.line, field=id_field)
+        first[spec.jid] = spec.line
+        if upto is not None and spec.line is not None and spec.line >= upto:
+            return
+
+
+def _validate_in_memory(
+    specs: Iterable[JobSpec], source: str, id_field: str, progress: Callable[[int], None] | None
+) -> int:
     seen: dict[str, int | None] = {}
     n = 0
     for spec in specs:
@@ -154,6 +477,10 @@ def validate(specs: Iterable[JobSpec], source: str, id_field: str = "id") -> int
             raise LoadError(f"duplicate job id {spec.jid!r}{where}", source=source, line=spec.line, field=id_field)
         seen[spec.jid] = spec.line
         n += 1
+        if progress is not None and n % 4096 == 0:
+            progress(n)
+    if progress is not None:
+        progress(n)
     return n
 
 
@@ -171,6 +498,29 @@ def from_iterable(items: Iterable[Any], *, max_payload: int, source: str = "<pyt
             raise LoadError(f"expected (id, payload), a JobSpec or a dict with 'id', got {item!r:.80}", source=source, line=i)
         if not spec.jid.strip():
             raise LoadError("empty job id", source=source, line=i, field="id")
+        try:
+            _check_python_value(spec.payload)
+        except _BadValue as e:
+            raise LoadError(str(e), source=source, line=i, field="payload") from None
         out.append(_checked(spec, source, "id", max_payload))
     validate(out, source)
     return out
+
+
+def _check_python_value(value: Any) -> None:
+    """What `_loads` refuses in JSON text, refused in Python values too."""
+    stack = [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, bool) or v is None or isinstance(v, str):
+            continue
+        if isinstance(v, int):
+            if not INT64[0] <= v <= INT64[1]:
+                raise _BadValue(f"integer {v} is outside the 64-bit range Aerospike and MySQL store")
+        elif isinstance(v, float):
+            if v != v or v in (float("inf"), float("-inf")):
+                raise _BadValue(f"{v} is not a number MySQL's JSON (nor the sync) can store")
+        elif isinstance(v, (list, tuple, dict)):
+            if d > MAX_DEPTH:
+                raise _BadValue(f"payload nested more than {MAX_DEPTH} deep (MySQL's limit)")
+            stack.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))

@@ -124,3 +124,27 @@ def test_retry_repeats_only_what_a_worker_would_retry() -> None:
 
 class DeadlockError(Exception):
     pass
+
+
+def test_load_benchmark_in_small(tmp_path: Path, store_url: str) -> None:
+    """`python -m benchmarks.load`: one row per backend with its figures, and a server's
+    list removed afterwards (nothing left behind)."""
+    from aeroqueue import keys
+    from aeroqueue.backends import open_backend
+    from benchmarks.load import main as load_bench
+
+    server = None if store_url.startswith("embedded") else store_url
+    out = tmp_path / "load.json"
+    result = CliRunner().invoke(load_bench, ["--sizes", "300", "--json", str(out),
+                                             *(["--url", server] if server else [])])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["backend"], r["rows"]) for r in rows] == [("embedded", 300)] + ([("aerospike", 300)] if server else [])
+    for r in rows:
+        assert r["jobs_per_s"] > 0 and r["peak_rss_mb"] > 10 and r["client_cpu_us_per_job"] > 0
+    assert "| embedded | 300 |" in result.output
+    if server:
+        backend = open_backend(server)
+        names = [n for n, _ in backend.scan(keys.LIST_SET, bins=["mode"]) if n.startswith("loadbench-300-")]
+        assert names == [], "the benchmark's lists are removed from the server"
+        backend.close()

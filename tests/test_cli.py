@@ -118,8 +118,11 @@ def test_load_reserve_complete_status_end_to_end(tmp_path):
     out = run("load", "customers", str(data), "--seal", url=url)
     assert out.exit_code == 0, out.output
     assert "12 loaded" in out.output
-    again = run("load", "customers", str(data), url=url)
-    assert again.exit_code == 1 and "sealed" in again.output, "a sealed list refuses even a re-run"
+    again = run("load", "customers", str(data), "--seal", url=url)
+    assert again.exit_code == 0 and "nothing to do" in again.output, "a repeated sealed load is a no-op"
+    data.write_text(data.read_text() + "c99,new@example.com\n")
+    more = run("load", "customers", str(data), url=url)
+    assert more.exit_code == 1 and "sealed" in more.output, "a sealed list refuses a new job"
     holder = Session.open(open_backend(url))  # a program's session, kept alive by its heartbeat
     out = run("reserve", "customers", "--count", "3", "--session", holder.id, url=url)
     assert out.exit_code == 0, out.output

@@ -27,6 +27,7 @@ from ..config import StoreURL
 N_PARTITIONS = 4096
 # Records per page of a streamed scan.
 SCAN_PAGE = 1000
+DEFAULT_MAX_RECORD_SIZE = 1024 * 1024  # Aerospike's default max-record-size (1 MiB)
 
 _BY_CODE: dict[int, type[errors.BackendError]] = {
     # A node of a cluster died or is frozen: the command may have landed (in doubt).
@@ -84,6 +85,7 @@ class Backend:
         # Calls that reach the server: the benchmark reports them per job.
         self.round_trips = 0
         self._on_close: list[Callable[[], None]] = []
+        self._max_record_size: int | None = None
 
     def on_close(self, fn: Callable[[], None]) -> None:
         """Run `fn` before the connection closes (writes a layer above still owes)."""
@@ -92,6 +94,25 @@ class Backend:
     @property
     def is_embedded(self) -> bool:
         return self.url.is_embedded
+
+    def max_record_size(self) -> int:
+        """The namespace's max-record-size in bytes, as the nodes report it (info
+        ``namespace/<ns>``; the smallest, should nodes differ); 1 MiB, Aerospike's
+        default, when the store does not say."""
+        if self._max_record_size is None:
+            sizes = []
+            try:
+                answers = self.client.info_all(f"namespace/{self.namespace}")
+            except (aex.AerospikeError, NotImplementedError):
+                answers = {}
+            for answer in (answers or {}).values():
+                text = answer[1] if isinstance(answer, tuple) else answer
+                for item in str(text or "").strip().split(";"):
+                    name, _, value = item.partition("=")
+                    if name.strip() == "max-record-size" and value.strip().isdigit() and int(value) > 0:
+                        sizes.append(int(value))
+            self._max_record_size = min(sizes) if sizes else DEFAULT_MAX_RECORD_SIZE
+        return self._max_record_size
 
     def key(self, set_name: str, name: str) -> tuple[str, str, str]:
         return (self.namespace, set_name, name)

@@ -1,27 +1,23 @@
-"""Job list commands: create, load, seal, pause, status, lists, export, kick."""
+"""Job list commands: create, seal, pause, status, lists, export, kick (load: load_cmd)."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from ..lists import DEFAULT_CHUNK, JobLists, max_payload
-from ..loading import read_file, validate
+from ..lists import JobLists
 from .context import (
     JSON_OPT,
     LIST_ARG,
     MAX_ATT_OPT,
     MODE_OPT,
     Context,
-    advance,
     err_console,
     option,
-    progress_bar,
 )
 
 
@@ -34,44 +30,6 @@ def create(obj: Context, list_name: str, mode: str, max_attempts: int) -> None:
     """Create an empty job list (loading creates one too)."""
     made = JobLists(obj.backend()).create(list_name, mode=mode, max_attempts=max_attempts)
     click.echo(f"list {list_name!r} {'created' if made else 'already exists'} ({mode} mode)")
-
-
-@click.command()
-@LIST_ARG
-@click.argument("file", type=click.Path(path_type=Path, dir_okay=False))
-@option("--format", "fmt", env="FORMAT", type=click.Choice(["csv", "jsonl"]), default=None, help="Input format (default: from the extension).")
-@option("--id-field", env="ID_FIELD", default="id", help="The column (CSV) or field (JSON Lines) holding the job id.")
-@MODE_OPT
-@MAX_ATT_OPT
-@option("--seal", env="SEAL", is_flag=True, help="Mark the list complete for loading afterwards.")
-@option("--chunk-size", env="CHUNK_SIZE", type=click.IntRange(1, 50_000), default=DEFAULT_CHUNK, help="Jobs per load range (and per ID-store chunk record).")
-@click.pass_obj
-def load(
-    obj: Context, list_name: str, file: Path, fmt: str | None, id_field: str, mode: str,
-    max_attempts: int, seal: bool, chunk_size: int,
-) -> None:
-    """Load jobs from a CSV or JSON Lines FILE into LIST.
-
-    The whole file is checked first: a bad line loads nothing. Re-running the
-    same load adds nothing twice (jobs are keyed by their id).
-    """
-    backend = obj.backend()
-    limit = max_payload(backend)
-    source = str(file)
-    with progress_bar() as progress:
-        checking = progress.add_task(f"checking {file.name}", total=None)
-        n = validate(advance(progress, checking, read_file(file, fmt=fmt, id_field=id_field, max_payload=limit)), source, id_field)
-        progress.update(checking, total=n, completed=n)
-        loading = progress.add_task(f"loading into {list_name}", total=n)
-        report = JobLists(backend).load(
-            list_name, read_file(file, fmt=fmt, id_field=id_field, max_payload=limit), mode=mode, seal=seal,
-            chunk_size=chunk_size, max_attempts=max_attempts, progress=lambda k: progress.advance(loading, k),
-        )
-    click.echo(
-        f"{list_name}: {report.loaded} loaded, {report.skipped} already there"
-        + (f", {report.voided} duplicate(s) left void" if report.voided else "")
-        + (" (sealed)" if seal else "")
-    )
 
 
 @click.command()

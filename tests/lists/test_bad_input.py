@@ -15,7 +15,7 @@ from aeroqueue.loading import JobSpec, from_iterable, read_file, validate
 
 
 def load_file(path: Path, limit: int = 10_000) -> int:
-    return validate(read_file(path, max_payload=limit), str(path))
+    return validate(lambda: read_file(path, max_payload=limit), str(path))
 
 
 CASES = [

@@ -447,8 +447,16 @@ class EmbeddedClient:
         share one SQLite transaction, which only makes the batch faster.
         """
         self._check_policy(policy_batch, set(), "batch_write")
-        with self._storage.write():
-            for br in batch_records.batch_records:
+        records = batch_records.batch_records
+        with self._storage.write() as db:
+            plain = self._plain_writes(records)
+            if plain is not None:
+                # A load's job records and index entries: new records made of plain
+                # bin writes, stored with prepared statements in one go.
+                self._write_new(db, records, plain)
+                batch_records.result = _batch_status(records)
+                return batch_records
+            for br in records:
                 if isinstance(br, Apply):
                     # A UDF per record, each with its own arguments, in one round trip.
                     pol = self._check_policy(br.policy, {"key", "ttl", "expressions"}, "batch_write Apply")
@@ -470,6 +478,83 @@ class EmbeddedClient:
                     br.in_doubt = bool(getattr(e, "in_doubt", False))
         batch_records.result = _batch_status(batch_records.batch_records)
         return batch_records
+
+    def _plain_writes(self, records: list[BatchRecord]) -> list[tuple[Any, ...]] | None:
+        """(ns, set, user key, digest, send key, bins) per record when every record is a
+        create-only `Write` of plain bin values (no meta, no expression, no fault armed),
+        the shape a load writes; else None, and the general path runs."""
+        if self.faults.armed():
+            return None
+        out = []
+        for br in records:
+            if type(br) is not Write or br.meta:
+                return None
+            pol = br.policy or {}
+            if pol.get("exists") != aerospike.POLICY_EXISTS_CREATE or not set(pol) <= {"exists", "key"}:
+                return None
+            bins = {}
+            for o in br.ops:
+                name, value = o.get("bin"), o.get("val")
+                if (o.get("op") != aerospike.OPERATOR_WRITE or value is None or len(o) != 3
+                        or not isinstance(name, str) or len(name.encode()) > MAX_BIN_NAME):
+                    return None
+                bins[name] = value
+            ns, set_name, user_key, digest = self._key(br.key)
+            out.append((ns, set_name, user_key, digest, self._send_key(pol, "operate"), bins))
+        return out
+
+    def _write_new(self, db: Any, records: list[BatchRecord], plain: list[tuple[Any, ...]]) -> None:
+        """Create-only writes, each succeeding or failing alone (5: exists, 13: too big),
+        as `_operate` would answer them one by one, with a few statements per batch."""
+        now = self._now()
+        void_ms = now + self.default_ttl * 1000 if self.default_ttl else 0
+        taken: set[bytes] = set()
+        expired: list[tuple[str, bytes]] = []
+        by_ns: dict[str, list[bytes]] = {}
+        for ns, _, _, digest, _, _ in plain:
+            by_ns.setdefault(ns, []).append(digest)
+        for ns, digests in by_ns.items():
+            for lo in range(0, len(digests), 500):
+                part = digests[lo:lo + 500]
+                rows = db.execute(
+                    f"SELECT digest, void_ms FROM records WHERE ns = ? AND digest IN ({','.join('?' * len(part))})",
+                    [ns, *part],
+                ).fetchall()
+                for d, v in rows:
+                    if not v or v > now:
+                        taken.add(bytes(d))
+                    else:  # expired: gone for a create-only write too
+                        expired.append((ns, bytes(d)))
+        for ns, digest in expired:
+            Storage.delete(db, ns, digest)
+        new_rows = []
+        indexed: dict[tuple[str, str], list[tuple[bytes, dict[str, Any]]]] = {}
+        meta = self._meta(Row("", 0, None, {}, 1, void_ms, now), now)
+        for br, (ns, set_name, user_key, digest, send_key, bins) in zip(records, plain, strict=True):
+            if digest in taken:
+                br.result, br.record = 5, None
+                continue
+            try:
+                stored = {k: _store_value(v) for k, v in bins.items()}
+            except aerospike.exception.AerospikeError as e:
+                br.result, br.record = e.code, None
+                continue
+            blob = encode(stored)
+            if len(blob) + 16 * len(stored) + 64 > self.max_record_size:
+                br.result, br.record = 13, None
+                continue
+            taken.add(digest)
+            ukey = encode(user_key) if send_key and user_key is not None else None
+            new_rows.append((ns, digest, set_name, partition_id(digest), ukey, blob, 1, void_ms, now))
+            indexed.setdefault((ns, set_name), []).append((digest, stored))
+            br.result, br.record = 0, ((ns, set_name, user_key, bytearray(digest)), dict(meta), {})
+        db.executemany(
+            "INSERT INTO records (ns, digest, set_name, part, ukey, bins, gen, void_ms, lut_ms) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            new_rows,
+        )
+        for (ns, set_name), rows in indexed.items():
+            Storage.index_new(db, ns, set_name, rows)
 
     def batch_read(self, keys: list[tuple], bins: list[str] | None = None, policy: dict | None = None) -> BatchRecords:
         pol = self._check_policy(policy, {"expressions"}, "batch_read")

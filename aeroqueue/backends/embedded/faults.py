@@ -81,6 +81,10 @@ class Faults:
         with self._lock:
             self._faults.clear()
 
+    def armed(self) -> bool:
+        """Whether any fault is waiting (the fast paths then step aside)."""
+        return bool(self._faults)
+
     def check(self, op: str, user_key: Any, function: str | None, when: str) -> None:
         if not self._faults:  # the common case: nothing armed, no lock taken
             return

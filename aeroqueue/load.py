@@ -1,0 +1,384 @@
+"""Loading jobs into a list (design.md, flows "load"; invariant 4).
+
+A load goes range by range (`chunk_size` jobs each):
+
+1. skip jobs whose id is already indexed (a re-run of the same load; only
+   when the list existed before this load);
+2. ``alloc``: the list record hands out a token range and a sequence number;
+3. write the job records, create-only (a failure means a recovery already
+   finished this range: the load is told to run again);
+4. write the job-id index, create-only: the index entry is the commit point
+   of a job. A job whose id another loader indexed first becomes ``void``;
+5. ID mode: write the range's chunk of the ID store;
+6. ``publish``: ranges become reservable strictly in sequence order.
+
+Several ranges are in flight at once (`workers` threads, 8 by default; the aerospike client
+releases the GIL while it waits on the network), each doing 2-6 on its own
+records, so a load runs at the batch-write rate of the store rather than at
+its round-trip latency. Order between ranges does not matter for safety: the
+list record publishes ranges in sequence order, so `tail` only ever covers
+ranges whose every step is done.
+
+A loader that dies between 2 and 6 leaves a pending range; once its lease
+has run out, `recover` finishes it with the same rules (index first wins,
+unwritten tokens become void), so loads are resumable and never expose an
+unwritten token.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import aerospike
+from aerospike_helpers.batch.records import BatchRecords, Write
+from aerospike_helpers.operations import operations as op
+
+from . import keys
+from .backends import IN_DOUBT, Backend, retry_in_doubt, wrap
+from .errors import ListNotFound, ListSealed, LoadAbandoned, LoadError, RecordExists
+from .loading import RECORD_OVERHEAD, JobSpec, from_iterable
+
+if TYPE_CHECKING:
+    from .lists import JobLists
+
+DEFAULT_CHUNK = 1000
+DEFAULT_LEASE_MS = 120_000
+RECORD_EXISTS = 5  # Aerospike's code for a create-only write on an existing record
+# Per-record codes of a batch write that did not land, or may have: repeated.
+IN_DOUBT_CODES = frozenset({-15, -10, -8, 7, 9, 11, 14, 18})
+SEALED_CHECK_BATCH = 5000  # index entries read per batch when a sealed list is loaded again
+# create-only, and store the key (scans and the sync read record names back)
+_CREATE = {"exists": aerospike.POLICY_EXISTS_CREATE, "key": aerospike.POLICY_KEY_SEND}
+_SEND_KEY = {"key": aerospike.POLICY_KEY_SEND}
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    loaded: int  # new jobs that became reservable
+    skipped: int  # already loaded (same job id)
+    voided: int  # tokens left void (another loader indexed the id first)
+    already_sealed: bool = False  # the list was sealed and already held every job: nothing to do
+
+
+def max_payload(backend: Backend) -> int:
+    """The largest payload a job record can hold on this store."""
+    return backend.max_record_size() - RECORD_OVERHEAD
+
+
+def default_workers(backend: Backend) -> int:
+    # The embedded store has one writer per process: threads would only queue on it.
+    # On a server, ranges in flight hide round trips (and a busy machine's scheduling
+    # delays); 8 did best on the 2-core test machine, and costs a few MB.
+    return 1 if backend.is_embedded else 8
+
+
+def load(
+    lists: JobLists,
+    name: str,
+    jobs: Iterable[Any],
+    *,
+    mode: str,
+    seal: bool,
+    chunk_size: int,
+    lease_ms: int,
+    max_attempts: int,
+    progress: Callable[[int], None] | None = None,
+    workers: int | None = None,
+) -> LoadReport:
+    """See `JobLists.load`."""
+    if chunk_size < 1:
+        raise LoadError(f"chunk size must be at least 1, not {chunk_size}")
+    backend = lists.backend
+    it = iter(_specs(jobs, max_payload(backend)))
+    first = next(it, None)
+    if first is None:
+        raise LoadError(f"no jobs to load into {name!r}: nothing was created")
+    specs = itertools.chain([first], it)
+    created = lists.create(name, mode=mode, max_attempts=max_attempts)
+    head = lists.header(name)
+    if head["sealed"] == 1:
+        return _sealed_again(backend, name, specs, progress)
+    recover(lists, name)
+    n_workers = workers if workers is not None else default_workers(backend)
+    # A list this load created has no index entries but those of concurrent loaders,
+    # which the create-only index resolves: no need to read it first.
+    loader = _RangeLoader(lists, name, head, lease_ms, check_index=not created)
+    totals = [0, 0, 0]
+
+    def add(result: tuple[int, int, int], size: int) -> None:
+        for i, v in enumerate(result):
+            totals[i] += v
+        if progress:
+            progress(size)
+
+    ranges = _chunks(specs, chunk_size)
+    if n_workers <= 1:
+        for i, batch in enumerate(ranges):
+            add(loader.load_range(i, batch), len(batch))
+    else:
+        _run_concurrently(loader, ranges, n_workers, add)
+    if seal:
+        lists.seal(name)
+    return LoadReport(loaded=totals[0], skipped=totals[1], voided=totals[2])
+
+
+def _run_concurrently(
+    loader: _RangeLoader, ranges: Iterator[list[JobSpec]], n_workers: int,
+    add: Callable[[tuple[int, int, int], int], None],
+) -> None:
+    """Ranges on `n_workers` threads, and one more queued (bounded memory).
+    The first failure stops new ranges; those in flight finish (or stay pending for
+    recovery, as a killed loader's would) before it is raised."""
+    pending: dict[Future[tuple[int, int, int]], int] = {}
+    error: BaseException | None = None
+
+    def collect(done: set[Future[tuple[int, int, int]]]) -> None:
+        nonlocal error
+        for f in done:
+            size = pending.pop(f)
+            if f.exception() is not None:
+                error = error or f.exception()
+            else:
+                add(f.result(), size)
+
+    with ThreadPoolExecutor(max_workers=n_workers, thread_name_prefix="aeroqueue-load") as pool:
+        for i, batch in enumerate(ranges):
+            if error is not None:
+                break
+            pending[pool.submit(loader.load_range, i, batch)] = len(batch)
+            if len(pending) > n_workers:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                collect(done)
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            collect(done)
+    if error is not None:
+        raise error
+
+
+class _RangeLoader:
+    """Steps 1-6 of the module docstring for one range; safe to call from several threads.
+
+    Ranges allocate their tokens in input order (range i waits for range i-1's
+    alloc, one short round trip), so tokens follow the file whatever the
+    threads: the list is served in the order it was loaded."""
+
+    def __init__(self, lists: JobLists, name: str, head: dict[str, Any], lease_ms: int, check_index: bool) -> None:
+        self.lists = lists
+        self.b = lists.backend
+        self.name = name
+        self.mode = head["mode"]
+        self.max_att = head["max_att"]
+        self.lease_ms = lease_ms
+        self.check_index = check_index
+        self._turn = 0  # the next range (by input order) allowed to allocate
+        self._turns = threading.Condition()
+
+    def load_range(self, i: int, batch: list[JobSpec]) -> tuple[int, int, int]:
+        b, name = self.b, self.name
+        try:
+            new = batch
+            if self.check_index:
+                indexed = b.batch_get(keys.JIDX_SET, [keys.jidx_name(name, s.jid) for s in batch], bins=["tok"])
+                new = [s for s, rec in zip(batch, indexed, strict=True) if rec is None]
+            with self._turns:
+                self._turns.wait_for(lambda: self._turn == i)
+                if not new:
+                    return 0, len(batch), 0
+                got = self.lists._list_udf(name, "alloc", len(new), self.lease_ms)
+        finally:
+            # Whatever happened to this range, the next one may allocate now (range i
+            # only ever waits for ranges before it, which started first: no deadlock).
+            with self._turns:
+                self._turn = max(self._turn, i + 1)
+                self._turns.notify_all()
+        if got["st"] == "sealed":
+            raise ListSealed(f"list {name!r} was sealed during the load")
+        if got["st"] != "ok":
+            raise ListNotFound(f"no job list named {name!r}")
+        seq, start = got["seq"], got["start"]
+        ns = b.namespace
+        # The bins every job of the range shares: one operation dict each, reused
+        # (the client only reads them).
+        same = [op.write("list", name), op.write("state", "queued"), op.write("att", 0), op.write("max_att", self.max_att)]
+        # 3. job records, create-only: tokens are fresh, so a conflict means a
+        # recovery voided this range after our lease ran out.
+        job_writes = [
+            Write(
+                (ns, keys.JOB_SET, f"{name}/{t}"),
+                [op.write("token", t), op.write("jid", s.jid), op.write("payload", s.payload), *same],
+                policy=_CREATE,
+            )
+            for t, s in zip(range(start, start + len(new)), new, strict=True)
+        ]
+        tokens = range(start, start + len(new))
+        codes = self.lists._batch_write(job_writes, "write jobs")
+        # RecordExists is this load's own write when it was repeated after a lost
+        # answer (by the client, or by batch_write): the record then holds our job.
+        exists = [i for i, code in enumerate(codes) if code == RECORD_EXISTS]
+        if exists:
+            recs = retry_in_doubt(lambda: b.batch_get(keys.JOB_SET, [keys.job_name(name, tokens[i]) for i in exists]))
+            for i, rec in zip(exists, recs, strict=True):
+                if rec is not None and rec.bins.get("state") != "void" and rec.bins.get("jid") == new[i].jid:
+                    codes[i] = 0
+            if any(codes[i] == RECORD_EXISTS for i in exists):
+                raise LoadAbandoned(
+                    f"list {name!r}: load range {seq} outlived its lease ({self.lease_ms / 1000:g} s) and was finished "
+                    "by a recovery before its jobs were written; run the load again"
+                )
+        if any(codes):
+            raise LoadAbandoned(
+                f"list {name!r}: writing the jobs of load range {seq} failed ({_describe(codes)}); "
+                "run the load again once the cluster is healthy (the range stays pending: "
+                f"a later load or `aeroqueue sweep` finishes it after its lease of {self.lease_ms / 1000:g} s)"
+            )
+        # 4. the index: the commit point of each job.
+        real = commit_index(self.lists, name, list(zip(tokens, [s.jid for s in new], strict=True)))
+        finish_range(self.lists, name, self.mode, seq, real)
+        return len(real), len(batch) - len(new), len(new) - len(real)
+
+
+def _chunks(specs: Iterable[JobSpec], size: int) -> Iterator[list[JobSpec]]:
+    it = iter(specs)
+    while batch := list(itertools.islice(it, size)):
+        yield batch
+
+
+def batch_write(b: Backend, writes: list[Write], what: str, retry_s: float) -> list[int]:
+    """Each write's result code (0: written). Writes whose answer was lost or that the
+    cluster could not serve just now (a node died, migrations: `IN_DOUBT_CODES`) are
+    repeated for `retry_s`; every write here is create-only or idempotent, and a
+    create-only repeat of a write that did land answers RecordExists, which the callers
+    check."""
+    codes = [-1] * len(writes)
+    todo = list(range(len(writes)))
+    give_up = time.monotonic() + retry_s
+    while True:
+        b.round_trips += 1
+        try:
+            out = b.client.batch_write(BatchRecords([writes[i] for i in todo] if len(todo) < len(writes) else writes))
+            for i, br in zip(todo, out.batch_records, strict=True):
+                codes[i] = br.result
+        except aerospike.exception.AerospikeError as e:
+            err = wrap(e, f"batch_write ({what})", f"[{len(todo)} records]")
+            if not isinstance(err, IN_DOUBT) or time.monotonic() >= give_up:
+                raise err from e
+            for i in todo:
+                codes[i] = err.code if isinstance(err.code, int) else -1
+        todo = [i for i in todo if codes[i] in IN_DOUBT_CODES]
+        if not todo or time.monotonic() >= give_up:
+            return codes
+        time.sleep(0.1)
+
+
+def _describe(codes: list[int]) -> str:
+    """'3 records: Aerospike code 9 (timeout)' for the codes that are not 0."""
+    counts = collections.Counter(code for code in codes if code != 0)
+    return ", ".join(
+        f"{n} record{'s' if n > 1 else ''}: Aerospike code {code}{f' ({_CODE_NAMES[code]})' if code in _CODE_NAMES else ''}"
+        for code, n in sorted(counts.items())
+    )
+
+
+_CODE_NAMES = {
+    -15: "no response from the node", -10: "node unreachable", -8: "no node for the partition",
+    7: "cluster changing", 9: "timeout", 11: "partition unavailable", 13: "record too big",
+    14: "key busy", 18: "device overload", 22: "forbidden",
+}
+
+
+def commit_index(lists: JobLists, name: str, pairs: list[tuple[int, str]]) -> list[int]:
+    """Index each (token, jid) create-only; the tokens whose index is theirs are real,
+    the others are made void. Returns the real tokens, in order."""
+    b = lists.backend
+    ns = b.namespace
+    writes = [Write((ns, keys.JIDX_SET, f"{name}/{jid}"), [op.write("tok", t)], policy=_CREATE) for t, jid in pairs]
+    codes = lists._batch_write(writes, "index job ids")
+    if any(code not in (0, RECORD_EXISTS) for code in codes):
+        # Not a clash but a failure: leave the range pending, so that a re-run or a
+        # recovery decides these tokens from the index alone, never by guess.
+        raise LoadAbandoned(f"list {name!r}: indexing job ids failed (codes {sorted(set(codes))}); run the load again")
+    clashes = [(t, jid) for (t, jid), code in zip(pairs, codes, strict=True) if code == RECORD_EXISTS]
+    if not clashes:
+        return [t for t, _ in pairs]
+    recs = b.batch_get(keys.JIDX_SET, [keys.jidx_name(name, jid) for _, jid in clashes])
+    owners = {jid: r.bins["tok"] for (_, jid), r in zip(clashes, recs, strict=True) if r is not None}
+    if len(owners) != len(clashes):
+        raise LoadAbandoned(f"list {name!r}: a job id index vanished while loading; run the load again")
+    voids = [t for t, jid in clashes if owners[jid] != t]
+    if voids:
+        # Unpublished tokens: nobody can hold them, so overwriting is safe.
+        void_writes = [Write(b.key(keys.JOB_SET, keys.job_name(name, t)), [op.write("state", "void")], policy=_SEND_KEY)
+                       for t in voids]
+        if any(code != 0 for code in lists._batch_write(void_writes, "void duplicate jobs")):
+            raise LoadAbandoned(f"list {name!r}: voiding duplicate jobs failed; run the load again")
+    void_set = set(voids)
+    return [t for t, _ in pairs if t not in void_set]
+
+
+def finish_range(lists: JobLists, name: str, mode: str, seq: int, real: list[int]) -> None:
+    if mode == "ids":
+        with contextlib.suppress(RecordExists):  # a recovery wrote the same chunk
+            lists.backend.put(keys.IDS_SET, keys.chunk_name(name, seq), {"ids": real}, create_only=True)
+    out = lists._list_udf(name, "publish", seq, len(real))
+    if out["st"] != "ok":
+        raise LoadAbandoned(f"list {name!r}: range {seq} is unknown to the list record")
+
+
+def recover(lists: JobLists, name: str) -> int:
+    """Finish load ranges whose loader missed its lease (it died). Returns how many."""
+    b = lists.backend
+    head = lists.header(name)
+    ranges = lists._list_udf(name, "expired")
+    for r in ranges:
+        tokens = list(range(r["start"], r["start"] + r["n"]))
+        recs = b.batch_get(keys.JOB_SET, [keys.job_name(name, t) for t in tokens])
+        missing = [t for t, rec in zip(tokens, recs, strict=True) if rec is None]
+        if missing:
+            writes = [Write(b.key(keys.JOB_SET, keys.job_name(name, t)), [op.write("state", "void")], policy=_CREATE)
+                      for t in missing]
+            if any(code != 0 for code in lists._batch_write(writes, "void unwritten tokens")):
+                # The loader is alive after all and wrote some: start over next time.
+                continue
+        present = [
+            (t, rec.bins["jid"]) for t, rec in zip(tokens, recs, strict=True)
+            if rec is not None and rec.bins.get("state") != "void"
+        ]
+        real = commit_index(lists, name, present)
+        finish_range(lists, name, head["mode"], r["seq"], real)
+    return len(ranges)
+
+
+def _sealed_again(
+    b: Backend, name: str, specs: Iterable[JobSpec], progress: Callable[[int], None] | None
+) -> LoadReport:
+    """A sealed list takes no new job; loading what it already holds is a no-op."""
+    n = new = 0
+    for batch in _chunks(specs, SEALED_CHECK_BATCH):
+        recs = b.batch_get(keys.JIDX_SET, [keys.jidx_name(name, s.jid) for s in batch], bins=["tok"])
+        n += len(batch)
+        new += sum(1 for r in recs if r is None)
+        if progress:
+            progress(len(batch))
+    if new:
+        raise ListSealed(f"list {name!r} is sealed: {new:,} of these {n:,} jobs are not in it and cannot be added")
+    return LoadReport(loaded=0, skipped=n, voided=0, already_sealed=True)
+
+
+def _specs(jobs: Iterable[Any], limit: int) -> Iterable[JobSpec]:
+    """JobSpecs pass through lazily; any other item means the Python API: check all first."""
+    it = iter(jobs)
+    first = next(it, None)
+    if first is None:
+        return []
+    if isinstance(first, JobSpec):
+        return itertools.chain([first], it)
+    return from_iterable(itertools.chain([first], it), max_payload=limit)

@@ -1,0 +1,22 @@
+-- aq_ids_v1: the list-pop ID store, one chunk per record.
+--
+-- Keyspace: set aq_ids, key "<list>/<chunk>". Bins:
+--   ids   list   the chunk's remaining entries (job tokens), popped from the front
+--
+-- A list in ID mode writes one chunk per load range, before the range is
+-- published; chunks hold at most the configured chunk size, so no record
+-- outgrows max-record-size. The list record's `cursor` says which chunk
+-- reservations pop from; it only moves forward (aq_list_v1.advance).
+
+-- pop(rec, k) -> list of up to k entries (empty when the chunk is drained or missing)
+function pop(rec, k)
+  if not aerospike:exists(rec) then return list() end
+  local ids = rec['ids']
+  local n = list.size(ids)
+  if n == 0 or k <= 0 then return list() end
+  local m = math.min(k, n)
+  local got = list.take(ids, m)
+  if m == n then rec['ids'] = list() else rec['ids'] = list.drop(ids, m) end
+  aerospike:update(rec)
+  return got
+end

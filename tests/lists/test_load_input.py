@@ -1,0 +1,278 @@
+"""What `aeroqueue load` takes and refuses (issue 17's loading items, issue 19's
+bounded checking): standard input, byte-order marks, the record-size limit,
+values MySQL cannot store, extra columns, empty input, a repeated sealed load."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from aeroqueue import loading, udfs
+from aeroqueue.backends import open_backend
+from aeroqueue.cli import main
+from aeroqueue.errors import LoadError
+from aeroqueue.lists import JobLists, max_payload
+from aeroqueue.loading import IdDigests, read_file, validate
+
+_REGISTERED: set[str] = set()
+
+
+@pytest.fixture
+def url(store_url):
+    """The store URL, with the modules registered once per run on a real server (the
+    CLI registers them itself on an embedded store): registration costs seconds."""
+    if not store_url.startswith("embedded") and store_url not in _REGISTERED:
+        b = open_backend(store_url)
+        udfs.register(b)
+        b.close()
+        _REGISTERED.add(store_url)
+    return store_url
+
+
+@pytest.fixture
+def jl(url):
+    b = open_backend(url)
+    udfs.ensure(b)
+    yield JobLists(b)
+    b.close()
+
+
+def cli(url: str, *args: str, input: str | bytes | None = None):
+    return CliRunner().invoke(main, ["--url", url, *args], input=input)
+
+
+def jobs_of(url: str, name: str) -> dict[str, object]:
+    """job id -> payload, from the store (export), for every job of a list."""
+    out = cli(url, "export", name)
+    assert out.exit_code == 0, out.output
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    return {r["jid"]: r["payload"] for r in rows}
+
+
+def assert_no_list(url: str, name: str) -> None:
+    st = cli(url, "status", name, "--json")
+    assert st.exit_code == 1 and f"no job list named '{name}'" in st.output, "nothing may be created"
+
+
+# -- standard input ---------------------------------------------------------------
+
+
+def test_stdin_loads_with_dash(url, list_name):
+    csv_text = "id,email\n" + "".join(f"c{i},u{i}@example.com\n" for i in range(25))
+    out = cli(url, "load", list_name, "-", input=csv_text)
+    assert out.exit_code == 0, out.output
+    assert "25 loaded" in out.output
+    assert jobs_of(url, list_name)["c7"] == {"email": "u7@example.com"}
+    jsonl = "".join(json.dumps({"id": f"j{i}", "payload": {"n": i}}) + "\n" for i in range(5))
+    other = f"{list_name}-j"
+    out = cli(url, "load", other, "-", input=jsonl)  # JSON Lines told apart by its first '{'
+    assert out.exit_code == 0, out.output
+    assert jobs_of(url, other) == {f"j{i}": {"n": i} for i in range(5)}
+
+
+def test_stdin_is_checked_whole_before_writing(url, list_name):
+    text = "id,x\n" + "".join(f"{i},a\n" for i in range(3000)) + "7,dup\n"
+    out = cli(url, "load", list_name, "-", input=text)
+    assert out.exit_code == 1
+    assert "<stdin>, line 3002, field 'id'" in out.output and "duplicate job id '7'" in out.output
+    assert_no_list(url, list_name)
+
+
+def test_a_real_pipe(tmp_path):
+    url = f"embedded://{tmp_path / 's.db'}"
+    data = "id,v\n" + "".join(f"p{i},{i}\n" for i in range(300))
+    done = subprocess.run(
+        [sys.executable, "-m", "aeroqueue", "--url", url, "load", "piped", "-", "--json"],
+        input=data.encode(), capture_output=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    summary = json.loads(done.stdout)
+    assert (summary["jobs"], summary["loaded"], summary["source"]) == (300, 300, "<stdin>")
+
+
+# -- encodings and sizes -------------------------------------------------------------
+
+
+def test_csv_with_a_byte_order_mark(url, list_name, tmp_path):
+    path = tmp_path / "excel.csv"
+    path.write_bytes("\ufeffid,name\r\nx1,Zoë\r\nx2,Åsa\r\n".encode())
+    out = cli(url, "load", list_name, str(path))
+    assert out.exit_code == 0, out.output
+    assert jobs_of(url, list_name) == {"x1": {"name": "Zoë"}, "x2": {"name": "Åsa"}}
+
+
+def test_field_limit_follows_the_record_limit_not_128_kib(url, list_name, tmp_path):
+    path = tmp_path / "big.csv"
+    path.write_text("id,blob\nb1," + "x" * 300_000 + "\nb2,small\n")
+    out = cli(url, "load", list_name, str(path))
+    assert out.exit_code == 0, out.output
+    assert len(jobs_of(url, list_name)["b1"]["blob"]) == 300_000
+
+
+def test_the_limit_is_read_from_the_store(url, tmp_path):
+    backend = open_backend(url)
+    try:
+        assert backend.max_record_size() == 1024 * 1024  # the server's (and the stand-in's) default
+    finally:
+        backend.close()
+    small = open_backend(f"embedded://{tmp_path / 'small.db'}?max_record_size=65536")
+    assert max_payload(small) == 65536 - loading.RECORD_OVERHEAD
+    small.close()
+
+
+def test_a_field_over_the_stores_limit_names_its_line(tmp_path):
+    url = f"embedded://{tmp_path / 's.db'}?max_record_size=65536"
+    path = tmp_path / "big.csv"
+    path.write_text("id,blob\nok,1\nb1," + "x" * 70_000 + "\n")
+    out = cli(url, "load", "L", str(path))
+    assert out.exit_code == 1
+    assert "big.csv, line 3" in out.output and "limit" in out.output and "over the" in out.output
+
+
+# -- values MySQL cannot store ----------------------------------------------------------
+
+BAD_VALUES = [
+    ("nan.jsonl", '{"id": "a", "payload": {"x": 1}}\n{"id": "b", "payload": {"score": NaN}}\n', 2, "payload", "NaN"),
+    ("inf.jsonl", '{"id": "a", "score": Infinity}\n', 1, "score", "Infinity"),
+    ("neginf.jsonl", '{"id": "a", "ok": 1}\n{"id": "b", "v": [1, -Infinity]}\n', 2, "v", "-Infinity"),
+    ("bigint.jsonl", '{"id": "a", "n": 99999999999999999999}\n', 1, "n", "64-bit"),
+    ("deep.jsonl", '{"id": "a", "payload": ' + "[" * 101 + "]" * 101 + "}\n", 1, "payload", "nested"),
+    ("nan.csv", 'id,payload\na,"{""x"": 1}"\nb,"{""x"": NaN}"\n', 3, "payload", "NaN"),
+]
+
+
+@pytest.mark.parametrize(("name", "content", "line", "field", "what"), BAD_VALUES, ids=[c[0] for c in BAD_VALUES])
+def test_values_mysql_cannot_store_are_refused_at_load(url, list_name, tmp_path,
+                                                        name, content, line, field, what):
+    path = tmp_path / name
+    path.write_text(content)
+    out = cli(url, "load", list_name, str(path))
+    assert out.exit_code == 1, out.output
+    assert f"{name}, line {line}, field '{field}'" in out.output and what in out.output
+    assert_no_list(url, list_name)
+
+
+def test_python_api_refuses_nan_and_huge_ints(jl, list_name):
+    with pytest.raises(LoadError, match=r"line 2, field 'payload'.*nan"):
+        jl.load(list_name, [("a", 1), ("b", {"x": float("nan")})])
+    with pytest.raises(LoadError, match="64-bit"):
+        jl.load(list_name, [("a", 2**64)])
+    assert list_name not in jl.names()
+
+
+# -- extra columns -------------------------------------------------------------------------
+
+
+def test_extra_fields_are_kept_in_the_payload_or_refused_with_strict(url, list_name, tmp_path):
+    jsonl = tmp_path / "extra.jsonl"
+    jsonl.write_text('{"id": "a", "payload": {"n": 1}, "customer": "acme"}\n{"id": "b", "payload": {"n": 2}}\n')
+    out = cli(url, "load", list_name, str(jsonl))
+    assert out.exit_code == 0, out.output
+    assert jobs_of(url, list_name) == {"a": {"n": 1, "customer": "acme"}, "b": {"n": 2}}
+
+    strict = cli(url, "load", f"{list_name}-s", str(jsonl), "--strict")
+    assert strict.exit_code == 1
+    assert "extra.jsonl, line 1, field 'customer'" in strict.output and "--strict" in strict.output
+    assert_no_list(url, f"{list_name}-s")
+
+    csv_path = tmp_path / "extra.csv"
+    csv_path.write_text('id,payload,region\nc1,"{""n"": 1}",eu\nc2,,us\n')
+    out = cli(url, "load", f"{list_name}-c", str(csv_path))
+    assert out.exit_code == 0, out.output
+    assert jobs_of(url, f"{list_name}-c") == {"c1": {"n": 1, "region": "eu"}, "c2": {"region": "us"}}
+    strict = cli(url, "load", f"{list_name}-cs", str(csv_path), "--strict")
+    assert strict.exit_code == 1 and "extra.csv, line 1, field 'region'" in strict.output
+
+
+def test_an_extra_field_beside_a_payload_that_is_not_an_object(tmp_path):
+    path = tmp_path / "x.jsonl"
+    path.write_text('{"id": "a", "payload": [1, 2], "tag": "t"}\n')
+    with pytest.raises(LoadError, match=r"line 1, field 'tag'.*not an object"):
+        validate(lambda: read_file(path, max_payload=10_000), str(path))
+    path.write_text('{"id": "a", "payload": {"tag": 1}, "tag": "t"}\n')
+    with pytest.raises(LoadError, match=r"line 1, field 'tag'.*also a field of the payload"):
+        validate(lambda: read_file(path, max_payload=10_000), str(path))
+
+
+# -- empty input, repeated sealed loads ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "content"), [("empty.csv", ""), ("header.csv", "id,x\n"), ("blank.jsonl", "\n\n")])
+def test_empty_input_is_an_error_and_creates_nothing(url, list_name, tmp_path, name, content):
+    path = tmp_path / name
+    path.write_text(content)
+    out = cli(url, "load", list_name, str(path))
+    assert out.exit_code == 1 and "no jobs" in out.output
+    assert_no_list(url, list_name)
+
+
+def test_python_api_empty_load_creates_nothing(jl, list_name):
+    with pytest.raises(LoadError, match="no jobs"):
+        jl.load(list_name, [])
+    assert list_name not in jl.names()
+
+
+def test_repeated_sealed_load_is_a_noop_that_says_so(url, list_name, tmp_path):
+    path = tmp_path / "jobs.csv"
+    path.write_text("id,v\n" + "".join(f"s{i},{i}\n" for i in range(40)))
+    first = cli(url, "load", list_name, str(path), "--seal", "--chunk-size", "7")
+    assert first.exit_code == 0, first.output
+    again = cli(url, "load", list_name, str(path), "--seal", "--json")
+    assert again.exit_code == 0, again.output
+    summary = json.loads(again.stdout)
+    assert (summary["loaded"], summary["skipped"], summary["already_sealed"]) == (0, 40, True)
+    text = cli(url, "load", list_name, str(path), "--seal")
+    assert text.exit_code == 0 and "nothing to do" in text.output
+    path.write_text(path.read_text() + "s999,new\n")
+    refused = cli(url, "load", list_name, str(path), "--seal")
+    assert refused.exit_code == 1 and "1 of these 41 jobs" in refused.output
+    backend = open_backend(url)
+    assert JobLists(backend).status(list_name).total == 40
+    backend.close()
+
+
+# -- duplicate ids in bounded memory ----------------------------------------------------------------
+
+
+def _ids_file(tmp_path: Path, n: int, dup_at: int | None = None) -> Path:
+    path = tmp_path / "ids.csv"
+    rows = [f"id{i},{i}" for i in range(n)]
+    if dup_at is not None:
+        rows.insert(dup_at, "id10,again")
+    path.write_text("id,v\n" + "\n".join(rows) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("in_memory", [1 << 19, 64], ids=["in-memory", "spilled-to-disk"])
+def test_duplicates_are_found_with_their_first_line(tmp_path, monkeypatch, in_memory):
+    monkeypatch.setattr(IdDigests.__init__, "__kwdefaults__", {"in_memory": in_memory, "buckets": 16, "flush": 32})
+    path = _ids_file(tmp_path, 5000)
+    assert validate(lambda: read_file(path, max_payload=10_000), str(path)) == 5000
+    path = _ids_file(tmp_path, 5000, dup_at=4000)
+    with pytest.raises(LoadError) as e:
+        validate(lambda: read_file(path, max_payload=10_000), str(path))
+    assert "line 4002, field 'id': duplicate job id 'id10' (first at line 12)" in str(e.value)
+
+
+def test_digest_collisions_are_confirmed_against_the_ids(tmp_path, monkeypatch):
+    """Every id given the same digest: no false duplicate, and a real one still found."""
+    monkeypatch.setattr(IdDigests, "digest", staticmethod(lambda jid: len(jid)))
+    path = _ids_file(tmp_path, 300)
+    assert validate(lambda: read_file(path, max_payload=10_000), str(path)) == 300
+    path = _ids_file(tmp_path, 300, dup_at=200)
+    with pytest.raises(LoadError, match=r"line 202, field 'id': duplicate job id 'id10'"):
+        validate(lambda: read_file(path, max_payload=10_000), str(path))
+
+
+def test_the_spilled_digests_stay_small():
+    ids = IdDigests(in_memory=1000, buckets=8, flush=64)
+    for i in range(20_000):
+        ids.add(f"job-{i}")
+    assert ids._seen is None, "past the threshold the set is gone"
+    assert sum(len(b) for b in ids._bufs) <= 8 * 64, "only the write buffers stay in memory"
+    assert ids.finish() == set()
