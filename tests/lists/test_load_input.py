@@ -43,7 +43,8 @@ def jl(url):
 
 
 def cli(url: str, *args: str, input: str | bytes | None = None):
-    return CliRunner().invoke(main, ["--url", url, *args], input=input)
+    # --create: a fresh embedded path is a new store (a typo check refuses it otherwise).
+    return CliRunner().invoke(main, ["--url", url, "--create", *args], input=input)
 
 
 def jobs_of(url: str, name: str) -> dict[str, object]:
@@ -87,7 +88,7 @@ def test_a_real_pipe(tmp_path):
     url = f"embedded://{tmp_path / 's.db'}"
     data = "id,v\n" + "".join(f"p{i},{i}\n" for i in range(300))
     done = subprocess.run(
-        [sys.executable, "-m", "aeroqueue", "--url", url, "load", "piped", "-", "--json"],
+        [sys.executable, "-m", "aeroqueue", "--url", url, "--create", "load", "piped", "-", "--json"],
         input=data.encode(), capture_output=True, timeout=120,
     )
     assert done.returncode == 0, done.stderr.decode()
