@@ -113,7 +113,8 @@ def run(
 def _measure(url: str, path: Path, n: int, server_pid: int | None, workers: int | None) -> LoadRow:
     # The child's own peak RSS: its VmHWM, sampled while it runs. (wait4's ru_maxrss would
     # not do: Linux carries the parent's RSS at fork over into the child's maximum.)
-    cmd = [sys.executable, "-m", "aeroqueue", "--url", url, "load", f"loadbench-{n}-{uuid.uuid4().hex[:6]}", str(path), "--json"]
+    cmd = [sys.executable, "-m", "aeroqueue", "--url", url, *(["--create"] if url.startswith("embedded") else []),
+           "load", f"loadbench-{n}-{uuid.uuid4().hex[:6]}", str(path), "--json"]
     if workers:
         cmd += ["--workers", str(workers)]
     s0 = _cpu_of(server_pid)

@@ -69,7 +69,8 @@ def test_a_failed_range_among_many_is_left_for_recovery(tmp_path, list_name):
     backend = open_backend(f"embedded://{tmp_path / 's.db'}")
     udfs.register(backend)
     lists, queue = JobLists(backend), Queue(backend)
-    backend.client.faults.add(op="batch_write", key=f"{list_name}/j57", error="TimeoutError")
+    lists.write_retry_s = 0.3  # a failure that lasts: the index write of one job keeps timing out
+    backend.client.faults.add(op="batch_write", key=f"{list_name}/j57", error="TimeoutError", times=-1)
     with pytest.raises(errors.LoadAbandoned):
         lists.load(list_name, specs(200), chunk_size=10, workers=3, lease_ms=0)
     backend.client.faults.clear()
