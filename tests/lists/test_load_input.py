@@ -24,12 +24,9 @@ _REGISTERED: set[str] = set()
 
 @pytest.fixture
 def url(store_url):
-    """The store URL, the embedded store created (the CLI refuses a missing one), the
-    modules registered once per run on a real server (the CLI registers them itself on
-    an embedded store)."""
-    if store_url.startswith("embedded"):
-        open_backend(store_url).close()
-    elif store_url not in _REGISTERED:
+    """The store URL, with the modules registered once per run on a real server (the
+    CLI registers them itself on an embedded store): registration costs seconds."""
+    if not store_url.startswith("embedded") and store_url not in _REGISTERED:
         b = open_backend(store_url)
         udfs.register(b)
         b.close()
@@ -89,7 +86,6 @@ def test_stdin_is_checked_whole_before_writing(url, list_name):
 
 def test_a_real_pipe(tmp_path):
     url = f"embedded://{tmp_path / 's.db'}"
-    open_backend(url).close()
     data = "id,v\n" + "".join(f"p{i},{i}\n" for i in range(300))
     done = subprocess.run(
         [sys.executable, "-m", "aeroqueue", "--url", url, "--create", "load", "piped", "-", "--json"],
@@ -132,7 +128,6 @@ def test_the_limit_is_read_from_the_store(url, tmp_path):
 
 def test_a_field_over_the_stores_limit_names_its_line(tmp_path):
     url = f"embedded://{tmp_path / 's.db'}?max_record_size=65536"
-    open_backend(url).close()
     path = tmp_path / "big.csv"
     path.write_text("id,blob\nok,1\nb1," + "x" * 70_000 + "\n")
     out = cli(url, "load", "L", str(path))
