@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from aeroqueue import udfs
+from aeroqueue.backends import open_backend
 from tests.conftest import port_open, require
 
 from .helpers import assert_exactly_once, make_jobs, processed, synced_marks
@@ -58,7 +60,18 @@ def test_spark_submit_to_a_standalone_cluster(registered, store_url, cluster, li
     assert any(a.get("name") == "aeroqueue-sync" for a in apps), "it ran on the cluster, not in local mode"
 
 
-def test_an_executor_killed_mid_task(registered, store_url, cluster, list_name, mysql_db, mysql_url, tmp_path):
+@pytest.fixture
+def real_store(real_url):
+    """The real server only: an executor's death is Spark's business, whatever the store;
+    one run of this slow test is enough (the store-specific paths run on both above)."""
+    backend = open_backend(real_url)
+    udfs.register(backend)
+    yield backend
+    backend.close()
+
+
+def test_an_executor_killed_mid_task(real_store, real_url, cluster, list_name, mysql_db, mysql_url, tmp_path):
+    registered, store_url = real_store, real_url
     make_jobs(registered, list_name, done=120, dead=8)
     args = {"store": store_url, "target": mysql_url, "master": cluster.url, "partitions": 4, "batch": 10,
             "lists": [list_name], "pause_dir": str(tmp_path), "lease_s": 30.0}
