@@ -306,12 +306,10 @@ class Worker:
             with self._in_flight_lock:
                 self._in_flight[job.name] = job
             try:
-                outcome, jobs = self._run(job, jobs, session)
+                outcome = self._run(job, session)
             except AeroqueueError as e:  # the store failed mid-acknowledgement
                 log.error("acknowledgement failed", extra={"event": "ack_failed", "jid": job.jid, "error": str(e)})
                 outcome = "unacked"
-                jobs = [*jobs, *e.reserved]  # claimed in the same call as the failed ack
-                self._hold(e.reserved)
                 # The ack may or may not have landed; if the claim is still ours,
                 # give the job back (its attempt counted) rather than hold it
                 # until this worker exits: a live session is never reaped.
@@ -330,9 +328,8 @@ class Worker:
             self.counters.add(_COUNTER_OF[outcome])
             self.observer.outcome(job.list, outcome)
 
-    def _run(self, job: Job, queued: list[Job], session: Session) -> tuple[str, list[Job]]:
-        """Run one job and acknowledge it (one round trip). Returns the outcome and the
-        jobs still waiting."""
+    def _run(self, job: Job, session: Session) -> str:
+        """Run one job and acknowledge it (one round trip); returns the outcome."""
         started = time.monotonic()
         ok, value = run_handler(job, self.handler)
         self.observer.handler_duration(job.list, time.monotonic() - started)
@@ -340,7 +337,7 @@ class Worker:
         if outcome == "done":
             log.info("job done", extra={"event": "job_done", "list": job.list, "token": job.token, "jid": job.jid,
                                         "attempt": job.attempt, "ms": round((time.monotonic() - started) * 1000, 2)})
-        return outcome, queued
+        return outcome
 
     def _reserve_any(self, session: Session) -> list[Job]:
         """Reserve from the lists in turn; [] (after an idle pause) when none gives anything."""
