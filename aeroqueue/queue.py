@@ -28,10 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from aerospike import exception as aex
-
 from . import keys, transitions
-from .backends import IN_DOUBT, Backend, BatchResult, retry_busy, retry_in_doubt, wrap
+from .backends import IN_DOUBT, Backend, BatchResult, retry_busy, retry_in_doubt
 from .errors import AeroqueueError, ClaimLost, JobNotFound, ListNotFound, RecordBusy
 from .lists import JobLists
 from .sessions import Session
@@ -219,25 +217,9 @@ class Queue:
 
     def _batch(self, claims: list[tuple[str, list[Any]]], acks: list[tuple[Job, Any]]) -> list[BatchResult]:
         """Claims and acks in one batch call: the claims' results, then the acks'."""
-        from aerospike_helpers.batch.records import Apply, BatchRecords
-
-        policy = {"key": 1}  # POLICY_KEY_SEND
-        b = self.backend
-        records = [Apply(b.key(keys.JOB_SET, n), keys.JOB_MOD, "claim", args, policy=policy) for n, args in claims]
-        records += [
-            Apply(b.key(keys.JOB_SET, job.name), keys.JOB_MOD, "complete", [job.session, {job.token: result}], policy=policy)
-            for job, result in acks
-        ]
-        b.round_trips += 1
-        try:
-            out = b.client.batch_write(BatchRecords(records))
-        except aex.AerospikeError as e:
-            raise wrap(e, "batch claim + complete", f"{keys.JOB_SET}/[{len(records)} keys]") from e
-        names = [n for n, _ in claims] + [job.name for job, _ in acks]
-        return [
-            BatchResult(name=n, ok=br.result == 0, value=br.record[2].get("SUCCESS") if br.record else None, code=br.result)
-            for n, br in zip(names, out.batch_records, strict=True)
-        ]
+        calls = [(n, "claim", args) for n, args in claims]
+        calls += [(job.name, "complete", [job.session, {job.token: result}]) for job, result in acks]
+        return self.backend.batch_udfs(keys.JOB_SET, calls, keys.JOB_MOD)
 
     def _claim_one(self, name: str, sess: str, rid: str, token: int) -> Any:
         """One claim, repeated while its answer is in doubt (a timeout, a node lost) until the deadline."""

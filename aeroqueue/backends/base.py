@@ -248,18 +248,23 @@ class Backend:
     def batch_udf(self, set_name: str, calls: list[tuple[str, list[Any]]], module: str, function: str) -> list[BatchResult]:
         """One UDF on many records, each with its own arguments, in one round trip
         (batch_write with Apply records); never raises for a single record."""
+        return self.batch_udfs(set_name, [(n, function, args) for n, args in calls], module)
+
+    def batch_udfs(self, set_name: str, calls: list[tuple[str, str, list[Any]]], module: str) -> list[BatchResult]:
+        """`batch_udf` where each record names its own function: (name, function, args)."""
         if not calls:
             return []
         policy = {"key": aerospike.POLICY_KEY_SEND}
-        batch = BatchRecords([Apply(self.key(set_name, n), module, function, args, policy=policy) for n, args in calls])
+        batch = BatchRecords([Apply(self.key(set_name, n), module, f, args, policy=policy) for n, f, args in calls])
         self.round_trips += 1
         try:
             out = self.client.batch_write(batch)
         except aex.AerospikeError as e:
-            raise wrap(e, f"batch {module}.{function}", f"{set_name}/[{len(calls)} keys]") from e
+            functions = ", ".join(sorted({f for _, f, _ in calls}))
+            raise wrap(e, f"batch {module}.{functions}", f"{set_name}/[{len(calls)} keys]") from e
         return [
             BatchResult(name=n, ok=br.result == 0, value=br.record[2].get("SUCCESS") if br.record else None, code=br.result)
-            for (n, _), br in zip(calls, out.batch_records, strict=True)
+            for (n, _, _), br in zip(calls, out.batch_records, strict=True)
         ]
 
     def batch_get(self, set_name: str, names: list[str], bins: list[str] | None = None) -> list[Record | None]:
