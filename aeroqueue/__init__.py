@@ -8,6 +8,7 @@ processed jobs to MySQL.
 from .backends import Backend, open_backend
 from .config import StoreURL, parse_url, resolve_url
 from .errors import AeroqueueError
+from .queue import Job, Retry
 
 
 def connect(url: str | None = None) -> Backend:
@@ -21,5 +22,7 @@ def connect(url: str | None = None) -> Backend:
     return backend
 
 
-__all__ = ["AeroqueueError", "Backend", "StoreURL", "connect", "open_backend", "parse_url", "resolve_url"]
+__all__ = [
+    "AeroqueueError", "Backend", "Job", "Retry", "StoreURL", "connect", "open_backend", "parse_url", "resolve_url",
+]
 __version__ = "0.1.0"

@@ -15,11 +15,14 @@ from typing import Any
 from . import keys, transitions
 from . import load as _load
 from .backends import Backend, retry_in_doubt
-from .errors import ListModeMismatch, ListNotFound, ListSealed
+from .errors import ConfigError, JobNotFound, ListModeMismatch, ListNotFound, ListSealed
 from .load import DEFAULT_CHUNK, DEFAULT_LEASE_MS, LoadReport, max_payload
 
 MODES = ("tokens", "ids")
 DEFAULT_MAX_ATTEMPTS = 5
+DEFAULT_TIMEOUT_S = 300.0  # a claim's time limit
+DEFAULT_BACKOFF_S = 1.0  # attempt n waits between half and all of base * 2^(n-1)...
+DEFAULT_BACKOFF_MAX_S = 3600.0  # ...capped here
 PAGE = 1000  # records per batch read when walking a list
 
 __all__ = ["DEFAULT_CHUNK", "DEFAULT_LEASE_MS", "JobLists", "ListStatus", "LoadReport", "max_payload"]
@@ -42,6 +45,10 @@ class ListStatus:
     max_attempts: int
     created: int
     completed_at: int | None
+    delayed: int = 0
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    backoff_s: float = DEFAULT_BACKOFF_S
+    backoff_max_s: float = DEFAULT_BACKOFF_MAX_S
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -79,17 +86,38 @@ class JobLists:
 
     # -- create, seal, pause ---------------------------------------------------
 
-    def create(self, name: str, *, mode: str = "tokens", max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> bool:
-        """Create a list (True), or check an existing one has the same mode (False)."""
+    def create(
+        self, name: str, *, mode: str = "tokens", max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        timeout_s: float | None = None, backoff_s: float | None = None, backoff_max_s: float | None = None,
+    ) -> bool:
+        """Create a list (True), or check an existing one has the same mode (False).
+        The time limit and backoff (None: the defaults) apply to a new list only; an
+        existing list keeps its own (`tune` changes them)."""
         keys.check_list_name(name)
         if mode not in MODES:
             raise ListModeMismatch(f"unknown mode {mode!r}: use 'tokens' or 'ids'")
         if max_attempts < 1:
             raise ListModeMismatch(f"max_attempts must be at least 1, not {max_attempts}")
-        out = self._list_udf(name, "create", mode, max_attempts)
+        opts = _policy_opts(timeout_s, backoff_s, backoff_max_s)
+        out = self._list_udf(name, "create", mode, max_attempts, opts)
         if out["st"] == "exists" and out["mode"] != mode:
             raise ListModeMismatch(f"list {name!r} exists in {out['mode']!r} mode, not {mode!r}")
         return bool(out["st"] == "created")
+
+    def tune(
+        self, name: str, *, timeout_s: float | None = None, backoff_s: float | None = None,
+        backoff_max_s: float | None = None,
+    ) -> None:
+        """Change a list's time limit and backoff (None: unchanged). A new time limit
+        applies to claims made from now on; a new backoff to failures from now on."""
+        opts = _policy_opts(timeout_s, backoff_s, backoff_max_s)
+        head = self.header(name)
+        lo = opts.get("bo", head.get("bo", 1000))
+        hi = opts.get("bo_max", head.get("bo_max", 3_600_000))
+        if hi < lo:
+            raise ConfigError(f"list {name!r}: the backoff cap ({hi / 1000:g} s) is below its base ({lo / 1000:g} s)")
+        if opts and self._list_udf(name, "tune", opts) == "missing":
+            raise ListNotFound(f"no job list named {name!r}")
 
     def seal(self, name: str) -> None:
         """Loading is finished: refuse further loads; the list can now become complete."""
@@ -122,6 +150,10 @@ class JobLists:
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         progress: Callable[[int], None] | None = None,
         workers: int | None = None,
+        timeout_s: float | None = None,
+        backoff_s: float | None = None,
+        backoff_max_s: float | None = None,
+        delay_s: float = 0.0,
     ) -> LoadReport:
         """Load jobs into a list, creating it if needed (see `aeroqueue.load`).
 
@@ -132,10 +164,13 @@ class JobLists:
         job: loading only jobs it already holds is a no-op
         (`LoadReport.already_sealed`), any new one raises `ListSealed`.
         `workers` ranges are written at once (default: 8 on a server, 1 on the
-        embedded store)."""
+        embedded store). `timeout_s`, `backoff_s` and `backoff_max_s` set a new
+        list's time limit and backoff (`create`); `delay_s` holds these jobs back
+        for that long (server clock), and a job's own `run_at` until then."""
         return _load.load(
             self, name, jobs, mode=mode, seal=seal, chunk_size=chunk_size, lease_ms=lease_ms,
-            max_attempts=max_attempts, progress=progress, workers=workers,
+            max_attempts=max_attempts, progress=progress, workers=workers, timeout_s=timeout_s, backoff_s=backoff_s,
+            backoff_max_s=backoff_max_s, delay_s=delay_s,
         )
 
     def recover(self, name: str) -> int:
@@ -149,10 +184,12 @@ class JobLists:
         head = self.header(name)
         done, dead = self._bit_counts(name, head["alloc"])
         retry = len(head.get("retry") or [])
+        delayed, held_back = _delayed(head)
         if head["mode"] == "ids":
             reservable = len(self.unpopped_ids(name, head))
         else:
-            reservable = head["tail"] - head["head"]
+            reservable = head["tail"] - head["head"] - held_back
+        reservable += sum(r[1] for r in head.get("ready") or [])
         total = head["total"]
         pending = len(head.get("pend") or {})
         sealed = head["sealed"] == 1
@@ -166,7 +203,7 @@ class JobLists:
             total=total,
             reservable=reservable,
             # Reserved and not yet acknowledged: whatever is neither waiting nor finished.
-            in_flight=max(0, total - reservable - retry - done - dead),
+            in_flight=max(0, total - reservable - retry - delayed - done - dead),
             retry_pending=retry,
             done=done,
             dead=dead,
@@ -177,6 +214,10 @@ class JobLists:
             max_attempts=head["max_att"],
             created=head["created"],
             completed_at=completed_at,
+            delayed=delayed,
+            timeout_s=head.get("tlim", 300_000) / 1000,
+            backoff_s=head.get("bo", 1000) / 1000,
+            backoff_max_s=head.get("bo_max", 3_600_000) / 1000,
         )
 
     def unpopped_ids(self, name: str, head: dict[str, Any]) -> list[int]:
@@ -219,13 +260,66 @@ class JobLists:
         return n
 
     def kick(self, name: str, tokens: Iterable[int] | None = None) -> int:
-        """Put dead jobs back in the queue with fresh attempts: all of the list's, or
-        only these tokens (a token that is not dead is left alone). Returns how many."""
+        """Put jobs back in the queue now: dead ones with fresh attempts, delayed ones
+        before their time. All of the list's dead jobs, or only these tokens (a token
+        that is neither dead nor delayed is left alone). Returns how many."""
         if tokens is None:
             tokens = [job["token"] for job in self.jobs(name, "dead")]
         else:
             self.header(name)  # a clear error for a missing list
         return transitions.kick(self.backend, name, list(tokens))
+
+    # -- one job, by its own id --------------------------------------------------
+
+    def find_job(self, name: str, jid: str) -> dict[str, Any]:
+        """A job's record, found by the id it was loaded with (through the job-id index)."""
+        self.header(name)
+        idx = self.backend.get(keys.JIDX_SET, keys.jidx_name(name, str(jid)))
+        tok = idx.bins.get("tok") if idx is not None else None
+        rec = self.backend.get(keys.JOB_SET, keys.job_name(name, tok)) if tok is not None else None
+        if rec is None or rec.bins.get("state") == "void":
+            raise JobNotFound(f"list {name!r} has no job with id {jid!r}")
+        return rec.bins
+
+    def kick_job(self, name: str, jid: str) -> bool:
+        """Put one dead or delayed job back in the queue now; False if it was neither."""
+        return self.kick(name, [self.find_job(name, jid)["token"]]) == 1
+
+    def bury(self, name: str, jid: str, why: str = "buried by an operator") -> str:
+        """Send one job to dead by hand (a claim on it is lost: its ack will be refused).
+        Returns the job's state afterwards: 'dead', or 'done' (left alone)."""
+        job = self.find_job(name, jid)
+        return transitions.bury(self.backend, name, job["token"], why)
+
+
+def _policy_opts(timeout_s: float | None, backoff_s: float | None, backoff_max_s: float | None) -> dict[str, int]:
+    """The list record's tlim / bo / bo_max (ms) for the values given; checks them."""
+    opts: dict[str, int] = {}
+    if timeout_s is not None:
+        if not timeout_s > 0:
+            raise ConfigError(f"time limit must be positive seconds, not {timeout_s}")
+        opts["tlim"] = max(1, round(timeout_s * 1000))
+    if backoff_s is not None:
+        if not backoff_s >= 0:
+            raise ConfigError(f"backoff must be zero or positive seconds, not {backoff_s}")
+        opts["bo"] = round(backoff_s * 1000)
+    if backoff_max_s is not None:
+        if not backoff_max_s >= 0:
+            raise ConfigError(f"backoff cap must be zero or positive seconds, not {backoff_max_s}")
+        opts["bo_max"] = round(backoff_max_s * 1000)
+    if "bo" in opts and "bo_max" in opts and opts["bo_max"] < opts["bo"]:
+        raise ConfigError(f"the backoff cap ({backoff_max_s:g} s) is below its base ({backoff_s:g} s)")
+    return opts
+
+
+def _delayed(head: dict[str, Any]) -> tuple[int, int]:
+    """(jobs waiting for their time, tokens of the token store held back by gates and
+    timed jobs) from the list record's schedule."""
+    gates = head.get("gates") or {}
+    timed = head.get("timed") or {}
+    ranges = sum(item[2] for items in (head.get("sched") or {}).values() for item in items if isinstance(item, list))
+    delayed = sum(g["real"] for g in gates.values()) + (head.get("nsch") or 0) + ranges
+    return delayed, sum(g["n"] for g in gates.values()) + len(timed)
 
 
 def _jsonable(value: Any) -> Any:

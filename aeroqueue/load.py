@@ -41,7 +41,7 @@ import aerospike
 from aerospike_helpers.batch.records import BatchRecords, Write
 from aerospike_helpers.operations import operations as op
 
-from . import keys
+from . import keys, transitions
 from .backends import IN_DOUBT, Backend, retry_in_doubt, wrap
 from .errors import ListNotFound, ListSealed, LoadAbandoned, LoadError, RecordExists
 from .loading import RECORD_OVERHEAD, JobSpec, from_iterable
@@ -92,8 +92,14 @@ def load(
     max_attempts: int,
     progress: Callable[[int], None] | None = None,
     workers: int | None = None,
+    timeout_s: float | None = None,
+    backoff_s: float | None = None,
+    backoff_max_s: float | None = None,
+    delay_s: float = 0.0,
 ) -> LoadReport:
     """See `JobLists.load`."""
+    if not delay_s >= 0:
+        raise LoadError(f"delay must be zero or positive seconds, not {delay_s}")
     if chunk_size < 1:
         raise LoadError(f"chunk size must be at least 1, not {chunk_size}")
     backend = lists.backend
@@ -102,7 +108,9 @@ def load(
     if first is None:
         raise LoadError(f"no jobs to load into {name!r}: nothing was created")
     specs = itertools.chain([first], it)
-    created = lists.create(name, mode=mode, max_attempts=max_attempts)
+    created = lists.create(
+        name, mode=mode, max_attempts=max_attempts, timeout_s=timeout_s, backoff_s=backoff_s, backoff_max_s=backoff_max_s
+    )
     head = lists.header(name)
     if head["sealed"] == 1:
         return _sealed_again(backend, name, specs, progress)
@@ -110,7 +118,7 @@ def load(
     n_workers = workers if workers is not None else default_workers(backend)
     # A list this load created has no index entries but those of concurrent loaders,
     # which the create-only index resolves: no need to read it first.
-    loader = _RangeLoader(lists, name, head, lease_ms, check_index=not created)
+    loader = _RangeLoader(lists, name, head, lease_ms, check_index=not created, delay_ms=round(delay_s * 1000))
     totals = [0, 0, 0]
 
     def add(result: tuple[int, int, int], size: int) -> None:
@@ -171,8 +179,11 @@ class _RangeLoader:
     alloc, one short round trip), so tokens follow the file whatever the
     threads: the list is served in the order it was loaded."""
 
-    def __init__(self, lists: JobLists, name: str, head: dict[str, Any], lease_ms: int, check_index: bool) -> None:
+    def __init__(
+        self, lists: JobLists, name: str, head: dict[str, Any], lease_ms: int, check_index: bool, delay_ms: int = 0
+    ) -> None:
         self.lists = lists
+        self.delay_ms = delay_ms
         self.b = lists.backend
         self.name = name
         self.mode = head["mode"]
@@ -206,15 +217,30 @@ class _RangeLoader:
             raise ListNotFound(f"no job list named {name!r}")
         seq, start = got["seq"], got["start"]
         ns = b.namespace
+        # Delays count from the server's clock (alloc's `now`), never the loader's.
+        now_ms = got.get("now", 0)
+        gate = now_ms + self.delay_ms if self.delay_ms > 0 else 0
         # The bins every job of the range shares: one operation dict each, reused
         # (the client only reads them).
-        same = [op.write("list", name), op.write("state", "queued"), op.write("att", 0), op.write("max_att", self.max_att)]
+        same = [op.write("list", name), op.write("att", 0), op.write("max_att", self.max_att)]
+        queued = [op.write("state", "queued")]
+        timed: dict[int, int] = {}  # token -> due, for jobs with a run_at of their own
+
+        def state_of(t: int, s: JobSpec) -> list[Any]:
+            own = round(s.run_at * 1000) if s.run_at is not None else 0
+            due = max(gate, own)
+            if due <= now_ms:
+                return queued
+            if own > gate:
+                timed[t] = own
+            return [op.write("state", "delayed"), op.write("due", due)]
+
         # 3. job records, create-only: tokens are fresh, so a conflict means a
         # recovery voided this range after our lease ran out.
         job_writes = [
             Write(
                 (ns, keys.JOB_SET, f"{name}/{t}"),
-                [op.write("token", t), op.write("jid", s.jid), op.write("payload", s.payload), *same],
+                [op.write("token", t), op.write("jid", s.jid), op.write("payload", s.payload), *same, *state_of(t, s)],
                 policy=_CREATE,
             )
             for t, s in zip(range(start, start + len(new)), new, strict=True)
@@ -242,7 +268,9 @@ class _RangeLoader:
             )
         # 4. the index: the commit point of each job.
         real = commit_index(self.lists, name, list(zip(tokens, [s.jid for s in new], strict=True)))
-        finish_range(self.lists, name, self.mode, seq, real)
+        real_set = set(real)
+        finish_range(self.lists, name, self.mode, seq, real, gate=gate,
+                     timed={t: due for t, due in timed.items() if t in real_set})
         return len(real), len(batch) - len(new), len(new) - len(real)
 
 
@@ -324,11 +352,17 @@ def commit_index(lists: JobLists, name: str, pairs: list[tuple[int, str]]) -> li
     return [t for t, _ in pairs if t not in void_set]
 
 
-def finish_range(lists: JobLists, name: str, mode: str, seq: int, real: list[int]) -> None:
+def finish_range(
+    lists: JobLists, name: str, mode: str, seq: int, real: list[int], *, gate: int = 0, timed: dict[int, int] | None = None
+) -> None:
+    """Publish a written range. `gate` (server ms) holds the whole range back until
+    then; `timed` holds single jobs back (token -> server ms). A recovered range
+    passes neither: its delayed jobs are refused by their claim until due, and
+    scheduled then (the job record is what decides)."""
     if mode == "ids":
         with contextlib.suppress(RecordExists):  # a recovery wrote the same chunk
             lists.backend.put(keys.IDS_SET, keys.chunk_name(name, seq), {"ids": real}, create_only=True)
-    out = lists._list_udf(name, "publish", seq, len(real))
+    out = lists._list_udf(name, "publish", seq, len(real), gate, timed or {}, transitions.SCHED_CAP)
     if out["st"] != "ok":
         raise LoadAbandoned(f"list {name!r}: range {seq} is unknown to the list record")
 

@@ -33,6 +33,7 @@ import tempfile
 from array import array
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
@@ -54,6 +55,42 @@ class JobSpec:
     jid: str
     payload: Any
     line: int | None = None
+    run_at: float | None = None  # epoch seconds: not reservable before then (server clock)
+
+
+RUN_AT = "run_at"  # the field (CSV column, JSON key) that delays one job
+
+
+def _iso_seconds(text: str, source: str, line: int | None) -> float:
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise LoadError(f"run_at {text[:40]!r} is neither ISO 8601 (2026-11-23T15:00:00+00:00) nor epoch seconds",
+                        source=source, line=line, field=RUN_AT) from None
+    if when.tzinfo is None:
+        raise LoadError(f"run_at {text[:40]!r} has no time zone (add Z or +hh:mm)", source=source, line=line,
+                        field=RUN_AT)
+    return when.timestamp()
+
+
+def parse_run_at(value: Any, source: str, line: int | None) -> float | None:
+    """A row's run_at: ISO 8601 with a time zone, or epoch seconds; empty: none."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if isinstance(value, bool):
+        raise LoadError(f"run_at must be ISO 8601 with a zone or epoch seconds, not {value!r}", source=source,
+                        line=line, field=RUN_AT)
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        text = str(value).strip()
+        try:
+            seconds = float(text)
+        except ValueError:
+            seconds = _iso_seconds(text, source, line)
+    if not 0 <= seconds < 1e11:  # NaN fails too
+        raise LoadError(f"run_at {value!r} is out of range", source=source, line=line, field=RUN_AT)
+    return seconds
 
 
 class _BadValue(ValueError):
@@ -142,7 +179,8 @@ def _read_csv(handle: Any, source: str, id_field: str, max_payload: int, strict:
         raise LoadError("duplicate column in the header", source=source, line=1, field=dup)
     id_at = header.index(id_field)
     payload_at = header.index("payload") if "payload" in header and id_field != "payload" else None
-    extra = [(i, h) for i, h in enumerate(header) if i not in (id_at, payload_at)]
+    run_at_at = header.index(RUN_AT) if RUN_AT in header and id_field != RUN_AT else None
+    extra = [(i, h) for i, h in enumerate(header) if i not in (id_at, payload_at, run_at_at)]
     if payload_at is not None and extra and strict:
         raise LoadError(f"column {extra[0][1]!r} is neither the id nor 'payload' (--strict)", source=source,
                         line=1, field=extra[0][1])
@@ -172,16 +210,19 @@ def _read_csv(handle: Any, source: str, id_field: str, max_payload: int, strict:
         jid = row[id_at].strip()
         if not jid:
             raise LoadError("empty job id", source=source, line=line, field=id_field)
+        run_at = parse_run_at(row[run_at_at], source, line) if run_at_at is not None else None
         if payload_at is None:
             payload: Any = dict(zip(header, row, strict=True))
             del payload[id_field]
+            if run_at_at is not None:
+                del payload[RUN_AT]
             measure = sum(map(len, row)) > fast
         else:
             payload = _json_cell(row[payload_at], source, line)
             if extra:
                 payload = _merge_extra(payload, {h: row[i] for i, h in extra}, source, line)
             measure = True
-        yield _checked(JobSpec(jid, payload, line), source, id_field, max_payload, measure)
+        yield _checked(JobSpec(jid, payload, line, run_at), source, id_field, max_payload, measure)
 
 
 def _json_cell(text: str, source: str, line: int) -> Any:
@@ -258,6 +299,7 @@ def _read_jsonl(handle: Any, source: str, id_field: str, max_payload: int, stric
         if id_field not in obj:
             raise LoadError("missing job id", source=source, line=line, field=id_field)
         jid = obj.pop(id_field)
+        run_at = parse_run_at(obj.pop(RUN_AT, None), source, line)
         if isinstance(jid, bool) or not isinstance(jid, (str, int)) or str(jid).strip() == "":
             raise LoadError(f"job id must be a non-empty string or integer, got {jid!r}", source=source, line=line, field=id_field)
         if "payload" in obj and id_field != "payload":
@@ -272,7 +314,7 @@ def _read_jsonl(handle: Any, source: str, id_field: str, max_payload: int, stric
             payload = obj
         # A \u escape may hide a lone surrogate, which is not valid Unicode: measure those.
         measure = len(text) > fast or "\\u" in text
-        yield _checked(JobSpec(str(jid), payload, line), source, id_field, max_payload, measure)
+        yield _checked(JobSpec(str(jid), payload, line, run_at), source, id_field, max_payload, measure)
 
 
 def _bad_field(text: str) -> str:
@@ -489,11 +531,11 @@ def from_iterable(items: Iterable[Any], *, max_payload: int, source: str = "<pyt
     out = []
     for i, item in enumerate(items, start=1):
         if isinstance(item, JobSpec):
-            spec = JobSpec(item.jid, item.payload, item.line or i)
+            spec = JobSpec(item.jid, item.payload, item.line or i, item.run_at)
         elif isinstance(item, tuple) and len(item) == 2:
             spec = JobSpec(str(item[0]), item[1], i)
         elif isinstance(item, dict) and "id" in item:
-            spec = JobSpec(str(item["id"]), item.get("payload"), i)
+            spec = JobSpec(str(item["id"]), item.get("payload"), i, parse_run_at(item.get(RUN_AT), source, i))
         else:
             raise LoadError(f"expected (id, payload), a JobSpec or a dict with 'id', got {item!r:.80}", source=source, line=i)
         if not spec.jid.strip():

@@ -7,7 +7,7 @@ threads (and the session's heartbeat thread), so it must be thread-safe and
 quick: it runs on the hot path.
 
 Every reserved job ends in exactly one of done, failed (put back for a
-retry), dead, timed out, released or lost, so the counts of a worker add up.
+retry), snoozed, dead, timed out, released or lost, so the counts of a worker add up.
 """
 
 from __future__ import annotations
@@ -37,6 +37,9 @@ class WorkerObserver:
     def timed_out(self, list_name: str) -> None:
         """A handler ran past the job's time limit: the worker stopped waiting for it."""
 
+    def snoozed(self, list_name: str) -> None:
+        """A handler asked to run its job later (`Retry(after=...)`): not a failure."""
+
     def released(self, list_name: str, n: int = 1) -> None:
         """Jobs were given back unfinished (draining, or an acknowledgement that failed)."""
 
@@ -50,12 +53,14 @@ class WorkerObserver:
         """Dispatch one of `run_job`'s outcomes to its point."""
         if outcome == "done":
             self.done(list_name)
-        elif outcome == "retry":
+        elif outcome in ("retry", "delayed"):
             self.failed(list_name)
         elif outcome == "dead":
             self.dead(list_name)
         elif outcome == "timed_out":
             self.timed_out(list_name)
+        elif outcome == "snoozed":
+            self.snoozed(list_name)
         else:  # 'lost', 'unacked'
             self.lost(list_name)
 

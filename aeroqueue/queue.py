@@ -22,10 +22,12 @@ Each of these UDFs is O(1) in the list's size.
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import keys, transitions
@@ -37,7 +39,8 @@ from .sessions import Session
 
 @dataclass(frozen=True)
 class Job:
-    """A reserved job, claimed under `session`."""
+    """A reserved job, claimed under `session`, with `timeout_s` to be acknowledged
+    (the list's time limit when it was claimed; `touch` extends it)."""
 
     list: str
     token: int
@@ -45,10 +48,36 @@ class Job:
     payload: Any
     attempt: int
     session: str
+    timeout_s: float = 300.0
+    toucher: Callable[[Job, float | None], None] | None = field(default=None, compare=False, repr=False)
 
     @property
     def name(self) -> str:
         return keys.job_name(self.list, self.token)
+
+    def touch(self, seconds: float | None = None) -> None:
+        """The handler needs longer: its claim's time limit becomes `seconds` (default:
+        the list's time limit) from now. Raises `ClaimLost` when the claim is gone or
+        already past its limit."""
+        if self.toucher is None:
+            raise ClaimLost(f"job {self.name} (id {self.jid!r}) was not reserved through a queue: nothing to touch")
+        self.toucher(self, seconds)
+
+
+POLICY_TTL_S = 5.0  # how long a list's backoff settings are cached
+
+
+class Retry(Exception):
+    """Raised by a handler: run this job again `after` seconds from now. The attempt
+    is given back and no error is recorded (River's snooze, Sidekiq's retry_in)."""
+
+    def __init__(self, after: float = 0.0, reason: str = "") -> None:
+        super().__init__(reason or f"retry after {after:g} s")
+        self.after = float(after)
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickles (a --pool process child sends it back)
+        return (Retry, (self.after, self.reason))
 
 
 class Queue:
@@ -61,6 +90,11 @@ class Queue:
         self.busy_deadline_s = busy_deadline_s
         self.bits = transitions.bit_buffer(backend)
         self._modes: dict[str, str] = {}
+        # (read at, backoff base ms, backoff cap ms) per list: `tune` reaches a
+        # running worker within POLICY_TTL_S.
+        self._policies: dict[str, tuple[float, int, int]] = {}
+        self._touched: list[Callable[[Job, float], None]] = []  # told of each touch (the worker's watchdog)
+        self._lock = threading.Lock()
 
     def _udf(self, set_name: str, name: str, module: str, function: str, *args: Any) -> Any:
         return self.backend.udf(set_name, name, module, function, *args, deadline_s=self.busy_deadline_s)
@@ -114,7 +148,7 @@ class Queue:
         seen: set[int] = set()
         try:
             while len(got) < count:
-                taken = self._take(list_name, count - len(got))
+                taken, tlim = self._take(list_name, count - len(got))
                 # The retry store may hold a token twice (harmless for anyone else:
                 # the claim refuses a job that is not queued). Under one request id
                 # the second claim would answer 'ok' again, as a repeated call does,
@@ -124,7 +158,7 @@ class Queue:
                 if not taken and not pending:
                     break
                 these, pending = pending, []
-                got.extend(self._claim(list_name, sess, rid, tokens, these, got, lost))
+                got.extend(self._claim(list_name, sess, rid, tlim, tokens, these, got, lost))
                 if not taken:
                     break
         except AeroqueueError as e:
@@ -145,18 +179,19 @@ class Queue:
             # again at the next reservation.
         return got, lost
 
-    def _take(self, name: str, k: int) -> list[int]:
+    def _take(self, name: str, k: int) -> tuple[list[int], int]:
+        """Tokens to claim, and the list's time limit (ms) for their claims."""
         out = self._udf(keys.LIST_SET, name, keys.LIST_MOD, "take", k)
         st = out["st"]
         if st == "missing":
             raise ListNotFound(f"no job list named {name!r}")
         if st == "paused":
-            return []
+            return [], 0
         retry, start, n = out["retry"], out["start"], out["n"]
         tokens = list(range(start, start + n)) if not retry else [*retry, *range(start, start + n)]
         if len(tokens) < k and self._mode(name) == "ids":
             tokens += self._pop_ids(name, k - len(tokens), out["cursor"], out["pubs"])
-        return tokens
+        return tokens, out.get("tlim") or 300_000
 
     def _mode(self, name: str) -> str:
         mode = self._modes.get(name)
@@ -177,17 +212,19 @@ class Queue:
         return got
 
     def _claim(
-        self, name: str, sess: str, rid: str, tokens: list[int], acks: list[tuple[Job, Any]],
+        self, name: str, sess: str, rid: str, tlim: int, tokens: list[int], acks: list[tuple[Job, Any]],
         earlier: list[Job], lost: list[Job],
     ) -> list[Job]:
         acked: list[BatchResult] = []
         if not acks and len(tokens) == 1:
-            answers = [self._claim_one(name, sess, rid, tokens[0])]
+            answers = [self._claim_one(name, sess, rid, tlim, tokens[0])]
         else:
-            calls = [(keys.job_name(name, t), [sess, rid]) for t in tokens]
+            calls = [(keys.job_name(name, t), [sess, rid, tlim]) for t in tokens]
             try:
                 if not acks:
-                    results = self.backend.batch_apply(keys.JOB_SET, [c[0] for c in calls], keys.JOB_MOD, "claim", sess, rid)
+                    results = self.backend.batch_apply(
+                        keys.JOB_SET, [c[0] for c in calls], keys.JOB_MOD, "claim", sess, rid, tlim
+                    )
                 else:
                     results = self._batch(calls, acks)
             except IN_DOUBT:
@@ -199,9 +236,11 @@ class Queue:
             answers = [r.value for r in results if r.ok]
             # A busy key, or an answer lost in the batch: claim it alone. The same
             # request id makes a claim that did happen answer 'ok' again.
-            answers += [self._claim_one(name, sess, rid, t) for t, r in zip(tokens, results, strict=True) if not r.ok]
+            answers += [self._claim_one(name, sess, rid, tlim, t) for t, r in zip(tokens, results, strict=True) if not r.ok]
+        self._reschedule(name, answers)
         jobs = [
-            Job(list=name, token=a["token"], jid=a["jid"], payload=a.get("payload"), attempt=a["att"], session=sess)
+            Job(list=name, token=a["token"], jid=a["jid"], payload=a.get("payload"), attempt=a["att"], session=sess,
+                timeout_s=tlim / 1000, toucher=self._touch)
             for a in answers
             if a and a.get("st") == "ok"
         ]
@@ -221,9 +260,19 @@ class Queue:
         calls += [(job.name, "complete", [job.session, {job.token: result}]) for job, result in acks]
         return self.backend.batch_udfs(keys.JOB_SET, calls, keys.JOB_MOD)
 
-    def _claim_one(self, name: str, sess: str, rid: str, token: int) -> Any:
+    def _claim_one(self, name: str, sess: str, rid: str, tlim: int, token: int) -> Any:
         """One claim, repeated while its answer is in doubt (a timeout, a node lost) until the deadline."""
-        return self._job_udf(keys.job_name(name, token), "claim", sess, rid)
+        return self._job_udf(keys.job_name(name, token), "claim", sess, rid, tlim)
+
+    def _reschedule(self, name: str, answers: list[Any]) -> None:
+        """Delayed jobs reached before their time (a recovered load range, the sweeper,
+        an overflowing schedule) go onto the schedule for when they are due."""
+        waits: dict[int, list[int]] = defaultdict(list)
+        for a in answers:
+            if a and a.get("st") == "delayed":
+                waits[int(a["wait"])].append(a["token"])
+        for wait, toks in waits.items():
+            transitions.schedule(self.backend, name, toks, wait)
 
     # -- acknowledge -------------------------------------------------------------
 
@@ -243,7 +292,7 @@ class Queue:
             except ClaimLost:
                 return False
             return True
-        if answer.value == "lost":
+        if answer.value in ("lost", "late"):
             return False
         self._check(job, answer.value)
         self.bits.add(job.list, [job.token])
@@ -278,10 +327,67 @@ class Queue:
         return lost
 
     def fail(self, job: Job, error: str) -> str:
-        """Record a failure: back to the queue while attempts remain ('retry'), else 'dead'."""
-        st = transitions.fail(self.backend, job.list, job.token, job.session, error, deadline_s=self.busy_deadline_s)
+        """Record a failure: back to the queue while attempts remain, after the list's
+        backoff ('delayed', or 'retry' with no backoff), else 'dead'."""
+        st = transitions.fail(
+            self.backend, job.list, job.token, job.session, error, delay_ms=self.backoff_ms(job.list, job.attempt),
+            deadline_s=self.busy_deadline_s,
+        )
         self._check(job, st)
         return st
+
+    def snooze(self, job: Job, after_s: float) -> str:
+        """Run the job again `after_s` from now, without counting this attempt ('delayed')."""
+        if not after_s >= 0:
+            raise ValueError(f"Retry(after=...) must be zero or positive seconds, not {after_s}")
+        st = transitions.snooze(self.backend, job.list, job.token, job.session, round(after_s * 1000),
+                                deadline_s=self.busy_deadline_s)
+        self._check(job, st)
+        return st
+
+    def expire(self, job: Job, why: str | None = None) -> str:
+        """End a claim that ran past its time limit, as a failed attempt whose error says
+        so: 'retry', 'delayed', 'dead', or 'early' (not past it by the server's clock
+        yet), 'lost' (not ours any more)."""
+        why = why or f"timed out: not acknowledged within its time limit of {job.timeout_s:g} s"
+        return transitions.expire(
+            self.backend, job.list, job.token, job.session, why, delay_ms=self.backoff_ms(job.list, job.attempt),
+            deadline_s=self.busy_deadline_s,
+        )
+
+    def touch(self, job: Job, seconds: float | None = None) -> float:
+        """Extend a claim's time limit to `seconds` (default: the job's own) from now.
+        Returns the seconds granted; `ClaimLost` if the claim is gone or already late."""
+        seconds = job.timeout_s if seconds is None else seconds
+        if not seconds > 0:
+            raise ValueError(f"touch needs positive seconds, not {seconds}")
+        out = self._job_udf(job.name, "touch", job.session, max(1, round(seconds * 1000)))
+        self._check(job, out["st"])
+        for listener in list(self._touched):
+            listener(job, seconds)
+        return seconds
+
+    def _touch(self, job: Job, seconds: float | None) -> None:
+        self.touch(job, seconds)
+
+    def on_touch(self, listener: Callable[[Job, float], None]) -> None:
+        """Be told of every touch made through this queue (job, seconds granted)."""
+        self._touched.append(listener)
+
+    def backoff_ms(self, list_name: str, attempt: int) -> int:
+        """How long a failed attempt waits before the job is reservable again."""
+        now = time.monotonic()
+        with self._lock:
+            policy = self._policies.get(list_name)
+        if policy is None or now - policy[0] > POLICY_TTL_S:
+            try:
+                head = self.lists.header(list_name)
+            except ListNotFound:
+                return 0
+            policy = (now, int(head.get("bo", 1000)), int(head.get("bo_max", 3_600_000)))
+            with self._lock:
+                self._policies[list_name] = policy
+        return transitions.backoff_ms(attempt, policy[1], policy[2])
 
     def release(self, job: Job, why: str = "released", *, refund: bool = True) -> str:
         """Give a claimed job back, if this session still holds it. With `refund` the
@@ -301,8 +407,13 @@ class Queue:
         if st == "lost":
             raise ClaimLost(
                 f"job {job.name} (id {job.jid!r}): the claim of session {job.session} was lost "
-                "(expired or reaped, and the job was given to another session); the acknowledgement was refused"
+                "(expired, reaped or buried, and maybe given to another session); the acknowledgement was refused"
+            )
+        if st == "late":
+            raise ClaimLost(
+                f"job {job.name} (id {job.jid!r}): the claim ran past its time limit ({job.timeout_s:g} s) and will "
+                "be retried as timed out; the acknowledgement was refused"
             )
 
 
-__all__ = ["Job", "Queue", "RecordBusy", "retry_busy"]
+__all__ = ["Job", "Queue", "RecordBusy", "Retry", "retry_busy"]

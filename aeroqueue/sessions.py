@@ -33,9 +33,9 @@ from typing import Any
 
 from aerospike_helpers import expressions as xp
 
-from . import keys
+from . import keys, transitions
 from .backends import Backend, retry_in_doubt
-from .errors import BackendError, ConfigError, GenerationConflict, SessionLost
+from .errors import BackendError, ConfigError, GenerationConflict, ListNotFound, SessionLost
 from .lists import JobLists
 from .transitions import flush_bits, push_retry, set_bits
 
@@ -50,6 +50,12 @@ _EXPIRED = xp.Or(
     xp.GE(xp.SinceUpdateTime(), xp.IntBin("exp")),
 ).compile()
 _CLAIMED = xp.Eq(xp.StrBin("state"), "claimed").compile()
+# Claims past their time limit, by the server's clock: `tl` is the limit granted at
+# the claim or the last touch, the record's last update.
+_OVERDUE = xp.And(
+    xp.Eq(xp.StrBin("state"), "claimed"),
+    xp.GE(xp.SinceUpdateTime(), xp.IntBin("tl")),
+).compile()
 
 
 def check_timing(interval_s: float, expiry_s: float) -> None:
@@ -222,12 +228,16 @@ def release_claims(backend: Backend, session_id: str, *, refund: bool, why: str)
 class ReapReport:
     sessions: int  # expired sessions reaped
     released: int  # claims given back (or sent dead)
+    timed_out: int = 0  # claims of live sessions ended past their time limit
 
 
 def reap(backend: Backend) -> ReapReport:
-    """Reap every expired session (see the module docstring)."""
+    """Reap every expired session (see the module docstring), and end the claims of
+    live sessions that ran past their time limit (a handler that hangs)."""
     sessions = released = 0
+    expired = set()
     for session_id, rec in backend.scan(keys.SESS_SET, expression=_EXPIRED):
+        expired.add(session_id)
         if rec.bins.get("state") == "alive":
             try:
                 # Generation check: a heartbeat since our scan means it is alive after all.
@@ -240,7 +250,34 @@ def reap(backend: Backend) -> ReapReport:
         backend.remove(keys.SESS_SET, session_id)
         sessions += 1
         log.info("session reaped", extra={"event": "reaped", "session": session_id, "released": released})
-    return ReapReport(sessions, released)
+    live = [sid for sid, _ in backend.scan(keys.SESS_SET, bins=["state"]) if sid not in expired]
+    return ReapReport(sessions, released, sum(expire_overdue(backend, sid) for sid in live))
+
+
+def expire_overdue(backend: Backend, session_id: str) -> int:
+    """End a live session's claims that ran past their time limit, each as a failed
+    attempt whose error says it timed out (retried after the list's backoff, or
+    dead). One index query on the session's claims; returns how many it ended."""
+    policies: dict[str, tuple[int, int]] = {}
+    ended = 0
+    for _, rec in backend.find(keys.JOB_SET, "sess", session_id, expression=_OVERDUE):
+        bins = rec.bins
+        name = bins["list"]
+        if name not in policies:
+            try:
+                head = JobLists(backend).header(name)
+                policies[name] = (int(head.get("bo", 1000)), int(head.get("bo_max", 3_600_000)))
+            except ListNotFound:
+                policies[name] = (0, 0)
+        limit = bins.get("tl", 0) / 1000
+        why = f"timed out: not acknowledged within its time limit of {limit:g} s (session {session_id} still alive)"
+        delay = transitions.backoff_ms(bins.get("att", 1), *policies[name])
+        st = transitions.expire(backend, bins["list"], bins["token"], session_id, why, delay_ms=delay)
+        if st in ("retry", "delayed", "dead"):
+            ended += 1
+            log.warning("claim timed out", extra={"event": "timed_out", "session": session_id, "list": bins["list"],
+                                                  "token": bins["token"], "jid": bins.get("jid"), "outcome": st})
+    return ended
 
 
 def recount_session(backend: Backend, session_id: str) -> int:
@@ -266,7 +303,7 @@ def _recount(backend: Backend, list_name: str, bitmap: str, tokens: list[int]) -
 
 @dataclass(frozen=True)
 class SweepReport:
-    requeued: int  # queued jobs taken but never claimed, offered again
+    requeued: int  # queued jobs taken but never claimed, and delayed jobs long due, offered again
     orphans: int  # claims of sessions that no longer exist, released
     recounted: int  # finished jobs whose completion bit was missing, counted
     ranges: int  # load ranges of dead loaders, finished
@@ -293,7 +330,7 @@ def sweep(backend: Backend, *, grace_ms: int = 60_000) -> SweepReport:
             # Finished jobs: a worker may have died between the ack and its bit.
             xp.Eq(state, "done"), xp.Eq(state, "dead"),
             # Waiting jobs untouched for the grace period.
-            xp.And(stale, xp.Or(xp.Eq(state, "claimed"), xp.Eq(state, "queued"))),
+            xp.And(stale, xp.Or(xp.Eq(state, "claimed"), xp.Eq(state, "queued"), xp.Eq(state, "delayed"))),
         ),
     ).compile()
     found: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
@@ -323,6 +360,14 @@ def sweep(backend: Backend, *, grace_ms: int = 60_000) -> SweepReport:
             lost = [j["token"] for j in jobs if j["token"] < head["head"] and j["token"] not in waiting]
         if lost:
             requeued += push_retry(backend, list_name, lost)
+    # Delayed jobs long past their time: the schedule was full, or a process died
+    # between a failure and its follow-up. The claim checks `due` by the server's
+    # clock, so one offered a little early is put back on the schedule, not run.
+    overdue_before = time.time() * 1000 - grace_ms
+    for list_name, jobs in found["delayed"].items():
+        late = [j["token"] for j in jobs if j.get("due", 0) < overdue_before]
+        if late:
+            requeued += push_retry(backend, list_name, late)
     return SweepReport(requeued, orphans, recounted, ranges)
 
 

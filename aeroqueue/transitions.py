@@ -5,9 +5,13 @@ The job record changes state only through the UDFs of ``aq_job_v1.lua``
 here and nowhere else:
 
 - ``complete``: the job's bit in the list's ``done`` bitmap;
-- ``fail`` / ``release``: back onto the list's retry store while attempts
-  remain, else the ``dead`` bit;
-- ``kick``: the ``dead`` bit cleared, then back onto the retry store.
+- ``fail`` / ``expire`` (time limit) / ``release``: back onto the list's
+  retry store while attempts remain, or onto its schedule when a backoff
+  applies (``delayed``), else the ``dead`` bit;
+- ``snooze`` (the handler's ``Retry(after=...)``): onto the schedule;
+- ``bury``: the ``dead`` bit;
+- ``kick``: the ``dead`` bit cleared, then back onto the retry store, and
+  the list's completion time cleared.
 
 Every follow-up is idempotent (a bit set twice counts once; a token twice in
 the retry store is claimed once), so a transition whose answer was lost is
@@ -28,6 +32,7 @@ from __future__ import annotations
 import atexit
 import functools
 import logging
+import random
 import threading
 import weakref
 from collections import defaultdict
@@ -43,6 +48,8 @@ from .errors import AeroqueueError
 log = logging.getLogger("aeroqueue.transitions")
 
 RETRY_CAP = 20_000  # tokens kept in the list record's retry store (well under max-record-size)
+SCHED_CAP = 20_000  # tokens kept in the list record's schedule; the rest wait in their records for the sweeper
+ERROR_CHARS = 4000  # of each error (message and traceback) kept in a job's history
 BITMAP_BYTES = keys.BITS_PER_CHUNK // 8
 _ONE = bytearray([0x80])
 _ZERO = bytearray([0x00])
@@ -78,6 +85,35 @@ def push_retry(backend: Backend, list_name: str, tokens: list[int]) -> int:
         lambda: backend.udf(keys.LIST_SET, list_name, keys.LIST_MOD, "push_retry", tokens, RETRY_CAP)
     )
     return accepted
+
+
+def schedule(backend: Backend, list_name: str, tokens: list[int], delay_ms: int) -> int:
+    """Offer jobs again `delay_ms` from now (server clock): onto the list's schedule.
+    Returns how many fit; the rest stay delayed in their records for the sweeper."""
+    if not tokens:
+        return 0
+    # Repeated after a lost answer it may schedule a token twice: harmless, as above.
+    accepted: int = retry_in_doubt(
+        lambda: backend.udf(keys.LIST_SET, list_name, keys.LIST_MOD, "schedule", tokens, max(0, int(delay_ms)), SCHED_CAP)
+    )
+    return accepted
+
+
+def backoff_ms(attempt: int, base_ms: int, cap_ms: int, rng: random.Random | None = None) -> int:
+    """How long attempt `attempt` (1-based) waits after failing: between half and all
+    of base * 2^(attempt-1), capped, so that retries of many jobs spread out."""
+    if base_ms <= 0:
+        return 0
+    full = min(cap_ms, base_ms * (1 << min(max(attempt, 1) - 1, 40)))
+    return round(full * (rng or random).uniform(0.5, 1.0))
+
+
+def error_text(text: str) -> str:
+    """An error as kept in the job's history: its start and its end (the traceback's last lines)."""
+    if len(text) <= ERROR_CHARS:
+        return text
+    half = ERROR_CHARS // 2
+    return f"{text[:half]}\n[... {len(text) - ERROR_CHARS} characters cut ...]\n{text[-half:]}"
 
 
 class BitBuffer:
@@ -193,12 +229,15 @@ def flush_bits(backend: Backend) -> None:
 # -- transitions ---------------------------------------------------------------
 
 
-def after_fail(backend: Backend, list_name: str, token: int, outcome: str) -> None:
-    """Follow-up of a fail or release: dead bit, or back onto the retry store."""
+def after_fail(backend: Backend, list_name: str, token: int, outcome: str, delay_ms: int = 0) -> None:
+    """Follow-up of a fail, expire, snooze or release: dead bit, back onto the retry
+    store, or onto the schedule (`delayed`)."""
     if outcome == "dead":
         set_bits(backend, list_name, [token], "dead", 1)
     elif outcome in ("retry", "released"):
         push_retry(backend, list_name, [token])
+    elif outcome == "delayed":
+        schedule(backend, list_name, [token], delay_ms)
 
 
 def release(
@@ -214,15 +253,61 @@ def release(
     return st
 
 
-def fail(backend: Backend, list_name: str, token: int, session_id: str, error: str, *, deadline_s: float = 5.0) -> str:
-    """claimed by `session_id` -> queued while attempts remain ('retry'), else 'dead';
-    'lost' or 'missing' change nothing. Repeated while its answer is in doubt, for
+def fail(
+    backend: Backend, list_name: str, token: int, session_id: str, error: str, *, delay_ms: int = 0,
+    deadline_s: float = 5.0,
+) -> str:
+    """claimed by `session_id` -> queued while attempts remain ('retry'), or delayed for
+    `delay_ms` (its backoff: 'delayed'), else 'dead'; 'lost', 'late' (past its time
+    limit) or 'missing' change nothing. Repeated while its answer is in doubt, for
     `deadline_s`: a repeat answers as the first did."""
+    error = error_text(error)
     st = str(retry_in_doubt(
-        lambda: backend.udf(keys.JOB_SET, keys.job_name(list_name, token), keys.JOB_MOD, "fail", session_id, error),
+        lambda: backend.udf(
+            keys.JOB_SET, keys.job_name(list_name, token), keys.JOB_MOD, "fail", session_id, error, int(delay_ms)
+        ),
         deadline_s=deadline_s,
     ))
-    after_fail(backend, list_name, token, st)
+    after_fail(backend, list_name, token, st, delay_ms)
+    return st
+
+
+def expire(
+    backend: Backend, list_name: str, token: int, session_id: str, why: str, *, delay_ms: int = 0,
+    deadline_s: float = 5.0,
+) -> str:
+    """A claim past its time limit ends as a failed attempt (error `why`): 'retry',
+    'delayed', 'dead'; 'early' (not past it by the server's clock), 'lost' or
+    'missing' change nothing."""
+    st = str(retry_in_doubt(
+        lambda: backend.udf(
+            keys.JOB_SET, keys.job_name(list_name, token), keys.JOB_MOD, "expire", session_id, int(delay_ms), why
+        ),
+        deadline_s=deadline_s,
+    ))
+    after_fail(backend, list_name, token, st, delay_ms)
+    return st
+
+
+def snooze(backend: Backend, list_name: str, token: int, session_id: str, delay_ms: int, *, deadline_s: float = 5.0) -> str:
+    """The handler asked to run later: claimed -> delayed for `delay_ms`, the attempt
+    given back. 'delayed', or 'lost' / 'late' / 'missing' (nothing changed)."""
+    delay_ms = max(1, int(delay_ms))
+    st = str(retry_in_doubt(
+        lambda: backend.udf(keys.JOB_SET, keys.job_name(list_name, token), keys.JOB_MOD, "snooze", session_id, delay_ms),
+        deadline_s=deadline_s,
+    ))
+    after_fail(backend, list_name, token, st, delay_ms)
+    return st
+
+
+def bury(backend: Backend, list_name: str, token: int, why: str) -> str:
+    """queued, delayed or claimed -> dead, by hand. Returns the state afterwards."""
+    st = str(retry_in_doubt(
+        lambda: backend.udf(keys.JOB_SET, keys.job_name(list_name, token), keys.JOB_MOD, "bury", error_text(why))
+    ))
+    if st == "dead":
+        set_bits(backend, list_name, [token], "dead", 1)
     return st
 
 
@@ -235,6 +320,9 @@ def kick(backend: Backend, list_name: str, tokens: list[int]) -> int:
     complete, which nobody sweeps."""
     set_bits(backend, list_name, tokens, "dead", 0)
     kicked = [t for t in tokens if backend.udf(keys.JOB_SET, keys.job_name(list_name, t), keys.JOB_MOD, "kick") == "ok"]
-    push_retry(backend, list_name, kicked)
+    if kicked:
+        push_retry(backend, list_name, kicked)
+        # A complete list is not complete any more: its completion time goes.
+        retry_in_doubt(lambda: backend.udf(keys.LIST_SET, list_name, keys.LIST_MOD, "reopen"))
     return len(kicked)
 

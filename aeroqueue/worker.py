@@ -8,16 +8,29 @@ up to a deadline, the rest are released, the session is closed.
 
 A handler is ``def handle(job: Job) -> result``; its return value is stored
 as the job's result, and an exception fails the job with its message and
-traceback (retried until the list's max attempts, then dead). Handlers run at
-least once per job and may run more than once when a worker dies or pauses
-mid-job (its jobs come back): make their side effects idempotent.
+traceback (retried after the list's backoff until its max attempts, then
+dead); ``raise Retry(after=seconds)`` runs it again later without counting a
+failure. Handlers run at least once per job and may run more than once when a
+worker dies or pauses mid-job (its jobs come back): make their side effects
+idempotent.
+
+Time limits: a job must be acknowledged within its list's time limit
+(``job.touch()`` extends it). Past it the worker stops waiting: in thread mode
+it abandons the handler's thread (a Python thread cannot be killed; the
+handler's late result is discarded) and starts another so that its
+concurrency stays; with ``pool="process"`` each thread runs its handlers in a
+child process, killed when a job overruns. Either way the claim ends as a
+failed attempt that says it timed out.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import importlib
 import json
 import logging
+import multiprocessing
 import os
 import random
 import signal
@@ -33,7 +46,7 @@ from .backends import Backend
 from .errors import AeroqueueError, ClaimLost, ConfigError, ListNotFound, RecordTooBig, SessionLost
 from .lists import JobLists
 from .observe import NULL_OBSERVER, WorkerObserver
-from .queue import Job, Queue
+from .queue import Job, Queue, Retry
 from .sessions import DEFAULT_EXPIRY_S, DEFAULT_INTERVAL_S, Session, reap, sweep
 
 log = logging.getLogger("aeroqueue.worker")
@@ -48,6 +61,7 @@ EXIT_THREADS_DIED = 4  # every handler thread died (a bug in the worker, not a h
 # (take, then one batch of claims), each ack one, so 4 make 1.5 per job. The
 # jobs wait claimed in the thread's hands, as with Celery's prefetch.
 DEFAULT_PREFETCH = 4
+POOLS = ("thread", "process")
 
 
 def load_handler(spec: str) -> Handler:
@@ -77,6 +91,8 @@ class Counters:
     done: int = 0
     retried: int = 0
     dead: int = 0
+    snoozed: int = 0  # the handler raised Retry(after=...)
+    timed_out: int = 0  # ran past the time limit: the worker stopped waiting
     lost: int = 0  # acknowledgements refused: the claim had been given away
     unacked: int = 0  # finished after the session was lost: not acknowledged
     released: int = 0
@@ -131,7 +147,7 @@ def _failure_text(e: BaseException) -> str:
 
 def run_handler(job: Job, handler: Handler) -> tuple[bool, Any]:
     """Run the handler: (True, its result as it will be stored) or (False, what went
-    wrong, with the traceback).
+    wrong, with the traceback), or (False, the `Retry` it raised).
 
     Whatever the handler does fails that job and nothing else: an exception, a
     result that cannot be stored, ``sys.exit`` or ``KeyboardInterrupt`` raised
@@ -139,6 +155,8 @@ def run_handler(job: Job, handler: Handler) -> tuple[bool, Any]:
     the host program's Ctrl-C or exit (`run_job` fails the job first)."""
     try:
         return True, storable_result(handler(job))
+    except Retry as r:
+        return False, r
     except BaseException as e:
         if not isinstance(e, Exception) and threading.current_thread() is threading.main_thread():
             raise
@@ -146,14 +164,20 @@ def run_handler(job: Job, handler: Handler) -> tuple[bool, Any]:
 
 
 def acknowledge(queue: Queue, job: Job, ok: bool, value: Any, session: Session | None = None) -> str:
-    """Acknowledge what the handler did: 'done', 'retry', 'dead', 'lost' (the claim was
-    given away: the acknowledgement was refused) or 'unacked' (the session was lost
+    """Acknowledge what the handler did: 'done', 'retry' (or 'delayed': after a backoff),
+    'dead', 'snoozed' (it raised `Retry`), 'lost' (the claim was given away or ran past
+    its time limit: the acknowledgement was refused) or 'unacked' (the session was lost
     while the handler ran: its claims may be someone else's, so nothing is sent)."""
     if session is not None and session.lost:
         log.warning("job finished after the session was lost: not acknowledged",
                     extra={"event": "job_unacked", "list": job.list, "token": job.token, "jid": job.jid})
         return "unacked"
     try:
+        if isinstance(value, Retry):
+            queue.snooze(job, value.after)
+            log.info("job snoozed", extra={"event": "job_snoozed", "list": job.list, "token": job.token, "jid": job.jid,
+                                           "after_s": value.after})
+            return "snoozed"
         if not ok:
             outcome = queue.fail(job, value)
             log.info("job failed", extra={"event": "job_failed", "list": job.list, "token": job.token, "jid": job.jid,
@@ -194,7 +218,10 @@ def process_one(queue: Queue, list_name: str, session: Session | str, handler: H
     return run_job(queue, jobs[0], handler, session if isinstance(session, Session) else None)
 
 
-_COUNTER_OF = {"done": "done", "retry": "retried", "dead": "dead", "lost": "lost", "unacked": "unacked"}
+_COUNTER_OF = {
+    "done": "done", "retry": "retried", "delayed": "retried", "dead": "dead", "snoozed": "snoozed", "lost": "lost",
+    "unacked": "unacked", "timed_out": "timed_out",
+}
 
 
 class Worker:
@@ -217,11 +244,15 @@ class Worker:
         idle_s: float = 0.2,
         until_complete: bool = False,
         observer: WorkerObserver | None = None,
+        pool: str = "thread",
     ) -> None:
         if not lists:
             raise ConfigError("a worker needs at least one list (--list)")
         if concurrency < 1 or batch < 1:
             raise ConfigError("concurrency and batch must be at least 1")
+        if pool not in POOLS:
+            raise ConfigError(f"unknown pool {pool!r}: use 'thread' or 'process'")
+        self.pool = pool
         self.backend = backend
         self.queue = Queue(backend)
         self.handler = handler
@@ -248,6 +279,14 @@ class Worker:
         self._warned: set[str] = set()
         self._threads: list[threading.Thread] = []
         self._threads_died = False
+        # The time limit, watched locally (the server's own limit is what decides):
+        self._deadlines: dict[str, float] = {}  # job name -> monotonic deadline of its running handler
+        self._runner_of: dict[str, threading.Thread] = {}  # job name -> the thread running it
+        self._reserved_at: dict[str, float] = {}  # job name -> monotonic time of its claim
+        self._prefetched: dict[int, list[Job]] = {}  # thread ident -> jobs it holds, not started
+        self._abandoned: set[str] = set()  # jobs whose handler ran past the limit: their result is discarded
+        self._retired: set[int] = set()  # threads stuck in such a handler (replaced)
+        self.queue.on_touch(self._touched)
 
     def request_stop(self, *_: Any) -> None:
         """Drain: finish what is in flight, take nothing new."""
@@ -277,36 +316,61 @@ class Worker:
         )
         log.info("worker started", extra={"event": "started", "session": session.id, "pid": os.getpid(), "lists": self.lists,
                                           "concurrency": self.concurrency, "batch": self.batch})
-        threads = [threading.Thread(target=self._work, name=f"worker-{i}", daemon=True) for i in range(self.concurrency)]
-        self._threads = threads
-        for t in threads:
-            t.start()
+        for _ in range(self.concurrency):
+            self._start_thread()
         try:
             self._maintain(session)
         finally:
-            code = self._drain(session, threads)
+            code = self._drain(session)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         return code
 
+    def _start_thread(self) -> None:
+        t = threading.Thread(target=self._work, name=f"worker-{len(self._threads)}", daemon=True)
+        self._threads.append(t)
+        t.start()
+
     def _work(self) -> None:
         assert self.session is not None
         session = self.session
-        jobs: list[Job] = []  # reserved, not yet started
+        me = threading.get_ident()
+        jobs: list[Job] = []  # reserved, not yet started (the watchdog may empty it)
+        runner = _ChildRunner(self.handler) if self.pool == "process" else None
+        with self._in_flight_lock:
+            self._prefetched[me] = jobs
+        try:
+            self._work_loop(session, me, jobs, runner)
+        finally:
+            if runner is not None:
+                runner.close()
+
+    def _work_loop(self, session: Session, me: int, jobs: list[Job], runner: _ChildRunner | None) -> None:
         while True:
+            if me in self._retired:
+                return  # replaced while stuck in a handler; its jobs went back then
             if self._stopping.is_set() or session.lost:
-                self._release(jobs, session)
-                self._unhold(jobs)
+                with self._in_flight_lock:
+                    left, jobs[:] = list(jobs), []
+                self._release(left, session)
+                self._unhold(left)
                 return
             if not jobs:
-                jobs = self._reserve_any(session)
+                got = self._reserve_any(session)
+                if not got:
+                    continue
+                now = time.monotonic()
+                with self._in_flight_lock:
+                    jobs.extend(got)
+                    self._reserved_at.update((j.name, now) for j in got)
+            with self._in_flight_lock:
                 if not jobs:
                     continue
-            job = jobs.pop(0)
-            with self._in_flight_lock:
+                job = jobs.pop(0)
                 self._in_flight[job.name] = job
+                self._runner_of[job.name] = threading.current_thread()
             try:
-                outcome = self._run(job, session)
+                outcome = self._run(job, session, runner)
             except AeroqueueError as e:  # the store failed mid-acknowledgement
                 log.error("acknowledgement failed", extra={"event": "ack_failed", "jid": job.jid, "error": str(e)})
                 outcome = "unacked"
@@ -325,14 +389,42 @@ class Worker:
                 with self._in_flight_lock:
                     self._in_flight.pop(job.name, None)
                     self._held.discard(job.name)
+                    self._deadlines.pop(job.name, None)
+                    self._runner_of.pop(job.name, None)
+                    self._reserved_at.pop(job.name, None)
+                    abandoned = job.name in self._abandoned
+                    self._abandoned.discard(job.name)
+            if abandoned:
+                log.warning("a timed-out handler returned: its result was discarded",
+                            extra={"event": "late_result", "list": job.list, "token": job.token, "jid": job.jid})
+                return  # the watchdog replaced this thread
             self.counters.add(_COUNTER_OF[outcome])
             self.observer.outcome(job.list, outcome)
 
-    def _run(self, job: Job, session: Session) -> str:
+    def _run(self, job: Job, session: Session, runner: _ChildRunner | None = None) -> str:
         """Run one job and acknowledge it (one round trip); returns the outcome."""
         started = time.monotonic()
-        ok, value = run_handler(job, self.handler)
+        reserved_at = self._reserved_at.get(job.name, started)
+        if started - reserved_at > job.timeout_s / 4:
+            # It waited in the prefetch for a good part of its limit: the limit runs
+            # from the claim, so renew it before starting rather than lose the job.
+            try:
+                self.queue.touch(job)
+            except ClaimLost:
+                return "lost"
+            reserved_at = started
+        with self._in_flight_lock:
+            self._deadlines[job.name] = reserved_at + job.timeout_s
+        if runner is not None:
+            ok, value = runner.run(job, lambda: self._deadlines.get(job.name, 0.0), self.queue.touch)
+            if ok is None:  # killed past the time limit
+                self.observer.handler_duration(job.list, time.monotonic() - started)
+                return self._timed_out(job)
+        else:
+            ok, value = run_handler(job, self.handler)
         self.observer.handler_duration(job.list, time.monotonic() - started)
+        if job.name in self._abandoned:
+            return "abandoned"
         outcome = acknowledge(self.queue, job, ok, value, session)
         if outcome == "done":
             log.info("job done", extra={"event": "job_done", "list": job.list, "token": job.token, "jid": job.jid,
@@ -416,6 +508,8 @@ class Worker:
                 return
             now = time.monotonic()
             try:
+                if self.pool == "thread":
+                    self._watch(session)
                 if now >= next_reap:
                     report = reap(self.backend)
                     if report.sessions:
@@ -432,6 +526,52 @@ class Worker:
                         return
             except AeroqueueError as e:
                 log.warning("maintenance failed", extra={"event": "maintenance_failed", "error": str(e)})
+
+    def _touched(self, job: Job, seconds: float) -> None:
+        with self._in_flight_lock:
+            if job.name in self._deadlines:
+                self._deadlines[job.name] = time.monotonic() + seconds
+
+    def _watch(self, session: Session) -> None:
+        """Thread mode's watchdog: stop waiting for handlers past their time limit."""
+        now = time.monotonic()
+        with self._in_flight_lock:
+            overdue = [self._in_flight[name] for name, dl in self._deadlines.items()
+                       if now > dl and name in self._in_flight and name not in self._abandoned]
+        for job in overdue:
+            with self._in_flight_lock:
+                thread = self._runner_of.get(job.name)
+                if thread is None or job.name not in self._in_flight:
+                    continue  # it finished meanwhile
+                self._abandoned.add(job.name)
+                self._in_flight.pop(job.name, None)
+                self._retired.add(thread.ident or 0)
+                left = self._prefetched.pop(thread.ident or 0, [])
+                waiting, left[:] = list(left), []
+            # Its prefetched jobs never started: back, attempt refunded.
+            self._release(waiting, session)
+            self._unhold(waiting)
+            self.counters.add(_COUNTER_OF[self._timed_out(job)])
+            self.observer.timed_out(job.list)
+            if not self._stopping.is_set():
+                self._start_thread()  # the stuck thread's place: concurrency stays
+
+    def _timed_out(self, job: Job) -> str:
+        """End a claim past its time limit, as a failed attempt; returns 'timed_out'."""
+        st = "early"
+        for _ in range(50):  # the server's clock may lag ours by a little: its limit decides
+            try:
+                st = self.queue.expire(job)
+            except AeroqueueError as e:
+                log.warning("ending a timed-out claim failed", extra={"event": "expire_failed", "jid": job.jid,
+                                                                      "error": str(e)})
+                break  # the reaper ends it
+            if st != "early":
+                break
+            time.sleep(0.1)
+        log.warning("handler timed out", extra={"event": "timed_out", "list": job.list, "token": job.token,
+                                                "jid": job.jid, "limit_s": job.timeout_s, "outcome": st})
+        return "timed_out"
 
     def _release_orphans(self, session: Session) -> None:
         """Give back claims of our session that no thread works on. A claim whose answer
@@ -452,11 +592,12 @@ class Worker:
                                                           "token": job.token, "jid": job.jid})
             self._release([job], session, refund=False)
 
-    def _drain(self, session: Session, threads: list[threading.Thread]) -> int:
+    def _drain(self, session: Session) -> int:
         self._stopping.set()
         deadline = time.monotonic() + self.drain_timeout_s
-        for t in threads:
-            t.join(max(0.0, deadline - time.monotonic()))
+        for t in list(self._threads):
+            if t.ident not in self._retired:  # stuck in a timed-out handler: not waited for
+                t.join(max(0.0, deadline - time.monotonic()))
         if not session.lost:
             # Ask the server, not the last heartbeat: a process paused past its
             # expiry (SIGSTOP, a long GC) may stop before its heartbeat thread
@@ -472,9 +613,10 @@ class Worker:
         with self._in_flight_lock:
             stuck = list(self._in_flight.values())
         if stuck:
-            # Past the deadline: give these back now; their handlers' late acks will be refused.
+            # Past the deadline: give these back now; their handlers' late acks will be
+            # refused. Their attempt counts (they ran), so a job that always hangs ends.
             log.warning("drain deadline passed", extra={"event": "drain_timeout", "in_flight": len(stuck)})
-            self._release(stuck, session)
+            self._release(stuck, session, refund=False)
         try:
             self.queue.flush()
         except AeroqueueError as e:  # the reaper's recount sets them if this process cannot
@@ -482,3 +624,89 @@ class Worker:
         self.counters.add("released", session.close(release=True))
         log.info("worker stopped", extra={"event": "stopped", "session": session.id, **self.counters.snapshot()})
         return EXIT_THREADS_DIED if self._threads_died else EXIT_OK
+
+
+class _ChildRunner:
+    """Runs one worker thread's handlers in a child process (``pool="process"``), one
+    job at a time; kills the child when a job runs past its time limit, and starts
+    a new one for the next job. Spawned, not forked: the parent has threads (the
+    store client's among them), which a fork would copy mid-flight."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.proc: Any = None
+        self.conn: Any = None
+
+    def _start(self) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        parent, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_child_main, args=(self.handler, child), daemon=True, name="aeroqueue-handler")
+        self.proc.start()
+        child.close()
+        self.conn = parent
+
+    def run(self, job: Job, deadline: Callable[[], float], touch: Callable[[Job, float | None], float]) -> tuple[bool | None, Any]:
+        """(ok, value) as `run_handler` gives, or (None, None) when the job ran past
+        `deadline()` (monotonic; it moves when the handler touches) and was killed."""
+        if self.proc is None or not self.proc.is_alive():
+            self._start()
+        self.conn.send(dataclasses.replace(job, toucher=None))
+        while True:
+            remaining = deadline() - time.monotonic()
+            if remaining <= 0:
+                self.kill()
+                return None, None
+            if not self.conn.poll(min(remaining, 0.25)):
+                if not self.proc.is_alive():
+                    code = self.proc.exitcode
+                    self.proc = None
+                    return False, f"the handler's process died (exit code {code})"
+                continue
+            try:
+                msg = self.conn.recv()
+            except (EOFError, OSError):
+                self.kill()
+                return False, "the handler's process died"
+            if msg[0] == "touch":
+                try:
+                    self.conn.send(("ok", touch(job, msg[1])))
+                except AeroqueueError as e:
+                    self.conn.send(("lost", str(e)))
+                continue
+            return msg[1], msg[2]
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.join(5)
+            self.proc = None
+
+    def close(self) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(OSError):
+                self.conn.close()
+            self.proc.join(2)
+            if self.proc.is_alive():
+                self.kill()
+
+
+def _child_main(handler: Handler, conn: Any) -> None:
+    """A handler process: run the jobs the parent sends, send back each outcome."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group: the parent drains
+
+    def touch(job: Job, seconds: float | None) -> None:
+        conn.send(("touch", seconds))
+        answer = conn.recv()
+        if answer[0] != "ok":
+            raise ClaimLost(answer[1])
+
+    while True:
+        try:
+            job = conn.recv()
+        except (EOFError, OSError):
+            return
+        ok, value = run_handler(dataclasses.replace(job, toucher=touch), handler)
+        try:
+            conn.send(("result", ok, value))
+        except Exception as e:  # a value that does not pickle: that is the job's failure
+            conn.send(("result", False, f"the handler's result cannot be sent back: {e}"))

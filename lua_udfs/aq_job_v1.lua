@@ -5,107 +5,191 @@
 --   token    integer   ordinal in the list: the job's completion bit
 --   jid      string    the customer's job id
 --   payload  any       what the handler gets
---   state    'queued' | 'claimed' | 'done' | 'dead' | 'void'
---            ('void': a token whose job turned out to be a duplicate; never reserved)
+--   state    'queued' | 'delayed' | 'claimed' | 'done' | 'dead' | 'void'
+--            ('delayed': not reservable before `due`; 'void': a token whose job
+--            turned out to be a duplicate; never reserved)
+--   due      integer   delayed only: server ms from which it may be claimed
 --   rid      string    the request id of the claim: a claim retried after a lost
 --                      answer (a timeout) is recognised as the same claim
 --   sess     string    the session holding the claim, only while it is claimed: a
---                      secondary index on it lets the reaper find a dead
---                      session's claims without scanning every job
+--                      secondary index on it lets the reaper find a session's claims
+--                      without scanning every job
+--   dl       integer   claimed only: server ms when the claim's time limit runs out
+--   tl       integer   claimed only: the limit (ms) granted at the last claim or
+--                      touch, so a query finds overdue claims by the server's own
+--                      clock: SinceUpdateTime >= tl
 --   by       string    the session that completed, failed or released it last (so a
 --                      repeated acknowledgement is recognised)
---   att      integer   claims so far
+--   att      integer   claims so far (a snooze and a graceful release give one back)
 --   max_att  integer   attempts before the job goes dead
 --   claimed  integer   server ms of the last claim
 --   done_at  integer   server ms of completion or death
 --   result   any       complete()'s result
 --   err      string    the last failure
+--   errs     list      the last 10 failures, oldest first: map{at, err}
 --   synced   integer   server ms when the sync copied it to MySQL (absent: not yet)
 --
--- States: queued -> claimed -> done; claimed -> queued (fail with attempts
--- left, release); claimed -> dead (attempts used up); dead -> queued (kick).
+-- States (README, "The life of a job"): queued -> claimed -> done;
+-- claimed -> queued | delayed (fail or time limit with attempts left: delayed
+-- when a backoff applies; release; snooze); claimed -> dead (attempts used
+-- up; bury); delayed -> claimed once due; dead | delayed -> queued (kick);
+-- queued | delayed -> dead (bury).
 -- Every function returns a status value instead of raising, so a batch call
 -- (batch_apply) reports each job's outcome.
+
+local ERRS_KEPT = 10
 
 local function now()
   return aerospike:get_current_time()
 end
 
--- Ends `sess`'s claim (fail, release): the job goes dead when `dead`, else back
--- to the queue, answering `queued_status`. The session moves to `by`, so a
--- retried call is recognised.
-local function end_claim(rec, sess, why, dead, queued_status)
+-- The error history keeps the last ERRS_KEPT failures.
+local function add_err(rec, t, why)
   rec['err'] = why
+  local old = rec['errs']
+  local errs = list()
+  if old ~= nil then
+    local n = list.size(old)
+    local from = 1
+    if n >= ERRS_KEPT then from = n - ERRS_KEPT + 2 end
+    for i = from, n do list.append(errs, old[i]) end
+  end
+  list.append(errs, map{at = t, err = why})
+  rec['errs'] = errs
+end
+
+-- A claimed record's claim ends: no holder, no time limit.
+local function unclaim(rec, sess)
   rec['sess'] = nil
+  rec['dl'] = nil
+  rec['tl'] = nil
   rec['by'] = sess
+end
+
+-- Back to waiting: 'queued' at once, or 'delayed' for delay_ms (server clock).
+local function requeue(rec, t, delay_ms)
+  if delay_ms ~= nil and delay_ms > 0 then
+    rec['state'] = 'delayed'
+    rec['due'] = t + delay_ms
+    return 'delayed'
+  end
+  rec['state'] = 'queued'
+  rec['due'] = nil
+  return nil
+end
+
+-- Ends `sess`'s claim as a failed attempt (fail, time limit, release): the job
+-- goes dead when `dead`, else back to waiting, answering `queued_status` (or
+-- 'delayed' when a backoff applies). The session moves to `by`, so a retried
+-- call is recognised.
+local function end_claim(rec, sess, why, dead, queued_status, delay_ms)
+  local t = now()
+  add_err(rec, t, why)
+  unclaim(rec, sess)
   if dead then
     rec['state'] = 'dead'
-    rec['done_at'] = now()
+    rec['done_at'] = t
     aerospike:update(rec)
     return 'dead'
   end
-  rec['state'] = 'queued'
+  local st = requeue(rec, t, delay_ms) or queued_status
   aerospike:update(rec)
-  return queued_status
+  return st
 end
 
--- claim(rec, sess, rid) -> map{st='ok', jid, payload, att, token}
---                        | map{st='missing'|'void'|'claimed'|'done'|'dead'}
---   queued -> claimed under session `sess`; att + 1. The same call repeated
---   (same sess and rid: its first answer was lost) answers 'ok' again, so a
---   claim in doubt can be retried instead of being stranded.
-function claim(rec, sess, rid)
+-- An answer that repeats a transition already made by `sess` (its first answer
+-- was lost): the outcome it had, or nil.
+local function repeated(rec, sess, why, queued_status)
+  if rec['by'] ~= sess or rec['err'] ~= why then return nil end
+  local state = rec['state']
+  if state == 'dead' then return 'dead' end
+  if state == 'delayed' then return 'delayed' end
+  if state == 'queued' then return queued_status end
+  return nil
+end
+
+local function late(rec, t)
+  local dl = rec['dl']
+  return dl ~= nil and t > dl
+end
+
+-- claim(rec, sess, rid, tlim) -> map{st='ok', jid, payload, att, token, dl}
+--                              | map{st='delayed', due, wait, token} (wait: ms until due)
+--                              | map{st='missing'|'void'|'claimed'|'done'|'dead'}
+--   queued (or delayed and due) -> claimed under session `sess`, with a time
+--   limit of `tlim` ms; att + 1. The same call repeated (same sess and rid: its
+--   first answer was lost) answers 'ok' again, so a claim in doubt can be
+--   retried instead of being stranded.
+function claim(rec, sess, rid, tlim)
   if not aerospike:exists(rec) then return map{st = 'missing'} end
   local state = rec['state']
   if state == 'claimed' and rec['sess'] == sess and rid ~= nil and rec['rid'] == rid then
-    return map{st = 'ok', jid = rec['jid'], payload = rec['payload'], att = rec['att'], token = rec['token']}
+    return map{st = 'ok', jid = rec['jid'], payload = rec['payload'], att = rec['att'], token = rec['token'], dl = rec['dl']}
   end
-  if state ~= 'queued' then return map{st = state} end
+  local t = now()
+  if state == 'delayed' then
+    if rec['due'] ~= nil and rec['due'] > t then return map{st = 'delayed', due = rec['due'], wait = rec['due'] - t, token = rec['token']} end
+  elseif state ~= 'queued' then
+    return map{st = state}
+  end
   local att = (rec['att'] or 0) + 1
+  tlim = tlim or 300000
   rec['state'] = 'claimed'
+  rec['due'] = nil
   rec['sess'] = sess
   rec['rid'] = rid
   rec['att'] = att
-  rec['claimed'] = now()
+  rec['claimed'] = t
+  rec['dl'] = t + tlim
+  rec['tl'] = tlim
   aerospike:update(rec)
-  return map{st = 'ok', jid = rec['jid'], payload = rec['payload'], att = att, token = rec['token']}
+  return map{st = 'ok', jid = rec['jid'], payload = rec['payload'], att = att, token = rec['token'], dl = t + tlim}
 end
 
--- complete(rec, sess, results) -> 'ok' | 'again' | 'lost' | 'missing'
+-- complete(rec, sess, results) -> 'ok' | 'again' | 'lost' | 'late' | 'missing'
 --   claimed by `sess` -> done. `results` is a map token -> result, so that
 --   one batch call completes many jobs (batch_apply passes one argument list
 --   to every record). 'again': already done by this session (a retried ack,
---   harmless). 'lost': the claim is not this session's any more.
+--   harmless). 'lost': the claim is not this session's any more. 'late': the
+--   claim's time limit ran out: the result is refused, and the job is retried.
 function complete(rec, sess, results)
   if not aerospike:exists(rec) then return 'missing' end
   local state = rec['state']
   if state == 'done' and rec['by'] == sess then return 'again' end
   if state ~= 'claimed' or rec['sess'] ~= sess then return 'lost' end
+  local t = now()
+  if late(rec, t) then return 'late' end
+  unclaim(rec, sess)
   rec['state'] = 'done'
-  rec['sess'] = nil
-  rec['by'] = sess
-  rec['done_at'] = now()
+  rec['done_at'] = t
   rec['result'] = results[rec['token']]
   aerospike:update(rec)
   return 'ok'
 end
 
--- fail(rec, sess, err) -> 'retry' | 'dead' | 'lost' | 'missing'
---   claimed by `sess` -> queued while attempts remain ('retry': the caller
---   pushes the token to the retry store), else 'dead' (the caller sets its
---   dead bit). A retried fail that already took effect answers the same, so
---   the caller redoes its (idempotent) follow-up.
-function fail(rec, sess, err)
+-- fail(rec, sess, err, delay_ms) -> 'retry' | 'delayed' | 'dead' | 'lost' | 'late' | 'missing'
+--   claimed by `sess` -> waiting again while attempts remain: 'delayed' for
+--   delay_ms (the backoff) when it is positive, else 'retry' (the caller
+--   offers it again), or 'dead' (the caller sets its dead bit). The error joins
+--   the job's history. A retried fail that already took effect answers the same,
+--   so the caller redoes its (idempotent) follow-up. 'late': the time limit ran
+--   out first; the reaper records that failure instead.
+function fail(rec, sess, err, delay_ms)
   if not aerospike:exists(rec) then return 'missing' end
-  local state = rec['state']
-  if state ~= 'claimed' or rec['sess'] ~= sess then
-    if rec['by'] == sess and rec['err'] == err then
-      if state == 'queued' then return 'retry' end
-      if state == 'dead' then return 'dead' end
-    end
-    return 'lost'
-  end
-  return end_claim(rec, sess, err, rec['att'] >= rec['max_att'], 'retry')
+  if rec['state'] ~= 'claimed' or rec['sess'] ~= sess then return repeated(rec, sess, err, 'retry') or 'lost' end
+  if late(rec, now()) then return 'late' end
+  return end_claim(rec, sess, err, rec['att'] >= rec['max_att'], 'retry', delay_ms)
+end
+
+-- expire(rec, sess, delay_ms, why) -> 'retry' | 'delayed' | 'dead' | 'early' | 'lost' | 'missing'
+--   A claim of `sess` past its time limit ends as a failed attempt whose error
+--   is `why` (the reaper, or the worker that stopped waiting for the handler).
+--   'early': the limit has not run out by the server's clock; nothing changes.
+function expire(rec, sess, delay_ms, why)
+  if not aerospike:exists(rec) then return 'missing' end
+  if rec['state'] ~= 'claimed' or rec['sess'] ~= sess then return repeated(rec, sess, why, 'retry') or 'lost' end
+  if not late(rec, now()) then return 'early' end
+  return end_claim(rec, sess, why, rec['att'] >= rec['max_att'], 'retry', delay_ms)
 end
 
 -- release(rec, sess, refund, why) -> 'released' | 'dead' | 'not held' | 'missing'
@@ -116,30 +200,79 @@ end
 --   answers the same, so the caller redoes its follow-up.
 function release(rec, sess, refund, why)
   if not aerospike:exists(rec) then return 'missing' end
-  if rec['state'] ~= 'claimed' or rec['sess'] ~= sess then
-    if rec['by'] == sess and rec['err'] == why then
-      if rec['state'] == 'queued' then return 'released' end
-      if rec['state'] == 'dead' then return 'dead' end
-    end
-    return 'not held'
-  end
+  if rec['state'] ~= 'claimed' or rec['sess'] ~= sess then return repeated(rec, sess, why, 'released') or 'not held' end
   local att = rec['att']
   if refund == 1 and att > 0 then att = att - 1 end
   rec['att'] = att
-  return end_claim(rec, sess, why, refund ~= 1 and att >= rec['max_att'], 'released')
+  return end_claim(rec, sess, why, refund ~= 1 and att >= rec['max_att'], 'released', 0)
 end
 
--- kick(rec) -> 'ok' | 'not dead' | 'missing'
---   dead -> queued with fresh attempts (an operator's decision).
+-- snooze(rec, sess, delay_ms) -> 'delayed' | 'lost' | 'late' | 'missing'
+--   The handler asked to run later (Retry(after=...)): claimed by `sess` ->
+--   delayed for delay_ms, the attempt given back, no error recorded.
+function snooze(rec, sess, delay_ms)
+  if not aerospike:exists(rec) then return 'missing' end
+  local state = rec['state']
+  if state ~= 'claimed' or rec['sess'] ~= sess then
+    if state == 'delayed' and rec['by'] == sess then return 'delayed' end
+    return 'lost'
+  end
+  local t = now()
+  if late(rec, t) then return 'late' end
+  if rec['att'] > 0 then rec['att'] = rec['att'] - 1 end
+  unclaim(rec, sess)
+  requeue(rec, t, math.max(delay_ms, 1))
+  aerospike:update(rec)
+  return 'delayed'
+end
+
+-- touch(rec, sess, tlim) -> map{st='ok', dl} | map{st='lost'|'late'|'missing'}
+--   The handler needs longer: the claim's limit becomes `tlim` ms from now.
+function touch(rec, sess, tlim)
+  if not aerospike:exists(rec) then return map{st = 'missing'} end
+  if rec['state'] ~= 'claimed' or rec['sess'] ~= sess then return map{st = 'lost'} end
+  local t = now()
+  if late(rec, t) then return map{st = 'late'} end
+  rec['dl'] = t + tlim
+  rec['tl'] = tlim
+  aerospike:update(rec)
+  return map{st = 'ok', dl = t + tlim}
+end
+
+-- kick(rec) -> 'ok' | 'not kickable' | 'missing'
+--   dead -> queued with fresh attempts, or delayed -> queued now (an
+--   operator's decision).
 function kick(rec)
   if not aerospike:exists(rec) then return 'missing' end
-  if rec['state'] ~= 'dead' then return 'not dead' end
+  local state = rec['state']
+  if state == 'dead' then
+    rec['att'] = 0
+  elseif state ~= 'delayed' then
+    return 'not kickable'
+  end
   rec['state'] = 'queued'
-  rec['att'] = 0
+  rec['due'] = nil
   rec['done_at'] = nil
   rec['synced'] = nil  -- it will be processed again, so copied again
   aerospike:update(rec)
   return 'ok'
+end
+
+-- bury(rec, why) -> 'dead' | 'done' | 'void' | 'missing'
+--   queued, delayed or claimed -> dead (an operator's decision; a holder's
+--   acknowledgement is then refused). Burying a dead job answers 'dead' again.
+function bury(rec, why)
+  if not aerospike:exists(rec) then return 'missing' end
+  local state = rec['state']
+  if state == 'dead' or state == 'done' or state == 'void' then return state end
+  local t = now()
+  add_err(rec, t, why)
+  unclaim(rec, 'operator')
+  rec['state'] = 'dead'
+  rec['due'] = nil
+  rec['done_at'] = t
+  aerospike:update(rec)
+  return 'dead'
 end
 
 -- synced(rec, state, done_at, at) -> 'ok' | 'changed' | 'missing'

@@ -16,6 +16,24 @@
 --   pend     map seq -> map{start, n, exp, real}   ranges allocated, not yet published
 --   retry    list of tokens     jobs that came back: served before the token store
 --   done_at  integer            server ms when status first saw the list complete
+--   tlim     integer            a claim's time limit, ms (handed to claim by take)
+--   bo       integer            backoff base, ms: attempt n waits up to bo*2^(n-1)
+--   bo_max   integer            backoff cap, ms
+-- The schedule (delayed jobs; design.md has no such records: they live here):
+--   sched    map due -> list    jobs waiting for server ms `due`: tokens, and
+--                               ranges list{start, n, real} of a delayed load
+--                               that `take` stepped over before they were due
+--   nsch     integer            tokens in sched (bounded by the caller's cap)
+--   ndue     integer | nil      the earliest due in sched: take looks at sched
+--                               only once the server's clock passes it
+--   gates    map start -> map{n, real, due}   published ranges of a delayed load
+--                               (`load --delay`): the token store steps over
+--                               them, into sched, until they are due
+--   ngate    integer | nil      the lowest gate start (take checks one number)
+--   timed    map token -> due   jobs of published ranges with their own run_at,
+--                               also in sched: the token store skips them
+--   ready    list of list{start, n}   due ranges of a delayed load, served
+--                               after the retry store, before the token store
 --
 -- Invariant 4: a token is reservable only after its job record is written.
 -- A loader allocates a range (alloc), writes the job records, then publishes
@@ -29,14 +47,142 @@ local function now()
   return aerospike:get_current_time()
 end
 
--- create(rec, mode, max_att) -> map{st='created'|'exists', mode, max_att}
---   Creates the list if missing; never changes an existing one.
-function create(rec, mode, max_att)
+local TUNABLE = {tlim = true, bo = true, bo_max = true}
+
+-- -- the schedule ---------------------------------------------------------------
+
+local function sched_add(rec, due, item, ntok)
+  local sched = rec['sched'] or map()
+  local items = sched[due] or list()
+  list.append(items, item)
+  sched[due] = items
+  rec['sched'] = sched
+  rec['nsch'] = (rec['nsch'] or 0) + ntok
+  local nd = rec['ndue']
+  if nd == nil or due < nd then rec['ndue'] = due end
+end
+
+-- Gates of a delayed load: ranges the token store steps over until due.
+local function add_gate(rec, start, n, real, due)
+  local gates = rec['gates'] or map()
+  gates[start] = map{n = n, real = real, due = due}
+  rec['gates'] = gates
+  local ng = rec['ngate']
+  if ng == nil or start < ng then rec['ngate'] = start end
+end
+
+-- Jobs with their own run_at: scheduled, and skipped by the token store.
+local function add_timed(rec, timed, cap)
+  local skip = rec['timed'] or map()
+  local t = now()
+  for token, due in map.pairs(timed) do
+    if due > t and (rec['nsch'] or 0) < cap then
+      sched_add(rec, due, token, 1)
+      skip[token] = due
+    end
+  end
+  rec['timed'] = skip
+end
+
+-- Moves what is due from sched to the retry store (tokens) and to ready
+-- (ranges); O(entries in sched), paid only when the earliest due has passed.
+local function release_due(rec, t)
+  local nd = rec['ndue']
+  if nd == nil or nd > t then return false end
+  local sched = rec['sched']
+  local retry = rec['retry']
+  local ready = rec['ready'] or list()
+  local keep = map()
+  local nsch = rec['nsch'] or 0
+  local next_due = nil
+  for due, items in map.pairs(sched) do
+    if due <= t then
+      for item in list.iterator(items) do
+        if type(item) == 'number' then
+          list.append(retry, item)
+          nsch = nsch - 1
+        else
+          list.append(ready, list{item[1], item[2]})
+        end
+      end
+    else
+      keep[due] = items
+      if next_due == nil or due < next_due then next_due = due end
+    end
+  end
+  rec['sched'] = keep
+  rec['nsch'] = nsch
+  rec['ndue'] = next_due
+  rec['retry'] = retry
+  rec['ready'] = ready
+  return true
+end
+
+-- Next gate start after `start` (nil: none): O(gates), once per gate passed.
+local function lowest_gate(gates)
+  local low = nil
+  for start, _ in map.pairs(gates) do
+    if low == nil or start < low then low = start end
+  end
+  return low
+end
+
+-- schedule(rec, tokens, delay_ms, cap) -> integer accepted
+--   Jobs that wait (a backoff, a snooze, a delayed job found early) come back
+--   delay_ms from now by the server's clock, up to `cap` tokens in sched; the
+--   caller leaves the rest in their records (state delayed) for the sweeper.
+function schedule(rec, tokens, delay_ms, cap)
+  if not aerospike:exists(rec) then return 0 end
+  local due = now() + delay_ms
+  local accepted = 0
+  for tok in list.iterator(tokens) do
+    if (rec['nsch'] or 0) >= cap then break end
+    sched_add(rec, due, tok, 1)
+    accepted = accepted + 1
+  end
+  if accepted > 0 then aerospike:update(rec) end
+  return accepted
+end
+
+-- tune(rec, opts) -> 'ok' | 'missing'
+--   Sets tlim, bo, bo_max (ms) from map opts; other keys are ignored.
+function tune(rec, opts)
+  if not aerospike:exists(rec) then return 'missing' end
+  for k, v in map.pairs(opts) do
+    if TUNABLE[k] then rec[k] = v end
+  end
+  aerospike:update(rec)
+  return 'ok'
+end
+
+-- reopen(rec) -> 'ok' | 'missing'
+--   A job of a complete list was kicked: the list is not complete any more.
+function reopen(rec)
+  if not aerospike:exists(rec) then return 'missing' end
+  if rec['done_at'] ~= nil then
+    rec['done_at'] = nil
+    aerospike:update(rec)
+  end
+  return 'ok'
+end
+
+-- create(rec, mode, max_att, opts) -> map{st='created'|'exists', mode, max_att}
+--   Creates the list if missing; never changes an existing one. opts: map of
+--   tlim, bo, bo_max (ms).
+function create(rec, mode, max_att, opts)
   if aerospike:exists(rec) then
     return map{st = 'exists', mode = rec['mode'], max_att = rec['max_att']}
   end
   rec['mode'] = mode
   rec['max_att'] = max_att
+  rec['tlim'] = 300000
+  rec['bo'] = 1000
+  rec['bo_max'] = 3600000
+  if opts ~= nil then
+    for k, v in map.pairs(opts) do
+      if TUNABLE[k] then rec[k] = v end
+    end
+  end
   rec['created'] = now()
   rec['sealed'] = 0
   rec['paused'] = 0
@@ -53,9 +199,10 @@ function create(rec, mode, max_att)
   return map{st = 'created', mode = mode, max_att = max_att}
 end
 
--- alloc(rec, n, lease_ms) -> map{st='ok', seq, start} | map{st='missing'|'sealed'}
+-- alloc(rec, n, lease_ms) -> map{st='ok', seq, start, now} | map{st='missing'|'sealed'}
 --   Reserves tokens [start, start+n) for one loader. The range must be
---   published within lease_ms, or `expired` offers it to recovery.
+--   published within lease_ms, or `expired` offers it to recovery. `now`: the
+--   server's clock, from which a delayed load counts its delay.
 function alloc(rec, n, lease_ms)
   if not aerospike:exists(rec) then return map{st = 'missing'} end
   if rec['sealed'] == 1 then return map{st = 'sealed'} end
@@ -66,15 +213,18 @@ function alloc(rec, n, lease_ms)
   rec['alloc'] = start + n
   rec['seq'] = seq + 1
   aerospike:update(rec)
-  return map{st = 'ok', seq = seq, start = start}
+  return map{st = 'ok', seq = seq, start = start, now = now()}
 end
 
--- publish(rec, seq, real) -> map{st='ok'|'gone', tail, total}
+-- publish(rec, seq, real, due, timed, cap) -> map{st='ok'|'gone', tail, total}
 --   Marks range `seq` written, with `real` non-void jobs, and moves `tail`
---   over every consecutive written range. Idempotent: publishing a range
---   that is already published answers 'ok' and changes nothing. 'gone': the
---   range is unknown (never allocated).
-function publish(rec, seq, real)
+--   over every consecutive written range. `due` (server ms, 0: none) delays
+--   the whole range (a gate); `timed` (map token -> due, or nil) delays some
+--   of its jobs (their own run_at), up to `cap` tokens in sched: the rest wait
+--   in their records for the sweeper. Both take effect as the range is
+--   published. Idempotent: publishing a range that is already published
+--   answers 'ok' and changes nothing. 'gone': the range is unknown.
+function publish(rec, seq, real, due, timed, cap)
   if not aerospike:exists(rec) then return map{st = 'gone'} end
   if seq < rec['pubs'] then return map{st = 'ok', tail = rec['tail'], total = rec['total']} end
   local pend = rec['pend']
@@ -84,12 +234,16 @@ function publish(rec, seq, real)
   -- computed it from the same final job and index records.
   if r['real'] ~= nil then return map{st = 'ok', tail = rec['tail'], total = rec['total']} end
   r['real'] = real
+  if due ~= nil and due > 0 then r['due'] = due end
+  if timed ~= nil and map.size(timed) > 0 then r['timed'] = timed end
   pend[seq] = r
   local pubs, tail, total = rec['pubs'], rec['tail'], rec['total']
   while pend[pubs] ~= nil and pend[pubs]['real'] ~= nil do
     local p = pend[pubs]
     tail = p['start'] + p['n']
     total = total + p['real']
+    if p['due'] ~= nil then add_gate(rec, p['start'], p['n'], p['real'], p['due']) end
+    if p['timed'] ~= nil then add_timed(rec, p['timed'], cap or 0) end
     map.remove(pend, pubs)
     pubs = pubs + 1
   end
@@ -115,14 +269,19 @@ function expired(rec)
   return out
 end
 
--- take(rec, k) -> map{st='ok', retry=list, start, n, cursor, pubs}
+-- take(rec, k) -> map{st='ok', retry=list, start, n, cursor, pubs, tlim}
 --                 | map{st='missing'|'paused'}
---   The reservation step: up to k tokens from the retry store first, then
---   from the token store ([start, start+n), never past tail). In ID mode the
---   token store is not used: the caller pops the rest from chunk `cursor`.
+--   The reservation step: up to k tokens from the retry store first (with
+--   whatever sched has due), then due ranges of delayed loads, then the token
+--   store ([start, start+n), never past tail, stepping over gates and timed
+--   jobs; tokens it could not hand out as one run come in `retry`). In ID mode
+--   the token store is not used: the caller pops the rest from chunk `cursor`.
+--   tlim: the list's time limit, for the claims.
 function take(rec, k)
   if not aerospike:exists(rec) then return map{st = 'missing'} end
   if rec['paused'] == 1 then return map{st = 'paused'} end
+  local t = now()
+  local changed = release_due(rec, t)
   local retry = rec['retry']
   local got = list()
   local r = list.size(retry)
@@ -131,16 +290,63 @@ function take(rec, k)
     got = list.take(retry, m)
     if m == r then retry = list() else retry = list.drop(retry, m) end
     rec['retry'] = retry
+    changed = true
   end
-  local want = k - list.size(got)
+  local ready = rec['ready']
+  while ready ~= nil and list.size(ready) > 0 and list.size(got) < k do
+    local rg = ready[1]
+    local s0, n0 = rg[1], rg[2]
+    local m = math.min(k - list.size(got), n0)
+    for i = 0, m - 1 do list.append(got, s0 + i) end
+    if m == n0 then
+      if list.size(ready) == 1 then ready = list() else ready = list.drop(ready, 1) end
+    else
+      ready[1] = list{s0 + m, n0 - m}
+    end
+    rec['ready'] = ready
+    changed = true
+  end
   local start, n = rec['head'], 0
-  if want > 0 and rec['mode'] == 'tokens' then
-    n = math.min(want, rec['tail'] - start)
-    rec['head'] = start + n
+  if rec['mode'] == 'tokens' then
+    local head, tail = rec['head'], rec['tail']
+    local timed = rec['timed']
+    local plain = (rec['ngate'] == nil) and (timed == nil or map.size(timed) == 0)
+    if plain then
+      n = math.min(k - list.size(got), tail - head)
+      rec['head'] = head + n
+      if n > 0 then changed = true end
+    else
+      -- Slow path (a delayed load, or jobs with their own run_at): token by token.
+      start = head
+      while list.size(got) < k and head < tail do
+        local ng = rec['ngate']
+        if ng ~= nil and head == ng then
+          local gates = rec['gates']
+          local g = gates[ng]
+          map.remove(gates, ng)
+          rec['gates'] = gates
+          rec['ngate'] = lowest_gate(gates)
+          if g['due'] > t then
+            sched_add(rec, g['due'], list{ng, g['n'], g['real']}, 0)
+            head = ng + g['n']
+          end
+        else
+          if timed ~= nil and timed[head] ~= nil then
+            map.remove(timed, head)
+          else
+            list.append(got, head)
+          end
+          head = head + 1
+        end
+      end
+      if timed ~= nil then rec['timed'] = timed end
+      if head ~= rec['head'] then changed = true end
+      rec['head'] = head
+    end
   end
-  if list.size(got) > 0 or n > 0 then aerospike:update(rec) end
+  if changed then aerospike:update(rec) end
   return map{st = 'ok', retry = got, start = start, n = n,
-             cursor = rec['cursor'], pubs = rec['pubs']}
+             cursor = rec['cursor'], pubs = rec['pubs'], tlim = rec['tlim'] or 300000}
 end
 
 -- advance(rec, seen) -> integer cursor

@@ -14,7 +14,17 @@ from __future__ import annotations
 import click
 
 from ..config import ENV_URL, default_store_path
-from . import bench_cmd, jobs_cmd, lists_cmd, load_cmd, observe_cmd, store_cmd, udf_cmd, worker_cmd
+from . import (
+    bench_cmd,
+    job_cmd,
+    jobs_cmd,
+    lists_cmd,
+    load_cmd,
+    observe_cmd,
+    store_cmd,
+    udf_cmd,
+    worker_cmd,
+)
 from .context import AeroqueueGroup, Context
 
 
@@ -53,8 +63,8 @@ def main(ctx: click.Context, url: str | None, verbose: bool, create: bool) -> No
 for _command in (
     store_cmd.init, store_cmd.show_config,
     udf_cmd.udf,
-    lists_cmd.create, load_cmd.load, lists_cmd.seal, lists_cmd.pause, lists_cmd.status, lists_cmd.lists_cmd,
-    lists_cmd.export, lists_cmd.kick,
+    lists_cmd.create, load_cmd.load, lists_cmd.tune, lists_cmd.seal, lists_cmd.pause, lists_cmd.status,
+    lists_cmd.lists_cmd, lists_cmd.export, lists_cmd.kick, job_cmd.job,
     jobs_cmd.reserve, jobs_cmd.complete, jobs_cmd.fail,
     bench_cmd.bench,
     worker_cmd.worker, worker_cmd.reap, worker_cmd.sweep,

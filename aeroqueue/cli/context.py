@@ -151,6 +151,21 @@ MODE_OPT = option(
 )
 MAX_ATT_OPT = option("--max-attempts", env="MAX_ATTEMPTS", type=click.IntRange(1), default=DEFAULT_MAX_ATTEMPTS, help="Failures before a job goes dead.")
 JSON_OPT = option("--json", "as_json", env="JSON", is_flag=True, help="Print JSON instead of a table.")
+_SECONDS = click.FloatRange(min=0, min_open=True)
+TIMEOUT_OPT = option(
+    "--timeout", "timeout_s", env="TIMEOUT", type=_SECONDS, default=None, metavar="SECONDS", show_default=False,
+    help="The job time limit: a claim not acknowledged within it is retried as timed out (new lists: 300; "
+         "a handler extends its own with job.touch()).",
+)
+BACKOFF_OPT = option(
+    "--backoff", "backoff_s", env="BACKOFF", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+    show_default=False,
+    help="Backoff base: a failed attempt n waits between half and all of SECONDS*2^(n-1) (new lists: 1; 0: none).",
+)
+BACKOFF_MAX_OPT = option(
+    "--backoff-max", "backoff_max_s", env="BACKOFF_MAX", type=click.FloatRange(min=0), default=None,
+    metavar="SECONDS", show_default=False, help="The backoff's cap (new lists: 3600).",
+)
 
 
 def progress_bar() -> Progress:

@@ -1,4 +1,4 @@
-"""Job list commands: create, seal, pause, status, lists, export, kick (load: load_cmd)."""
+"""Job list commands: create, tune, seal, pause, status, lists, export, kick (load: load_cmd)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,13 @@ from rich.table import Table
 
 from ..lists import JobLists
 from .context import (
+    BACKOFF_MAX_OPT,
+    BACKOFF_OPT,
     JSON_OPT,
     LIST_ARG,
     MAX_ATT_OPT,
     MODE_OPT,
+    TIMEOUT_OPT,
     Context,
     err_console,
     option,
@@ -25,11 +28,40 @@ from .context import (
 @LIST_ARG
 @MODE_OPT
 @MAX_ATT_OPT
+@TIMEOUT_OPT
+@BACKOFF_OPT
+@BACKOFF_MAX_OPT
 @click.pass_obj
-def create(obj: Context, list_name: str, mode: str, max_attempts: int) -> None:
+def create(
+    obj: Context, list_name: str, mode: str, max_attempts: int, timeout_s: float | None, backoff_s: float | None,
+    backoff_max_s: float | None,
+) -> None:
     """Create an empty job list (loading creates one too)."""
-    made = JobLists(obj.backend()).create(list_name, mode=mode, max_attempts=max_attempts)
+    made = JobLists(obj.backend()).create(
+        list_name, mode=mode, max_attempts=max_attempts, timeout_s=timeout_s, backoff_s=backoff_s,
+        backoff_max_s=backoff_max_s,
+    )
     click.echo(f"list {list_name!r} {'created' if made else 'already exists'} ({mode} mode)")
+
+
+@click.command()
+@LIST_ARG
+@TIMEOUT_OPT
+@BACKOFF_OPT
+@BACKOFF_MAX_OPT
+@click.pass_obj
+def tune(
+    obj: Context, list_name: str, timeout_s: float | None, backoff_s: float | None, backoff_max_s: float | None,
+) -> None:
+    """Change LIST's time limit and backoff. A new time limit applies to claims made from
+    now on (a running handler can extend its own with job.touch()); a new backoff to
+    failures from now on (running workers see it within 5 s)."""
+    if timeout_s is None and backoff_s is None and backoff_max_s is None:
+        raise click.UsageError("nothing to change: give --timeout, --backoff or --backoff-max")
+    jl = JobLists(obj.backend())
+    jl.tune(list_name, timeout_s=timeout_s, backoff_s=backoff_s, backoff_max_s=backoff_max_s)
+    st = jl.status(list_name)
+    click.echo(f"{list_name}: time limit {st.timeout_s:g} s, backoff {st.backoff_s:g} s up to {st.backoff_max_s:g} s")
 
 
 @click.command()
@@ -53,12 +85,15 @@ def pause(obj: Context, list_name: str, resume: bool) -> None:
 
 
 
-STATUS_FIELDS = ("total", "reservable", "in_flight", "retry_pending", "done", "dead", "sealed", "paused", "complete")
+STATUS_FIELDS = (
+    "total", "reservable", "delayed", "in_flight", "retry_pending", "done", "dead", "sealed", "paused", "complete",
+)
+POLICY_FIELDS = ("timeout_s", "backoff_s", "backoff_max_s", "max_attempts")
 
 
 def status_json(st: Any) -> dict[str, Any]:
     """The documented JSON shape of one list (`status --json`, each row of `lists --json`)."""
-    return {"name": st.name, "mode": st.mode, **{f: getattr(st, f) for f in STATUS_FIELDS}}
+    return {"name": st.name, "mode": st.mode, **{f: getattr(st, f) for f in (*STATUS_FIELDS, *POLICY_FIELDS)}}
 
 
 def _cell(value: Any) -> str:
@@ -70,7 +105,8 @@ def _cell(value: Any) -> str:
 @JSON_OPT
 @click.pass_obj
 def status(obj: Context, list_name: str, as_json: bool) -> None:
-    """Show LIST's counts: total, reservable, in flight, retry pending, done, dead, sealed, paused, complete."""
+    """Show LIST's counts (total, reservable, delayed, in flight, retry pending, done, dead), its flags
+    (sealed, paused, complete) and its time limit, backoff and attempts."""
     st = JobLists(obj.backend()).status(list_name)
     if as_json:
         click.echo(json.dumps(status_json(st)))
@@ -82,6 +118,9 @@ def status(obj: Context, list_name: str, as_json: bool) -> None:
         table.add_row(f.replace("_", " "), _cell(getattr(st, f)))
     if st.pending_ranges:
         table.add_row("loads in progress", str(st.pending_ranges))
+    table.add_row("time limit", f"{st.timeout_s:g} s")
+    table.add_row("backoff", f"{st.backoff_s:g} s doubling, up to {st.backoff_max_s:g} s")
+    table.add_row("max attempts", str(st.max_attempts))
     Console().print(table)
 
 
@@ -125,7 +164,7 @@ def lists_cmd(obj: Context, as_json: bool) -> None:
     console.print(table)
 
 
-_DROP_ORDER = ("paused", "mode", "sealed", "retry pending", "in flight", "reservable", "dead")
+_DROP_ORDER = ("paused", "mode", "sealed", "retry pending", "delayed", "in flight", "reservable", "dead")
 
 
 def _table(header: list[str], cells: list[list[str]], shown: list[int]) -> Table:

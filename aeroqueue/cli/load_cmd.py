@@ -25,7 +25,18 @@ from rich.text import Text
 from ..errors import LoadError
 from ..lists import DEFAULT_CHUNK, JobLists, max_payload
 from ..loading import STDIN, read_file, sniff_format, spooled_stdin, validate
-from .context import JSON_OPT, LIST_ARG, MAX_ATT_OPT, MODE_OPT, Context, err_console, option
+from .context import (
+    BACKOFF_MAX_OPT,
+    BACKOFF_OPT,
+    JSON_OPT,
+    LIST_ARG,
+    MAX_ATT_OPT,
+    MODE_OPT,
+    TIMEOUT_OPT,
+    Context,
+    err_console,
+    option,
+)
 
 
 class RateColumn(ProgressColumn):
@@ -65,6 +76,12 @@ def _progress(enabled: bool) -> Progress:
         help="Refuse columns (fields) other than the id and 'payload' instead of merging them into the payload.")
 @MODE_OPT
 @MAX_ATT_OPT
+@TIMEOUT_OPT
+@BACKOFF_OPT
+@BACKOFF_MAX_OPT
+@option("--delay", "delay_s", env="DELAY", type=click.FloatRange(min=0), default=0.0, metavar="SECONDS",
+        help="Hold these jobs back for SECONDS (by the server's clock); a row's own run_at field (ISO 8601 with a "
+             "zone, or epoch seconds) holds it until then.")
 @option("--seal", env="SEAL", is_flag=True, help="Mark the list complete for loading afterwards.")
 @option("--chunk-size", env="CHUNK_SIZE", type=click.IntRange(1, 50_000), default=DEFAULT_CHUNK,
         help="Jobs per load range (and per ID-store chunk record).")
@@ -74,7 +91,8 @@ def _progress(enabled: bool) -> Progress:
 @click.pass_obj
 def load(
     obj: Context, list_name: str, file: Path, fmt: str | None, id_field: str, strict: bool, mode: str,
-    max_attempts: int, seal: bool, chunk_size: int, workers: int | None, as_json: bool,
+    max_attempts: int, timeout_s: float | None, backoff_s: float | None, backoff_max_s: float | None, delay_s: float,
+    seal: bool, chunk_size: int, workers: int | None, as_json: bool,
 ) -> None:
     """Load jobs from a CSV or JSON Lines FILE ('-': standard input) into LIST.
 
@@ -108,7 +126,8 @@ def load(
         writing = progress.add_task(f"loading into {list_name}", total=n)
         report = JobLists(backend).load(
             list_name, read(), mode=mode, seal=seal, chunk_size=chunk_size, max_attempts=max_attempts,
-            workers=workers, progress=lambda k: progress.advance(writing, k),
+            workers=workers, progress=lambda k: progress.advance(writing, k), timeout_s=timeout_s,
+            backoff_s=backoff_s, backoff_max_s=backoff_max_s, delay_s=delay_s,
         )
         t2 = time.perf_counter()
     if as_json:

@@ -37,6 +37,9 @@ from .context import (
              "so 4 make 1.5 per job. Use 1 for long jobs, so no job waits behind another.")
 @HEARTBEAT_OPT
 @EXPIRY_OPT
+@option("--pool", env="POOL", type=click.Choice(["thread", "process"]), default="thread",
+        help="Where handlers run: in the worker's threads (a handler past its time limit is abandoned, and a new "
+             "thread takes its place), or one child process per thread (killed past the time limit).")
 @option("--drain-timeout", env="DRAIN_TIMEOUT", type=click.FloatRange(min=0), default=30.0, help="Seconds to finish in-flight jobs on SIGTERM/SIGINT before releasing them.")
 @option("--sweep-every", env="SWEEP_EVERY", type=click.FloatRange(min=1), default=300.0, help="Seconds between sweeps inside the worker.")
 @option("--sweep-grace", env="SWEEP_GRACE", type=click.FloatRange(min=0), default=60.0, help="Seconds a job must have been untouched before the sweeper counts it as stuck.")
@@ -50,7 +53,7 @@ from .context import (
 @click.pass_obj
 def worker(
     obj: Context, handler: str, lists: tuple[str, ...], concurrency: int, batch: int, interval_s: float,
-    expiry_s: float, drain_timeout: float, sweep_every: float, sweep_grace: float, until_complete: bool,
+    expiry_s: float, pool: str, drain_timeout: float, sweep_every: float, sweep_grace: float, until_complete: bool,
     metrics_port: int | None, metrics_host: str, log_format: str, log_level: str | None,
 ) -> None:
     """Run HANDLER on jobs reserved from the lists, under a heartbeat session.
@@ -73,7 +76,7 @@ def worker(
     w = Worker(
         obj.backend(), load_handler(handler), list(lists), concurrency=concurrency, batch=batch, interval_s=interval_s,
         expiry_s=expiry_s, drain_timeout_s=drain_timeout, sweep_every_s=sweep_every,
-        sweep_grace_ms=int(sweep_grace * 1000), until_complete=until_complete, observer=observer,
+        sweep_grace_ms=int(sweep_grace * 1000), until_complete=until_complete, observer=observer, pool=pool,
     )
     # For the life of the process, not just of run(): a SIGTERM arriving while a
     # finished worker exits must not kill it with the default action.

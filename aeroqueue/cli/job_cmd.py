@@ -1,0 +1,110 @@
+"""One job by its own id (the id in the loaded file): show, kick, bury."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from ..lists import JobLists
+from .context import JSON_OPT, LIST_ARG, Context, option
+
+JOB_ID_ARG = click.argument("job_id", metavar="ID")
+# What `job show` prints of a record, in this order (JSON keys; the table says them in words).
+SHOWN = ("id", "state", "attempts", "max_attempts", "session", "time_limit_s", "claimed_at", "deadline", "due",
+         "done_at", "by", "token", "payload", "result", "errors")
+
+
+def _when(ms: int | None) -> str | None:
+    """Server ms as ISO 8601 UTC (what an operator compares with logs)."""
+    if ms is None:
+        return None
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="milliseconds")
+
+
+def job_view(bins: dict[str, Any]) -> dict[str, Any]:
+    """The documented shape of `job show --json`."""
+    state = bins.get("state")
+    claimed = state == "claimed"
+    return {
+        "id": bins.get("jid"),
+        "state": state,
+        "attempts": bins.get("att", 0),
+        "max_attempts": bins.get("max_att"),
+        "session": bins.get("sess") if claimed else None,
+        "time_limit_s": bins["tl"] / 1000 if claimed and bins.get("tl") else None,
+        "claimed_at": _when(bins.get("claimed")),
+        "deadline": _when(bins.get("dl")) if claimed else None,
+        "due": _when(bins.get("due")) if state == "delayed" else None,
+        "done_at": _when(bins.get("done_at")),
+        "by": bins.get("by"),
+        "token": bins.get("token"),
+        "payload": bins.get("payload"),
+        "result": bins.get("result"),
+        "errors": [{"at": _when(e.get("at")), "error": e.get("err")} for e in bins.get("errs") or []],
+    }
+
+
+@click.group("job")
+def job() -> None:
+    """One job, by the id it was loaded with: show, kick, bury."""
+
+
+@job.command()
+@LIST_ARG
+@JOB_ID_ARG
+@JSON_OPT
+@click.pass_obj
+def show(obj: Context, list_name: str, job_id: str, as_json: bool) -> None:
+    """Print one job of LIST: its state (queued, delayed, claimed, done, dead), attempts,
+    session, time limit, timestamps and its last errors, each with time, message and
+    traceback."""
+    view = job_view(JobLists(obj.backend()).find_job(list_name, job_id))
+    if as_json:
+        click.echo(json.dumps(view, default=str))
+        return
+    table = Table(title=f"{list_name} / {job_id}", show_header=False)
+    table.add_column("")
+    table.add_column("")
+    for key in SHOWN[:-1]:
+        value = view[key]
+        if value is not None:
+            table.add_row(key.replace("_", " "), value if isinstance(value, str) else json.dumps(value, default=str))
+    console = Console()
+    console.print(table)
+    errors = view["errors"]
+    console.print(f"errors: {len(errors)}" + (" (the last ones, oldest first)" if errors else ""), highlight=False)
+    for e in errors:
+        console.print(f"--- {e['at']}", style="bold", highlight=False)
+        console.print(e["error"], highlight=False, markup=False)
+
+
+@job.command()
+@LIST_ARG
+@JOB_ID_ARG
+@click.pass_obj
+def kick(obj: Context, list_name: str, job_id: str) -> None:
+    """Put one dead or delayed job of LIST back in the queue now (a dead one with fresh
+    attempts); a complete list becomes incomplete again."""
+    if not JobLists(obj.backend()).kick_job(list_name, job_id):
+        state = JobLists(obj.backend()).find_job(list_name, job_id).get("state")
+        raise click.ClickException(f"job {job_id!r} of {list_name!r} is {state}: only a dead or delayed job is kicked")
+    click.echo(f"{list_name}/{job_id}: queued")
+
+
+@job.command()
+@LIST_ARG
+@JOB_ID_ARG
+@option("--reason", env="BURY_REASON", default="buried by an operator", help="Recorded in the job's error history.")
+@click.pass_obj
+def bury(obj: Context, list_name: str, job_id: str, reason: str) -> None:
+    """Send one job of LIST to dead by hand (queued, delayed or claimed: a worker holding
+    it has its acknowledgement refused). A done job is left alone."""
+    state = JobLists(obj.backend()).bury(list_name, job_id, reason)
+    if state != "dead":
+        raise click.ClickException(f"job {job_id!r} of {list_name!r} is {state}: not buried")
+    click.echo(f"{list_name}/{job_id}: dead")

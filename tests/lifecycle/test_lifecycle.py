@@ -1,0 +1,312 @@
+"""The job lifecycle (issue 15): time limits, backoff, snooze, delayed jobs, one-job
+operations. Every test runs on both backends (the store fixtures)."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime
+
+import pytest
+from click.testing import CliRunner
+
+from aeroqueue import errors, keys
+from aeroqueue.loading import JobSpec
+from aeroqueue.cli import main
+from aeroqueue.sessions import reap, sweep
+from aeroqueue.transitions import backoff_ms
+
+
+def specs(n: int, start: int = 0, run_at: float | None = None) -> list[JobSpec]:
+    return [JobSpec(f"job-{i}", {"n": i}, None, run_at) for i in range(start, start + n)]
+
+
+def wait_for(pred, timeout: float = 10.0, step: float = 0.05):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = pred()
+        if got:
+            return got
+        time.sleep(step)
+    return pred()
+
+
+@pytest.fixture
+def cli(store_url):
+    def run(*args: str, code: int = 0) -> str:
+        out = CliRunner().invoke(main, ["--url", store_url, *args])
+        assert out.exit_code == code, (out.exit_code, out.output)
+        return out.output
+
+    return run
+
+
+# -- time limits -------------------------------------------------------------------
+
+
+def test_a_claim_past_its_limit_is_ended_by_the_reaper_while_its_session_lives(queue, lists, list_name, session):
+    lists.load(list_name, specs(2), timeout_s=0.5, backoff_s=0)
+    a, b = queue.reserve(list_name, session, 2)
+    assert a.timeout_s == 0.5
+    queue.complete(b, "in time")
+    assert reap(queue.backend).timed_out == 0  # not yet past the limit
+    time.sleep(0.8)
+    assert not session.lost  # heartbeats go on: only the limit ends the claim
+    report = reap(queue.backend)
+    assert report.timed_out == 1 and report.sessions == 0
+    job = lists.find_job(list_name, "job-0")
+    assert job["state"] == "queued" and job["att"] == 1
+    assert "timed out" in job["err"] and "0.5 s" in job["err"]
+    with pytest.raises(errors.ClaimLost):  # the late result is refused
+        queue.complete(a, "too late")
+    again = queue.reserve(list_name, session, 1)
+    assert [j.jid for j in again] == ["job-0"] and again[0].attempt == 2
+
+
+def test_a_late_ack_is_refused_even_before_the_reaper_runs(queue, lists, list_name, session):
+    lists.load(list_name, specs(1), timeout_s=0.3, backoff_s=0)
+    (a,) = queue.reserve(list_name, session, 1)
+    time.sleep(0.5)
+    with pytest.raises(errors.ClaimLost, match="time limit"):
+        queue.complete(a, "late")
+    with pytest.raises(errors.ClaimLost, match="time limit"):
+        queue.fail(a, "late failure")
+    assert lists.find_job(list_name, "job-0")["state"] == "claimed"  # the reaper ends it, as timed out
+    assert queue.expire(a) == "retry"
+
+
+def test_touch_extends_the_limit(queue, lists, list_name, session):
+    lists.load(list_name, specs(1), timeout_s=0.6, backoff_s=0)
+    (a,) = queue.reserve(list_name, session, 1)
+    for _ in range(4):  # 1.2 s in all, twice the limit
+        time.sleep(0.3)
+        a.touch()
+    assert reap(queue.backend).timed_out == 0
+    queue.complete(a, "touched")
+    assert lists.find_job(list_name, "job-0")["state"] == "done"
+    time.sleep(0.1)
+    with pytest.raises(errors.ClaimLost):  # done: no claim to touch
+        a.touch()
+
+
+def test_expire_is_refused_before_the_limit(queue, lists, list_name, session):
+    lists.load(list_name, specs(1), timeout_s=30)
+    (a,) = queue.reserve(list_name, session, 1)
+    assert queue.expire(a) == "early"
+    queue.complete(a)
+
+
+def test_tune_changes_the_limit_of_later_claims(queue, lists, list_name, session):
+    lists.load(list_name, specs(2))
+    assert lists.status(list_name).timeout_s == 300
+    lists.tune(list_name, timeout_s=7, backoff_s=0.5, backoff_max_s=4)
+    st = lists.status(list_name)
+    assert (st.timeout_s, st.backoff_s, st.backoff_max_s) == (7, 0.5, 4)
+    assert queue.reserve(list_name, session, 1)[0].timeout_s == 7
+    with pytest.raises(errors.ConfigError, match="cap"):
+        lists.tune(list_name, backoff_max_s=0.1)
+    with pytest.raises(errors.ConfigError, match="positive"):
+        lists.tune(list_name, timeout_s=0)
+
+
+# -- backoff and snooze --------------------------------------------------------------
+
+
+def test_backoff_bounds():
+    for attempt in range(1, 12):
+        full = min(3_600_000, 1000 * 2 ** (attempt - 1))
+        for _ in range(50):
+            assert full / 2 <= backoff_ms(attempt, 1000, 3_600_000) <= full
+    assert backoff_ms(30, 1000, 5000) <= 5000
+    assert backoff_ms(3, 0, 5000) == 0
+
+
+def test_a_failed_job_is_not_reservable_before_its_backoff(queue, lists, list_name, session):
+    lists.load(list_name, specs(1), backoff_s=0.8, backoff_max_s=60, max_attempts=3)
+    (a,) = queue.reserve(list_name, session, 1)
+    failed_at = time.monotonic()
+    assert queue.fail(a, "downstream is down") == "delayed"
+    st = lists.status(list_name)
+    assert (st.delayed, st.reservable, st.in_flight) == (1, 0, 0)
+    got = []
+    while not got:
+        got = queue.reserve(list_name, session, 1)
+        if not got:
+            time.sleep(0.02)
+        assert time.monotonic() - failed_at < 5
+    waited = time.monotonic() - failed_at
+    assert waited >= 0.4 - 0.05  # at least half of base * 2^0, by the server's clock
+    (b,) = got
+    assert b.attempt == 2
+    assert queue.fail(b, "still down") == "delayed"  # attempt 2: 0.8..1.6 s
+    job = lists.find_job(list_name, "job-0")
+    assert job["state"] == "delayed" and [e["err"] for e in job["errs"]] == ["downstream is down", "still down"]
+    assert queue.reserve(list_name, session, 1) == []
+
+
+def test_the_last_attempt_goes_dead_without_backoff(queue, lists, list_name, session):
+    lists.load(list_name, specs(1), backoff_s=5, max_attempts=1)
+    (a,) = queue.reserve(list_name, session, 1)
+    assert queue.fail(a, "boom") == "dead"
+    assert lists.status(list_name).dead == 1
+
+
+def test_snooze_gives_the_attempt_back(queue, lists, list_name, session):
+    lists.load(list_name, specs(1), max_attempts=1)
+    (a,) = queue.reserve(list_name, session, 1)
+    assert queue.snooze(a, 0.4) == "delayed"
+    assert queue.reserve(list_name, session, 1) == []
+    job = lists.find_job(list_name, "job-0")
+    assert job["state"] == "delayed" and job["att"] == 0 and not job.get("errs")
+    (b,) = wait_for(lambda: queue.reserve(list_name, session, 1), 5)
+    assert b.attempt == 1  # max_attempts 1, and still not dead: a snooze is no failure
+    queue.complete(b)
+
+
+def test_error_history_keeps_the_last_ten(queue, lists, list_name, session):
+    lists.load(list_name, specs(1), backoff_s=0, max_attempts=20)
+    for i in range(12):
+        (a,) = queue.reserve(list_name, session, 1)
+        assert queue.fail(a, f"error {i}\nTraceback ...") == "retry"
+    errs = lists.find_job(list_name, "job-0")["errs"]
+    assert [e["err"].split("\n")[0] for e in errs] == [f"error {i}" for i in range(2, 12)]
+    assert all(isinstance(e["at"], int) for e in errs)
+
+
+# -- delayed jobs ----------------------------------------------------------------------
+
+
+def test_a_delayed_load_is_held_back_then_served_in_order(queue, lists, list_name, session):
+    lists.load(list_name, specs(3), delay_s=0.8, chunk_size=2)
+    lists.load(list_name, specs(2, start=3))  # loaded after, not delayed: served at once
+    st = lists.status(list_name)
+    assert (st.delayed, st.reservable) == (3, 2)
+    first = queue.reserve(list_name, session, 5)
+    assert [j.jid for j in first] == ["job-3", "job-4"]
+    assert queue.reserve(list_name, session, 5) == []
+    assert lists.status(list_name).delayed == 3
+    later = wait_for(lambda: queue.reserve(list_name, session, 5), 5)
+    assert sorted(j.jid for j in later) == ["job-0", "job-1", "job-2"]
+    for j in first + later:
+        queue.complete(j)
+    lists.seal(list_name)
+    st = lists.status(list_name)
+    assert (st.done, st.delayed, st.complete) == (5, 0, True)
+
+
+def test_a_delayed_range_not_yet_reached_is_served_when_due(queue, lists, list_name, session):
+    lists.load(list_name, specs(2), delay_s=0.5)
+    time.sleep(0.7)  # due before any take reached it: no detour through the schedule
+    got = queue.reserve(list_name, session, 5)
+    assert sorted(j.jid for j in got) == ["job-0", "job-1"]
+
+
+def test_run_at_per_job(queue, lists, list_name, session):
+    soon = time.time() + 0.8
+    jobs = [JobSpec("now", 1), JobSpec("later", 2, None, soon), JobSpec("past", 3, None, time.time() - 60)]
+    lists.load(list_name, jobs)
+    st = lists.status(list_name)
+    assert (st.delayed, st.reservable) == (1, 2)
+    first = queue.reserve(list_name, session, 5)
+    assert sorted(j.jid for j in first) == ["now", "past"]
+    (later,) = wait_for(lambda: queue.reserve(list_name, session, 5), 5)
+    assert later.jid == "later" and time.time() >= soon - 0.2  # clocks of one machine
+
+
+def test_a_delayed_job_reached_early_is_refused_and_rescheduled(queue, lists, list_name, session):
+    # A recovered load range carries no gate: its delayed jobs reach the claim early,
+    # which refuses them by the record's own time and puts them on the schedule.
+    lists.load(list_name, specs(1), delay_s=0.6)
+    backend = queue.backend
+    backend.udf(keys.LIST_SET, list_name, keys.LIST_MOD, "push_retry", [0], 100)
+    assert queue.reserve(list_name, session, 1) == []
+    assert lists.find_job(list_name, "job-0")["state"] == "delayed"
+    (j,) = wait_for(lambda: queue.reserve(list_name, session, 1), 5)
+    assert j.jid == "job-0"
+
+
+def test_the_sweeper_offers_delayed_jobs_long_past_due(queue, lists, list_name, session):
+    lists.load(list_name, specs(1), backoff_s=0.2, backoff_max_s=0.2)
+    (a,) = queue.reserve(list_name, session, 1)
+    # A worker died between the failure and its follow-up: the job is delayed in its
+    # record but on no schedule.
+    assert queue.backend.udf(keys.JOB_SET, a.name, keys.JOB_MOD, "fail", a.session, "boom", 200) == "delayed"
+    time.sleep(0.5)
+    assert queue.reserve(list_name, session, 1) == []
+    assert sweep(queue.backend, grace_ms=100).requeued >= 1  # the shared server may hold other tests' lists
+    (b,) = queue.reserve(list_name, session, 1)
+    assert b.jid == "job-0"
+
+
+# -- one job -------------------------------------------------------------------------
+
+
+def test_bury_and_kick_one_job(queue, lists, list_name, session):
+    lists.load(list_name, specs(3), seal=True, backoff_s=0)
+    a, b, c = queue.reserve(list_name, session, 3)
+    assert lists.bury(list_name, "job-1", "bad data") == "dead"
+    with pytest.raises(errors.ClaimLost):  # its holder's ack is refused
+        queue.complete(b)
+    queue.complete(a)
+    queue.complete(c)
+    st = lists.status(list_name)
+    assert (st.done, st.dead, st.complete) == (2, 1, True)
+    assert st.completed_at is not None
+    job = lists.find_job(list_name, "job-1")
+    assert job["state"] == "dead" and job["errs"][-1]["err"] == "bad data"
+    assert lists.bury(list_name, "job-0") == "done"  # a done job is left alone
+    assert lists.kick_job(list_name, "job-1")
+    st = lists.status(list_name)
+    assert (st.dead, st.complete, st.completed_at) == (0, False, None)  # kick clears the completion time
+    (again,) = queue.reserve(list_name, session, 1)
+    assert again.jid == "job-1" and again.attempt == 1
+    queue.complete(again)
+    assert lists.status(list_name).complete
+    assert not lists.kick_job(list_name, "job-1")  # done: not kickable
+    with pytest.raises(errors.JobNotFound, match="no-such-id"):
+        lists.find_job(list_name, "no-such-id")
+
+
+def test_kick_a_delayed_job_now(queue, lists, list_name, session):
+    lists.load(list_name, specs(1), delay_s=3600)
+    assert queue.reserve(list_name, session, 1) == []
+    assert lists.kick_job(list_name, "job-0")
+    (j,) = queue.reserve(list_name, session, 1)
+    assert j.jid == "job-0"
+
+
+def test_bury_a_queued_job(queue, lists, list_name, session):
+    lists.load(list_name, specs(2))
+    assert lists.bury(list_name, "job-0") == "dead"
+    got = queue.reserve(list_name, session, 5)
+    assert [j.jid for j in got] == ["job-1"]  # the dead one is never handed out
+
+
+def test_cli_job_show_kick_bury(store_url, lists, list_name, cli):
+    lists.load(list_name, specs(2), timeout_s=42)
+    out = cli("job", "show", list_name, "job-1", "--json")
+    view = json.loads(out)
+    assert (view["id"], view["state"], view["attempts"], view["errors"]) == ("job-1", "queued", 0, [])
+    cli("job", "bury", list_name, "job-1", "--reason", "operator says no")
+    view = json.loads(cli("job", "show", list_name, "job-1", "--json"))
+    assert view["state"] == "dead" and view["errors"][0]["error"] == "operator says no"
+    assert datetime.fromisoformat(view["errors"][0]["at"]).tzinfo == UTC
+    table = cli("job", "show", list_name, "job-1")
+    assert "operator says no" in table and "dead" in table
+    cli("job", "kick", list_name, "job-1")
+    assert json.loads(cli("job", "show", list_name, "job-1", "--json"))["state"] == "queued"
+    bad = cli("job", "kick", list_name, "job-1", code=1)
+    assert "queued" in bad and "only a dead or delayed job" in bad
+    missing = cli("job", "show", list_name, "nope", code=1)
+    assert "'nope'" in missing
+    st = json.loads(cli("status", list_name, "--json"))
+    assert st["timeout_s"] == 42 and st["delayed"] == 0
+
+
+def test_queue_rejects_bad_policy(lists, list_name):
+    with pytest.raises(errors.ConfigError, match="positive"):
+        lists.create(list_name, timeout_s=-1)
+    with pytest.raises(errors.ConfigError, match="cap"):
+        lists.create(list_name, backoff_s=10, backoff_max_s=1)
+    with pytest.raises(errors.LoadError, match="delay"):
+        lists.load(list_name, specs(1), delay_s=-5)
