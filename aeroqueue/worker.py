@@ -284,7 +284,7 @@ class Worker:
         self._runner_of: dict[str, threading.Thread] = {}  # job name -> the thread running it
         self._reserved_at: dict[str, float] = {}  # job name -> monotonic time of its claim
         self._prefetched: dict[int, list[Job]] = {}  # thread ident -> jobs it holds, not started
-        self._abandoned: set[str] = set()  # jobs whose handler ran past the limit: their result is discarded
+        self._abandoned: set[int] = set()  # id() of jobs whose handler ran past the limit: result discarded
         self._retired: set[int] = set()  # threads stuck in such a handler (replaced)
         self.queue.on_touch(self._touched)
 
@@ -337,6 +337,8 @@ class Worker:
         me = threading.get_ident()
         jobs: list[Job] = []  # reserved, not yet started (the watchdog may empty it)
         runner = _ChildRunner(self.handler) if self.pool == "process" else None
+        if runner is not None:
+            runner.start()  # before any claim: a child's start-up must not eat a job's time limit
         with self._in_flight_lock:
             self._prefetched[me] = jobs
         try:
@@ -387,13 +389,10 @@ class Worker:
                 raise
             finally:
                 with self._in_flight_lock:
-                    self._in_flight.pop(job.name, None)
-                    self._held.discard(job.name)
-                    self._deadlines.pop(job.name, None)
-                    self._runner_of.pop(job.name, None)
-                    self._reserved_at.pop(job.name, None)
-                    abandoned = job.name in self._abandoned
-                    self._abandoned.discard(job.name)
+                    abandoned = id(job) in self._abandoned
+                    self._abandoned.discard(id(job))
+                    if not abandoned:  # else the watchdog cleared it (a new claim may use the name)
+                        self._forget(job.name)
             if abandoned:
                 log.warning("a timed-out handler returned: its result was discarded",
                             extra={"event": "late_result", "list": job.list, "token": job.token, "jid": job.jid})
@@ -423,7 +422,7 @@ class Worker:
         else:
             ok, value = run_handler(job, self.handler)
         self.observer.handler_duration(job.list, time.monotonic() - started)
-        if job.name in self._abandoned:
+        if id(job) in self._abandoned:
             return "abandoned"
         outcome = acknowledge(self.queue, job, ok, value, session)
         if outcome == "done":
@@ -510,6 +509,7 @@ class Worker:
             try:
                 if self.pool == "thread":
                     self._watch(session)
+                self._renew_prefetched()
                 if now >= next_reap:
                     report = reap(self.backend)
                     if report.sessions:
@@ -527,6 +527,31 @@ class Worker:
             except AeroqueueError as e:
                 log.warning("maintenance failed", extra={"event": "maintenance_failed", "error": str(e)})
 
+    def _renew_prefetched(self) -> None:
+        """Prefetched jobs wait claimed while their thread works: their time limit runs
+        from the claim, so renew it (a touch) once half of it has passed, rather than
+        let a long job ahead of them time them out before they start."""
+        now = time.monotonic()
+        with self._in_flight_lock:
+            waiting = [j for jobs in self._prefetched.values() for j in jobs
+                       if now - self._reserved_at.get(j.name, now) > j.timeout_s / 2]
+        for job in waiting:
+            try:
+                self.queue.touch(job)
+            except ClaimLost:
+                continue  # its thread finds out when it starts it
+            with self._in_flight_lock:
+                if job.name in self._reserved_at:
+                    self._reserved_at[job.name] = time.monotonic()
+
+    def _forget(self, name: str) -> None:
+        """A job's claim is over for this worker (call with the lock held)."""
+        self._in_flight.pop(name, None)
+        self._held.discard(name)
+        self._deadlines.pop(name, None)
+        self._runner_of.pop(name, None)
+        self._reserved_at.pop(name, None)
+
     def _touched(self, job: Job, seconds: float) -> None:
         with self._in_flight_lock:
             if job.name in self._deadlines:
@@ -537,14 +562,14 @@ class Worker:
         now = time.monotonic()
         with self._in_flight_lock:
             overdue = [self._in_flight[name] for name, dl in self._deadlines.items()
-                       if now > dl and name in self._in_flight and name not in self._abandoned]
+                       if now > dl and name in self._in_flight]
         for job in overdue:
             with self._in_flight_lock:
                 thread = self._runner_of.get(job.name)
-                if thread is None or job.name not in self._in_flight:
+                if thread is None or self._in_flight.get(job.name) is not job:
                     continue  # it finished meanwhile
-                self._abandoned.add(job.name)
-                self._in_flight.pop(job.name, None)
+                self._abandoned.add(id(job))
+                self._forget(job.name)
                 self._retired.add(thread.ident or 0)
                 left = self._prefetched.pop(thread.ident or 0, [])
                 waiting, left[:] = list(left), []
@@ -595,9 +620,17 @@ class Worker:
     def _drain(self, session: Session) -> int:
         self._stopping.set()
         deadline = time.monotonic() + self.drain_timeout_s
-        for t in list(self._threads):
-            if t.ident not in self._retired:  # stuck in a timed-out handler: not waited for
-                t.join(max(0.0, deadline - time.monotonic()))
+        while time.monotonic() < deadline:
+            if self.pool == "thread":
+                # A handler past its time limit is not waited for: its thread is retired.
+                try:
+                    self._watch(session)
+                except AeroqueueError as e:
+                    log.warning("time limit check failed", extra={"event": "watch_failed", "error": str(e)})
+            waiting = [t for t in self._threads if t.is_alive() and t.ident not in self._retired]
+            if not waiting:
+                break
+            waiting[0].join(min(0.1, max(0.0, deadline - time.monotonic())))
         if not session.lost:
             # Ask the server, not the last heartbeat: a process paused past its
             # expiry (SIGSTOP, a long GC) may stop before its heartbeat thread
@@ -637,24 +670,30 @@ class _ChildRunner:
         self.proc: Any = None
         self.conn: Any = None
 
-    def _start(self) -> None:
+    def start(self, timeout_s: float = 120.0) -> None:
+        """Start a child and wait until it has imported what it needs."""
         ctx = multiprocessing.get_context("spawn")
         parent, child = ctx.Pipe()
         self.proc = ctx.Process(target=_child_main, args=(self.handler, child), daemon=True, name="aeroqueue-handler")
         self.proc.start()
         child.close()
         self.conn = parent
+        if not parent.poll(timeout_s):
+            self.kill()
+            raise ConfigError(f"a handler process did not start within {timeout_s:g} s")
+        parent.recv()  # ("ready",)
 
     def run(self, job: Job, deadline: Callable[[], float], touch: Callable[[Job, float | None], float]) -> tuple[bool | None, Any]:
         """(ok, value) as `run_handler` gives, or (None, None) when the job ran past
         `deadline()` (monotonic; it moves when the handler touches) and was killed."""
         if self.proc is None or not self.proc.is_alive():
-            self._start()
+            self.start()
         self.conn.send(dataclasses.replace(job, toucher=None))
         while True:
             remaining = deadline() - time.monotonic()
             if remaining <= 0:
                 self.kill()
+                self.start()  # now: the thread's next job is claimed already
                 return None, None
             if not self.conn.poll(min(remaining, 0.25)):
                 if not self.proc.is_alive():
@@ -693,6 +732,7 @@ class _ChildRunner:
 def _child_main(handler: Handler, conn: Any) -> None:
     """A handler process: run the jobs the parent sends, send back each outcome."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group: the parent drains
+    conn.send(("ready",))
 
     def touch(job: Job, seconds: float | None) -> None:
         conn.send(("touch", seconds))

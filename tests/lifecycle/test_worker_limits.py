@@ -1,0 +1,159 @@
+"""The worker and the lifecycle: a handler past its time limit (thread and process
+pools), touch, Retry(after=...), draining without refunds. Both backends."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+import time
+
+from aeroqueue import keys
+from aeroqueue.loading import JobSpec
+from aeroqueue.queue import Job, Retry
+from aeroqueue.worker import EXIT_OK, Worker
+from tests.lifecycle.handlers import hang_or_double
+
+
+def fast_worker(backend, handler, list_name, **kw) -> Worker:
+    opts = {"interval_s": 0.1, "expiry_s": 1.0, "idle_s": 0.05, "until_complete": True, "reap_every_s": 0.2}
+    opts.update(kw)
+    return Worker(backend, handler, [list_name], **opts)
+
+
+def job_bins(backend, list_name: str, token: int) -> dict:
+    return backend.get(keys.JOB_SET, keys.job_name(list_name, token)).bins
+
+
+def test_thread_pool_abandons_a_hung_handler_and_keeps_its_concurrency(registered, lists, list_name):
+    lists.load(list_name, [JobSpec("hang", {}), *(JobSpec(f"j{i}", {"n": i}) for i in range(10))],
+               timeout_s=0.5, backoff_s=0, max_attempts=2, seal=True)
+    release = threading.Event()
+    runs: list[tuple[str, int]] = []
+
+    def handler(job: Job) -> str:
+        runs.append((job.jid, job.attempt))
+        if job.jid == "hang":
+            release.wait(30)
+            return "late"
+        return "ok"
+
+    # One thread: if the hung handler held it, nothing else would ever run.
+    w = fast_worker(registered, handler, list_name, concurrency=1, batch=2)
+    try:
+        assert w.run(install_signals=False) == EXIT_OK
+    finally:
+        release.set()
+    snap = w.counters.snapshot()
+    assert (snap["done"], snap["timed_out"], snap["dead"]) == (10, 2, 0)
+    hang = job_bins(registered, list_name, 0)
+    assert hang["state"] == "dead" and hang["att"] == 2
+    assert [e["err"].startswith("timed out") for e in hang["errs"]] == [True, True]
+    assert sorted(a for j, a in runs if j == "hang") == [1, 2]
+    time.sleep(0.3)  # the abandoned handlers return now: their results are discarded
+    assert job_bins(registered, list_name, 0)["state"] == "dead"
+    assert "result" not in job_bins(registered, list_name, 0)
+    st = lists.status(list_name)
+    assert (st.done, st.dead, st.complete) == (10, 1, True)
+
+
+def test_process_pool_kills_the_overdue_handler(registered, lists, list_name):
+    jobs = [JobSpec("hang", {"hang": True, "n": 0}), *(JobSpec(f"j{i}", {"n": i}) for i in range(1, 6))]
+    lists.load(list_name, jobs, timeout_s=1.5, backoff_s=0, max_attempts=1, seal=True)
+    w = fast_worker(registered, hang_or_double, list_name, concurrency=2, pool="process")
+    started = time.monotonic()
+    assert w.run(install_signals=False) == EXIT_OK
+    assert time.monotonic() - started < 30  # not the handler's 60 s
+    snap = w.counters.snapshot()
+    assert (snap["done"], snap["timed_out"]) == (5, 1)
+    hang = job_bins(registered, list_name, 0)
+    assert hang["state"] == "dead" and "timed out" in hang["err"]
+    results = [job_bins(registered, list_name, t)["result"] for t in range(1, 6)]
+    assert [r["double"] for r in results] == [2 * n for n in range(1, 6)]
+    assert all(r["pid"] != os.getpid() for r in results)  # ran in child processes
+    assert not [p for p in multiprocessing.active_children() if p.name == "aeroqueue-handler"]
+
+
+def test_touch_from_a_child_process(registered, lists, list_name):
+    lists.load(list_name, [JobSpec("t", {"touch": True, "n": 4})], timeout_s=0.8, backoff_s=0, seal=True)
+    w = fast_worker(registered, hang_or_double, list_name, pool="process")
+    assert w.run(install_signals=False) == EXIT_OK
+    snap = w.counters.snapshot()
+    assert (snap["done"], snap["timed_out"]) == (1, 0)  # 1.2 s of work, limit 0.8 s, touched
+    assert job_bins(registered, list_name, 0)["result"]["double"] == 8
+
+
+def test_touch_in_a_thread(registered, lists, list_name):
+    lists.load(list_name, [JobSpec("t", {})], timeout_s=0.5, backoff_s=0, seal=True)
+
+    def handler(job: Job) -> str:
+        for _ in range(4):
+            time.sleep(0.25)
+            job.touch()
+        return "ok"
+
+    w = fast_worker(registered, handler, list_name)
+    assert w.run(install_signals=False) == EXIT_OK
+    snap = w.counters.snapshot()
+    assert (snap["done"], snap["timed_out"]) == (1, 0)
+
+
+def test_retry_after_snoozes_without_counting_a_failure(registered, lists, list_name):
+    lists.load(list_name, [JobSpec("s", {})], max_attempts=1, seal=True)
+    calls: list[float] = []
+
+    def handler(job: Job) -> str:
+        calls.append(time.monotonic())
+        if len(calls) == 1:
+            raise Retry(after=0.5)
+        return "ok"
+
+    w = fast_worker(registered, handler, list_name)
+    assert w.run(install_signals=False) == EXIT_OK
+    snap = w.counters.snapshot()
+    assert (snap["done"], snap["snoozed"], snap["dead"], snap["retried"]) == (1, 1, 0, 0)
+    assert calls[1] - calls[0] >= 0.45
+    rec = job_bins(registered, list_name, 0)
+    assert rec["att"] == 1 and rec["state"] == "done" and not rec.get("errs")
+
+
+def test_draining_does_not_refund_a_job_running_at_the_deadline(registered, lists, list_name):
+    lists.load(list_name, [JobSpec("slow", {})], seal=True)
+    started = threading.Event()
+    release = threading.Event()
+
+    def handler(job: Job) -> str:
+        started.set()
+        release.wait(20)
+        return "late"
+
+    w = fast_worker(registered, handler, list_name, until_complete=False, drain_timeout_s=0.3)
+    t = threading.Thread(target=w.run, kwargs={"install_signals": False})
+    t.start()
+    try:
+        assert started.wait(10)
+        w.request_stop()
+        t.join(20)
+        assert not t.is_alive()
+    finally:
+        release.set()
+    rec = job_bins(registered, list_name, 0)
+    assert rec["state"] == "queued" and rec["att"] == 1  # the attempt counts: a job that always hangs ends
+
+
+def test_failures_back_off_in_the_worker(registered, lists, list_name):
+    lists.load(list_name, [JobSpec("f", {})], backoff_s=0.3, backoff_max_s=10, max_attempts=3, seal=True)
+    calls: list[float] = []
+
+    def handler(job: Job) -> str:
+        calls.append(time.monotonic())
+        if len(calls) < 3:
+            raise RuntimeError("downstream down")
+        return "ok"
+
+    w = fast_worker(registered, handler, list_name)
+    assert w.run(install_signals=False) == EXIT_OK
+    assert len(calls) == 3
+    assert calls[1] - calls[0] >= 0.15 - 0.02  # attempt 1: 0.15..0.3 s
+    assert calls[2] - calls[1] >= 0.3 - 0.02  # attempt 2: 0.3..0.6 s
+    assert job_bins(registered, list_name, 0)["state"] == "done"
