@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from aeroqueue import errors, keys
-from aeroqueue.loading import JobSpec
 from aeroqueue.cli import main
+from aeroqueue.loading import JobSpec
 from aeroqueue.sessions import reap, sweep
 from aeroqueue.transitions import backoff_ms
 
