@@ -1,7 +1,11 @@
 """Chaos: 6 worker processes on one 5,000-job list; the test SIGKILLs a worker every
 few hundred completions and SIGSTOPs/SIGCONTs another past its session's expiry.
-At the end every job is done exactly once, none is lost, and every job whose
-handler ran more than once was in flight on a killed or stopped worker.
+The lifecycle runs through it: one job in 40 fails its first attempt (retried after
+the list's backoff), one in 500 hangs past the time limit on its first attempt
+(abandoned by the worker's watchdog), and 100 more jobs are loaded delayed.
+At the end every job is done exactly once, none is lost, none ran before its
+time, and every job whose handler ran more than once was in flight on a killed or
+stopped worker, or failed or hung by design.
 
 Real processes, real signals, and the same test against a real server with
 AEROQUEUE_TEST_URL.
@@ -25,6 +29,7 @@ import pytest
 from aeroqueue import keys
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
+from tests.sessions.chaos_handler import fails_first, hangs_first
 
 ROOT = Path(__file__).resolve().parents[2]
 N_JOBS = 5_000
@@ -32,6 +37,9 @@ N_WORKERS = 6
 KILL_EVERY = 400  # completions between two SIGKILLs
 HEARTBEAT_S, EXPIRY_S = 0.25, 4.0
 STOP_FOR_S = EXPIRY_S + 2.0  # long enough to be reaped
+TIME_LIMIT_S, HANG_S = 5.0, 6.0  # the list's limit; a hanging handler's sleep
+BACKOFF_S = 0.1  # attempt 1 waits 0.05..0.1 s
+N_DELAYED, DELAY_S = 100, 3.0
 
 
 @dataclass
@@ -50,7 +58,7 @@ def spawn(store_url: str, list_name: str, tmp_path: Path) -> Iterator[Callable[[
     started: list[Worker] = []
     logs = tmp_path / "logs"
     logs.mkdir()
-    env = {**os.environ, "AEROQUEUE_CHAOS_LOG": str(logs), "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "AEROQUEUE_CHAOS_LOG": str(logs), "PYTHONPATH": str(ROOT), "AEROQUEUE_CHAOS_HANG": str(HANG_S)}
     cmd = [
         sys.executable, "-m", "aeroqueue", "--url", store_url, "worker",
         "--handler", "tests.sessions.chaos_handler:handle", "--list", list_name,
@@ -76,7 +84,11 @@ def spawn(store_url: str, list_name: str, tmp_path: Path) -> Iterator[Callable[[
 @pytest.mark.slow
 def test_chaos_every_job_done_exactly_once(registered, list_name, tmp_path, spawn):
     lists = JobLists(registered)
-    lists.load(list_name, [JobSpec(f"c{i}", {"i": i}) for i in range(N_JOBS)], seal=True)
+    policy = {"timeout_s": TIME_LIMIT_S, "backoff_s": BACKOFF_S, "backoff_max_s": 1.0, "max_attempts": 20}
+    delayed_from = time.time() + DELAY_S
+    lists.load(list_name, [JobSpec(f"d{i}", {"i": i}) for i in range(N_DELAYED)], delay_s=DELAY_S, **policy)
+    lists.load(list_name, [JobSpec(f"c{i}", {"i": i}) for i in range(N_JOBS)], seal=True, **policy)
+    total = N_JOBS + N_DELAYED
     logs = tmp_path / "logs"
 
     live = [spawn() for _ in range(N_WORKERS)]
@@ -135,10 +147,15 @@ def test_chaos_every_job_done_exactly_once(registered, list_name, tmp_path, spaw
 
     # The handler's own log: every execution of every job.
     runs: dict[str, list[int]] = defaultdict(list)
+    by_design: dict[str, list[int]] = defaultdict(list)  # first attempts meant to fail or hang
+    started: dict[str, list[tuple[int, float]]] = defaultdict(list)  # (attempt, time)
     for f in logs.glob("exec-*.log"):
         for line in f.read_text().splitlines():
-            jid, pid, _sess = line.split()
+            jid, pid, _sess, attempt, at = line.split()
             runs[jid].append(int(pid))
+            started[jid].append((int(attempt), float(at)))
+            if attempt == "1" and (fails_first(jid) or hangs_first(jid)):
+                by_design[jid].append(int(pid))
     # The workers' logs: every acknowledgement that was accepted.
     acked = Counter()
     for f in logs.glob("worker-*.jsonl"):
@@ -148,8 +165,8 @@ def test_chaos_every_job_done_exactly_once(registered, list_name, tmp_path, spaw
                 if event.get("event") == "job_done":
                     acked[event["jid"]] += 1
 
-    names = [keys.job_name(list_name, t) for t in range(N_JOBS)]
-    records = [rec for lo in range(0, N_JOBS, 1000) for rec in registered.batch_get(keys.JOB_SET, names[lo : lo + 1000])]
+    names = [keys.job_name(list_name, t) for t in range(total)]
+    records = [rec for lo in range(0, total, 1000) for rec in registered.batch_get(keys.JOB_SET, names[lo : lo + 1000])]
     rerun_by_chaos = 0
     for rec in records:
         assert rec is not None
@@ -162,9 +179,25 @@ def test_chaos_every_job_done_exactly_once(registered, list_name, tmp_path, spaw
         assert job["result"]["pid"] in pids, f"{jid}: completed by a run the handler never logged"
         extra = list(pids)
         extra.remove(job["result"]["pid"])
-        # Every run that did not count was on a worker the test killed or stopped.
+        for pid in by_design[jid][:1]:  # the one run that failed or hung by design
+            if pid in extra:
+                extra.remove(pid)
+        # Every other run that did not count was on a worker the test killed or stopped.
         assert set(extra) <= killed | stopped, f"{jid} ran on {pids}; killed {killed}, stopped {stopped}"
         rerun_by_chaos += bool(extra)
+        # Nothing ran before its time: a delayed job not before its delay, a retry not
+        # before the backoff's shortest wait after the failed run (one machine's clock).
+        times = sorted(started[jid], key=lambda r: r[1])
+        if jid.startswith("d"):
+            assert times[0][1] >= delayed_from - 0.25, f"{jid} ran {delayed_from - times[0][1]:.3f} s early"
+        if fails_first(jid) and len(times) > 1 and times[0][0] == 1 and times[1][0] == 2:
+            assert times[1][1] - times[0][1] >= BACKOFF_S / 2 - 0.01, f"{jid} retried before its backoff"
+        if fails_first(jid) or hangs_first(jid):
+            assert "err" in job, f"{jid} failed by design but has no error"
+    hung = [jid for jid in runs if hangs_first(jid)]
+    # (A hung run may also end with its worker killed: at least one ends by its time limit.)
+    assert hung and any(any("timed out" in (e.get("err") or "") for e in (rec.bins.get("errs") or []))
+                        for rec in records if rec.bins["jid"] in hung), "a hung first attempt is recorded as timed out"
     st = lists.status(list_name)
-    assert (st.done, st.dead, st.in_flight, st.reservable, st.retry_pending) == (N_JOBS, 0, 0, 0, 0)
+    assert (st.done, st.dead, st.in_flight, st.reservable, st.retry_pending, st.delayed) == (total, 0, 0, 0, 0, 0)
     print(f"chaos: {len(killed)} SIGKILLs, {len(stopped)} SIGSTOP, {rerun_by_chaos} jobs ran more than once")
