@@ -158,11 +158,10 @@ class ListNames:
 
 
 def state_counts(st: ListStatus) -> dict[str, int]:
-    """A status as the exporter's states. `delayed` is read from the status when it
-    has one (jobs waiting for their time, not reservable yet), else 0."""
+    """A status as the exporter's states (`delayed`: waiting for their time, not reservable yet)."""
     return {
         "queued": st.reservable + st.retry_pending,
-        "delayed": int(getattr(st, "delayed", 0) or 0),
+        "delayed": st.delayed,
         "claimed": st.in_flight,
         "done": st.done,
         "dead": st.dead,

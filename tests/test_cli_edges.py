@@ -229,7 +229,7 @@ def _reserve_process(url: str, list_name: str, *extra: str) -> subprocess.Popen[
 
 def test_reserve_heartbeats_while_holding_and_ends_when_every_job_is_acknowledged(ready_url, list_name):
     backend = open_backend(ready_url)
-    JobLists(backend).load(list_name, [JobSpec(f"c{i}", {}) for i in range(5)])
+    JobLists(backend).load(list_name, [JobSpec(f"c{i}", {}) for i in range(5)], backoff_s=0)
     proc = _reserve_process(ready_url, list_name, "-n", "3", "--hold", "60", "--heartbeat", "0.2", "--expiry", "1")
     try:
         assert proc.stdout is not None
@@ -315,8 +315,8 @@ def test_status_json_has_paused(ready_url, list_name):
     assert row == st
 
 
-STATUS_KEYS = {"name", "mode", "total", "reservable", "in_flight", "retry_pending", "done", "dead", "sealed", "paused",
-               "complete"}
+STATUS_KEYS = {"name", "mode", "total", "reservable", "delayed", "in_flight", "retry_pending", "done", "dead", "sealed",
+               "paused", "complete", "timeout_s", "backoff_s", "backoff_max_s", "max_attempts"}
 
 
 def test_json_shapes_are_the_documented_ones(ready_url, list_name):

@@ -162,8 +162,7 @@ class Store:
 
     def list_row(self, name: str) -> ListRow:
         st = self.lists.status(name)
-        delayed = int(getattr(st, "delayed", 0) or 0)
-        return ListRow(st, queued=st.reservable + st.retry_pending, delayed=delayed, claimed=st.in_flight)
+        return ListRow(st, queued=st.reservable + st.retry_pending, delayed=st.delayed, claimed=st.in_flight)
 
     def sessions(self) -> list[SessionRow]:
         rows = []

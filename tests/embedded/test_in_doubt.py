@@ -51,7 +51,7 @@ def test_reserve_keeps_what_it_claimed_when_a_later_step_fails(env):
 
 def test_a_fail_whose_answer_was_lost_still_requeues_the_job(env):
     backend, lists, queue, session = env
-    lists.load("L", specs(1))
+    lists.load("L", specs(1), backoff_s=0)  # retried at once: the retry store, not the schedule
     [job] = queue.reserve("L", session)
     backend.client.faults.add(op="apply", function="fail", error="TimeoutError", when="after", times=-1)
     with pytest.raises(errors.BackendTimeout):  # in doubt until the deadline: the caller hears it

@@ -99,7 +99,7 @@ def test_complete_from_a_session_that_lost_the_claim(queue, lists, list_name, se
 
 
 def test_failures_retry_first_then_dead_then_kick(queue, lists, list_name, session):
-    lists.load(list_name, specs(3), max_attempts=2)
+    lists.load(list_name, specs(3), max_attempts=2, backoff_s=0)
     a, b, c = queue.reserve(list_name, session, 3)
     assert queue.fail(b, "boom 1") == "retry"
     [again] = queue.reserve(list_name, session)

@@ -238,11 +238,18 @@ def test_exporter_gauges_are_the_store_counts_without_a_scan_per_scrape(
         _check_gauges(samples, lists, name)
 
 
-def test_exporter_reads_delayed_from_status_when_it_has_it() -> None:
+def test_exporter_states_add_up_to_the_status() -> None:
     st: Any = SimpleNamespace(reservable=4, retry_pending=1, in_flight=2, done=3, dead=1, total=15, delayed=4)
     assert state_counts(st) == {"queued": 5, "delayed": 4, "claimed": 2, "done": 3, "dead": 1}
-    del st.delayed
-    assert state_counts(st)["delayed"] == 0
+    assert sum(state_counts(st).values()) == st.total
+
+
+def test_exporter_counts_a_real_delayed_load(registered: Backend, list_name: str) -> None:
+    JobLists(registered).load(list_name, [JobSpec("x", 1), JobSpec("y", 2)], delay_s=3600)
+    JobLists(registered).load(list_name, [JobSpec("z", 3)])
+    samples = parse(generate_latest(store_registry(registered, lambda: [list_name])).decode())
+    assert value(samples, "aeroqueue_list_jobs_by_state", list=list_name, state="delayed") == 2
+    assert value(samples, "aeroqueue_list_jobs_by_state", list=list_name, state="queued") == 1
 
 
 def test_exporter_skips_a_list_that_vanished(registered: Backend, list_name: str) -> None:

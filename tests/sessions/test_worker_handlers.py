@@ -65,7 +65,7 @@ def test_one_thread_survives_every_kind_of_bad_handler(registered, lists, list_n
 
 
 def test_a_result_over_the_record_size_fails_the_job_with_a_true_error(queue, lists, list_name, session):
-    lists.load(list_name, [JobSpec("big", {})], max_attempts=3)
+    lists.load(list_name, [JobSpec("big", {})], max_attempts=3, backoff_s=0)
     [job] = queue.reserve(list_name, session, 1)
     # Over the 1 MiB record limit of both backends: retrying cannot help.
     assert run_job(queue, job, lambda job: "x" * 2_000_000, session) == "retry"
@@ -88,7 +88,7 @@ def test_every_thread_dying_is_exit_status_4(registered, lists, list_name, monke
 
 @pytest.mark.parametrize("raised", [KeyboardInterrupt, SystemExit])
 def test_on_the_main_thread_ctrl_c_fails_the_job_and_still_stops_the_program(queue, lists, list_name, session, raised):
-    lists.load(list_name, [JobSpec("a", {}), JobSpec("b", {})])
+    lists.load(list_name, [JobSpec("a", {}), JobSpec("b", {})], backoff_s=0)
 
     def handler(job: Job) -> None:
         raise raised
