@@ -49,6 +49,7 @@ class Job:
     attempt: int
     session: str
     timeout_s: float = 300.0
+    rid: str = ""  # the claim's request id: an ack names the claim, not only the session
     toucher: Callable[[Job, float | None], None] | None = field(default=None, compare=False, repr=False)
 
     @property
@@ -240,7 +241,7 @@ class Queue:
         self._reschedule(name, answers)
         jobs = [
             Job(list=name, token=a["token"], jid=a["jid"], payload=a.get("payload"), attempt=a["att"], session=sess,
-                timeout_s=tlim / 1000, toucher=self._touch)
+                timeout_s=tlim / 1000, rid=rid, toucher=self._touch)
             for a in answers
             if a and a.get("st") == "ok"
         ]
@@ -257,7 +258,7 @@ class Queue:
     def _batch(self, claims: list[tuple[str, list[Any]]], acks: list[tuple[Job, Any]]) -> list[BatchResult]:
         """Claims and acks in one batch call: the claims' results, then the acks'."""
         calls = [(n, "claim", args) for n, args in claims]
-        calls += [(job.name, "complete", [job.session, {job.token: result}]) for job, result in acks]
+        calls += [(job.name, "complete", [job.session, {job.token: result}, job.rid]) for job, result in acks]
         return self.backend.batch_udfs(keys.JOB_SET, calls, keys.JOB_MOD)
 
     def _claim_one(self, name: str, sess: str, rid: str, tlim: int, token: int) -> Any:
@@ -279,7 +280,7 @@ class Queue:
     def complete(self, job: Job, result: Any = None) -> None:
         """Mark a job done, exactly once. Repeating a successful complete is harmless;
         a complete from a session that lost the claim raises `ClaimLost`."""
-        st = self._job_udf(job.name, "complete", job.session, {job.token: result})
+        st = self._job_udf(job.name, "complete", job.session, {job.token: result}, job.rid)
         self._check(job, st)
         self.bits.add(job.list, [job.token])
 
@@ -311,7 +312,7 @@ class Queue:
         for sess, pairs in by_session.items():
             # Each job gets only its own result (not the whole batch's), in one round trip.
             out = self.backend.batch_udf(
-                keys.JOB_SET, [(j.name, [sess, {j.token: r}]) for j, r in pairs], keys.JOB_MOD, "complete"
+                keys.JOB_SET, [(j.name, [sess, {j.token: r}, j.rid]) for j, r in pairs], keys.JOB_MOD, "complete"
             )
             for (job, res), r in zip(pairs, out, strict=True):
                 st = r.value if r.ok else None
@@ -331,7 +332,7 @@ class Queue:
         backoff ('delayed', or 'retry' with no backoff), else 'dead'."""
         st = transitions.fail(
             self.backend, job.list, job.token, job.session, error, delay_ms=self.backoff_ms(job.list, job.attempt),
-            deadline_s=self.busy_deadline_s,
+            rid=job.rid, deadline_s=self.busy_deadline_s,
         )
         self._check(job, st)
         return st
@@ -340,7 +341,7 @@ class Queue:
         """Run the job again `after_s` from now, without counting this attempt ('delayed')."""
         if not after_s >= 0:
             raise ValueError(f"Retry(after=...) must be zero or positive seconds, not {after_s}")
-        st = transitions.snooze(self.backend, job.list, job.token, job.session, round(after_s * 1000),
+        st = transitions.snooze(self.backend, job.list, job.token, job.session, round(after_s * 1000), rid=job.rid,
                                 deadline_s=self.busy_deadline_s)
         self._check(job, st)
         return st
@@ -352,7 +353,7 @@ class Queue:
         why = why or f"timed out: not acknowledged within its time limit of {job.timeout_s:g} s"
         return transitions.expire(
             self.backend, job.list, job.token, job.session, why, delay_ms=self.backoff_ms(job.list, job.attempt),
-            deadline_s=self.busy_deadline_s,
+            rid=job.rid, deadline_s=self.busy_deadline_s,
         )
 
     def touch(self, job: Job, seconds: float | None = None) -> float:
@@ -361,7 +362,7 @@ class Queue:
         seconds = job.timeout_s if seconds is None else seconds
         if not seconds > 0:
             raise ValueError(f"touch needs positive seconds, not {seconds}")
-        out = self._job_udf(job.name, "touch", job.session, max(1, round(seconds * 1000)))
+        out = self._job_udf(job.name, "touch", job.session, max(1, round(seconds * 1000)), job.rid)
         self._check(job, out["st"])
         for listener in list(self._touched):
             listener(job, seconds)
@@ -393,7 +394,8 @@ class Queue:
         """Give a claimed job back, if this session still holds it. With `refund` the
         attempt is returned (it never ran); without, it counts (it ran, or may have)."""
         return transitions.release(
-            self.backend, job.list, job.token, job.session, refund=refund, why=why, deadline_s=self.busy_deadline_s
+            self.backend, job.list, job.token, job.session, refund=refund, why=why, rid=job.rid,
+            deadline_s=self.busy_deadline_s,
         )
 
     def flush(self) -> None:

@@ -231,12 +231,17 @@ class ReapReport:
     timed_out: int = 0  # claims of live sessions ended past their time limit
 
 
-def reap(backend: Backend) -> ReapReport:
+def reap(backend: Backend, *, stop: Callable[[], bool] | None = None) -> ReapReport:
     """Reap every expired session (see the module docstring), and end the claims of
-    live sessions that ran past their time limit (a handler that hangs)."""
+    live sessions that ran past their time limit (a handler that hangs). `stop` is
+    asked between sessions: a worker whose own session was lost exits at once
+    instead of finishing others' reaps (each is idempotent: the next reaper
+    finishes it)."""
     sessions = released = 0
     expired = set()
     for session_id, rec in backend.scan(keys.SESS_SET, expression=_EXPIRED):
+        if stop is not None and stop():
+            return ReapReport(sessions, released)
         expired.add(session_id)
         if rec.bins.get("state") == "alive":
             try:
@@ -251,7 +256,12 @@ def reap(backend: Backend) -> ReapReport:
         sessions += 1
         log.info("session reaped", extra={"event": "reaped", "session": session_id, "released": released})
     live = [sid for sid, _ in backend.scan(keys.SESS_SET, bins=["state"]) if sid not in expired]
-    return ReapReport(sessions, released, sum(expire_overdue(backend, sid) for sid in live))
+    timed_out = 0
+    for sid in live:
+        if stop is not None and stop():
+            break
+        timed_out += expire_overdue(backend, sid)
+    return ReapReport(sessions, released, timed_out)
 
 
 def expire_overdue(backend: Backend, session_id: str) -> int:
@@ -313,9 +323,10 @@ def _any_of(exprs: list[Any]) -> Any:
     return exprs[0] if len(exprs) == 1 else xp.Or(*exprs)
 
 
-def sweep(backend: Backend, *, grace_ms: int = 60_000) -> SweepReport:
+def sweep(backend: Backend, *, grace_ms: int = 60_000, stop: Callable[[], bool] | None = None) -> SweepReport:
     """The rare pass over the jobs of every list that is not complete (complete
-    lists cost nothing): run it at a low rate."""
+    lists cost nothing): run it at a low rate. `stop` is asked as the scan goes:
+    a sweep cut short changes nothing it did not finish (the next one does it)."""
     lists = JobLists(backend)
     names = lists.names()
     ranges = sum(lists.recover(name) for name in names)
@@ -334,7 +345,9 @@ def sweep(backend: Backend, *, grace_ms: int = 60_000) -> SweepReport:
         ),
     ).compile()
     found: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
-    for _, rec in backend.scan(keys.JOB_SET, expression=expression):
+    for i, (_, rec) in enumerate(backend.scan(keys.JOB_SET, expression=expression)):
+        if stop is not None and i % 256 == 0 and stop():
+            return SweepReport(0, 0, 0, ranges)
         found[rec.bins["state"]][rec.bins["list"]].append(rec.bins)
 
     recounted = sum(

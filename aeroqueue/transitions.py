@@ -241,30 +241,31 @@ def after_fail(backend: Backend, list_name: str, token: int, outcome: str, delay
 
 
 def release(
-    backend: Backend, list_name: str, token: int, session_id: str, *, refund: bool, why: str, deadline_s: float = 5.0
+    backend: Backend, list_name: str, token: int, session_id: str, *, refund: bool, why: str, rid: str = "",
+    deadline_s: float = 5.0,
 ) -> str:
     """claimed by `session_id` -> queued (or dead when attempts are used up and the
     attempt is not refunded); 'released', 'dead', 'not held' or 'missing'. Repeated
     while its answer is in doubt, for `deadline_s`: a repeat answers as the first did."""
     st = str(retry_in_doubt(lambda: backend.udf(
-        keys.JOB_SET, keys.job_name(list_name, token), keys.JOB_MOD, "release", session_id, 1 if refund else 0, why,
+        keys.JOB_SET, keys.job_name(list_name, token), keys.JOB_MOD, "release", session_id, 1 if refund else 0, why, rid,
     ), deadline_s=deadline_s))
     after_fail(backend, list_name, token, st)
     return st
 
 
 def fail(
-    backend: Backend, list_name: str, token: int, session_id: str, error: str, *, delay_ms: int = 0,
+    backend: Backend, list_name: str, token: int, session_id: str, error: str, *, delay_ms: int = 0, rid: str = "",
     deadline_s: float = 5.0,
 ) -> str:
-    """claimed by `session_id` -> queued while attempts remain ('retry'), or delayed for
+    """claimed by `session_id` (under request id `rid`, when given) -> queued while attempts remain ('retry'), or delayed for
     `delay_ms` (its backoff: 'delayed'), else 'dead'; 'lost', 'late' (past its time
     limit) or 'missing' change nothing. Repeated while its answer is in doubt, for
     `deadline_s`: a repeat answers as the first did."""
     error = error_text(error)
     st = str(retry_in_doubt(
         lambda: backend.udf(
-            keys.JOB_SET, keys.job_name(list_name, token), keys.JOB_MOD, "fail", session_id, error, int(delay_ms)
+            keys.JOB_SET, keys.job_name(list_name, token), keys.JOB_MOD, "fail", session_id, error, int(delay_ms), rid
         ),
         deadline_s=deadline_s,
     ))
@@ -273,7 +274,7 @@ def fail(
 
 
 def expire(
-    backend: Backend, list_name: str, token: int, session_id: str, why: str, *, delay_ms: int = 0,
+    backend: Backend, list_name: str, token: int, session_id: str, why: str, *, delay_ms: int = 0, rid: str = "",
     deadline_s: float = 5.0,
 ) -> str:
     """A claim past its time limit ends as a failed attempt (error `why`): 'retry',
@@ -281,7 +282,7 @@ def expire(
     'missing' change nothing."""
     st = str(retry_in_doubt(
         lambda: backend.udf(
-            keys.JOB_SET, keys.job_name(list_name, token), keys.JOB_MOD, "expire", session_id, int(delay_ms), why
+            keys.JOB_SET, keys.job_name(list_name, token), keys.JOB_MOD, "expire", session_id, int(delay_ms), why, rid
         ),
         deadline_s=deadline_s,
     ))
@@ -289,12 +290,16 @@ def expire(
     return st
 
 
-def snooze(backend: Backend, list_name: str, token: int, session_id: str, delay_ms: int, *, deadline_s: float = 5.0) -> str:
+def snooze(
+    backend: Backend, list_name: str, token: int, session_id: str, delay_ms: int, *, rid: str = "", deadline_s: float = 5.0
+) -> str:
     """The handler asked to run later: claimed -> delayed for `delay_ms`, the attempt
     given back. 'delayed', or 'lost' / 'late' / 'missing' (nothing changed)."""
     delay_ms = max(1, int(delay_ms))
     st = str(retry_in_doubt(
-        lambda: backend.udf(keys.JOB_SET, keys.job_name(list_name, token), keys.JOB_MOD, "snooze", session_id, delay_ms),
+        lambda: backend.udf(
+            keys.JOB_SET, keys.job_name(list_name, token), keys.JOB_MOD, "snooze", session_id, delay_ms, rid
+        ),
         deadline_s=deadline_s,
     ))
     after_fail(backend, list_name, token, st, delay_ms)

@@ -283,9 +283,10 @@ class Worker:
         self._deadlines: dict[str, float] = {}  # job name -> monotonic deadline of its running handler
         self._runner_of: dict[str, threading.Thread] = {}  # job name -> the thread running it
         self._reserved_at: dict[str, float] = {}  # job name -> monotonic time of its claim
-        self._prefetched: dict[int, list[Job]] = {}  # thread ident -> jobs it holds, not started
+        # Keyed by the Thread itself: an ident is reused once its thread ends.
+        self._prefetched: dict[threading.Thread, list[Job]] = {}  # jobs a thread holds, not started
         self._abandoned: set[int] = set()  # id() of jobs whose handler ran past the limit: result discarded
-        self._retired: set[int] = set()  # threads stuck in such a handler (replaced)
+        self._retired: set[threading.Thread] = set()  # threads stuck in such a handler (replaced)
         self.queue.on_touch(self._touched)
 
     def request_stop(self, *_: Any) -> None:
@@ -334,7 +335,7 @@ class Worker:
     def _work(self) -> None:
         assert self.session is not None
         session = self.session
-        me = threading.get_ident()
+        me = threading.current_thread()
         jobs: list[Job] = []  # reserved, not yet started (the watchdog may empty it)
         runner = _ChildRunner(self.handler) if self.pool == "process" else None
         if runner is not None:
@@ -347,7 +348,7 @@ class Worker:
             if runner is not None:
                 runner.close()
 
-    def _work_loop(self, session: Session, me: int, jobs: list[Job], runner: _ChildRunner | None) -> None:
+    def _work_loop(self, session: Session, me: threading.Thread, jobs: list[Job], runner: _ChildRunner | None) -> None:
         while True:
             if me in self._retired:
                 return  # replaced while stuck in a handler; its jobs went back then
@@ -511,13 +512,13 @@ class Worker:
                     self._watch(session)
                 self._renew_prefetched()
                 if now >= next_reap:
-                    report = reap(self.backend)
+                    report = reap(self.backend, stop=lambda: session.lost or self._stopping.is_set())
                     if report.sessions:
                         self.counters.add("reaped", report.sessions)
                     self._release_orphans(session)
                     next_reap = now + self.reap_every_s * random.uniform(0.8, 1.2)
                 if now >= next_sweep:
-                    sweep(self.backend, grace_ms=self.sweep_grace_ms)
+                    sweep(self.backend, grace_ms=self.sweep_grace_ms, stop=lambda: session.lost or self._stopping.is_set())
                     next_sweep = now + self.sweep_every_s * random.uniform(0.8, 1.2)
                 if self.until_complete and now >= next_check:
                     next_check = now + self.reap_every_s
@@ -570,8 +571,8 @@ class Worker:
                     continue  # it finished meanwhile
                 self._abandoned.add(id(job))
                 self._forget(job.name)
-                self._retired.add(thread.ident or 0)
-                left = self._prefetched.pop(thread.ident or 0, [])
+                self._retired.add(thread)
+                left = self._prefetched.pop(thread, [])
                 waiting, left[:] = list(left), []
             # Its prefetched jobs never started: back, attempt refunded.
             self._release(waiting, session)
@@ -611,7 +612,7 @@ class Worker:
         ripe, self._orphans = orphans & self._orphans, orphans - self._orphans
         for name in sorted(ripe):
             bins = held[name]
-            job = Job(list=bins["list"], token=bins["token"], jid=bins["jid"], payload=None,
+            job = Job(list=bins["list"], token=bins["token"], jid=bins["jid"], payload=None, rid=bins.get("rid", ""),
                       attempt=bins.get("att", 0), session=session.id)
             log.warning("orphaned claim released", extra={"event": "orphan_released", "list": job.list,
                                                           "token": job.token, "jid": job.jid})
@@ -627,7 +628,7 @@ class Worker:
                     self._watch(session)
                 except AeroqueueError as e:
                     log.warning("time limit check failed", extra={"event": "watch_failed", "error": str(e)})
-            waiting = [t for t in self._threads if t.is_alive() and t.ident not in self._retired]
+            waiting = [t for t in self._threads if t.is_alive() and t not in self._retired]
             if not waiting:
                 break
             waiting[0].join(min(0.1, max(0.0, deadline - time.monotonic())))

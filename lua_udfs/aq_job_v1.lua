@@ -97,10 +97,22 @@ local function end_claim(rec, sess, why, dead, queued_status, delay_ms)
   return st
 end
 
+-- Whether the caller's claim is the record's claim: its session, and its request
+-- id when it gives one ('' or nil: any claim of the session). A session can
+-- claim the same job twice (its first claim timed out and the job came back):
+-- only the request id tells an ack of the old claim from one of the new.
+local function same_claim(rec, rid)
+  return rid == nil or rid == '' or rec['rid'] == rid
+end
+
+local function holds(rec, sess, rid)
+  return rec['state'] == 'claimed' and rec['sess'] == sess and same_claim(rec, rid)
+end
+
 -- An answer that repeats a transition already made by `sess` (its first answer
 -- was lost): the outcome it had, or nil.
-local function repeated(rec, sess, why, queued_status)
-  if rec['by'] ~= sess or rec['err'] ~= why then return nil end
+local function repeated(rec, sess, why, queued_status, rid)
+  if rec['by'] ~= sess or rec['err'] ~= why or not same_claim(rec, rid) then return nil end
   local state = rec['state']
   if state == 'dead' then return 'dead' end
   if state == 'delayed' then return 'delayed' end
@@ -146,17 +158,17 @@ function claim(rec, sess, rid, tlim)
   return map{st = 'ok', jid = rec['jid'], payload = rec['payload'], att = att, token = rec['token'], dl = t + tlim}
 end
 
--- complete(rec, sess, results) -> 'ok' | 'again' | 'lost' | 'late' | 'missing'
---   claimed by `sess` -> done. `results` is a map token -> result, so that
+-- complete(rec, sess, results, rid) -> 'ok' | 'again' | 'lost' | 'late' | 'missing'
+--   claimed by `sess` (under request id `rid`, if given) -> done. `results` is a map token -> result, so that
 --   one batch call completes many jobs (batch_apply passes one argument list
 --   to every record). 'again': already done by this session (a retried ack,
 --   harmless). 'lost': the claim is not this session's any more. 'late': the
 --   claim's time limit ran out: the result is refused, and the job is retried.
-function complete(rec, sess, results)
+function complete(rec, sess, results, rid)
   if not aerospike:exists(rec) then return 'missing' end
   local state = rec['state']
-  if state == 'done' and rec['by'] == sess then return 'again' end
-  if state ~= 'claimed' or rec['sess'] ~= sess then return 'lost' end
+  if state == 'done' and rec['by'] == sess and same_claim(rec, rid) then return 'again' end
+  if not holds(rec, sess, rid) then return 'lost' end
   local t = now()
   if late(rec, t) then return 'late' end
   unclaim(rec, sess)
@@ -167,54 +179,54 @@ function complete(rec, sess, results)
   return 'ok'
 end
 
--- fail(rec, sess, err, delay_ms) -> 'retry' | 'delayed' | 'dead' | 'lost' | 'late' | 'missing'
+-- fail(rec, sess, err, delay_ms, rid) -> 'retry' | 'delayed' | 'dead' | 'lost' | 'late' | 'missing'
 --   claimed by `sess` -> waiting again while attempts remain: 'delayed' for
 --   delay_ms (the backoff) when it is positive, else 'retry' (the caller
 --   offers it again), or 'dead' (the caller sets its dead bit). The error joins
 --   the job's history. A retried fail that already took effect answers the same,
 --   so the caller redoes its (idempotent) follow-up. 'late': the time limit ran
 --   out first; the reaper records that failure instead.
-function fail(rec, sess, err, delay_ms)
+function fail(rec, sess, err, delay_ms, rid)
   if not aerospike:exists(rec) then return 'missing' end
-  if rec['state'] ~= 'claimed' or rec['sess'] ~= sess then return repeated(rec, sess, err, 'retry') or 'lost' end
+  if not holds(rec, sess, rid) then return repeated(rec, sess, err, 'retry', rid) or 'lost' end
   if late(rec, now()) then return 'late' end
   return end_claim(rec, sess, err, rec['att'] >= rec['max_att'], 'retry', delay_ms)
 end
 
--- expire(rec, sess, delay_ms, why) -> 'retry' | 'delayed' | 'dead' | 'early' | 'lost' | 'missing'
+-- expire(rec, sess, delay_ms, why, rid) -> 'retry' | 'delayed' | 'dead' | 'early' | 'lost' | 'missing'
 --   A claim of `sess` past its time limit ends as a failed attempt whose error
 --   is `why` (the reaper, or the worker that stopped waiting for the handler).
 --   'early': the limit has not run out by the server's clock; nothing changes.
-function expire(rec, sess, delay_ms, why)
+function expire(rec, sess, delay_ms, why, rid)
   if not aerospike:exists(rec) then return 'missing' end
-  if rec['state'] ~= 'claimed' or rec['sess'] ~= sess then return repeated(rec, sess, why, 'retry') or 'lost' end
+  if not holds(rec, sess, rid) then return repeated(rec, sess, why, 'retry', rid) or 'lost' end
   if not late(rec, now()) then return 'early' end
   return end_claim(rec, sess, why, rec['att'] >= rec['max_att'], 'retry', delay_ms)
 end
 
--- release(rec, sess, refund, why) -> 'released' | 'dead' | 'not held' | 'missing'
+-- release(rec, sess, refund, why, rid) -> 'released' | 'dead' | 'not held' | 'missing'
 --   claimed by `sess` -> queued (a session closing or reaped gives its jobs
 --   back). refund = 1 returns the attempt (a graceful release); a reaped
 --   session's claim keeps it, so a job that kills its worker every time
 --   ends dead instead of looping. A retried release that already took effect
 --   answers the same, so the caller redoes its follow-up.
-function release(rec, sess, refund, why)
+function release(rec, sess, refund, why, rid)
   if not aerospike:exists(rec) then return 'missing' end
-  if rec['state'] ~= 'claimed' or rec['sess'] ~= sess then return repeated(rec, sess, why, 'released') or 'not held' end
+  if not holds(rec, sess, rid) then return repeated(rec, sess, why, 'released', rid) or 'not held' end
   local att = rec['att']
   if refund == 1 and att > 0 then att = att - 1 end
   rec['att'] = att
   return end_claim(rec, sess, why, refund ~= 1 and att >= rec['max_att'], 'released', 0)
 end
 
--- snooze(rec, sess, delay_ms) -> 'delayed' | 'lost' | 'late' | 'missing'
+-- snooze(rec, sess, delay_ms, rid) -> 'delayed' | 'lost' | 'late' | 'missing'
 --   The handler asked to run later (Retry(after=...)): claimed by `sess` ->
 --   delayed for delay_ms, the attempt given back, no error recorded.
-function snooze(rec, sess, delay_ms)
+function snooze(rec, sess, delay_ms, rid)
   if not aerospike:exists(rec) then return 'missing' end
   local state = rec['state']
-  if state ~= 'claimed' or rec['sess'] ~= sess then
-    if state == 'delayed' and rec['by'] == sess then return 'delayed' end
+  if not holds(rec, sess, rid) then
+    if state == 'delayed' and rec['by'] == sess and same_claim(rec, rid) then return 'delayed' end
     return 'lost'
   end
   local t = now()
@@ -226,11 +238,11 @@ function snooze(rec, sess, delay_ms)
   return 'delayed'
 end
 
--- touch(rec, sess, tlim) -> map{st='ok', dl} | map{st='lost'|'late'|'missing'}
+-- touch(rec, sess, tlim, rid) -> map{st='ok', dl} | map{st='lost'|'late'|'missing'}
 --   The handler needs longer: the claim's limit becomes `tlim` ms from now.
-function touch(rec, sess, tlim)
+function touch(rec, sess, tlim, rid)
   if not aerospike:exists(rec) then return map{st = 'missing'} end
-  if rec['state'] ~= 'claimed' or rec['sess'] ~= sess then return map{st = 'lost'} end
+  if not holds(rec, sess, rid) then return map{st = 'lost'} end
   local t = now()
   if late(rec, t) then return map{st = 'late'} end
   rec['dl'] = t + tlim

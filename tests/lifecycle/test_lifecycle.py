@@ -49,11 +49,12 @@ def test_a_claim_past_its_limit_is_ended_by_the_reaper_while_its_session_lives(q
     a, b = queue.reserve(list_name, session, 2)
     assert a.timeout_s == 0.5
     queue.complete(b, "in time")
-    assert reap(queue.backend).timed_out == 0  # not yet past the limit
+    reap(queue.backend)
+    assert lists.find_job(list_name, "job-0")["state"] == "claimed"  # not yet past the limit
     time.sleep(0.8)
     assert not session.lost  # heartbeats go on: only the limit ends the claim
-    report = reap(queue.backend)
-    assert report.timed_out == 1 and report.sessions == 0
+    # (>=: a shared server may hold other tests' overdue claims too)
+    assert reap(queue.backend).timed_out >= 1
     job = lists.find_job(list_name, "job-0")
     assert job["state"] == "queued" and job["att"] == 1
     assert "timed out" in job["err"] and "0.5 s" in job["err"]
@@ -75,13 +76,36 @@ def test_a_late_ack_is_refused_even_before_the_reaper_runs(queue, lists, list_na
     assert queue.expire(a) == "retry"
 
 
+def test_an_ack_of_an_older_claim_of_the_same_session_is_refused(queue, lists, list_name, session):
+    # The session's first claim timed out, the job came back, and the same session
+    # claimed it again: the first handler's late result must not complete the job
+    # (the handler would count as run once, and the second run would be refused).
+    lists.load(list_name, specs(1), timeout_s=0.3, backoff_s=0)
+    (old,) = queue.reserve(list_name, session, 1)
+    time.sleep(0.5)
+    assert reap(queue.backend).timed_out >= 1
+    (new,) = queue.reserve(list_name, session, 1)
+    assert (new.jid, new.session, new.attempt) == (old.jid, old.session, 2) and new.rid != old.rid
+    for ack in (lambda: queue.complete(old, "stale"), lambda: queue.fail(old, "stale"), old.touch,
+                lambda: queue.snooze(old, 1)):
+        with pytest.raises(errors.ClaimLost):
+            ack()
+    assert queue.complete_many([old], ["stale"]) == [old]
+    assert queue.release(old, "stale") == "not held"
+    queue.complete(new, "fresh")
+    queue.complete(new, "fresh")  # a repeat of the same claim's ack is harmless
+    with pytest.raises(errors.ClaimLost):  # ...but not the older claim's
+        queue.complete(old, "stale")
+    assert lists.find_job(list_name, "job-0")["result"] == "fresh"
+
+
 def test_touch_extends_the_limit(queue, lists, list_name, session):
     lists.load(list_name, specs(1), timeout_s=0.6, backoff_s=0)
     (a,) = queue.reserve(list_name, session, 1)
     for _ in range(4):  # 1.2 s in all, twice the limit
         time.sleep(0.3)
         a.touch()
-    assert reap(queue.backend).timed_out == 0
+    reap(queue.backend)
     queue.complete(a, "touched")
     assert lists.find_job(list_name, "job-0")["state"] == "done"
     time.sleep(0.1)
