@@ -43,7 +43,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .backends import Backend
-from .errors import AeroqueueError, ClaimLost, ConfigError, ListNotFound, RecordTooBig, SessionLost
+from .errors import (
+    AeroqueueError,
+    ClaimLost,
+    ConfigError,
+    JobNotFound,
+    ListNotFound,
+    RecordTooBig,
+    SessionLost,
+)
 from .lists import JobLists
 from .observe import NULL_OBSERVER, WorkerObserver
 from .queue import Job, Queue, Retry
@@ -187,6 +195,11 @@ def acknowledge(queue: Queue, job: Job, ok: bool, value: Any, session: Session |
         queue.complete(job, value)
     except ClaimLost:
         log.warning("claim lost: acknowledgement refused",
+                    extra={"event": "claim_lost", "list": job.list, "token": job.token, "jid": job.jid})
+        return "lost"
+    except JobNotFound:
+        # Its list was dropped while the handler ran: nothing left to acknowledge.
+        log.warning("job gone (its list was dropped): acknowledgement refused",
                     extra={"event": "claim_lost", "list": job.list, "token": job.token, "jid": job.jid})
         return "lost"
     except RecordTooBig as e:
