@@ -141,3 +141,20 @@ def test_a_pattern_matching_nothing_waits_for_the_next_refresh():
 def test_patterns_need_a_lister():
     with pytest.raises(ConfigError, match="patterns"):
         ListSelector(parse_lists(["cust-*"]))
+
+
+@pytest.mark.parametrize(("value", "says"), [
+    ("a=0", "'a=0': the weight must be from 1 to 1000, not 0"),
+    ("a=x", "'a=x': the weight 'x' is not a whole number"),
+    ("", "'': the list name is empty"),
+])
+def test_worker_command_refuses_bad_lists_as_wrong_usage(value, says, tmp_path):
+    from click.testing import CliRunner
+
+    from aeroqueue.cli import main
+
+    # Refused before the handler is imported or the store opened (neither exists here).
+    out = CliRunner().invoke(main, ["--url", f"embedded://{tmp_path}/none.db", "worker", "--handler", "no.such:fn",
+                                    "--list", "ok=2", "--list", value])
+    assert out.exit_code == 2, out.output
+    assert "'--list'" in out.output and says in out.output
