@@ -459,29 +459,27 @@ class Worker:
         if name is None:
             self._stopping.wait(self.selector.wait_s())
             return []
+        jobs: list[Job] = []
         try:
             jobs = self._reserve(session, name)
         except SessionLost:
-            self.selector.empty(name)
-            return []
+            pass
         except ListNotFound as e:
             # Nothing to do until someone loads it (or, for a pattern's match, it was
             # dropped and the next refresh forgets it): say so once, not every poll.
             if str(e) not in self._warned:
                 self._warned.add(str(e))
                 log.warning("list not found", extra={"event": "list_missing", "error": str(e)})
-            self.selector.empty(name)
-            return []
         except AeroqueueError as e:
             log.warning("reserve failed", extra={"event": "reserve_failed", "list": name, "error": str(e)})
-            self.selector.empty(name)
-            return []
+        finally:
+            # Whatever happened (even an unexpected error), the selector hears back: a
+            # list it let one thread probe must not stay marked as being probed. No
+            # pause on an empty answer: the selector skips that list for a while, and
+            # the next pick goes to another list at once, or waits when none is ready.
+            (self.selector.got if jobs else self.selector.empty)(name)
         if not jobs:
-            # No pause here: the selector skips this list for a while, and the next
-            # pick goes to another list at once, or waits when none is ready.
-            self.selector.empty(name)
             return []
-        self.selector.got(name)
         self._hold(jobs)
         self.counters.add("reserved", len(jobs))
         self.observer.reserved(jobs[0].list, len(jobs))

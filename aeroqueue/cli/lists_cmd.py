@@ -9,6 +9,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from ..errors import ListNotFound
 from ..lists import JobLists
 from .context import (
     BACKOFF_MAX_OPT,
@@ -134,7 +135,12 @@ def lists_cmd(obj: Context, as_json: bool) -> None:
     piped, plain aligned columns with whole names, one list per line.
     """
     jl = JobLists(obj.backend())
-    rows = [jl.status(name) for name in jl.names()]
+    rows = []
+    for name in jl.names():
+        try:
+            rows.append(jl.status(name))
+        except ListNotFound:
+            continue  # dropped since the scan found it
     if as_json:
         click.echo(json.dumps([status_json(r) for r in rows]))
         return
