@@ -1,4 +1,4 @@
-"""Job lists: create, load, seal, status, export, kick.
+"""Job lists: create, load, seal, status, export, kick, drop.
 
 The load flow (ranges, the job-id index as commit point, recovery of a dead
 loader's ranges) lives in `aeroqueue.load`; `JobLists.load` and
@@ -7,15 +7,20 @@ loader's ranges) lives in `aeroqueue.load`; `JobLists.load` and
 
 from __future__ import annotations
 
+import functools
 import json
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from aerospike_helpers.batch.records import Write
+from aerospike_helpers.operations import operations as op
+
 from . import keys, transitions
 from . import load as _load
 from .backends import Backend, retry_in_doubt
-from .errors import ConfigError, JobNotFound, ListModeMismatch, ListNotFound, ListSealed
+from .errors import ConfigError, JobNotFound, ListError, ListModeMismatch, ListNotFound, ListSealed
 from .load import DEFAULT_CHUNK, DEFAULT_LEASE_MS, LoadReport, max_payload
 
 MODES = ("tokens", "ids")
@@ -24,8 +29,25 @@ DEFAULT_TIMEOUT_S = 300.0  # a claim's time limit
 DEFAULT_BACKOFF_S = 1.0  # attempt n waits between half and all of base * 2^(n-1)...
 DEFAULT_BACKOFF_MAX_S = 3600.0  # ...capped here
 PAGE = 1000  # records per batch read when walking a list
+# How long a drop waits for completion bits still on their way (a worker's bit buffer
+# writes within ~50 ms of an ack) before it deletes the bitmaps a second time.
+DROP_GRACE_S = 1.0
 
-__all__ = ["DEFAULT_CHUNK", "DEFAULT_LEASE_MS", "JobLists", "ListStatus", "LoadReport", "max_payload"]
+__all__ = ["DEFAULT_CHUNK", "DEFAULT_LEASE_MS", "DropReport", "JobLists", "ListStatus", "LoadReport", "max_payload"]
+
+
+@dataclass(frozen=True)
+class DropReport:
+    """What `JobLists.drop` deleted, by kind of record."""
+
+    name: str
+    jobs: int  # job records (aq_job), void tokens included
+    index: int  # job-id index entries (aq_jidx)
+    id_chunks: int  # ID store chunks (aq_ids)
+    bitmaps: int  # completion bitmap chunks (aq_done)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -290,6 +312,90 @@ class JobLists:
         Returns the job's state afterwards: 'dead', or 'done' (left alone)."""
         job = self.find_job(name, jid)
         return transitions.bury(self.backend, name, job["token"], why)
+
+    # -- drop --------------------------------------------------------------------
+
+    def drop(self, name: str, *, grace_s: float = DROP_GRACE_S, load_wait_s: float = 10.0) -> DropReport:
+        """Delete a list and every record it owns (design.md, Records): its job records,
+        job-id index entries, ID store chunks, completion bitmaps, and last the list
+        record itself (which holds the retry store and the load ranges).
+
+        Safe with workers running: the list is sealed and paused first, so no load
+        allocates and no reservation takes from it; a worker still holding a claim
+        finds its job gone, and its acknowledgement is refused (`JobNotFound`). The
+        list record goes last, so a drop that is interrupted (or fails) leaves the
+        list sealed and paused, and running it again finishes it. A list missing
+        raises `ListNotFound`; a load in progress (a range allocated, its lease not
+        run out) raises `ListError` before anything changes."""
+        head = self.header(name)
+        if self._live_ranges(head):
+            raise ListError(
+                f"list {name!r} has a load in progress ({len(self._live_ranges(head))} range(s) allocated and not "
+                "published, their lease not run out): stop the loader, or wait for it, then drop again"
+            )
+        # Sealed: no new range; paused: no new reservation. Neither is undone: the
+        # list is on its way out.
+        self._flag(name, "sealed", 1)
+        self._flag(name, "paused", 1)
+        head = self.header(name)
+        # A load that allocated between the check and the seal: let its range land
+        # (no new one can start now) so that its job records are deleted below.
+        deadline = time.monotonic() + load_wait_s
+        while self._live_ranges(head):
+            if time.monotonic() >= deadline:
+                raise ListError(f"list {name!r}: a load into it is still writing (it is now sealed and paused); "
+                                "drop again once it has finished")
+            time.sleep(0.1)
+            head = self.header(name)
+        alloc, ranges = head["alloc"], head.get("seq", 0)
+        jobs = index = 0
+        for lo in range(0, alloc, PAGE):
+            names = [keys.job_name(name, t) for t in range(lo, min(lo + PAGE, alloc))]
+            recs = retry_in_doubt(functools.partial(self.backend.batch_get, keys.JOB_SET, names, bins=["jid"]))
+            present = [(n, r) for n, r in zip(names, recs, strict=True) if r is not None]
+            # The index entries first: they are found through the job records, so a
+            # drop interrupted here finds them again next time.
+            jids = sorted({str(r.bins["jid"]) for _, r in present if r.bins.get("jid") is not None})
+            index += self._delete_all(keys.JIDX_SET, [keys.jidx_name(name, j) for j in jids])
+            jobs += self._delete_all(keys.JOB_SET, [n for n, _ in present])
+        id_chunks = self._delete_all(keys.IDS_SET, [keys.chunk_name(name, c) for c in range(ranges)])
+        bitmap_names = [keys.chunk_name(name, c) for c in range(-(-alloc // keys.BITS_PER_CHUNK))]
+        bitmaps = self._delete_all(keys.DONE_SET, bitmap_names)
+        retry_in_doubt(lambda: self.backend.remove(keys.LIST_SET, name))
+        # An ack that landed before its job was deleted sets its bit a moment later
+        # (bit buffers, the fail path's dead bit): that would recreate a bitmap chunk,
+        # and a list loaded later under the same name would count it.
+        if grace_s > 0:
+            time.sleep(grace_s)
+            transitions.flush_bits(self.backend)  # this process's own, if any
+            bitmaps += self._delete_all(keys.DONE_SET, bitmap_names)
+        return DropReport(name=name, jobs=jobs, index=index, id_chunks=id_chunks, bitmaps=bitmaps)
+
+    @staticmethod
+    def _live_ranges(head: dict[str, Any]) -> list[Any]:
+        now_ms = time.time() * 1000
+        # Lease expiry is the server's clock; a few seconds of skew only make the
+        # check stricter or looser by that much, and the seal settles the rest.
+        return [r for r in (head.get("pend") or {}).values() if r.get("real") is None and r.get("exp", 0) > now_ms]
+
+    def _delete_all(self, set_name: str, names: list[str]) -> int:
+        """Delete records (batch deletes, PAGE at a time, repeated while in doubt);
+        returns how many existed."""
+        deleted = 0
+        for lo in range(0, len(names), PAGE):
+            page = names[lo : lo + PAGE]
+            writes = [Write(self.backend.key(set_name, n), [op.delete()]) for n in page]
+            codes = self._batch_write(writes, f"drop {set_name}")
+            failed = [c for c in codes if c not in (0, NOT_FOUND)]
+            if failed:
+                raise ListError(f"deleting {len(failed)} record(s) of {set_name} failed (Aerospike codes "
+                                f"{sorted(set(failed))}); the list is sealed and paused: drop it again")
+            deleted += sum(1 for c in codes if c == 0)
+        return deleted
+
+
+
+NOT_FOUND = 2  # a batch delete of a record already gone
 
 
 def _policy_opts(timeout_s: float | None, backoff_s: float | None, backoff_max_s: float | None) -> dict[str, int]:

@@ -38,15 +38,24 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .backends import Backend
-from .errors import AeroqueueError, ClaimLost, ConfigError, ListNotFound, RecordTooBig, SessionLost
+from .errors import (
+    AeroqueueError,
+    ClaimLost,
+    ConfigError,
+    JobNotFound,
+    ListNotFound,
+    RecordTooBig,
+    SessionLost,
+)
 from .lists import JobLists
 from .observe import NULL_OBSERVER, WorkerObserver
 from .queue import Job, Queue, Retry
+from .selection import DEFAULT_BACKOFF_MAX_S, DEFAULT_REFRESH_S, ListArg, ListSelector, parse_lists
 from .sessions import DEFAULT_EXPIRY_S, DEFAULT_INTERVAL_S, Session, reap, sweep
 
 log = logging.getLogger("aeroqueue.worker")
@@ -188,6 +197,11 @@ def acknowledge(queue: Queue, job: Job, ok: bool, value: Any, session: Session |
         log.warning("claim lost: acknowledgement refused",
                     extra={"event": "claim_lost", "list": job.list, "token": job.token, "jid": job.jid})
         return "lost"
+    except JobNotFound:
+        # Its list was dropped while the handler ran: nothing left to acknowledge.
+        log.warning("job gone (its list was dropped): acknowledgement refused",
+                    extra={"event": "claim_lost", "list": job.list, "token": job.token, "jid": job.jid})
+        return "lost"
     except RecordTooBig as e:
         # Retrying cannot help: the same result is as big next time.
         return acknowledge(queue, job, False, f"the handler's result is too big to store ({e})", session)
@@ -231,7 +245,7 @@ class Worker:
         self,
         backend: Backend,
         handler: Handler,
-        lists: list[str],
+        lists: Sequence[ListArg],
         *,
         concurrency: int = 1,
         batch: int = DEFAULT_PREFETCH,
@@ -242,12 +256,14 @@ class Worker:
         sweep_every_s: float = 300.0,
         sweep_grace_ms: int = 60_000,
         idle_s: float = 0.2,
+        idle_max_s: float = DEFAULT_BACKOFF_MAX_S,
+        refresh_lists_s: float = DEFAULT_REFRESH_S,
         until_complete: bool = False,
         observer: WorkerObserver | None = None,
         pool: str = "thread",
     ) -> None:
-        if not lists:
-            raise ConfigError("a worker needs at least one list (--list)")
+        # "name", "name=weight", (name, weight), or a glob pattern: see aeroqueue.selection.
+        specs = parse_lists(lists)
         if concurrency < 1 or batch < 1:
             raise ConfigError("concurrency and batch must be at least 1")
         if pool not in POOLS:
@@ -256,7 +272,10 @@ class Worker:
         self.backend = backend
         self.queue = Queue(backend)
         self.handler = handler
-        self.lists = lists
+        self.selector = ListSelector(
+            specs, JobLists(backend).names, backoff_s=idle_s, backoff_max_s=idle_max_s, refresh_s=refresh_lists_s
+        )
+        self.lists = [str(s) for s in specs]
         self.concurrency = concurrency
         self.batch = batch
         self.interval_s = interval_s
@@ -275,7 +294,6 @@ class Worker:
         self._in_flight_lock = threading.Lock()
         self._held: set[str] = set()  # every job a thread reserved and has not finished with
         self._orphans: set[str] = set()  # claims of our session no thread held at the last check
-        self._next_list = 0
         self._warned: set[str] = set()
         self._threads: list[threading.Thread] = []
         self._threads_died = False
@@ -432,24 +450,36 @@ class Worker:
         return outcome
 
     def _reserve_any(self, session: Session) -> list[Job]:
-        """Reserve from the lists in turn; [] (after an idle pause) when none gives anything."""
+        """Reserve from the next list the selector gives (weights, empty-list backoff);
+        [] when it gave nothing (after a pause when no list may be polled yet)."""
         try:
-            jobs = self._reserve(session)
-        except SessionLost:
+            name = self.selector.pick()
+        except AeroqueueError as e:  # reading the store's lists for a pattern failed
+            log.warning("listing the lists failed", extra={"event": "lists_failed", "error": str(e)})
+            name = None
+        if name is None:
+            self._stopping.wait(self.selector.wait_s())
             return []
+        jobs: list[Job] = []
+        try:
+            jobs = self._reserve(session, name)
+        except SessionLost:
+            pass
         except ListNotFound as e:
-            # Nothing to do until someone loads it; say so once, not every poll.
+            # Nothing to do until someone loads it (or, for a pattern's match, it was
+            # dropped and the next refresh forgets it): say so once, not every poll.
             if str(e) not in self._warned:
                 self._warned.add(str(e))
                 log.warning("list not found", extra={"event": "list_missing", "error": str(e)})
-            self._stopping.wait(self.idle_s * 5)
-            return []
         except AeroqueueError as e:
-            log.warning("reserve failed", extra={"event": "reserve_failed", "error": str(e)})
-            self._stopping.wait(self.idle_s)
-            return []
+            log.warning("reserve failed", extra={"event": "reserve_failed", "list": name, "error": str(e)})
+        finally:
+            # Whatever happened (even an unexpected error), the selector hears back: a
+            # list it let one thread probe must not stay marked as being probed. No
+            # pause on an empty answer: the selector skips that list for a while, and
+            # the next pick goes to another list at once, or waits when none is ready.
+            (self.selector.got if jobs else self.selector.empty)(name)
         if not jobs:
-            self._stopping.wait(self.idle_s * random.uniform(0.5, 1.5))
             return []
         self._hold(jobs)
         self.counters.add("reserved", len(jobs))
@@ -464,22 +494,12 @@ class Worker:
         with self._in_flight_lock:
             self._held.difference_update(job.name for job in jobs)
 
-    def _next_list_name(self) -> str:
-        name = self.lists[self._next_list % len(self.lists)]
-        self._next_list += 1
-        return name
-
-    def _reserve(self, session: Session) -> list[Job]:
-        # Round robin over the lists, so one busy list does not starve the others.
-        for _ in range(len(self.lists)):
-            name, asked = self._next_list_name(), time.monotonic()
-            try:
-                jobs = self.queue.reserve(name, session, self.batch)
-            finally:
-                self.observer.reserve_latency(name, time.monotonic() - asked)
-            if jobs:
-                return jobs
-        return []
+    def _reserve(self, session: Session, name: str) -> list[Job]:
+        asked = time.monotonic()
+        try:
+            return self.queue.reserve(name, session, self.batch)
+        finally:
+            self.observer.reserve_latency(name, time.monotonic() - asked)
 
     def _release(self, jobs: list[Job], session: Session, *, refund: bool = True) -> None:
         if session.lost:
@@ -522,7 +542,7 @@ class Worker:
                     next_sweep = now + self.sweep_every_s * random.uniform(0.8, 1.2)
                 if self.until_complete and now >= next_check:
                     next_check = now + self.reap_every_s
-                    if all(lists.status(name).complete for name in self.lists):
+                    if self._all_complete(lists):
                         log.info("every list is complete", extra={"event": "lists_complete"})
                         return
             except AeroqueueError as e:
@@ -598,6 +618,15 @@ class Worker:
         log.warning("handler timed out", extra={"event": "timed_out", "list": job.list, "token": job.token,
                                                 "jid": job.jid, "limit_s": job.timeout_s, "outcome": st})
         return "timed_out"
+
+    def _all_complete(self, lists: JobLists) -> bool:
+        """--until-complete: every named list is complete, and so is every list each
+        pattern matches now, a pattern matching at least one (a pattern that matches
+        nothing yet waits for its lists to be loaded)."""
+        followed = self.selector.refresh()
+        if any(not found for found in self.selector.pattern_matches().values()):
+            return False
+        return all(lists.status(name).complete for name in followed)
 
     def _release_orphans(self, session: Session) -> None:
         """Give back claims of our session that no thread works on. A claim whose answer

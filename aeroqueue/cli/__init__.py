@@ -64,7 +64,7 @@ for _command in (
     store_cmd.init, store_cmd.show_config,
     udf_cmd.udf,
     lists_cmd.create, load_cmd.load, lists_cmd.tune, lists_cmd.seal, lists_cmd.pause, lists_cmd.status,
-    lists_cmd.lists_cmd, lists_cmd.export, lists_cmd.kick, job_cmd.job,
+    lists_cmd.lists_cmd, lists_cmd.export, lists_cmd.kick, lists_cmd.drop, job_cmd.job,
     jobs_cmd.reserve, jobs_cmd.complete, jobs_cmd.fail,
     bench_cmd.bench,
     worker_cmd.worker, worker_cmd.reap, worker_cmd.sweep,

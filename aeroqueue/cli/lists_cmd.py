@@ -1,4 +1,4 @@
-"""Job list commands: create, tune, seal, pause, status, lists, export, kick (load: load_cmd)."""
+"""Job list commands: create, tune, seal, pause, status, lists, export, kick, drop (load: load_cmd)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from ..errors import ListNotFound
 from ..lists import JobLists
 from .context import (
     BACKOFF_MAX_OPT,
@@ -134,7 +135,12 @@ def lists_cmd(obj: Context, as_json: bool) -> None:
     piped, plain aligned columns with whole names, one list per line.
     """
     jl = JobLists(obj.backend())
-    rows = [jl.status(name) for name in jl.names()]
+    rows = []
+    for name in jl.names():
+        try:
+            rows.append(jl.status(name))
+        except ListNotFound:
+            continue  # dropped since the scan found it
     if as_json:
         click.echo(json.dumps([status_json(r) for r in rows]))
         return
@@ -198,3 +204,34 @@ def kick(obj: Context, list_name: str) -> None:
     n = JobLists(obj.backend()).kick(list_name)
     click.echo(f"{n} dead job(s) put back")
 
+
+@click.command()
+@LIST_ARG
+@option("--yes", "-y", env="YES", is_flag=True, help="Drop without asking for confirmation.")
+@JSON_OPT
+@click.pass_obj
+def drop(obj: Context, list_name: str, yes: bool, as_json: bool) -> None:
+    """Delete LIST and all its records: jobs, job-id index, completion bits, ID store.
+
+    Asks first (--yes to skip). Safe with workers running: they stop taking from
+    LIST, and the acknowledgement of a job they hold is refused. The copy in
+    MySQL is left alone. --json prints {"name", "jobs", "index", "id_chunks", "bitmaps"}
+    (records deleted).
+    """
+    jl = JobLists(obj.backend())
+    if not yes:
+        st = jl.status(list_name)  # a missing list is an error before anything is asked
+        question = (f"Drop list {list_name!r} and all its records: {st.total:,} job(s), {st.done:,} done, "
+                    f"{st.in_flight:,} in flight, {st.dead:,} dead? This cannot be undone.")
+        try:
+            confirmed = click.confirm(question, default=False, err=True)
+        except click.Abort:  # standard input closed: nobody to ask
+            raise click.ClickException(f"list {list_name!r} not dropped: no confirmation (pass --yes to drop without asking)") from None
+        if not confirmed:
+            raise click.ClickException(f"list {list_name!r} not dropped")
+    report = jl.drop(list_name)
+    if as_json:
+        click.echo(json.dumps(report.as_dict()))
+    else:
+        click.echo(f"list {list_name!r} dropped: {report.jobs:,} job(s), {report.index:,} index entries, "
+                   f"{report.bitmaps:,} bitmap(s), {report.id_chunks:,} ID store chunk(s) deleted")

@@ -13,7 +13,9 @@ import click
 from rich.live import Live
 from rich.table import Table
 
+from ..errors import ConfigError
 from ..logs import configure_logging
+from ..selection import DEFAULT_BACKOFF_MAX_S, DEFAULT_REFRESH_S, parse_list
 from ..sessions import check_timing
 from ..sessions import reap as reap_sessions
 from ..sessions import sweep as sweep_store
@@ -28,9 +30,26 @@ from .context import (
 )
 
 
+def _check_lists(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
+    # Wrong usage (exit 2) before the handler is imported or the store opened.
+    for text in value:
+        try:
+            parse_list(text)
+        except ConfigError as e:
+            raise click.BadParameter(str(e), ctx=ctx, param=param) from None
+    return value
+
+
 @click.command()
 @option("--handler", env="HANDLER", required=True, help="The function to run on each job: package.module:function.")
-@option("--list", "lists", env="LISTS", multiple=True, required=True, help="A list to work on; repeat for several (env: space-separated).")
+@option("--list", "lists", env="LISTS", multiple=True, required=True, callback=_check_lists, metavar="LIST[=WEIGHT]",
+        help="A list to work on, with an optional weight (default 1): repeat for several, and jobs are taken in "
+             "proportion to the weights. A glob ('cust-*', quoted) follows every matching list, also those loaded "
+             "later (re-read every --refresh-lists seconds); its weight applies to each. (env: space-separated)")
+@option("--refresh-lists", "refresh_lists", env="REFRESH_LISTS", type=click.FloatRange(min=0.1), default=DEFAULT_REFRESH_S,
+        help="Seconds between reads of the store's lists, for --list patterns.")
+@option("--idle-max", "idle_max", env="IDLE_MAX", type=click.FloatRange(min=0.01), default=DEFAULT_BACKOFF_MAX_S,
+        help="Longest pause between polls of an empty or paused list (it backs off exponentially up to this).")
 @option("--concurrency", "-c", env="CONCURRENCY", type=click.IntRange(1, 256), default=1, help="Handler threads.")
 @option("--batch", "--prefetch", "batch", env="BATCH", type=click.IntRange(1, 1000), default=DEFAULT_PREFETCH,
         help="Jobs each thread reserves at a time (they wait claimed): 2 round trips per reservation and 1 per ack, "
@@ -43,7 +62,8 @@ from .context import (
 @option("--drain-timeout", env="DRAIN_TIMEOUT", type=click.FloatRange(min=0), default=30.0, help="Seconds to finish in-flight jobs on SIGTERM/SIGINT before releasing them.")
 @option("--sweep-every", env="SWEEP_EVERY", type=click.FloatRange(min=1), default=300.0, help="Seconds between sweeps inside the worker.")
 @option("--sweep-grace", env="SWEEP_GRACE", type=click.FloatRange(min=0), default=60.0, help="Seconds a job must have been untouched before the sweeper counts it as stuck.")
-@option("--until-complete", env="UNTIL_COMPLETE", is_flag=True, help="Exit once every list is complete.")
+@option("--until-complete", env="UNTIL_COMPLETE", is_flag=True,
+        help="Exit once every list is complete; with a pattern, once it matches at least one list and every list it matches is complete.")
 @option("--metrics-port", env="METRICS_PORT", type=click.IntRange(0, 65535), default=None,
         help="Serve this worker's Prometheus metrics on /metrics at this port (default: none).")
 @option("--metrics-host", env="METRICS_HOST", default="127.0.0.1", help="Address the metrics port binds.")
@@ -52,8 +72,9 @@ from .context import (
         help="Lowest level logged. Default: info, or warning on a terminal, where live counters show the progress.")
 @click.pass_obj
 def worker(
-    obj: Context, handler: str, lists: tuple[str, ...], concurrency: int, batch: int, interval_s: float,
-    expiry_s: float, pool: str, drain_timeout: float, sweep_every: float, sweep_grace: float, until_complete: bool,
+    obj: Context, handler: str, lists: tuple[str, ...], refresh_lists: float, idle_max: float, concurrency: int,
+    batch: int, interval_s: float, expiry_s: float, pool: str, drain_timeout: float, sweep_every: float,
+    sweep_grace: float, until_complete: bool,
     metrics_port: int | None, metrics_host: str, log_format: str, log_level: str | None,
 ) -> None:
     """Run HANDLER on jobs reserved from the lists, under a heartbeat session.
@@ -77,6 +98,7 @@ def worker(
         obj.backend(), load_handler(handler), list(lists), concurrency=concurrency, batch=batch, interval_s=interval_s,
         expiry_s=expiry_s, drain_timeout_s=drain_timeout, sweep_every_s=sweep_every,
         sweep_grace_ms=int(sweep_grace * 1000), until_complete=until_complete, observer=observer, pool=pool,
+        idle_max_s=idle_max, refresh_lists_s=refresh_lists,
     )
     # For the life of the process, not just of run(): a SIGTERM arriving while a
     # finished worker exits must not kill it with the default action.

@@ -1,0 +1,169 @@
+"""Dropping a list (`JobLists.drop`, `aeroqueue drop`), on every backend: nothing of it
+is left in any set, its neighbours are untouched, a missing list is a clear error, a
+load in progress is refused, an interrupted drop finishes when run again, and a
+worker holding claims on it carries on."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from aeroqueue import errors, keys
+from aeroqueue.cli import main
+from aeroqueue.lists import JobLists
+from aeroqueue.loading import JobSpec
+from aeroqueue.queue import Queue
+from aeroqueue.worker import EXIT_OK, Worker
+
+SETS = (keys.LIST_SET, keys.JOB_SET, keys.JIDX_SET, keys.IDS_SET, keys.DONE_SET)
+
+
+def specs(n: int, prefix: str = "job-") -> list[JobSpec]:
+    return [JobSpec(f"{prefix}{i}", {"n": i}) for i in range(n)]
+
+
+def leftovers(backend, name: str) -> dict[str, list[str]]:
+    """Every record of any aeroqueue set that belongs to list `name`, by scanning the sets:
+    by record name, and job records by their `list` bin."""
+    found: dict[str, list[str]] = {}
+    for set_name in SETS:
+        for rec_name, rec in backend.scan(set_name):
+            if rec_name == name or str(rec_name).startswith(name + "/") or rec.bins.get("list") == name:
+                found.setdefault(set_name, []).append(rec_name)
+    return found
+
+
+def busy_list(queue: Queue, lists: JobLists, session, name: str, mode: str = "tokens") -> None:
+    """A list with every kind of record: done, dead, retried and claimed jobs, bitmaps."""
+    lists.load(name, specs(30), mode=mode, max_attempts=1, seal=True)
+    jobs = queue.reserve(name, session, 12)
+    for j in jobs[:5]:
+        queue.complete(j, {"ok": True})
+    for j in jobs[5:8]:
+        queue.fail(j, "boom")  # max_attempts=1: dead, with its dead bit
+    queue.release(jobs[8], refund=True)  # onto the retry store
+    queue.flush()
+    st = lists.status(name)
+    assert (st.done, st.dead, st.retry_pending) == (5, 3, 1)
+
+
+@pytest.mark.parametrize("mode", ["tokens", "ids"])
+def test_drop_leaves_nothing_of_the_list_and_spares_its_neighbours(registered, queue, lists, list_name, session, mode):
+    neighbour = f"{list_name}-2"  # a name that starts with the dropped one
+    busy_list(queue, lists, session, list_name, mode)
+    lists.load(neighbour, specs(7), mode=mode, seal=True)
+    before = leftovers(registered, list_name)
+    assert set(before) >= {keys.LIST_SET, keys.JOB_SET, keys.JIDX_SET, keys.DONE_SET}
+    report = lists.drop(list_name, grace_s=0.1)
+    assert (report.jobs, report.index, report.bitmaps) == (30, 30, 1)
+    assert report.id_chunks == (1 if mode == "ids" else 0)
+    assert leftovers(registered, list_name) == {}
+    assert list_name not in lists.names()
+    st = lists.status(neighbour)
+    assert (st.total, st.reservable) == (7, 7)
+    assert len(queue.reserve(neighbour, session, 10)) == 7
+
+
+def test_drop_of_a_missing_list_is_a_clear_error(lists, list_name):
+    lists.load(list_name, specs(3), seal=True)
+    lists.drop(list_name, grace_s=0)
+    with pytest.raises(errors.ListNotFound, match=f"no job list named '{list_name}'"):
+        lists.drop(list_name)
+    with pytest.raises(errors.ListNotFound):
+        lists.drop("never-there-" + list_name)
+
+
+def test_a_load_in_progress_is_refused_and_nothing_changes(lists, list_name):
+    lists.load(list_name, specs(3))
+    lists._list_udf(list_name, "alloc", 10, 60_000)  # a loader's range, lease running
+    with pytest.raises(errors.ListError, match="load in progress"):
+        lists.drop(list_name, grace_s=0)
+    st = lists.status(list_name)
+    assert (st.sealed, st.paused, st.total) == (False, False, 3)
+
+
+def test_an_interrupted_drop_finishes_when_run_again(registered, queue, lists, list_name, session, monkeypatch):
+    busy_list(queue, lists, session, list_name)
+    real = JobLists._delete_all
+    calls = []
+
+    def dies_on_the_second(self, set_name, names):
+        calls.append(set_name)
+        if len(calls) == 2:
+            raise errors.BackendTimeout("the store stopped answering")
+        return real(self, set_name, names)
+
+    monkeypatch.setattr(JobLists, "_delete_all", dies_on_the_second)
+    with pytest.raises(errors.BackendTimeout):
+        lists.drop(list_name, grace_s=0)
+    monkeypatch.setattr(JobLists, "_delete_all", real)
+    st = lists.status(list_name)  # still there, sealed and paused: nobody takes from it
+    assert st.paused and st.sealed
+    assert queue.reserve(list_name, session, 5) == []
+    lists.drop(list_name, grace_s=0.1)
+    assert leftovers(registered, list_name) == {}
+
+
+def test_a_worker_holding_claims_on_a_dropped_list_carries_on(registered, lists, list_name):
+    other = f"{list_name}-other"
+    lists.load(list_name, specs(20), seal=True)
+    lists.load(other, specs(10, "o-"), seal=True)
+    holding = threading.Event()
+    go = threading.Event()
+
+    def handler(job):
+        if job.list == list_name:
+            holding.set()
+            go.wait(30)
+        return "ok"
+
+    w = Worker(registered, handler, [list_name, other], concurrency=2, batch=2, interval_s=0.1, expiry_s=2.0,
+               idle_s=0.05, idle_max_s=0.2)
+    t = threading.Thread(target=lambda: setattr(w, "code", w.run(install_signals=False)), daemon=True)
+    t.start()
+    try:
+        assert holding.wait(30)
+        lists.drop(list_name, grace_s=0.3)
+        go.set()
+        deadline = time.monotonic() + 30
+        while lists.status(other).done < 10:
+            assert time.monotonic() < deadline, "the worker stopped working on the other list"
+            time.sleep(0.05)
+        time.sleep(0.5)  # the late acks and their bits, had any been written
+    finally:
+        go.set()
+        w.request_stop()
+        t.join(30)
+    assert not t.is_alive() and w.code == EXIT_OK
+    snap = w.counters.snapshot()
+    # The jobs it held on the dropped list: their acks refused ('lost'), not a crash or
+    # an unacknowledged failure; every other job done.
+    assert snap["lost"] >= 1 and snap["unacked"] == 0, snap
+    assert snap["done"] == 10 and snap["done"] + snap["lost"] + snap["released"] == snap["reserved"], snap
+    assert leftovers(registered, list_name) == {}
+
+
+def cli(url: str, *args: str, input: str | None = None):
+    return CliRunner().invoke(main, ["--url", url, *args], input=input)
+
+
+def test_cli_asks_first_and_exits_1_for_a_missing_list(store_url, lists, list_name):
+    lists.load(list_name, specs(4), seal=True)
+    out = cli(store_url, "drop", list_name, input="n\n")
+    assert out.exit_code == 1 and "not dropped" in out.output
+    out = cli(store_url, "drop", list_name, input="")
+    assert out.exit_code == 1 and "pass --yes" in out.output
+    assert lists.status(list_name).total == 4, "nothing changed"
+    out = cli(store_url, "drop", list_name, input="y\n")
+    assert out.exit_code == 0, out.output
+    assert "4 job(s)" in out.output and "cannot be undone" in out.output
+    out = cli(store_url, "drop", list_name, "--yes")
+    assert out.exit_code == 1 and f"no job list named '{list_name}'" in out.output
+    lists.load(list_name, specs(2), seal=True)
+    out = cli(store_url, "drop", list_name, "--yes", "--json")
+    assert out.exit_code == 0
+    assert json.loads(out.output) == {"name": list_name, "jobs": 2, "index": 2, "id_chunks": 0, "bitmaps": 0}
