@@ -50,6 +50,9 @@ class Job:
     session: str
     timeout_s: float = 300.0
     toucher: Callable[[Job, float | None], None] | None = field(default=None, compare=False, repr=False)
+    # The claim's request id: only this claim may acknowledge (the session may hold a
+    # later claim of the same job). None when unknown: any claim of the session.
+    rid: str | None = None
 
     @property
     def name(self) -> str:
@@ -240,7 +243,7 @@ class Queue:
         self._reschedule(name, answers)
         jobs = [
             Job(list=name, token=a["token"], jid=a["jid"], payload=a.get("payload"), attempt=a["att"], session=sess,
-                timeout_s=tlim / 1000, toucher=self._touch)
+                timeout_s=tlim / 1000, toucher=self._touch, rid=rid)
             for a in answers
             if a and a.get("st") == "ok"
         ]
@@ -257,7 +260,7 @@ class Queue:
     def _batch(self, claims: list[tuple[str, list[Any]]], acks: list[tuple[Job, Any]]) -> list[BatchResult]:
         """Claims and acks in one batch call: the claims' results, then the acks'."""
         calls = [(n, "claim", args) for n, args in claims]
-        calls += [(job.name, "complete", [job.session, {job.token: result}]) for job, result in acks]
+        calls += [(job.name, "complete", _complete_args(job, result)) for job, result in acks]
         return self.backend.batch_udfs(keys.JOB_SET, calls, keys.JOB_MOD)
 
     def _claim_one(self, name: str, sess: str, rid: str, tlim: int, token: int) -> Any:
@@ -279,7 +282,7 @@ class Queue:
     def complete(self, job: Job, result: Any = None) -> None:
         """Mark a job done, exactly once. Repeating a successful complete is harmless;
         a complete from a session that lost the claim raises `ClaimLost`."""
-        st = self._job_udf(job.name, "complete", job.session, {job.token: result})
+        st = self._job_udf(job.name, "complete", *_complete_args(job, result))
         self._check(job, st)
         self.bits.add(job.list, [job.token])
 
@@ -308,10 +311,10 @@ class Queue:
         by_session: dict[str, list[tuple[Job, Any]]] = defaultdict(list)
         for job, res in zip(jobs, results, strict=True):
             by_session[job.session].append((job, res))
-        for sess, pairs in by_session.items():
+        for pairs in by_session.values():
             # Each job gets only its own result (not the whole batch's), in one round trip.
             out = self.backend.batch_udf(
-                keys.JOB_SET, [(j.name, [sess, {j.token: r}]) for j, r in pairs], keys.JOB_MOD, "complete"
+                keys.JOB_SET, [(j.name, _complete_args(j, r)) for j, r in pairs], keys.JOB_MOD, "complete"
             )
             for (job, res), r in zip(pairs, out, strict=True):
                 st = r.value if r.ok else None
@@ -414,6 +417,15 @@ class Queue:
                 f"job {job.name} (id {job.jid!r}): the claim ran past its time limit ({job.timeout_s:g} s) and will "
                 "be retried as timed out; the acknowledgement was refused"
             )
+
+
+def _complete_args(job: Job, result: Any) -> list[Any]:
+    """The complete UDF's arguments: the claim's request id when known, so that only
+    this claim acknowledges (a repeat of it answers 'again')."""
+    args: list[Any] = [job.session, {job.token: result}]
+    if job.rid is not None:
+        args.append(job.rid)
+    return args
 
 
 __all__ = ["Job", "Queue", "RecordBusy", "Retry", "retry_busy"]

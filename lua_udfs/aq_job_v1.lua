@@ -146,17 +146,23 @@ function claim(rec, sess, rid, tlim)
   return map{st = 'ok', jid = rec['jid'], payload = rec['payload'], att = att, token = rec['token'], dl = t + tlim}
 end
 
--- complete(rec, sess, results) -> 'ok' | 'again' | 'lost' | 'late' | 'missing'
---   claimed by `sess` -> done. `results` is a map token -> result, so that
---   one batch call completes many jobs (batch_apply passes one argument list
---   to every record). 'again': already done by this session (a retried ack,
---   harmless). 'lost': the claim is not this session's any more. 'late': the
---   claim's time limit ran out: the result is refused, and the job is retried.
-function complete(rec, sess, results)
+-- complete(rec, sess, results, rid) -> 'ok' | 'again' | 'lost' | 'late' | 'missing'
+--   claimed by `sess` under request id `rid` -> done. `results` is a map
+--   token -> result, so that one batch call completes many jobs (batch_apply
+--   passes one argument list to every record). 'again': already done by this
+--   claim (a retried ack, harmless). 'lost': the claim is not this one any
+--   more: another session's, or an earlier claim of this session that was
+--   released (orphaned, or after an ack in doubt) and claimed again since,
+--   whose holder must not acknowledge a second time. Without `rid` (a caller
+--   that knows only the session, e.g. the CLI) any claim of `sess` matches.
+--   'late': the claim's time limit ran out: the result is refused, and the job
+--   is retried.
+function complete(rec, sess, results, rid)
   if not aerospike:exists(rec) then return 'missing' end
   local state = rec['state']
-  if state == 'done' and rec['by'] == sess then return 'again' end
-  if state ~= 'claimed' or rec['sess'] ~= sess then return 'lost' end
+  local this_claim = rid == nil or rec['rid'] == rid
+  if state == 'done' and rec['by'] == sess and this_claim then return 'again' end
+  if state ~= 'claimed' or rec['sess'] ~= sess or not this_claim then return 'lost' end
   local t = now()
   if late(rec, t) then return 'late' end
   unclaim(rec, sess)
