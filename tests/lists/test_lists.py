@@ -113,6 +113,7 @@ def test_an_earlier_claim_of_the_same_session_cannot_acknowledge_again(queue, li
     with pytest.raises(errors.ClaimLost):
         queue.complete(first, "first")
     assert queue.complete_many([first], ["first"]) == [first]
+    assert queue.complete_and_reserve([(first, "first")], list_name, session) == ([], [first])
     queue.complete(second, "second")  # a repeat of the acknowledgement that held: harmless
     rec = registered.get(keys.JOB_SET, first.name)
     assert (rec.bins["state"], rec.bins["result"]) == ("done", "second")
