@@ -111,9 +111,16 @@ class Node:
 class Cluster:
     """N asd processes in one network namespace (see the module docstring)."""
 
-    def __init__(self, name: str, nodes: int, *, subnet: str = DEFAULT_SUBNET, root: Path | None = None) -> None:
+    def __init__(
+        self, name: str, nodes: int, *, subnet: str = DEFAULT_SUBNET, root: Path | None = None, min_cluster_size: int = 1
+    ) -> None:
         if not 1 <= nodes <= 9:
             raise ClusterError(f"nodes must be 1..9, not {nodes}")
+        if not 1 <= min_cluster_size <= nodes:
+            raise ClusterError(f"min_cluster_size must be 1..{nodes}, not {min_cluster_size}")
+        # Above 1, a node (or a group) cut off from the rest forms no cluster of its own
+        # unless it has this many nodes: no second master for the same partitions.
+        self.min_cluster_size = min_cluster_size
         self.name = name
         self.netns = f"{PREFIX}{name}"
         self.root = root or Path(f"/tmp/aeroqueue-cluster-{name}")
@@ -150,7 +157,8 @@ class Cluster:
         """Make the namespace and start every node; returns once they form one cluster."""
         self.down()  # what a crashed run of the same name left behind
         self.root.mkdir(parents=True, exist_ok=True)
-        (self.root / "cluster.json").write_text(json.dumps({"nodes": len(self.nodes), "subnet": self.subnet}) + "\n")
+        saved = {"nodes": len(self.nodes), "subnet": self.subnet, "min_cluster_size": self.min_cluster_size}
+        (self.root / "cluster.json").write_text(json.dumps(saved) + "\n")
         self._make_namespace()
         for node in self.nodes:
             self._write_conf(node)
@@ -189,6 +197,7 @@ class Cluster:
 service {{
 	cluster-name aeroqueue-{self.name}
 	node-id {node.node_id}
+	min-cluster-size {self.min_cluster_size}
 	proto-fd-max 15000
 	migrate-threads 4
 	work-directory {node.dir / 'work'}

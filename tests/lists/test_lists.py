@@ -98,6 +98,28 @@ def test_complete_from_a_session_that_lost_the_claim(queue, lists, list_name, se
     other.close()
 
 
+def test_an_earlier_claim_of_the_same_session_cannot_acknowledge_again(queue, lists, list_name, session, registered):
+    """A session's claim is released while one of its threads still holds the job (an
+    orphan release, a release after an acknowledgement in doubt), and the session claims
+    it again: the job runs twice, and only the claim that holds it may acknowledge. The
+    stale claim's complete used to answer 'again' (done by this session), so the job was
+    acknowledged twice (the failover test's "acknowledged 2 times")."""
+    lists.load(list_name, specs(1))
+    [first] = queue.reserve(list_name, session)
+    assert queue.release(first, "orphaned claim released", refund=False) == "released"
+    [second] = queue.reserve(list_name, session)
+    assert (second.token, second.session) == (first.token, first.session)
+    queue.complete(second, "second")
+    with pytest.raises(errors.ClaimLost):
+        queue.complete(first, "first")
+    assert queue.complete_many([first], ["first"]) == [first]
+    assert queue.complete_and_reserve([(first, "first")], list_name, session) == ([], [first])
+    queue.complete(second, "second")  # a repeat of the acknowledgement that held: harmless
+    rec = registered.get(keys.JOB_SET, first.name)
+    assert (rec.bins["state"], rec.bins["result"]) == ("done", "second")
+    assert lists.status(list_name).done == 1
+
+
 def test_failures_retry_first_then_dead_then_kick(queue, lists, list_name, session):
     lists.load(list_name, specs(3), max_attempts=2, backoff_s=0)
     a, b, c = queue.reserve(list_name, session, 3)

@@ -1,5 +1,6 @@
 """The failover test's handler: logs every execution (before the work, so a run cut
-short still shows), then works for as long as the test's pace file says.
+short still shows) with its start time, then works for as long as the test's pace
+file says.
 
 The test paces the workers so that jobs are left for every phase of the run
 (a node down, a node coming back) whatever the machine's speed.
@@ -20,7 +21,7 @@ PACE = LOG_DIR / "pace-ms"
 
 def handle(job: Job) -> dict:
     with open(LOG_DIR / f"exec-{os.getpid()}.log", "a") as f:
-        f.write(f"{job.jid} {os.getpid()} {job.session}\n")
+        f.write(f"{job.jid} {os.getpid()} {job.session} {time.time():.3f}\n")
     try:
         ms = float(PACE.read_text())
     except (OSError, ValueError):

@@ -4,10 +4,13 @@ real 2-node cluster (replication factor 2) in a network namespace."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 from tests.cluster import Cluster
 
-from .conftest import agent, aq
+from .conftest import agent, aq, in_namespace
 
 
 def test_every_kind_of_process_starts_with_one_seed_dead(cluster2: Cluster) -> None:
@@ -22,6 +25,33 @@ def test_every_kind_of_process_starts_with_one_seed_dead(cluster2: Cluster) -> N
         assert st.returncode == 0, st.stderr
         assert json.loads(st.stdout)["total"] == 0
         assert aq(cluster2, "udf", "status", url=url).returncode == 0
+
+
+def test_the_cli_loads_reserves_and_acknowledges_with_the_first_seed_dead(cluster2: Cluster, tmp_path: Path) -> None:
+    """Not only reads: the commands that write work through the full seed list, its
+    first seed dead (a client tries the seeds in order)."""
+    cluster2.kill(0)
+    cluster2.wait_stable([1])
+    jobs = tmp_path / "jobs.csv"
+    jobs.write_text("id,n\nj1,1\n")
+    out = aq(cluster2, "load", "cli-seed", str(jobs), "--seal")
+    assert out.returncode == 0, out.stderr
+    reserve = cluster2.popen(
+        [sys.executable, "-m", "aeroqueue", "--url", cluster2.url(), "reserve", "cli-seed", "--hold", "60"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **in_namespace(cluster2),
+    )
+    try:
+        assert reserve.stdout is not None
+        job = json.loads(reserve.stdout.readline())
+        out = aq(cluster2, "complete", "cli-seed", str(job["token"]), "--session", job["session"])
+        assert out.returncode == 0, out.stderr
+        assert reserve.wait(30) == 0, "reserve ends once its job is acknowledged"
+    finally:
+        if reserve.poll() is None:
+            reserve.kill()
+    st = aq(cluster2, "status", "cli-seed", "--json")
+    assert st.returncode == 0, st.stderr
+    assert json.loads(st.stdout)["done"] == 1
 
 
 def test_no_seed_answering_is_one_clear_error(cluster2: Cluster) -> None:

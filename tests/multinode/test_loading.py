@@ -27,6 +27,16 @@ def migrating(cluster: Cluster, index: int) -> int:
     return sum(int(stats.get(k, 0)) for k in ("migrate_tx_partitions_remaining", "migrate_rx_partitions_remaining"))
 
 
+def slow_migrations(cluster: Cluster, *senders: int) -> None:
+    """Make the nodes that will send partitions pause between records (migrate-sleep,
+    microseconds), so the migrations a node's coming or going starts outlast checking on
+    them and the load: at 50 ms, 5,000 records take over 10 s. Unthrottled they were
+    sometimes over before the check (3 ms was not enough either). Nothing waits for
+    them: the next test starts the cluster again."""
+    for i in senders:
+        assert cluster.info(i, "set-config:context=namespace;id=test;migrate-sleep=50000") == "ok"
+
+
 def loaded_once(cluster: Cluster, name: str, n: int = N) -> None:
     got = agent(cluster, "audit", cluster.url(), name, str(n))
     st = got["status"]
@@ -58,6 +68,7 @@ def test_a_load_while_a_node_joins(cluster2: Cluster) -> None:
     assert "error" not in load(cluster2, "bulk", BULK)
     cluster2.kill(1)
     cluster2.wait_stable([0])
+    slow_migrations(cluster2, 0)
     cluster2.start(1)  # comes back empty: every partition migrates to it
     remaining = migrating(cluster2, 0)
     assert remaining > 0, "the cluster had finished migrating before the load"
@@ -69,6 +80,7 @@ def test_a_load_while_a_node_joins(cluster2: Cluster) -> None:
 
 def test_a_load_while_a_node_leaves(cluster3: Cluster) -> None:
     assert "error" not in load(cluster3, "bulk", BULK)
+    slow_migrations(cluster3, 0, 1)
     cluster3.kill(2)
     cluster3.wait_stable([0, 1])  # two nodes left: the lost copies are made again
     remaining = migrating(cluster3, 0) + migrating(cluster3, 1)
