@@ -268,6 +268,8 @@ def print_bench(r: BenchResult, console: Console | None = None) -> None:
                   "scan + executemany + commit")
     table.add_row(f"Spark {r.master}, {r.partitions} tasks", f"{r.spark_rows:,}", f"{r.spark_s:.2f}",
                   f"{r.spark_rows_per_s:,.0f}", "scan + upsert + commit + mark")
+    table.add_row("the target alone (1 connection)", f"{r.floor_rows:,}", f"{r.floor_s:.2f}", f"{r.floor_rows_per_s:,.0f}",
+                  "the same rows from memory, in scan order: upsert + commit only (the floor)")
     console.print(table)
     c = r.spark_counts
     console.print(

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .. import keys
 from ..backends import Backend, open_backend
@@ -33,6 +35,67 @@ from .write import Sink
 
 DEADLOCK_RETRIES = 3
 PAUSE_LIMIT_S = 60.0
+
+T = TypeVar("T")
+
+
+class _Failed:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+_END = object()
+
+
+def read_ahead(source: Iterator[T], depth: int = 1) -> Iterator[T]:
+    """The items of `source`, read by a thread of its own at most `depth` items
+    ahead of the consumer.
+
+    A task's scan of the store then overlaps its upsert and commit: both mostly
+    wait on another process (the store, the database), so the two halves of a
+    task run side by side even under the GIL. Memory stays bounded: the batch
+    being written, `depth` waiting, one being read. An error in `source` is
+    raised to the consumer where the item would have been.
+    """
+    handoff: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                handoff.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def pump() -> None:
+        try:
+            for item in source:
+                if not put(item):
+                    return
+            put(_END)
+        except BaseException as e:  # handed to the consumer, raised there
+            put(_Failed(e))
+
+    reader = threading.Thread(target=pump, name="sync-scan", daemon=True)
+    reader.start()
+    try:
+        while True:
+            item = handoff.get()
+            if item is _END:
+                return
+            if isinstance(item, _Failed):
+                raise item.error
+            yield item
+    finally:
+        # The consumer is done or failed: the reader stops at its next handoff
+        # (a scan page at most), and the scan is closed in this thread.
+        stop.set()
+        reader.join()
+        close = getattr(source, "close", None)
+        if close is not None:
+            close()
 
 
 def progress_name(run_id: str, begin: int) -> str:
@@ -58,7 +121,7 @@ class RangeSync:
 
     def run(self, begin: int, count: int) -> Counts:
         self._report_as = progress_name(self.options.run_id, begin) if self.options.run_id else ""
-        for batch in batches(self.backend, self.options, begin, count, self.synced_at):
+        for batch in read_ahead(batches(self.backend, self.options, begin, count, self.synced_at)):
             self.counts.scanned += batch.scanned
             self.counts.scan_s += batch.scan_s
             self._flush(batch)

@@ -17,6 +17,7 @@ def test_bench_in_a_store_reads_marks_and_removes_only_its_own_list(registered, 
     before = {n for n, _ in registered.scan(keys.LIST_SET)}
     result = run_bench(jobs=300, store_url=store_url, target_url=mysql_url, partitions=4, batch_size=50)
     assert result.plain_rows == result.spark_rows == 300, "only the benchmark's own list is copied"
+    assert result.floor_rows == 300 and result.floor_rows_per_s > 0, "the target alone, on the same rows"
     assert result.spark_counts.marked == 300 and result.plain_rows_per_s > 0 and result.spark_rows_per_s > 0
     assert {n for n, _ in registered.scan(keys.LIST_SET)} == before, "its list is gone afterwards"
     assert not [n for n, _ in registered.scan(keys.JOB_SET, bins=["list"]) if n.startswith("aq-bench-")]
@@ -24,6 +25,7 @@ def test_bench_in_a_store_reads_marks_and_removes_only_its_own_list(registered, 
     print_bench(result, console)
     text = console.export_text()
     assert "plain Python loop (1 process)" in text and "Spark" in text and "rows/s" in text
+    assert "the target alone" in text
     assert "(scratch)" in result.target
 
 
@@ -32,5 +34,5 @@ def test_bench_command_on_a_scratch_store_and_sqlite_files(spark):
                              obj=Context(url=None, verbose=False))
     assert out.exit_code == 0, out.output
     got = json.loads(out.output.strip().splitlines()[-1])
-    assert got["jobs"] == got["plain_rows"] == got["spark_rows"] == 120
-    assert got["plain_rows_per_s"] > 0 and got["spark_rows_per_s"] > 0
+    assert got["jobs"] == got["plain_rows"] == got["spark_rows"] == got["floor_rows"] == 120
+    assert got["plain_rows_per_s"] > 0 and got["spark_rows_per_s"] > 0 and got["floor_rows_per_s"] > 0
