@@ -86,7 +86,7 @@ def _progress(enabled: bool) -> Progress:
 @option("--seal", env="SEAL", is_flag=True, help="Mark the list complete for loading afterwards.")
 @option("--chunk-size", env="CHUNK_SIZE", type=click.IntRange(1, 50_000), default=None,
         help=f"Jobs per load range (and per ID-store chunk record; default: {DEFAULT_CHUNK:,} on a server, "
-             f"{EMBEDDED_CHUNK:,} on the embedded store).")
+             f"{EMBEDDED_CHUNK:,} on the embedded store in token mode).")
 @option("--workers", env="LOAD_WORKERS", type=click.IntRange(1, 64), default=None,
         help="Load ranges written at once (default: 8 on a server, 1 on the embedded store).")
 @JSON_OPT
