@@ -167,7 +167,7 @@ class JobLists:
         *,
         mode: str = "tokens",
         seal: bool = False,
-        chunk_size: int = DEFAULT_CHUNK,
+        chunk_size: int | None = None,
         lease_ms: int = DEFAULT_LEASE_MS,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         progress: Callable[[int], None] | None = None,
@@ -186,9 +186,10 @@ class JobLists:
         job: loading only jobs it already holds is a no-op
         (`LoadReport.already_sealed`), any new one raises `ListSealed`.
         `workers` ranges are written at once (default: 8 on a server, 1 on the
-        embedded store). `timeout_s`, `backoff_s` and `backoff_max_s` set a new
-        list's time limit and backoff (`create`); `delay_s` holds these jobs back
-        for that long (server clock), and a job's own `run_at` until then."""
+        embedded store), of `chunk_size` jobs each (default: 1,000 on a server,
+        10,000 on the embedded store but for lists in ID mode). `timeout_s`, `backoff_s` and
+        `backoff_max_s` set a new list's time limit and backoff (`create`); `delay_s` holds these
+        jobs back for that long (server clock), and a job's own `run_at` until then."""
         return _load.load(
             self, name, jobs, mode=mode, seal=seal, chunk_size=chunk_size, lease_ms=lease_ms,
             max_attempts=max_attempts, progress=progress, workers=workers, timeout_s=timeout_s, backoff_s=backoff_s,

@@ -50,6 +50,13 @@ if TYPE_CHECKING:
     from .lists import JobLists
 
 DEFAULT_CHUNK = 1000
+# The embedded store's ranges are bigger: records are keyed by digest, so a range's
+# writes land on pages all over the file, and a page written once per 10,000 jobs
+# instead of once per 1,000 took about a quarter of the CPU per job off (300,000 jobs
+# in bare SQLite, 55 against 74 µs per job). It costs about 40 MB more of peak RSS.
+# Lists in ID mode keep 1,000: a range is also one ID-store chunk, which every
+# reservation pops from by rewriting it whole.
+EMBEDDED_CHUNK = 10_000
 DEFAULT_LEASE_MS = 120_000
 RECORD_EXISTS = 5  # Aerospike's code for a create-only write on an existing record
 # Per-record codes of a batch write that did not land, or may have: repeated.
@@ -58,6 +65,7 @@ SEALED_CHECK_BATCH = 5000  # index entries read per batch when a sealed list is 
 # create-only, and store the key (scans and the sync read record names back)
 _CREATE = {"exists": aerospike.POLICY_EXISTS_CREATE, "key": aerospike.POLICY_KEY_SEND}
 _SEND_KEY = {"key": aerospike.POLICY_KEY_SEND}
+_WRITE = aerospike.OPERATOR_WRITE  # what `op.write(bin, value)` puts in its dict
 
 
 @dataclass(frozen=True)
@@ -71,6 +79,10 @@ class LoadReport:
 def max_payload(backend: Backend) -> int:
     """The largest payload a job record can hold on this store."""
     return backend.max_record_size() - RECORD_OVERHEAD
+
+
+def default_chunk(backend: Backend, mode: str) -> int:
+    return EMBEDDED_CHUNK if backend.is_embedded and mode != "ids" else DEFAULT_CHUNK
 
 
 def default_workers(backend: Backend) -> int:
@@ -87,7 +99,7 @@ def load(
     *,
     mode: str,
     seal: bool,
-    chunk_size: int,
+    chunk_size: int | None,
     lease_ms: int,
     max_attempts: int,
     progress: Callable[[int], None] | None = None,
@@ -100,9 +112,9 @@ def load(
     """See `JobLists.load`."""
     if not delay_s >= 0:
         raise LoadError(f"delay must be zero or positive seconds, not {delay_s}")
-    if chunk_size < 1:
-        raise LoadError(f"chunk size must be at least 1, not {chunk_size}")
     backend = lists.backend
+    if chunk_size is not None and chunk_size < 1:
+        raise LoadError(f"chunk size must be at least 1, not {chunk_size}")
     it = iter(_specs(jobs, max_payload(backend)))
     first = next(it, None)
     if first is None:
@@ -114,6 +126,8 @@ def load(
     head = lists.header(name)
     if head["sealed"] == 1:
         return _sealed_again(backend, name, specs, progress)
+    if chunk_size is None:
+        chunk_size = default_chunk(backend, head["mode"])
     recover(lists, name)
     n_workers = workers if workers is not None else default_workers(backend)
     # A list this load created has no index entries but those of concurrent loaders,
@@ -236,11 +250,15 @@ class _RangeLoader:
             return [op.write("state", "delayed"), op.write("due", due)]
 
         # 3. job records, create-only: tokens are fresh, so a conflict means a
-        # recovery voided this range after our lease ran out.
+        # recovery voided this range after our lease ran out. The operations are the
+        # dicts `op.write` returns, built inline: a function call per bin was a
+        # measurable part of the client's CPU per job.
+        job_set = keys.JOB_SET
         job_writes = [
             Write(
-                (ns, keys.JOB_SET, f"{name}/{t}"),
-                [op.write("token", t), op.write("jid", s.jid), op.write("payload", s.payload), *same, *state_of(t, s)],
+                (ns, job_set, f"{name}/{t}"),
+                [{"op": _WRITE, "bin": "token", "val": t}, {"op": _WRITE, "bin": "jid", "val": s.jid},
+                 {"op": _WRITE, "bin": "payload", "val": s.payload}, *same, *state_of(t, s)],
                 policy=_CREATE,
             )
             for t, s in zip(range(start, start + len(new)), new, strict=True)
@@ -328,7 +346,9 @@ def commit_index(lists: JobLists, name: str, pairs: list[tuple[int, str]]) -> li
     the others are made void. Returns the real tokens, in order."""
     b = lists.backend
     ns = b.namespace
-    writes = [Write((ns, keys.JIDX_SET, f"{name}/{jid}"), [op.write("tok", t)], policy=_CREATE) for t, jid in pairs]
+    jidx_set = keys.JIDX_SET
+    writes = [Write((ns, jidx_set, f"{name}/{jid}"), [{"op": _WRITE, "bin": "tok", "val": t}], policy=_CREATE)
+              for t, jid in pairs]
     codes = lists._batch_write(writes, "index job ids")
     if any(code not in (0, RECORD_EXISTS) for code in codes):
         # Not a clash but a failure: leave the range pending, so that a re-run or a

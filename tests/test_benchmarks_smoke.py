@@ -148,3 +148,23 @@ def test_load_benchmark_in_small(tmp_path: Path, store_url: str) -> None:
         names = [n for n, _ in backend.scan(keys.LIST_SET, bins=["mode"]) if n.startswith("loadbench-300-")]
         assert names == [], "the benchmark's lists are removed from the server"
         backend.close()
+
+
+def test_load_floor_benchmark_in_small(store_url: str) -> None:
+    """`python -m benchmarks.load_floor`: one JSON row per setting, every write landed,
+    and the records it wrote removed afterwards. Server only: it measures the client."""
+    if store_url.startswith("embedded"):
+        pytest.skip("the floor is measured against a real server")
+    from aeroqueue.backends import open_backend
+    from benchmarks.load_floor import main as floor_bench
+
+    result = CliRunner().invoke(floor_bench, ["--url", store_url, "--jobs", "300", "--batch", "100",
+                                              "--threads", "2", "--procs", "1", "--shapes", "job+jidx,jidx"])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    rows = [json.loads(line) for line in result.output.splitlines()]
+    assert [(r["shape"], r["jobs"], r["failures"]) for r in rows] == [("job+jidx", 300, 0), ("jidx", 300, 0)]
+    assert all(r["jobs_per_s"] > 0 and r["client_us_per_job"] > 0 for r in rows)
+    backend = open_backend(store_url)
+    left = [k for k, _ in backend.scan("aq_job") if str(k).startswith("floor-")]
+    backend.close()
+    assert left == [], "the benchmark's records are removed"

@@ -24,6 +24,7 @@ from rich.text import Text
 
 from ..errors import LoadError
 from ..lists import DEFAULT_CHUNK, JobLists, max_payload
+from ..load import EMBEDDED_CHUNK
 from ..loading import STDIN, read_file, sniff_format, spooled_stdin, validate
 from .context import (
     BACKOFF_MAX_OPT,
@@ -83,8 +84,9 @@ def _progress(enabled: bool) -> Progress:
         help="Hold these jobs back for SECONDS (by the server's clock); a row's own run_at field (ISO 8601 with a "
              "zone, or epoch seconds) holds it until then.")
 @option("--seal", env="SEAL", is_flag=True, help="Mark the list complete for loading afterwards.")
-@option("--chunk-size", env="CHUNK_SIZE", type=click.IntRange(1, 50_000), default=DEFAULT_CHUNK,
-        help="Jobs per load range (and per ID-store chunk record).")
+@option("--chunk-size", env="CHUNK_SIZE", type=click.IntRange(1, 50_000), default=None,
+        help=f"Jobs per load range (and per ID-store chunk record; default: {DEFAULT_CHUNK:,} on a server, "
+             f"{EMBEDDED_CHUNK:,} on the embedded store in token mode).")
 @option("--workers", env="LOAD_WORKERS", type=click.IntRange(1, 64), default=None,
         help="Load ranges written at once (default: 8 on a server, 1 on the embedded store).")
 @JSON_OPT
@@ -92,7 +94,7 @@ def _progress(enabled: bool) -> Progress:
 def load(
     obj: Context, list_name: str, file: Path, fmt: str | None, id_field: str, strict: bool, mode: str,
     max_attempts: int, timeout_s: float | None, backoff_s: float | None, backoff_max_s: float | None, delay_s: float,
-    seal: bool, chunk_size: int, workers: int | None, as_json: bool,
+    seal: bool, chunk_size: int | None, workers: int | None, as_json: bool,
 ) -> None:
     """Load jobs from a CSV or JSON Lines FILE ('-': standard input) into LIST.
 

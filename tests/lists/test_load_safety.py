@@ -127,3 +127,15 @@ def test_a_killed_loader_exposes_nothing_unwritten_and_a_rerun_adds_nothing_twic
     assert Counter(j.jid for j in jobs) == Counter(f"k{i}" for i in range(n)), "every job exactly once"
     st = lists.status(list_name)
     assert (st.total, st.pending_ranges) == (n, 0)
+
+
+def test_default_range_sizes_follow_the_store_and_the_mode(env, list_name):
+    """Ranges of 10,000 jobs on the embedded store (fewer page writes per job), 1,000 on a
+    server; a list in ID mode keeps 1,000 everywhere (a range is also an ID-store chunk,
+    rewritten whole at every pop)."""
+    backend, lists, queue, session = env
+    lists.load(list_name, specs(2500))
+    assert lists.header(list_name)["seq"] == (1 if backend.is_embedded else 3)
+    lists.load(f"{list_name}-ids", specs(2500), mode="ids")
+    assert lists.header(f"{list_name}-ids")["seq"] == 3
+    assert len(drain_all(queue, f"{list_name}-ids", session)) == 2500

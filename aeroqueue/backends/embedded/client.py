@@ -485,22 +485,36 @@ class EmbeddedClient:
         the shape a load writes; else None, and the general path runs."""
         if self.faults.armed():
             return None
-        out = []
+        out: list[tuple[Any, ...]] = []
+        # A load shares one policy dict among its writes: judge each distinct one once.
+        send_key_of: dict[int, bool] = {}
+        write_op = aerospike.OPERATOR_WRITE
+        calc = aerospike.calc_digest
+        own_ns = self.namespace
         for br in records:
             if type(br) is not Write or br.meta:
                 return None
             pol = br.policy or {}
-            if pol.get("exists") != aerospike.POLICY_EXISTS_CREATE or not set(pol) <= {"exists", "key"}:
-                return None
+            send_key = send_key_of.get(id(pol))
+            if send_key is None:
+                if pol.get("exists") != aerospike.POLICY_EXISTS_CREATE or not set(pol) <= {"exists", "key"}:
+                    return None
+                send_key = send_key_of[id(pol)] = self._send_key(pol, "operate")
             bins = {}
             for o in br.ops:
                 name, value = o.get("bin"), o.get("val")
-                if (o.get("op") != aerospike.OPERATOR_WRITE or value is None or len(o) != 3
-                        or not isinstance(name, str) or len(name.encode()) > MAX_BIN_NAME):
+                if (o.get("op") != write_op or value is None or len(o) != 3
+                        or type(name) is not str or len(name) > MAX_BIN_NAME or len(name.encode()) > MAX_BIN_NAME):
                     return None
                 bins[name] = value
-            ns, set_name, user_key, digest = self._key(br.key)
-            out.append((ns, set_name, user_key, digest, self._send_key(pol, "operate"), bins))
+            key = br.key
+            # The common key (namespace, set, user key) without `_key`'s checks and copies.
+            if type(key) is tuple and len(key) == 3 and key[0] == own_ns and key[2] is not None:
+                set_name = key[1] or ""
+                out.append((own_ns, set_name, key[2], calc(own_ns, set_name, key[2]), send_key, bins))
+            else:
+                ns, set_name, user_key, digest = self._key(key)
+                out.append((ns, set_name, user_key, digest, send_key, bins))
         return out
 
     def _write_new(self, db: Any, records: list[BatchRecord], plain: list[tuple[Any, ...]]) -> None:
@@ -512,7 +526,7 @@ class EmbeddedClient:
         expired: list[tuple[str, bytes]] = []
         by_ns: dict[str, list[bytes]] = {}
         for ns, _, _, digest, _, _ in plain:
-            by_ns.setdefault(ns, []).append(digest)
+            by_ns.setdefault(ns, []).append(bytes(digest))
         for ns, digests in by_ns.items():
             for lo in range(0, len(digests), 500):
                 part = digests[lo:lo + 500]
@@ -530,24 +544,28 @@ class EmbeddedClient:
         new_rows = []
         indexed: dict[tuple[str, str], list[tuple[bytes, dict[str, Any]]]] = {}
         meta = self._meta(Row("", 0, None, {}, 1, void_ms, now), now)
+        limit = self.max_record_size
+        with_sindex = self._sets_with_sindex(db)
         for br, (ns, set_name, user_key, digest, send_key, bins) in zip(records, plain, strict=True):
+            digest = bytes(digest)
             if digest in taken:
                 br.result, br.record = 5, None
                 continue
             try:
-                stored = {k: _store_value(v) for k, v in bins.items()}
+                stored = {k: _store_plain(v) for k, v in bins.items()}
             except aerospike.exception.AerospikeError as e:
                 br.result, br.record = e.code, None
                 continue
             blob = encode(stored)
-            if len(blob) + 16 * len(stored) + 64 > self.max_record_size:
+            if len(blob) + 16 * len(stored) + 64 > limit:
                 br.result, br.record = 13, None
                 continue
             taken.add(digest)
             ukey = encode(user_key) if send_key and user_key is not None else None
-            new_rows.append((ns, digest, set_name, partition_id(digest), ukey, blob, 1, void_ms, now))
-            indexed.setdefault((ns, set_name), []).append((digest, stored))
-            br.result, br.record = 0, ((ns, set_name, user_key, bytearray(digest)), dict(meta), {})
+            new_rows.append((ns, digest, set_name, (digest[0] | digest[1] << 8) & 4095, ukey, blob, 1, void_ms, now))
+            if (ns, set_name) in with_sindex:
+                indexed.setdefault((ns, set_name), []).append((digest, stored))
+            br.result, br.record = 0, ((ns, set_name, user_key, bytearray(digest)), meta.copy(), {})
         db.executemany(
             "INSERT INTO records (ns, digest, set_name, part, ukey, bins, gen, void_ms, lut_ms) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -555,6 +573,10 @@ class EmbeddedClient:
         )
         for (ns, set_name), rows in indexed.items():
             Storage.index_new(db, ns, set_name, rows)
+
+    @staticmethod
+    def _sets_with_sindex(db: Any) -> set[tuple[str, str]]:
+        return {(ns, s) for ns, s in db.execute("SELECT DISTINCT ns, set_name FROM sindexes")}
 
     def batch_read(self, keys: list[tuple], bins: list[str] | None = None, policy: dict | None = None) -> BatchRecords:
         pol = self._check_policy(policy, {"expressions"}, "batch_read")
@@ -839,6 +861,23 @@ class EmbeddedQuery:
             stop = callback(part, (key, meta, bins)) if with_partition else callback((key, meta, bins))
             if stop is False:
                 return
+
+
+_SCALARS = frozenset({str, int, float, bool, bytes})
+
+
+def _store_plain(value: Any) -> Any:
+    """`_store_value`, without its copy for what it would not change: scalars and maps or
+    lists of them (a loaded payload, mostly). Only stored, never changed afterwards."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is dict:
+        if all(type(v) in _SCALARS for v in value.values()) and all(type(k) in _SCALARS for k in value):
+            return value
+    elif kind is list and all(type(v) in _SCALARS for v in value):
+        return value
+    return _store_value(value)
 
 
 def _store_value(value: Any) -> Any:
