@@ -134,8 +134,8 @@ class JobLists:
         applies to claims made from now on; a new backoff to failures from now on."""
         opts = _policy_opts(timeout_s, backoff_s, backoff_max_s)
         head = self.header(name)
-        lo = opts.get("bo", head.get("bo", 1000))
-        hi = opts.get("bo_max", head.get("bo_max", 3_600_000))
+        base, cap = backoff_of(head)
+        lo, hi = opts.get("bo", base), opts.get("bo_max", cap)
         if hi < lo:
             raise ConfigError(f"list {name!r}: the backoff cap ({hi / 1000:g} s) is below its base ({lo / 1000:g} s)")
         if opts and self._list_udf(name, "tune", opts) == "missing":
@@ -208,6 +208,7 @@ class JobLists:
         done, dead = self._bit_counts(name, head["alloc"])
         retry = len(head.get("retry") or [])
         delayed, held_back = _delayed(head)
+        base, cap = backoff_of(head)
         if head["mode"] == "ids":
             reservable = len(self.unpopped_ids(name, head))
         else:
@@ -239,8 +240,8 @@ class JobLists:
             completed_at=completed_at,
             delayed=delayed,
             timeout_s=head.get("tlim", 300_000) / 1000,
-            backoff_s=head.get("bo", 1000) / 1000,
-            backoff_max_s=head.get("bo_max", 3_600_000) / 1000,
+            backoff_s=base / 1000,
+            backoff_max_s=cap / 1000,
         )
 
     def unpopped_ids(self, name: str, head: dict[str, Any]) -> list[int]:
@@ -306,7 +307,7 @@ class JobLists:
 
     def kick_job(self, name: str, jid: str) -> bool:
         """Put one dead or delayed job back in the queue now; False if it was neither."""
-        return self.kick(name, [self.find_job(name, jid)["token"]]) == 1
+        return transitions.kick(self.backend, name, [self.find_job(name, jid)["token"]]) == 1
 
     def bury(self, name: str, jid: str, why: str = "buried by an operator") -> str:
         """Send one job to dead by hand (a claim on it is lost: its ack will be refused).
@@ -397,6 +398,12 @@ class JobLists:
 
 
 NOT_FOUND = 2  # a batch delete of a record already gone
+
+
+def backoff_of(head: dict[str, Any]) -> tuple[int, int]:
+    """A list record's backoff (base, cap) in ms; a list made before the bins existed
+    has the defaults."""
+    return int(head.get("bo", DEFAULT_BACKOFF_S * 1000)), int(head.get("bo_max", DEFAULT_BACKOFF_MAX_S * 1000))
 
 
 def _policy_opts(timeout_s: float | None, backoff_s: float | None, backoff_max_s: float | None) -> dict[str, int]:

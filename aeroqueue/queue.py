@@ -33,7 +33,7 @@ from typing import Any
 from . import keys, transitions
 from .backends import IN_DOUBT, Backend, BatchResult, retry_busy, retry_in_doubt
 from .errors import AeroqueueError, ClaimLost, JobNotFound, ListNotFound, RecordBusy
-from .lists import JobLists
+from .lists import JobLists, backoff_of
 from .sessions import Session
 
 
@@ -50,7 +50,7 @@ class Job:
     session: str
     timeout_s: float = 300.0
     rid: str = ""  # the claim's request id: an ack names the claim, not only the session
-    toucher: Callable[[Job, float | None], None] | None = field(default=None, compare=False, repr=False)
+    toucher: Callable[[Job, float | None], object] | None = field(default=None, compare=False, repr=False)
 
     @property
     def name(self) -> str:
@@ -241,7 +241,7 @@ class Queue:
         self._reschedule(name, answers)
         jobs = [
             Job(list=name, token=a["token"], jid=a["jid"], payload=a.get("payload"), attempt=a["att"], session=sess,
-                timeout_s=tlim / 1000, rid=rid, toucher=self._touch)
+                timeout_s=tlim / 1000, rid=rid, toucher=self.touch)
             for a in answers
             if a and a.get("st") == "ok"
         ]
@@ -368,9 +368,6 @@ class Queue:
             listener(job, seconds)
         return seconds
 
-    def _touch(self, job: Job, seconds: float | None) -> None:
-        self.touch(job, seconds)
-
     def on_touch(self, listener: Callable[[Job, float], None]) -> None:
         """Be told of every touch made through this queue (job, seconds granted)."""
         self._touched.append(listener)
@@ -385,7 +382,7 @@ class Queue:
                 head = self.lists.header(list_name)
             except ListNotFound:
                 return 0
-            policy = (now, int(head.get("bo", 1000)), int(head.get("bo_max", 3_600_000)))
+            policy = (now, *backoff_of(head))
             with self._lock:
                 self._policies[list_name] = policy
         return transitions.backoff_ms(attempt, policy[1], policy[2])

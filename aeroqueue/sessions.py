@@ -36,7 +36,7 @@ from aerospike_helpers import expressions as xp
 from . import keys, transitions
 from .backends import Backend, retry_in_doubt
 from .errors import BackendError, ConfigError, GenerationConflict, ListNotFound, SessionLost
-from .lists import JobLists
+from .lists import JobLists, backoff_of
 from .transitions import flush_bits, push_retry, set_bits
 
 log = logging.getLogger("aeroqueue.sessions")
@@ -268,6 +268,7 @@ def expire_overdue(backend: Backend, session_id: str) -> int:
     """End a live session's claims that ran past their time limit, each as a failed
     attempt whose error says it timed out (retried after the list's backoff, or
     dead). One index query on the session's claims; returns how many it ended."""
+    lists = JobLists(backend)
     policies: dict[str, tuple[int, int]] = {}
     ended = 0
     for _, rec in backend.find(keys.JOB_SET, "sess", session_id, expression=_OVERDUE):
@@ -275,8 +276,7 @@ def expire_overdue(backend: Backend, session_id: str) -> int:
         name = bins["list"]
         if name not in policies:
             try:
-                head = JobLists(backend).header(name)
-                policies[name] = (int(head.get("bo", 1000)), int(head.get("bo_max", 3_600_000)))
+                policies[name] = backoff_of(lists.header(name))
             except ListNotFound:
                 policies[name] = (0, 0)
         limit = bins.get("tl", 0) / 1000

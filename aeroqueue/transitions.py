@@ -37,6 +37,7 @@ import threading
 import weakref
 from collections import defaultdict
 from collections.abc import Iterable
+from typing import Any
 
 import aerospike
 from aerospike_helpers.operations import bitwise_operations as bw
@@ -240,37 +241,42 @@ def after_fail(backend: Backend, list_name: str, token: int, outcome: str, delay
         schedule(backend, list_name, [token], delay_ms)
 
 
+def _transition(
+    backend: Backend, list_name: str, token: int, function: str, *args: Any, delay_ms: int = 0, deadline_s: float = 5.0
+) -> str:
+    """One job UDF that ends a claim (or buries a job), then its follow-up. Repeated
+    while its answer is in doubt, for `deadline_s`: a repeat answers as the first did,
+    and the follow-up is idempotent."""
+    st = str(retry_in_doubt(
+        lambda: backend.udf(keys.JOB_SET, keys.job_name(list_name, token), keys.JOB_MOD, function, *args),
+        deadline_s=deadline_s,
+    ))
+    after_fail(backend, list_name, token, st, delay_ms)
+    return st
+
+
 def release(
     backend: Backend, list_name: str, token: int, session_id: str, *, refund: bool, why: str, rid: str = "",
     deadline_s: float = 5.0,
 ) -> str:
     """claimed by `session_id` -> queued (or dead when attempts are used up and the
-    attempt is not refunded); 'released', 'dead', 'not held' or 'missing'. Repeated
-    while its answer is in doubt, for `deadline_s`: a repeat answers as the first did."""
-    st = str(retry_in_doubt(lambda: backend.udf(
-        keys.JOB_SET, keys.job_name(list_name, token), keys.JOB_MOD, "release", session_id, 1 if refund else 0, why, rid,
-    ), deadline_s=deadline_s))
-    after_fail(backend, list_name, token, st)
-    return st
+    attempt is not refunded); 'released', 'dead', 'not held' or 'missing'."""
+    return _transition(
+        backend, list_name, token, "release", session_id, 1 if refund else 0, why, rid, deadline_s=deadline_s
+    )
 
 
 def fail(
     backend: Backend, list_name: str, token: int, session_id: str, error: str, *, delay_ms: int = 0, rid: str = "",
     deadline_s: float = 5.0,
 ) -> str:
-    """claimed by `session_id` (under request id `rid`, when given) -> queued while attempts remain ('retry'), or delayed for
-    `delay_ms` (its backoff: 'delayed'), else 'dead'; 'lost', 'late' (past its time
-    limit) or 'missing' change nothing. Repeated while its answer is in doubt, for
-    `deadline_s`: a repeat answers as the first did."""
-    error = error_text(error)
-    st = str(retry_in_doubt(
-        lambda: backend.udf(
-            keys.JOB_SET, keys.job_name(list_name, token), keys.JOB_MOD, "fail", session_id, error, int(delay_ms), rid
-        ),
+    """claimed by `session_id` (under request id `rid`, when given) -> queued while
+    attempts remain ('retry'), or delayed for `delay_ms` (its backoff: 'delayed'), else
+    'dead'; 'lost', 'late' (past its time limit) or 'missing' change nothing."""
+    return _transition(
+        backend, list_name, token, "fail", session_id, error_text(error), int(delay_ms), rid, delay_ms=delay_ms,
         deadline_s=deadline_s,
-    ))
-    after_fail(backend, list_name, token, st, delay_ms)
-    return st
+    )
 
 
 def expire(
@@ -280,14 +286,10 @@ def expire(
     """A claim past its time limit ends as a failed attempt (error `why`): 'retry',
     'delayed', 'dead'; 'early' (not past it by the server's clock), 'lost' or
     'missing' change nothing."""
-    st = str(retry_in_doubt(
-        lambda: backend.udf(
-            keys.JOB_SET, keys.job_name(list_name, token), keys.JOB_MOD, "expire", session_id, int(delay_ms), why, rid
-        ),
+    return _transition(
+        backend, list_name, token, "expire", session_id, int(delay_ms), why, rid, delay_ms=delay_ms,
         deadline_s=deadline_s,
-    ))
-    after_fail(backend, list_name, token, st, delay_ms)
-    return st
+    )
 
 
 def snooze(
@@ -296,24 +298,15 @@ def snooze(
     """The handler asked to run later: claimed -> delayed for `delay_ms`, the attempt
     given back. 'delayed', or 'lost' / 'late' / 'missing' (nothing changed)."""
     delay_ms = max(1, int(delay_ms))
-    st = str(retry_in_doubt(
-        lambda: backend.udf(
-            keys.JOB_SET, keys.job_name(list_name, token), keys.JOB_MOD, "snooze", session_id, delay_ms, rid
-        ),
-        deadline_s=deadline_s,
-    ))
-    after_fail(backend, list_name, token, st, delay_ms)
-    return st
+    return _transition(
+        backend, list_name, token, "snooze", session_id, delay_ms, rid, delay_ms=delay_ms, deadline_s=deadline_s
+    )
 
 
 def bury(backend: Backend, list_name: str, token: int, why: str) -> str:
-    """queued, delayed or claimed -> dead, by hand. Returns the state afterwards."""
-    st = str(retry_in_doubt(
-        lambda: backend.udf(keys.JOB_SET, keys.job_name(list_name, token), keys.JOB_MOD, "bury", error_text(why))
-    ))
-    if st == "dead":
-        set_bits(backend, list_name, [token], "dead", 1)
-    return st
+    """queued, delayed or claimed -> dead, by hand. Returns the state afterwards
+    ('dead', or 'done' / 'void' / 'missing': left alone)."""
+    return _transition(backend, list_name, token, "bury", error_text(why))
 
 
 def kick(backend: Backend, list_name: str, tokens: list[int]) -> int:

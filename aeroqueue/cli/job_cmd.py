@@ -90,8 +90,9 @@ def show(obj: Context, list_name: str, job_id: str, as_json: bool) -> None:
 def kick(obj: Context, list_name: str, job_id: str) -> None:
     """Put one dead or delayed job of LIST back in the queue now (a dead one with fresh
     attempts); a complete list becomes incomplete again."""
-    if not JobLists(obj.backend()).kick_job(list_name, job_id):
-        state = JobLists(obj.backend()).find_job(list_name, job_id).get("state")
+    jl = JobLists(obj.backend())
+    if not jl.kick_job(list_name, job_id):
+        state = jl.find_job(list_name, job_id).get("state")
         raise click.ClickException(f"job {job_id!r} of {list_name!r} is {state}: only a dead or delayed job is kicked")
     click.echo(f"{list_name}/{job_id}: queued")
 
