@@ -5,10 +5,24 @@ of workers that died, exactly-once acknowledgement, and a PySpark sync of
 processed jobs to MySQL.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from .backends import Backend, open_backend
 from .config import StoreURL, parse_url, resolve_url
 from .errors import AeroqueueError
-from .queue import Job, Retry
+
+if TYPE_CHECKING:
+    from .queue import Job, Retry
+
+
+def __getattr__(name: str) -> Any:
+    # The handler's API, imported on first use: `import aeroqueue.<module>` (a sync
+    # executor, the CLI) does not pay for the queue's imports.
+    if name in ("Job", "Retry"):
+        from . import queue
+
+        return getattr(queue, name)
+    raise AttributeError(f"module 'aeroqueue' has no attribute {name!r}")
 
 
 def connect(url: str | None = None) -> Backend:

@@ -8,6 +8,7 @@ import multiprocessing as mp
 import threading
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,10 +23,13 @@ N_JOBS = 20_000
 PROCS, THREADS = 8, 4
 
 
-def _worker(url: str, list_name: str, count: int, out: str) -> None:
+def _worker(url: str, list_name: str, count: int, out: str, start: Any) -> None:
     backend = open_backend(url)
     queue = Queue(backend)
     session = Session.open(backend)
+    # Every process starts reserving at once: one that is still importing while the
+    # others drain the list would test start-up times, not concurrency.
+    start.wait(120)
     log: list[list] = []
     lock = threading.Lock()
 
@@ -59,7 +63,8 @@ def test_every_job_done_exactly_once(store_url, registered, list_name, tmp_path,
 
     ctx = mp.get_context("spawn")
     outs = [str(tmp_path / f"w{p}.json") for p in range(PROCS)]
-    procs = [ctx.Process(target=_worker, args=(store_url, list_name, count, out)) for out in outs]
+    start = ctx.Barrier(PROCS)
+    procs = [ctx.Process(target=_worker, args=(store_url, list_name, count, out, start)) for out in outs]
     for p in procs:
         p.start()
     for p in procs:
