@@ -99,6 +99,15 @@ class BackendTimeout(BackendError):
     hint = "retry: aeroqueue's operations are safe to repeat"
 
 
+class StaleRequest(BackendTimeout):
+    """The server ran a job transition after the deadline its sender gave it, and so
+    refused it: nothing was done. A replay of a call the client had given up on never
+    answers (nobody waits for it); an answer that does arrive means the call waited
+    long in a queue, or the server's clock is ahead of the client's."""
+
+    hint = "if it persists, check that the clocks of clients and servers agree (NTP)"
+
+
 class NodeUnreachable(BackendTimeout):
     """The node holding the record could not be reached (connection refused or reset, no answer); the operation may or may not have happened."""
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import keys, transitions
-from .backends import IN_DOUBT, Backend, BatchResult, retry_busy, retry_in_doubt
+from .backends import IN_DOUBT, Backend, BatchResult, retry_busy
 from .errors import AeroqueueError, ClaimLost, JobNotFound, ListNotFound, RecordBusy
 from .lists import JobLists, backoff_of
 from .sessions import Session
@@ -103,10 +103,9 @@ class Queue:
     def _job_udf(self, job_name: str, function: str, *args: Any) -> Any:
         """A job UDF that is safe to repeat (claim with its request id, complete: a repeat
         that finds it done answers as the first did), repeated while its answer is in
-        doubt: a node that dies mid-call costs a retry, not a job."""
-        return retry_in_doubt(
-            lambda: self._udf(keys.JOB_SET, job_name, keys.JOB_MOD, function, *args), deadline_s=self.busy_deadline_s
-        )
+        doubt: a node that dies mid-call costs a retry, not a job. Each attempt carries
+        its deadline (`transitions.job_udf`)."""
+        return transitions.job_udf(self.backend, job_name, function, *args, deadline_s=self.busy_deadline_s)
 
     # -- reserve -------------------------------------------------------------
 
@@ -224,7 +223,8 @@ class Queue:
             try:
                 if not acks:
                     results = self.backend.batch_apply(
-                        keys.JOB_SET, [c[0] for c in calls], keys.JOB_MOD, "claim", sess, rid, tlim
+                        keys.JOB_SET, [c[0] for c in calls], keys.JOB_MOD, "claim", sess, rid, tlim,
+                        self.backend.job_deadline(),
                     )
                 else:
                     results = self._batch(calls, acks)
@@ -234,10 +234,12 @@ class Queue:
                 names = [c[0] for c in calls] + [job.name for job, _ in acks]
                 results = [BatchResult(name=n, ok=False, value=None, code=-1) for n in names]
             results, acked = results[: len(calls)], results[len(calls) :]
-            answers = [r.value for r in results if r.ok]
-            # A busy key, or an answer lost in the batch: claim it alone. The same
-            # request id makes a claim that did happen answer 'ok' again.
-            answers += [self._claim_one(name, sess, rid, tlim, t) for t, r in zip(tokens, results, strict=True) if not r.ok]
+            answers = [r.value for r in results if _answered(r)]
+            # A busy key, an answer lost in the batch, or a claim refused as stale: claim
+            # it alone. The same request id makes a claim that did happen answer 'ok' again.
+            answers += [
+                self._claim_one(name, sess, rid, tlim, t) for t, r in zip(tokens, results, strict=True) if not _answered(r)
+            ]
         self._reschedule(name, answers)
         jobs = [
             Job(list=name, token=a["token"], jid=a["jid"], payload=a.get("payload"), attempt=a["att"], session=sess,
@@ -257,8 +259,9 @@ class Queue:
 
     def _batch(self, claims: list[tuple[str, list[Any]]], acks: list[tuple[Job, Any]]) -> list[BatchResult]:
         """Claims and acks in one batch call: the claims' results, then the acks'."""
-        calls = [(n, "claim", args) for n, args in claims]
-        calls += [(job.name, "complete", [job.session, {job.token: result}, job.rid]) for job, result in acks]
+        deadline = self.backend.job_deadline()
+        calls = [(n, "claim", [*args, deadline]) for n, args in claims]
+        calls += [(job.name, "complete", [job.session, {job.token: result}, job.rid, deadline]) for job, result in acks]
         return self.backend.batch_udfs(keys.JOB_SET, calls, keys.JOB_MOD)
 
     def _claim_one(self, name: str, sess: str, rid: str, tlim: int, token: int) -> Any:
@@ -287,7 +290,7 @@ class Queue:
     def _acked(self, job: Job, result: Any, answer: BatchResult) -> bool:
         """An ack that rode in a batch, checked as `complete` checks: False when the
         claim was lost; an ack in doubt (busy, timeout) is sent again alone."""
-        if not answer.ok:
+        if not _answered(answer):
             try:
                 self.complete(job, result)
             except ClaimLost:
@@ -311,12 +314,13 @@ class Queue:
             by_session[job.session].append((job, res))
         for sess, pairs in by_session.items():
             # Each job gets only its own result (not the whole batch's), in one round trip.
+            deadline = self.backend.job_deadline()
             out = self.backend.batch_udf(
-                keys.JOB_SET, [(j.name, [sess, {j.token: r}, j.rid]) for j, r in pairs], keys.JOB_MOD, "complete"
+                keys.JOB_SET, [(j.name, [sess, {j.token: r}, j.rid, deadline]) for j, r in pairs], keys.JOB_MOD, "complete"
             )
             for (job, res), r in zip(pairs, out, strict=True):
-                st = r.value if r.ok else None
-                if st is None:  # this key failed (busy, in doubt): complete it alone
+                st = r.value if _answered(r) else None
+                if st is None:  # this key failed (busy, in doubt, stale): complete it alone
                     try:
                         self.complete(job, res)
                     except (ClaimLost, JobNotFound):
@@ -413,6 +417,11 @@ class Queue:
                 f"job {job.name} (id {job.jid!r}): the claim ran past its time limit ({job.timeout_s:g} s) and will "
                 "be retried as timed out; the acknowledgement was refused"
             )
+
+
+def _answered(result: BatchResult) -> bool:
+    """A batch member's answer that settles it: not an error, and not refused as stale."""
+    return result.ok and not transitions.is_stale(result.value)
 
 
 __all__ = ["Job", "Queue", "RecordBusy", "Retry", "retry_busy"]

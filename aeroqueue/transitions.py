@@ -44,7 +44,7 @@ from aerospike_helpers.operations import bitwise_operations as bw
 
 from . import keys
 from .backends import Backend, retry_in_doubt
-from .errors import AeroqueueError
+from .errors import AeroqueueError, StaleRequest
 
 log = logging.getLogger("aeroqueue.transitions")
 
@@ -230,6 +230,32 @@ def flush_bits(backend: Backend) -> None:
 # -- transitions ---------------------------------------------------------------
 
 
+def is_stale(answer: Any) -> bool:
+    """Whether a job UDF's answer says it ran past its deadline and did nothing."""
+    return answer == "stale" or (isinstance(answer, dict) and answer.get("st") == "stale")
+
+
+def job_udf(backend: Backend, job_name: str, function: str, *args: Any, deadline_s: float = 5.0) -> Any:
+    """A job UDF that makes or ends a claim, given every argument up to its request id:
+    sent with a fresh `Backend.job_deadline` each time, and repeated while its answer
+    is in doubt (a timeout, a node lost, or 'stale': refused, nothing done) until
+    `deadline_s`. A repeat answers as the first did, so repeating is safe."""
+
+    def once() -> Any:
+        answer = backend.udf(
+            keys.JOB_SET, job_name, keys.JOB_MOD, function, *args, backend.job_deadline(), deadline_s=deadline_s
+        )
+        if is_stale(answer):
+            raise StaleRequest(
+                f"{keys.JOB_MOD}.{function} on {keys.JOB_SET}/{job_name}: the server ran it after the deadline this "
+                "client gave it, and refused it (nothing was done)",
+                operation=f"{keys.JOB_MOD}.{function}", key=job_name,
+            )
+        return answer
+
+    return retry_in_doubt(once, deadline_s=deadline_s)
+
+
 def after_fail(backend: Backend, list_name: str, token: int, outcome: str, delay_ms: int = 0) -> None:
     """Follow-up of a fail, expire, snooze or release: dead bit, back onto the retry
     store, or onto the schedule (`delayed`)."""
@@ -247,10 +273,11 @@ def _transition(
     """One job UDF that ends a claim (or buries a job), then its follow-up. Repeated
     while its answer is in doubt, for `deadline_s`: a repeat answers as the first did,
     and the follow-up is idempotent."""
-    st = str(retry_in_doubt(
-        lambda: backend.udf(keys.JOB_SET, keys.job_name(list_name, token), keys.JOB_MOD, function, *args),
-        deadline_s=deadline_s,
-    ))
+    name = keys.job_name(list_name, token)
+    if function == "bury":  # an operator's decision: no claim, no deadline
+        st = str(retry_in_doubt(lambda: backend.udf(keys.JOB_SET, name, keys.JOB_MOD, function, *args), deadline_s=deadline_s))
+    else:
+        st = str(job_udf(backend, name, function, *args, deadline_s=deadline_s))
     after_fail(backend, list_name, token, st, delay_ms)
     return st
 

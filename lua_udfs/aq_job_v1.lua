@@ -35,7 +35,9 @@
 -- up; bury); delayed -> claimed once due; dead | delayed -> queued (kick);
 -- queued | delayed -> dead (bury).
 -- Every function returns a status value instead of raising, so a batch call
--- (batch_apply) reports each job's outcome.
+-- (batch_apply) reports each job's outcome. The functions that end or make a
+-- claim take a last argument `deadline` and answer 'stale' (changing nothing)
+-- when the server runs them past it (see `stale` below).
 
 local ERRS_KEPT = 10
 
@@ -120,19 +122,34 @@ local function repeated(rec, sess, why, queued_status, rid)
   return nil
 end
 
+-- A request the server runs after its sender gave up on it changes nothing. The
+-- sender passes `deadline` (Unix ms, its clock): when it sent the call, plus its
+-- timeout, plus a margin for clock skew. Past it, the client has already counted
+-- the call as in doubt and repeated it elsewhere; a node that was frozen (SIGSTOP,
+-- a VM pause) longer than that and resumes runs the calls that waited in its
+-- sockets on its stale copy, and Aerospike CE then lets its replica writes replace
+-- the newer copy the rest of the cluster made meanwhile (replica writes are
+-- resolved by last-update time, and the replayed write is the latest): an
+-- acknowledged transition would be undone (README, "Running on a cluster").
+-- nil (older clients, the embedded store): no such limit.
+local function stale(deadline)
+  return deadline ~= nil and now() > deadline
+end
+
 local function late(rec, t)
   local dl = rec['dl']
   return dl ~= nil and t > dl
 end
 
--- claim(rec, sess, rid, tlim) -> map{st='ok', jid, payload, att, token, dl}
+-- claim(rec, sess, rid, tlim, deadline) -> map{st='ok', jid, payload, att, token, dl}
 --                              | map{st='delayed', due, wait, token} (wait: ms until due)
---                              | map{st='missing'|'void'|'claimed'|'done'|'dead'}
+--                              | map{st='missing'|'void'|'claimed'|'done'|'dead'|'stale'}
 --   queued (or delayed and due) -> claimed under session `sess`, with a time
 --   limit of `tlim` ms; att + 1. The same call repeated (same sess and rid: its
 --   first answer was lost) answers 'ok' again, so a claim in doubt can be
 --   retried instead of being stranded.
-function claim(rec, sess, rid, tlim)
+function claim(rec, sess, rid, tlim, deadline)
+  if stale(deadline) then return map{st = 'stale'} end
   if not aerospike:exists(rec) then return map{st = 'missing'} end
   local state = rec['state']
   if state == 'claimed' and rec['sess'] == sess and rid ~= nil and rec['rid'] == rid then
@@ -158,13 +175,14 @@ function claim(rec, sess, rid, tlim)
   return map{st = 'ok', jid = rec['jid'], payload = rec['payload'], att = att, token = rec['token'], dl = t + tlim}
 end
 
--- complete(rec, sess, results, rid) -> 'ok' | 'again' | 'lost' | 'late' | 'missing'
+-- complete(rec, sess, results, rid, deadline) -> 'ok' | 'again' | 'lost' | 'late' | 'missing' | 'stale'
 --   claimed by `sess` (under request id `rid`, if given) -> done. `results` is a map token -> result, so that
 --   one batch call completes many jobs (batch_apply passes one argument list
 --   to every record). 'again': already done by this session (a retried ack,
 --   harmless). 'lost': the claim is not this session's any more. 'late': the
 --   claim's time limit ran out: the result is refused, and the job is retried.
-function complete(rec, sess, results, rid)
+function complete(rec, sess, results, rid, deadline)
+  if stale(deadline) then return 'stale' end
   if not aerospike:exists(rec) then return 'missing' end
   local state = rec['state']
   if state == 'done' and rec['by'] == sess and same_claim(rec, rid) then return 'again' end
@@ -179,38 +197,41 @@ function complete(rec, sess, results, rid)
   return 'ok'
 end
 
--- fail(rec, sess, err, delay_ms, rid) -> 'retry' | 'delayed' | 'dead' | 'lost' | 'late' | 'missing'
+-- fail(rec, sess, err, delay_ms, rid, deadline) -> 'retry' | 'delayed' | 'dead' | 'lost' | 'late' | 'missing' | 'stale'
 --   claimed by `sess` -> waiting again while attempts remain: 'delayed' for
 --   delay_ms (the backoff) when it is positive, else 'retry' (the caller
 --   offers it again), or 'dead' (the caller sets its dead bit). The error joins
 --   the job's history. A retried fail that already took effect answers the same,
 --   so the caller redoes its (idempotent) follow-up. 'late': the time limit ran
 --   out first; the reaper records that failure instead.
-function fail(rec, sess, err, delay_ms, rid)
+function fail(rec, sess, err, delay_ms, rid, deadline)
+  if stale(deadline) then return 'stale' end
   if not aerospike:exists(rec) then return 'missing' end
   if not holds(rec, sess, rid) then return repeated(rec, sess, err, 'retry', rid) or 'lost' end
   if late(rec, now()) then return 'late' end
   return end_claim(rec, sess, err, rec['att'] >= rec['max_att'], 'retry', delay_ms)
 end
 
--- expire(rec, sess, delay_ms, why, rid) -> 'retry' | 'delayed' | 'dead' | 'early' | 'lost' | 'missing'
+-- expire(rec, sess, delay_ms, why, rid, deadline) -> 'retry' | 'delayed' | 'dead' | 'early' | 'lost' | 'missing' | 'stale'
 --   A claim of `sess` past its time limit ends as a failed attempt whose error
 --   is `why` (the reaper, or the worker that stopped waiting for the handler).
 --   'early': the limit has not run out by the server's clock; nothing changes.
-function expire(rec, sess, delay_ms, why, rid)
+function expire(rec, sess, delay_ms, why, rid, deadline)
+  if stale(deadline) then return 'stale' end
   if not aerospike:exists(rec) then return 'missing' end
   if not holds(rec, sess, rid) then return repeated(rec, sess, why, 'retry', rid) or 'lost' end
   if not late(rec, now()) then return 'early' end
   return end_claim(rec, sess, why, rec['att'] >= rec['max_att'], 'retry', delay_ms)
 end
 
--- release(rec, sess, refund, why, rid) -> 'released' | 'dead' | 'not held' | 'missing'
+-- release(rec, sess, refund, why, rid, deadline) -> 'released' | 'dead' | 'not held' | 'missing' | 'stale'
 --   claimed by `sess` -> queued (a session closing or reaped gives its jobs
 --   back). refund = 1 returns the attempt (a graceful release); a reaped
 --   session's claim keeps it, so a job that kills its worker every time
 --   ends dead instead of looping. A retried release that already took effect
 --   answers the same, so the caller redoes its follow-up.
-function release(rec, sess, refund, why, rid)
+function release(rec, sess, refund, why, rid, deadline)
+  if stale(deadline) then return 'stale' end
   if not aerospike:exists(rec) then return 'missing' end
   if not holds(rec, sess, rid) then return repeated(rec, sess, why, 'released', rid) or 'not held' end
   local att = rec['att']
@@ -219,10 +240,11 @@ function release(rec, sess, refund, why, rid)
   return end_claim(rec, sess, why, refund ~= 1 and att >= rec['max_att'], 'released', 0)
 end
 
--- snooze(rec, sess, delay_ms, rid) -> 'delayed' | 'lost' | 'late' | 'missing'
+-- snooze(rec, sess, delay_ms, rid, deadline) -> 'delayed' | 'lost' | 'late' | 'missing' | 'stale'
 --   The handler asked to run later (Retry(after=...)): claimed by `sess` ->
 --   delayed for delay_ms, the attempt given back, no error recorded.
-function snooze(rec, sess, delay_ms, rid)
+function snooze(rec, sess, delay_ms, rid, deadline)
+  if stale(deadline) then return 'stale' end
   if not aerospike:exists(rec) then return 'missing' end
   local state = rec['state']
   if not holds(rec, sess, rid) then
@@ -238,9 +260,10 @@ function snooze(rec, sess, delay_ms, rid)
   return 'delayed'
 end
 
--- touch(rec, sess, tlim, rid) -> map{st='ok', dl} | map{st='lost'|'late'|'missing'}
+-- touch(rec, sess, tlim, rid, deadline) -> map{st='ok', dl} | map{st='lost'|'late'|'missing'|'stale'}
 --   The handler needs longer: the claim's limit becomes `tlim` ms from now.
-function touch(rec, sess, tlim, rid)
+function touch(rec, sess, tlim, rid, deadline)
+  if stale(deadline) then return map{st = 'stale'} end
   if not aerospike:exists(rec) then return map{st = 'missing'} end
   if not holds(rec, sess, rid) then return map{st = 'lost'} end
   local t = now()

@@ -28,6 +28,11 @@ N_PARTITIONS = 4096
 # Records per page of a streamed scan.
 SCAN_PAGE = 1000
 DEFAULT_MAX_RECORD_SIZE = 1024 * 1024  # Aerospike's default max-record-size (1 MiB)
+# The client's default total timeout of one command (write, apply, batch), ms.
+CLIENT_TIMEOUT_MS = 1000
+# Allowance for the clocks of client and server disagreeing (NTP keeps them within
+# milliseconds), added to a job transition's deadline (`Backend.job_deadline`).
+CLOCK_MARGIN_MS = 500
 
 _BY_CODE: dict[int, type[errors.BackendError]] = {
     # A node of a cluster died or is frozen: the command may have landed (in doubt).
@@ -86,6 +91,7 @@ class Backend:
         self.round_trips = 0
         self._on_close: list[Callable[[], None]] = []
         self._max_record_size: int | None = None
+        self._guard_ms: int | None = None  # what `job_deadline` adds to now; 0: no deadline
 
     def on_close(self, fn: Callable[[], None]) -> None:
         """Run `fn` before the connection closes (writes a layer above still owes)."""
@@ -113,6 +119,23 @@ class Backend:
                         sizes.append(int(value))
             self._max_record_size = min(sizes) if sizes else DEFAULT_MAX_RECORD_SIZE
         return self._max_record_size
+
+    def job_deadline(self) -> int | None:
+        """The deadline (Unix ms) of a job transition sent now: past it the UDF refuses
+        to act ('stale'). By then this client has given the call up as in doubt (its
+        timeout) and repeats it, maybe on another node; only a node that was frozen
+        (SIGSTOP, a VM paused) and resumed runs it that late, on its stale copy, and
+        Aerospike CE lets the replica write of that stale result replace the newer
+        record the rest of the cluster made meanwhile (aq_job_v1.lua, `stale`). None
+        (no limit) for the embedded store, which has no replicas, and when the URL
+        sets no time limit (total_timeout=0 and socket_timeout=0)."""
+        if self._guard_ms is None:
+            timeout = 0
+            if not self.is_embedded:
+                options = self.url.client_options()
+                timeout = options.get("total_timeout", CLIENT_TIMEOUT_MS) or options.get("socket_timeout", 0)
+            self._guard_ms = timeout + CLOCK_MARGIN_MS if timeout else 0
+        return int(time.time() * 1000) + self._guard_ms if self._guard_ms else None
 
     def key(self, set_name: str, name: str) -> tuple[str, str, str]:
         return (self.namespace, set_name, name)

@@ -1,0 +1,115 @@
+"""Job transitions carry a deadline: a call the server runs after its sender gave up
+on it changes nothing ('stale'). On a cluster, a node frozen past the heartbeat
+timeout runs, when it resumes, the calls that waited in its sockets, on its stale
+copy, and Aerospike CE lets that stale result replace the newer record the rest of
+the cluster made meanwhile (tests/multinode/test_replay.py shows it on a real
+cluster). Here: the UDFs' side and the client's, on the embedded store."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from aeroqueue import errors, keys, udfs
+from aeroqueue.backends import Backend, open_backend
+from aeroqueue.backends.base import CLIENT_TIMEOUT_MS, CLOCK_MARGIN_MS
+from aeroqueue.config import parse_url
+from aeroqueue.lists import JobLists
+from aeroqueue.loading import JobSpec
+from aeroqueue.queue import Queue
+from aeroqueue.sessions import Session
+
+PAST = 1  # Unix ms: long gone by any clock
+FUTURE = 2**53
+
+
+@pytest.fixture
+def backend(tmp_path):
+    b = open_backend(f"embedded://{tmp_path / 's.db'}")
+    udfs.register(b)
+    JobLists(b).load("L", [JobSpec(f"j{i}", {}) for i in range(3)], seal=True)
+    return b
+
+
+def _job(backend: Backend, token: int):
+    return backend.get(keys.JOB_SET, keys.job_name("L", token))
+
+
+def _call(backend: Backend, token: int, function: str, *args):
+    return backend.apply(keys.JOB_SET, keys.job_name("L", token), keys.JOB_MOD, function, *args)
+
+
+CLAIMED_CALLS = [  # every transition of a claimed job, with its arguments up to the request id
+    ("complete", ("s", {0: "r"}, "rid")),
+    ("fail", ("s", "boom", 0, "rid")),
+    ("expire", ("s", 0, "why", "rid")),
+    ("release", ("s", 1, "why", "rid")),
+    ("snooze", ("s", 1000, "rid")),
+    ("touch", ("s", 60_000, "rid")),
+]
+
+
+@pytest.mark.parametrize(("function", "args"), CLAIMED_CALLS, ids=[f for f, _ in CLAIMED_CALLS])
+def test_a_transition_past_its_deadline_changes_nothing(backend, function, args):
+    assert _call(backend, 0, "claim", "s", "rid", 300_000, FUTURE)["st"] == "ok"
+    before = _job(backend, 0)
+    out = _call(backend, 0, function, *args, PAST)
+    assert out == "stale" or out == {"st": "stale"}
+    after = _job(backend, 0)
+    assert (after.gen, after.bins) == (before.gen, before.bins), f"{function} past its deadline wrote"
+    # Before its deadline (or with none: older clients) it acts as ever.
+    assert _call(backend, 0, function, *args, FUTURE) not in ("stale", {"st": "stale"})
+    if function != "expire":  # 'early': the claim's time limit has not run out
+        assert _job(backend, 0).gen == before.gen + 1
+
+
+def test_a_claim_past_its_deadline_takes_nothing(backend):
+    before = _job(backend, 1)
+    assert _call(backend, 1, "claim", "s", "rid", 300_000, PAST) == {"st": "stale"}
+    assert _job(backend, 1).gen == before.gen and _job(backend, 1).bins["state"] == "queued"
+    assert _call(backend, 1, "claim", "s", "rid", 300_000)["st"] == "ok", "no deadline: as before"
+
+
+def test_the_deadline_is_the_clients_timeout_plus_a_margin():
+    def deadline(url: str) -> int | None:
+        return Backend(client=None, url=parse_url(url)).job_deadline()
+
+    now = time.time() * 1000
+    got = deadline("aerospike://10.0.0.1:3000/test")
+    assert got is not None and -1 <= got - now - (CLIENT_TIMEOUT_MS + CLOCK_MARGIN_MS) < 1000
+    got = deadline("aerospike://10.0.0.1:3000/test?total_timeout=300")
+    assert got is not None and -1 <= got - now - (300 + CLOCK_MARGIN_MS) < 1000
+    got = deadline("aerospike://10.0.0.1:3000/test?total_timeout=0&socket_timeout=200")
+    assert got is not None and -1 <= got - now - (200 + CLOCK_MARGIN_MS) < 1000
+    assert deadline("aerospike://10.0.0.1:3000/test?total_timeout=0&socket_timeout=0") is None, "no limit: no deadline"
+    assert deadline("embedded:///tmp/x.db") is None, "one process, no replicas: nothing to replay"
+
+
+def test_a_refused_transition_is_sent_again_with_a_new_deadline(backend, monkeypatch):
+    """A 'stale' answer that reaches the client (the call waited in a queue past its
+    deadline) did nothing: the client repeats it, with a fresh deadline."""
+    queue = Queue(backend, busy_deadline_s=2.0)
+    given: list[int | None] = []
+
+    def deadline() -> int | None:
+        given.append(PAST if len(given) < 2 else FUTURE)
+        return given[-1]
+
+    monkeypatch.setattr(backend, "job_deadline", deadline)
+    with Session.open(backend, heartbeat=False) as s:
+        [job] = queue.reserve("L", s)  # claimed after two refusals
+        queue.complete(job, "ok")
+    assert given[:3] == [PAST, PAST, FUTURE] and len(given) == 4
+    assert _job(backend, job.token).bins["state"] == "done"
+
+
+def test_a_transition_refused_until_the_end_says_why(backend, monkeypatch):
+    queue = Queue(backend, busy_deadline_s=0.3)
+    with Session.open(backend, heartbeat=False) as s:
+        [job] = queue.reserve("L", s)
+        monkeypatch.setattr(backend, "job_deadline", lambda: PAST)
+        with pytest.raises(errors.StaleRequest, match=r"complete on aq_job/L/\d+: the server ran it after the deadline"):
+            queue.complete(job, "ok")
+        monkeypatch.undo()
+        assert _job(backend, job.token).bins["state"] == "claimed", "nothing was done"
