@@ -212,8 +212,8 @@ def release_claims(backend: Backend, session_id: str, *, refund: bool, why: str)
     released: dict[str, list[int]] = defaultdict(list)
     dead: dict[str, list[int]] = defaultdict(list)
     for name, rec in backend.find(keys.JOB_SET, "sess", session_id, expression=_CLAIMED):
-        # One attempt (deadline_s=0): the callers repeat the whole pass while in doubt.
-        st = transitions.job_udf(backend, name, "release", session_id, 1 if refund else 0, why, "", deadline_s=0)
+        # One attempt when in doubt (deadline_s=0): the callers repeat the whole pass.
+        st = transitions.job_udf(backend, name, "release", session_id, 1 if refund else 0, why, "", deadline_s=0, busy_s=5.0)
         if st == "released":
             released[rec.bins["list"]].append(rec.bins["token"])
         elif st == "dead":

@@ -235,15 +235,19 @@ def is_stale(answer: Any) -> bool:
     return answer == "stale" or (isinstance(answer, dict) and answer.get("st") == "stale")
 
 
-def job_udf(backend: Backend, job_name: str, function: str, *args: Any, deadline_s: float = 5.0) -> Any:
+def job_udf(
+    backend: Backend, job_name: str, function: str, *args: Any, deadline_s: float = 5.0, busy_s: float | None = None
+) -> Any:
     """A job UDF that makes or ends a claim, given every argument up to its request id:
     sent with a fresh `Backend.job_deadline` each time, and repeated while its answer
     is in doubt (a timeout, a node lost, or 'stale': refused, nothing done) until
-    `deadline_s`. A repeat answers as the first did, so repeating is safe."""
+    `deadline_s`. A repeat answers as the first did, so repeating is safe. A busy key
+    is retried for `busy_s` (default: `deadline_s`)."""
 
     def once() -> Any:
         answer = backend.udf(
-            keys.JOB_SET, job_name, keys.JOB_MOD, function, *args, backend.job_deadline(), deadline_s=deadline_s
+            keys.JOB_SET, job_name, keys.JOB_MOD, function, *args, backend.job_deadline(),
+            deadline_s=deadline_s if busy_s is None else busy_s,
         )
         if is_stale(answer):
             raise StaleRequest(
