@@ -1,0 +1,106 @@
+"""The client half of tests/multinode/test_replay.py, inside the cluster's namespace.
+
+    python -m tests.multinode.replayer URL LIVE_URL N
+
+Two lists of N jobs, "guarded" and "bare", loaded by the test. One command per
+line on stdin, one JSON answer per line on stdout:
+
+    claim   (all nodes up) claim every job of both lists under session A
+    stale   (node 0 frozen, dropped by the others, this client not told yet) one
+            attempt each, all at once: complete every job under A, result 'stale';
+            "guarded" with its deadline (`Backend.job_deadline`), "bare" without, as
+            before deadlines existed. The tokens whose call failed (in doubt: their
+            master is the frozen node), by list
+    live    through a new client seeded with LIVE_URL (the live nodes: it never sends
+            to the frozen one), for each of those jobs still claimed by A: release it
+            (A gave up), claim it under B, complete it under B, result 'live'
+    read    every job's (state, completed by A or B, result, generation), by list
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from aeroqueue import keys, transitions
+from aeroqueue.backends import Backend, open_backend, retry_in_doubt
+from aeroqueue.errors import AeroqueueError
+from aeroqueue.queue import Job, Queue
+from aeroqueue.sessions import Session
+
+LISTS = ("guarded", "bare")
+
+
+def main(url: str, live_url: str, n: int) -> None:
+    backend = open_backend(url)
+    a = Session.open(backend, heartbeat=False, interval_s=10, expiry_s=600)
+    jobs: dict[str, dict[int, Job]] = {name: {} for name in LISTS}
+    in_doubt: dict[str, list[int]] = {}
+    live: Backend | None = None
+    b_id = ""
+    out: Any
+    for line in sys.stdin:
+        cmd = line.strip()
+        if cmd == "claim":
+            queue = Queue(backend, busy_deadline_s=30)
+            for name in LISTS:
+                while len(jobs[name]) < n:
+                    jobs[name].update((job.token, job) for job in queue.reserve(name, a, n - len(jobs[name])))
+            out = "ok"
+        elif cmd == "stale":
+            def complete(job: Job) -> bool:
+                deadline = backend.job_deadline() if job.list == "guarded" else None
+                try:
+                    backend.apply(keys.JOB_SET, job.name, keys.JOB_MOD, "complete", a.id, {job.token: "stale"}, job.rid,
+                                  deadline)
+                    return True
+                except AeroqueueError:
+                    return False
+
+            every = [job for name in LISTS for job in jobs[name].values()]
+            with ThreadPoolExecutor(len(every)) as pool:
+                landed = list(pool.map(complete, every))
+            in_doubt = {name: [] for name in LISTS}
+            for job, ok in zip(every, landed, strict=True):
+                if not ok:
+                    in_doubt[job.list].append(job.token)
+            out = in_doubt
+        elif cmd == "live":
+            live = open_backend(live_url)
+            queue = Queue(live, busy_deadline_s=30)
+            b = Session.open(live, heartbeat=False, interval_s=10, expiry_s=600)
+            moved: dict[str, list[int]] = {name: [] for name in LISTS}
+            for name in LISTS:
+                for token in in_doubt[name]:
+                    job = jobs[name][token]
+                    rec = retry_in_doubt(lambda job=job, live=live: live.get(keys.JOB_SET, job.name), deadline_s=30)
+                    if rec is None or rec.bins.get("state") != "claimed" or rec.bins.get("sess") != a.id:
+                        continue  # its complete landed (its master lives; the frozen node held its replica)
+                    assert queue.release(job, "gave up", refund=False) == "released"
+                    rid = uuid.uuid4().hex
+                    got = transitions.job_udf(live, job.name, "claim", b.id, rid, 300_000, deadline_s=30)
+                    assert got["st"] == "ok", got
+                    st = transitions.job_udf(live, job.name, "complete", b.id, {token: "live"}, rid, deadline_s=30)
+                    assert st == "ok", st
+                    moved[name].append(token)
+            b_id = b.id
+            out = {"moved": moved}
+        elif cmd == "read":
+            assert live is not None
+            out = {}
+            for name in LISTS:
+                out[name] = {}
+                for token, job in jobs[name].items():
+                    rec = retry_in_doubt(lambda job=job, live=live: live.get(keys.JOB_SET, job.name), deadline_s=30)
+                    by = {a.id: "A", b_id: "B"}.get(rec.bins.get("by"), rec.bins.get("by"))
+                    out[name][token] = [rec.bins["state"], by, rec.bins.get("result"), rec.gen]
+        else:
+            raise SystemExit(f"unknown command {cmd!r}")
+        print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
