@@ -91,7 +91,7 @@ def test_a_resumed_node_does_not_undo_an_acknowledged_completion(cluster3: Clust
         assert client.ask("claim") == "ok"
         cluster3.signal(0, signal.SIGSTOP)
         try:
-            cluster3.wait_stable([1, 2], timeout_s=30)  # the others dropped it; the client does not know yet
+            cluster3.wait_stable([1, 2], timeout_s=30)  # the others dropped it; the replayer's client never learns it
             in_doubt = client.ask("stale")
             sent = time.monotonic()
             moved = client.ask("live")["moved"]
