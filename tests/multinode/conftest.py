@@ -18,12 +18,14 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from aeroqueue import udfs
 from tests.cluster import PREFIX, Cluster, namespaces_possible
 from tests.conftest import require
 
@@ -67,6 +69,7 @@ def clusters() -> Iterator[Callable[[int], Cluster]]:
             out = aq(cluster, "udf", "register", timeout=120)
             assert out.returncode == 0, out.stderr
             (cluster.root / ".registered").touch()
+        _wait_for_modules(cluster)
         return cluster
 
     try:
@@ -78,6 +81,23 @@ def clusters() -> Iterator[Callable[[int], Cluster]]:
                 continue
             c.down()
             shutil.rmtree(c.root, ignore_errors=True)
+
+
+def _wait_for_modules(cluster: Cluster, timeout_s: float = 30.0) -> None:
+    """Until every node serves the UDF modules and the index. A node whose directory
+    is new (the first 3-node cluster after 2-node ones) gets them from the others
+    after it joins, a moment after the cluster forms: a worker that opened its session
+    on it then failed with "UDF: Execution Error 1" (module not found)."""
+    modules = [f"filename={name}.lua" for name in udfs.packaged()]
+    give_up = time.monotonic() + timeout_s
+    for node in cluster.nodes:
+        while True:
+            listed = cluster.info(node.index, "udf-list") + cluster.info(node.index, "sindex-list:ns=test")
+            missing = [m for m in modules if m not in listed] + [i for _, _, i in udfs.INDEXES if i not in listed]
+            if not missing:
+                break
+            assert time.monotonic() < give_up, f"node {node.index} still lacks {missing} after {timeout_s:.0f}s"
+            time.sleep(0.2)
 
 
 @pytest.fixture
