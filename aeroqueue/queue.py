@@ -5,7 +5,10 @@ Round trips, token mode:
 - ``reserve``: ``take`` on the list record (the retry store first, then the
   token store), then ``claim`` on the job record (one batch call for n > 1):
   2 per reservation, whatever its size. This is the API handler's path.
-- ``complete``: ``complete`` on the job record: 1. Its completion bit goes
+- ``complete``: ``complete`` on the job record: 1.
+- Claims of queued jobs and acks of plainly held claims are native operations
+  (`hotpath`), a fraction of a UDF's server CPU; any other case goes to the
+  Lua function, which decides. Its completion bit goes
   through the process's `transitions.BitBuffer`, one bitmap write per chunk
   for many jobs, so it costs next to nothing per job.
 - The worker (`aeroqueue worker`) reserves a few jobs at a time (its
@@ -30,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import keys, transitions
+from . import hotpath, keys, transitions
 from .backends import IN_DOUBT, Backend, BatchResult, retry_busy, retry_in_doubt
 from .errors import AeroqueueError, ClaimLost, JobNotFound, ListNotFound, RecordBusy
 from .lists import JobLists, backoff_of
@@ -223,9 +226,7 @@ class Queue:
             calls = [(keys.job_name(name, t), [sess, rid, tlim]) for t in tokens]
             try:
                 if not acks:
-                    results = self.backend.batch_apply(
-                        keys.JOB_SET, [c[0] for c in calls], keys.JOB_MOD, "claim", sess, rid, tlim
-                    )
+                    results = hotpath.claim_many(self.backend, [c[0] for c in calls], sess, rid, tlim)
                 else:
                     results = self._batch(calls, acks)
             except IN_DOUBT:
@@ -235,9 +236,14 @@ class Queue:
                 results = [BatchResult(name=n, ok=False, value=None, code=-1) for n in names]
             results, acked = results[: len(calls)], results[len(calls) :]
             answers = [r.value for r in results if r.ok]
-            # A busy key, or an answer lost in the batch: claim it alone. The same
-            # request id makes a claim that did happen answer 'ok' again.
-            answers += [self._claim_one(name, sess, rid, tlim, t) for t, r in zip(tokens, results, strict=True) if not r.ok]
+            # Not a queued job (or no job): the UDF decides. A busy key, or an answer
+            # lost in the batch: claim it alone. The same request id makes a claim
+            # that did happen answer 'ok' again.
+            answers += [
+                self._job_udf(keys.job_name(name, t), "claim", sess, rid, tlim)
+                if r.code in hotpath.TO_UDF and not acks else self._claim_one(name, sess, rid, tlim, t)
+                for t, r in zip(tokens, results, strict=True) if not r.ok
+            ]
         self._reschedule(name, answers)
         jobs = [
             Job(list=name, token=a["token"], jid=a["jid"], payload=a.get("payload"), attempt=a["att"], session=sess,
@@ -262,8 +268,17 @@ class Queue:
         return self.backend.batch_udfs(keys.JOB_SET, calls, keys.JOB_MOD)
 
     def _claim_one(self, name: str, sess: str, rid: str, tlim: int, token: int) -> Any:
-        """One claim, repeated while its answer is in doubt (a timeout, a node lost) until the deadline."""
-        return self._job_udf(keys.job_name(name, token), "claim", sess, rid, tlim)
+        """One claim (the native operation, else the UDF), repeated while its answer is
+        in doubt (a timeout, a node lost) until the deadline."""
+        job_name = keys.job_name(name, token)
+
+        def once() -> Any:
+            got = retry_busy(
+                lambda: hotpath.claim(self.backend, name, token, sess, rid, tlim), deadline_s=self.busy_deadline_s
+            )
+            return got if got is not None else self._udf(keys.JOB_SET, job_name, keys.JOB_MOD, "claim", sess, rid, tlim)
+
+        return retry_in_doubt(once, deadline_s=self.busy_deadline_s)
 
     def _reschedule(self, name: str, answers: list[Any]) -> None:
         """Delayed jobs reached before their time (a recovered load range, the sweeper,
@@ -280,7 +295,13 @@ class Queue:
     def complete(self, job: Job, result: Any = None) -> None:
         """Mark a job done, exactly once. Repeating a successful complete is harmless;
         a complete from a session that lost the claim raises `ClaimLost`."""
-        st = self._job_udf(job.name, "complete", job.session, {job.token: result}, job.rid)
+        def once() -> str:
+            if retry_busy(lambda: hotpath.complete(self.backend, job.name, job.session, job.rid, result),
+                          deadline_s=self.busy_deadline_s):
+                return "ok"
+            return self._udf(keys.JOB_SET, job.name, keys.JOB_MOD, "complete", job.session, {job.token: result}, job.rid)
+
+        st = retry_in_doubt(once, deadline_s=self.busy_deadline_s)
         self._check(job, st)
         self.bits.add(job.list, [job.token])
 
@@ -306,25 +327,23 @@ class Queue:
             return []
         results = list(results) if results is not None else [None] * len(jobs)
         lost: list[Job] = []
-        by_session: dict[str, list[tuple[Job, Any]]] = defaultdict(list)
-        for job, res in zip(jobs, results, strict=True):
-            by_session[job.session].append((job, res))
-        for sess, pairs in by_session.items():
-            # Each job gets only its own result (not the whole batch's), in one round trip.
-            out = self.backend.batch_udf(
-                keys.JOB_SET, [(j.name, [sess, {j.token: r}, j.rid]) for j, r in pairs], keys.JOB_MOD, "complete"
-            )
-            for (job, res), r in zip(pairs, out, strict=True):
-                st = r.value if r.ok else None
-                if st is None:  # this key failed (busy, in doubt): complete it alone
-                    try:
-                        self.complete(job, res)
-                    except (ClaimLost, JobNotFound):
-                        lost.append(job)
-                elif st in ("ok", "again"):
+        # Each job gets only its own result (not the whole batch's), in one round trip.
+        out = hotpath.complete_many(
+            self.backend, [(j.name, j.session, j.rid, r) for j, r in zip(jobs, results, strict=True)]
+        )
+        for job, res, r in zip(jobs, results, out, strict=True):
+            if r.ok:
+                self.bits.add(job.list, [job.token])
+                continue
+            try:
+                if r.code in hotpath.TO_UDF:  # not plainly ours: the UDF says why ('again' is fine)
+                    st = self._job_udf(job.name, "complete", job.session, {job.token: res}, job.rid)
+                    self._check(job, st)
                     self.bits.add(job.list, [job.token])
-                else:
-                    lost.append(job)
+                else:  # busy, or the answer lost: complete it alone
+                    self.complete(job, res)
+            except (ClaimLost, JobNotFound):
+                lost.append(job)
         return lost
 
     def fail(self, job: Job, error: str) -> str:

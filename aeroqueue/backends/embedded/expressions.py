@@ -28,7 +28,7 @@ from aerospike_helpers.expressions.resources import ResultType, _ExprOp
 from .operations import server_error
 from .types import RecordView
 
-__all__ = ["matches"]
+__all__ = ["UNKNOWN", "evaluate", "matches"]
 
 # Static result types, numbered as ResultType (the server's result_type).
 NIL = ResultType.NIL
@@ -572,6 +572,12 @@ def _build_int_bits(op: int, rt: Any, fixed: dict[str, Any], children: list[_Nod
 def _eval(node: _Node, record: RecordView) -> Any:
     assert node.eval is not None
     return node.eval(node, record)
+
+
+def evaluate(compiled: list[tuple], record: RecordView) -> Any:
+    """The value of expression `compiled` on `record` (an expression read or write
+    op); `UNKNOWN` when the server could not compute it (a missing bin)."""
+    return _eval(_parse(compiled), record)
 
 
 def matches(compiled: list[tuple], record: RecordView) -> bool:
