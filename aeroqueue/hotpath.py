@@ -133,12 +133,13 @@ def complete(backend: Backend, name: str, sess: str, rid: str, result: Any) -> b
 
 
 def complete_many(backend: Backend, items: list[tuple[str, str, str, Any]]) -> list[BatchResult]:
-    """(name, sess, rid, result) each, in one batch call. Jobs of one claim with no
-    result (the common batch) share their operations: the cheaper batch form."""
-    if len({(s, r, res is None) for _, s, r, res in items}) == 1 and items[0][3] is None:
-        _, sess, rid, _ = items[0]
+    """(name, sess, rid, result) each, in one batch call. Jobs of one claim with the
+    same result object (None, or one shared value: the common batch) share their
+    operations: the batch form that costs the client a third as much."""
+    _, sess, rid, first = items[0]
+    if all(s == sess and r == rid and res is first for _, s, r, res in items):
         return backend.batch_same(
-            keys.JOB_SET, [n for n, *_ in items], complete_ops(sess, None), expression=holder_filter(sess, rid)
+            keys.JOB_SET, [n for n, *_ in items], complete_ops(sess, first), expression=holder_filter(sess, rid)
         )
     return backend.batch_each(
         keys.JOB_SET, [(n, complete_ops(s, res), holder_filter(s, r)) for n, s, r, res in items]

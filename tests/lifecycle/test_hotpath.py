@@ -120,9 +120,10 @@ class CountingBackend:
         return self.inner.batch_udf(set_name, calls, module, function)
 
 
-@pytest.mark.parametrize("count", [1, 5])
+@pytest.mark.parametrize("count", [1, 3, 5])
 def test_the_queue_claims_and_acks_natively(registered: Backend, lists: Any, list_name: str, count: int) -> None:
-    """A plain reserve and ack calls no job UDF at all: only `take` on the list."""
+    """A plain reserve and ack calls no job UDF at all: only `take` on the list. Acks
+    in a batch share one result (3: the cheaper form) or carry their own (5)."""
     load(lists, list_name, 10)
     spy = CountingBackend(registered)
     q = Queue(spy)  # type: ignore[arg-type]
@@ -131,12 +132,14 @@ def test_the_queue_claims_and_acks_natively(registered: Backend, lists: Any, lis
     if count == 1:
         q.complete(got[0], {"r": 0})
     else:
-        assert q.complete_many(got, [None] * count) == []
+        results = [None] * count if count == 3 else [{"r": i} for i in range(count)]
+        assert q.complete_many(got, results) == []
     q.flush()
     assert "claim" not in spy.udfs and "complete" not in spy.udfs, spy.udfs
-    for job in got:
+    for i, job in enumerate(got):
         b = bins(registered, list_name, job.token)
         assert b["state"] == "done" and b["by"] == "sess-a"
+        assert b.get("result") == ({"r": i} if count != 3 else None)
     assert lists.status(list_name).done == count
 
 

@@ -335,7 +335,7 @@ class EmbeddedClient:
     def _operate(self, key: tuple, ops: list, meta: dict | None, policy: dict | None, call: str) -> tuple:
         pol = self._check_policy(policy, {"gen", "key", "exists", "ttl", "expressions"}, call)
         ns, set_name, user_key, digest = self._key(key)
-        self.faults.check(call, user_key, None, "before")
+        self.faults.check(call, user_key, None, "before", ops)
         now = self._now()
         with self._storage.write() as db:
             old = self._live(db, ns, digest, now)
@@ -356,7 +356,7 @@ class EmbeddedClient:
                     db, ns, digest, set_name, user_key, old, outcome.bins,
                     self._void_time(ttl, old, now), now, self._send_key(pol, "operate"),
                 )
-        self.faults.check(call, user_key, None, "after")
+        self.faults.check(call, user_key, None, "after", ops)
         results = [(name, _out(value)) for name, value in outcome.results]
         return (ns, set_name, user_key, bytearray(digest)), self._meta(row, now), results
 
