@@ -28,6 +28,7 @@ from functools import lru_cache
 from typing import Any
 
 from aerospike_helpers import expressions as exp
+from aerospike_helpers.expressions.resources import _ExprOp
 from aerospike_helpers.operations import expression_operations as eo
 from aerospike_helpers.operations import operations as op
 
@@ -45,6 +46,7 @@ _QUEUED = exp.Eq(exp.StrBin("state"), "queued").compile()
 TO_UDF = (2, 27)
 
 _CLAIM_READS = ("jid", "payload", "att", "token", "dl")
+_VAL = _ExprOp.VAL  # a compiled expression's value node: (VAL, None, {'val': v}, 0)
 
 
 @lru_cache(maxsize=64)
@@ -73,20 +75,34 @@ def claimed(bins: dict[str, Any]) -> dict[str, Any]:
     return {"st": "ok", **{b: bins.get(b) for b in _CLAIM_READS}}
 
 
-@lru_cache(maxsize=1024)
-def holder_filter(sess: str, rid: str) -> Any:
+def _holder(with_rid: bool) -> list[tuple]:
+    conds = [
+        exp.Eq(exp.StrBin("state"), "claimed"),
+        exp.Eq(exp.StrBin("sess"), _SESS),
+        exp.LE(exp.SinceUpdateTime(), exp.IntBin("tl")),
+    ]
+    if with_rid:
+        conds.append(exp.Eq(exp.StrBin("rid"), _RID))
+    return exp.And(*conds).compile()
+
+
+# Compiled once with placeholders, bound per call: every reservation has its own
+# request id, and compiling the expression each time cost more than the rest of
+# an ack's Python.
+_SESS, _RID = "\x00sess", "\x00rid"
+_HOLDER = {True: _holder(True), False: _holder(False)}
+
+
+def holder_filter(sess: str, rid: str) -> list[tuple]:
     """True for a job claimed by `sess` (under `rid`, unless it is empty) whose time
     limit has not run out: aq_job_v1's `holds` and not `late`. A claim or touch
     writes `tl` and sets the last update time, so SinceUpdateTime <= tl is the
     UDF's `now <= dl` on the server's clock."""
-    conds = [
-        exp.Eq(exp.StrBin("state"), "claimed"),
-        exp.Eq(exp.StrBin("sess"), sess),
-        exp.LE(exp.SinceUpdateTime(), exp.IntBin("tl")),
+    bound = {_SESS: sess, _RID: rid}
+    return [
+        (code, rt, {"val": bound[fixed["val"]]}, n) if code == _VAL and fixed["val"] in bound else (code, rt, fixed, n)
+        for code, rt, fixed, n in _HOLDER[bool(rid)]
     ]
-    if rid:
-        conds.append(exp.Eq(exp.StrBin("rid"), rid))
-    return exp.And(*conds).compile()
 
 
 def complete_ops(sess: str, result: Any) -> list[dict]:
