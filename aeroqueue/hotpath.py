@@ -40,13 +40,65 @@ from .errors import FilteredOut, RecordNotFound
 # as the Lua functions' aerospike:get_current_time().
 _NOW = exp.Add(exp.Div(exp.LastUpdateTime(), 1_000_000), exp.SinceUpdateTime())
 _NOW_COMPILED = _NOW.compile()
-_QUEUED = exp.Eq(exp.StrBin("state"), "queued").compile()
 
 # A batch record's codes for "the UDF decides": no record (2), filter false (27).
 TO_UDF = (2, 27)
 
 _CLAIM_READS = ("jid", "payload", "att", "token", "dl")
 _VAL = _ExprOp.VAL  # a compiled expression's value node: (VAL, None, {'val': v}, 0)
+
+# Filters are compiled once with placeholders and bound per call: every
+# reservation has its own request id and every call its own deadline, and
+# compiling an expression each time cost more than the rest of an ack's Python.
+_SESS, _RID, _DEADLINE = "\x00sess", "\x00rid", -0x7A7A7A7A7A7A
+
+
+def _template(conds: list[Any], with_deadline: bool) -> list[tuple]:
+    if with_deadline:
+        # The request's deadline (Backend.job_deadline): a call the server runs after
+        # its sender gave up on it changes nothing (aq_job_v1.lua, `stale`).
+        conds = [*conds, exp.LE(_NOW, _DEADLINE)]
+    return (conds[0] if len(conds) == 1 else exp.And(*conds)).compile()
+
+
+def _bind(template: list[tuple], values: dict[Any, Any]) -> list[tuple]:
+    return [
+        (code, rt, {"val": values[fixed["val"]]}, n)
+        if code == _VAL and type(fixed["val"]) in (str, int) and fixed["val"] in values else (code, rt, fixed, n)
+        for code, rt, fixed, n in template
+    ]
+
+
+_QUEUED = {d: _template([exp.Eq(exp.StrBin("state"), "queued")], d) for d in (False, True)}
+
+
+def _holder(with_rid: bool, with_deadline: bool) -> list[tuple]:
+    conds = [
+        exp.Eq(exp.StrBin("state"), "claimed"),
+        exp.Eq(exp.StrBin("sess"), _SESS),
+        exp.LE(exp.SinceUpdateTime(), exp.IntBin("tl")),
+    ]
+    if with_rid:
+        conds.append(exp.Eq(exp.StrBin("rid"), _RID))
+    return _template(conds, with_deadline)
+
+
+_HOLDER = {(r, d): _holder(r, d) for r in (False, True) for d in (False, True)}
+
+
+def queued_filter(deadline: int | None = None) -> list[tuple]:
+    """True for a queued job (and, with a deadline, before it by the server's clock)."""
+    if deadline is None:
+        return _QUEUED[False]
+    return _bind(_QUEUED[True], {_DEADLINE: deadline})
+
+
+def holder_filter(sess: str, rid: str, deadline: int | None = None) -> list[tuple]:
+    """True for a job claimed by `sess` (under `rid`, unless it is empty) whose time
+    limit has not run out: aq_job_v1's `holds` and not `late`. A claim or touch
+    writes `tl` and sets the last update time, so SinceUpdateTime <= tl is the
+    UDF's `now <= dl` on the server's clock. With a deadline, also before it."""
+    return _bind(_HOLDER[bool(rid), deadline is not None], {_SESS: sess, _RID: rid, _DEADLINE: deadline})
 
 
 @lru_cache(maxsize=64)
@@ -75,36 +127,6 @@ def claimed(bins: dict[str, Any]) -> dict[str, Any]:
     return {"st": "ok", **{b: bins.get(b) for b in _CLAIM_READS}}
 
 
-def _holder(with_rid: bool) -> list[tuple]:
-    conds = [
-        exp.Eq(exp.StrBin("state"), "claimed"),
-        exp.Eq(exp.StrBin("sess"), _SESS),
-        exp.LE(exp.SinceUpdateTime(), exp.IntBin("tl")),
-    ]
-    if with_rid:
-        conds.append(exp.Eq(exp.StrBin("rid"), _RID))
-    return exp.And(*conds).compile()
-
-
-# Compiled once with placeholders, bound per call: every reservation has its own
-# request id, and compiling the expression each time cost more than the rest of
-# an ack's Python.
-_SESS, _RID = "\x00sess", "\x00rid"
-_HOLDER = {True: _holder(True), False: _holder(False)}
-
-
-def holder_filter(sess: str, rid: str) -> list[tuple]:
-    """True for a job claimed by `sess` (under `rid`, unless it is empty) whose time
-    limit has not run out: aq_job_v1's `holds` and not `late`. A claim or touch
-    writes `tl` and sets the last update time, so SinceUpdateTime <= tl is the
-    UDF's `now <= dl` on the server's clock."""
-    bound = {_SESS: sess, _RID: rid}
-    return [
-        (code, rt, {"val": bound[fixed["val"]]}, n) if code == _VAL and fixed["val"] in bound else (code, rt, fixed, n)
-        for code, rt, fixed, n in _HOLDER[bool(rid)]
-    ]
-
-
 def complete_ops(sess: str, result: Any) -> list[dict]:
     """aq_job_v1.complete on a job `sess` holds: done, its result kept, the claim gone."""
     return [
@@ -118,45 +140,51 @@ def complete_ops(sess: str, result: Any) -> list[dict]:
     ]
 
 
-def claim(backend: Backend, list_name: str, token: int, sess: str, rid: str, tlim: int) -> dict[str, Any] | None:
+def claim(
+    backend: Backend, list_name: str, token: int, sess: str, rid: str, tlim: int, deadline: int | None = None
+) -> dict[str, Any] | None:
     """The claim's answer, or None when the UDF must decide."""
     try:
         rec = backend.operate(
             keys.JOB_SET, keys.job_name(list_name, token), claim_ops(sess, rid, tlim),
-            expression=_QUEUED, update_only=True,
+            expression=queued_filter(deadline), update_only=True,
         )
     except (FilteredOut, RecordNotFound):
         return None
     return claimed(rec.bins)
 
 
-def claim_many(backend: Backend, names: list[str], sess: str, rid: str, tlim: int) -> list[BatchResult]:
+def claim_many(
+    backend: Backend, names: list[str], sess: str, rid: str, tlim: int, deadline: int | None = None
+) -> list[BatchResult]:
     """One batch call; per record ok with the claim's answer as `value`, or its code
     (`TO_UDF`: the UDF decides; others: in doubt or busy, as for any batch)."""
-    out = backend.batch_same(keys.JOB_SET, names, claim_ops(sess, rid, tlim), expression=_QUEUED)
+    out = backend.batch_same(keys.JOB_SET, names, claim_ops(sess, rid, tlim), expression=queued_filter(deadline))
     return [dataclasses.replace(r, value=claimed(r.value or {})) if r.ok else r for r in out]
 
 
-def complete(backend: Backend, name: str, sess: str, rid: str, result: Any) -> bool:
+def complete(backend: Backend, name: str, sess: str, rid: str, result: Any, deadline: int | None = None) -> bool:
     """True once done; False when the UDF must decide (and answer why not)."""
     try:
         backend.operate(
-            keys.JOB_SET, name, complete_ops(sess, result), expression=holder_filter(sess, rid), update_only=True
+            keys.JOB_SET, name, complete_ops(sess, result), expression=holder_filter(sess, rid, deadline),
+            update_only=True,
         )
     except (FilteredOut, RecordNotFound):
         return False
     return True
 
 
-def complete_many(backend: Backend, items: list[tuple[str, str, str, Any]]) -> list[BatchResult]:
+def complete_many(backend: Backend, items: list[tuple[str, str, str, Any]], deadline: int | None = None) -> list[BatchResult]:
     """(name, sess, rid, result) each, in one batch call. Jobs of one claim with the
     same result object (None, or one shared value: the common batch) share their
     operations: the batch form that costs the client a third as much."""
     _, sess, rid, first = items[0]
     if all(s == sess and r == rid and res is first for _, s, r, res in items):
         return backend.batch_same(
-            keys.JOB_SET, [n for n, *_ in items], complete_ops(sess, first), expression=holder_filter(sess, rid)
+            keys.JOB_SET, [n for n, *_ in items], complete_ops(sess, first),
+            expression=holder_filter(sess, rid, deadline),
         )
     return backend.batch_each(
-        keys.JOB_SET, [(n, complete_ops(s, res), holder_filter(s, r)) for n, s, r, res in items]
+        keys.JOB_SET, [(n, complete_ops(s, res), holder_filter(s, r, deadline)) for n, s, r, res in items]
     )

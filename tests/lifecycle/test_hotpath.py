@@ -85,6 +85,14 @@ def test_the_fast_path_leaves_every_other_case_to_the_udf(registered: Backend, l
     assert hotpath.claim(registered, list_name, 99, "s1", "r1", 300) is None
     assert not hotpath.complete(registered, keys.job_name(list_name, 99), "s1", "r1", None)
     assert registered.get(keys.JOB_SET, keys.job_name(list_name, 99)) is None
+    # A call the server runs past its deadline (a frozen node resuming) changes nothing.
+    past, future = int(time.time() * 1000) - 60_000, int(time.time() * 1000) + 60_000
+    assert hotpath.claim(registered, list_name, 2, "s1", "r9", 300, deadline=past) is None
+    assert bins(registered, list_name, 2)["state"] == "queued"
+    got = hotpath.claim(registered, list_name, 2, "s1", "r9", 60_000, deadline=future)
+    assert got is not None and got["jid"] == "j2"
+    assert not hotpath.complete(registered, keys.job_name(list_name, 2), "s1", "r9", None, deadline=past)
+    assert hotpath.complete(registered, keys.job_name(list_name, 2), "s1", "r9", None, deadline=future)
     # In a batch: the claimable one is claimed, the others say why not.
     out = hotpath.claim_many(
         registered, [keys.job_name(list_name, t) for t in (1, 0, 99)], "s3", "r3", 60_000
