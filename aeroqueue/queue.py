@@ -5,7 +5,10 @@ Round trips, token mode:
 - ``reserve``: ``take`` on the list record (the retry store first, then the
   token store), then ``claim`` on the job record (one batch call for n > 1):
   2 per reservation, whatever its size. This is the API handler's path.
-- ``complete``: ``complete`` on the job record: 1. Its completion bit goes
+- ``complete``: ``complete`` on the job record: 1.
+- Claims of queued jobs and acks of plainly held claims are native operations
+  (`hotpath`), a fraction of a UDF's server CPU; any other case goes to the
+  Lua function, which decides. Its completion bit goes
   through the process's `transitions.BitBuffer`, one bitmap write per chunk
   for many jobs, so it costs next to nothing per job.
 - The worker (`aeroqueue worker`) reserves a few jobs at a time (its
@@ -30,8 +33,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import keys, transitions
-from .backends import IN_DOUBT, Backend, BatchResult, retry_busy
+from . import hotpath, keys, transitions
+from .backends import IN_DOUBT, Backend, BatchResult, retry_busy, retry_in_doubt
 from .errors import AeroqueueError, ClaimLost, JobNotFound, ListNotFound, RecordBusy
 from .lists import JobLists, backoff_of
 from .sessions import Session
@@ -99,6 +102,13 @@ class Queue:
 
     def _udf(self, set_name: str, name: str, module: str, function: str, *args: Any) -> Any:
         return self.backend.udf(set_name, name, module, function, *args, deadline_s=self.busy_deadline_s)
+
+    def _udf_once(self, job_name: str, function: str, *args: Any) -> Any:
+        """One attempt of a job UDF with its deadline (busy keys retried): the caller
+        repeats it while in doubt ('stale' raises `StaleRequest`, which is)."""
+        return transitions.job_udf(
+            self.backend, job_name, function, *args, deadline_s=0, busy_s=self.busy_deadline_s
+        )
 
     def _job_udf(self, job_name: str, function: str, *args: Any) -> Any:
         """A job UDF that is safe to repeat (claim with its request id, complete: a repeat
@@ -222,9 +232,8 @@ class Queue:
             calls = [(keys.job_name(name, t), [sess, rid, tlim]) for t in tokens]
             try:
                 if not acks:
-                    results = self.backend.batch_apply(
-                        keys.JOB_SET, [c[0] for c in calls], keys.JOB_MOD, "claim", sess, rid, tlim,
-                        self.backend.job_deadline(),
+                    results = hotpath.claim_many(
+                        self.backend, [c[0] for c in calls], sess, rid, tlim, self.backend.job_deadline()
                     )
                 else:
                     results = self._batch(calls, acks)
@@ -235,10 +244,13 @@ class Queue:
                 results = [BatchResult(name=n, ok=False, value=None, code=-1) for n in names]
             results, acked = results[: len(calls)], results[len(calls) :]
             answers = [r.value for r in results if _answered(r)]
-            # A busy key, an answer lost in the batch, or a claim refused as stale: claim
-            # it alone. The same request id makes a claim that did happen answer 'ok' again.
+            # Not a queued job (or no job), or past its deadline: the UDF decides. A busy
+            # key, an answer lost in the batch, or a UDF claim refused as stale: claim it
+            # alone. The same request id makes a claim that did happen answer 'ok' again.
             answers += [
-                self._claim_one(name, sess, rid, tlim, t) for t, r in zip(tokens, results, strict=True) if not _answered(r)
+                self._job_udf(keys.job_name(name, t), "claim", sess, rid, tlim)
+                if r.code in hotpath.TO_UDF and not acks else self._claim_one(name, sess, rid, tlim, t)
+                for t, r in zip(tokens, results, strict=True) if not _answered(r)
             ]
         self._reschedule(name, answers)
         jobs = [
@@ -265,8 +277,18 @@ class Queue:
         return self.backend.batch_udfs(keys.JOB_SET, calls, keys.JOB_MOD)
 
     def _claim_one(self, name: str, sess: str, rid: str, tlim: int, token: int) -> Any:
-        """One claim, repeated while its answer is in doubt (a timeout, a node lost) until the deadline."""
-        return self._job_udf(keys.job_name(name, token), "claim", sess, rid, tlim)
+        """One claim (the native operation, else the UDF), repeated while its answer is
+        in doubt (a timeout, a node lost) until the deadline."""
+        job_name = keys.job_name(name, token)
+
+        def once() -> Any:
+            got = retry_busy(
+                lambda: hotpath.claim(self.backend, name, token, sess, rid, tlim, self.backend.job_deadline()),
+                deadline_s=self.busy_deadline_s,
+            )
+            return got if got is not None else self._udf_once(job_name, "claim", sess, rid, tlim)
+
+        return retry_in_doubt(once, deadline_s=self.busy_deadline_s)
 
     def _reschedule(self, name: str, answers: list[Any]) -> None:
         """Delayed jobs reached before their time (a recovered load range, the sweeper,
@@ -283,7 +305,15 @@ class Queue:
     def complete(self, job: Job, result: Any = None) -> None:
         """Mark a job done, exactly once. Repeating a successful complete is harmless;
         a complete from a session that lost the claim raises `ClaimLost`."""
-        st = self._job_udf(job.name, "complete", job.session, {job.token: result}, job.rid)
+        def once() -> str:
+            if retry_busy(
+                lambda: hotpath.complete(self.backend, job.name, job.session, job.rid, result, self.backend.job_deadline()),
+                deadline_s=self.busy_deadline_s,
+            ):
+                return "ok"
+            return str(self._udf_once(job.name, "complete", job.session, {job.token: result}, job.rid))
+
+        st = retry_in_doubt(once, deadline_s=self.busy_deadline_s)
         self._check(job, st)
         self.bits.add(job.list, [job.token])
 
@@ -309,26 +339,24 @@ class Queue:
             return []
         results = list(results) if results is not None else [None] * len(jobs)
         lost: list[Job] = []
-        by_session: dict[str, list[tuple[Job, Any]]] = defaultdict(list)
-        for job, res in zip(jobs, results, strict=True):
-            by_session[job.session].append((job, res))
-        for sess, pairs in by_session.items():
-            # Each job gets only its own result (not the whole batch's), in one round trip.
-            deadline = self.backend.job_deadline()
-            out = self.backend.batch_udf(
-                keys.JOB_SET, [(j.name, [sess, {j.token: r}, j.rid, deadline]) for j, r in pairs], keys.JOB_MOD, "complete"
-            )
-            for (job, res), r in zip(pairs, out, strict=True):
-                st = r.value if _answered(r) else None
-                if st is None:  # this key failed (busy, in doubt, stale): complete it alone
-                    try:
-                        self.complete(job, res)
-                    except (ClaimLost, JobNotFound):
-                        lost.append(job)
-                elif st in ("ok", "again"):
+        # Each job gets only its own result (not the whole batch's), in one round trip.
+        out = hotpath.complete_many(
+            self.backend, [(j.name, j.session, j.rid, r) for j, r in zip(jobs, results, strict=True)],
+            self.backend.job_deadline(),
+        )
+        for job, res, r in zip(jobs, results, out, strict=True):
+            if r.ok:
+                self.bits.add(job.list, [job.token])
+                continue
+            try:
+                if r.code in hotpath.TO_UDF:  # not plainly ours, or past its deadline: the UDF says why
+                    st = self._job_udf(job.name, "complete", job.session, {job.token: res}, job.rid)
+                    self._check(job, st)
                     self.bits.add(job.list, [job.token])
-                else:
-                    lost.append(job)
+                else:  # busy, or the answer lost: complete it alone
+                    self.complete(job, res)
+            except (ClaimLost, JobNotFound):
+                lost.append(job)
         return lost
 
     def fail(self, job: Job, error: str) -> str:

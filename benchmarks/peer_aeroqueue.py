@@ -16,7 +16,7 @@ from typing import Any
 
 import aeroqueue
 from aeroqueue import keys, udfs
-from aeroqueue.backends import Backend, open_backend
+from aeroqueue.backends import Backend, base, open_backend
 from aeroqueue.config import parse_url
 from aeroqueue.errors import AeroqueueError, ClaimLost
 from aeroqueue.lists import JobLists
@@ -44,6 +44,9 @@ class AeroqueueWorker(Worker):
     def round_trips(self) -> int:
         # Counted at the backend boundary: every call that reaches the store,
         # RecordBusy retries included, so it is the figure a server would see.
+        # The busy retries themselves (a hot list's key queue full) are reported
+        # as the run's retries: aeroqueue absorbs them, callers never see one.
+        self.retries = base.busy_retries
         return self.backend.round_trips
 
     def reserve(self, n: int) -> list[tuple[int, Any]]:

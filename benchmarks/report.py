@@ -123,7 +123,8 @@ def _note(row: dict[str, Any]) -> str:
     if busy is not None and busy > QUIET_CPU:
         bits.append(f"machine busy: others used {busy:.0%} of the CPUs before the start")
     if row.get("retries"):
-        bits.append(f"{row['retries']} deadlock retries")
+        what = "busy-key retries (absorbed)" if str(row.get("peer", "")).startswith("aeroqueue") else "deadlock retries"
+        bits.append(f"{row['retries']} {what}")
     if row.get("lost"):
         bits.append(f"{row['lost']} acks refused")
     return "; ".join(bits)

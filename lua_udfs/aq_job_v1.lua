@@ -1,4 +1,8 @@
--- aq_job_v1: the job state machine. Only these functions change `state`.
+-- aq_job_v1: the job state machine. Only these functions change `state`, and
+-- aeroqueue/hotpath.py, which does the common case of `claim` (a queued job)
+-- and `complete` (a claim acknowledged in time by its holder) as native
+-- operations with the same writes, leaving every other case to these functions:
+-- a change here must be made there too.
 --
 -- Keyspace: set aq_job, key "<list>/<token>". Bins:
 --   list     string    the list's name

@@ -12,6 +12,7 @@ import pytest
 from aerospike import exception as ex
 from aerospike_helpers import expressions as xp
 from aerospike_helpers.operations import bitwise_operations as bw
+from aerospike_helpers.operations import expression_operations as eo
 from aerospike_helpers.operations import list_operations as lo
 from aerospike_helpers.operations import operations as op
 
@@ -114,6 +115,50 @@ def test_expression_filters_an_operation_out(client, ns, set_name):
     with pytest.raises(ex.FilteredOut):
         client.get(key, policy={"expressions": xp.Eq(xp.IntBin("nobin"), 1).compile()})
     assert client.get(key)[2]["head"] == 2
+
+
+def test_a_filter_is_not_applied_to_a_missing_record(client, ns, set_name):
+    """A filtered write creates a missing record unless it is update-only (hotpath.py
+    relies on update-only): the server answers the same in a batch."""
+    queued = xp.Eq(xp.StrBin("state"), "queued").compile()
+    client.operate((ns, set_name, "new"), [op.write("state", "x")], policy={"expressions": queued})
+    assert client.get((ns, set_name, "new"))[2] == {"state": "x"}
+    update = {"expressions": queued, "exists": aerospike.POLICY_EXISTS_UPDATE}
+    with pytest.raises(ex.RecordNotFound):
+        client.operate((ns, set_name, "none"), [op.write("state", "x")], policy=update)
+    keys = [(ns, set_name, f"b{i}") for i in range(3)]
+    client.put(keys[0], {"state": "queued"})
+    client.put(keys[1], {"state": "done"})
+    out = client.batch_operate(
+        keys, [op.write("state", "claimed"), op.read("state")],
+        policy_batch={"expressions": queued}, policy_batch_write={"exists": aerospike.POLICY_EXISTS_UPDATE},
+    )
+    assert [(r.result, r.record[2] if r.record else None) for r in out.batch_records] == [
+        (0, {"state": "claimed"}), (27, None), (2, None)
+    ]
+    with pytest.raises(ex.RecordNotFound):
+        client.get(keys[2])
+
+
+def test_expression_ops_read_the_clock_and_the_bins(client, ns, set_name):
+    """Expression writes and reads (hotpath.py's clock: last update + time since)."""
+    key = (ns, set_name, "xw")
+    client.put(key, {"state": "queued", "due": 3})
+    now = xp.Add(xp.Div(xp.LastUpdateTime(), 1_000_000), xp.SinceUpdateTime())
+    t0 = time.time() * 1000
+    _, _, out = client.operate_ordered(key, [
+        op.write("state", "claimed"), op.write("due", None), op.increment("att", 1),
+        eo.expression_write("at", now.compile()), eo.expression_write("dl", xp.Add(now, 500).compile()),
+        op.read("state"), eo.expression_read("gap", xp.Sub(xp.IntBin("dl"), xp.IntBin("at")).compile()),
+    ])
+    # An expression op makes every op answer, writes with nil.
+    assert out == [("state", None), ("due", None), ("att", None), ("at", None), ("dl", None),
+                   ("state", "claimed"), ("gap", 500)]
+    bins = client.get(key)[2]
+    assert sorted(bins) == ["at", "att", "dl", "state"] and abs(bins["at"] - t0) < 5_000
+    with pytest.raises(ex.OpNotApplicable) as e:  # an unknown value (a missing bin) fails the call
+        client.operate(key, [eo.expression_write("y", xp.IntBin("nobin").compile())])
+    assert e.value.code == 26
 
 
 def test_since_update_time_is_measured_by_the_server(client, ns, set_name):

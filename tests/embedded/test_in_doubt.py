@@ -27,17 +27,21 @@ def specs(n: int) -> list[JobSpec]:
 def test_a_claim_whose_answer_was_lost_is_retried_not_stranded(env):
     backend, lists, queue, session = env
     lists.load("L", specs(2))
-    backend.client.faults.add(op="apply", function="claim", error="TimeoutError", when="after")
+    # The native claim (hotpath.py) lands, its answer is lost; the repeat goes to the UDF.
+    fault = backend.client.faults.add(op="operate", writes="state=claimed", error="TimeoutError", when="after")
     [job] = queue.reserve("L", session)
+    assert fault.times == 0, "the fault fired"
     assert job.token == 0 and job.attempt == 1, "the repeated claim answered 'ok' for the claim that happened"
 
 
 def test_a_batch_claim_whose_answer_was_lost_returns_every_job(env):
     backend, lists, queue, session = env
     lists.load("L", specs(3))
-    backend.client.faults.add(op="batch_apply", function="claim", key="L/1", error="TimeoutError", when="after")
+    fault = backend.client.faults.add(op="batch_operate", key="L/1", error="TimeoutError", when="after")
     jobs = queue.reserve("L", session, 3)
+    assert fault.times == 0, "the fault fired"
     assert sorted(j.token for j in jobs) == [0, 1, 2]
+    assert [j.attempt for j in jobs] == [1, 1, 1], "the claim that happened was recognised, not made again"
 
 
 def test_reserve_keeps_what_it_claimed_when_a_later_step_fails(env):
@@ -101,8 +105,9 @@ def test_complete_many_reports_a_claim_lost_in_its_fallback_and_counts_the_rest(
     lists.load("L", specs(3))
     jobs = queue.reserve("L", session, 3)
     queue.release(jobs[1])  # the second job's claim is gone
-    # Per-record UDFs in a batch answer to faults named batch_apply.
-    backend.client.faults.add(op="batch_apply", function="complete", key="L/1", error="RecordBusy")
+    # Acks of one claim without results go as one batch_operate (hotpath.py).
+    fault = backend.client.faults.add(op="batch_operate", key="L/1", error="RecordBusy")
     lost = queue.complete_many(jobs)
+    assert fault.times == 0, "the fault fired"
     assert [j.token for j in lost] == [1]
     assert lists.status("L").done == 2, "the completed ones are counted"

@@ -335,7 +335,7 @@ class EmbeddedClient:
     def _operate(self, key: tuple, ops: list, meta: dict | None, policy: dict | None, call: str) -> tuple:
         pol = self._check_policy(policy, {"gen", "key", "exists", "ttl", "expressions"}, call)
         ns, set_name, user_key, digest = self._key(key)
-        self.faults.check(call, user_key, None, "before")
+        self.faults.check(call, user_key, None, "before", ops)
         now = self._now()
         with self._storage.write() as db:
             old = self._live(db, ns, digest, now)
@@ -356,7 +356,7 @@ class EmbeddedClient:
                     db, ns, digest, set_name, user_key, old, outcome.bins,
                     self._void_time(ttl, old, now), now, self._send_key(pol, "operate"),
                 )
-        self.faults.check(call, user_key, None, "after")
+        self.faults.check(call, user_key, None, "after", ops)
         results = [(name, _out(value)) for name, value in outcome.results]
         return (ns, set_name, user_key, bytearray(digest)), self._meta(row, now), results
 
@@ -439,6 +439,35 @@ class EmbeddedClient:
             br.result = e.code
             br.record = None
         return br
+
+    def batch_operate(
+        self,
+        keys: list[tuple],
+        ops: list[dict],
+        policy_batch: dict | None = None,
+        policy_batch_write: dict | None = None,
+        ttl: int | None = None,
+    ) -> BatchRecords:
+        """The same operations on many records in one round trip. The batch policy's
+        filter expression applies to each record (27 where it is false), the write
+        policy's `exists` too; each record succeeds or fails on its own."""
+        batch_pol = self._check_policy(policy_batch, {"expressions"}, "batch_operate")
+        write_pol = self._check_policy(policy_batch_write, {"key", "exists"}, "batch_operate")
+        pol = {**write_pol, **batch_pol}
+        meta = {"ttl": ttl} if ttl is not None else None
+        records = []
+        with self._storage.write():
+            for key in keys:
+                br = BatchRecord(key)
+                try:
+                    k, m, results = self._operate(key, ops, meta, pol, "batch_operate")
+                    br.key = k
+                    br.result, br.record = 0, (k, m, dict(results))
+                except aerospike.exception.AerospikeError as e:
+                    br.result, br.record = e.code, None
+                    br.in_doubt = bool(getattr(e, "in_doubt", False))
+                records.append(br)
+        return _batch(records)
 
     def batch_write(self, batch_records: BatchRecords, policy_batch: dict | None = None) -> BatchRecords:
         """Write records (``Write`` entries with operations) in one round trip.

@@ -28,7 +28,7 @@ from aerospike_helpers.expressions.resources import ResultType, _ExprOp
 from .operations import server_error
 from .types import RecordView
 
-__all__ = ["matches"]
+__all__ = ["UNKNOWN", "evaluate", "matches"]
 
 # Static result types, numbered as ResultType (the server's result_type).
 NIL = ResultType.NIL
@@ -574,6 +574,31 @@ def _eval(node: _Node, record: RecordView) -> Any:
     return node.eval(node, record)
 
 
+_PARSED: dict[str, _Node] = {}
+_PARSED_MAX = 4096
+
+
+def _parsed(compiled: list[tuple]) -> _Node:
+    """`_parse`, remembered: a queue sends the same few expressions again and again,
+    and parsing one cost more than the rest of an operation. Nodes are never
+    changed once built; the key is the expression's repr, which tells 1, True
+    and '1' apart."""
+    key = repr(compiled)
+    node = _PARSED.get(key)
+    if node is None:
+        node = _parse(compiled)
+        if len(_PARSED) >= _PARSED_MAX:
+            _PARSED.clear()
+        _PARSED[key] = node
+    return node
+
+
+def evaluate(compiled: list[tuple], record: RecordView) -> Any:
+    """The value of expression `compiled` on `record` (an expression read or write
+    op); `UNKNOWN` when the server could not compute it (a missing bin)."""
+    return _eval(_parsed(compiled), record)
+
+
 def matches(compiled: list[tuple], record: RecordView) -> bool:
     """True if the filter expression `compiled` is true for `record`.
 
@@ -582,7 +607,7 @@ def matches(compiled: list[tuple], record: RecordView) -> bool:
     types, a filter that is not boolean), and `NotImplementedError` naming
     the op for anything this interpreter does not cover.
     """
-    root = _parse(compiled)
+    root = _parsed(compiled)
     if root.type not in (BOOL, ANY):
         raise _invalid("a filter expression must be boolean")
     return _eval(root, record) is True

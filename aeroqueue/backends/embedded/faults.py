@@ -2,7 +2,9 @@
 
 A fault matches a client call (``op``: "apply", "batch_apply", "operate",
 "put", "get", ...; ``*`` for any), optionally a UDF function name and a
-substring of the user key, and fires ``times`` times after letting ``skip``
+substring of the user key, or for operations, ``writes``: "bin=value", the
+value one of its write ops gives a bin (a native job transition, e.g.
+"state=done" for aeroqueue's native complete), and fires ``times`` times after letting ``skip``
 matching calls through. It either raises an ``aerospike.exception`` class by
 name (``RecordBusy``, ``TimeoutError``, ...) or kills the process with SIGKILL
 (``crash=True``). ``when="before"`` fires before the call touches the store
@@ -44,6 +46,7 @@ class Fault:
     when: str = "before"
     times: int = 1  # -1: every matching call
     skip: int = 0
+    writes: str | None = None  # "bin=value": only operations writing that value to that bin
 
     def __post_init__(self) -> None:
         if self.when not in ("before", "after"):
@@ -85,11 +88,11 @@ class Faults:
         """Whether any fault is waiting (the fast paths then step aside)."""
         return bool(self._faults)
 
-    def check(self, op: str, user_key: Any, function: str | None, when: str) -> None:
+    def check(self, op: str, user_key: Any, function: str | None, when: str, ops: list[dict] | None = None) -> None:
         if not self._faults:  # the common case: nothing armed, no lock taken
             return
         with self._lock:
-            fault = self._match(op, user_key, function, when)
+            fault = self._match(op, user_key, function, when, ops)
         if fault is None:
             return
         if fault.crash:
@@ -101,11 +104,13 @@ class Faults:
         err.in_doubt = when == "after"  # type: ignore[attr-defined]
         raise err
 
-    def _match(self, op: str, user_key: Any, function: str | None, when: str) -> Fault | None:
+    def _match(self, op: str, user_key: Any, function: str | None, when: str, ops: list[dict] | None) -> Fault | None:
         for fault in self._faults:
             if fault.when != when or fault.op not in ("*", op):
                 continue
             if fault.function is not None and fault.function != function:
+                continue
+            if fault.writes is not None and fault.writes not in _writes(ops):
                 continue
             if fault.key is not None and fault.key not in str(user_key):
                 continue
@@ -119,3 +124,10 @@ class Faults:
             self.fired += 1
             return fault
         return None
+
+
+def _writes(ops: list[dict] | None) -> set[str]:
+    """"bin=value" for each plain write op."""
+    import aerospike
+
+    return {f"{o.get('bin')}={o.get('val')}" for o in ops or () if o.get("op") == aerospike.OPERATOR_WRITE}

@@ -15,6 +15,7 @@ missing bin answers nothing (observed).
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -95,8 +96,12 @@ _BIT_READS = {
     aerospike.OP_BIT_RSCAN, aerospike.OP_BIT_GET_INT,
 }
 _READ_OPS = {_READ} | _LIST_READS | _BIT_READS
-# Every bit op, read or modify, makes the C client ask for an answer per op.
-_RESPOND_ALL_OPS = {v for k, v in vars(aerospike).items() if k.startswith("OP_BIT_")}
+_EXPR_READ = aerospike.OP_EXPR_READ
+_EXPR_WRITE = aerospike.OP_EXPR_WRITE
+_READ_OPS = _READ_OPS | {_EXPR_READ}
+# Every bit op, read or modify, and every expression op makes the C client ask
+# for an answer per op (observed: an expression write answers nil).
+_RESPOND_ALL_OPS = {v for k, v in vars(aerospike).items() if k.startswith("OP_BIT_")} | {_EXPR_READ, _EXPR_WRITE}
 
 _OP_NAMES = {
     v: k for k, v in vars(aerospike).items()
@@ -156,7 +161,7 @@ def run_operations(
     if not record.exists and (not is_write or touched):
         raise _err(2)
 
-    run = _Run(copy.deepcopy(record.bins), respond_all_ops or any(c in _RESPOND_ALL_OPS for c in codes))
+    run = _Run(copy.deepcopy(record.bins), respond_all_ops or any(c in _RESPOND_ALL_OPS for c in codes), record)
     for op, code in zip(ops, codes, strict=True):
         _HANDLERS[code](run, op)
 
@@ -166,10 +171,16 @@ def run_operations(
 
 
 class _Run:
-    def __init__(self, bins: dict[str, Any], respond_all: bool) -> None:
+    def __init__(self, bins: dict[str, Any], respond_all: bool, record: RecordView) -> None:
         self.bins = bins
         self.respond_all = respond_all
         self.results: list[tuple[str, Any]] = []
+        self.record = record
+
+    def view(self) -> RecordView:
+        """The record as the ops so far left it (an expression op reads the bins
+        written before it in the same call), with the record's metadata."""
+        return dataclasses.replace(self.record, bins=self.bins)
 
     def answer(self, name: str, value: Any) -> None:
         self.results.append((name, value))
@@ -201,6 +212,40 @@ def _op_write(run: _Run, op: dict) -> None:
     else:
         run.bins[name] = copy.deepcopy(value)
     run.answer_nil(name)
+
+
+def _evaluate(compiled: list[tuple], view: RecordView) -> tuple[bool, Any]:
+    """(known, value) of an expression op's expression. Imported here: the
+    expression interpreter raises this module's server errors."""
+    from .expressions import UNKNOWN, evaluate
+
+    value = evaluate(compiled, view)
+    return value is not UNKNOWN, value
+
+
+def _op_expr_read(run: _Run, op: dict) -> None:
+    known, value = _evaluate(op["expr"], run.view())
+    if not known:
+        if op.get("expr_flags", 0) & aerospike.EXP_READ_EVAL_NO_FAIL:
+            run.answer_nil(op["bin"])
+            return
+        raise _err(26)
+    run.answer(op["bin"], copy.deepcopy(value))
+
+
+def _op_expr_write(run: _Run, op: dict) -> None:
+    """Only the default flags: the value, when known, replaces the bin (observed:
+    an unknown value, such as a missing bin's, fails the call with 26)."""
+    if op.get("expr_flags", 0) != aerospike.EXP_WRITE_DEFAULT:
+        raise _unsupported(f"expression write with flags {op.get('expr_flags')}")
+    known, value = _evaluate(op["expr"], run.view())
+    if not known:
+        raise _err(26)
+    if value is None:
+        run.bins.pop(op["bin"], None)
+    else:
+        run.bins[op["bin"]] = copy.deepcopy(value)
+    run.answer_nil(op["bin"])
 
 
 def _op_incr(run: _Run, op: dict) -> None:
@@ -699,6 +744,8 @@ _HANDLERS: dict[int, Callable[[_Run, dict], None]] = {
     _PREPEND: _concat(prepend=True),
     _TOUCH: _op_touch,
     _DELETE: _op_delete,
+    _EXPR_READ: _op_expr_read,
+    _EXPR_WRITE: _op_expr_write,
     aerospike.OP_LIST_APPEND: _op_list_append,
     aerospike.OP_LIST_APPEND_ITEMS: _op_list_append_items,
     aerospike.OP_LIST_INSERT: _op_list_insert,
