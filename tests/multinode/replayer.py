@@ -2,14 +2,15 @@
 
     python -m tests.multinode.replayer URL LIVE_URL N
 
-Two lists of N jobs, "guarded" and "bare", loaded by the test. One command per
+Three lists of N jobs, "guarded", "native" and "bare", loaded by the test. One command per
 line on stdin, one JSON answer per line on stdout:
 
     claim   (all nodes up) claim every job of both lists under session A
     stale   (node 0 frozen, dropped by the others) one attempt each, all at once:
             complete every job under A, result 'stale';
-            "guarded" with its deadline (`Backend.job_deadline`), "bare" without, as
-            before deadlines existed. The tokens whose call failed (in doubt: their
+            "guarded" through the UDF with its deadline (`Backend.job_deadline`),
+            "native" as the native operation (hotpath) with its deadline, "bare"
+            through the UDF without one, as before deadlines existed. The tokens whose call failed (in doubt: their
             master is the frozen node), by list
     live    through a new client seeded with LIVE_URL (the live nodes: it never sends
             to the frozen one), for each of those jobs still claimed by A: release it
@@ -27,14 +28,14 @@ from typing import Any
 
 import aerospike
 
-from aeroqueue import keys, transitions
+from aeroqueue import hotpath, keys, transitions
 from aeroqueue.backends import Backend, client_config, open_backend, retry_in_doubt
 from aeroqueue.config import parse_url
 from aeroqueue.errors import AeroqueueError
 from aeroqueue.queue import Job, Queue
 from aeroqueue.sessions import Session
 
-LISTS = ("guarded", "bare")
+LISTS = ("guarded", "native", "bare")
 
 
 def main(url: str, live_url: str, n: int) -> None:
@@ -60,8 +61,11 @@ def main(url: str, live_url: str, n: int) -> None:
             out = "ok"
         elif cmd == "stale":
             def complete(job: Job) -> bool:
-                deadline = backend.job_deadline() if job.list == "guarded" else None
                 try:
+                    if job.list == "native":
+                        hotpath.complete(backend, job.name, a.id, job.rid, "stale", backend.job_deadline())
+                        return True
+                    deadline = backend.job_deadline() if job.list == "guarded" else None
                     backend.apply(keys.JOB_SET, job.name, keys.JOB_MOD, "complete", a.id, {job.token: "stale"}, job.rid,
                                   deadline)
                     return True

@@ -22,11 +22,12 @@ were acknowledged twice. The mechanism, on the server in ../shared/aerospike
 
 Here, list "bare" gets the replay with no deadline (as before job transitions had
 one): a completion by session A, sent to the frozen node, undoes the completion by
-B made and acknowledged on the live nodes. List "guarded" gets the same with the
-deadline (`Backend.job_deadline`: the client's timeout plus a margin for clock
-skew, after which the UDF changes nothing): nothing is undone. The "bare" list is
-the control: if nothing there was undone, nothing was replayed, and "guarded"
-proves nothing.
+B made and acknowledged on the live nodes. List "guarded" gets the same through
+the UDF with the deadline (`Backend.job_deadline`: the client's timeout plus a
+margin for clock skew, after which the UDF changes nothing), list "native" as the
+native operation with the deadline in its filter (aeroqueue/hotpath.py): nothing
+is undone. The "bare" list is the control: if nothing there was undone, nothing
+was replayed, and the others prove nothing.
 
 The deadline covers calls older than the timeout plus the margin when the node
 resumes; so the test resumes the node that long after the last call it got.
@@ -51,6 +52,7 @@ from tests.cluster import Cluster
 
 from .conftest import aq, in_namespace
 
+LISTS = ("guarded", "native", "bare")
 N = 30  # jobs per list: about a third have the frozen node as their master
 TIMEOUT_MS = 300  # the client's timeout: the deadline is this plus CLOCK_MARGIN_MS
 
@@ -81,7 +83,7 @@ class Replayer:
 
 
 def test_a_resumed_node_does_not_undo_an_acknowledged_completion(cluster3: Cluster, tmp_path) -> None:
-    for name in ("guarded", "bare"):
+    for name in LISTS:
         jobs = tmp_path / f"{name}.csv"
         jobs.write_text("id,n\n" + "".join(f"{name}{i},{i}\n" for i in range(N)))
         out = aq(cluster3, "load", name, str(jobs), "--seal")
@@ -106,11 +108,13 @@ def test_a_resumed_node_does_not_undo_an_acknowledged_completion(cluster3: Clust
 
     undone = {
         name: {t: final[name][str(t)] for t in moved[name] if final[name][str(t)][:3] != ["done", "B", "live"]}
-        for name in ("guarded", "bare")
+        for name in LISTS
     }
-    print(f"\nreplay: completions in doubt {[len(in_doubt[n]) for n in ('guarded', 'bare')]}, completed again "
-          f"elsewhere {[len(moved[n]) for n in ('guarded', 'bare')]}, undone by the resumed node "
-          f"{[len(undone[n]) for n in ('guarded', 'bare')]} (guarded, bare)")
-    assert moved["guarded"] and moved["bare"], f"no completion went to the frozen node: {in_doubt}"
+    print(f"\nreplay: completions in doubt {[len(in_doubt[n]) for n in LISTS]}, completed again "
+          f"elsewhere {[len(moved[n]) for n in LISTS]}, undone by the resumed node "
+          f"{[len(undone[n]) for n in LISTS]} ({', '.join(LISTS)})")
+    assert all(moved[n] for n in LISTS), f"no completion went to the frozen node: {in_doubt}"
     assert undone["bare"], "the control: no replay undid a completion without a deadline, so this run shows nothing"
-    assert not undone["guarded"], f"completions undone by replays despite their deadline (state, by, result, gen): {undone}"
+    assert not undone["guarded"] and not undone["native"], (
+        f"completions undone by replays despite their deadline (state, by, result, gen): {undone}"
+    )
