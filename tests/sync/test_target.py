@@ -28,7 +28,6 @@ from aeroqueue.sync import (
     remember_demo_target,
 )
 from aeroqueue.sync.target import demo_target
-
 from tests.conftest import require
 
 from .helpers import mysql_port_closed, mysql_query, root_connection
@@ -313,3 +312,12 @@ def test_copy_without_local_infile_on_the_server_writes_by_upsert(tmp_path):
             assert sink.execute(f"SELECT COUNT(*) FROM {JOBS_TABLE}") == [(len(_AWKWARD),)]
     finally:
         server.stop()
+
+
+def test_table_and_column_names_must_be_plain_identifiers(tmp_path):
+    with Sink(_sqlite(tmp_path)) as sink:
+        migrate(sink)
+        for table, columns in [("aq_jobs; DROP TABLE aq_jobs", JOB_COLUMNS), (JOBS_TABLE, (*JOB_COLUMNS[:-1], "synced_at)"))]:
+            with pytest.raises(SyncError, match="not a plain SQL identifier"):
+                sink.copy(table, columns, JOB_KEY, [_row("a", 1)], newer="done_at")
+        assert sink.execute(f"SELECT COUNT(*) FROM {JOBS_TABLE}") == [(0,)]
