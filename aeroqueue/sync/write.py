@@ -20,12 +20,15 @@ as the upsert alone would leave it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import shutil
 import sqlite3
+import stat
 import tempfile
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -151,8 +154,8 @@ class MySQLDialect(Dialect):
             autocommit=False,
             connection_timeout=10,
             converter_class=_fast_converter(),
-            # LOAD DATA LOCAL reads files from this directory only (the sink's
-            # own): a server asking for any other file is refused.
+            # LOAD DATA LOCAL reads files from this directory only (the user's
+            # private one): a server asking for any other file is refused.
             **({"allow_local_infile_in_path": infile_dir} if infile_dir else {}),
         )
         # Through the driver's property, so that its escaping knows the mode.
@@ -239,14 +242,59 @@ def load_line(row: Sequence[Any]) -> str:
     return "\t".join(fields)
 
 
+_BATCH_FILE = re.compile(r"^batch-(\d+)-[0-9a-f]+\.txt$")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def infile_dir() -> tuple[str, bool]:
+    """Where LOAD DATA LOCAL batch files are written: one directory per user,
+    private to them (0700), and whether it is a scratch one to remove on close.
+
+    One directory for every sink of the user, not one per sink: an executor
+    killed mid-task (as Spark does) then leaves at most its last batch file,
+    which the next sink removes, instead of a directory per task. A directory
+    of that name that is not the user's own, or is open to others, is not used
+    (job data would be readable, or the files replaceable): a scratch one is.
+    """
+    path = os.path.join(tempfile.gettempdir(), f"aeroqueue-sync-{os.getuid()}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return tempfile.mkdtemp(prefix="aeroqueue-sync-"), True
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        return tempfile.mkdtemp(prefix="aeroqueue-sync-"), True
+    for name in os.listdir(path):
+        found = _BATCH_FILE.match(name)
+        if found and not _pid_alive(int(found.group(1))):
+            with contextlib.suppress(FileNotFoundError):  # another sink removed it first
+                os.unlink(os.path.join(path, name))
+    return path, False
+
+
 class Sink:
     """One connection to the target, with the upsert every table goes through."""
 
     def __init__(self, target: Target) -> None:
         self.target = target
         self.dialect = DIALECTS[target.dialect]
-        # Where `copy` writes its batch for LOAD DATA LOCAL: private to this sink (0700).
-        self._infile_dir = tempfile.mkdtemp(prefix="aeroqueue-sync-") if target.dialect == "mysql" else None
+        # Where `copy` writes its batch for LOAD DATA LOCAL: the user's private directory.
+        self._infile_dir: str | None = None
+        self._scratch_dir = False
+        if target.dialect == "mysql":
+            self._infile_dir, self._scratch_dir = infile_dir()
+        self._infile = f"batch-{os.getpid()}-{uuid.uuid4().hex[:12]}.txt"
         self.can_load = self._infile_dir is not None
         self.loaded = 0  # rows `copy` put in by LOAD DATA
         try:
@@ -258,7 +306,7 @@ class Sink:
             raise SyncError(f"cannot connect to {target}: {target.redact(str(e))}") from None
 
     def _remove_infile_dir(self) -> None:
-        if self._infile_dir is not None:
+        if self._infile_dir is not None and self._scratch_dir:
             shutil.rmtree(self._infile_dir, ignore_errors=True)
 
     def __enter__(self) -> Sink:
@@ -337,7 +385,7 @@ class Sink:
         the server does not allow LOAD DATA LOCAL (then never again on this sink)."""
         assert self._infile_dir is not None
         identifiers(table, *columns)
-        path = os.path.join(self._infile_dir, "batch.txt")
+        path = os.path.join(self._infile_dir, self._infile)
         # In key order: the batch's entries then land together in the unique
         # index's pages (1.6x on 1M rows into MariaDB). Python orders str by code
         # point, which is the byte order of their UTF-8 (VARBINARY's order).

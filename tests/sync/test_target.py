@@ -4,7 +4,10 @@ upsert path on both dialects, and turning job records into rows or rejects."""
 from __future__ import annotations
 
 import itertools
+import os
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,6 +31,7 @@ from aeroqueue.sync import (
     remember_demo_target,
 )
 from aeroqueue.sync.target import demo_target
+from aeroqueue.sync.write import infile_dir
 from tests.conftest import require
 
 from .helpers import mysql_port_closed, mysql_query, root_connection
@@ -267,9 +271,9 @@ def test_copy_by_load_data_stores_exactly_what_the_upsert_stores(mysql_db):
         assert sink.copy(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, rows, newer="done_at") == []
         sink.commit()
         assert sink.loaded == len(rows), "the rows went in by LOAD DATA"
-        assert list(Path(sink._infile_dir).iterdir()) == [], "the batch file is gone"  # type: ignore[arg-type]
-        infile_dir = sink._infile_dir
-    assert not Path(infile_dir).exists()  # type: ignore[arg-type]
+        here = Path(sink._infile_dir)  # type: ignore[arg-type]
+        assert not (here / sink._infile).exists(), "the batch file is gone"
+        assert here.stat().st_mode & 0o077 == 0, "private to the user"
     got = mysql_query(mysql_db, f"SELECT {', '.join(JOB_COLUMNS)} FROM aq_jobs ORDER BY token")
     as_sent = [tuple(bytes(v).decode() if isinstance(v, (bytes, bytearray)) else v for v in row) for row in got]
     assert as_sent == rows
@@ -321,3 +325,22 @@ def test_table_and_column_names_must_be_plain_identifiers(tmp_path):
             with pytest.raises(SyncError, match="not a plain SQL identifier"):
                 sink.copy(table, columns, JOB_KEY, [_row("a", 1)], newer="done_at")
         assert sink.execute(f"SELECT COUNT(*) FROM {JOBS_TABLE}") == [(0,)]
+
+
+def test_a_batch_file_left_by_a_killed_process_goes_with_the_next_sink(tmp_path):
+    """Spark kills executors mid-task: their last batch file must not pile up."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    here, scratch = infile_dir()
+    assert not scratch
+    left = Path(here) / f"batch-{dead.pid}-0123abcd.txt"
+    mine = Path(here) / f"batch-{os.getpid()}-0123abcd.txt"
+    left.write_text("1\t2\n")
+    mine.write_text("1\t2\n")
+    try:
+        infile_dir()
+        assert not left.exists(), "the dead process's file is removed"
+        assert mine.exists(), "a live process's file is left alone"
+    finally:
+        mine.unlink(missing_ok=True)
+        left.unlink(missing_ok=True)
