@@ -69,3 +69,22 @@ CREATE TABLE IF NOT EXISTS sync_rejects (
     seen_at BIGINT      NOT NULL,
     PRIMARY KEY (list, token)
 ) /*! ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin */;
+
+-- migration 2: aq_jobs grows at its end: an auto-increment clustered key, (list, jid) unique
+-- A sync reads jobs in digest order, which is no order of (list, jid): with
+-- (list, jid) as InnoDB's clustered key, every batch wrote rows into pages all
+-- over the table, and once the table outgrew the buffer pool each row cost a
+-- random page read and write (1M rows went 3 to 5 times slower than the first
+-- 100,000). Rows now go in at the end of an auto-increment key, and only the
+-- small (list, jid) and (list, token) indexes take the random order. The
+-- upsert still keys on (list, jid): the unique key is the only one a copied
+-- row can collide on. MySQL cannot add a column "if not exists", so the ALTER
+-- runs only while aq_jobs has no id column (a prepared statement picks it):
+-- the migration can run again after dying half-way. One ALTER, one rebuild:
+-- an old table is copied once, in place. SQLite keeps its table as it is:
+-- its tables are already stored by rowid, in insertion order.
+/*! SET @aq_has_id = (SELECT COUNT(*) FROM information_schema.columns WHERE table_schema = DATABASE() AND table_name = 'aq_jobs' AND column_name = 'id') */;
+/*! SET @aq_alter = IF(@aq_has_id = 0, 'ALTER TABLE aq_jobs DROP PRIMARY KEY, ADD COLUMN id BIGINT UNSIGNED NOT NULL AUTO_INCREMENT FIRST, ADD PRIMARY KEY (id), ADD UNIQUE KEY aq_jobs_job (list, jid)', 'DO 0') */;
+/*! PREPARE aq_migrate_2 FROM @aq_alter */;
+/*! EXECUTE aq_migrate_2 */;
+/*! DEALLOCATE PREPARE aq_migrate_2 */;

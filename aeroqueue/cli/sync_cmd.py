@@ -181,7 +181,7 @@ class SyncProgress:
 @option("--partitions", env="SYNC_PARTITIONS", type=click.IntRange(1, N_PARTITIONS), default=DEFAULT_PARTITIONS,
         help="Spark tasks; each scans an equal share of Aerospike's 4096 partitions.")
 @option("--batch-size", env="SYNC_BATCH_SIZE", type=click.IntRange(1, 100_000), default=DEFAULT_BATCH,
-        help="Rows per upsert and commit.")
+        help="Rows per load (LOAD DATA LOCAL, or an upsert where the row is there already) and commit.")
 @option("--delete-after", env="SYNC_DELETE_AFTER", type=DURATION, default=None,
         help="Retention: delete jobs from Aerospike once this target has held them this long (e.g. 7d). Jobs it does not hold are never deleted. Default: keep.")
 @option("--lease", "lease_s", env="SYNC_LEASE", type=DURATION, default=f"{DEFAULT_LEASE_S:.0f}s",
@@ -265,11 +265,11 @@ def print_bench(r: BenchResult, console: Console | None = None) -> None:
     for col in ("path", "rows", "seconds", "rows/s", "does"):
         table.add_column(col, justify="left" if col in ("path", "does") else "right")
     table.add_row("plain Python loop (1 process)", f"{r.plain_rows:,}", f"{r.plain_s:.2f}", f"{r.plain_rows_per_s:,.0f}",
-                  "scan + executemany + commit")
+                  "scan + load + commit")
     table.add_row(f"Spark {r.master}, {r.partitions} tasks", f"{r.spark_rows:,}", f"{r.spark_s:.2f}",
-                  f"{r.spark_rows_per_s:,.0f}", "scan + upsert + commit + mark")
+                  f"{r.spark_rows_per_s:,.0f}", "scan + load + commit + mark")
     table.add_row("the target alone (1 connection)", f"{r.floor_rows:,}", f"{r.floor_s:.2f}", f"{r.floor_rows_per_s:,.0f}",
-                  "the same rows from memory, in scan order: upsert + commit only (the floor)")
+                  "the same rows from memory, in scan order: load + commit only (the floor)")
     console.print(table)
     c = r.spark_counts
     console.print(
@@ -287,13 +287,13 @@ def print_bench(r: BenchResult, console: Console | None = None) -> None:
 @option("--partitions", env="SYNC_PARTITIONS", type=click.IntRange(1, N_PARTITIONS), default=DEFAULT_PARTITIONS,
         help="Spark tasks.")
 @option("--batch-size", env="SYNC_BATCH_SIZE", type=click.IntRange(1, 100_000), default=DEFAULT_BATCH,
-        help="Rows per executemany and commit, on both paths.")
+        help="Rows per load and commit, on every path.")
 @option("--json", "as_json", env="JSON", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def sync_bench(
     obj: Context, jobs: int, target_url: str | None, master: str | None, partitions: int, batch_size: int, as_json: bool,
 ) -> None:
-    """Rows per second synced by Spark, beside a plain Python loop (scan, executemany), for the same jobs.
+    """Rows per second synced by Spark, beside a plain Python loop (scan, load), for the same jobs.
 
     With --url (or AEROQUEUE_URL) the jobs are written into a list of the
     benchmark's own in that store, and only that list is read, marked and

@@ -6,15 +6,15 @@ list of the benchmark's own with batch writes (the records a worker would
 have left: ``done`` with a result, one in 20 ``dead`` with an error):
 
 - the plain loop, first: one process, one scan of all 4096 partitions with
-  the same filter and row encoding, ``executemany`` in batches and a commit
-  per batch. It does not mark records (that would take them away from the
+  the same filter and row encoding, the sync's own write (`Sink.copy`: LOAD
+  DATA LOCAL on MySQL) in batches and a commit per batch. It does not mark records (that would take them away from the
   Spark run), so it is the floor of what a copy costs;
 - then the Spark sync as ``aeroqueue sync`` runs it: tasks over partition
-  ranges that scan, upsert, commit and mark;
+  ranges that scan, load, commit and mark;
 - last, the target alone (the floor of any copy into it): the same rows,
   built in memory in the order a scan returns them (by partition, then
-  digest), upserted by one connection with the sync's own statement, batch
-  size and commits; only the time spent in the upserts and commits counts.
+  digest), written by one connection with the sync's own write (`Sink.copy`),
+  batch size and commits; only the time spent in the writes and commits counts.
   No copy into that target can be faster than this.
 
 Each writes into a target of its own (two scratch databases on the MySQL
@@ -140,7 +140,7 @@ def remove_list(backend: Backend, list_name: str, jobs: int) -> None:
 
 
 def plain_loop(backend: Backend, options: SyncOptions) -> int:
-    """The baseline: one process scans every partition and executemany's the rows."""
+    """The baseline: one process scans every partition and writes the rows as the sync does."""
     copied = 0
     with Sink(options.target) as sink:
         rows: list[tuple[Any, ...]] = []
@@ -151,11 +151,11 @@ def plain_loop(backend: Backend, options: SyncOptions) -> int:
             except Refused:
                 continue
             if len(rows) >= options.batch_size:
-                sink.upsert(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, rows)
+                sink.copy(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, rows, newer="done_at")
                 sink.commit()
                 copied += len(rows)
                 rows = []
-        sink.upsert(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, rows)
+        sink.copy(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, rows, newer="done_at")
         sink.commit()
         copied += len(rows)
     return copied
@@ -173,8 +173,8 @@ def scan_order(list_name: str, jobs: int) -> list[int]:
 
 
 def target_floor(target: Target, list_name: str, jobs: int, batch_size: int, now: int) -> tuple[int, float]:
-    """The target alone: the benchmark's rows, in scan order, upserted by one
-    connection in batches with a commit each; (rows, seconds in the upserts
+    """The target alone: the benchmark's rows, in scan order, written by one
+    connection in batches with a commit each; (rows, seconds in the writes
     and commits). Building the rows is not counted: this is the floor of a
     copy into this target, whatever reads the store."""
     order = iter(scan_order(list_name, jobs))
@@ -183,7 +183,7 @@ def target_floor(target: Target, list_name: str, jobs: int, batch_size: int, now
         while chunk := list(islice(order, batch_size)):
             batch = [job_row(_bins(list_name, t, now), now) for t in chunk]
             t0 = time.perf_counter()
-            refused = sink.upsert(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, batch, newer="done_at")
+            refused = sink.copy(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, batch, newer="done_at")
             sink.commit()
             spent += time.perf_counter() - t0
             if refused:
@@ -257,7 +257,7 @@ def run_bench(
                     for t in (plain_target, spark_target, floor_target):
                         with Sink(t) as sink:
                             migrate(sink)
-                    say("plain loop: scan + executemany in one process...")
+                    say("plain loop: scan + load in one process...")
                     t0 = time.monotonic()
                     plain_rows = plain_loop(backend, plain)
                     plain_s = time.monotonic() - t0
@@ -266,7 +266,7 @@ def run_bench(
                     spark, created = spark_session(master, "aeroqueue-sync-bench")
                     spark_start_s = time.monotonic() - t0
                     try:
-                        say("Spark sync: scan + upsert + commit + mark, in tasks...")
+                        say("Spark sync: scan + load + commit + mark, in tasks...")
                         t0 = time.monotonic()
                         report = run_sync(spark_options, spark, backend)
                         spark_s = time.monotonic() - t0
@@ -274,7 +274,7 @@ def run_bench(
                     finally:
                         if created:
                             spark.stop()
-                    say("the target alone: the same rows from memory, upserted by one connection...")
+                    say("the target alone: the same rows from memory, loaded by one connection...")
                     floor_rows, floor_s = target_floor(floor_target, list_name, jobs, batch_size,
                                                        time.time_ns() // 1_000_000)
                     for t, want in ((plain_target, plain_rows), (spark_target, report.counts.copied),

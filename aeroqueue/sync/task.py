@@ -176,7 +176,7 @@ class RangeSync:
         sink = self.sink
         for attempt in range(DEADLOCK_RETRIES):
             try:
-                refused = sink.upsert(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, batch.rows, newer="done_at")
+                refused = sink.copy(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, batch.rows, newer="done_at")
                 rejects = batch.rejects + [
                     reject_row(batch.bins[i], reason, self.synced_at) for i, reason in refused
                 ]

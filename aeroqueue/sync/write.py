@@ -7,12 +7,28 @@ find the rows at fault, which the caller turns into rejects. SQL is always
 parameterised; the MySQL driver's parameter conversion is the hot spot of a
 sync, so the session runs with ``NO_BACKSLASH_ESCAPES`` (only a quote needs
 doubling) and a converter with fast paths for the few types a row holds.
+
+`Sink.copy` puts the sync's rows in on MySQL by ``LOAD DATA LOCAL INFILE ...
+IGNORE`` from a file of the batch in a private directory: about a third of
+the server's CPU per row of the multi-row upsert, and no per-value
+conversion in the driver. It only ever inserts rows the table does not hold:
+if any row was skipped (already there) or warned about (a value refused or
+cut, which LOAD DATA LOCAL only warns about), the load is rolled back to a
+savepoint and the batch goes through the upsert, so the table ends exactly
+as the upsert alone would leave it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import re
+import shutil
 import sqlite3
+import stat
+import tempfile
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +43,15 @@ log = logging.getLogger(__name__)
 # literal only needs its quotes doubled: the driver escapes accordingly.
 MYSQL_SQL_MODE = "TRADITIONAL,NO_BACKSLASH_ESCAPES"
 
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+
+
+def identifiers(*names: str) -> None:
+    """Table and column names go into SQL text (they cannot be parameters): plain names only."""
+    for name in names:
+        if not _IDENTIFIER.match(name):
+            raise SyncError(f"{name!r} is not a plain SQL identifier")
+
 
 class Dialect:
     """What differs between MySQL and SQLite: connecting, placeholders, the upsert
@@ -35,7 +60,7 @@ class Dialect:
     name = ""
     placeholder = ""
 
-    def connect(self, target: Target) -> Any:
+    def connect(self, target: Target, infile_dir: str | None = None) -> Any:
         raise NotImplementedError
 
     def conflict_clause(self, table: str, key: Sequence[str], update: Sequence[str], newer: str | None) -> str:
@@ -59,6 +84,7 @@ class Dialect:
         whose `newer` is at least its own: a late writer holding an older
         version of a job never takes a newer copy back.
         """
+        identifiers(table, *columns, *key, *([newer] if newer else []))
         values = ", ".join([self.placeholder] * len(columns))
         update = [c for c in columns if c not in key]
         return (
@@ -110,7 +136,11 @@ class MySQLDialect(Dialect):
     _REFUSED = frozenset({1048, 1264, 1292, 1366, 1406, 3140, 3819, 4025})
     _TRANSIENT = frozenset({1205, 1213})  # lock wait timeout, deadlock
 
-    def connect(self, target: Target) -> Any:
+    # LOAD DATA LOCAL refused by the server or the client: local_infile off
+    # (MySQL 8's default), or not allowed for this user.
+    _NO_LOCAL_INFILE = frozenset({1148, 2068, 3948, 4166})
+
+    def connect(self, target: Target, infile_dir: str | None = None) -> Any:
         import mysql.connector
 
         conn = mysql.connector.connect(
@@ -124,6 +154,9 @@ class MySQLDialect(Dialect):
             autocommit=False,
             connection_timeout=10,
             converter_class=_fast_converter(),
+            # LOAD DATA LOCAL reads files from this directory only (the user's
+            # private one): a server asking for any other file is refused.
+            **({"allow_local_infile_in_path": infile_dir} if infile_dir else {}),
         )
         # Through the driver's property, so that its escaping knows the mode.
         conn.sql_mode = MYSQL_SQL_MODE  # type: ignore[union-attr]
@@ -153,12 +186,18 @@ class MySQLDialect(Dialect):
 
         return isinstance(error, me.Error)
 
+    def no_local_infile(self, error: BaseException) -> bool:
+        if getattr(error, "errno", None) in self._NO_LOCAL_INFILE:
+            return True
+        # The driver's own refusal carries no error number.
+        return "LOAD DATA LOCAL INFILE" in str(error) and "rejected" in str(error)
+
 
 class SQLiteDialect(Dialect):
     name = "sqlite"
     placeholder = "?"
 
-    def connect(self, target: Target) -> Any:
+    def connect(self, target: Target, infile_dir: str | None = None) -> Any:
         Path(target.path).parent.mkdir(parents=True, exist_ok=True)
         # Spark tasks write to the one file concurrently: wait for the lock.
         conn = sqlite3.connect(target.path, timeout=120.0)
@@ -180,6 +219,69 @@ class SQLiteDialect(Dialect):
 
 DIALECTS: dict[str, Dialect] = {"mysql": MySQLDialect(), "sqlite": SQLiteDialect()}
 
+# LOAD DATA's text format, spelt in hex so that no sql_mode (NO_BACKSLASH_ESCAPES
+# among them) changes what the escape character is.
+LOAD_FORMAT = "FIELDS TERMINATED BY X'09' ESCAPED BY X'5C' LINES TERMINATED BY X'0A'"
+
+
+def load_line(row: Sequence[Any]) -> str:
+    """A row as one line of LOAD DATA text: NULL as \\N, tab-separated, with the
+    backslash, tab, newline and NUL of a value escaped (read back as they were)."""
+    fields = []
+    for v in row:
+        if v is None:
+            fields.append("\\N")
+        elif type(v) is int:
+            fields.append(str(v))
+        elif type(v) is str:
+            if "\\" in v or "\t" in v or "\n" in v or "\0" in v:
+                v = v.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\0", "\\0")
+            fields.append(v)
+        else:
+            raise TypeError(f"a row value of type {type(v).__name__} has no LOAD DATA form")
+    return "\t".join(fields)
+
+
+_BATCH_FILE = re.compile(r"^batch-(\d+)-[0-9a-f]+\.txt$")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def infile_dir() -> tuple[str, bool]:
+    """Where LOAD DATA LOCAL batch files are written: one directory per user,
+    private to them (0700), and whether it is a scratch one to remove on close.
+
+    One directory for every sink of the user, not one per sink: an executor
+    killed mid-task (as Spark does) then leaves at most its last batch file,
+    which the next sink removes, instead of a directory per task. A directory
+    of that name that is not the user's own, or is open to others, is not used
+    (job data would be readable, or the files replaceable): a scratch one is.
+    """
+    path = os.path.join(tempfile.gettempdir(), f"aeroqueue-sync-{os.getuid()}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return tempfile.mkdtemp(prefix="aeroqueue-sync-"), True
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        return tempfile.mkdtemp(prefix="aeroqueue-sync-"), True
+    for name in os.listdir(path):
+        found = _BATCH_FILE.match(name)
+        if found and not _pid_alive(int(found.group(1))):
+            with contextlib.suppress(FileNotFoundError):  # another sink removed it first
+                os.unlink(os.path.join(path, name))
+    return path, False
+
 
 class Sink:
     """One connection to the target, with the upsert every table goes through."""
@@ -187,12 +289,25 @@ class Sink:
     def __init__(self, target: Target) -> None:
         self.target = target
         self.dialect = DIALECTS[target.dialect]
+        # Where `copy` writes its batch for LOAD DATA LOCAL: the user's private directory.
+        self._infile_dir: str | None = None
+        self._scratch_dir = False
+        if target.dialect == "mysql":
+            self._infile_dir, self._scratch_dir = infile_dir()
+        self._infile = f"batch-{os.getpid()}-{uuid.uuid4().hex[:12]}.txt"
+        self.can_load = self._infile_dir is not None
+        self.loaded = 0  # rows `copy` put in by LOAD DATA
         try:
-            self.conn = self.dialect.connect(target)
+            self.conn = self.dialect.connect(target, self._infile_dir)
         except Exception as e:
+            self._remove_infile_dir()
             if not self.dialect.is_error(e) and not isinstance(e, OSError):
                 raise
             raise SyncError(f"cannot connect to {target}: {target.redact(str(e))}") from None
+
+    def _remove_infile_dir(self) -> None:
+        if self._infile_dir is not None and self._scratch_dir:
+            shutil.rmtree(self._infile_dir, ignore_errors=True)
 
     def __enter__(self) -> Sink:
         return self
@@ -205,6 +320,8 @@ class Sink:
             self.conn.close()
         except Exception:  # closing a connection the server already dropped
             log.debug("closing %s failed", self.target, exc_info=True)
+        finally:
+            self._remove_infile_dir()
 
     def fail(self, error: BaseException, doing: str) -> SyncError:
         return SyncError(
@@ -250,6 +367,68 @@ class Sink:
             return refused
         finally:
             cur.close()
+
+    def copy(
+        self, table: str, columns: Sequence[str], key: Sequence[str], rows: Sequence[Sequence[Any]], *, newer: str | None = None
+    ) -> list[tuple[int, str]]:
+        """What `upsert` does, faster for rows the table does not hold yet (on MySQL,
+        by LOAD DATA LOCAL). Same result, same refused rows. Does not commit."""
+        if rows and self.can_load and self._load_new(table, columns, key, rows):
+            return []
+        return self.upsert(table, columns, key, rows, newer=newer)
+
+    def _load_new(self, table: str, columns: Sequence[str], key: Sequence[str], rows: Sequence[Sequence[Any]]) -> bool:
+        """Insert all of `rows` by LOAD DATA LOCAL ... IGNORE, or leave the
+        transaction as it was and return False: when a row was skipped (its key
+        is already there: the upsert decides which copy wins) or any value drew
+        a warning (LOAD DATA LOCAL warns where an INSERT would fail), or when
+        the server does not allow LOAD DATA LOCAL (then never again on this sink)."""
+        assert self._infile_dir is not None
+        identifiers(table, *columns)
+        path = os.path.join(self._infile_dir, self._infile)
+        # In key order: the batch's entries then land together in the unique
+        # index's pages (1.6x on 1M rows into MariaDB). Python orders str by code
+        # point, which is the byte order of their UTF-8 (VARBINARY's order).
+        at = [columns.index(c) for c in key]
+        try:
+            ordered = sorted(rows, key=lambda row: [row[i] for i in at])
+        except TypeError:  # a None in the key: the upsert refuses that row anyway
+            ordered = list(rows)
+        try:
+            data = ("\n".join(map(load_line, ordered)) + "\n").encode("utf-8")
+        except (TypeError, UnicodeEncodeError):
+            return False  # a value the upsert will refuse or convert: its path
+        with open(path, "wb") as f:
+            f.write(data)
+        cur = self.conn.cursor()
+        try:
+            cur.execute("SAVEPOINT aq_load")
+            try:
+                # Identifiers are the module's constants; the file name is a parameter.
+                cur.execute(
+                    f"LOAD DATA LOCAL INFILE %s IGNORE INTO TABLE {table} CHARACTER SET utf8mb4 "
+                    f"{LOAD_FORMAT} ({', '.join(columns)})",
+                    (path,),
+                )
+            except Exception as e:
+                if self.dialect.refused(e):  # as an INSERT would be: the upsert finds the rows
+                    cur.execute("ROLLBACK TO SAVEPOINT aq_load")
+                    return False
+                if not self.dialect.no_local_infile(e):  # type: ignore[attr-defined]
+                    raise
+                log.warning("%s does not allow LOAD DATA LOCAL (local_infile): the sync writes by multi-row INSERT, "
+                            "slower (the upsert costs MariaDB about 30 percent more CPU per row)", self.target)
+                self.can_load = False
+                cur.execute("ROLLBACK TO SAVEPOINT aq_load")
+                return False
+            if cur.rowcount == len(rows) and not cur.warning_count:
+                self.loaded += len(rows)
+                return True
+            cur.execute("ROLLBACK TO SAVEPOINT aq_load")
+            return False
+        finally:
+            cur.close()
+            os.unlink(path)
 
     def commit(self) -> None:
         self.conn.commit()

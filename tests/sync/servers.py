@@ -36,10 +36,11 @@ def wait_for(check, timeout: float, what: str) -> None:
 class OwnMariaDB:
     """A mariadbd on its own port with its own datadir, which a test may stop and restart."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *extra_args: str) -> None:
         self.root = root
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
+        self.extra_args = extra_args  # server options of the test's own
 
     @staticmethod
     def available() -> bool:
@@ -58,7 +59,7 @@ class OwnMariaDB:
             ["mariadbd", "--no-defaults", f"--datadir={self.root / 'data'}", "--user=root", f"--port={self.port}",
              "--bind-address=127.0.0.1", f"--socket={self.root / 'sock'}", f"--pid-file={self.root / 'pid'}",
              # A throwaway server for one test: anyone on loopback is root.
-             "--skip-grant-tables", "--innodb-buffer-pool-size=32M", "--skip-log-bin"],
+             "--skip-grant-tables", "--innodb-buffer-pool-size=32M", "--skip-log-bin", *self.extra_args],
             stdout=log, stderr=log,
         )
         wait_for(lambda: port_open("127.0.0.1", self.port), 60, f"mariadbd on port {self.port} did not listen")

@@ -4,7 +4,10 @@ upsert path on both dialects, and turning job records into rows or rejects."""
 from __future__ import annotations
 
 import itertools
+import os
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,8 +31,11 @@ from aeroqueue.sync import (
     remember_demo_target,
 )
 from aeroqueue.sync.target import demo_target
+from aeroqueue.sync.write import infile_dir
+from tests.conftest import require
 
-from .helpers import mysql_port_closed, mysql_query
+from .helpers import mysql_port_closed, mysql_query, root_connection
+from .servers import OwnMariaDB
 
 
 def test_mysql_url_with_password_in_url_or_environment(monkeypatch):
@@ -149,6 +155,33 @@ def test_migration_on_mysql(mysql_db):
     # Binary job ids: case and trailing spaces make different rows.
     ddl = mysql_query(mysql_db, "SHOW CREATE TABLE aq_jobs")[0][1]
     assert "varbinary(200)" in ddl.lower() and "InnoDB" in ddl
+    # Rows go in at the end of the clustered key; (list, jid) is what the upsert collides on.
+    assert "PRIMARY KEY (`id`)" in ddl and "UNIQUE KEY `aq_jobs_job` (`list`,`jid`)" in ddl
+
+
+def test_migration_2_rebuilds_a_version_1_table_keeping_its_rows_and_can_run_again(mysql_db):
+    """A table an older aeroqueue created (clustered on (list, jid)) gets the
+    auto-increment key; a run that died after the ALTER, before recording the
+    version, finishes the migration the next time."""
+    target = parse_target(f"mysql://root@127.0.0.1:3306/{mysql_db}")
+    with Sink(target) as sink:
+        for step in migrations()[:2]:
+            for stmt in step.statements:
+                sink.execute(stmt)
+        sink.execute("INSERT INTO schema_version (version, description, applied_at) VALUES (1, 'old', 0)")
+        sink.upsert(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, [_row("a", 100), _row("b", 100)])
+        sink.commit()
+        assert "PRIMARY KEY (`list`,`jid`)" in mysql_query(mysql_db, "SHOW CREATE TABLE aq_jobs")[0][1]
+        assert migrate(sink) == 2
+        sink.execute("DELETE FROM schema_version WHERE version = 2")  # as if it died before recording it
+        sink.commit()
+        assert migrate(sink) == 2
+        assert sink.copy(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, [_row("a", 200, "dead"), _row("c", 100)], newer="done_at") == []
+        sink.commit()
+    assert mysql_query(mysql_db, "SELECT version FROM schema_version ORDER BY version") == [(1,), (2,)]
+    rows = mysql_query(mysql_db, "SELECT id, jid, state, done_at FROM aq_jobs ORDER BY jid")
+    assert [(bytes(j), s, d) for _, j, s, d in rows] == [(b"a", "dead", 200), (b"b", "done", 100), (b"c", "done", 100)]
+    assert len({i for i, *_ in rows}) == 3
 
 
 def _row(jid: str, done_at: int, state: str = "done", synced_at: int = 1) -> tuple:
@@ -156,8 +189,8 @@ def _row(jid: str, done_at: int, state: str = "done", synced_at: int = 1) -> tup
                     "result": [1], "done_at": done_at}, synced_at)
 
 
-@pytest.mark.parametrize("dialect", ["sqlite", "mysql"])
-def test_one_upsert_path_is_idempotent_and_never_takes_a_newer_copy_back(dialect, tmp_path, request):
+@pytest.mark.parametrize(("dialect", "method"), [("sqlite", "upsert"), ("mysql", "upsert"), ("mysql", "copy")])
+def test_one_upsert_path_is_idempotent_and_never_takes_a_newer_copy_back(dialect, method, tmp_path, request):
     if dialect == "mysql":
         db = request.getfixturevalue("mysql_db")
         target = parse_target(f"mysql://root@127.0.0.1:3306/{db}")
@@ -165,12 +198,15 @@ def test_one_upsert_path_is_idempotent_and_never_takes_a_newer_copy_back(dialect
         target = _sqlite(tmp_path)
     with Sink(target) as sink:
         migrate(sink)
+        write = getattr(sink, method)
         for _ in range(2):  # the same rows twice: still one each
-            assert sink.upsert(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, [_row("a", 100), _row("A", 100), _row("a ", 100)], newer="done_at") == []
+            assert write(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, [_row("a", 100), _row("A", 100), _row("a ", 100)], newer="done_at") == []
             sink.commit()
-        sink.upsert(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, [_row("a", 200, "dead", synced_at=2)], newer="done_at")
-        sink.upsert(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, [_row("a", 100, "done", synced_at=3)], newer="done_at")  # late, older
+        write(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, [_row("a", 200, "dead", synced_at=2)], newer="done_at")
+        write(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, [_row("a", 100, "done", synced_at=3)], newer="done_at")  # late, older
         sink.commit()
+        if method == "copy":
+            assert sink.loaded == 3, "the first batch went in by LOAD DATA, the rest (rows already there) by the upsert"
         rows = sink.execute(f"SELECT jid, state, done_at, synced_at FROM {JOBS_TABLE} ORDER BY jid")
     as_text = sorted((bytes(j).decode() if not isinstance(j, str) else j, s, d, at) for j, s, d, at in rows)
     assert as_text == [("A", "done", 100, 1), ("a", "dead", 200, 2), ("a ", "done", 100, 1)]
@@ -211,3 +247,100 @@ def test_sqlite_target_refuses_rows_like_mysql(tmp_path):
         assert [i for i, _ in refused] == [1] and "CHECK" in refused[0][1]
         assert sink.execute(f"SELECT COUNT(*) FROM {JOBS_TABLE}") == [(1,)]
     assert sqlite3.connect(str(tmp_path / "copy.db")).execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+# Values that LOAD DATA's text format has to escape, and some it must leave alone.
+_AWKWARD = ["tab\there", "new\nline", "back\\slash", "\\N", "\\", "nul\0byte", "cr\r\nlf", "quote ' \" `",
+            "é ü 漢字 🎉", " trailing ", "", "\\t not a tab", "end\\"]
+
+
+def _awkward_rows() -> list[tuple]:
+    rows = []
+    for i, text in enumerate(_AWKWARD):
+        rows.append(job_row({"list": "L", "token": i, "jid": f"j{i}{text}", "state": "dead", "att": 2,
+                             "payload": {"text": text}, "result": None if i % 2 else [text], "err": text,
+                             "done_at": None if i == 3 else 10 + i}, 99))
+    return rows
+
+
+def test_copy_by_load_data_stores_exactly_what_the_upsert_stores(mysql_db):
+    target = parse_target(f"mysql://root@127.0.0.1:3306/{mysql_db}")
+    rows = _awkward_rows()
+    with Sink(target) as sink:
+        migrate(sink)
+        assert sink.copy(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, rows, newer="done_at") == []
+        sink.commit()
+        assert sink.loaded == len(rows), "the rows went in by LOAD DATA"
+        here = Path(sink._infile_dir)  # type: ignore[arg-type]
+        assert not (here / sink._infile).exists(), "the batch file is gone"
+        assert here.stat().st_mode & 0o077 == 0, "private to the user"
+    got = mysql_query(mysql_db, f"SELECT {', '.join(JOB_COLUMNS)} FROM aq_jobs ORDER BY token")
+    as_sent = [tuple(bytes(v).decode() if isinstance(v, (bytes, bytearray)) else v for v in row) for row in got]
+    assert as_sent == rows
+
+
+def test_copy_refuses_the_same_rows_as_the_upsert_and_cuts_nothing(mysql_db):
+    """LOAD DATA LOCAL only warns where an INSERT fails (a value too long is cut,
+    a CHECK skips the row): copy then takes the upsert's way, row by row."""
+    target = parse_target(f"mysql://root@127.0.0.1:3306/{mysql_db}")
+    good = _row("ok", 1)
+    too_long = list(_row("x" * 201, 1))  # jid is VARBINARY(200)
+    not_json = list(_row("bad", 1))
+    not_json[5] = "{not json"
+    with Sink(target) as sink:
+        migrate(sink)
+        refused = sink.copy(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, [good, tuple(too_long), tuple(not_json)], newer="done_at")
+        sink.commit()
+        assert [i for i, _ in refused] == [1, 2] and sink.loaded == 0
+    assert mysql_query(mysql_db, "SELECT jid FROM aq_jobs") == [(b"ok",)]
+
+
+def test_copy_without_local_infile_on_the_server_writes_by_upsert(tmp_path):
+    """MySQL 8 ships with local_infile off: the sync still copies, by INSERT."""
+    require(OwnMariaDB.available(), "mariadbd and mariadb-install-db are not installed")
+    server = OwnMariaDB(tmp_path, "--local-infile=0")
+    server.install()
+    server.start()
+    try:
+        conn = root_connection(port=server.port)
+        conn.cursor().execute("CREATE DATABASE aq_noinfile")
+        conn.close()
+        target = parse_target(f"mysql://root@127.0.0.1:{server.port}/aq_noinfile")
+        with Sink(target) as sink:
+            migrate(sink)
+            assert sink.copy(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, _awkward_rows()[:4], newer="done_at") == []
+            sink.commit()
+            assert not sink.can_load and sink.loaded == 0
+            assert sink.copy(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, _awkward_rows()[4:], newer="done_at") == []
+            sink.commit()
+            assert sink.execute(f"SELECT COUNT(*) FROM {JOBS_TABLE}") == [(len(_AWKWARD),)]
+    finally:
+        server.stop()
+
+
+def test_table_and_column_names_must_be_plain_identifiers(tmp_path):
+    with Sink(_sqlite(tmp_path)) as sink:
+        migrate(sink)
+        for table, columns in [("aq_jobs; DROP TABLE aq_jobs", JOB_COLUMNS), (JOBS_TABLE, (*JOB_COLUMNS[:-1], "synced_at)"))]:
+            with pytest.raises(SyncError, match="not a plain SQL identifier"):
+                sink.copy(table, columns, JOB_KEY, [_row("a", 1)], newer="done_at")
+        assert sink.execute(f"SELECT COUNT(*) FROM {JOBS_TABLE}") == [(0,)]
+
+
+def test_a_batch_file_left_by_a_killed_process_goes_with_the_next_sink(tmp_path):
+    """Spark kills executors mid-task: their last batch file must not pile up."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    here, scratch = infile_dir()
+    assert not scratch
+    left = Path(here) / f"batch-{dead.pid}-0123abcd.txt"
+    mine = Path(here) / f"batch-{os.getpid()}-0123abcd.txt"
+    left.write_text("1\t2\n")
+    mine.write_text("1\t2\n")
+    try:
+        infile_dir()
+        assert not left.exists(), "the dead process's file is removed"
+        assert mine.exists(), "a live process's file is left alone"
+    finally:
+        mine.unlink(missing_ok=True)
+        left.unlink(missing_ok=True)
