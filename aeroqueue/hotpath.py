@@ -1,20 +1,23 @@
-"""Claim and complete as native operations: the hot path's common case, without Lua.
+"""Claim and complete as native operations: the batch path's common case, without Lua.
 
 `aq_job_v1.claim` and `aq_job_v1.complete` decide every case of a job's claim
 and acknowledgement. Almost every call is the plain one: a queued job claimed,
-a claim acknowledged in time by its holder. For those, this module sends one
-`operate` per record (one `batch_operate` for many) whose filter expression
-admits exactly the records the Lua function would change that way, and whose
-writes are that function's writes, the server's clock read from the record's
-own metadata (last update time + time since it). A record the filter turns
-away (claimed already by this very request, delayed, done, late, not this
-session's, missing) goes to the Lua function, which decides and answers as
-always: the fast path never answers anything but 'ok'.
+a claim acknowledged in time by its holder. For a batch of those, this module
+sends one `batch_operate` whose filter expression admits exactly the records
+the Lua function would change that way, and whose writes are that function's
+writes, the server's clock read from the record's own metadata (last update
+time + time since it). A record the filter turns away (claimed already by
+this very request, delayed, done, late, not this session's, missing, or run
+past the request's deadline) goes to the Lua function, which decides and
+answers as always: the fast path never answers anything but 'ok'.
 
-Why: on the real server a batch of claims costs about 4 us of server CPU per
-record as operations against about 17 us as UDF calls, and a batch of acks
-about 6 us against about 32 us (benchmarks/RESULTS.md, issue 14); the UDF's
-record lock, Lua state and argument packing are the difference.
+Why, measured on the real server (benchmarks/RESULTS.md, issue 14): in a batch
+of 100 a claim costs about 4 us of server CPU per record as an operation
+against about 17 us as a UDF, an ack about 6 us against 32 us, and the client
+spends less too. For ONE record it does not pay: an operate with a dozen ops
+and a filter costs the client ~40 us more CPU than the UDF call, more than the
+server saves, so `Queue` sends single claims and acks to the UDF. The
+single-record functions here stay for that comparison and for tests.
 
 Both writes are idempotent under their request id: a claim repeated after a
 lost answer finds the job claimed and goes to the UDF, which recognises the

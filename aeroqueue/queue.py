@@ -6,9 +6,10 @@ Round trips, token mode:
   token store), then ``claim`` on the job record (one batch call for n > 1):
   2 per reservation, whatever its size. This is the API handler's path.
 - ``complete``: ``complete`` on the job record: 1.
-- Claims of queued jobs and acks of plainly held claims are native operations
-  (`hotpath`), a fraction of a UDF's server CPU; any other case goes to the
-  Lua function, which decides. Its completion bit goes
+- In a batch, claims of queued jobs and acks of plainly held claims are native
+  operations (`hotpath`): a quarter of a batch UDF's server CPU per job and
+  less client CPU; any other case goes to the Lua function, which decides.
+  One job at a time stays with the UDF, which costs the client less. Its completion bit goes
   through the process's `transitions.BitBuffer`, one bitmap write per chunk
   for many jobs, so it costs next to nothing per job.
 - The worker (`aeroqueue worker`) reserves a few jobs at a time (its
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import hotpath, keys, transitions
-from .backends import IN_DOUBT, Backend, BatchResult, retry_busy, retry_in_doubt
+from .backends import IN_DOUBT, Backend, BatchResult, retry_busy
 from .errors import AeroqueueError, ClaimLost, JobNotFound, ListNotFound, RecordBusy
 from .lists import JobLists, backoff_of
 from .sessions import Session
@@ -102,13 +103,6 @@ class Queue:
 
     def _udf(self, set_name: str, name: str, module: str, function: str, *args: Any) -> Any:
         return self.backend.udf(set_name, name, module, function, *args, deadline_s=self.busy_deadline_s)
-
-    def _udf_once(self, job_name: str, function: str, *args: Any) -> Any:
-        """One attempt of a job UDF with its deadline (busy keys retried): the caller
-        repeats it while in doubt ('stale' raises `StaleRequest`, which is)."""
-        return transitions.job_udf(
-            self.backend, job_name, function, *args, deadline_s=0, busy_s=self.busy_deadline_s
-        )
 
     def _job_udf(self, job_name: str, function: str, *args: Any) -> Any:
         """A job UDF that is safe to repeat (claim with its request id, complete: a repeat
@@ -248,9 +242,7 @@ class Queue:
             # key, an answer lost in the batch, or a UDF claim refused as stale: claim it
             # alone. The same request id makes a claim that did happen answer 'ok' again.
             answers += [
-                self._job_udf(keys.job_name(name, t), "claim", sess, rid, tlim)
-                if r.code in hotpath.TO_UDF and not acks else self._claim_one(name, sess, rid, tlim, t)
-                for t, r in zip(tokens, results, strict=True) if not _answered(r)
+                self._claim_one(name, sess, rid, tlim, t) for t, r in zip(tokens, results, strict=True) if not _answered(r)
             ]
         self._reschedule(name, answers)
         jobs = [
@@ -277,18 +269,11 @@ class Queue:
         return self.backend.batch_udfs(keys.JOB_SET, calls, keys.JOB_MOD)
 
     def _claim_one(self, name: str, sess: str, rid: str, tlim: int, token: int) -> Any:
-        """One claim (the native operation, else the UDF), repeated while its answer is
-        in doubt (a timeout, a node lost) until the deadline."""
-        job_name = keys.job_name(name, token)
-
-        def once() -> Any:
-            got = retry_busy(
-                lambda: hotpath.claim(self.backend, name, token, sess, rid, tlim, self.backend.job_deadline()),
-                deadline_s=self.busy_deadline_s,
-            )
-            return got if got is not None else self._udf_once(job_name, "claim", sess, rid, tlim)
-
-        return retry_in_doubt(once, deadline_s=self.busy_deadline_s)
+        """One claim, repeated while its answer is in doubt (a timeout, a node lost)
+        until the deadline. The UDF, not the native operation: for one record the
+        operation costs the client more CPU than the UDF costs the server
+        (`hotpath`), so the native form is kept for batches."""
+        return self._job_udf(keys.job_name(name, token), "claim", sess, rid, tlim)
 
     def _reschedule(self, name: str, answers: list[Any]) -> None:
         """Delayed jobs reached before their time (a recovered load range, the sweeper,
@@ -305,15 +290,8 @@ class Queue:
     def complete(self, job: Job, result: Any = None) -> None:
         """Mark a job done, exactly once. Repeating a successful complete is harmless;
         a complete from a session that lost the claim raises `ClaimLost`."""
-        def once() -> str:
-            if retry_busy(
-                lambda: hotpath.complete(self.backend, job.name, job.session, job.rid, result, self.backend.job_deadline()),
-                deadline_s=self.busy_deadline_s,
-            ):
-                return "ok"
-            return str(self._udf_once(job.name, "complete", job.session, {job.token: result}, job.rid))
-
-        st = retry_in_doubt(once, deadline_s=self.busy_deadline_s)
+        # The UDF for one job, as for one claim (`_claim_one`).
+        st = self._job_udf(job.name, "complete", job.session, {job.token: result}, job.rid)
         self._check(job, st)
         self.bits.add(job.list, [job.token])
 
@@ -333,28 +311,28 @@ class Queue:
         return True
 
     def complete_many(self, jobs: Sequence[Job], results: Sequence[Any] | None = None) -> list[Job]:
-        """Complete a batch in one batch UDF call. Returns the jobs whose claim was lost
-        (not completed by this call)."""
+        """Complete a batch in one round trip (native operations, `hotpath`). Returns the
+        jobs whose claim was lost (not completed by this call)."""
         if not jobs:
             return []
         results = list(results) if results is not None else [None] * len(jobs)
         lost: list[Job] = []
-        # Each job gets only its own result (not the whole batch's), in one round trip.
-        out = hotpath.complete_many(
-            self.backend, [(j.name, j.session, j.rid, r) for j, r in zip(jobs, results, strict=True)],
-            self.backend.job_deadline(),
-        )
+        if len(jobs) == 1:
+            out = [BatchResult(name=jobs[0].name, ok=False, value=None, code=-1)]  # one job: the UDF
+        else:
+            # Each job gets only its own result (not the whole batch's).
+            out = hotpath.complete_many(
+                self.backend, [(j.name, j.session, j.rid, r) for j, r in zip(jobs, results, strict=True)],
+                self.backend.job_deadline(),
+            )
         for job, res, r in zip(jobs, results, out, strict=True):
             if r.ok:
                 self.bits.add(job.list, [job.token])
                 continue
+            # Not plainly ours, past its deadline, busy, or the answer lost: the UDF
+            # completes it alone, or says why not ('again' is fine).
             try:
-                if r.code in hotpath.TO_UDF:  # not plainly ours, or past its deadline: the UDF says why
-                    st = self._job_udf(job.name, "complete", job.session, {job.token: res}, job.rid)
-                    self._check(job, st)
-                    self.bits.add(job.list, [job.token])
-                else:  # busy, or the answer lost: complete it alone
-                    self.complete(job, res)
+                self.complete(job, res)
             except (ClaimLost, JobNotFound):
                 lost.append(job)
         return lost

@@ -52,13 +52,11 @@ def test_timeout_after_commit_on_complete_is_retried_harmlessly(env):
     backend, session = env
     queue = Queue(backend, busy_deadline_s=0.3)
     [job] = queue.reserve("hot", session)
-    # The native complete (hotpath.py) lands and its answer is lost.
-    fault = backend.client.faults.add(op="operate", writes="state=done", error="TimeoutError", when="after")
+    fault = backend.client.faults.add(op="apply", function="complete", error="TimeoutError", when="after")
     queue.complete(job, "r")  # one lost answer: complete repeats itself, and the repeat answers 'again'
     assert fault.times == 0 and JobLists(backend).status("hot").done == 1
     [job] = queue.reserve("hot", session)
-    # Every answer lost: the native write's, then the UDF's that the repeats go to.
-    backend.client.faults.add(op="*", key=job.name, error="TimeoutError", when="after", times=-1)
+    backend.client.faults.add(op="apply", function="complete", error="TimeoutError", when="after", times=-1)
     with pytest.raises(errors.BackendTimeout):  # still in doubt at the deadline: the caller hears it
         queue.complete(job, "r")
     backend.client.faults.clear()

@@ -27,8 +27,8 @@ def specs(n: int) -> list[JobSpec]:
 def test_a_claim_whose_answer_was_lost_is_retried_not_stranded(env):
     backend, lists, queue, session = env
     lists.load("L", specs(2))
-    # The native claim (hotpath.py) lands, its answer is lost; the repeat goes to the UDF.
-    fault = backend.client.faults.add(op="operate", writes="state=claimed", error="TimeoutError", when="after")
+    # One claim is a UDF call (a batch's are native operations: the next test).
+    fault = backend.client.faults.add(op="apply", function="claim", error="TimeoutError", when="after")
     [job] = queue.reserve("L", session)
     assert fault.times == 0, "the fault fired"
     assert job.token == 0 and job.attempt == 1, "the repeated claim answered 'ok' for the claim that happened"
