@@ -53,6 +53,26 @@ def identifiers(*names: str) -> None:
             raise SyncError(f"{name!r} is not a plain SQL identifier")
 
 
+
+def no_delay(conn: Any) -> bool:
+    """Turn Nagle's algorithm off on a mysql-connector connection's TCP socket; True
+    if it is off. LOAD DATA LOCAL sends the file and then an empty packet in small
+    writes: with Nagle on, the second waits for the server's delayed ACK, about 40
+    ms per load whatever its size (measured here: 42 ms for an 11-row batch, 1 ms
+    with TCP_NODELAY). The pure-Python driver has no option for it, so it is set
+    on the driver's socket (`_socket.sock`) when there is one: a Unix socket, or a
+    driver that moved it, keeps the default, only slower for small batches."""
+    import socket
+
+    sock = getattr(getattr(conn, "_socket", None), "sock", None)
+    if not isinstance(sock, socket.socket) or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return False
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return bool(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+    except OSError:
+        return False
+
 class Dialect:
     """What differs between MySQL and SQLite: connecting, placeholders, the upsert
     clause, and which errors mean "this row's values were refused"."""
@@ -160,6 +180,7 @@ class MySQLDialect(Dialect):
         )
         # Through the driver's property, so that its escaping knows the mode.
         conn.sql_mode = MYSQL_SQL_MODE  # type: ignore[union-attr]
+        no_delay(conn)
         return conn
 
     def conflict_clause(self, table: str, key: Sequence[str], update: Sequence[str], newer: str | None) -> str:

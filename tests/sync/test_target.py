@@ -159,6 +159,17 @@ def test_migration_on_mysql(mysql_db):
     assert "PRIMARY KEY (`id`)" in ddl and "UNIQUE KEY `aq_jobs_job` (`list`,`jid`)" in ddl
 
 
+def test_the_sink_connection_sends_without_nagle_delay(mysql_db):
+    """LOAD DATA LOCAL stalled 40 ms per batch (Nagle against the server's delayed
+    ACK) until TCP_NODELAY: small batches, and every task's last, paid it."""
+    import socket
+
+    target = parse_target(f"mysql://root@127.0.0.1:3306/{mysql_db}")
+    with Sink(target) as sink:
+        sock = sink.conn._socket.sock
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+
+
 def test_migration_2_rebuilds_a_version_1_table_keeping_its_rows_and_can_run_again(mysql_db):
     """A table an older aeroqueue created (clustered on (list, jid)) gets the
     auto-increment key; a run that died after the ALTER, before recording the
