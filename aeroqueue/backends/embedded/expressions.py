@@ -25,7 +25,7 @@ from typing import Any
 import aerospike
 from aerospike_helpers.expressions.resources import ResultType, _ExprOp
 
-from .operations import server_error
+from .server_errors import server_error
 from .types import RecordView
 
 __all__ = ["UNKNOWN", "evaluate", "matches"]

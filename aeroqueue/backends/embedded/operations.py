@@ -20,13 +20,12 @@ from collections.abc import Callable
 from typing import Any
 
 import aerospike
-from aerospike import exception as _exc
 
+from .expressions import UNKNOWN, evaluate
+from .server_errors import server_error
 from .types import OperateOutcome, RecordView
 
 __all__ = ["run_operations", "server_error"]
-
-_NODE = "embedded:0"
 
 _TEXT = {
     2: ("RecordNotFound", "AEROSPIKE_ERR_RECORD_NOT_FOUND"),
@@ -36,25 +35,6 @@ _TEXT = {
     17: ("BinNotFound", "AEROSPIKE_ERR_BIN_NOT_FOUND"),
     26: ("OpNotApplicable", "AEROSPIKE_ERR_OP_NOT_APPLICABLE"),
 }
-
-
-def server_error(cls_name: str, code: int, text: str) -> Exception:
-    """An `aerospike.exception.<cls_name>` shaped like the one the real client raises.
-
-    The client builds its exceptions with positional args (code, msg, file,
-    line, in_doubt) *and* sets the attributes; constructing one with args alone
-    leaves `.msg` None, so both are done here. `msg` carries a node prefix as a
-    real client's does, so callers that match messages match their end.
-    """
-    cls = getattr(_exc, cls_name)
-    msg = f"{_NODE} {text}"
-    err = cls(code, msg, None, None, False)
-    err.code = code
-    err.msg = msg
-    err.file = None
-    err.line = None
-    err.in_doubt = False
-    return err
 
 
 def _err(code: int) -> Exception:
@@ -215,10 +195,7 @@ def _op_write(run: _Run, op: dict) -> None:
 
 
 def _evaluate(compiled: list[tuple], view: RecordView) -> tuple[bool, Any]:
-    """(known, value) of an expression op's expression. Imported here: the
-    expression interpreter raises this module's server errors."""
-    from .expressions import UNKNOWN, evaluate
-
+    """(known, value) of an expression op's expression."""
     value = evaluate(compiled, view)
     return value is not UNKNOWN, value
 
