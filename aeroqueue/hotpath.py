@@ -26,7 +26,6 @@ request id; a repeated ack finds it done and the UDF answers 'again'.
 
 from __future__ import annotations
 
-import dataclasses
 from functools import lru_cache
 from typing import Any
 
@@ -163,7 +162,7 @@ def claim_many(
     """One batch call; per record ok with the claim's answer as `value`, or its code
     (`TO_UDF`: the UDF decides; others: in doubt or busy, as for any batch)."""
     out = backend.batch_same(keys.JOB_SET, names, claim_ops(sess, rid, tlim), expression=queued_filter(deadline))
-    return [dataclasses.replace(r, value=claimed(r.value or {})) if r.ok else r for r in out]
+    return [BatchResult(r.name, True, claimed(r.value or {}), r.code) if r.ok else r for r in out]
 
 
 def complete(backend: Backend, name: str, sess: str, rid: str, result: Any, deadline: int | None = None) -> bool:

@@ -26,6 +26,8 @@ Each of these UDFs is O(1) in the list's size.
 
 from __future__ import annotations
 
+import itertools
+import os
 import threading
 import time
 import uuid
@@ -145,7 +147,7 @@ class Queue:
         if count < 1:
             raise ValueError(f"count must be at least 1, not {count}")
         sess = session if isinstance(session, str) else session.claim_id()
-        rid = uuid.uuid4().hex  # makes a claim whose answer was lost safe to repeat
+        rid = _request_id()  # makes a claim whose answer was lost safe to repeat
         got: list[Job] = []
         lost: list[Job] = []
         pending = acks  # the acks, until they have been sent
@@ -325,10 +327,17 @@ class Queue:
                 self.backend, [(j.name, j.session, j.rid, r) for j, r in zip(jobs, results, strict=True)],
                 self.backend.job_deadline(),
             )
+        done: dict[str, list[int]] = defaultdict(list)
+        alone = []
         for job, res, r in zip(jobs, results, out, strict=True):
             if r.ok:
-                self.bits.add(job.list, [job.token])
-                continue
+                done[job.list].append(job.token)
+            else:
+                alone.append((job, res))
+        # The bits of what is done, one add per list, before any repeat below can raise.
+        for list_name, tokens in done.items():
+            self.bits.add(list_name, tokens)
+        for job, res in alone:
             # Not plainly ours, past its deadline, busy, or the answer lost: the UDF
             # completes it alone, or says why not ('again' is fine).
             try:
@@ -423,6 +432,26 @@ class Queue:
                 f"job {job.name} (id {job.jid!r}): the claim ran past its time limit ({job.timeout_s:g} s) and will "
                 "be retried as timed out; the acknowledgement was refused"
             )
+
+
+# Request ids: a random prefix per process and a counter, unique without a
+# getrandom call per reservation (uuid4 cost the API path a system call each).
+# A forked child (gunicorn's pre-fork workers) draws a prefix of its own.
+_RID_PREFIX = ""
+_rid_counter = itertools.count()
+
+
+def _new_rid_prefix() -> None:
+    global _RID_PREFIX, _rid_counter
+    _RID_PREFIX, _rid_counter = uuid.uuid4().hex[:20], itertools.count()
+
+
+_new_rid_prefix()
+os.register_at_fork(after_in_child=_new_rid_prefix)
+
+
+def _request_id() -> str:
+    return f"{_RID_PREFIX}{next(_rid_counter):012x}"
 
 
 def _answered(result: BatchResult) -> bool:

@@ -34,6 +34,7 @@ import functools
 import logging
 import random
 import threading
+import time
 import weakref
 from collections import defaultdict
 from collections.abc import Iterable
@@ -43,7 +44,7 @@ import aerospike
 from aerospike_helpers.operations import bitwise_operations as bw
 
 from . import keys
-from .backends import Backend, retry_in_doubt
+from .backends import IN_DOUBT, Backend, retry_in_doubt
 from .errors import AeroqueueError, StaleRequest
 
 log = logging.getLogger("aeroqueue.transitions")
@@ -52,8 +53,6 @@ RETRY_CAP = 20_000  # tokens kept in the list record's retry store (well under m
 SCHED_CAP = 20_000  # tokens kept in the list record's schedule; the rest wait in their records for the sweeper
 ERROR_CHARS = 4000  # of each error (message and traceback) kept in a job's history
 BITMAP_BYTES = keys.BITS_PER_CHUNK // 8
-_ONE = bytearray([0x80])
-_ZERO = bytearray([0x00])
 _GROW = bw.bit_resize("done", BITMAP_BYTES, resize_flags=aerospike.BIT_RESIZE_GROW_ONLY)
 
 
@@ -67,13 +66,25 @@ def set_bits(backend: Backend, list_name: str, tokens: Iterable[int], bitmap: st
     for t in tokens:
         chunk, bit = keys.bit_position(t)
         by_chunk[chunk].append(bit)
-    byte = _ONE if value else _ZERO
     for chunk, bits in by_chunk.items():
         # Grow-only resize makes the chunk exist at its full size, whoever comes first.
         grow = _GROW if bitmap == "done" else bw.bit_resize(bitmap, BITMAP_BYTES, resize_flags=aerospike.BIT_RESIZE_GROW_ONLY)
-        ops = [grow] + [bw.bit_set(bitmap, bit, 1, 1, byte) for bit in sorted(set(bits))]
+        ops = [grow, _span_op(bitmap, bits, value)]
         # Repeated while busy or in doubt (a node lost mid-call): it sets the same bits.
         retry_in_doubt(functools.partial(backend.operate, keys.DONE_SET, keys.chunk_name(list_name, chunk), ops))
+
+
+def _span_op(bitmap: str, bits: list[int], value: int) -> dict:
+    """One operation that sets (OR) or clears (AND) `bits` and leaves the others of
+    their byte span alone: one op per chunk, not one `bit_set` per bit, for the
+    server to apply and for the client to build (each `bit_set` also warns)."""
+    lo, hi = min(bits) & ~7, (max(bits) | 7) + 1
+    mask = bytearray((hi - lo) // 8)
+    for bit in bits:
+        mask[(bit - lo) >> 3] |= 0x80 >> ((bit - lo) & 7)
+    if value:
+        return bw.bit_or(bitmap, lo, hi - lo, len(mask), mask)
+    return bw.bit_and(bitmap, lo, hi - lo, len(mask), bytearray(b ^ 0xFF for b in mask))
 
 
 def push_retry(backend: Backend, list_name: str, tokens: list[int]) -> int:
@@ -257,7 +268,12 @@ def job_udf(
             )
         return answer
 
-    return retry_in_doubt(once, deadline_s=deadline_s)
+    started = time.monotonic()
+    try:  # the first attempt direct: the retry loop only once an answer is in doubt
+        return once()
+    except IN_DOUBT:
+        pass
+    return retry_in_doubt(once, deadline_s=max(0.0, deadline_s - (time.monotonic() - started)))
 
 
 def after_fail(backend: Backend, list_name: str, token: int, outcome: str, delay_ms: int = 0) -> None:
