@@ -7,8 +7,9 @@ One module per step of a run:
 - `scan`: the server-side filter of what to copy, streamed in batches;
 - `write` and `schema`: the upsert into the target, its versioned tables,
   job records as rows (or rejects);
-- `mark`: after the commit, one batch write marks what the target now holds;
-  retention;
+- `mark`: after the commit, one batch of the same server-side write marks what
+  the target now holds (a versioned write per record where a job changed since
+  the scan); retention;
 - `task`: a Spark task's range of partitions, start to end;
 - `job`: the Spark driver's side: the session, a run, progress, summaries;
 - `schedule`: one run per target at a time (a lease), once or on a schedule;

@@ -144,17 +144,19 @@ def plain_loop(backend: Backend, options: SyncOptions) -> int:
     copied = 0
     with Sink(options.target) as sink:
         rows: list[tuple[Any, ...]] = []
-        for _name, rec in backend.scan(keys.JOB_SET, expression=to_copy(options), bins=SCAN_BINS,
+        # Page by page, as the sync's tasks read (no object per record).
+        for page in backend.scan_pages(keys.JOB_SET, expression=to_copy(options), bins=SCAN_BINS,
                                        page_size=options.page_size):
-            try:
-                rows.append(job_row(rec.bins, 0))
-            except Refused:
-                continue
-            if len(rows) >= options.batch_size:
-                sink.copy(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, rows, newer="done_at")
-                sink.commit()
-                copied += len(rows)
-                rows = []
+            for _key, _meta, bins in page:
+                try:
+                    rows.append(job_row(bins, 0))
+                except Refused:
+                    continue
+                if len(rows) >= options.batch_size:
+                    sink.copy(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, rows, newer="done_at")
+                    sink.commit()
+                    copied += len(rows)
+                    rows = []
         sink.copy(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, rows, newer="done_at")
         sink.commit()
         copied += len(rows)

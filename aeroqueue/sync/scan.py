@@ -88,20 +88,22 @@ def batches(
     backend: Backend, options: SyncOptions, begin: int, count: int, synced_at: int
 ) -> Iterator[Batch]:
     """The range's jobs to copy, as batches of at most `batch_size` rows or `batch_bytes` bytes."""
-    records = backend.scan(
+    pages = backend.scan_pages(
         keys.JOB_SET, begin=begin, count=count, expression=to_copy(options), bins=SCAN_BINS,
         page_size=options.page_size,
     )
     batch = Batch()
+    size, max_bytes = options.batch_size, options.batch_bytes
     while True:
         t0 = time.perf_counter()
-        got = next(records, None)
+        page = next(pages, None)
         batch.scan_s += time.perf_counter() - t0
-        if got is None:
+        if page is None:
             break
-        batch.add(got[0], got[1].bins, synced_at)
-        if len(batch) >= options.batch_size or batch.bytes >= options.batch_bytes:
-            yield batch
-            batch = Batch()
+        for key, _meta, bins in page:
+            batch.add(key[2], bins, synced_at)
+            if len(batch.rows) + len(batch.rejects) >= size or batch.bytes >= max_bytes:
+                yield batch
+                batch = Batch()
     if len(batch) or batch.scanned:
         yield batch

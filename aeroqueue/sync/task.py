@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 from .. import keys
 from ..backends import Backend, open_backend
 from ..errors import BackendError, SyncError
-from .mark import mark, retain
+from .mark import Clock, mark_unchanged, retain, server_clock
 from .options import Counts, SyncFaults, SyncOptions
 from .scan import Batch, batches
 from .schema import JOB_COLUMNS, JOB_KEY, JOBS_TABLE, REJECT_COLUMNS, REJECTS_TABLE, reject_row
@@ -118,9 +118,12 @@ class RangeSync:
         self.per_list: Counter[str] = Counter()
         self._commits = 0
         self._report_as = ""
+        self._clock: Clock | None = None
 
     def run(self, begin: int, count: int) -> Counts:
         self._report_as = progress_name(self.options.run_id, begin) if self.options.run_id else ""
+        # Before the scan's first page: a record not updated since is exactly as the scan reads it.
+        self._clock = server_clock(self.backend)
         for batch in read_ahead(batches(self.backend, self.options, begin, count, self.synced_at)):
             self.counts.scanned += batch.scanned
             self.counts.scan_s += batch.scan_s
@@ -145,12 +148,16 @@ class RangeSync:
         t0 = time.perf_counter()
         refused_at = {i for i, _ in refused}
         keep = [i for i in range(len(batch.rows)) if i not in refused_at]
-        marked, vanished = mark(self.backend, self.mark_bin, [batch.names[i] for i in keep],
-                                [batch.versions[i] for i in keep])
+        assert self._clock is not None
+        if refused_at:
+            names, versions = [batch.names[i] for i in keep], [batch.versions[i] for i in keep]
+        else:
+            names, versions = batch.names, batch.versions
+        marked, vanished = mark_unchanged(self.backend, self.mark_bin, names, versions, self._clock)
         self.counts.marked += marked
         self.counts.vanished += vanished
         self.counts.mark_s += time.perf_counter() - t0
-        self.per_list.update(batch.bins[i]["list"] for i in keep)
+        self.per_list.update(batch.rows[i][0] for i in keep)
         self._report()
         f = self.faults
         if f.kill_after_batches and self.counts.batches == f.kill_after_batches:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import operator
 import os
 import re
 import shutil
@@ -410,9 +411,9 @@ class Sink:
         # In key order: the batch's entries then land together in the unique
         # index's pages (1.6x on 1M rows into MariaDB). Python orders str by code
         # point, which is the byte order of their UTF-8 (VARBINARY's order).
-        at = [columns.index(c) for c in key]
+        by_key = operator.itemgetter(*[columns.index(c) for c in key])
         try:
-            ordered = sorted(rows, key=lambda row: [row[i] for i in at])
+            ordered = sorted(rows, key=by_key)
         except TypeError:  # a None in the key: the upsert refuses that row anyway
             ordered = list(rows)
         try:

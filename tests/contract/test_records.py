@@ -161,6 +161,36 @@ def test_expression_ops_read_the_clock_and_the_bins(client, ns, set_name):
     assert e.value.code == 26
 
 
+def test_a_batch_marks_records_unchanged_since_a_clock_with_their_own_bin(client, ns, set_name):
+    """The sync's fast mark (sync/mark.py): the server's clock is a written record's
+    LastUpdateTime; one batch of the same expression write (mark = done_at) with a
+    filter "last update strictly before the clock" marks, update-only, exactly the
+    records nothing wrote since: a record written after the clock, or in the clock's
+    own millisecond, is filtered out (27), a missing one is not created (2)."""
+    keys = [(ns, set_name, f"m{i}") for i in range(4)]
+    client.put(keys[0], {"state": "done", "done_at": 111})
+    client.put(keys[1], {"state": "dead", "done_at": 222})
+    client.put(keys[2], {"state": "done", "done_at": 333})
+    time.sleep(0.005)  # the clock is a later millisecond than the records before it
+    clock_key = (ns, set_name, "clock")
+    client.put(clock_key, {"at": 1})
+    clock = client.operate(clock_key, [eo.expression_read("lut", xp.LastUpdateTime().compile())])[2]["lut"]
+    assert clock % 1_000_000 == 0 and abs(clock / 1e6 - time.time() * 1000) < 5_000, "Unix ns, whole milliseconds"
+    client.put(keys[2], {"done_at": 334})  # processed again after the clock (same millisecond or later)
+    unchanged = xp.And(xp.BinExists("done_at"), xp.LT(xp.LastUpdateTime(), clock)).compile()
+    out = client.batch_operate(
+        keys, [eo.expression_write("mk", xp.IntBin("done_at").compile())],
+        policy_batch={"expressions": unchanged}, policy_batch_write={"exists": aerospike.POLICY_EXISTS_UPDATE},
+    )
+    assert [r.result for r in out.batch_records] == [0, 0, 27, 2]
+    assert [client.get(k)[2].get("mk") for k in keys[:3]] == [111, 222, None]
+    with pytest.raises(ex.RecordNotFound):
+        client.get(keys[3])
+    # The mark is a write: the record's update time moves past the clock.
+    with pytest.raises(ex.FilteredOut):
+        client.get(keys[0], policy={"expressions": unchanged})
+
+
 def test_since_update_time_is_measured_by_the_server(client, ns, set_name):
     key = (ns, set_name, "lut")
     client.put(key, {"a": 1})

@@ -339,14 +339,16 @@ class EmbeddedClient:
         now = self._now()
         with self._storage.write() as db:
             old = self._live(db, ns, digest, now)
+            if old is None and pol.get("exists") in (aerospike.POLICY_EXISTS_UPDATE, aerospike.POLICY_EXISTS_REPLACE):
+                # Update-only: never creates the record, and the server answers so before
+                # it runs any op (an expression write on a missing record is 2, not 26).
+                raise _not_found()
             view = self._view(old, set_name, user_key, digest, now)
             self._gen_check(meta, pol, old)
             self._filter(pol, view)
             outcome = run_operations(view, ops)
             if old is None and not outcome.wrote:
                 raise _not_found()
-            if old is None and pol.get("exists") in (aerospike.POLICY_EXISTS_UPDATE, aerospike.POLICY_EXISTS_REPLACE):
-                raise _not_found()  # update-only: never creates the record
             if old is not None and pol.get("exists") == aerospike.POLICY_EXISTS_CREATE and outcome.wrote:
                 raise server_error("RecordExistsError", 5, "AEROSPIKE_ERR_RECORD_EXISTS")
             row = old

@@ -1,0 +1,86 @@
+"""Marks written the fast way (one batch of the same expression write, for records
+unchanged since a clock taken before the scan) name exactly the version the
+scan read, as the exact way does; a record changed since takes the exact way.
+No Spark, no MySQL: the marking alone, on both backends."""
+
+from __future__ import annotations
+
+import importlib
+import time
+
+import pytest
+
+from aeroqueue import keys
+from aeroqueue.lists import JobLists
+from aeroqueue.queue import Queue
+from aeroqueue.sessions import Session
+from aeroqueue.sync.mark import mark_unchanged, server_clock
+
+from .helpers import make_jobs
+
+MARK = "sync_t_mark"
+marking = importlib.import_module("aeroqueue.sync.mark")  # the package exports a function named `mark`
+
+
+@pytest.fixture
+def exact_calls(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The names each call of the exact path was given."""
+    calls: list[list[str]] = []
+    exact = marking.mark
+
+    def spy(backend, mark_bin, names, versions):  # type: ignore[no-untyped-def]
+        calls.append(list(names))
+        return exact(backend, mark_bin, names, versions)
+
+    monkeypatch.setattr(marking, "mark", spy)
+    return calls
+
+
+def _scanned(store, list_name: str) -> tuple[list[str], list[int]]:
+    jobs = sorted(JobLists(store).jobs(list_name), key=lambda j: j["token"])
+    return [keys.job_name(list_name, j["token"]) for j in jobs], [j["done_at"] for j in jobs]
+
+
+def test_unchanged_jobs_are_marked_with_the_version_read_without_the_exact_path(registered, list_name, exact_calls):
+    make_jobs(registered, list_name, done=12, dead=3)
+    time.sleep(0.005)  # the clock's millisecond is after the jobs' last writes
+    clock = server_clock(registered)
+    names, versions = _scanned(registered, list_name)
+    assert mark_unchanged(registered, MARK, names, versions, clock) == (15, 0)
+    assert exact_calls == []
+    assert {j["jid"]: j[MARK] for j in JobLists(registered).jobs(list_name)} == {
+        j["jid"]: j["done_at"] for j in JobLists(registered).jobs(list_name)
+    }
+
+
+def test_a_job_changed_after_the_clock_is_marked_with_the_version_read_or_not_at_all(
+    registered, list_name, exact_calls
+):
+    make_jobs(registered, list_name, done=5, dead=1)
+    time.sleep(0.005)
+    clock = server_clock(registered)
+    names, versions = _scanned(registered, list_name)  # what the scan read
+    # After the scan: the dead job is kicked and processed again (a new done_at),
+    # one done job is deleted (retention elsewhere), and an unrelated bin is written to another.
+    dead = next(j for j in JobLists(registered).jobs(list_name) if j["state"] == "dead")
+    dead_name = keys.job_name(list_name, dead["token"])
+    JobLists(registered).kick(list_name)
+    time.sleep(0.002)
+    q = Queue(registered)
+    with Session.open(registered) as s:
+        (again,) = q.reserve(list_name, s, 1)
+        q.complete(again, {"second": True})
+    assert again.name == dead_name
+    gone = names[0]
+    registered.remove(keys.JOB_SET, gone)
+    touched = names[1]
+    registered.put(keys.JOB_SET, touched, {"other": 1})
+    marked, vanished = mark_unchanged(registered, MARK, names, versions, clock)
+    assert (marked, vanished) == (5, 1)
+    assert sorted(exact_calls[0]) == sorted([dead_name, touched]), "changed since the clock: the exact path"
+    jobs = {keys.job_name(list_name, j["token"]): j for j in JobLists(registered).jobs(list_name)}
+    assert jobs[dead_name][MARK] == versions[names.index(dead_name)] != jobs[dead_name]["done_at"], (
+        "the mark names the version read: the new one still reads as unsynced"
+    )
+    assert jobs[touched][MARK] == jobs[touched]["done_at"]
+    assert gone not in jobs, "update-only: a deleted job is not brought back"
