@@ -42,6 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .acks import DEFAULT_LINGER_S, AckBatcher
 from .backends import Backend
 from .errors import (
     AeroqueueError,
@@ -67,9 +68,15 @@ EXIT_OK = 0  # stopped as asked (SIGTERM/SIGINT, drained) or every list complete
 EXIT_SESSION_LOST = 3  # its session expired or was reaped: it stopped acknowledging
 EXIT_THREADS_DIED = 4  # every handler thread died (a bug in the worker, not a handler)
 # Jobs a worker thread reserves at a time: a reservation is two round trips
-# (take, then one batch of claims), each ack one, so 4 make 1.5 per job. The
-# jobs wait claimed in the thread's hands, as with Celery's prefetch.
+# (take, then one batch of claims). The jobs wait claimed in the thread's hands,
+# as with Celery's prefetch. Unless --prefetch fixes it, the worker sizes it to
+# its handlers' pace: DEFAULT_PREFETCH until a handler has run, then about
+# PREFETCH_HOLD_S of work, between 1 and PREFETCH_MAX. Quick handlers get big
+# reservations (their round trips spread over many jobs); slow ones get one
+# job at a time, so no job waits behind another while other workers idle.
 DEFAULT_PREFETCH = 4
+PREFETCH_MAX = 100
+PREFETCH_HOLD_S = 0.02
 POOLS = ("thread", "process")
 
 
@@ -132,6 +139,14 @@ def storable_result(value: Any) -> Any:
         return json.loads(text, parse_int=_int64)
     except (TypeError, ValueError, RecursionError) as e:
         raise ResultNotStorable(f"the handler's result cannot be stored as JSON: {e}") from None
+
+
+def prefetch_for(handler_s: float | None) -> int:
+    """How many jobs to reserve at once for handlers that take `handler_s` each
+    (None: not known yet): about PREFETCH_HOLD_S of work, within 1..PREFETCH_MAX."""
+    if handler_s is None:
+        return DEFAULT_PREFETCH
+    return max(1, min(PREFETCH_MAX, int(PREFETCH_HOLD_S / max(handler_s, 1e-6))))
 
 
 def _int64(text: str) -> int:
@@ -248,7 +263,8 @@ class Worker:
         lists: Sequence[ListArg],
         *,
         concurrency: int = 1,
-        batch: int = DEFAULT_PREFETCH,
+        batch: int | None = None,
+        ack_linger_s: float = DEFAULT_LINGER_S,
         interval_s: float = DEFAULT_INTERVAL_S,
         expiry_s: float = DEFAULT_EXPIRY_S,
         drain_timeout_s: float = 30.0,
@@ -264,8 +280,10 @@ class Worker:
     ) -> None:
         # "name", "name=weight", (name, weight), or a glob pattern: see aeroqueue.selection.
         specs = parse_lists(lists)
-        if concurrency < 1 or batch < 1:
+        if concurrency < 1 or (batch is not None and batch < 1):
             raise ConfigError("concurrency and batch must be at least 1")
+        if ack_linger_s < 0:
+            raise ConfigError(f"ack_linger_s must be zero (acknowledge each job at once) or positive, not {ack_linger_s}")
         if pool not in POOLS:
             raise ConfigError(f"unknown pool {pool!r}: use 'thread' or 'process'")
         self.pool = pool
@@ -277,7 +295,10 @@ class Worker:
         )
         self.lists = [str(s) for s in specs]
         self.concurrency = concurrency
-        self.batch = batch
+        self.batch = batch  # None: sized to the handlers' pace (`prefetch`)
+        self.ack_linger_s = ack_linger_s
+        self.acks: AckBatcher | None = None  # while running, unless ack_linger_s is 0
+        self._handler_s: float | None = None  # moving average of a handler's run
         self.interval_s = interval_s
         self.expiry_s = expiry_s
         self.drain_timeout_s = drain_timeout_s
@@ -293,6 +314,7 @@ class Worker:
         self._in_flight: dict[str, Job] = {}
         self._in_flight_lock = threading.Lock()
         self._held: set[str] = set()  # every job a thread reserved and has not finished with
+        self._acking: dict[str, int] = {}  # jobs whose ack waits in `acks` (name -> how many)
         self._orphans: set[str] = set()  # claims of our session no thread held at the last check
         self._warned: set[str] = set()
         self._threads: list[threading.Thread] = []
@@ -333,8 +355,12 @@ class Worker:
         self.session = session = Session.open(
             self.backend, interval_s=self.interval_s, expiry_s=self.expiry_s, on_beat=self.observer.heartbeat
         )
+        if self.ack_linger_s > 0:
+            self.acks = AckBatcher(self.queue, self._ack_outcome, linger_s=self.ack_linger_s, lost=lambda: session.lost,
+                                   too_big=self._too_big)
         log.info("worker started", extra={"event": "started", "session": session.id, "pid": os.getpid(), "lists": self.lists,
-                                          "concurrency": self.concurrency, "batch": self.batch})
+                                          "concurrency": self.concurrency, "batch": self.batch or "auto",
+                                          "ack_linger_s": self.ack_linger_s})
         for _ in range(self.concurrency):
             self._start_thread()
         try:
@@ -416,8 +442,9 @@ class Worker:
                 log.warning("a timed-out handler returned: its result was discarded",
                             extra={"event": "late_result", "list": job.list, "token": job.token, "jid": job.jid})
                 return  # the watchdog replaced this thread
-            self.counters.add(_COUNTER_OF[outcome])
-            self.observer.outcome(job.list, outcome)
+            if outcome != "acking":  # else `_ack_outcome` counts it once the ack is sent
+                self.counters.add(_COUNTER_OF[outcome])
+                self.observer.outcome(job.list, outcome)
 
     def _run(self, job: Job, session: Session, runner: _ChildRunner | None = None) -> str:
         """Run one job and acknowledge it (one round trip); returns the outcome."""
@@ -440,9 +467,19 @@ class Worker:
                 return self._timed_out(job)
         else:
             ok, value = run_handler(job, self.handler)
-        self.observer.handler_duration(job.list, time.monotonic() - started)
+        took = time.monotonic() - started
+        self.observer.handler_duration(job.list, took)
+        self._handler_s = took if self._handler_s is None else 0.8 * self._handler_s + 0.2 * took
         if id(job) in self._abandoned:
             return "abandoned"
+        if ok and self.acks is not None and not session.lost:
+            # Sent with the next batch; held until then, so that no orphan check
+            # gives back a claim whose ack is on its way.
+            with self._in_flight_lock:
+                self._acking[job.name] = self._acking.get(job.name, 0) + 1
+            if self.acks.add(job, value, started):
+                return "acking"
+            self._unack(job.name)  # closed (draining past its deadline): acknowledged below, alone
         outcome = acknowledge(self.queue, job, ok, value, session)
         if outcome == "done":
             log.info("job done", extra={"event": "job_done", "list": job.list, "token": job.token, "jid": job.jid,
@@ -494,12 +531,60 @@ class Worker:
         with self._in_flight_lock:
             self._held.difference_update(job.name for job in jobs)
 
+    def prefetch(self) -> int:
+        """Jobs a thread reserves at a time: --prefetch when given, else about
+        PREFETCH_HOLD_S of work at the handlers' recent pace (DEFAULT_PREFETCH
+        until one has run), between 1 and PREFETCH_MAX."""
+        if self.batch is not None:
+            return self.batch
+        return prefetch_for(self._handler_s)
+
     def _reserve(self, session: Session, name: str) -> list[Job]:
         asked = time.monotonic()
         try:
-            return self.queue.reserve(name, session, self.batch)
+            return self.queue.reserve(name, session, self.prefetch())
         finally:
             self.observer.reserve_latency(name, time.monotonic() - asked)
+
+    def _ack_outcome(self, job: Job, outcome: str, started: float) -> None:
+        """What became of an ack sent by `acks`: counted and logged as `acknowledge`
+        would have, the job no longer held."""
+        self._unack(job.name)
+        if outcome == "done":
+            log.info("job done", extra={"event": "job_done", "list": job.list, "token": job.token, "jid": job.jid,
+                                        "attempt": job.attempt, "ms": round((time.monotonic() - started) * 1000, 2)})
+        elif outcome == "lost":
+            log.warning("claim lost: acknowledgement refused",
+                        extra={"event": "claim_lost", "list": job.list, "token": job.token, "jid": job.jid})
+        elif outcome == "unacked":
+            log.warning("job finished after the session was lost: not acknowledged",
+                        extra={"event": "job_unacked", "list": job.list, "token": job.token, "jid": job.jid})
+        elif outcome == "failed":
+            # The ack may or may not have landed: if the claim is still ours, give the
+            # job back (its attempt counted) rather than hold it while the session lives.
+            assert self.session is not None
+            self._release([job], self.session, refund=False)
+            outcome = "unacked"
+        self.counters.add(_COUNTER_OF[outcome])
+        self.observer.outcome(job.list, outcome)
+
+    def _unack(self, name: str) -> None:
+        with self._in_flight_lock:
+            left = self._acking.get(name, 0) - 1
+            if left > 0:
+                self._acking[name] = left
+            else:
+                self._acking.pop(name, None)
+
+    def _too_big(self, job: Job, why: str, started: float) -> None:
+        """The store refused the handler's result as too big: fail the job instead."""
+        assert self.session is not None
+        try:
+            outcome = acknowledge(self.queue, job, False, why, self.session)
+        except AeroqueueError as e:
+            log.error("acknowledgement failed", extra={"event": "ack_failed", "jid": job.jid, "error": str(e)})
+            outcome = "failed"
+        self._ack_outcome(job, outcome, started)
 
     def _release(self, jobs: list[Job], session: Session, *, refund: bool = True) -> None:
         if session.lost:
@@ -637,7 +722,7 @@ class Worker:
         still picking up, and is released with its attempt counted."""
         held = dict(session.held())
         with self._in_flight_lock:
-            orphans = set(held) - self._held
+            orphans = set(held) - self._held - self._acking.keys()
         ripe, self._orphans = orphans & self._orphans, orphans - self._orphans
         for name in sorted(ripe):
             bins = held[name]
@@ -661,6 +746,10 @@ class Worker:
             if not waiting:
                 break
             waiting[0].join(min(0.1, max(0.0, deadline - time.monotonic())))
+        # The acks of what finished go out before the session closes (or, if it was
+        # lost, end unacked). A handler still running past this acknowledges alone.
+        if self.acks is not None and not self.acks.close(max(1.0, deadline - time.monotonic())):
+            log.warning("acknowledgements still pending at the drain deadline", extra={"event": "ack_timeout"})
         if not session.lost:
             # Ask the server, not the last heartbeat: a process paused past its
             # expiry (SIGSTOP, a long GC) may stop before its heartbeat thread

@@ -13,13 +13,14 @@ import click
 from rich.live import Live
 from rich.table import Table
 
+from ..acks import DEFAULT_LINGER_S
 from ..errors import ConfigError
 from ..logs import configure_logging
 from ..selection import DEFAULT_BACKOFF_MAX_S, DEFAULT_REFRESH_S, parse_list
 from ..sessions import check_timing
 from ..sessions import reap as reap_sessions
 from ..sessions import sweep as sweep_store
-from ..worker import DEFAULT_PREFETCH
+from ..worker import DEFAULT_PREFETCH, PREFETCH_HOLD_S, PREFETCH_MAX
 from .context import (
     EXPIRY_OPT,
     HEARTBEAT_OPT,
@@ -51,9 +52,14 @@ def _check_lists(ctx: click.Context, param: click.Parameter, value: tuple[str, .
 @option("--idle-max", "idle_max", env="IDLE_MAX", type=click.FloatRange(min=0.01), default=DEFAULT_BACKOFF_MAX_S,
         help="Longest pause between polls of an empty or paused list (it backs off exponentially up to this).")
 @option("--concurrency", "-c", env="CONCURRENCY", type=click.IntRange(1, 256), default=1, help="Handler threads.")
-@option("--batch", "--prefetch", "batch", env="BATCH", type=click.IntRange(1, 1000), default=DEFAULT_PREFETCH,
-        help="Jobs each thread reserves at a time (they wait claimed): 2 round trips per reservation and 1 per ack, "
-             "so 4 make 1.5 per job. Use 1 for long jobs, so no job waits behind another.")
+@option("--batch", "--prefetch", "batch", env="BATCH", type=click.IntRange(1, 1000), default=None,
+        help=f"Jobs each thread reserves at a time (they wait claimed; a reservation is 2 round trips). Default: "
+             f"sized to the handlers' pace, {DEFAULT_PREFETCH} until one has run, then about "
+             f"{PREFETCH_HOLD_S * 1000:g} ms of work, 1 to {PREFETCH_MAX}. Use 1 for long jobs, so no job waits "
+             "behind another.")
+@option("--ack-linger", "ack_linger", env="ACK_LINGER", type=click.FloatRange(min=0), default=DEFAULT_LINGER_S * 1000,
+        help="Milliseconds a finished job's acknowledgement may wait to go out with others in one batch (one round "
+             "trip for many jobs). 0: acknowledge each job on its own before taking the next.")
 @HEARTBEAT_OPT
 @EXPIRY_OPT
 @option("--pool", env="POOL", type=click.Choice(["thread", "process"]), default="thread",
@@ -73,7 +79,7 @@ def _check_lists(ctx: click.Context, param: click.Parameter, value: tuple[str, .
 @click.pass_obj
 def worker(
     obj: Context, handler: str, lists: tuple[str, ...], refresh_lists: float, idle_max: float, concurrency: int,
-    batch: int, interval_s: float, expiry_s: float, pool: str, drain_timeout: float, sweep_every: float,
+    batch: int | None, ack_linger: float, interval_s: float, expiry_s: float, pool: str, drain_timeout: float, sweep_every: float,
     sweep_grace: float, until_complete: bool,
     metrics_port: int | None, metrics_host: str, log_format: str, log_level: str | None,
 ) -> None:
@@ -95,7 +101,8 @@ def worker(
 
         observer = WorkerMetrics()
     w = Worker(
-        obj.backend(), load_handler(handler), list(lists), concurrency=concurrency, batch=batch, interval_s=interval_s,
+        obj.backend(), load_handler(handler), list(lists), concurrency=concurrency, batch=batch,
+        ack_linger_s=ack_linger / 1000, interval_s=interval_s,
         expiry_s=expiry_s, drain_timeout_s=drain_timeout, sweep_every_s=sweep_every,
         sweep_grace_ms=int(sweep_grace * 1000), until_complete=until_complete, observer=observer, pool=pool,
         idle_max_s=idle_max, refresh_lists_s=refresh_lists,

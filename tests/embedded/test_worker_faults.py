@@ -11,7 +11,15 @@ from aeroqueue.loading import JobSpec
 from aeroqueue.worker import EXIT_OK, Worker
 
 
+def _fail_acks_of(backend, key: str) -> None:
+    # Every answer to an ack of the job at `key` is lost until the deadline (one lost
+    # answer is retried): its native form (hotpath.py) and the UDF alike.
+    backend.client.faults.add(op="*", writes="state=done", key=key, error="TimeoutError", times=-1)
+    backend.client.faults.add(op="*", function="complete", key=key, error="TimeoutError", times=-1)
+
+
 def test_a_failed_ack_gives_the_job_back_instead_of_holding_it(tmp_path):
+    """Acknowledged one at a time (ack_linger_s=0), by the thread that ran it."""
     backend = open_backend(f"embedded://{tmp_path / 's.db'}")
     udfs.register(backend)
     JobLists(backend).load("L", [JobSpec("a", {}), JobSpec("b", {})], seal=True)
@@ -20,19 +28,41 @@ def test_a_failed_ack_gives_the_job_back_instead_of_holding_it(tmp_path):
     def handler(job):
         runs.append(job.jid)
         if job.jid == "a" and runs.count("a") == 1:
-            # Every answer to its ack is lost until the deadline (one lost answer is retried).
-            # Its native form (hotpath.py) and the UDF alike.
-            backend.client.faults.add(op="*", writes="state=done", key="L/0", error="TimeoutError", times=-1)
-            backend.client.faults.add(op="*", function="complete", key="L/0", error="TimeoutError", times=-1)
+            _fail_acks_of(backend, "L/0")
         else:
             backend.client.faults.clear()
 
-    w = Worker(backend, handler, ["L"], interval_s=0.1, expiry_s=1.0, idle_s=0.05, until_complete=True)
+    w = Worker(backend, handler, ["L"], ack_linger_s=0, interval_s=0.1, expiry_s=1.0, idle_s=0.05, until_complete=True)
     w.queue.busy_deadline_s = 0.3
     assert w.run(install_signals=False) == EXIT_OK
     assert sorted(runs) == ["a", "a", "b"], "the job whose ack failed ran again"
     job = backend.get(keys.JOB_SET, "L/0").bins
     assert job["state"] == "done" and job["att"] == 2, "its first attempt counted"
+
+
+def test_a_failed_batched_ack_gives_the_job_back_instead_of_holding_it(tmp_path):
+    """Acknowledged in batches by the worker's ack thread (the default): the batch
+    fails, each ack is retried alone and fails too, and the job is given back."""
+    backend = open_backend(f"embedded://{tmp_path / 's.db'}")
+    udfs.register(backend)
+    JobLists(backend).load("L", [JobSpec("a", {})], seal=True)
+    runs: list[str] = []
+
+    def handler(job):
+        runs.append(job.jid)
+        if len(runs) == 1:
+            _fail_acks_of(backend, "L/0")
+        else:
+            backend.client.faults.clear()
+
+    w = Worker(backend, handler, ["L"], interval_s=0.1, expiry_s=1.0, idle_s=0.05, until_complete=True)
+    assert w.acks is None and w.ack_linger_s > 0, "batched acks are the default"
+    w.queue.busy_deadline_s = 0.3
+    assert w.run(install_signals=False) == EXIT_OK
+    assert runs == ["a", "a"], "the job whose batched ack failed ran again"
+    job = backend.get(keys.JOB_SET, "L/0").bins
+    assert job["state"] == "done" and job["att"] == 2, "its first attempt counted"
+    assert w.counters.snapshot()["done"] == 1
 
 
 def test_a_missing_list_is_reported_once_not_every_poll(tmp_path, caplog):

@@ -1,0 +1,221 @@
+"""The worker's batched acknowledgements (aeroqueue.acks) and its prefetch sized to
+the handlers' pace: fewer round trips, and the same guarantees as one ack at a
+time. Real worker processes and SIGKILL for the crash case; every job audited."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from aeroqueue import keys
+from aeroqueue.acks import AckBatcher
+from aeroqueue.backends import open_backend
+from aeroqueue.loading import JobSpec
+from aeroqueue.queue import Queue
+from aeroqueue.sessions import Session
+from aeroqueue.worker import DEFAULT_PREFETCH, EXIT_OK, PREFETCH_MAX, Worker, prefetch_for
+
+N_JOBS = 300
+
+
+def _worker(backend, list_name, **kw) -> Worker:
+    opts = {"interval_s": 0.2, "expiry_s": 2.0, "idle_s": 0.05, "until_complete": True}
+    opts.update(kw)
+    return Worker(backend, lambda job: job.payload["n"] + 1, [list_name], **opts)
+
+
+def _audit_done_once(lists, list_name: str, n: int, session_id: str | None = None) -> None:
+    jobs = list(lists.jobs(list_name))
+    assert len(jobs) == n
+    for rec in jobs:
+        assert rec["state"] == "done", rec
+        assert rec["result"] == rec["payload"]["n"] + 1, rec
+        if session_id is not None:
+            assert rec["by"] == session_id, rec
+    status = lists.status(list_name)
+    assert (status.done, status.in_flight, status.dead) == (n, 0, 0)
+
+
+@pytest.mark.parametrize("linger_s", [0.005, 0.0], ids=["batched", "one-by-one"])
+def test_batched_acks_take_a_fraction_of_the_round_trips(store_url, lists, list_name, linger_s):
+    lists.load(list_name, [JobSpec(f"j{i}", {"n": i}) for i in range(N_JOBS)], seal=True)
+    backend = open_backend(store_url)  # its own counter of round trips
+    try:
+        # No reaping or sweeping: on a shared server they would also count the calls
+        # that clean up after other tests' dead sessions. (--until-complete checks on
+        # the reap cadence, so the test stops the worker itself once all is done.)
+        w = _worker(backend, list_name, ack_linger_s=linger_s, reap_every_s=3600, sweep_every_s=3600,
+                    until_complete=False)
+        trips0 = backend.round_trips
+        code: list[int] = []
+        runner = threading.Thread(target=lambda: code.append(w.run(install_signals=False)))
+        runner.start()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and w.counters.snapshot()["done"] < N_JOBS:
+            time.sleep(0.05)
+        w.request_stop()
+        runner.join(60)
+        assert code == [EXIT_OK]
+        trips = backend.round_trips - trips0
+    finally:
+        backend.close()
+    assert w.counters.snapshot()["done"] == N_JOBS
+    _audit_done_once(lists, list_name, N_JOBS, w.session.id if w.session else None)
+    if linger_s:
+        # Acks in batches, reservations sized to the quick handler: far under one call per job.
+        assert trips < N_JOBS / 3, trips
+    else:
+        assert trips >= N_JOBS, trips  # one ack per job, at least
+
+
+def test_prefetch_follows_the_handlers_pace():
+    assert prefetch_for(None) == DEFAULT_PREFETCH
+    assert prefetch_for(0.0) == PREFETCH_MAX
+    assert prefetch_for(0.005) == 4
+    assert prefetch_for(10.0) == 1
+
+
+def test_a_fixed_prefetch_is_kept(registered, list_name):
+    w = _worker(registered, list_name, batch=3)
+    w._handler_s = 0.0
+    assert w.prefetch() == 3
+    w = _worker(registered, list_name)
+    w._handler_s = 0.0
+    assert w.prefetch() == PREFETCH_MAX
+
+
+def test_an_ack_whose_claim_was_lost_is_reported_lost_and_changes_nothing(registered, lists, queue: Queue, list_name):
+    lists.load(list_name, [JobSpec(f"j{i}", {"n": i}) for i in range(4)], seal=True)
+    mine = Session.open(registered, heartbeat=False)
+    other = Session.open(registered, heartbeat=False)
+    try:
+        jobs = queue.reserve(list_name, mine, 4)
+        assert len(jobs) == 4
+        # Job 0's claim is given back and taken by another session before the ack goes.
+        assert queue.release(jobs[0], "test") == "released"
+        theirs = queue.reserve(list_name, other, 1)
+        assert [j.token for j in theirs] == [jobs[0].token]
+        outcomes: dict[int, str] = {}
+        acks = AckBatcher(queue, lambda job, outcome, _: outcomes.__setitem__(job.token, outcome), linger_s=5.0)
+        for job in jobs:
+            assert acks.add(job, "mine")
+        assert acks.waiting() == 4
+        assert acks.close(30.0)
+        assert outcomes == {jobs[0].token: "lost", **{j.token: "done" for j in jobs[1:]}}
+        rec = registered.get(keys.JOB_SET, jobs[0].name).bins
+        assert (rec["state"], rec["sess"]) == ("claimed", other.claim_id()), "another session's claim is untouched"
+        for job in jobs[1:]:
+            rec = registered.get(keys.JOB_SET, job.name).bins
+            assert (rec["state"], rec["result"], rec["by"]) == ("done", "mine", mine.claim_id())
+    finally:
+        mine.close()
+        other.close()
+
+
+def test_a_lost_session_sends_none_of_its_pending_acks(registered, lists, queue: Queue, list_name):
+    lists.load(list_name, [JobSpec(f"j{i}", {"n": i}) for i in range(3)], seal=True)
+    s = Session.open(registered, heartbeat=False)
+    try:
+        jobs = queue.reserve(list_name, s, 3)
+        outcomes: list[str] = []
+        lost = [False]
+        acks = AckBatcher(queue, lambda job, outcome, _: outcomes.append(outcome), linger_s=5.0, lost=lambda: lost[0])
+        for job in jobs:
+            acks.add(job, 1)
+        lost[0] = True  # the heartbeat found the session gone while the acks waited
+        assert acks.close(30.0)
+        assert outcomes == ["unacked"] * 3
+        assert all(registered.get(keys.JOB_SET, j.name).bins["state"] == "claimed" for j in jobs)
+    finally:
+        s.close()
+
+
+HANDLER = """
+import os
+def handle(job):
+    with open(os.environ["AQ_RAN"], "a") as f:
+        f.write(job.jid + "\\n")
+    return job.payload["n"] + 1
+"""
+
+
+def _start_worker(store_url: str, list_name: str, tmp_path: Path, *extra: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "AQ_RAN": str(tmp_path / "ran.txt")}
+    return subprocess.Popen(
+        [sys.executable, "-m", "aeroqueue", "--url", store_url, "worker", "--handler", "acks_handler:handle",
+         "--list", list_name, "--heartbeat", "0.2", "--expiry", "2", "--log-format", "text", *extra],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def test_a_worker_killed_with_acks_pending_loses_no_job(store_url, registered, lists, list_name, tmp_path: Path):
+    """Acks still waiting in a worker's batcher when it is SIGKILLed were never sent:
+    those jobs stay claimed by its dead session, come back when it is reaped, and
+    run again; every job ends done exactly once."""
+    n = 40
+    (tmp_path / "acks_handler.py").write_text(textwrap.dedent(HANDLER))
+    lists.load(list_name, [JobSpec(f"j{i}", {"n": i}) for i in range(n)], seal=True)
+    ran = tmp_path / "ran.txt"
+    # A linger of 10 minutes and fewer jobs than a batch: no ack leaves before the kill.
+    first = _start_worker(store_url, list_name, tmp_path, "--ack-linger", "600000")
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (not ran.exists() or len(ran.read_text().split()) < n):
+            assert first.poll() is None, first.stderr.read() if first.stderr else ""
+            time.sleep(0.05)
+        assert len(ran.read_text().split()) == n, "every handler ran once in the first worker"
+        status = lists.status(list_name)
+        assert (status.done, status.in_flight) == (0, n), "its acks were all still pending"
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait(30)
+    second = _start_worker(store_url, list_name, tmp_path, "--until-complete")
+    try:
+        _, err = second.communicate(timeout=120)
+    finally:
+        if second.poll() is None:
+            second.kill()
+    assert second.returncode == EXIT_OK, err[-2000:]
+    _audit_done_once(lists, list_name, n)
+    runs = Counter(ran.read_text().split())
+    assert runs == Counter({f"j{i}": 2 for i in range(n)}), "each job ran once per worker: at least once, never lost"
+
+
+def test_a_worker_stopped_with_acks_pending_sends_them_before_it_exits(store_url, registered, lists, list_name, tmp_path: Path):
+    """SIGTERM drains: the acks waiting in the batcher go out before the session closes."""
+    n = 30
+    (tmp_path / "acks_handler.py").write_text(textwrap.dedent(HANDLER))
+    lists.load(list_name, [JobSpec(f"j{i}", {"n": i}) for i in range(n)], seal=True)
+    ran = tmp_path / "ran.txt"
+    w = _start_worker(store_url, list_name, tmp_path, "--ack-linger", "600000")
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (not ran.exists() or len(ran.read_text().split()) < n):
+            time.sleep(0.05)
+        assert lists.status(list_name).done == 0, "no ack left before the stop"
+        w.send_signal(signal.SIGTERM)
+        _, err = w.communicate(timeout=60)
+    finally:
+        if w.poll() is None:
+            w.kill()
+    assert w.returncode == EXIT_OK, err[-2000:]
+    _audit_done_once(lists, list_name, n)
+    assert Counter(ran.read_text().split()) == Counter({f"j{i}": 1 for i in range(n)})
+
+
+def test_job_outcomes_are_counted_once_each(registered, lists, list_name):
+    lists.load(list_name, [JobSpec(f"j{i}", {"n": i}) for i in range(50)], seal=True)
+    w = _worker(registered, list_name, concurrency=3)
+    assert w.run(install_signals=False) == EXIT_OK
+    counts = w.counters.snapshot()
+    assert (counts["done"], counts["lost"], counts["unacked"]) == (50, 0, 0)
+    _audit_done_once(lists, list_name, 50)
