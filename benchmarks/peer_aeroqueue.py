@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import aeroqueue
 from aeroqueue import keys, udfs
+from aeroqueue.acks import DEFAULT_LINGER_S, AckBatcher
 from aeroqueue.backends import Backend, base, open_backend
 from aeroqueue.config import parse_url
 from aeroqueue.errors import AeroqueueError, ClaimLost
@@ -23,7 +25,7 @@ from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Job, Queue
 from aeroqueue.sessions import Session
-from aeroqueue.worker import DEFAULT_PREFETCH
+from aeroqueue.worker import PREFETCH_HOLD_S, PREFETCH_MAX, prefetch_for
 
 from .harness import Peer, PeerInfo, PeerUnavailable, PipelinedWorker, Prepared, Worker
 
@@ -78,21 +80,57 @@ class AeroqueueWorker(Worker):
 
 
 class AeroqueuePrefetchWorker(AeroqueueWorker, PipelinedWorker):
-    """The worker's path (`aeroqueue worker`): reserve `PREFETCH` jobs at a time (take +
-    one batch of claims), hand them out one by one, ack each as it finishes."""
+    """The worker's path (`aeroqueue worker`), built from the worker's own parts: it
+    reserves as many jobs at a time as the handlers' pace calls for
+    (`worker.prefetch_for`), hands them out one by one, and its acks go out in
+    batches (`acks.AckBatcher`, the worker's default linger). A job counts as acked
+    once the server accepted its ack."""
 
     def __init__(self, config: dict[str, Any]) -> None:
         super().__init__(config)
         self.waiting: list[Job] = []
+        self.confirmed: list[int] = []  # appended by the batcher's thread (atomic under the GIL)
+        self.handed_at = 0.0
+        self.handler_s: float | None = None
+        self.acks = AckBatcher(self.queue, self._outcome)
+
+    def _outcome(self, job: Job, outcome: str, number: int) -> None:
+        if outcome == "done":
+            self.confirmed.append(number)
+        else:
+            self.lost += 1
 
     def reserve(self, n: int) -> list[tuple[int, Any]]:
         if len(self.waiting) < n:
-            self.waiting += self.queue.reserve(self.list, self.session, max(n, DEFAULT_PREFETCH) - len(self.waiting))
+            want = max(n, prefetch_for(self.handler_s)) - len(self.waiting)
+            self.waiting += self.queue.reserve(self.list, self.session, want)
         got, self.waiting = self.waiting[:n], self.waiting[n:]
+        self.handed_at = time.perf_counter()
         return [(int(job.jid), job) for job in got]
 
+    def ack(self, jobs: list[tuple[int, Any]]) -> list[int]:
+        # The time since the hand-out is what the handler took: the worker's pace.
+        took = time.perf_counter() - self.handed_at
+        self.handler_s = took if self.handler_s is None else 0.8 * self.handler_s + 0.2 * took
+        for number, job in jobs:
+            self.acks.add(job, "ok", number)
+        return self._take_confirmed()
+
     def ack_and_reserve(self, jobs: list[tuple[int, Any]], n: int) -> tuple[list[int], list[tuple[int, Any]]]:
-        return self.ack(jobs), self.reserve(n)
+        done = self.ack(jobs)
+        got = self.reserve(n)
+        if not got:  # the list is drained: every ack must be confirmed before the run ends
+            self.acks.flush()
+            done += self._take_confirmed()
+        return done, got
+
+    def _take_confirmed(self) -> list[int]:
+        done, self.confirmed = self.confirmed, []
+        return done
+
+    def close(self) -> None:
+        self.acks.close()
+        super().close()
 
 
 class BareWorker(Worker):
@@ -141,9 +179,11 @@ PATHS = {
     "aeroqueue": (
         AeroqueuePrefetchWorker,
         "reserve(list, session, 100): one take UDF + one batch claim UDF; complete_many: one batch",
-        f"worker path: reserve {DEFAULT_PREFETCH} jobs at a time (take on the list record + one batch of claim "
-        "UDFs under a session), ack each as it finishes (complete UDF, refused unless the session still holds "
-        "the claim); completion bits written in bulk",
+        f"worker path: reserve as many jobs at a time as the handlers' pace calls for (about "
+        f"{PREFETCH_HOLD_S * 1000:g} ms of work, at most {PREFETCH_MAX}: take on the list record + one batch of "
+        "claims under a session), hand them out one at a time; acks go out in batches within "
+        f"{DEFAULT_LINGER_S * 1000:g} ms (native operations, refused unless the session still holds the claim); "
+        "completion bits written in bulk",
     ),
     "aeroqueue-api": (
         AeroqueueWorker,
