@@ -408,6 +408,7 @@ class Worker:
                     continue
                 now = time.monotonic()
                 with self._in_flight_lock:
+                    self._drop_stale_copies(me, got)
                     jobs.extend(got)
                     self._reserved_at.update((j.name, now) for j in got)
             with self._in_flight_lock:
@@ -522,6 +523,19 @@ class Worker:
         self.counters.add("reserved", len(jobs))
         self.observer.reserved(jobs[0].list, len(jobs))
         return jobs
+
+    def _drop_stale_copies(self, me: threading.Thread, got: list[Job]) -> None:
+        """The server gave out again a job another thread still has prefetched: that
+        thread's claim ended (given back, expired, or undone by a node lost before it
+        replicated), so its copy is stale. Running it would run the handler twice
+        and end in a refused ack. Call with the lock held."""
+        names = {j.name for j in got}
+        for thread, theirs in self._prefetched.items():
+            if thread is not me and theirs and any(j.name in names for j in theirs):
+                stale = [j for j in theirs if j.name in names]
+                theirs[:] = [j for j in theirs if j.name not in names]
+                log.warning("a prefetched job was given out again: its earlier copy is dropped",
+                            extra={"event": "stale_prefetch", "jids": [j.jid for j in stale]})
 
     def _hold(self, jobs: list[Job]) -> None:
         with self._in_flight_lock:

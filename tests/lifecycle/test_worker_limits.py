@@ -157,3 +157,34 @@ def test_failures_back_off_in_the_worker(registered, lists, list_name):
     assert calls[1] - calls[0] >= 0.15 - 0.02  # attempt 1: 0.15..0.3 s
     assert calls[2] - calls[1] >= 0.3 - 0.02  # attempt 2: 0.3..0.6 s
     assert job_bins(registered, list_name, 0)["state"] == "done"
+
+
+def test_a_prefetched_job_given_out_again_runs_once(registered, lists, list_name):
+    """A job waiting in one thread's prefetch whose claim ends (here given back; on a
+    cluster, undone by a node lost before it replicated) and is reserved again by
+    another thread: the first thread drops its stale copy instead of running it."""
+    lists.load(list_name, [JobSpec(j, {}) for j in "abcd"], seal=True)
+    runs: list[str] = []
+    first = threading.Lock()  # only the first handler gives a job back
+    w: Worker
+
+    def handler(job: Job) -> None:
+        runs.append(job.jid)
+        if not first.acquire(blocking=False):
+            return
+        mine = w._prefetched[threading.current_thread()]  # this thread's jobs, not started yet
+        assert mine, "each thread reserved two jobs"
+        other = mine[0]
+        assert w.queue.release(other) == "released"
+        deadline = time.monotonic() + 20
+        while other.jid not in runs and time.monotonic() < deadline:
+            time.sleep(0.02)  # until the other thread has reserved and run it
+        assert other.jid in runs, "the job given back was reserved by the other thread"
+
+    w = fast_worker(registered, handler, list_name, concurrency=2, batch=2, ack_linger_s=0)
+    assert w.run(install_signals=False) == EXIT_OK
+    assert sorted(runs) == ["a", "b", "c", "d"], f"every handler ran once: {runs}"
+    assert w.counters.snapshot()["done"] == 4
+    for token in range(4):
+        bins = job_bins(registered, list_name, token)
+        assert bins["state"] == "done" and bins["att"] == 1, bins
