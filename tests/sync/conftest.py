@@ -9,6 +9,7 @@ copy other tests' jobs too: assertions only look at the test's own list.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import sys
 import uuid
@@ -63,3 +64,22 @@ def mysql_db(mysql_available: None) -> Iterator[str]:
 def mysql_url(mysql_db: str) -> str:
     return f"mysql://root@127.0.0.1:3306/{mysql_db}"
 
+
+@pytest.fixture
+def mysql_user(mysql_db: str) -> Iterator[tuple[str, str]]:
+    """A user with a password, allowed into the scratch database only."""
+    user = f"aqs_{uuid.uuid4().hex[:10]}"
+    password = f"Pw-{secrets.token_hex(8)}-x"
+    conn = root_connection()
+    cur = conn.cursor()
+    hosts = ("localhost", "127.0.0.1")
+    try:
+        for host in hosts:
+            cur.execute("CREATE USER %s@%s IDENTIFIED BY %s", (user, host, password))
+            # Identifiers cannot be parameters: the database name is generated (aqs_<hex>).
+            cur.execute(f"GRANT ALL ON {mysql_db}.* TO %s@%s", (user, host))
+        yield user, password
+    finally:
+        for host in hosts:
+            cur.execute("DROP USER IF EXISTS %s@%s", (user, host))
+        conn.close()

@@ -44,30 +44,39 @@ def _env() -> dict[str, str]:
             "SPARK_HOME": str(spark_home()), "SPARK_LOCAL_IP": "127.0.0.1"}
 
 
-def test_spark_submit_to_a_standalone_cluster(registered, store_url, cluster, list_name, mysql_db, mysql_url):
+@pytest.fixture
+def real_store(real_url):
+    """The real server only: how Spark deploys and retries is Spark's business,
+    whatever the store; one run of these slow tests is enough (the store paths run
+    on both backends in local mode, test_sync.py and test_sync_faults.py)."""
+    backend = open_backend(real_url)
+    udfs.register(backend)
+    yield backend
+    backend.close()
+
+
+def test_spark_submit_to_a_standalone_cluster(real_store, real_url, cluster, list_name, mysql_db, mysql_user):
+    """The job file submitted as a user would, to a master and a worker, with a
+    password in the URL and Spark at its most talkative (--verbose): the rows land,
+    the marks follow, and the password shows nowhere in the output."""
+    registered, store_url = real_store, real_url
+    user, password = mysql_user
     make_jobs(registered, list_name, done=60, dead=4, queued=5)
+    mysql_url = f"mysql://{user}:{password}@127.0.0.1:3306/{mysql_db}"
     out = subprocess.run(
         [str(spark_home() / "bin" / "spark-submit"), "--master", cluster.url, str(ROOT / "sync" / "aeroqueue_sync.py"),
-         "--url", store_url, "sync", "--mysql", mysql_url, "--list", list_name, "--partitions", "4", "--json"],
+         "--verbose", "--url", store_url, "sync", "--mysql", mysql_url, "--list", list_name, "--partitions", "4",
+         "--json"],
         capture_output=True, text=True, timeout=300, env=_env(), cwd=ROOT,
     )
-    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.returncode == 0, out.stderr[-3000:].replace(password, "***")
+    assert password not in out.stdout + out.stderr, "the password showed in the output"
     got = json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
     assert got["copied"] == 64 and got["tasks"] == 4 and got["rejected"] == 0
     assert_exactly_once(registered, mysql_db, list_name)
     assert set(synced_marks(registered, list_name, mysql_url)) == set(processed(registered, list_name))
     apps = cluster.state().get("completedapps", [])
     assert any(a.get("name") == "aeroqueue-sync" for a in apps), "it ran on the cluster, not in local mode"
-
-
-@pytest.fixture
-def real_store(real_url):
-    """The real server only: an executor's death is Spark's business, whatever the store;
-    one run of this slow test is enough (the store-specific paths run on both above)."""
-    backend = open_backend(real_url)
-    udfs.register(backend)
-    yield backend
-    backend.close()
 
 
 def test_an_executor_killed_mid_task(real_store, real_url, cluster, list_name, mysql_db, mysql_url, tmp_path):
