@@ -60,7 +60,8 @@ def _worker(url: str, list_name: str, count: int, out: str, start: Any) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("count", [1, 50])
-def test_every_job_done_exactly_once(store_url, registered, list_name, tmp_path, count):
+def test_every_job_done_exactly_once(store_url, registered, big_list, tmp_path, count):
+    list_name = big_list
     n_jobs = N_JOBS_EMBEDDED if registered.is_embedded else N_JOBS
     lists = JobLists(registered)
     lists.load(list_name, [JobSpec(f"j{i}", {"i": i}) for i in range(n_jobs)], seal=True)

@@ -91,7 +91,8 @@ def reaped(backend, worker: Worker) -> bool:
 
 
 @pytest.mark.slow
-def test_chaos_every_job_done_exactly_once(registered, list_name, tmp_path, spawn):
+def test_chaos_every_job_done_exactly_once(registered, big_list, tmp_path, spawn):
+    list_name = big_list
     lists = JobLists(registered)
     policy = {"timeout_s": TIME_LIMIT_S, "backoff_s": BACKOFF_S, "backoff_max_s": 1.0, "max_attempts": 20}
     delayed_from = time.time() + DELAY_S
