@@ -92,7 +92,11 @@ def create_app(
     @app.get("/")
     def index() -> str:
         rows = data.list_rows()
-        dead = [job for row in rows if row.status.dead for job in data.dead_jobs(row.name, limit=20)][:50]
+        dead = [job for row in rows if row.status.dead for job in data.dead_jobs(row.name, limit=20)]
+        # The latest deaths first: with many lists, the 50 shown are the ones an
+        # operator opens the page for, not those of the lists first by name.
+        dead.sort(key=lambda job: (job.last_error.at or 0) if job.last_error else 0, reverse=True)
+        dead = dead[:50]
         return render_template("index.html", lists=rows, sessions=data.sessions(), dead=dead)
 
     @app.get("/lists/<name>")

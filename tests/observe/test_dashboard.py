@@ -109,6 +109,29 @@ def test_pages_show_the_store(app: Flask, registered: Backend, dead_list: tuple[
     assert client.get("/lists/bad name!").status_code == 404
 
 
+def test_the_overview_shows_the_latest_dead_jobs_first(app: Flask, registered: Backend, list_name: str) -> None:
+    """More than 50 dead jobs across lists: the overview keeps the 50 latest, not those
+    of the lists first by name (on a shared store, the ones an operator came for)."""
+    lists, queue = JobLists(registered), Queue(registered)
+    session = Session.open(registered, heartbeat=False)
+    try:
+        # Three lists first by name with 20 dead each (the overview takes 20 a list), then
+        # the latest two deaths in a list last by name.
+        olds = [(f"a{i}-{list_name}", 20, "OldError: earlier") for i in range(3)]
+        for name, n, error in (*olds, (f"b-{list_name}", 2, "NewError: latest")):
+            lists.load(name, [JobSpec(f"j{i}", {}) for i in range(n)], max_attempts=1, seal=True)
+            for job in queue.reserve(name, session, n):
+                queue.fail(job, f"{error} {job.token}")
+            time.sleep(0.01)  # the later list's deaths are a later millisecond
+    finally:
+        session.close()
+    page = text(app.test_client().get("/"))
+    shown = re.findall(r"(OldError|NewError): \w+ (\d+)", page)
+    assert ("NewError", "0") in shown and ("NewError", "1") in shown, "the latest dead jobs are shown"
+    assert shown[:2] == [("NewError", "1"), ("NewError", "0")] or shown[:2] == [("NewError", "0"), ("NewError", "1")]
+    assert len(shown) == 50 and ("OldError", "0") in shown
+
+
 def test_actions_need_a_csrf_token(app: Flask, registered: Backend, dead_list: tuple[str, Session]) -> None:
     name, _ = dead_list
     client = app.test_client()
