@@ -82,6 +82,15 @@ class Worker(ABC):
         """Calls that reached the server so far."""
         return self.calls
 
+    def unconfirmed(self) -> int:
+        """Acks sent on their way whose outcome is not known yet (a worker that
+        batches its acks in the background); 0 for the others."""
+        return 0
+
+    def flush(self) -> list[int]:
+        """Wait for the acks on their way: the numbers of the jobs accepted."""
+        return []
+
     def close(self) -> None:  # noqa: B027 - most workers have nothing to release
         """Release the connection."""
 
@@ -191,7 +200,11 @@ def _client(
             if time.monotonic() > deadline:
                 timed_out = True
                 break
-            want = batch if max_jobs is None else min(batch, max_jobs - len(acked))
+            # A sample counts the acks on their way too, or it would take more than its share.
+            want = batch if max_jobs is None else min(batch, max_jobs - len(acked) - worker.unconfirmed())
+            if want <= 0:
+                acked.extend(worker.flush())
+                continue
             if pipelined and got:
                 # The acks ride with the next reservation: timed as acks, and the
                 # reserve samples are the standalone reserves only.
@@ -213,6 +226,7 @@ def _client(
             ack_ns.append(c - b)
             acked.extend(done)
             got = []
+        acked.extend(worker.flush())  # the last acks count once the server took them
     except BaseException:
         error = f"client {index}: {traceback.format_exc(limit=4)}"
     finished = time.monotonic()

@@ -120,9 +120,15 @@ class AeroqueuePrefetchWorker(AeroqueueWorker, PipelinedWorker):
         done = self.ack(jobs)
         got = self.reserve(n)
         if not got:  # the list is drained: every ack must be confirmed before the run ends
-            self.acks.flush()
-            done += self._take_confirmed()
+            done += self.flush()
         return done, got
+
+    def unconfirmed(self) -> int:
+        return self.acks.waiting()
+
+    def flush(self) -> list[int]:
+        self.acks.flush()
+        return self._take_confirmed()
 
     def _take_confirmed(self) -> list[int]:
         done, self.confirmed = self.confirmed, []
