@@ -435,20 +435,9 @@ class Backend:
         """The same operations on existing records, in one round trip; each record's
         answer: ok with its bins as `value`, or its code (2: missing; 27: the filter
         `expression` is false for it). Never raises for a single record."""
-        if not names:
-            return []
-        self.round_trips += 1
-        try:
-            out = self.client.batch_operate(
-                [self.key(set_name, n) for n in names], ops,
-                {"expressions": expression} if expression is not None else None,
-                {"exists": aerospike.POLICY_EXISTS_UPDATE},
-            )
-        except aex.AerospikeError as e:
-            raise wrap(e, "batch_operate", f"{set_name}/[{len(names)} keys]") from e
         return [
             BatchResult(name=n, ok=br.result == 0, value=br.record[2] if br.record else None, code=br.result)
-            for n, br in zip(names, out.batch_records, strict=True)
+            for n, br in zip(names, self._batch_operate(set_name, names, ops, expression), strict=True)
         ]
 
     def batch_same_codes(self, set_name: str, names: list[str], ops: list[dict], *, expression: Any = None) -> list[int]:
@@ -456,6 +445,10 @@ class Backend:
         (0: done; 2: missing; 27: filtered out). No object per record: for the sync's
         marks, tens of thousands a second (a `BatchResult` each cost more than the
         write's own share of the client)."""
+        return [br.result for br in self._batch_operate(set_name, names, ops, expression)]
+
+    def _batch_operate(self, set_name: str, names: list[str], ops: list[dict], expression: Any) -> list[Any]:
+        """One `batch_operate` of the same update-only `ops` on `names`: its batch records."""
         if not names:
             return []
         self.round_trips += 1
@@ -467,7 +460,7 @@ class Backend:
             )
         except aex.AerospikeError as e:
             raise wrap(e, "batch_operate", f"{set_name}/[{len(names)} keys]") from e
-        return [br.result for br in out.batch_records]
+        return list(out.batch_records)
 
     def batch_each(self, set_name: str, items: list[tuple[str, list[dict], Any]]) -> list[BatchResult]:
         """`batch_same` where each existing record has its own operations and filter

@@ -157,22 +157,32 @@ def _start_worker(store_url: str, list_name: str, tmp_path: Path, *extra: str) -
     )
 
 
+def _every_handler_run_with_acks_pending(store_url, lists, list_name, tmp_path: Path, n: int):
+    """A worker CLI process over `n` jobs with a linger of 10 minutes (and fewer jobs
+    than a batch: no ack leaves), once every handler has run: (process, the file
+    of the jobs run)."""
+    (tmp_path / "acks_handler.py").write_text(textwrap.dedent(HANDLER))
+    lists.load(list_name, [JobSpec(f"j{i}", {"n": i}) for i in range(n)], seal=True)
+    ran = tmp_path / "ran.txt"
+    proc = _start_worker(store_url, list_name, tmp_path, "--ack-linger", "600000")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (not ran.exists() or len(ran.read_text().split()) < n):
+        if proc.poll() is not None:
+            raise AssertionError(f"the worker exited: {proc.stderr.read() if proc.stderr else ''}")
+        time.sleep(0.05)
+    if not ran.exists() or len(ran.read_text().split()) != n:
+        proc.kill()
+        raise AssertionError("not every handler ran once in the worker")
+    return proc, ran
+
+
 def test_a_worker_killed_with_acks_pending_loses_no_job(store_url, registered, lists, list_name, tmp_path: Path):
     """Acks still waiting in a worker's batcher when it is SIGKILLed were never sent:
     those jobs stay claimed by its dead session, come back when it is reaped, and
     run again; every job ends done exactly once."""
     n = 40
-    (tmp_path / "acks_handler.py").write_text(textwrap.dedent(HANDLER))
-    lists.load(list_name, [JobSpec(f"j{i}", {"n": i}) for i in range(n)], seal=True)
-    ran = tmp_path / "ran.txt"
-    # A linger of 10 minutes and fewer jobs than a batch: no ack leaves before the kill.
-    first = _start_worker(store_url, list_name, tmp_path, "--ack-linger", "600000")
+    first, ran = _every_handler_run_with_acks_pending(store_url, lists, list_name, tmp_path, n)
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and (not ran.exists() or len(ran.read_text().split()) < n):
-            assert first.poll() is None, first.stderr.read() if first.stderr else ""
-            time.sleep(0.05)
-        assert len(ran.read_text().split()) == n, "every handler ran once in the first worker"
         status = lists.status(list_name)
         assert (status.done, status.in_flight) == (0, n), "its acks were all still pending"
     finally:
@@ -193,14 +203,8 @@ def test_a_worker_killed_with_acks_pending_loses_no_job(store_url, registered, l
 def test_a_worker_stopped_with_acks_pending_sends_them_before_it_exits(store_url, registered, lists, list_name, tmp_path: Path):
     """SIGTERM drains: the acks waiting in the batcher go out before the session closes."""
     n = 30
-    (tmp_path / "acks_handler.py").write_text(textwrap.dedent(HANDLER))
-    lists.load(list_name, [JobSpec(f"j{i}", {"n": i}) for i in range(n)], seal=True)
-    ran = tmp_path / "ran.txt"
-    w = _start_worker(store_url, list_name, tmp_path, "--ack-linger", "600000")
+    w, ran = _every_handler_run_with_acks_pending(store_url, lists, list_name, tmp_path, n)
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and (not ran.exists() or len(ran.read_text().split()) < n):
-            time.sleep(0.05)
         assert lists.status(list_name).done == 0, "no ack left before the stop"
         w.send_signal(signal.SIGTERM)
         _, err = w.communicate(timeout=60)
