@@ -454,20 +454,40 @@ def _parse_hosts(text: str) -> list[tuple[str, int]]:
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def default_min_cluster_size(nodes: int) -> int:
+    """A majority from 3 nodes up: a node frozen (SIGSTOP) and resumed, or cut off,
+    cannot form a cluster of its own beside the others and accept writes there. Two
+    nodes keep 1, or losing either would stop the other."""
+    return nodes // 2 + 1 if nodes >= 3 else 1
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line; the shared options go before or after the command
+    (``up --nodes 3`` as well as ``--nodes 3 up``)."""
+    def shared(parser: argparse.ArgumentParser, default: Any) -> None:
+        # On the subcommands the default is SUPPRESS, so that a value given before
+        # the command is not overwritten by the subcommand's default.
+        parser.add_argument("--name", default="dev" if default is None else default,
+                            help="cluster name; namespace aqtest-NAME (default: dev)")
+        parser.add_argument("--subnet", default=default,
+                            help=f"first three octets of the node addresses (default: {DEFAULT_SUBNET})")
+        parser.add_argument("--nodes", type=int, default=default, help="number of nodes (default: 2, or what `up` made)")
+        parser.add_argument("--min-cluster-size", dest="min_cluster_size", type=int, default=default,
+                            help="nodes a cluster needs to form (default: a majority from 3 nodes up, else 1)")
+
     p = argparse.ArgumentParser(prog="python -m tests.cluster", description=__doc__.split("\n\n")[0])
-    p.add_argument("--name", default="dev", help="cluster name; namespace aqtest-NAME (default: dev)")
-    p.add_argument("--subnet", default=None, help=f"first three octets of the node addresses (default: {DEFAULT_SUBNET})")
-    p.add_argument("--nodes", type=int, default=None, help="number of nodes (default: 2, or what `up` made)")
+    shared(p, None)
+    common = argparse.ArgumentParser(add_help=False)
+    shared(common, argparse.SUPPRESS)
     sub = p.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("up", help="make the namespace and start the nodes")
-    sub.add_parser("down", help="stop the nodes and delete the namespace")
-    sub.add_parser("url", help="print the store URL")
-    sub.add_parser("status", help="which nodes run")
+    sub.add_parser("up", parents=[common], help="make the namespace and start the nodes")
+    sub.add_parser("down", parents=[common], help="stop the nodes and delete the namespace")
+    sub.add_parser("url", parents=[common], help="print the store URL")
+    sub.add_parser("status", parents=[common], help="which nodes run")
     for name, what in (("kill", "SIGKILL"), ("stop", "SIGSTOP"), ("cont", "SIGCONT"), ("start", "start")):
-        sp = sub.add_parser(name, help=f"{what} one node")
+        sp = sub.add_parser(name, parents=[common], help=f"{what} one node")
         sp.add_argument("node", type=int)
-    ex = sub.add_parser("exec", help="run a command inside the namespace with AEROQUEUE_URL set")
+    ex = sub.add_parser("exec", parents=[common], help="run a command inside the namespace with AEROQUEUE_URL set")
     ex.add_argument("argv", nargs=argparse.REMAINDER)
     w = sub.add_parser("wait", help="(inside the namespace) wait until HOSTS form one cluster")
     w.add_argument("--hosts", required=True)
@@ -476,7 +496,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     i = sub.add_parser("info", help="(inside the namespace) one info command")
     i.add_argument("--host", required=True)
     i.add_argument("command")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
 
     try:
         if args.cmd == "wait":
@@ -490,7 +514,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         saved_file = Path(f"/tmp/aeroqueue-cluster-{args.name}") / "cluster.json"
         saved = json.loads(saved_file.read_text()) if saved_file.exists() and args.cmd != "up" else {}
         nodes = args.nodes or saved.get("nodes") or 2
-        cluster = Cluster(args.name, nodes, subnet=args.subnet or saved.get("subnet") or DEFAULT_SUBNET)
+        min_size = args.min_cluster_size or saved.get("min_cluster_size") or default_min_cluster_size(nodes)
+        cluster = Cluster(args.name, nodes, subnet=args.subnet or saved.get("subnet") or DEFAULT_SUBNET,
+                          min_cluster_size=min_size)
         if args.cmd == "up":
             why = namespaces_possible()
             if why:
