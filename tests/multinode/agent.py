@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from aeroqueue import keys
@@ -46,10 +47,16 @@ def web(url: str, name: str, k: int) -> dict[str, Any]:
     return {"answers": answers}
 
 
-def load(url: str, name: str, n: int, lease_ms: int = 120_000) -> dict[str, Any]:
+def load(url: str, name: str, n: int, lease_ms: int = 120_000, marker: str | None = None) -> dict[str, Any]:
+    """Load n jobs; with `marker`, that file is made once the first range has landed
+    (a test waits for it to kill a node in the middle of the load, not before it)."""
+    def landed(_: int) -> None:
+        if marker is not None:
+            Path(marker).touch()
+
     try:
         jobs = [(f"j{i}", {"i": i}) for i in range(n)]
-        report = JobLists(open_backend(url)).load(name, jobs, seal=True, lease_ms=lease_ms)
+        report = JobLists(open_backend(url)).load(name, jobs, seal=True, lease_ms=lease_ms, progress=landed)
     except AeroqueueError as e:
         return {"error": f"{type(e).__name__}: {e}"}
     return {"loaded": report.loaded, "skipped": report.skipped, "voided": report.voided}
@@ -91,7 +98,7 @@ def main(argv: list[str]) -> None:
     elif cmd == "web":
         out = web(args[0], args[1], int(args[2]))
     elif cmd == "load":
-        out = load(args[0], args[1], int(args[2]), *(int(a) for a in args[3:4]))
+        out = load(args[0], args[1], int(args[2]), *(int(a) for a in args[3:4]), *args[4:5])
     elif cmd == "frozen-write":
         out = frozen_write(args[0], int(args[1]), int(args[2]))
     elif cmd == "nodes":

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -46,8 +47,9 @@ def loaded_once(cluster: Cluster, name: str, n: int = N) -> None:
     assert all(j["state"] == "queued" for j in jobs)
 
 
-def load(cluster: Cluster, name: str, n: int = N, lease_ms: int = 120_000) -> dict[str, Any]:
-    out: dict[str, Any] = agent(cluster, "load", cluster.url(), name, str(n), str(lease_ms), timeout=120)
+def load(cluster: Cluster, name: str, n: int = N, lease_ms: int = 120_000, marker: Path | None = None) -> dict[str, Any]:
+    extra = [str(marker)] if marker is not None else []
+    out: dict[str, Any] = agent(cluster, "load", cluster.url(), name, str(n), str(lease_ms), *extra, timeout=120)
     return out
 
 
@@ -89,13 +91,18 @@ def test_a_load_while_a_node_leaves(cluster3: Cluster) -> None:
     loaded_once(cluster3, "leaving")
 
 
-def test_a_node_dying_mid_load_is_survived_or_reported(cluster3: Cluster) -> None:
+def test_a_node_dying_mid_load_is_survived_or_reported(cluster3: Cluster, tmp_path: Path) -> None:
     got: dict[str, Any] = {}
+    first_range = tmp_path / "first-range"
     # A short lease, so that a range left pending by a failed load is recovered by the re-run.
-    loader = threading.Thread(target=lambda: got.update(load(cluster3, "dying", 3 * N, lease_ms=2000)))
+    loader = threading.Thread(target=lambda: got.update(load(cluster3, "dying", 3 * N, lease_ms=2000, marker=first_range)))
     loader.start()
-    time.sleep(0.8)  # the agent has connected and is writing
-    cluster3.kill(1)
+    deadline = time.monotonic() + 60
+    while not first_range.exists() and loader.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert first_range.exists(), f"the load never landed a range: {got}"
+    mid_way = loader.is_alive()
+    cluster3.kill(1)  # after its first range of 1,000, the rest still to write
     loader.join()
     if "error" in got:
         # Allowed only as what it is: a write whose fate is unknown, named with its code.
@@ -105,6 +112,6 @@ def test_a_node_dying_mid_load_is_survived_or_reported(cluster3: Cluster) -> Non
         assert "error" not in again, again
     else:
         assert got == {"loaded": 3 * N, "skipped": 0, "voided": 0}, got
-    print(f"\nload with node 1 killed mid-way: {got}")
+    print(f"\nload with node 1 killed {'mid-way' if mid_way else 'as it ended'}: {got}")
     cluster3.wait_stable([0, 2], timeout_s=30)
     loaded_once(cluster3, "dying", 3 * N)
