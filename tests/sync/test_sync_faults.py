@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from aeroqueue import udfs
+from aeroqueue.backends import open_backend
 from aeroqueue.errors import SyncError
 from aeroqueue.sync import SyncFaults, sync_once
 from tests.conftest import require
@@ -88,7 +90,21 @@ def test_mysql_stopped_mid_run_then_restarted(store, store_url, list_name, spark
     assert set(synced_marks(store, list_name, url)) == set(processed(store, list_name))
 
 
-def test_the_driver_killed_between_commit_and_mark(store, store_url, list_name, mysql_db, mysql_url, spark, tmp_path, java):
+@pytest.fixture
+def real_store(real_url, spark):
+    """The real server only: the driver's death is the Spark driver's business,
+    whatever the store, and each run of this test starts a driver and its JVM; the
+    store's side of a commit without its mark runs on both backends in
+    test_sync.py (test_task_dying_between_commit_and_mark_is_retried_harmlessly)."""
+    backend = open_backend(real_url)
+    udfs.register(backend)
+    yield backend
+    backend.close()
+
+
+def test_the_driver_killed_between_commit_and_mark(real_store, real_url, list_name, mysql_db, mysql_url, spark, tmp_path,
+                                                   java):
+    store, store_url = real_store, real_url
     make_jobs(store, list_name, done=90, dead=6)
     args = {"store": store_url, "target": mysql_url, "master": "local[2]", "partitions": 2, "batch": 15,
             "lists": [list_name], "pause_dir": str(tmp_path), "lease_s": 2.0}
