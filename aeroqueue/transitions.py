@@ -34,7 +34,6 @@ import functools
 import logging
 import random
 import threading
-import time
 import weakref
 from collections import defaultdict
 from collections.abc import Iterable
@@ -44,7 +43,7 @@ import aerospike
 from aerospike_helpers.operations import bitwise_operations as bw
 
 from . import keys
-from .backends import IN_DOUBT, Backend, retry_in_doubt
+from .backends import Backend, retry_in_doubt
 from .errors import AeroqueueError, StaleRequest
 
 log = logging.getLogger("aeroqueue.transitions")
@@ -268,12 +267,7 @@ def job_udf(
             )
         return answer
 
-    started = time.monotonic()
-    try:  # the first attempt direct: the retry loop only once an answer is in doubt
-        return once()
-    except IN_DOUBT:
-        pass
-    return retry_in_doubt(once, deadline_s=max(0.0, deadline_s - (time.monotonic() - started)))
+    return retry_in_doubt(once, deadline_s=deadline_s)
 
 
 def after_fail(backend: Backend, list_name: str, token: int, outcome: str, delay_ms: int = 0) -> None:

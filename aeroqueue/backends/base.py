@@ -258,11 +258,6 @@ class Backend:
 
     def udf(self, set_name: str, name: str, module: str, function: str, *args: Any, deadline_s: float = 5.0) -> Any:
         """`apply`, retrying RecordBusy (a hot key) with jittered backoff until `deadline_s`."""
-        global busy_retries
-        try:  # the first attempt direct: the retry loop only once the key is busy
-            return self.apply(set_name, name, module, function, *args)
-        except errors.RecordBusy:
-            busy_retries += 1
         return retry_busy(lambda: self.apply(set_name, name, module, function, *args), deadline_s=deadline_s)
 
     # -- batches ---------------------------------------------------------------
