@@ -141,6 +141,12 @@ def storable_result(value: Any) -> Any:
         raise ResultNotStorable(f"the handler's result cannot be stored as JSON: {e}") from None
 
 
+def handler_pace(previous: float | None, took: float) -> float:
+    """A handler's recent run time: a moving average that follows changes within a
+    few jobs (what `prefetch_for` sizes a reservation by)."""
+    return took if previous is None else 0.8 * previous + 0.2 * took
+
+
 def prefetch_for(handler_s: float | None) -> int:
     """How many jobs to reserve at once for handlers that take `handler_s` each
     (None: not known yet): about PREFETCH_HOLD_S of work, within 1..PREFETCH_MAX."""
@@ -223,6 +229,11 @@ def acknowledge(queue: Queue, job: Job, ok: bool, value: Any, session: Session |
     return "done"
 
 
+def _log_done(job: Job, started: float) -> None:
+    log.info("job done", extra={"event": "job_done", "list": job.list, "token": job.token, "jid": job.jid,
+                                "attempt": job.attempt, "ms": round((time.monotonic() - started) * 1000, 2)})
+
+
 def run_job(queue: Queue, job: Job, handler: Handler, session: Session | None = None) -> str:
     """Run the handler on one reserved job and acknowledge the outcome (`acknowledge`)."""
     started = time.monotonic()
@@ -233,8 +244,7 @@ def run_job(queue: Queue, job: Job, handler: Handler, session: Session | None = 
         raise
     outcome = acknowledge(queue, job, ok, value, session)
     if outcome == "done":
-        log.info("job done", extra={"event": "job_done", "list": job.list, "token": job.token, "jid": job.jid,
-                                    "attempt": job.attempt, "ms": round((time.monotonic() - started) * 1000, 2)})
+        _log_done(job, started)
     return outcome
 
 
@@ -470,7 +480,7 @@ class Worker:
             ok, value = run_handler(job, self.handler)
         took = time.monotonic() - started
         self.observer.handler_duration(job.list, took)
-        self._handler_s = took if self._handler_s is None else 0.8 * self._handler_s + 0.2 * took
+        self._handler_s = handler_pace(self._handler_s, took)
         if id(job) in self._abandoned:
             return "abandoned"
         if ok and self.acks is not None and not session.lost:
@@ -483,8 +493,7 @@ class Worker:
             self._unack(job.name)  # closed (draining past its deadline): acknowledged below, alone
         outcome = acknowledge(self.queue, job, ok, value, session)
         if outcome == "done":
-            log.info("job done", extra={"event": "job_done", "list": job.list, "token": job.token, "jid": job.jid,
-                                        "attempt": job.attempt, "ms": round((time.monotonic() - started) * 1000, 2)})
+            _log_done(job, started)
         return outcome
 
     def _reserve_any(self, session: Session) -> list[Job]:
@@ -561,19 +570,21 @@ class Worker:
             self.observer.reserve_latency(name, time.monotonic() - asked)
 
     def _ack_outcome(self, job: Job, outcome: str, started: float) -> None:
-        """What became of an ack sent by `acks`: counted and logged as `acknowledge`
-        would have, the job no longer held."""
-        self._unack(job.name)
+        """What became of an ack sent by `acks`: logged as `acknowledge` would have, then settled."""
         if outcome == "done":
-            log.info("job done", extra={"event": "job_done", "list": job.list, "token": job.token, "jid": job.jid,
-                                        "attempt": job.attempt, "ms": round((time.monotonic() - started) * 1000, 2)})
+            _log_done(job, started)
         elif outcome == "lost":
             log.warning("claim lost: acknowledgement refused",
                         extra={"event": "claim_lost", "list": job.list, "token": job.token, "jid": job.jid})
         elif outcome == "unacked":
             log.warning("job finished after the session was lost: not acknowledged",
                         extra={"event": "job_unacked", "list": job.list, "token": job.token, "jid": job.jid})
-        elif outcome == "failed":
+        self._settle(job, outcome)
+
+    def _settle(self, job: Job, outcome: str) -> None:
+        """A job whose ack went through `acks` is no longer held; counted as `_work` counts the others."""
+        self._unack(job.name)
+        if outcome == "failed":
             # The ack may or may not have landed: if the claim is still ours, give the
             # job back (its attempt counted) rather than hold it while the session lives.
             assert self.session is not None
@@ -591,14 +602,15 @@ class Worker:
                 self._acking.pop(name, None)
 
     def _too_big(self, job: Job, why: str, started: float) -> None:
-        """The store refused the handler's result as too big: fail the job instead."""
+        """The store refused the handler's result as too big: fail the job instead
+        (`acknowledge` logs what became of it)."""
         assert self.session is not None
         try:
             outcome = acknowledge(self.queue, job, False, why, self.session)
         except AeroqueueError as e:
             log.error("acknowledgement failed", extra={"event": "ack_failed", "jid": job.jid, "error": str(e)})
             outcome = "failed"
-        self._ack_outcome(job, outcome, started)
+        self._settle(job, outcome)
 
     def _release(self, jobs: list[Job], session: Session, *, refund: bool = True) -> None:
         if session.lost:

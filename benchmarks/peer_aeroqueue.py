@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -25,7 +26,7 @@ from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Job, Queue
 from aeroqueue.sessions import Session
-from aeroqueue.worker import PREFETCH_HOLD_S, PREFETCH_MAX, prefetch_for
+from aeroqueue.worker import PREFETCH_HOLD_S, PREFETCH_MAX, handler_pace, prefetch_for
 
 from .harness import Peer, PeerInfo, PeerUnavailable, PipelinedWorker, Prepared, Worker
 
@@ -89,14 +90,16 @@ class AeroqueuePrefetchWorker(AeroqueueWorker, PipelinedWorker):
     def __init__(self, config: dict[str, Any]) -> None:
         super().__init__(config)
         self.waiting: list[Job] = []
-        self.confirmed: list[int] = []  # appended by the batcher's thread (atomic under the GIL)
+        self.confirmed: list[int] = []  # appended by the batcher's thread, taken by this one
+        self._confirmed_lock = threading.Lock()
         self.handed_at = 0.0
         self.handler_s: float | None = None
         self.acks = AckBatcher(self.queue, self._outcome)
 
     def _outcome(self, job: Job, outcome: str, number: int) -> None:
         if outcome == "done":
-            self.confirmed.append(number)
+            with self._confirmed_lock:
+                self.confirmed.append(number)
         else:
             self.lost += 1
 
@@ -110,8 +113,7 @@ class AeroqueuePrefetchWorker(AeroqueueWorker, PipelinedWorker):
 
     def ack(self, jobs: list[tuple[int, Any]]) -> list[int]:
         # The time since the hand-out is what the handler took: the worker's pace.
-        took = time.perf_counter() - self.handed_at
-        self.handler_s = took if self.handler_s is None else 0.8 * self.handler_s + 0.2 * took
+        self.handler_s = handler_pace(self.handler_s, time.perf_counter() - self.handed_at)
         for number, job in jobs:
             self.acks.add(job, "ok", number)
         return self._take_confirmed()
@@ -131,7 +133,10 @@ class AeroqueuePrefetchWorker(AeroqueueWorker, PipelinedWorker):
         return self._take_confirmed()
 
     def _take_confirmed(self) -> list[int]:
-        done, self.confirmed = self.confirmed, []
+        # Under the lock: an append that had looked up the old list before the swap
+        # would otherwise land in a list already handed to the harness, and be lost.
+        with self._confirmed_lock:
+            done, self.confirmed = self.confirmed, []
         return done
 
     def close(self) -> None:
