@@ -5,11 +5,13 @@ from __future__ import annotations
 import contextlib
 import itertools
 import multiprocessing as mp
+import time
 
 import aerospike
 import pytest
 from aerospike import exception as aex
 from aerospike_helpers import expressions as xp
+from aerospike_helpers.operations import operations as op
 
 from aeroqueue import errors
 from aeroqueue.backends import Backend, open_backend
@@ -75,7 +77,6 @@ def test_secondary_index_finds_exactly_the_matching_records(backend: Backend, se
         backend.put(set_name, f"r{i}", {"owner": f"s{i % 3}", "n": i})
     assert backend.create_index(set_name, "owner", f"{set_name}_owner") is True
     assert backend.create_index(set_name, "owner", f"{set_name}_owner") is False  # already there, nothing sent
-    import time
 
     for _ in range(50):  # a real server builds a new index in the background
         try:
@@ -125,3 +126,60 @@ def test_get_returns_the_user_key_only_under_a_send_key_policy(backend: Backend,
     assert backend.client.get(key)[0][2] == "k1"
     assert backend.client.get(key, policy={"key": aerospike.POLICY_KEY_DIGEST})[0][2] is None
     assert backend.client.select(key, ["a"])[0][2] == "k1"
+
+
+def test_secondary_index_follows_operate_writes_and_expiry(backend: Backend, set_name):
+    """The index stays exact through the writes the queue makes: ops that leave the
+    indexed bin alone, a batch that sets it, one that removes it, and a record that
+    expired and was written again without it (its old entry must not come back)."""
+    ns, c = backend.namespace, backend.client
+    index = f"{set_name}_sess"
+    keys = [(ns, set_name, f"j{i}") for i in range(4)]
+    for i, key in enumerate(keys):
+        c.put(key, {"state": "queued", "n": i})
+    c.put((ns, set_name, "probe"), {"sess": "p"})
+    try:
+        assert backend.create_index(set_name, "sess", index) is True
+
+        def held(sess: str) -> list[str]:
+            return sorted(n for n, _ in backend.find(set_name, "sess", sess))
+
+        for _ in range(100):  # a real server builds a new index in the background
+            with contextlib.suppress(errors.BackendError):
+                if held("p"):
+                    break
+            time.sleep(0.1)
+        c.put((ns, set_name, "old"), {"sess": "s1", "n": 9}, meta={"ttl": 2})
+        assert held("s1") == ["old"]
+        out = c.batch_operate(keys[:3], [op.write("sess", "s1"), op.write("state", "claimed")])
+        assert [r.result for r in out.batch_records] == [0, 0, 0]
+        c.operate(keys[0], [op.increment("n", 1)])  # the indexed bin untouched
+        c.operate(keys[1], [op.write("sess", "s2")])  # moved to another value
+        out = c.batch_operate(
+            keys, [op.write("sess", None), op.write("state", "done")],
+            policy_batch={"expressions": xp.Eq(xp.StrBin("state"), "claimed").compile()},
+        )
+        assert [r.result for r in out.batch_records] == [0, 0, 0, 27]
+        assert held("s1") == ["old"] and held("s2") == []
+        c.operate(keys[3], [op.write("sess", "s1")])
+        assert held("s1") == ["j3", "old"]
+        time.sleep(3.2)  # "old" expires; written again without the bin
+        c.put((ns, set_name, "old"), {"n": 10})
+        assert held("s1") == ["j3"]
+    finally:
+        with contextlib.suppress(aex.AerospikeError):
+            c.index_remove(ns, index)
+
+
+def test_a_batch_record_too_big_fails_alone_and_leaves_its_record_unchanged(backend: Backend, set_name):
+    """One record of a batch over the size limit answers 13 and keeps its old bins and
+    generation; the others are written (each record succeeds or fails alone)."""
+    ns, c = backend.namespace, backend.client
+    small, large = (ns, set_name, "small"), (ns, set_name, "large")
+    c.put(small, {"a": 1})
+    c.put(large, {"a": 2, "blob": b"x" * (600 * 1024)})
+    out = c.batch_operate([small, large], [op.write("more", b"y" * (600 * 1024)), op.increment("a", 10)])
+    assert [r.result for r in out.batch_records] == [0, 13]
+    assert c.get(small)[2]["a"] == 11
+    _, meta, bins = c.get(large)
+    assert bins["a"] == 2 and "more" not in bins and meta["gen"] == 1

@@ -22,7 +22,7 @@ from typing import Any
 import aerospike
 from aerospike_helpers.batch.records import Apply, BatchRecord, BatchRecords, Write
 
-from .expressions import matches
+from .expressions import matches, prepare
 from .faults import Faults
 from .lua_runtime import LuaRuntime
 from .operations import run_operations, server_error
@@ -236,7 +236,7 @@ class EmbeddedClient:
         gen = old.gen % _MAX_GEN + 1 if old is not None else 1
         stored_key = user_key if send_key else (old.user_key if old is not None else None)
         row = Row(set_name, partition_id(digest), stored_key, bins, gen, void_ms, now)
-        Storage.store(db, ns, digest, row, blob)
+        Storage.store(db, ns, digest, row, blob, old)
         return row
 
     # -- single-record calls -----------------------------------------------
@@ -337,7 +337,8 @@ class EmbeddedClient:
         ns, set_name, user_key, digest = self._key(key)
         self.faults.check(call, user_key, None, "before", ops)
         now = self._now()
-        with self._storage.write() as db:
+        # No savepoint: nothing is written before `_commit`, which fails before it writes.
+        with self._storage.write(savepoint=False) as db:
             old = self._live(db, ns, digest, now)
             if old is None and pol.get("exists") in (aerospike.POLICY_EXISTS_UPDATE, aerospike.POLICY_EXISTS_REPLACE):
                 # Update-only: never creates the record, and the server answers so before
@@ -456,6 +457,10 @@ class EmbeddedClient:
         batch_pol = self._check_policy(policy_batch, {"expressions"}, "batch_operate")
         write_pol = self._check_policy(policy_batch_write, {"key", "exists"}, "batch_operate")
         pol = {**write_pol, **batch_pol}
+        # Parsed once for the batch, not once per record.
+        if pol.get("expressions") is not None:
+            pol["expressions"] = prepare(pol["expressions"])
+        ops = [{**op, "expr": prepare(op["expr"])} if "expr" in op else op for op in ops]
         meta = {"ttl": ttl} if ttl is not None else None
         records = []
         with self._storage.write():

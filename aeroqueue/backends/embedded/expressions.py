@@ -578,11 +578,31 @@ _PARSED: dict[str, _Node] = {}
 _PARSED_MAX = 4096
 
 
-def _parsed(compiled: list[tuple]) -> _Node:
+class Parsed:
+    """An expression parsed once for every record of a batch (`prepare`)."""
+
+    __slots__ = ("node",)
+
+    def __init__(self, node: _Node) -> None:
+        self.node = node
+
+
+def prepare(compiled: Any) -> Any:
+    """`compiled` parsed once, for a batch that applies it to many records; as it is
+    when it does not parse, so that each record fails as it would alone."""
+    try:
+        return Parsed(_parsed(compiled))
+    except Exception:
+        return compiled
+
+
+def _parsed(compiled: list[tuple] | Parsed) -> _Node:
     """`_parse`, remembered: a queue sends the same few expressions again and again,
     and parsing one cost more than the rest of an operation. Nodes are never
     changed once built; the key is the expression's repr, which tells 1, True
     and '1' apart."""
+    if isinstance(compiled, Parsed):
+        return compiled.node
     key = repr(compiled)
     node = _PARSED.get(key)
     if node is None:

@@ -15,7 +15,6 @@ missing bin answers nothing (observed).
 from __future__ import annotations
 
 import copy
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -79,6 +78,8 @@ _READ_OPS = {_READ} | _LIST_READS | _BIT_READS
 _EXPR_READ = aerospike.OP_EXPR_READ
 _EXPR_WRITE = aerospike.OP_EXPR_WRITE
 _READ_OPS = _READ_OPS | {_EXPR_READ}
+# Ops that only replace whole bins (or read them): see run_operations.
+_SCALAR_OPS = frozenset({_READ, _WRITE, _INCR, _APPEND, _PREPEND, _TOUCH, _DELETE, _EXPR_READ, _EXPR_WRITE})
 # Every bit op, read or modify, and every expression op makes the C client ask
 # for an answer per op (observed: an expression write answers nil).
 _RESPOND_ALL_OPS = {v for k, v in vars(aerospike).items() if k.startswith("OP_BIT_")} | {_EXPR_READ, _EXPR_WRITE}
@@ -100,6 +101,15 @@ _SHRINK_ONLY = aerospike.BIT_RESIZE_SHRINK_ONLY
 # List write flags this interpreter implements.
 _LIST_BOUNDED = aerospike.LIST_WRITE_INSERT_BOUNDED
 _LIST_NO_FAIL = aerospike.LIST_WRITE_NO_FAIL
+
+
+_IMMUTABLE = frozenset({str, int, float, bool, bytes, type(None)})
+
+
+def _copy(value: Any) -> Any:
+    """A value the record can keep without sharing it with the caller (or another
+    record of the batch): immutable ones as they are, the rest deep-copied."""
+    return value if type(value) in _IMMUTABLE else copy.deepcopy(value)
 
 
 def _unsupported(what: Any) -> NotImplementedError:
@@ -141,7 +151,10 @@ def run_operations(
     if not record.exists and (not is_write or touched):
         raise _err(2)
 
-    run = _Run(copy.deepcopy(record.bins), respond_all_ops or any(c in _RESPOND_ALL_OPS for c in codes), record)
+    # Scalar ops replace a bin's value and never change one in place: a shallow copy
+    # keeps the input intact for them. Collection ops edit lists and bytes in place.
+    bins = dict(record.bins) if _SCALAR_OPS.issuperset(codes) else copy.deepcopy(record.bins)
+    run = _Run(bins, respond_all_ops or any(c in _RESPOND_ALL_OPS for c in codes), record)
     for op, code in zip(ops, codes, strict=True):
         _HANDLERS[code](run, op)
 
@@ -160,7 +173,10 @@ class _Run:
     def view(self) -> RecordView:
         """The record as the ops so far left it (an expression op reads the bins
         written before it in the same call), with the record's metadata."""
-        return dataclasses.replace(self.record, bins=self.bins)
+        r = self.record
+        return RecordView(
+            r.exists, self.bins, r.gen, r.void_time_ms, r.last_update_ms, r.digest, r.set_name, r.user_key, r.now_ms
+        )
 
     def answer(self, name: str, value: Any) -> None:
         self.results.append((name, value))
@@ -182,7 +198,7 @@ def _op_read(run: _Run, op: dict) -> None:
     if value is _MISSING:
         run.answer_nil(op["bin"])
     else:
-        run.answer(op["bin"], copy.deepcopy(value))
+        run.answer(op["bin"], _copy(value))
 
 
 def _op_write(run: _Run, op: dict) -> None:
@@ -190,7 +206,7 @@ def _op_write(run: _Run, op: dict) -> None:
     if value is None:
         run.bins.pop(name, None)
     else:
-        run.bins[name] = copy.deepcopy(value)
+        run.bins[name] = _copy(value)
     run.answer_nil(name)
 
 
@@ -207,7 +223,7 @@ def _op_expr_read(run: _Run, op: dict) -> None:
             run.answer_nil(op["bin"])
             return
         raise _err(26)
-    run.answer(op["bin"], copy.deepcopy(value))
+    run.answer(op["bin"], _copy(value))
 
 
 def _op_expr_write(run: _Run, op: dict) -> None:
@@ -221,7 +237,7 @@ def _op_expr_write(run: _Run, op: dict) -> None:
     if value is None:
         run.bins.pop(op["bin"], None)
     else:
-        run.bins[op["bin"]] = copy.deepcopy(value)
+        run.bins[op["bin"]] = _copy(value)
     run.answer_nil(op["bin"])
 
 

@@ -134,6 +134,22 @@ def _check_path(path: Path, create: bool) -> None:
         )
 
 
+class _Connection(sqlite3.Connection):
+    """A connection that can carry the write transaction's cache of index definitions."""
+
+    index_defs: dict[tuple[str, str], list[tuple[str, str, str]]] | None = None
+
+
+def _indexed(kind: str, value: Any) -> Any:
+    """The value a secondary index of `kind` holds for a bin, or None: Aerospike
+    indexes a bin only when its value has the index's type."""
+    if (kind == "string" and isinstance(value, str)) or (
+        kind == "numeric" and isinstance(value, int) and not isinstance(value, bool)
+    ):
+        return value
+    return None
+
+
 class Storage:
     """The SQLite file (or a private in-memory database) behind an EmbeddedClient."""
 
@@ -165,6 +181,7 @@ class Storage:
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(
             self.path,
+            factory=_Connection,
             timeout=BUSY_TIMEOUT_S,
             isolation_level=None,  # we issue BEGIN IMMEDIATE / COMMIT ourselves
             check_same_thread=not self.memory,
@@ -208,17 +225,23 @@ class Storage:
                 )
 
     @contextmanager
-    def write(self) -> Iterator[sqlite3.Connection]:
+    def write(self, *, savepoint: bool = True) -> Iterator[sqlite3.Connection]:
         """One atomic write transaction; rolled back if the block raises.
 
         Nested use (a batch running its records in one transaction) turns the
         inner blocks into savepoints: each record still succeeds or fails alone.
+        A block that writes only in its last statement leaves nothing to roll
+        back when it fails, and may do without (`savepoint=False`): two
+        statements less per record of a batch.
         """
         with self._write_lock:
             db = self.conn()
             depth = getattr(self._local, "depth", 0)
             self._local.depth = depth + 1
             try:
+                if depth and not savepoint:
+                    yield db
+                    return
                 if depth:
                     db.execute("SAVEPOINT rec")
                     try:
@@ -239,6 +262,7 @@ class Storage:
                     from .operations import server_error
 
                     raise server_error("TimeoutError", 9, f"AEROSPIKE_ERR_TIMEOUT (embedded store locked: {e})") from None
+                db.index_defs = {}  # type: ignore[attr-defined]  # no other writer can change them now
                 try:
                     yield db
                 except BaseException:
@@ -247,6 +271,7 @@ class Storage:
                 else:
                     db.execute("COMMIT")
                 finally:
+                    db.index_defs = None  # type: ignore[attr-defined]  # only valid under the lock
                     self._unlock_file(locked)
             finally:
                 self._local.depth = depth
@@ -333,24 +358,48 @@ class Storage:
         return Row(r[0], r[1], decode(r[2]) if r[2] is not None else None, decode(r[3]), r[4], r[5], r[6])
 
     @staticmethod
-    def _reindex(db: sqlite3.Connection, ns: str, digest: bytes, set_name: str, bins: dict[str, Any] | None) -> None:
-        """Keep the secondary indexes of the record's set in step with its bins (same transaction)."""
-        defs = db.execute("SELECT name, bin, type FROM sindexes WHERE ns = ? AND set_name = ?", (ns, set_name)).fetchall()
+    def _index_defs(db: sqlite3.Connection, ns: str, set_name: str) -> list[tuple[str, str, str]]:
+        """The set's secondary indexes, read once per write transaction (which no
+        other writer can change while it holds the lock)."""
+        cache = getattr(db, "index_defs", None)
+        if cache is None:  # a connection made elsewhere, or outside a transaction
+            return db.execute("SELECT name, bin, type FROM sindexes WHERE ns = ? AND set_name = ?", (ns, set_name)).fetchall()
+        defs = cache.get((ns, set_name))
+        if defs is None:
+            defs = cache[(ns, set_name)] = db.execute(
+                "SELECT name, bin, type FROM sindexes WHERE ns = ? AND set_name = ?", (ns, set_name)
+            ).fetchall()
+        return defs
+
+    @staticmethod
+    def _reindex(
+        db: sqlite3.Connection, ns: str, digest: bytes, set_name: str, bins: dict[str, Any] | None,
+        old: dict[str, Any] | None = None,
+    ) -> None:
+        """Keep the secondary indexes of the record's set in step with its bins (same
+        transaction). `old`: the live record's bins before, whose entries are left
+        alone when they would not change; None when not known (no live record: an
+        expired row keeps its entries until written over), and all are rewritten."""
+        defs = Storage._index_defs(db, ns, set_name)
         if not defs:
             return
-        db.execute("DELETE FROM sindex_entries WHERE ns = ? AND digest = ?", (ns, digest))
-        for name, bin_name, kind in defs:
-            value = (bins or {}).get(bin_name)
-            # Aerospike indexes a bin only when its value has the index's type.
-            if (kind == "string" and isinstance(value, str)) or (
-                kind == "numeric" and isinstance(value, int) and not isinstance(value, bool)
-            ):
+        new = [(name, _indexed(kind, (bins or {}).get(bin_name))) for name, bin_name, kind in defs]
+        if old is not None:
+            before = [_indexed(kind, old.get(bin_name)) for _, bin_name, kind in defs]
+            if before == [value for _, value in new]:
+                return
+            if any(value is not None for value in before):
+                db.execute("DELETE FROM sindex_entries WHERE ns = ? AND digest = ?", (ns, digest))
+        else:
+            db.execute("DELETE FROM sindex_entries WHERE ns = ? AND digest = ?", (ns, digest))
+        for name, value in new:
+            if value is not None:
                 db.execute("INSERT INTO sindex_entries (ns, name, value, digest) VALUES (?, ?, ?, ?)", (ns, name, value, digest))
 
     @staticmethod
     def index_new(db: sqlite3.Connection, ns: str, set_name: str, records: list[tuple[bytes, dict[str, Any]]]) -> None:
         """Secondary-index entries of records just created (none to delete first)."""
-        defs = db.execute("SELECT name, bin, type FROM sindexes WHERE ns = ? AND set_name = ?", (ns, set_name)).fetchall()
+        defs = Storage._index_defs(db, ns, set_name)
         for name, bin_name, kind in defs:
             entries = []
             for digest, bins in records:
@@ -362,7 +411,12 @@ class Storage:
             db.executemany("INSERT INTO sindex_entries (ns, name, value, digest) VALUES (?, ?, ?, ?)", entries)
 
     @staticmethod
-    def store(db: sqlite3.Connection, ns: str, digest: bytes, row: Row, bins_blob: bytes) -> None:
+    def store(
+        db: sqlite3.Connection, ns: str, digest: bytes, row: Row, bins_blob: bytes, old: Row | None = None
+    ) -> None:
+        """Write a record. `old`: the live record it replaces, if known (its index
+        entries are left alone when they do not change). Without it, an expired
+        record's rows may linger, so the entries are rewritten."""
         db.execute(
             "INSERT OR REPLACE INTO records (ns, digest, set_name, part, ukey, bins, gen, void_ms, lut_ms) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -378,7 +432,7 @@ class Storage:
                 row.lut_ms,
             ),
         )
-        Storage._reindex(db, ns, digest, row.set_name, row.bins)
+        Storage._reindex(db, ns, digest, row.set_name, row.bins, old.bins if old is not None else None)
 
     @staticmethod
     def delete(db: sqlite3.Connection, ns: str, digest: bytes) -> None:
