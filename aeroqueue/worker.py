@@ -199,8 +199,7 @@ def acknowledge(queue: Queue, job: Job, ok: bool, value: Any, session: Session |
     its time limit: the acknowledgement was refused) or 'unacked' (the session was lost
     while the handler ran: its claims may be someone else's, so nothing is sent)."""
     if session is not None and session.lost:
-        log.warning("job finished after the session was lost: not acknowledged",
-                    extra={"event": "job_unacked", "list": job.list, "token": job.token, "jid": job.jid})
+        _log_unacked(job)
         return "unacked"
     try:
         if isinstance(value, Retry):
@@ -215,8 +214,7 @@ def acknowledge(queue: Queue, job: Job, ok: bool, value: Any, session: Session |
             return outcome
         queue.complete(job, value)
     except ClaimLost:
-        log.warning("claim lost: acknowledgement refused",
-                    extra={"event": "claim_lost", "list": job.list, "token": job.token, "jid": job.jid})
+        _log_claim_lost(job)
         return "lost"
     except JobNotFound:
         # Its list was dropped while the handler ran: nothing left to acknowledge.
@@ -232,6 +230,16 @@ def acknowledge(queue: Queue, job: Job, ok: bool, value: Any, session: Session |
 def _log_done(job: Job, started: float) -> None:
     log.info("job done", extra={"event": "job_done", "list": job.list, "token": job.token, "jid": job.jid,
                                 "attempt": job.attempt, "ms": round((time.monotonic() - started) * 1000, 2)})
+
+
+def _log_claim_lost(job: Job) -> None:
+    log.warning("claim lost: acknowledgement refused",
+                extra={"event": "claim_lost", "list": job.list, "token": job.token, "jid": job.jid})
+
+
+def _log_unacked(job: Job) -> None:
+    log.warning("job finished after the session was lost: not acknowledged",
+                extra={"event": "job_unacked", "list": job.list, "token": job.token, "jid": job.jid})
 
 
 def run_job(queue: Queue, job: Job, handler: Handler, session: Session | None = None) -> str:
@@ -430,12 +438,7 @@ class Worker:
             try:
                 outcome = self._run(job, session, runner)
             except AeroqueueError as e:  # the store failed mid-acknowledgement
-                log.error("acknowledgement failed", extra={"event": "ack_failed", "jid": job.jid, "error": str(e)})
-                outcome = "unacked"
-                # The ack may or may not have landed; if the claim is still ours,
-                # give the job back (its attempt counted) rather than hold it
-                # until this worker exits: a live session is never reaped.
-                self._release([job], session, refund=False)
+                outcome = self._ack_failed(job, session, e)
             except BaseException:
                 # The thread is dying (SystemExit or KeyboardInterrupt from a
                 # handler...): give its jobs back rather than hold them under a
@@ -540,8 +543,8 @@ class Worker:
         and end in a refused ack. Call with the lock held."""
         names = {j.name for j in got}
         for thread, theirs in self._prefetched.items():
-            if thread is not me and theirs and any(j.name in names for j in theirs):
-                stale = [j for j in theirs if j.name in names]
+            stale = [j for j in theirs if j.name in names] if thread is not me else []
+            if stale:
                 theirs[:] = [j for j in theirs if j.name not in names]
                 log.warning("a prefetched job was given out again: its earlier copy is dropped",
                             extra={"event": "stale_prefetch", "jids": [j.jid for j in stale]})
@@ -574,24 +577,28 @@ class Worker:
         if outcome == "done":
             _log_done(job, started)
         elif outcome == "lost":
-            log.warning("claim lost: acknowledgement refused",
-                        extra={"event": "claim_lost", "list": job.list, "token": job.token, "jid": job.jid})
+            _log_claim_lost(job)
         elif outcome == "unacked":
-            log.warning("job finished after the session was lost: not acknowledged",
-                        extra={"event": "job_unacked", "list": job.list, "token": job.token, "jid": job.jid})
+            _log_unacked(job)
         self._settle(job, outcome)
 
     def _settle(self, job: Job, outcome: str) -> None:
         """A job whose ack went through `acks` is no longer held; counted as `_work` counts the others."""
         self._unack(job.name)
-        if outcome == "failed":
-            # The ack may or may not have landed: if the claim is still ours, give the
-            # job back (its attempt counted) rather than hold it while the session lives.
+        if outcome == "failed":  # `acks` logged why
             assert self.session is not None
-            self._release([job], self.session, refund=False)
-            outcome = "unacked"
+            outcome = self._ack_failed(job, self.session)
         self.counters.add(_COUNTER_OF[outcome])
         self.observer.outcome(job.list, outcome)
+
+    def _ack_failed(self, job: Job, session: Session, error: AeroqueueError | None = None) -> str:
+        """The store failed mid-acknowledgement: the ack may or may not have landed. If
+        the claim is still ours, the job goes back (its attempt counted) rather than
+        stay held until this worker exits: a live session is never reaped."""
+        if error is not None:
+            log.error("acknowledgement failed", extra={"event": "ack_failed", "jid": job.jid, "error": str(error)})
+        self._release([job], session, refund=False)
+        return "unacked"
 
     def _unack(self, name: str) -> None:
         with self._in_flight_lock:
@@ -608,8 +615,7 @@ class Worker:
         try:
             outcome = acknowledge(self.queue, job, False, why, self.session)
         except AeroqueueError as e:
-            log.error("acknowledgement failed", extra={"event": "ack_failed", "jid": job.jid, "error": str(e)})
-            outcome = "failed"
+            outcome = self._ack_failed(job, self.session, e)
         self._settle(job, outcome)
 
     def _release(self, jobs: list[Job], session: Session, *, refund: bool = True) -> None:

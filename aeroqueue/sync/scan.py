@@ -93,7 +93,6 @@ def batches(
         page_size=options.page_size,
     )
     batch = Batch()
-    size, max_bytes = options.batch_size, options.batch_bytes
     while True:
         t0 = time.perf_counter()
         page = next(pages, None)
@@ -102,7 +101,7 @@ def batches(
             break
         for key, _meta, bins in page:
             batch.add(key[2], bins, synced_at)
-            if len(batch.rows) + len(batch.rejects) >= size or batch.bytes >= max_bytes:
+            if len(batch) >= options.batch_size or batch.bytes >= options.batch_bytes:
                 yield batch
                 batch = Batch()
     if len(batch) or batch.scanned:
