@@ -31,7 +31,6 @@ from aeroqueue.worker import PREFETCH_HOLD_S, PREFETCH_MAX, handler_pace, prefet
 from .harness import Peer, PeerInfo, PeerUnavailable, PipelinedWorker, Prepared, Worker
 
 LOAD_CHUNK = 1000  # jobs per load range: the CLI's default
-REMOVE_CHUNK = 5000  # keys per batch_remove when cleaning a real server
 
 
 class AeroqueueWorker(Worker):
@@ -304,7 +303,8 @@ class AeroqueuePeer(Peer):
         backend = self._backends.pop(name)
         try:
             if self.url is not None:
-                _drop_list(backend, name, prepared.jobs)
+                # Every client has flushed its acks and closed: no bit can land late.
+                JobLists(backend).drop(name, grace_s=0)
         finally:
             backend.close()
         if self.url is None:
@@ -319,27 +319,6 @@ class AeroqueuePeer(Peer):
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
             self._scratch = None
-
-
-def _drop_list(backend: Backend, name: str, n_jobs: int) -> None:
-    """Remove a benchmark list's records from a store the user owns.
-
-    aeroqueue has no "delete list" yet, so this names the records itself
-    (design.md, Records): the list record, one job and one id-index record per
-    job, and the completion bitmaps. Sessions are closed by their clients.
-    """
-    targets = [(keys.LIST_SET, name)]
-    targets += [(keys.JOB_SET, keys.job_name(name, t)) for t in range(n_jobs)]
-    targets += [(keys.JIDX_SET, keys.jidx_name(name, str(i))) for i in range(n_jobs)]
-    chunks = -(-n_jobs // keys.BITS_PER_CHUNK)
-    targets += [(keys.DONE_SET, keys.chunk_name(name, c)) for c in range(chunks)]
-    if backend.is_embedded:  # the embedded client has no batch_remove: one record at a time
-        for set_name, record in targets:
-            backend.remove(set_name, record)
-        return
-    for lo in range(0, len(targets), REMOVE_CHUNK):
-        # Records already gone answer "not found" per key; batch_remove does not raise for that.
-        backend.client.batch_remove([backend.key(s, r) for s, r in targets[lo : lo + REMOVE_CHUNK]])
 
 
 def _info(backend: Backend, command: str) -> str:
