@@ -79,6 +79,9 @@ def test_the_client_configuration():
     assert policies["info"] == {"timeout": 2000}
     for name in ("write", "apply", "operate"):  # never a silent client retry of a write
         assert policies[name]["max_retries"] == 0
+    # While partitions migrate (a split healing), reads consult every copy, not a stale one.
+    for name in ("read", "batch", "operate"):
+        assert policies[name]["read_mode_ap"] == aerospike.POLICY_READ_MODE_AP_ALL, name
     assert (config["connect_timeout"], config["min_conns_per_node"], config["use_services_alternate"],
             config["cluster_name"]) == (700, 2, True, "prod")
     assert "tls" not in config and "user" not in config

@@ -68,7 +68,21 @@ def _base_policies() -> dict[str, Any]:
     # retried take would hand out tokens twice). aeroqueue retries what is safe
     # itself (RecordBusy, and claims/acks whose answer was lost).
     no_retry = {"max_retries": 0, "key": aerospike.POLICY_KEY_SEND}
-    return {"key": aerospike.POLICY_KEY_SEND, "write": dict(no_retry), "apply": dict(no_retry), "operate": dict(no_retry)}
+    # Reads consult every copy of a record while partitions migrate (AP mode; no
+    # cost otherwise). After a split heals, e.g. a frozen node that resumed and
+    # formed a cluster of its own for a moment, its stale copies can be the ones
+    # a read reaches first until the migrations merge them: with the default
+    # (one copy) `status` and job reads showed jobs done seconds earlier as
+    # queued. Writes resolve duplicates on the server already.
+    all_copies = {"read_mode_ap": aerospike.POLICY_READ_MODE_AP_ALL}
+    return {
+        "key": aerospike.POLICY_KEY_SEND,
+        "read": dict(all_copies),
+        "batch": dict(all_copies),
+        "write": dict(no_retry),
+        "apply": dict(no_retry),
+        "operate": {**no_retry, **all_copies},
+    }
 
 
 def client_config(url: StoreURL) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -301,6 +302,9 @@ def test_losing_a_node_loses_no_job(
             assert code == 0, f"worker exited {code}:\n{log.read_text()[-2000:]}"
     finally:
         workers.stop_all()
+        for node in cluster.nodes:  # the nodes' own account, to look at a failure
+            if node.log.exists():
+                shutil.copy(node.log, logs / f"asd-{node.index}.log")
     counts = audit(cluster, workers, list_name, logs)
     events = Counter(e.get("event") for e in workers.events())
     retries = {k: v for k, v in sorted(events.items()) if k and (k.endswith("_failed") or k == "orphan_released")}
