@@ -69,11 +69,11 @@ def _base_policies() -> dict[str, Any]:
     # itself (RecordBusy, and claims/acks whose answer was lost).
     no_retry = {"max_retries": 0, "key": aerospike.POLICY_KEY_SEND}
     # Reads consult every copy of a record while partitions migrate (AP mode; no
-    # cost otherwise). After a split heals, e.g. a frozen node that resumed and
-    # formed a cluster of its own for a moment, its stale copies can be the ones
-    # a read reaches first until the migrations merge them: with the default
-    # (one copy) `status` and job reads showed jobs done seconds earlier as
-    # queued. Writes resolve duplicates on the server already.
+    # cost otherwise). A node that rejoins with old copies (a frozen node that
+    # resumed, a split healing) can be a partition's master before migrations
+    # have merged them: with the default (one copy) `status` and job reads showed
+    # jobs acknowledged seconds earlier as queued. Writes resolve duplicates on
+    # the server already.
     all_copies = {"read_mode_ap": aerospike.POLICY_READ_MODE_AP_ALL}
     return {
         "key": aerospike.POLICY_KEY_SEND,
