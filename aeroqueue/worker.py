@@ -197,8 +197,10 @@ def acknowledge(queue: Queue, job: Job, ok: bool, value: Any, session: Session |
     """Acknowledge what the handler did: 'done', 'retry' (or 'delayed': after a backoff),
     'dead', 'snoozed' (it raised `Retry`), 'lost' (the claim was given away or ran past
     its time limit: the acknowledgement was refused) or 'unacked' (the session was lost
-    while the handler ran: its claims may be someone else's, so nothing is sent)."""
-    if session is not None and session.lost:
+    while the handler ran: its claims may be someone else's, so nothing is sent; or it
+    was closed, the worker stopped and its claims given back: the handler ran past the
+    drain, and the store connection may be closing under it)."""
+    if session is not None and (session.lost or session.closed):
         _log_unacked(job)
         return "unacked"
     try:
@@ -238,7 +240,7 @@ def _log_claim_lost(job: Job) -> None:
 
 
 def _log_unacked(job: Job) -> None:
-    log.warning("job finished after the session was lost: not acknowledged",
+    log.warning("job finished after its session was lost or closed: not acknowledged",
                 extra={"event": "job_unacked", "list": job.list, "token": job.token, "jid": job.jid})
 
 
@@ -619,8 +621,8 @@ class Worker:
         self._settle(job, outcome)
 
     def _release(self, jobs: list[Job], session: Session, *, refund: bool = True) -> None:
-        if session.lost:
-            return  # not ours to give back any more
+        if session.lost or session.closed:
+            return  # not ours to give back any more, or given back when it closed
         for job in jobs:
             try:
                 if self.queue.release(job, "worker draining" if refund else "acknowledgement failed", refund=refund) == "released":

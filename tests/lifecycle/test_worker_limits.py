@@ -136,7 +136,16 @@ def test_draining_does_not_refund_a_job_running_at_the_deadline(registered, list
         t.join(20)
         assert not t.is_alive()
     finally:
+        trips = registered.round_trips
         release.set()
+    # The handler returns after the worker stopped, when its caller may be closing
+    # the store connection (closing the client under a call in flight crashed the
+    # process): its session is closed and its claim given back, so it sends nothing.
+    for thread in w._threads:
+        thread.join(10)
+        assert not thread.is_alive()
+    assert registered.round_trips == trips
+    assert w.counters.snapshot()["unacked"] == 1
     rec = job_bins(registered, list_name, 0)
     assert rec["state"] == "queued" and rec["att"] == 1  # the attempt counts: a job that always hangs ends
 
