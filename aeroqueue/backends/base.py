@@ -533,6 +533,9 @@ class Backend:
         self._call("truncate", set_name, "*", lambda: self.client.truncate(self.namespace, set_name, 0))
 
     def close(self) -> None:
+        """Run the close hooks, then close the connection. Not while another thread
+        still has a call in flight on it: the aerospike client crashes the process
+        then. (A call after close fails with the client's own 'no connection'.)"""
         hooks, self._on_close = self._on_close, []
         try:
             for fn in hooks:
