@@ -22,11 +22,13 @@ def env(tmp_path):
     return backend, Session.open(backend, heartbeat=False)
 
 
-def test_busy_list_record_is_retried_and_never_reaches_the_caller(env):
+@pytest.mark.parametrize("count", [1, 2], ids=["one-job", "batch"])
+def test_busy_list_record_is_retried_and_never_reaches_the_caller(env, count):
+    """One job (`Queue._reserve_one`, no retry loop around its first take) and a batch alike."""
     backend, session = env
     backend.client.faults.add(op="apply", function="take", error="RecordBusy", times=6)
-    jobs = Queue(backend).reserve("hot", session, 2)
-    assert [j.token for j in jobs] == [0, 1]
+    jobs = Queue(backend).reserve("hot", session, count)
+    assert [j.token for j in jobs] == list(range(count))
     assert backend.client.faults.fired == 6
 
 

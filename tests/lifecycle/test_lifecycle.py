@@ -303,10 +303,13 @@ def test_kick_a_delayed_job_now(queue, lists, list_name, session):
     assert j.jid == "job-0"
 
 
-def test_bury_a_queued_job(queue, lists, list_name, session):
+@pytest.mark.parametrize("count", [1, 5], ids=["one-job", "batch"])
+def test_bury_a_queued_job(queue, lists, list_name, session, count):
+    """One job: the token taken first is refused by its claim, and the reservation
+    goes on to the next (`Queue._reserve_one` handing over to the general loop)."""
     lists.load(list_name, specs(2))
     assert lists.bury(list_name, "job-0") == "dead"
-    got = queue.reserve(list_name, session, 5)
+    got = queue.reserve(list_name, session, count)
     assert [j.jid for j in got] == ["job-1"]  # the dead one is never handed out
 
 
