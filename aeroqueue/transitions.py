@@ -154,7 +154,7 @@ class BitBuffer:
                 self._thread.start()
         if full:
             self.flush()
-        else:
+        elif not self._wake.is_set():  # set() takes a lock; once set, the writer is on its way
             self._wake.set()
 
     def _run(self) -> None:
