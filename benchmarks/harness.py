@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import math
 import multiprocessing as mp
+import os
 import queue as queue_mod
 import random
 import time
@@ -159,6 +160,7 @@ class WorkerResult:
     finished: float
     timed_out: bool
     error: str | None = None
+    cpu_s: float = 0.0  # CPU of the whole client process (its threads too) while it looped
 
 
 def _client(
@@ -188,6 +190,7 @@ def _client(
         return
     acked, reserve_ns, ack_ns = array("q"), array("q"), array("q")
     trips0, retries0, lost0 = worker.round_trips(), worker.retries, worker.lost
+    cpu0 = time.process_time()
     started = time.monotonic()
     deadline = started + budget_s
     timed_out = False
@@ -242,6 +245,7 @@ def _client(
         finished,
         timed_out,
         error,
+        cpu_s=time.process_time() - cpu0,
     )
     with contextlib.suppress(Exception):  # the figures are in; a failing disconnect must not lose them
         worker.close()
@@ -249,6 +253,9 @@ def _client(
 
 
 # -- the parent ------------------------------------------------------------------------
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # jiffies a second in /proc/stat
 
 
 def _cpu_times() -> tuple[int, int] | None:
@@ -318,6 +325,11 @@ class RunRow:
     retries: int = 0
     lost: int = 0
     background_cpu: float | None = None  # fraction of all CPUs others used just before the start
+    # CPU a job: of the client processes alone, and of the whole machine (clients, the
+    # queue's server, everything else) from the start signal to the last report. On a
+    # machine whose cores the clients and the server share, these decide throughput.
+    client_cpu_us_per_job: float | None = None
+    machine_cpu_us_per_job: float | None = None
     cleanup_error: str | None = None  # what `discard` could not remove
     vs_aeroqueue_jobs_per_s: float | None = None  # this row's jobs/s over aeroqueue's
     vs_aeroqueue_p50: float | None = None  # this row's reserve p50 over aeroqueue's
@@ -367,10 +379,12 @@ def run(
     prepared = peer.prepare(jobs)
     row.load_s = time.perf_counter() - t
     try:
-        results, t0, errors, row.background_cpu = _drive(
+        results, t0, errors, row.background_cpu, machine_s = _drive(
             prepared, clients=clients, batch=batch, max_jobs=max_jobs, timeout_s=timeout_s, settle_s=settle_s
         )
         _merge(row, results, t0, errors, peer.trips_source)
+        if machine_s is not None and row.acked:
+            row.machine_cpu_us_per_job = machine_s / row.acked * 1e6
         if row.status in ("ok", "timeout"):
             row.server_check = peer.verify(prepared, row.acked)
             if row.server_check is not None:
@@ -387,7 +401,9 @@ def run(
 
 def _drive(
     prepared: Prepared, *, clients: int, batch: int, max_jobs: int | None, timeout_s: float, settle_s: float
-) -> tuple[list[WorkerResult], float, list[str], float | None]:
+) -> tuple[list[WorkerResult], float, list[str], float | None, float | None]:
+    """Run the clients: (their results, start time, errors, CPU fraction others used
+    before the start, CPU seconds the whole machine spent from the start to the last report)."""
     ctx = mp.get_context("spawn")
     events = ctx.Queue()
     go = ctx.Event()
@@ -406,6 +422,7 @@ def _drive(
     errors: list[str] = []
     t0 = 0.0
     background = None
+    cpu_start = cpu_end = None
     try:
         ready: set[int] = set()
         give_up = time.monotonic() + START_TIMEOUT_S
@@ -416,6 +433,7 @@ def _drive(
             elif kind == "done":
                 results[payload.index] = payload
         background = settle(settle_s)
+        cpu_start = _cpu_times()
         t0 = time.monotonic()
         go.set()
         give_up = t0 + timeout_s + REPORT_GRACE_S
@@ -423,6 +441,7 @@ def _drive(
             kind, payload = _next_event(events, procs, give_up, results)
             if kind == "done":
                 results[payload.index] = payload
+        cpu_end = _cpu_times()
     except TimeoutError as e:
         errors.append(str(e))
     finally:
@@ -432,7 +451,8 @@ def _drive(
                 p.terminate()
                 p.join(5)
         events.close()
-    return [results[i] for i in sorted(results)], t0, errors, background
+    machine_s = (cpu_end[0] - cpu_start[0]) / CLOCK_TICKS if cpu_start and cpu_end else None
+    return [results[i] for i in sorted(results)], t0, errors, background, machine_s
 
 
 def _next_event(events: Any, procs: list[Any], give_up: float, results: dict[int, WorkerResult]) -> tuple[str, Any]:
@@ -484,6 +504,7 @@ def _merge(row: RunRow, results: list[WorkerResult], t0: float, errors: list[str
     row.round_trips_per_job = trips / row.acked if row.acked else None
     row.trips_source = trips_source
     row.retries = sum(r.retries for r in results)
+    row.client_cpu_us_per_job = sum(r.cpu_s for r in results) / row.acked * 1e6 if row.acked else None
     row.lost = sum(r.lost for r in results)
 
 

@@ -139,9 +139,14 @@ def _trips(row: dict[str, Any]) -> str:
     return "-" if v is None or not _measured(row) else f"{v:.2f}"
 
 
+def _cpu(row: dict[str, Any], key: str) -> str:
+    v = row.get(key)
+    return "-" if v is None or not _measured(row) else f"{v:,.0f}"
+
+
 MAIN_COLUMNS = [
     "peer", "mode", "clients", "jobs/s", "reserve p50 ms", "reserve p99 ms",
-    "jobs/s vs aq", "p50 vs aq", "trips/job", "acked once", "notes",
+    "jobs/s vs aq", "p50 vs aq", "trips/job", "client CPU us/job", "machine CPU us/job", "acked once", "notes",
 ]
 
 
@@ -152,11 +157,11 @@ def main_rows(rows: Iterable[dict[str, Any]]) -> list[list[str]]:
             out.append([
                 r["peer"], r["mode"], str(r["clients"]), f"{r['jobs_per_s']:,.0f}", _ms(r["reserve_p50_ms"]),
                 _ms(r["reserve_p99_ms"]), _ratio(r["vs_aeroqueue_jobs_per_s"]), _ratio(r["vs_aeroqueue_p50"]),
-                _trips(r), _check(r), _note(r),
+                _trips(r), _cpu(r, "client_cpu_us_per_job"), _cpu(r, "machine_cpu_us_per_job"), _check(r), _note(r),
             ])
         else:  # skipped rows of the scaling tables stand for every client count
             clients = str(r["clients"]) if r["clients"] else "-"
-            out.append([r["peer"], r["mode"], clients, "-", "-", "-", "-", "-", "-", _check(r), _note(r)])
+            out.append([r["peer"], r["mode"], clients, "-", "-", "-", "-", "-", "-", "-", "-", _check(r), _note(r)])
     return out
 
 
@@ -230,6 +235,10 @@ FOOTNOTES = [
     "aeroqueue's (below 1: the peer answers sooner), same mode and client count.",
     "trips/job: aeroqueue's round trips are counted at its backend boundary (backend.round_trips, session "
     "heartbeats included); the peers' are the calls their adapter issued (a pipeline counts once).",
+    "client CPU us/job: CPU time of the client processes (every thread) while they looped, over the jobs acked; "
+    "machine CPU us/job: every CPU's busy time from the start signal to the last client's report (clients, the "
+    "queue's server, anything else running), over the jobs acked. On a machine whose cores clients and server "
+    "share, the second sets the jobs/s.",
     "acked once: every job's ack was accepted exactly once across all clients, and the server agrees "
     "(nothing left queued, claimed or dead).",
     "p50 vs smallest: a list's reserve p50 over the same queue's on the smallest list; about 1 all the way "

@@ -75,6 +75,9 @@ def test_harness_report_and_exactly_once(tmp_path: Path) -> None:
             else:
                 assert row["reserve_calls"] >= (JOBS if mode == "single" else JOBS // BATCH)
             assert row["round_trips_per_job"] > 0
+            # CPU a job: the clients' own (every thread, to the nanosecond), and the whole
+            # machine's (in 10 ms ticks: a run of 30 jobs may fit between two).
+            assert row["client_cpu_us_per_job"] > 0 and row["machine_cpu_us_per_job"] >= 0, row
             assert row["clients"] == 2
     for mode in ("single", f"batch {BATCH}"):
         assert rows["aeroqueue", mode]["vs_aeroqueue_jobs_per_s"] == 1.0
@@ -85,6 +88,7 @@ def test_harness_report_and_exactly_once(tmp_path: Path) -> None:
 
     text = markdown(report)
     assert "| peer | mode | clients | jobs/s |" in text and "skipped" in text
+    assert "| client CPU us/job | machine CPU us/job |" in text
     if png:
         assert (tmp_path / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
