@@ -361,14 +361,12 @@ class Storage:
     def _index_defs(db: sqlite3.Connection, ns: str, set_name: str) -> list[tuple[str, str, str]]:
         """The set's secondary indexes, read once per write transaction (which no
         other writer can change while it holds the lock)."""
-        cache = getattr(db, "index_defs", None)
-        if cache is None:  # a connection made elsewhere, or outside a transaction
-            return db.execute("SELECT name, bin, type FROM sindexes WHERE ns = ? AND set_name = ?", (ns, set_name)).fetchall()
-        defs = cache.get((ns, set_name))
+        cache = getattr(db, "index_defs", None)  # None: a connection made elsewhere, or outside a transaction
+        defs = cache.get((ns, set_name)) if cache is not None else None
         if defs is None:
-            defs = cache[(ns, set_name)] = db.execute(
-                "SELECT name, bin, type FROM sindexes WHERE ns = ? AND set_name = ?", (ns, set_name)
-            ).fetchall()
+            defs = db.execute("SELECT name, bin, type FROM sindexes WHERE ns = ? AND set_name = ?", (ns, set_name)).fetchall()
+            if cache is not None:
+                cache[(ns, set_name)] = defs
         return defs
 
     @staticmethod
@@ -403,10 +401,8 @@ class Storage:
         for name, bin_name, kind in defs:
             entries = []
             for digest, bins in records:
-                value = bins.get(bin_name)
-                if (kind == "string" and isinstance(value, str)) or (
-                    kind == "numeric" and isinstance(value, int) and not isinstance(value, bool)
-                ):
+                value = _indexed(kind, bins.get(bin_name))
+                if value is not None:
                     entries.append((ns, name, value, digest))
             db.executemany("INSERT INTO sindex_entries (ns, name, value, digest) VALUES (?, ?, ?, ?)", entries)
 
