@@ -344,7 +344,7 @@ class Queue:
             st = backend.apply(keys.JOB_SET, job.name, keys.JOB_MOD, "complete", *args, backend.job_deadline())
         except IN_DOUBT:
             st = None
-        if st is None or st == "stale":
+        if st is None or transitions.is_stale(st):
             st = self._job_udf(job.name, "complete", *args)
         self._check(job, st)
         self.bits.add(job.list, [job.token])
