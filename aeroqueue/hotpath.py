@@ -35,7 +35,7 @@ from aerospike_helpers.operations import expression_operations as eo
 from aerospike_helpers.operations import operations as op
 
 from . import keys
-from .backends import Backend, BatchResult
+from .backends import Backend
 from .errors import FilteredOut, RecordNotFound
 
 # Server ms now: the record's last update (ns) plus the ms since. The same clock
@@ -158,11 +158,11 @@ def claim(
 
 def claim_many(
     backend: Backend, names: list[str], sess: str, rid: str, tlim: int, deadline: int | None = None
-) -> list[BatchResult]:
-    """One batch call; per record ok with the claim's answer as `value`, or its code
-    (`TO_UDF`: the UDF decides; others: in doubt or busy, as for any batch)."""
-    out = backend.batch_same(keys.JOB_SET, names, claim_ops(sess, rid, tlim), expression=queued_filter(deadline))
-    return [BatchResult(r.name, True, claimed(r.value or {}), r.code) if r.ok else r for r in out]
+) -> list[tuple[int, dict[str, Any] | None]]:
+    """One batch call; per record (0, the bins a claim answers: `claimed` shapes them
+    as the UDF's answer), or (its code, None): `TO_UDF`, the UDF decides; others, in
+    doubt or busy, as for any batch."""
+    return backend.batch_same(keys.JOB_SET, names, claim_ops(sess, rid, tlim), expression=queued_filter(deadline))
 
 
 def complete(backend: Backend, name: str, sess: str, rid: str, result: Any, deadline: int | None = None) -> bool:
@@ -177,16 +177,18 @@ def complete(backend: Backend, name: str, sess: str, rid: str, result: Any, dead
     return True
 
 
-def complete_many(backend: Backend, items: list[tuple[str, str, str, Any]], deadline: int | None = None) -> list[BatchResult]:
-    """(name, sess, rid, result) each, in one batch call. Jobs of one claim with the
-    same result object (None, or one shared value: the common batch) share their
-    operations: the batch form that costs the client a third as much."""
+def complete_many(backend: Backend, items: list[tuple[str, str, str, Any]], deadline: int | None = None) -> list[int]:
+    """(name, sess, rid, result) each, in one batch call; each record's code (0: done;
+    `TO_UDF`: the UDF decides). Jobs of one claim with the same result object (None,
+    or one shared value: the common batch) share their operations: the batch form
+    that costs the client a third as much."""
     _, sess, rid, first = items[0]
     if all(s == sess and r == rid and res is first for _, s, r, res in items):
-        return backend.batch_same(
+        return backend.batch_same_codes(
             keys.JOB_SET, [n for n, *_ in items], complete_ops(sess, first),
             expression=holder_filter(sess, rid, deadline),
         )
-    return backend.batch_each(
+    out = backend.batch_each(
         keys.JOB_SET, [(n, complete_ops(s, res), holder_filter(s, r, deadline)) for n, s, r, res in items]
     )
+    return [r.code for r in out]

@@ -265,18 +265,12 @@ class Queue:
         self, name: str, sess: str, rid: str, tlim: int, tokens: list[int], acks: list[tuple[Job, Any]],
         earlier: list[Job], lost: list[Job],
     ) -> list[Job]:
+        jobs: list[Job] = []
         acked: list[BatchResult] = []
-        if not acks and len(tokens) == 1:
-            answers = [self._claim_one(name, sess, rid, tlim, tokens[0])]
-        else:
+        if acks:
             calls = [(keys.job_name(name, t), [sess, rid, tlim]) for t in tokens]
             try:
-                if not acks:
-                    results = hotpath.claim_many(
-                        self.backend, [c[0] for c in calls], sess, rid, tlim, self.backend.job_deadline()
-                    )
-                else:
-                    results = self._batch(calls, acks)
+                results = self._batch(calls, acks)
             except IN_DOUBT:
                 # The whole batch's answer was lost (a node died mid-call): each claim
                 # and ack is repeated alone below, which is safe for both.
@@ -284,14 +278,17 @@ class Queue:
                 results = [BatchResult(name=n, ok=False, value=None, code=-1) for n in names]
             results, acked = results[: len(calls)], results[len(calls) :]
             answers = [r.value for r in results if _answered(r)]
-            # Not a queued job (or no job), or past its deadline: the UDF decides. A busy
-            # key, an answer lost in the batch, or a UDF claim refused as stale: claim it
-            # alone. The same request id makes a claim that did happen answer 'ok' again.
+            # A busy key, an answer lost in the batch, or a claim refused as stale: claim
+            # it alone. The same request id makes a claim that did happen answer 'ok' again.
             answers += [
                 self._claim_one(name, sess, rid, tlim, t) for t, r in zip(tokens, results, strict=True) if not _answered(r)
             ]
+        elif len(tokens) == 1:
+            answers = [self._claim_one(name, sess, rid, tlim, tokens[0])]
+        else:
+            jobs, answers = self._claim_many(name, sess, rid, tlim, tokens)
         self._reschedule(name, answers)
-        jobs = [
+        jobs += [
             Job(list=name, token=a["token"], jid=a["jid"], payload=a.get("payload"), attempt=a["att"], session=sess,
                 timeout_s=tlim / 1000, rid=rid, toucher=self.touch)
             for a in answers
@@ -306,6 +303,31 @@ class Queue:
             e._from_ack = True  # type: ignore[attr-defined]
             raise
         return jobs
+
+    def _claim_many(self, name: str, sess: str, rid: str, tlim: int, tokens: list[int]) -> tuple[list[Job], list[Any]]:
+        """Claims of many tokens in one batch of native operations (`hotpath`): the jobs
+        claimed, and the UDF's answers for every token the batch left undecided. Jobs are
+        built straight from the bins the batch read: on the batch path, an intermediate
+        object per record cost the client more than its share of the call itself."""
+        backend = self.backend
+        try:
+            out = hotpath.claim_many(
+                backend, [keys.job_name(name, t) for t in tokens], sess, rid, tlim, backend.job_deadline()
+            )
+        except IN_DOUBT:  # the whole answer was lost: each is claimed alone below
+            out = [(-1, None)] * len(tokens)
+        timeout_s, toucher = tlim / 1000, self.touch
+        jobs = [
+            Job(list=name, token=b["token"], jid=b["jid"], payload=b.get("payload"), attempt=b["att"], session=sess,
+                timeout_s=timeout_s, rid=rid, toucher=toucher)
+            for code, b in out
+            if code == 0 and b is not None
+        ]
+        # Not a queued job (or no job), or past its deadline: the UDF decides. Busy, or the
+        # answer lost: claimed alone, where the same request id makes a claim that did
+        # happen answer 'ok' again.
+        answers = [self._claim_one(name, sess, rid, tlim, t) for t, (code, _) in zip(tokens, out, strict=True) if code != 0]
+        return jobs, answers
 
     def _batch(self, claims: list[tuple[str, list[Any]]], acks: list[tuple[Job, Any]]) -> list[BatchResult]:
         """Claims and acks in one batch call: the claims' results, then the acks'."""
@@ -372,17 +394,17 @@ class Queue:
         results = list(results) if results is not None else [None] * len(jobs)
         lost: list[Job] = []
         if len(jobs) == 1:
-            out = [BatchResult(name=jobs[0].name, ok=False, value=None, code=-1)]  # one job: the UDF
+            codes = [-1]  # one job: the UDF
         else:
             # Each job gets only its own result (not the whole batch's).
-            out = hotpath.complete_many(
+            codes = hotpath.complete_many(
                 self.backend, [(j.name, j.session, j.rid, r) for j, r in zip(jobs, results, strict=True)],
                 self.backend.job_deadline(),
             )
         done: dict[str, list[int]] = defaultdict(list)
         alone = []
-        for job, res, r in zip(jobs, results, out, strict=True):
-            if r.ok:
+        for job, res, code in zip(jobs, results, codes, strict=True):
+            if code == 0:
                 done[job.list].append(job.token)
             else:
                 alone.append((job, res))

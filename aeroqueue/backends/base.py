@@ -426,13 +426,15 @@ class Backend:
 
     def batch_same(
         self, set_name: str, names: list[str], ops: list[dict], *, expression: Any = None
-    ) -> list[BatchResult]:
+    ) -> list[tuple[int, dict[str, Any] | None]]:
         """The same operations on existing records, in one round trip; each record's
-        answer: ok with its bins as `value`, or its code (2: missing; 27: the filter
-        `expression` is false for it). Never raises for a single record."""
+        (code, bins read): 0 with the bins, or its code (2: missing; 27: the filter
+        `expression` is false for it) and None. Never raises for a single record.
+        Pairs, not a `BatchResult` each: on the batch path's claims, an object per
+        record cost the client more than the operation's own share of the call."""
         return [
-            BatchResult(name=n, ok=br.result == 0, value=br.record[2] if br.record else None, code=br.result)
-            for n, br in zip(names, self._batch_operate(set_name, names, ops, expression), strict=True)
+            (br.result, br.record[2] if br.record else None)
+            for br in self._batch_operate(set_name, names, ops, expression)
         ]
 
     def batch_same_codes(self, set_name: str, names: list[str], ops: list[dict], *, expression: Any = None) -> list[int]:

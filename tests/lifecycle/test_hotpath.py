@@ -97,9 +97,10 @@ def test_the_fast_path_leaves_every_other_case_to_the_udf(registered: Backend, l
     out = hotpath.claim_many(
         registered, [keys.job_name(list_name, t) for t in (1, 0, 99)], "s3", "r3", 60_000
     )
-    assert [r.ok for r in out] == [True, False, False]
-    assert [r.code for r in out[1:]] == [27, 2] and all(r.code in hotpath.TO_UDF for r in out[1:])
-    assert out[0].value["st"] == "ok" and out[0].value["jid"] == "j1"
+    assert [code for code, _ in out] == [0, 27, 2] and all(code in hotpath.TO_UDF for code, _ in out[1:])
+    assert [bins for _, bins in out[1:]] == [None, None]
+    answer = hotpath.claimed(out[0][1])
+    assert answer["st"] == "ok" and answer["jid"] == "j1" and answer["att"] == 1
 
 
 class CountingBackend:

@@ -25,10 +25,13 @@ def drain(queue: Queue, name: str, session: Session, count: int = 1) -> list:
     return got
 
 
-def test_load_reserve_complete_in_order(queue, lists, list_name, session):
+@pytest.mark.parametrize("count", [1, 3], ids=["one-at-a-time", "in-batches"])
+def test_load_reserve_complete_in_order(queue, lists, list_name, session, count):
     report = lists.load(list_name, specs(5), seal=True)
     assert (report.loaded, report.skipped, report.voided) == (5, 0, 0)
-    jobs = drain(queue, list_name, session)
+    # One at a time the claim is the UDF's; in a batch, native operations (`hotpath`),
+    # whose jobs are built from the bins the batch read: both must hand out the same.
+    jobs = drain(queue, list_name, session, count)
     assert [j.jid for j in jobs] == [f"job-{i}" for i in range(5)]
     assert [j.payload for j in jobs] == [{"n": i} for i in range(5)]
     assert all(j.attempt == 1 for j in jobs)
