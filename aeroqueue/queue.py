@@ -326,7 +326,10 @@ class Queue:
         # Not a queued job (or no job), or past its deadline: the UDF decides. Busy, or the
         # answer lost: claimed alone, where the same request id makes a claim that did
         # happen answer 'ok' again.
-        answers = [self._claim_one(name, sess, rid, tlim, t) for t, (code, _) in zip(tokens, out, strict=True) if code != 0]
+        answers = [
+            self._claim_one(name, sess, rid, tlim, t) for t, (code, b) in zip(tokens, out, strict=True)
+            if code != 0 or b is None
+        ]
         return jobs, answers
 
     def _batch(self, claims: list[tuple[str, list[Any]]], acks: list[tuple[Job, Any]]) -> list[BatchResult]:
