@@ -221,6 +221,11 @@ class JobLists:
         completed_at = head.get("done_at")
         if complete and completed_at is None:
             completed_at = self._list_udf(name, "mark_complete")
+        if complete:
+            # Every job is done or dead: what the retry store still holds are duplicate
+            # entries (a release or requeue repeated after a lost answer pushes a token
+            # twice, and the job ran once), which a take would skip. None is pending.
+            retry = 0
         return ListStatus(
             name=name,
             mode=head["mode"],
