@@ -40,8 +40,8 @@ from .errors import FilteredOut, RecordNotFound
 
 # Server ms now: the record's last update (ns) plus the ms since. The same clock
 # as the Lua functions' aerospike:get_current_time().
-_NOW = exp.Add(exp.Div(exp.LastUpdateTime(), 1_000_000), exp.SinceUpdateTime())
-_NOW_COMPILED = _NOW.compile()
+SERVER_NOW = exp.Add(exp.Div(exp.LastUpdateTime(), 1_000_000), exp.SinceUpdateTime())
+SERVER_NOW_COMPILED = SERVER_NOW.compile()
 
 # A batch record's codes for "the UDF decides": no record (2), filter false (27).
 TO_UDF = (2, 27)
@@ -59,7 +59,7 @@ def _template(conds: list[Any], with_deadline: bool) -> list[tuple]:
     if with_deadline:
         # The request's deadline (Backend.job_deadline): a call the server runs after
         # its sender gave up on it changes nothing (aq_job_v1.lua, `stale`).
-        conds = [*conds, exp.LE(_NOW, _DEADLINE)]
+        conds = [*conds, exp.LE(SERVER_NOW, _DEADLINE)]
     return (conds[0] if len(conds) == 1 else exp.And(*conds)).compile()
 
 
@@ -105,7 +105,7 @@ def holder_filter(sess: str, rid: str, deadline: int | None = None) -> list[tupl
 
 @lru_cache(maxsize=64)
 def _deadline(tlim: int) -> Any:
-    return exp.Add(_NOW, tlim).compile()
+    return exp.Add(SERVER_NOW, tlim).compile()
 
 
 def claim_ops(sess: str, rid: str, tlim: int) -> list[dict]:
@@ -118,7 +118,7 @@ def claim_ops(sess: str, rid: str, tlim: int) -> list[dict]:
         op.write("rid", rid),
         op.increment("att", 1),
         op.write("tl", tlim),
-        eo.expression_write("claimed", _NOW_COMPILED),
+        eo.expression_write("claimed", SERVER_NOW_COMPILED),
         eo.expression_write("dl", _deadline(tlim)),
         *(op.read(b) for b in _CLAIM_READS),
     ]
@@ -138,7 +138,7 @@ def complete_ops(sess: str, result: Any) -> list[dict]:
         op.write("dl", None),
         op.write("tl", None),
         op.write("result", result),
-        eo.expression_write("done_at", _NOW_COMPILED),
+        eo.expression_write("done_at", SERVER_NOW_COMPILED),
     ]
 
 

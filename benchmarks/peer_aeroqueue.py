@@ -14,10 +14,15 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
+
+import aerospike
+from aerospike_helpers import expressions as exp
+from aerospike_helpers.operations import expression_operations as eo
+from aerospike_helpers.operations import operations as op
 
 import aeroqueue
-from aeroqueue import keys, udfs
+from aeroqueue import hotpath, keys, udfs
 from aeroqueue.acks import DEFAULT_LINGER_S, AckBatcher
 from aeroqueue.backends import Backend, base, open_backend
 from aeroqueue.config import parse_url
@@ -184,6 +189,54 @@ class BareWorker(Worker):
         self.backend.close()
 
 
+class LeaseFloorWorker(BareWorker):
+    """Not a queue: the floor of a lease design (issue 14, item 3b), the calls it would
+    make with nothing around them. A reserve takes tokens and reads their job records
+    (the lease itself, one more write per batch on the list record, is left out); an
+    ack is one filtered write per job, admitted while the job is still queued with the
+    attempt count it was read with and before the lease's end by the server's clock,
+    as a lease's ack would be. No session, no request id, no completion bits, no
+    recovery: the figure says what such a design could reach on this machine at best."""
+
+    LEASE_MS = 300_000
+    _READS = ("jid", "token", "payload", "att", "state")
+    _DONE: ClassVar[list[dict]] = [
+        op.write("state", "done"), op.increment("att", 1), op.write("by", "lease-floor"), op.write("result", "ok"),
+        eo.expression_write("done_at", hotpath.SERVER_NOW_COMPILED),
+    ]
+    until = 0  # the lease's end (Unix ms), set by each reserve
+
+    def reserve(self, n: int) -> list[tuple[int, Any]]:
+        out = self.client.apply((self.ns, keys.LIST_SET, self.list), keys.LIST_MOD, "take", [n])
+        self.calls += 1
+        tokens = [*out["retry"], *range(out["start"], out["start"] + out["n"])]
+        if not tokens:
+            return []
+        self.calls += 1
+        self.until = int(time.time() * 1000) + self.LEASE_MS
+        got = self.client.batch_read([self._key(t) for t in tokens], list(self._READS))
+        bins = [br.record[2] for br in got.batch_records if br.result == 0 and br.record]
+        return [(int(b["jid"]), (b["token"], b["att"])) for b in bins if b.get("state") == "queued"]
+
+    def ack(self, jobs: list[tuple[int, Any]]) -> list[int]:
+        self.calls += 1
+        acked = []
+        by_att: dict[int, list[tuple[int, int]]] = {}
+        for number, (token, att) in jobs:
+            by_att.setdefault(att, []).append((number, token))
+        for att, group in by_att.items():
+            still = exp.And(
+                exp.Eq(exp.StrBin("state"), "queued"), exp.Eq(exp.IntBin("att"), att),
+                exp.LE(hotpath.SERVER_NOW, self.until),
+            ).compile()
+            out = self.client.batch_operate(
+                [self._key(t) for _, t in group], self._DONE, {"expressions": still},
+                {"exists": aerospike.POLICY_EXISTS_UPDATE},
+            )
+            acked += [number for (number, _), br in zip(group, out.batch_records, strict=True) if br.result == 0]
+        return acked
+
+
 PATHS = {
     # name: (worker class, batch form, recipe)
     "aeroqueue": (
@@ -200,6 +253,13 @@ PATHS = {
         "reserve(list, session, 100): one take UDF + one batch claim UDF; complete_many: one batch",
         "API handler path: reserve = take (list record) + claim (job record); ack = complete UDF; "
         "completion bits written in bulk",
+    ),
+    "lease-floor": (
+        LeaseFloorWorker,
+        "take(100) + batch read; acks: one filtered batch write",
+        "not a queue: a lease design's floor (take + batch read of the jobs; ack = a write filtered on still "
+        "queued, the attempt count read, and the lease's end), no lease record, sessions, request ids, "
+        "completion bits or recovery",
     ),
     "bare-udf": (
         BareWorker,
@@ -285,7 +345,7 @@ class AeroqueuePeer(Peer):
 
     def verify(self, prepared: Prepared, acked: int) -> str | None:
         lists = JobLists(self._backends[prepared.config["list"]])
-        if self.name == "bare-udf":  # no completion bits: count the job records
+        if self.name in ("bare-udf", "lease-floor"):  # no completion bits: count the job records
             done = sum(1 for _ in lists.jobs(prepared.config["list"], "done"))
             return None if done == acked else f"{done} jobs done, {acked} acked"
         status = lists.status(prepared.config["list"])

@@ -43,6 +43,9 @@ from .peer_redis import DEFAULT_URL as REDIS_URL
 from .peer_redis import RedisPeer
 
 PEER_NAMES = ("aeroqueue-api", "bare-udf", "beanstalkd", "mysql", "postgres", "redis")
+# Run only when named: a design's floor, not a queue (peer_aeroqueue.LeaseFloorWorker).
+EXTRA_PEERS = ("lease-floor",)
+KNOWN_PEERS = PEER_NAMES + EXTRA_PEERS
 DEFAULT_JOBS = 20_000
 DEFAULT_SIZES = (1_000, 100_000, 1_000_000)
 DEFAULT_CLIENT_COUNTS = (1, 4, 16)
@@ -78,18 +81,19 @@ def masked(text: str) -> str:
 
 def make_peers(options: Options) -> list[Peer]:
     """aeroqueue first (the baseline), then the chosen peers in a fixed order."""
-    unknown = set(options.peers) - set(PEER_NAMES)
+    unknown = set(options.peers) - set(KNOWN_PEERS)
     if unknown:
-        raise ValueError(f"unknown peer(s) {sorted(unknown)}: choose from {', '.join(PEER_NAMES)}")
+        raise ValueError(f"unknown peer(s) {sorted(unknown)}: choose from {', '.join(KNOWN_PEERS)}")
     factories: dict[str, Callable[[], Peer]] = {
         "aeroqueue-api": lambda: AeroqueuePeer(options.url, "aeroqueue-api"),
         "bare-udf": lambda: AeroqueuePeer(options.url, "bare-udf"),
+        "lease-floor": lambda: AeroqueuePeer(options.url, "lease-floor"),
         "beanstalkd": lambda: BeanstalkdPeer(options.beanstalkd_bin, binlog=options.beanstalkd_binlog),
         "mysql": lambda: MySQLPeer(options.mysql_url),
         "postgres": lambda: PostgresPeer(options.postgres_dsn),
         "redis": lambda: RedisPeer(options.redis_url),
     }
-    return [AeroqueuePeer(options.url), *(factories[name]() for name in PEER_NAMES if name in options.peers)]
+    return [AeroqueuePeer(options.url), *(factories[name]() for name in KNOWN_PEERS if name in options.peers)]
 
 
 def run_benchmark(options: Options, log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
@@ -253,9 +257,9 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
 
 def _names(text: str) -> tuple[str, ...]:
     names = tuple(dict.fromkeys(x.strip().lower() for x in text.split(",") if x.strip() and x.strip().lower() != "none"))
-    unknown = [n for n in names if n not in PEER_NAMES]
+    unknown = [n for n in names if n not in KNOWN_PEERS]
     if unknown:
-        raise click.BadParameter(f"unknown peer(s) {', '.join(unknown)}: choose from {', '.join(PEER_NAMES)}", param_hint="--peers")
+        raise click.BadParameter(f"unknown peer(s) {', '.join(unknown)}: choose from {', '.join(KNOWN_PEERS)}", param_hint="--peers")
     return names
 
 
@@ -274,7 +278,7 @@ _PATH = click.Path(dir_okay=False, writable=True, path_type=Path)
 @click.option("--jobs", "-n", type=click.IntRange(1), default=DEFAULT_JOBS, help="Jobs preloaded for each run.")
 @click.option("--clients", "-c", type=click.IntRange(1, 256), default=4, help="Client processes.")
 @click.option("--batch", type=click.IntRange(2, 1000), default=100, help="Batch size of the batch runs.")
-@click.option("--peers", "peer_list", default=",".join(PEER_NAMES), help="Peers to run beside aeroqueue, comma-separated ('none': aeroqueue only).")
+@click.option("--peers", "peer_list", default=",".join(PEER_NAMES), help="Peers to run beside aeroqueue, comma-separated ('none': aeroqueue only). Also, only when named: lease-floor (the lease design's floor: jobs read at the reserve, not written).")
 @click.option("--json", "json_out", type=_PATH, default=None, help="Write the report as JSON here.")
 @click.option("--png", "png_out", type=_PATH, default=None, help="Draw the report as a PNG chart here (needs matplotlib).")
 @click.option("--markdown", "md_out", type=_PATH, default=None, help="Write the tables as Markdown here.")

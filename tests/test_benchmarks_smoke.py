@@ -172,3 +172,37 @@ def test_load_floor_benchmark_in_small(store_url: str) -> None:
     left = [k for k, _ in backend.scan("aq_job") if str(k).startswith("floor-")]
     backend.close()
     assert left == [], "the benchmark's records are removed"
+
+
+def test_lease_floor_acks_what_it_read_once_and_nothing_changed_since(store_url: str) -> None:
+    """The `lease-floor` peer's ack admits a job only while it is still queued with the
+    attempt count the reserve read: a second ack, or one after somebody else moved the
+    job on, is refused. On both backends (its figures count only on a server)."""
+    from aerospike_helpers.operations import operations as op
+
+    from aeroqueue import keys
+    from aeroqueue.backends import open_backend
+    from benchmarks.peer_aeroqueue import AeroqueuePeer
+
+    peer = AeroqueuePeer(store_url, path="lease-floor")
+    peer.start()
+    prepared = peer.prepare(20)
+    worker = prepared.worker(prepared.config)
+    backend = open_backend(store_url)
+    try:
+        first = worker.reserve(10)
+        assert sorted(n for n, _ in first) == list(range(10))
+        assert sorted(worker.ack(first)) == list(range(10))
+        assert worker.ack(first) == [], "a job already done is refused"
+        second = worker.reserve(10)
+        _, (token, _) = second[0]
+        # Somebody else moved this job on after it was read (a reaper's requeue counts an attempt).
+        backend.operate(keys.JOB_SET, keys.job_name(prepared.config["list"], token), [op.increment("att", 1)])
+        assert sorted(worker.ack(second)) == sorted(n for n, _ in second[1:])
+        assert worker.reserve(10) == []
+        assert peer.verify(prepared, 19) is None, "the server counts 19 jobs done"
+    finally:
+        backend.close()
+        worker.close()
+        peer.discard(prepared)
+        peer.stop()
