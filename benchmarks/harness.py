@@ -333,6 +333,7 @@ class RunRow:
     cleanup_error: str | None = None  # what `discard` could not remove
     vs_aeroqueue_jobs_per_s: float | None = None  # this row's jobs/s over aeroqueue's
     vs_aeroqueue_p50: float | None = None  # this row's reserve p50 over aeroqueue's
+    round: int = 1  # which round of the run (`--rounds`): ratios compare rows of one round
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -62,6 +62,7 @@ class Options:
     peers: tuple[str, ...] = PEER_NAMES
     timeout_s: float = 300.0  # per run
     settle_s: float = 30.0  # longest wait for a quiet machine before each run
+    rounds: int = 1  # every peer measured this many times, interleaved
     scaling: bool = False
     sizes: tuple[int, ...] = DEFAULT_SIZES
     client_counts: tuple[int, ...] = DEFAULT_CLIENT_COUNTS
@@ -145,10 +146,16 @@ def run_benchmark(options: Options, log: Callable[[str], None] = lambda _: None)
             ]
 
         rows: list[RunRow] = []
-        for batch in (1, options.batch):
-            for peer in started:
-                rows.append(measure(peer, jobs=options.jobs, clients=options.clients, batch=batch))
-            rows += skipped_rows(batch, options.clients, options.jobs)
+        # Rounds interleave the peers (all of them, then all again) rather than repeat
+        # each in a row: a machine whose speed drifts over minutes then bills every
+        # peer alike, and the medians over rounds say more than any one run.
+        for round_no in range(1, options.rounds + 1):
+            for batch in (1, options.batch):
+                these = [measure(peer, jobs=options.jobs, clients=options.clients, batch=batch) for peer in started]
+                these += skipped_rows(batch, options.clients, options.jobs)
+                for row in these:
+                    row.round = round_no
+                rows += these
         add_ratios(rows)
 
         scaling = None
@@ -159,7 +166,7 @@ def run_benchmark(options: Options, log: Callable[[str], None] = lambda _: None)
             for clients in options.client_counts:
                 for batch in (1, options.batch):
                     if clients == options.clients:  # measured above, same workload
-                        by_clients += [r for r in rows if r.batch == batch and r.status != "skipped"]
+                        by_clients += [r for r in rows if r.batch == batch and r.status != "skipped" and r.round == 1]
                         continue
                     for peer in started:
                         by_clients.append(measure(peer, jobs=options.jobs, clients=clients, batch=batch))
@@ -192,6 +199,7 @@ def run_benchmark(options: Options, log: Callable[[str], None] = lambda _: None)
             "peers": list(options.peers),
             "timeout_s": options.timeout_s,
             "settle_s": options.settle_s,
+            "rounds": options.rounds,
             "scaling": options.scaling,
             "sizes": list(options.sizes),
             "client_counts": list(options.client_counts),
@@ -210,10 +218,10 @@ def _revision_span(before: str, after: str) -> str:
 
 
 def add_ratios(rows: list[RunRow]) -> None:
-    """Each row's jobs/s and reserve p50 over aeroqueue's for the same mode and client count."""
-    base = {(r.mode, r.clients): r for r in rows if r.peer == "aeroqueue" and r.status == "ok" and r.acked}
+    """Each row's jobs/s and reserve p50 over aeroqueue's for the same mode, client count and round."""
+    base = {(r.mode, r.clients, r.round): r for r in rows if r.peer == "aeroqueue" and r.status == "ok" and r.acked}
     for r in rows:
-        b = base.get((r.mode, r.clients))
+        b = base.get((r.mode, r.clients, r.round))
         if b is None or r.status != "ok" or not r.acked:
             continue
         r.vs_aeroqueue_jobs_per_s = r.jobs_per_s / b.jobs_per_s if b.jobs_per_s else None
@@ -287,6 +295,7 @@ _PATH = click.Path(dir_okay=False, writable=True, path_type=Path)
 @click.option("--scaling-clients", default=",".join(map(str, DEFAULT_CLIENT_COUNTS)), help="Client counts of the throughput run.")
 @click.option("--sample", type=click.IntRange(1), default=2000, help="Jobs reserved from each list in the list-size run.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=300.0, help="Seconds a single run may take before its clients stop.")
+@click.option("--rounds", type=click.IntRange(1, 50), default=1, help="Measure every peer this many times, interleaved (all peers, then all again), and add a table of medians over the rounds: on a machine whose speed drifts, one run per peer can be off by a third.")
 @click.option("--settle", "settle_s", type=click.FloatRange(0), default=30.0, help="Seconds to wait at most, before each run, for other processes to leave the CPUs quiet.")
 @click.option("--postgres-dsn", envvar="AQ_BENCH_POSTGRES", show_envvar=True, default=POSTGRES_DSN, help="PostgreSQL to use.")
 @click.option("--mysql-url", envvar="AQ_BENCH_MYSQL", show_envvar=True, default=MYSQL_URL, help="MariaDB/MySQL to use.")
@@ -310,6 +319,7 @@ def peers_command(
     scaling_clients: str,
     sample: int,
     timeout_s: float,
+    rounds: int,
     settle_s: float,
     postgres_dsn: str,
     mysql_url: str,
@@ -333,6 +343,7 @@ def peers_command(
         peers=_names(peer_list),
         timeout_s=timeout_s,
         settle_s=settle_s,
+        rounds=rounds,
         scaling=scaling,
         sizes=_ints(scaling_sizes, "--scaling-sizes"),
         client_counts=_ints(scaling_clients, "--scaling-clients"),

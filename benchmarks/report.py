@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import platform
+import statistics
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -216,10 +217,53 @@ def titles(report: dict[str, Any]) -> dict[str, str]:
     }
 
 
+MEDIAN_COLUMNS = [
+    "peer", "mode", "clients", "rounds", "jobs/s median", "jobs/s range", "reserve p50 ms median",
+    "reserve p50 ms range", "jobs/s vs aq median", "p50 vs aq median", "machine CPU us/job median", "acked once",
+]
+
+
+def median_rows(rows: Iterable[dict[str, Any]]) -> list[list[str]]:
+    """Per peer, mode and client count: the median and range of each figure over the
+    rounds it was measured in, and its ratios to aeroqueue's (each round's own) at the
+    median. 'acked once' holds only if it held in every round."""
+    groups: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        if _measured(r):
+            groups.setdefault((r["peer"], r["mode"], r["clients"]), []).append(r)
+
+    def mid(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return statistics.median(known) if known else None
+
+    out = []
+    for (peer, mode, clients), rs in groups.items():
+        rate = [r["jobs_per_s"] for r in rs]
+        p50 = [r["reserve_p50_ms"] for r in rs]
+        machine = mid([r.get("machine_cpu_us_per_job") for r in rs])
+        once = all(r["exactly_once"] for r in rs)
+        out.append([
+            peer, mode, str(clients), str(len(rs)), f"{statistics.median(rate):,.0f}",
+            f"{min(rate):,.0f} to {max(rate):,.0f}", _ms(statistics.median(p50)), f"{_ms(min(p50))} to {_ms(max(p50))}",
+            _ratio(mid([r["vs_aeroqueue_jobs_per_s"] for r in rs])), _ratio(mid([r["vs_aeroqueue_p50"] for r in rs])),
+            "-" if machine is None else f"{machine:,.0f}",
+            f"yes, all {len(rs)} rounds" if once else "NO: see the rounds",
+        ])
+    return out
+
+
 def tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]]]:
     """(title, columns, rows) for every table of the report, in print order."""
     t = titles(report)
-    out = [(t["main"], MAIN_COLUMNS, main_rows(report["rows"]))]
+    rounds = report["params"].get("rounds", 1)
+    if rounds == 1:
+        out = [(t["main"], MAIN_COLUMNS, main_rows(report["rows"]))]
+    else:
+        out = [
+            (f"{t['main']} (round {k} of {rounds})", MAIN_COLUMNS, main_rows(r for r in report["rows"] if r.get("round", 1) == k))
+            for k in range(1, rounds + 1)
+        ]
+        out.append((f"Medians over the {rounds} rounds, interleaved", MEDIAN_COLUMNS, median_rows(report["rows"])))
     scaling = report.get("scaling")
     if scaling:
         out.append((t["sizes"], SIZE_COLUMNS, size_rows(scaling["list_size"])))

@@ -206,3 +206,31 @@ def test_lease_floor_acks_what_it_read_once_and_nothing_changed_since(store_url:
         worker.close()
         peer.discard(prepared)
         peer.stop()
+
+
+def test_rounds_interleave_and_report_medians(tmp_path: Path) -> None:
+    """`--rounds 2`: every peer measured twice, each round's ratios against that round's
+    aeroqueue, one table per round and a table of medians over the rounds."""
+    import statistics
+
+    out = tmp_path / "report.json"
+    args = ["--jobs", "20", "--clients", "1", "--batch", "5", "--peers", "none", "--rounds", "2",
+            "--json", str(out), "--quiet", "--timeout", "60", "--settle", "0"]
+    result = CliRunner().invoke(peers_command, args, env={"AEROQUEUE_URL": None})
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    report = json.loads(out.read_text())
+    assert report["params"]["rounds"] == 2
+    rows = report["rows"]
+    assert [(r["mode"], r["round"]) for r in rows] == [("single", 1), ("batch 5", 1), ("single", 2), ("batch 5", 2)]
+    assert all(r["exactly_once"] and r["vs_aeroqueue_jobs_per_s"] == 1.0 for r in rows)
+
+    text = markdown(report)
+    assert "(round 1 of 2)" in text and "(round 2 of 2)" in text and "Medians over the 2 rounds" in text
+    medians = text.split("Medians over the 2 rounds", 1)[1]
+    for mode in ("single", "batch 5"):
+        rates = [r["jobs_per_s"] for r in rows if r["mode"] == mode]
+        line = next(line for line in medians.splitlines() if line.startswith(f"| aeroqueue | {mode} |"))
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[3] == "2" and cells[4] == f"{statistics.median(rates):,.0f}", line
+        assert cells[5] == f"{min(rates):,.0f} to {max(rates):,.0f}", line
+        assert cells[-1] == "yes, all 2 rounds", line
