@@ -92,8 +92,8 @@ class JobLists:
             return self.backend.udf(keys.LIST_SET, name, keys.LIST_MOD, function, *args)
 
         # Every list call here is safe to repeat after a lost answer (a node died
-        # mid-call) except alloc: a repeat would allocate a second range.
-        return call() if function == "alloc" else retry_in_doubt(call)
+        # mid-call); alloc because it carries the range's id (aq_list_v1.lua, alloc).
+        return retry_in_doubt(call)
 
     def _batch_write(self, writes: list[Any], what: str) -> list[int]:
         """Each write's result code, writes answered in doubt repeated for `write_retry_s`

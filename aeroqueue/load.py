@@ -32,6 +32,7 @@ import contextlib
 import itertools
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -218,7 +219,7 @@ class _RangeLoader:
                 self._turns.wait_for(lambda: self._turn == i)
                 if not new:
                     return 0, len(batch), 0
-                got = self.lists._list_udf(name, "alloc", len(new), self.lease_ms)
+                got = self.lists._list_udf(name, "alloc", len(new), self.lease_ms, uuid.uuid4().hex)
         finally:
             # Whatever happened to this range, the next one may allocate now (range i
             # only ever waits for ranges before it, which started first: no deadlock).

@@ -13,7 +13,8 @@
 --   total    integer            real jobs published (tokens minus void ones)
 --   head     integer            next token the token store hands out (never past tail)
 --   cursor   integer            ID store: the chunk reservations pop from (never moves back)
---   pend     map seq -> map{start, n, exp, real}   ranges allocated, not yet published
+--   pend     map seq -> map{start, n, exp, real, rid}   ranges allocated, not yet published
+--                               (rid: the loader's id for the range, so a repeated alloc finds it)
 --   retry    list of tokens     jobs that came back: served before the token store
 --   done_at  integer            server ms when status first saw the list complete
 --   tlim     integer            a claim's time limit, ms (handed to claim by take)
@@ -210,16 +211,24 @@ function create(rec, mode, max_att, opts)
   return map{st = 'created', mode = mode, max_att = max_att}
 end
 
--- alloc(rec, n, lease_ms) -> map{st='ok', seq, start, now} | map{st='missing'|'sealed'}
+-- alloc(rec, n, lease_ms, rid) -> map{st='ok', seq, start, now} | map{st='missing'|'sealed'}
 --   Reserves tokens [start, start+n) for one loader. The range must be
 --   published within lease_ms, or `expired` offers it to recovery. `now`: the
---   server's clock, from which a delayed load counts its delay.
-function alloc(rec, n, lease_ms)
+--   server's clock, from which a delayed load counts its delay. `rid` (a string,
+--   or nil): the loader's id for this range; an alloc repeated under it (its
+--   answer was lost: a timeout, a node lost) answers the range it made, still
+--   pending, instead of making a second one that nobody would publish.
+function alloc(rec, n, lease_ms, rid)
   if not aerospike:exists(rec) then return map{st = 'missing'} end
+  local pend = rec['pend']
+  if rid ~= nil then
+    for seq, r in map.pairs(pend) do
+      if r['rid'] == rid then return map{st = 'ok', seq = seq, start = r['start'], now = now()} end
+    end
+  end
   if rec['sealed'] == 1 then return map{st = 'sealed'} end
   local start, seq = rec['alloc'], rec['seq']
-  local pend = rec['pend']
-  pend[seq] = map{start = start, n = n, exp = now() + lease_ms}
+  pend[seq] = map{start = start, n = n, exp = now() + lease_ms, rid = rid}
   rec['pend'] = pend
   rec['alloc'] = start + n
   rec['seq'] = seq + 1

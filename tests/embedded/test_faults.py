@@ -97,3 +97,26 @@ def test_batch_fault_after_commit_leaves_the_record_written_but_in_doubt(tmp_pat
     assert [(r.result, r.in_doubt) for r in out.batch_records] == [(0, False), (9, True)]
     assert out.result == -16
     assert b.get(JOB_SET, "L/1").bins["state"] == "claimed", "it happened; only the answer was lost"
+
+
+def test_a_load_whose_alloc_answer_was_lost_goes_on_without_a_second_range(tmp_path):
+    """An alloc that took effect but whose answer was lost (a timeout, a node lost) is
+    repeated under the range's id and answers the same range: the load goes on, and
+    no orphan range is left pending (one would hold back every later range's
+    publication until its lease ran out and a recovery voided it)."""
+    from aeroqueue import udfs
+    from aeroqueue.lists import JobLists
+    from aeroqueue.loading import JobSpec
+
+    b = open_backend(f"embedded://{tmp_path / 's.db'}")
+    udfs.register(b)
+    lists = JobLists(b)
+    b.client.faults.add(op="apply", function="alloc", error="TimeoutError", when="after", skip=1)
+    report = lists.load("l", [JobSpec(f"j{i}", {"i": i}) for i in range(30)], seal=True, chunk_size=10)
+    assert b.client.faults.fired == 1, "the second range's alloc answer was lost"
+    assert (report.loaded, report.skipped) == (30, 0)
+    head = lists.header("l")
+    assert (head["alloc"], head["tail"], head["seq"], head["pubs"]) == (30, 30, 3, 3)
+    assert not head.get("pend")
+    st = lists.status("l")
+    assert (st.total, st.reservable, st.pending_ranges) == (30, 30, 0)

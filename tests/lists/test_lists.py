@@ -255,6 +255,24 @@ def test_a_dead_loaders_range_is_recovered(queue, lists, list_name, session, reg
     assert st.total == 8 and st.pending_ranges == 0
 
 
+def test_an_alloc_repeated_under_its_id_answers_the_same_range(lists, list_name, registered):
+    """A loader repeats an alloc whose answer was lost under the range's id: it gets the
+    range it already has, not a second one left pending for nobody to publish."""
+    lists.create(list_name)
+
+    def alloc(n: int, rid: str | None) -> dict:
+        return registered.apply(keys.LIST_SET, list_name, keys.LIST_MOD, "alloc", n, 60_000, rid)
+
+    first = alloc(5, "range-a")
+    again = alloc(5, "range-a")
+    assert (again["st"], again["seq"], again["start"]) == ("ok", first["seq"], first["start"])
+    other = alloc(3, "range-b")
+    assert (first["seq"], first["start"], other["seq"], other["start"]) == (0, 0, 1, 5)
+    assert alloc(2, None)["start"] == 8, "without an id, every call is a new range"
+    head = lists.header(list_name)
+    assert (head["alloc"], head["seq"], len(head["pend"])) == (10, 3, 3)
+
+
 def test_python_api_loads_plain_items_checked_whole_first(queue, lists, list_name, session):
     report = lists.load(list_name, [("a", {"n": 1}), {"id": "b", "payload": [2]}, ("c", "three")])
     assert report.loaded == 3
