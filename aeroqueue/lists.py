@@ -205,8 +205,7 @@ class JobLists:
     def status(self, name: str) -> ListStatus:
         transitions.flush_bits(self.backend)  # this process's acks count at once
         head = self.header(name)
-        done, dead = self._bit_counts(name, head["alloc"])
-        retry = len(head.get("retry") or [])
+        done, dead, retry = self._bit_counts(name, head["alloc"], head.get("retry") or [])
         delayed, held_back = _delayed(head)
         base, cap = backoff_of(head)
         if head["mode"] == "ids":
@@ -221,11 +220,6 @@ class JobLists:
         completed_at = head.get("done_at")
         if complete and completed_at is None:
             completed_at = self._list_udf(name, "mark_complete")
-        if complete:
-            # Every job is done or dead: what the retry store still holds are duplicate
-            # entries (a release or requeue repeated after a lost answer pushes a token
-            # twice, and the job ran once), which a take would skip. None is pending.
-            retry = 0
         return ListStatus(
             name=name,
             mode=head["mode"],
@@ -256,16 +250,29 @@ class JobLists:
         )
         return [t for c in chunks if c is not None for t in (c.bins.get("ids") or [])]
 
-    def _bit_counts(self, name: str, alloc: int) -> tuple[int, int]:
+    def _bit_counts(self, name: str, alloc: int, retry: list[int]) -> tuple[int, int, int]:
+        """Done and dead bits set, and how many jobs of the retry store are unfinished
+        (neither bit set). An entry whose job finished is a duplicate, pending nothing:
+        a release or requeue repeated after a lost answer pushes a token twice (rather
+        than strand it), the job runs once, and a take skips the second entry."""
         n_chunks = -(-alloc // keys.BITS_PER_CHUNK)
         recs = self.backend.batch_get(keys.DONE_SET, [keys.chunk_name(name, c) for c in range(n_chunks)])
         done = dead = 0
-        for rec in recs:
+        maps: dict[int, tuple[bytes, bytes]] = {}
+        for chunk, rec in enumerate(recs):
             if rec is None:
                 continue
-            done += int.from_bytes(bytes(rec.bins.get("done") or b""), "big").bit_count()
-            dead += int.from_bytes(bytes(rec.bins.get("dead") or b""), "big").bit_count()
-        return done, dead
+            d, x = bytes(rec.bins.get("done") or b""), bytes(rec.bins.get("dead") or b"")
+            maps[chunk] = (d, x)
+            done += int.from_bytes(d, "big").bit_count()
+            dead += int.from_bytes(x, "big").bit_count()
+
+        def finished(token: int) -> bool:
+            chunk, bit = keys.bit_position(token)
+            byte, mask = bit >> 3, 0x80 >> (bit & 7)
+            return any(byte < len(m) and m[byte] & mask for m in maps.get(chunk, ()))
+
+        return done, dead, sum(1 for t in set(retry) if not finished(t))
 
     # -- walking a list ----------------------------------------------------------
 

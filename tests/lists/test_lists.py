@@ -297,23 +297,28 @@ def test_a_token_twice_in_the_retry_store_is_handed_out_once(lists, queue, sessi
     assert len(got) == 3, "each job once"
 
 
-def test_a_complete_list_has_no_retry_pending_even_with_a_duplicate_entry_left(
-    queue, lists, list_name, session, registered
-):
+def test_a_duplicate_retry_entry_of_a_finished_job_is_not_pending(queue, lists, list_name, session, registered):
     """A release or requeue repeated after a lost answer can leave a token twice in the
-    retry store (transitions.push_retry): the job runs once, and the second entry is
-    still there when the list completes. It is pending nothing: status says so."""
+    retry store (transitions.push_retry): the job runs once, and the second entry may
+    still be there when the list completes. It is pending nothing: status counts the
+    jobs of the retry store that are not finished, each once."""
     from aeroqueue import transitions
 
-    lists.load(list_name, specs(3), seal=True)
+    lists.load(list_name, specs(4), seal=True)
     jobs = queue.reserve(list_name, session, 3)
     queue.complete(jobs[0], "ok")
     transitions.push_retry(registered, list_name, [jobs[0].token])  # the duplicate of a job already done
     st = lists.status(list_name)
-    assert (st.retry_pending, st.in_flight, st.complete) == (1, 1, False), "while jobs remain, it is counted"
-    queue.complete_many(jobs[1:], ["ok", "ok"])
+    assert (st.retry_pending, st.in_flight, st.reservable, st.complete) == (0, 2, 1, False)
+    queue.release(jobs[1])  # back to the retry store, unfinished: pending
+    transitions.push_retry(registered, list_name, [jobs[1].token])  # and pushed twice: still one job
     st = lists.status(list_name)
-    assert (st.done, st.retry_pending, st.in_flight, st.reservable, st.complete) == (3, 0, 0, 0, True)
-    # Taking it later changes nothing: the claim refuses a job that is done.
+    assert (st.retry_pending, st.in_flight) == (1, 1)
+    [again, last] = queue.reserve(list_name, session, 3)
+    assert (again.token, last.token) == (jobs[1].token, 3)
+    queue.complete_many([jobs[2], again, last], ["ok", "ok", "ok"])
+    st = lists.status(list_name)
+    assert (st.done, st.retry_pending, st.in_flight, st.reservable, st.complete) == (4, 0, 0, 0, True)
+    # Taking what is left later changes nothing: the claim refuses a job that is done.
     assert queue.reserve(list_name, session, 2) == []
-    assert lists.status(list_name).done == 3
+    assert lists.status(list_name).done == 4
