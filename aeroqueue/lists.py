@@ -92,7 +92,10 @@ class JobLists:
             return self.backend.udf(keys.LIST_SET, name, keys.LIST_MOD, function, *args)
 
         # Every list call here is safe to repeat after a lost answer (a node died
-        # mid-call); alloc because it carries the range's id (aq_list_v1.lua, alloc).
+        # mid-call), alloc only with the range's id (aq_list_v1.lua, alloc): without
+        # one, a repeat would allocate a second range.
+        if function == "alloc" and (len(args) < 3 or args[2] is None):
+            return call()
         return retry_in_doubt(call)
 
     def _batch_write(self, writes: list[Any], what: str) -> list[int]:

@@ -13,8 +13,9 @@
 --   total    integer            real jobs published (tokens minus void ones)
 --   head     integer            next token the token store hands out (never past tail)
 --   cursor   integer            ID store: the chunk reservations pop from (never moves back)
---   pend     map seq -> map{start, n, exp, real, rid}   ranges allocated, not yet published
---                               (rid: the loader's id for the range, so a repeated alloc finds it)
+--   pend     map seq -> map{start, n, exp, real, rid, at}   ranges allocated, not yet published
+--                               (rid: the loader's id for the range, so a repeated alloc
+--                               finds it; at: server ms of the alloc)
 --   retry    list of tokens     jobs that came back: served before the token store
 --   done_at  integer            server ms when status first saw the list complete
 --   tlim     integer            a claim's time limit, ms (handed to claim by take)
@@ -216,24 +217,29 @@ end
 --   published within lease_ms, or `expired` offers it to recovery. `now`: the
 --   server's clock, from which a delayed load counts its delay. `rid` (a string,
 --   or nil): the loader's id for this range; an alloc repeated under it (its
---   answer was lost: a timeout, a node lost) answers the range it made, still
---   pending, instead of making a second one that nobody would publish.
+--   answer was lost: a timeout, a node lost) answers the range it made, with the
+--   `now` of the first call, instead of making a second one that nobody would
+--   publish. Not once the range's lease ran out or a recovery published it:
+--   then the repeat gets a new range, as a loader that came late would.
 function alloc(rec, n, lease_ms, rid)
   if not aerospike:exists(rec) then return map{st = 'missing'} end
   local pend = rec['pend']
+  local t = now()
   if rid ~= nil then
     for seq, r in map.pairs(pend) do
-      if r['rid'] == rid then return map{st = 'ok', seq = seq, start = r['start'], now = now()} end
+      if r['rid'] == rid and r['real'] == nil and r['exp'] > t then
+        return map{st = 'ok', seq = seq, start = r['start'], now = r['at']}
+      end
     end
   end
   if rec['sealed'] == 1 then return map{st = 'sealed'} end
   local start, seq = rec['alloc'], rec['seq']
-  pend[seq] = map{start = start, n = n, exp = now() + lease_ms, rid = rid}
+  pend[seq] = map{start = start, n = n, exp = t + lease_ms, rid = rid, at = t}
   rec['pend'] = pend
   rec['alloc'] = start + n
   rec['seq'] = seq + 1
   aerospike:update(rec)
-  return map{st = 'ok', seq = seq, start = start, now = now()}
+  return map{st = 'ok', seq = seq, start = start, now = t}
 end
 
 -- publish(rec, seq, real, due, timed, cap) -> map{st='ok'|'gone', tail, total}

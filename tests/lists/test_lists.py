@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import threading
+import time
 
 import pytest
 
@@ -260,17 +261,21 @@ def test_an_alloc_repeated_under_its_id_answers_the_same_range(lists, list_name,
     range it already has, not a second one left pending for nobody to publish."""
     lists.create(list_name)
 
-    def alloc(n: int, rid: str | None) -> dict:
-        return registered.apply(keys.LIST_SET, list_name, keys.LIST_MOD, "alloc", n, 60_000, rid)
+    def alloc(n: int, rid: str | None, lease_ms: int = 60_000) -> dict:
+        return registered.apply(keys.LIST_SET, list_name, keys.LIST_MOD, "alloc", n, lease_ms, rid)
 
     first = alloc(5, "range-a")
     again = alloc(5, "range-a")
-    assert (again["st"], again["seq"], again["start"]) == ("ok", first["seq"], first["start"])
+    assert (again["st"], again["seq"], again["start"], again["now"]) == ("ok", first["seq"], first["start"], first["now"])
     other = alloc(3, "range-b")
     assert (first["seq"], first["start"], other["seq"], other["start"]) == (0, 0, 1, 5)
     assert alloc(2, None)["start"] == 8, "without an id, every call is a new range"
+    # Once its lease ran out (recovery may be voiding it), a repeat gets a new range.
+    lapsed = alloc(1, "range-c", lease_ms=0)
+    time.sleep(0.01)
+    assert (lapsed["start"], alloc(1, "range-c", lease_ms=0)["start"]) == (10, 11)
     head = lists.header(list_name)
-    assert (head["alloc"], head["seq"], len(head["pend"])) == (10, 3, 3)
+    assert (head["alloc"], head["seq"], len(head["pend"])) == (12, 5, 5)
 
 
 def test_python_api_loads_plain_items_checked_whole_first(queue, lists, list_name, session):
