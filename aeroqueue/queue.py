@@ -326,10 +326,19 @@ class Queue:
         # Not a queued job (or no job), or past its deadline: the UDF decides. Busy, or the
         # answer lost: claimed alone, where the same request id makes a claim that did
         # happen answer 'ok' again.
-        answers = [
-            self._claim_one(name, sess, rid, tlim, t) for t, (code, b) in zip(tokens, out, strict=True)
-            if code != 0 or b is None
-        ]
+        answers = []
+        for t, (code, b) in zip(tokens, out, strict=True):
+            if code != 0 or b is None:
+                try:
+                    answers.append(self._claim_one(name, sess, rid, tlim, t))
+                except AeroqueueError:
+                    if not jobs and not answers:
+                        raise
+                    # Jobs already claimed are handed out, not dropped: this live session
+                    # would hold them until their time limit, each losing an attempt. The
+                    # tokens not tried are the sweeper's, as a reserver's that died between
+                    # take and claim; the store's trouble shows at the next call.
+                    break
         return jobs, answers
 
     def _batch(self, claims: list[tuple[str, list[Any]]], acks: list[tuple[Job, Any]]) -> list[BatchResult]:

@@ -111,3 +111,26 @@ def test_complete_many_reports_a_claim_lost_in_its_fallback_and_counts_the_rest(
     assert fault.times == 0, "the fault fired"
     assert [j.token for j in lost] == [1]
     assert lists.status("L").done == 2, "the completed ones are counted"
+
+
+def test_a_batch_whose_lone_claim_fails_hands_out_what_it_claimed(env):
+    """One token of a batch left to the UDF (here a buried job) whose claim fails outright
+    (not in doubt): the jobs the batch did claim are handed out, not dropped and held by
+    this live session until their time limit."""
+    from aeroqueue import transitions
+
+    backend, lists, queue, session = env
+    lists.load("L", specs(5))
+    assert transitions.bury(backend, "L", 2, "operator") == "dead"
+    backend.client.faults.add(op="apply", function="claim", error="ServerError")
+    got = queue.reserve("L", session, 5)
+    assert sorted(j.token for j in got) == [0, 1, 3, 4]
+    for job in got:
+        queue.complete(job, "ok")
+    assert lists.status("L").done == 4
+    # With nothing claimed, the failure reaches the caller.
+    lists.load("M", specs(1))
+    assert transitions.bury(backend, "M", 0, "operator") == "dead"
+    backend.client.faults.add(op="apply", function="claim", error="ServerError")
+    with pytest.raises(errors.BackendError):
+        queue.reserve("M", session, 5)
