@@ -204,7 +204,6 @@ class LeaseFloorWorker(BareWorker):
         op.write("state", "done"), op.increment("att", 1), op.write("by", "lease-floor"), op.write("result", "ok"),
         eo.expression_write("done_at", hotpath.SERVER_NOW_COMPILED),
     ]
-    until = 0  # the lease's end (Unix ms), set by each reserve
 
     def reserve(self, n: int) -> list[tuple[int, Any]]:
         out = self.client.apply((self.ns, keys.LIST_SET, self.list), keys.LIST_MOD, "take", [n])
@@ -213,21 +212,22 @@ class LeaseFloorWorker(BareWorker):
         if not tokens:
             return []
         self.calls += 1
-        self.until = int(time.time() * 1000) + self.LEASE_MS
+        until = int(time.time() * 1000) + self.LEASE_MS
         got = self.client.batch_read([self._key(t) for t in tokens], list(self._READS))
         bins = [br.record[2] for br in got.batch_records if br.result == 0 and br.record]
-        return [(int(b["jid"]), (b["token"], b["att"])) for b in bins if b.get("state") == "queued"]
+        return [(int(b["jid"]), (b["token"], b["att"], until)) for b in bins if b.get("state") == "queued"]
 
     def ack(self, jobs: list[tuple[int, Any]]) -> list[int]:
         self.calls += 1
         acked = []
-        by_att: dict[int, list[tuple[int, int]]] = {}
-        for number, (token, att) in jobs:
-            by_att.setdefault(att, []).append((number, token))
-        for att, group in by_att.items():
+        # One write per group of jobs leased with the same attempt count and lease end.
+        groups: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        for number, (token, att, until) in jobs:
+            groups.setdefault((att, until), []).append((number, token))
+        for (att, until), group in groups.items():
             still = exp.And(
                 exp.Eq(exp.StrBin("state"), "queued"), exp.Eq(exp.IntBin("att"), att),
-                exp.LE(hotpath.SERVER_NOW, self.until),
+                exp.LE(hotpath.SERVER_NOW, until),
             ).compile()
             out = self.client.batch_operate(
                 [self._key(t) for _, t in group], self._DONE, {"expressions": still},

@@ -347,6 +347,16 @@ def _md_row(cells: list[str]) -> str:
     return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
 
 
+def representative(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per peer, mode and client count, for a chart: the only one, or over
+    several rounds the round whose jobs/s is the median (the lower middle of an even
+    count): a figure that was measured, not an average of runs."""
+    groups: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["peer"], r["mode"], r["clients"]), []).append(r)
+    return [sorted(g, key=lambda r: r["jobs_per_s"])[(len(g) - 1) // 2] for g in groups.values()]
+
+
 def draw_png(report: dict[str, Any], path: Path) -> None:
     """Bar and line charts of the report (needs matplotlib)."""
     try:
@@ -364,7 +374,7 @@ def draw_png(report: dict[str, Any], path: Path) -> None:
     else:
         fig, grid = plt.subplots(1, 2, figsize=(13, 5))
         axes = list(grid)
-    rows = [r for r in report["rows"] if _measured(r)]
+    rows = representative([r for r in report["rows"] if _measured(r)])
     peers = list(dict.fromkeys(r["peer"] for r in report["rows"]))
     modes = list(dict.fromkeys(r["mode"] for r in report["rows"]))
     # One colour per queue in every panel, so a line and a bar of one peer match.
@@ -382,7 +392,9 @@ def draw_png(report: dict[str, Any], path: Path) -> None:
     ax.set_xticks([i + width * (len(modes) - 1) / 2 for i in range(len(peers))], peers)
     ax.set_yscale("log")
     ax.set_ylabel("jobs/s (log)")
-    ax.set_title(f"{report['params']['jobs']:,} jobs, {report['params']['clients']} clients")
+    rounds = report["params"].get("rounds", 1)
+    each = f", the median of {rounds} rounds" if rounds > 1 else ""
+    ax.set_title(f"{report['params']['jobs']:,} jobs, {report['params']['clients']} clients{each}")
     ax.legend()
 
     ax = axes[1]

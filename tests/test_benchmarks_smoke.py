@@ -195,7 +195,7 @@ def test_lease_floor_acks_what_it_read_once_and_nothing_changed_since(store_url:
         assert sorted(worker.ack(first)) == list(range(10))
         assert worker.ack(first) == [], "a job already done is refused"
         second = worker.reserve(10)
-        _, (token, _) = second[0]
+        _, (token, _, _) = second[0]
         # Somebody else moved this job on after it was read (a reaper's requeue counts an attempt).
         backend.operate(keys.JOB_SET, keys.job_name(prepared.config["list"], token), [op.increment("att", 1)])
         assert sorted(worker.ack(second)) == sorted(n for n, _ in second[1:])
@@ -234,3 +234,10 @@ def test_rounds_interleave_and_report_medians(tmp_path: Path) -> None:
         assert cells[3] == "2" and cells[4] == f"{statistics.median(rates):,.0f}", line
         assert cells[5] == f"{min(rates):,.0f} to {max(rates):,.0f}", line
         assert cells[-1] == "yes, all 2 rounds", line
+    # The chart shows one measured row per peer and mode: the median round's.
+    from benchmarks.report import representative
+
+    picked = representative(rows)
+    assert [(r["mode"], r["jobs_per_s"]) for r in picked] == [
+        (mode, min(r["jobs_per_s"] for r in rows if r["mode"] == mode)) for mode in ("single", "batch 5")
+    ]
