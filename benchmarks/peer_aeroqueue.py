@@ -159,10 +159,14 @@ class BareWorker(Worker):
         self.client = self.backend.client  # the raw client: none of aeroqueue's code on the path
         self.ns, self.list = self.backend.namespace, config["list"]
 
-    def reserve(self, n: int) -> list[tuple[int, Any]]:
+    def _take(self, n: int) -> list[int]:
+        """Up to n tokens: the list's retry store, then its token store."""
         out = self.client.apply((self.ns, keys.LIST_SET, self.list), keys.LIST_MOD, "take", [n])
         self.calls += 1
-        tokens = [*out["retry"], *range(out["start"], out["start"] + out["n"])]
+        return [*out["retry"], *range(out["start"], out["start"] + out["n"])]
+
+    def reserve(self, n: int) -> list[tuple[int, Any]]:
+        tokens = self._take(n)
         if not tokens:
             return []
         self.calls += 1
@@ -206,9 +210,7 @@ class LeaseFloorWorker(BareWorker):
     ]
 
     def reserve(self, n: int) -> list[tuple[int, Any]]:
-        out = self.client.apply((self.ns, keys.LIST_SET, self.list), keys.LIST_MOD, "take", [n])
-        self.calls += 1
-        tokens = [*out["retry"], *range(out["start"], out["start"] + out["n"])]
+        tokens = self._take(n)
         if not tokens:
             return []
         self.calls += 1
