@@ -52,3 +52,9 @@ def chunk_name(list_name: str, chunk: int) -> str:
 def bit_position(token: int) -> tuple[int, int]:
     """(bitmap chunk, bit offset in it) of a token."""
     return divmod(token, BITS_PER_CHUNK)
+
+
+def bit_is_set(bitmap: bytes, bit: int) -> bool:
+    """Whether a bit of a chunk's bitmap is set (most significant bit first, as the
+    server's bit operations number them); bits past its end are clear."""
+    return bit >> 3 < len(bitmap) and bool(bitmap[bit >> 3] & (0x80 >> (bit & 7)))

@@ -272,8 +272,7 @@ class JobLists:
 
         def finished(token: int) -> bool:
             chunk, bit = keys.bit_position(token)
-            byte, mask = bit >> 3, 0x80 >> (bit & 7)
-            return any(byte < len(m) and m[byte] & mask for m in maps.get(chunk, ()))
+            return any(keys.bit_is_set(m, bit) for m in maps.get(chunk, ()))
 
         return done, dead, sum(1 for t in set(retry) if not finished(t))
 

@@ -288,12 +288,7 @@ class Queue:
         else:
             jobs, answers = self._claim_many(name, sess, rid, tlim, tokens)
         self._reschedule(name, answers)
-        jobs += [
-            Job(list=name, token=a["token"], jid=a["jid"], payload=a.get("payload"), attempt=a["att"], session=sess,
-                timeout_s=tlim / 1000, rid=rid, toucher=self.touch)
-            for a in answers
-            if a and a.get("st") == "ok"
-        ]
+        jobs += self._jobs(name, sess, rid, tlim, [a for a in answers if a and a.get("st") == "ok"])
         try:
             for (job, result), answer in zip(acks, acked, strict=True):
                 if not self._acked(job, result, answer):
@@ -316,13 +311,7 @@ class Queue:
             )
         except IN_DOUBT:  # the whole answer was lost: each is claimed alone below
             out = [(-1, None)] * len(tokens)
-        timeout_s, toucher = tlim / 1000, self.touch
-        jobs = [
-            Job(list=name, token=b["token"], jid=b["jid"], payload=b.get("payload"), attempt=b["att"], session=sess,
-                timeout_s=timeout_s, rid=rid, toucher=toucher)
-            for code, b in out
-            if code == 0 and b is not None
-        ]
+        jobs = self._jobs(name, sess, rid, tlim, [b for code, b in out if code == 0 and b is not None])
         # Not a queued job (or no job), or past its deadline: the UDF decides. Busy, or the
         # answer lost: claimed alone, where the same request id makes a claim that did
         # happen answer 'ok' again.
@@ -340,6 +329,16 @@ class Queue:
                     # take and claim; the store's trouble shows at the next call.
                     break
         return jobs, answers
+
+    def _jobs(self, name: str, sess: str, rid: str, tlim: int, claims: list[dict[str, Any]]) -> list[Job]:
+        """Jobs from what their claims answered (the UDF's 'ok' answers, or the bins a
+        native claim read: both hold token, jid, payload and att)."""
+        timeout_s, toucher = tlim / 1000, self.touch
+        return [
+            Job(list=name, token=c["token"], jid=c["jid"], payload=c.get("payload"), attempt=c["att"], session=sess,
+                timeout_s=timeout_s, rid=rid, toucher=toucher)
+            for c in claims
+        ]
 
     def _batch(self, claims: list[tuple[str, list[Any]]], acks: list[tuple[Job, Any]]) -> list[BatchResult]:
         """Claims and acks in one batch call: the claims' results, then the acks'."""

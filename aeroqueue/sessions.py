@@ -394,6 +394,6 @@ def _bits(backend: Backend, list_name: str, bitmap: str, tokens: list[int]) -> s
         chunk, bit = keys.bit_position(t)
         rec = recs[chunk]
         data = bytes(rec.bins.get(bitmap) or b"") if rec is not None else b""
-        if bit // 8 < len(data) and data[bit // 8] & (0x80 >> (bit % 8)):
+        if keys.bit_is_set(data, bit):
             out.add(t)
     return out
