@@ -51,7 +51,7 @@ def test_udf_status_register_and_refusal(store_url):
 class SpyClient:
     """Passes every call to the real client, noting the ones that block for seconds."""
 
-    BLOCKING = ("udf_put", "index_string_create", "index_integer_create")
+    BLOCKING = ("udf_put", "index_single_value_create", "index_string_create", "index_integer_create")
 
     def __init__(self, client):
         self.client = client

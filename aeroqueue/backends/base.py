@@ -184,7 +184,7 @@ class Backend:
         if create_only:
             policy["exists"] = aerospike.POLICY_EXISTS_CREATE
         if ttl is not None:
-            meta["ttl"] = ttl
+            policy["ttl"] = ttl  # in the policy: client 19 deprecates meta["ttl"], the next major drops it
         key = self.key(set_name, name)
         self._call("put", set_name, name, lambda: self.client.put(key, bins, meta=meta or None, policy=policy))
 
@@ -192,14 +192,14 @@ class Backend:
         """Delete a record; False if it was already gone."""
         key = self.key(set_name, name)
         policy: dict[str, Any] = {}
-        meta = None
         if gen is not None:
+            # The remove policy's own field: client 19 deprecates remove's meta parameter.
             policy["gen"] = aerospike.POLICY_GEN_EQ
-            meta = {"gen": gen}
+            policy["generation"] = gen
 
         def delete() -> bool:
             try:
-                self.client.remove(key, meta=meta, policy=policy or None)
+                self.client.remove(key, policy=policy or None)
             except aex.RecordNotFound:
                 return False
             return True
@@ -231,10 +231,10 @@ class Backend:
         if expression is not None:
             policy["expressions"] = expression
         if ttl is not None:
-            meta["ttl"] = ttl
+            policy["ttl"] = ttl  # as in `put`
 
         def run() -> Record:
-            # meta only when needed: the client warns that it is deprecated on every call with it
+            # meta only for a generation check: without one, the call is the plainer form
             if meta:
                 _, m, bins = self.client.operate(key, ops, meta=meta, policy=policy)
             else:
@@ -504,9 +504,11 @@ class Backend:
             return False
         self.round_trips += 1
         try:
-            self.client.index_string_create(self.namespace, set_name, bin_name, index_name)
+            self.client.index_single_value_create(
+                self.namespace, set_name, bin_name, aerospike.INDEX_STRING, index_name
+            )
         except aex.AerospikeError as e:
-            raise wrap(e, "index_string_create", f"{set_name}.{bin_name} as {index_name}") from e
+            raise wrap(e, "index_single_value_create", f"{set_name}.{bin_name} as {index_name}") from e
         return True
 
     def find(

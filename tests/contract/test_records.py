@@ -6,6 +6,7 @@ Written once, run on the embedded backend and on a real server alike.
 from __future__ import annotations
 
 import time
+import warnings
 
 import aerospike
 import pytest
@@ -58,7 +59,7 @@ def test_missing_record_reads_raise_not_found_with_code_2(client, ns, set_name):
 
 def test_ttl_expires_the_record_on_read(client, ns, set_name):
     key = (ns, set_name, "ttl")
-    client.put(key, {"a": 1}, meta={"ttl": 1})
+    client.put(key, {"a": 1}, policy={"ttl": 1})
     assert client.get(key)[1]["ttl"] in (1, 2)
     time.sleep(2.2)
     with pytest.raises(ex.RecordNotFound):
@@ -213,3 +214,21 @@ def test_backend_wraps_errors_with_operation_and_key(backend: Backend, set_name)
     assert backend.remove(set_name, "missing") is False
     rec = backend.get(set_name, "k")
     assert rec is not None and rec.gen == 1 and rec.ttl is None and rec.bins == {"a": 1}
+
+
+def test_backend_remove_and_ttl_go_through_the_policy(backend: Backend, set_name):
+    """Client 19 deprecates `meta` for a ttl and for remove's generation (the next
+    major drops it): the backend passes both in the policy, without a warning, and
+    the store honours them there."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        backend.put(set_name, "k", {"a": 1}, ttl=100)
+        rec = backend.get(set_name, "k")
+        assert rec is not None and rec.ttl is not None and 90 <= rec.ttl <= 100
+        rec = backend.operate(set_name, "k", [op.write("b", 2)], ttl=50)
+        assert rec.ttl is not None and 40 <= rec.ttl <= 50
+        with pytest.raises(errors.GenerationConflict):
+            backend.remove(set_name, "k", gen=rec.gen + 1)
+        assert backend.get(set_name, "k") is not None, "a stale generation removes nothing"
+        assert backend.remove(set_name, "k", gen=rec.gen) is True
+    assert backend.get(set_name, "k") is None

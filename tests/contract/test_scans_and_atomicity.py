@@ -101,14 +101,14 @@ def test_index_creation_answers_as_the_server_does(backend: Backend, set_name):
     ns, c = backend.namespace, backend.client
     first, second = f"{set_name}_a", f"{set_name}_b"
     try:
-        assert c.index_string_create(ns, set_name, "b1", first) == 0
-        assert c.index_string_create(ns, set_name, "b1", first) == 0
+        assert c.index_single_value_create(ns, set_name, "b1", aerospike.INDEX_STRING, first) == 0
+        assert c.index_single_value_create(ns, set_name, "b1", aerospike.INDEX_STRING, first) == 0
         assert backend.indexes()[first] == (set_name, "b1", "string")
         with pytest.raises(aex.IndexFoundError) as e:
-            c.index_string_create(ns, set_name, "b2", first)
+            c.index_single_value_create(ns, set_name, "b2", aerospike.INDEX_STRING, first)
         assert e.value.code == 200
         assert "already exists with different definition" in e.value.msg
-        assert c.index_string_create(ns, set_name, "b1", second) == 0
+        assert c.index_single_value_create(ns, set_name, "b1", aerospike.INDEX_STRING, second) == 0
         now = backend.indexes()
         assert now.get(second) == (set_name, "b1", "string")
         assert first not in now, "the index carries the new name"
@@ -149,7 +149,7 @@ def test_secondary_index_follows_operate_writes_and_expiry(backend: Backend, set
                 if held("p"):
                     break
             time.sleep(0.1)
-        c.put((ns, set_name, "old"), {"sess": "s1", "n": 9}, meta={"ttl": 2})
+        c.put((ns, set_name, "old"), {"sess": "s1", "n": 9}, policy={"ttl": 2})
         assert held("s1") == ["old"]
         out = c.batch_operate(keys[:3], [op.write("sess", "s1"), op.write("state", "claimed")])
         assert [r.result for r in out.batch_records] == [0, 0, 0]

@@ -308,7 +308,10 @@ class EmbeddedClient:
         return (ns, set_name, user_key, bytearray(digest)), (self._meta(row, now) if row else None)
 
     def remove(self, key: tuple, meta: dict | None = None, policy: dict | None = None) -> int:
-        pol = self._check_policy(policy, {"gen", "key", "expressions"}, "remove")
+        # Client 19 moved remove's expected generation from meta into the policy.
+        pol = self._check_policy(policy, {"gen", "generation", "key", "expressions"}, "remove")
+        if "generation" in pol:
+            meta = {"gen": pol["generation"]}
         ns, set_name, user_key, digest = self._key(key)
         self.faults.check("remove", user_key, None, "before")
         now = self._now()
@@ -675,6 +678,14 @@ class EmbeddedClient:
 
     def index_string_create(self, ns: str, set_name: str, bin_name: str, index_name: str, policy: dict | None = None) -> int:
         return self._index_create(ns, set_name, bin_name, index_name, "string")
+
+    def index_single_value_create(
+        self, ns: str, set_name: str, bin_name: str, index_datatype: int, index_name: str, policy: dict | None = None
+    ) -> int:
+        kinds = {aerospike.INDEX_STRING: "string", aerospike.INDEX_NUMERIC: "numeric"}
+        if index_datatype not in kinds:
+            raise server_error("ParamError", -2, f"index datatype {index_datatype!r} is not supported here")
+        return self._index_create(ns, set_name, bin_name, index_name, kinds[index_datatype])
 
     def index_integer_create(self, ns: str, set_name: str, bin_name: str, index_name: str, policy: dict | None = None) -> int:
         return self._index_create(ns, set_name, bin_name, index_name, "numeric")
