@@ -152,9 +152,10 @@ def test_expression_ops_read_the_clock_and_the_bins(client, ns, set_name):
         eo.expression_write("at", now.compile()), eo.expression_write("dl", xp.Add(now, 500).compile()),
         op.read("state"), eo.expression_read("gap", xp.Sub(xp.IntBin("dl"), xp.IntBin("at")).compile()),
     ])
-    # An expression op makes every op answer, writes with nil.
-    assert out == [("state", None), ("due", None), ("att", None), ("at", None), ("dl", None),
-                   ("state", "claimed"), ("gap", 500)]
+    # An expression op makes every op answer, writes with nil. Each expression reads the
+    # clock when it runs: the second may land a millisecond later (seen once in 900 runs).
+    assert out[:6] == [("state", None), ("due", None), ("att", None), ("at", None), ("dl", None), ("state", "claimed")]
+    assert out[6][0] == "gap" and out[6][1] in (500, 501)
     bins = client.get(key)[2]
     assert sorted(bins) == ["at", "att", "dl", "state"] and abs(bins["at"] - t0) < 5_000
     with pytest.raises(ex.OpNotApplicable) as e:  # an unknown value (a missing bin) fails the call
