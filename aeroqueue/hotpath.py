@@ -26,6 +26,8 @@ request id; a repeated ack finds it done and the UDF answers 'again'.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
@@ -35,8 +37,8 @@ from aerospike_helpers.operations import expression_operations as eo
 from aerospike_helpers.operations import operations as op
 
 from . import keys
-from .backends import Backend
-from .errors import FilteredOut, RecordNotFound
+from .backends import IN_DOUBT, Backend
+from .errors import BackendTimeout, FilteredOut, RecordNotFound, RecordTooBig
 
 # Server ms now: the record's last update (ns) plus the ms since. The same clock
 # as the Lua functions' aerospike:get_current_time().
@@ -192,3 +194,127 @@ def complete_many(backend: Backend, items: list[tuple[str, str, str, Any]], dead
         keys.JOB_SET, [(n, complete_ops(s, res), holder_filter(s, r, deadline)) for n, s, r, res in items]
     )
     return [r.code for r in out]
+
+
+# -- leases: jobs held without a claim on their records -------------------------------
+#
+# A leased job (Queue.reserve(..., lease=True)) is read, not claimed: its record stays
+# 'queued' and the session record lists the lease (aq_sess_v1.lease). What the read
+# saw is the fence: any claim since (the holder's own, before a fail or a touch; the
+# reaper's, for a dead or overdue lease) adds one to `att` and moves `claimed`, so an
+# ack admitted only while both are as read, the job is still queued and the lease's
+# time limit has not run out is an ack of this lease and of nothing since.
+
+LEASE_READS = ("jid", "payload", "att", "token", "state", "claimed")
+LEASE_READS_LIST = list(LEASE_READS)
+_ATT, _CLAIMED_AT, _UNTIL = -0x5A5A5A5A5A5A, -0x6B6B6B6B6B6B, -0x7C7C7C7C7C7C
+
+
+def _lease_template(claimed_before: bool, with_until: bool, with_deadline: bool) -> list[tuple]:
+    conds = [
+        exp.Eq(exp.StrBin("state"), "queued"),
+        exp.Eq(exp.IntBin("att"), _ATT),
+        exp.Eq(exp.IntBin("claimed"), _CLAIMED_AT) if claimed_before else exp.Not(exp.BinExists("claimed")),
+    ]
+    if with_until:
+        conds.append(exp.LE(SERVER_NOW, _UNTIL))
+    return _template(conds, with_deadline)
+
+
+_LEASE = {
+    (c, u, d): _lease_template(c, u, d) for c in (False, True) for u in (False, True) for d in (False, True)
+}
+
+
+def lease_filter(att: int, claimed: int | None, until: int | None = None, deadline: int | None = None) -> list[tuple]:
+    """True for a job as a lease read it (queued, `att` and `claimed` unchanged), and,
+    with `until`, before the lease's time limit by the server's clock."""
+    template = _LEASE[claimed is not None, until is not None, deadline is not None]
+    return _bind(template, {_ATT: att, _CLAIMED_AT: claimed, _UNTIL: until, _DEADLINE: deadline})
+
+
+def lease_done_ops(sess: str, rid: str, result: Any) -> list[dict]:
+    """aq_job_v1.complete's writes for a leased job: done, its result kept, the attempt
+    counted, and `by` and `rid` as a claim's ack leaves them (so a repeated ack is
+    recognised by the UDF: 'again')."""
+    return [
+        op.write("state", "done"),
+        op.write("by", sess),
+        op.write("rid", rid),
+        op.increment("att", 1),
+        op.write("result", result),
+        eo.expression_write("done_at", SERVER_NOW_COMPILED),
+    ]
+
+
+def complete_leased(
+    backend: Backend, items: list[tuple[str, str, str, tuple[int, int | None, int], Any]], deadline: int | None = None
+) -> list[int]:
+    """(name, sess, rid, fence (att, claimed, until), result) each; each record's code
+    (0: done; `TO_UDF`: not as leased any more, the UDF decides; any other: in doubt,
+    which `until_decided` sends again). One
+    batch call, of the same operations where a group shares its lease, fence and
+    result object (a lease's jobs read together: the common batch)."""
+    _, sess, rid, fence, first = items[0]
+    if all(s == sess and r == rid and f == fence and res is first for _, s, r, f, res in items):
+        return backend.batch_same_codes(
+            keys.JOB_SET, [n for n, *_ in items], lease_done_ops(sess, rid, first),
+            expression=lease_filter(*fence, deadline=deadline),
+        )
+    out = backend.batch_each(
+        keys.JOB_SET,
+        [(n, lease_done_ops(s, r, res), lease_filter(*f, deadline=deadline)) for n, s, r, f, res in items],
+    )
+    return [r.code for r in out]
+
+
+def claim_leased(
+    backend: Backend, names: list[str], sess: str, rid: str, tlim: int, att: int, claimed: int | None,
+    deadline: int | None = None,
+) -> list[int]:
+    """Turn leased jobs still as the lease read them into claims of `sess` under `rid`
+    (the lease's id) with a time limit of `tlim` ms: the holder's own before a fail or a
+    touch, or the reaper's for a dead or overdue lease. Each record's code (0: claimed
+    now; 2 or 27: gone, or not as leased any more, or run past `deadline`)."""
+    return backend.batch_same_codes(
+        keys.JOB_SET, names, claim_ops(sess, rid, tlim), expression=lease_filter(att, claimed, deadline=deadline)
+    )
+
+
+# The codes that decide a fenced write: done (0), no record (2), the filter false (27).
+DECIDED = (0, *TO_UDF)
+
+
+def until_decided(send: Callable[[list[int]], list[int]], n: int, deadline_s: float, what: str) -> list[int]:
+    """Each of `n` fenced writes' deciding code, `send(indices)` answering the codes of
+    those. A write whose answer was lost or busy (the whole call in doubt, or a
+    record's code) is sent again until `deadline_s`, each time under a fresh request
+    deadline; a 27 is sent once more, since a request the server ran past its deadline
+    is refused by the same filter as a job that changed. Raises `RecordTooBig`, or
+    `BackendTimeout` for what stayed undecided: then nothing may be concluded."""
+    codes = [-1] * n
+    todo, refused_once = list(range(n)), set()
+    give_up = time.monotonic() + deadline_s
+    while todo:
+        try:
+            out = send(todo)
+        except IN_DOUBT:
+            out = [-1] * len(todo)
+        again, unsure = [], False
+        for i, code in zip(todo, out, strict=True):
+            if code == 27 and i not in refused_once:
+                refused_once.add(i)
+                again.append(i)
+            elif code in DECIDED:
+                codes[i] = code
+            elif code == 13:
+                raise RecordTooBig(f"{what}: the record would exceed the namespace's max-record-size", code=13)
+            else:
+                again.append(i)
+                unsure = True
+        todo = again
+        if todo and time.monotonic() >= give_up:
+            raise BackendTimeout(f"{what}: {len(todo)} of {n} stayed in doubt for {deadline_s:g} s")
+        if unsure:
+            time.sleep(0.02)  # a busy key or a node going away: give it a moment
+    return codes

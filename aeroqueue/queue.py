@@ -14,6 +14,9 @@ Round trips, token mode:
   for many jobs, so it costs next to nothing per job.
 - The worker (`aeroqueue worker`) reserves a few jobs at a time (its
   ``--prefetch``, 4 by default) and acks each: 1 + 2/4 = 1.5 per job.
+- ``reserve(..., lease=True)`` (the worker, from 16 jobs): ``take``, one batch
+  read of the fresh jobs, one ``lease`` on the session record: 3 per batch,
+  and no write per job until its ack.
 - ``complete_and_reserve``: acks and the next claims in one batch call after
   the ``take``: 2 per job even one job at a time. Measured on a server on the
   same 2-core machine it costs more CPU than it saves (a batch call's
@@ -27,6 +30,7 @@ Each of these UDFs is O(1) in the list's size.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import threading
 import time
@@ -38,9 +42,11 @@ from typing import Any
 
 from . import hotpath, keys, transitions
 from .backends import IN_DOUBT, Backend, BatchResult, retry_busy
-from .errors import AeroqueueError, ClaimLost, JobNotFound, ListNotFound, RecordBusy
+from .errors import AeroqueueError, ClaimLost, JobNotFound, ListNotFound, RecordBusy, SessionLost
 from .lists import JobLists, backoff_of
-from .sessions import Session
+from .sessions import LEASE_WINDOW_S, PAST_LIMIT, Session
+
+log = logging.getLogger("aeroqueue.queue")
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,9 @@ class Job:
     timeout_s: float = 300.0
     rid: str = ""  # the claim's request id: an ack names the claim, not only the session
     toucher: Callable[[Job, float | None], object] | None = field(default=None, compare=False, repr=False)
+    # Leased, not claimed (`Queue.reserve(..., lease=True)`): the record's attempt count
+    # and last claim time as read, and the server ms the lease's time limit ends.
+    lease: tuple[int, int | None, int] | None = None
 
     @property
     def name(self) -> str:
@@ -102,6 +111,10 @@ class Queue:
         self._policies: dict[str, tuple[float, int, int]] = {}
         self._touched: list[Callable[[Job, float], None]] = []  # told of each touch (the worker's watchdog)
         self._lock = threading.Lock()
+        # Leases this queue made: id -> (session, tokens not yet acknowledged or claimed,
+        # server ms the lease ends). The last one settled, the session forgets the lease
+        # with its next one; one past its end is the reaper's.
+        self._leases: dict[str, tuple[Session, set[int], int]] = {}
 
     def _udf(self, set_name: str, name: str, module: str, function: str, *args: Any) -> Any:
         return self.backend.udf(set_name, name, module, function, *args, deadline_s=self.busy_deadline_s)
@@ -115,8 +128,15 @@ class Queue:
 
     # -- reserve -------------------------------------------------------------
 
-    def reserve(self, list_name: str, session: Session | str, count: int = 1) -> list[Job]:
+    def reserve(self, list_name: str, session: Session | str, count: int = 1, *, lease: bool = False) -> list[Job]:
         """Reserve up to `count` jobs of a list for `session`; [] when none is reservable.
+
+        With `lease` (a batch, under a `Session`: the worker's path) the jobs are read,
+        not claimed: the session record lists them (one write for the batch), and each
+        ack is admitted only while the job is as the lease read it and the lease's time
+        limit has not run out. It saves a write per job; the job records show 'queued'
+        while the jobs run. A dead session's leases, and leases past their limit, are
+        turned into claims by the reaper and recovered as claims are.
 
         O(1) in the list's size: one UDF on the list record takes tokens, one
         (batch) UDF claims them. Tokens that turn out void or already taken (a
@@ -125,7 +145,7 @@ class Queue:
         """
         if count == 1:
             return self._reserve_one(list_name, session)
-        reserved, _ = self._reserve(list_name, session, count, [])
+        reserved, _ = self._reserve(list_name, session, count, [], lease=lease and isinstance(session, Session))
         return reserved
 
     def _reserve_one(self, name: str, session: Session | str) -> list[Job]:
@@ -144,7 +164,7 @@ class Queue:
         except RecordBusy:
             return self._reserve(name, sess, 1, [])[0]
         if out["st"] != "ok" or out["retry"] or out["n"] != 1:
-            return self._reserve(name, sess, 1, [], first=self._tokens(name, 1, out))[0]
+            return self._reserve(name, sess, 1, [], first=self._tokens(name, 1, out)[:2])[0]
         token, tlim, rid = out["start"], out.get("tlim") or 300_000, _request_id()
         try:
             answer = backend.apply(
@@ -172,16 +192,22 @@ class Queue:
         after the new jobs were claimed: they are on the exception's ``reserved``
         attribute, for the caller to run or release. A failure of the
         reservation alone, once the acks went through, returns what was claimed
-        (maybe nothing): the next reservation shows it again."""
-        return self._reserve(list_name, session, count, list(done))
+        (maybe nothing): the next reservation shows it again. Leased jobs' acks go
+        first, in a batch of their own (they are not the UDF's to complete)."""
+        leased = [(j, r) for j, r in done if j.lease is not None]
+        lost = self.complete_many([j for j, _ in leased], [r for _, r in leased]) if leased else []
+        got, refused = self._reserve(list_name, session, count, [(j, r) for j, r in done if j.lease is None])
+        return got, lost + refused
 
     def _reserve(
         self, list_name: str, session: Session | str, count: int, acks: list[tuple[Job, Any]], *,
         first: tuple[list[int], int] | None = None, rid: str | None = None, seen: set[int] | None = None,
+        lease: bool = False,
     ) -> tuple[list[Job], list[Job]]:
         """The general reservation loop. `first`: tokens already taken (and their time
         limit), claimed before any new take; `rid` and `seen`: the request id and the
-        tokens a caller already tried under it (`_reserve_one`)."""
+        tokens a caller already tried under it (`_reserve_one`); `lease`: lease the
+        jobs (`reserve`), `session` being a `Session`."""
         if count < 1:
             raise ValueError(f"count must be at least 1, not {count}")
         sess = session if isinstance(session, str) else session.claim_id()
@@ -192,10 +218,11 @@ class Queue:
         seen = set() if seen is None else seen
         try:
             while len(got) < count:
+                now, fresh, took = None, range(0), time.monotonic()
                 if first is not None:
                     (taken, tlim), first = first, None
                 else:
-                    taken, tlim = self._take(list_name, count - len(got))
+                    taken, tlim, now, fresh = self._take(list_name, count - len(got))
                 # The retry store may hold a token twice (harmless for anyone else:
                 # the claim refuses a job that is not queued). Under one request id
                 # the second claim would answer 'ok' again, as a repeated call does,
@@ -205,7 +232,11 @@ class Queue:
                 if not taken and not pending:
                     break
                 these, pending = pending, []
-                got.extend(self._claim(list_name, sess, rid, tlim, tokens, these, got, lost))
+                if lease and not these and now is not None and len(fresh) > 1:
+                    assert isinstance(session, Session)
+                    got.extend(self._lease(list_name, session, rid, tlim, now, tokens, fresh, took))
+                else:
+                    got.extend(self._claim(list_name, sess, rid, tlim, tokens, these, got, lost))
                 if not taken:
                     break
         except AeroqueueError as e:
@@ -226,22 +257,27 @@ class Queue:
             # again at the next reservation.
         return got, lost
 
-    def _take(self, name: str, k: int) -> tuple[list[int], int]:
-        """Tokens to claim, and the list's time limit (ms) for their claims."""
+    def _take(self, name: str, k: int) -> tuple[list[int], int, int | None, range]:
+        """Tokens to claim, the list's time limit (ms) for their claims, the take's
+        server ms (None from a list module older than leases), and the fresh tokens
+        among them (`_tokens`)."""
         return self._tokens(name, k, self._udf(keys.LIST_SET, name, keys.LIST_MOD, "take", k))
 
-    def _tokens(self, name: str, k: int, out: dict[str, Any]) -> tuple[list[int], int]:
-        """A `take` answer's tokens (up to `k`, topped up from the ID store) and time limit."""
+    def _tokens(self, name: str, k: int, out: dict[str, Any]) -> tuple[list[int], int, int | None, range]:
+        """A `take` answer's tokens (up to `k`, topped up from the ID store), time limit,
+        server ms, and the run the token store handed out: tokens no one was ever given,
+        which only this take holds. (The retry store may hold a token twice, or one a
+        late reaper pushed back while someone holds it: only a claim fences those.)"""
         st = out["st"]
         if st == "missing":
             raise ListNotFound(f"no job list named {name!r}")
         if st == "paused":
-            return [], 0
+            return [], 0, None, range(0)
         retry, start, n = out["retry"], out["start"], out["n"]
         tokens = list(range(start, start + n)) if not retry else [*retry, *range(start, start + n)]
         if len(tokens) < k and self._mode(name) == "ids":
             tokens += self._pop_ids(name, k - len(tokens), out["cursor"], out["pubs"])
-        return tokens, out.get("tlim") or 300_000
+        return tokens, out.get("tlim") or 300_000, out.get("now"), range(start, start + n)
 
     def _mode(self, name: str) -> str:
         mode = self._modes.get(name)
@@ -330,14 +366,118 @@ class Queue:
                     break
         return jobs, answers
 
-    def _jobs(self, name: str, sess: str, rid: str, tlim: int, claims: list[dict[str, Any]]) -> list[Job]:
+    def _lease(
+        self, name: str, session: Session, rid: str, tlim: int, now: int, tokens: list[int], fresh: range, took: float
+    ) -> list[Job]:
+        """Lease the queued jobs among the `fresh` `tokens` to `session`: one batch read of
+        their records, one write of the lease on the session record. The other tokens
+        (from the retry store, which may hold a token twice), and fresh ones that are not
+        a queued job (delayed, gone), are claimed as `reserve` claims them, so a claim
+        fences them and the UDF decides. Each lease has its own id (a reservation that
+        takes twice makes two), which claims made from it (`_adopt`, the reaper) carry
+        as request id."""
+        others = [t for t in tokens if t not in fresh]
+        tokens = [t for t in tokens if t in fresh]
+        try:
+            recs = self.backend.batch_bins(
+                keys.JOB_SET, [keys.job_name(name, t) for t in tokens], hotpath.LEASE_READS_LIST
+            )
+        except AeroqueueError:
+            # Nothing is leased: claimed instead, whose batch handles every failure.
+            return self._claim(name, session.claim_id(), rid, tlim, others + tokens, [], [], [])
+        lid, until, sess = _request_id(), now + tlim, session.claim_id()
+        leased: list[dict[str, Any]] = []
+        for token, (code, b) in zip(tokens, recs, strict=True):
+            if code == 0 and b is not None and b.get("state") == "queued" and type(b.get("att")) is int:
+                leased.append(b)
+            else:
+                others.append(token)
+        jobs: list[Job] = []
+        if leased:
+            groups: dict[tuple[int, int | None], list[int]] = defaultdict(list)
+            for b in leased:
+                groups[(b["att"], b.get("claimed"))].append(b["token"])
+            # Recorded before any job is handed out: a process that dies after this
+            # leaves its jobs to the reaper. One that dies between the take and this
+            # leaves them taken and held by no one: the sweeper's, as between a take
+            # and a claim. Recorded late, a sweep may have missed it (LEASE_SETTLE_S).
+            entry = [name, until, [[att, c, toks] for (att, c), toks in groups.items()]]
+            try:
+                session.lease(lid, entry, within_s=max(0.0, took + LEASE_WINDOW_S - time.monotonic()))
+            except SessionLost:
+                raise
+            except AeroqueueError as e:
+                # Not recorded in time, maybe not at all (or too big for the session
+                # record): claimed instead, which fences them whatever a sweep did. If
+                # the lease did land, the claims make it void, and it is forgotten.
+                log.warning("lease not recorded: jobs claimed instead", extra={
+                    "event": "lease_fallback", "list": name, "jobs": len(leased), "error": str(e)})
+                session.settle(lid)
+                return self._claim(name, sess, lid, tlim, [b["token"] for b in leased] + others, [], [], [])
+            with self._lock:
+                # Leases whose jobs someone else acknowledged (or nobody did) end here,
+                # not in this dict: the reaper ends them on the server.
+                for old in [k for k, v in self._leases.items() if v[2] < now]:
+                    del self._leases[old]
+                self._leases[lid] = (session, {b["token"] for b in leased}, until)
+            jobs = self._jobs(name, sess, lid, tlim, leased, until=until)
+        if others:
+            jobs += self._claim(name, sess, lid, tlim, others, [], jobs, [])
+        return jobs
+
+    def _settled(self, *jobs: Job) -> None:
+        """Leased jobs were acknowledged, or claimed (`_adopt`): their leases hold them
+        no more; the session forgets a lease with none left (with its next lease, or
+        when it closes)."""
+        done = []
+        with self._lock:
+            for job in jobs:
+                entry = self._leases.get(job.rid)
+                if entry is not None:
+                    entry[1].discard(job.token)
+                    if not entry[1]:
+                        del self._leases[job.rid]
+                        done.append((entry[0], job.rid))
+        for session, lid in done:
+            session.settle(lid)
+
+    def _adopt(self, job: Job, tlim: int) -> None:
+        """A leased job becomes a claim of its session under the lease's id, with a time
+        limit of `tlim` ms: fail, snooze, release, expire and touch are UDFs that act on
+        claims. If the job is no longer as the lease read it, nothing changes, and the
+        UDF that follows answers for what it is ('lost', 'again')."""
+        if job.lease is None:
+            return
+        att, claimed, _ = job.lease
+        backend = self.backend
+        # Safe to repeat: a repeat that finds it claimed already changes nothing. Still in
+        # doubt at the deadline, the error reaches the caller and the lease keeps the job.
+        hotpath.until_decided(
+            lambda _: hotpath.claim_leased(
+                backend, [job.name], job.session, job.rid, tlim, att, claimed, backend.job_deadline()
+            ),
+            1, self.busy_deadline_s, f"claiming leased job {job.name}",
+        )
+        self._settled(job)
+
+    def _jobs(
+        self, name: str, sess: str, rid: str, tlim: int, claims: list[dict[str, Any]], *, until: int | None = None
+    ) -> list[Job]:
         """Jobs from what their claims answered (the UDF's 'ok' answers, or the bins a
-        native claim read: both hold token, jid, payload and att)."""
+        native claim read: both hold token, jid, payload and att), or, with `until`,
+        from the bins a lease read (`_lease`: the attempt is the next one, and the
+        fence is the att and claimed read)."""
         timeout_s, toucher = tlim / 1000, self.touch
+        if until is None:
+            return [
+                Job(list=name, token=c["token"], jid=c["jid"], payload=c.get("payload"), attempt=c["att"],
+                    session=sess, timeout_s=timeout_s, rid=rid, toucher=toucher)
+                for c in claims
+            ]
         return [
-            Job(list=name, token=c["token"], jid=c["jid"], payload=c.get("payload"), attempt=c["att"], session=sess,
-                timeout_s=timeout_s, rid=rid, toucher=toucher)
-            for c in claims
+            Job(list=name, token=b["token"], jid=b["jid"], payload=b.get("payload"), attempt=b["att"] + 1,
+                session=sess, timeout_s=timeout_s, rid=rid, toucher=toucher, lease=(b["att"], b.get("claimed"), until))
+            for b in claims
         ]
 
     def _batch(self, claims: list[tuple[str, list[Any]]], acks: list[tuple[Job, Any]]) -> list[BatchResult]:
@@ -369,6 +509,21 @@ class Queue:
     def complete(self, job: Job, result: Any = None) -> None:
         """Mark a job done, exactly once. Repeating a successful complete is harmless;
         a complete from a session that lost the claim raises `ClaimLost`."""
+        if job.lease is not None:
+            code = self._leased_codes([job], [result])[0]
+            if code == 0:
+                self._settled(job)
+                self.bits.add(job.list, [job.token])
+                return
+            self._complete_claim(job, result)
+            self._settled(job)  # done, by a claim made from the lease, or before ('again')
+            return
+        self._complete_claim(job, result)
+
+    def _complete_claim(self, job: Job, result: Any) -> None:
+        """`complete` by the UDF: a claim's ack, or a leased job's that is not as leased
+        any more (claimed by its holder since: done; acknowledged already: 'again';
+        anything else: `ClaimLost`)."""
         # The UDF for one job, as for one claim (`_claim_one`), sent directly the first
         # time (`_reserve_one` says why); in doubt or refused as stale, it is repeated
         # with the retry loops, which is safe: a repeat that finds it done answers 'again'.
@@ -404,14 +559,7 @@ class Queue:
             return []
         results = list(results) if results is not None else [None] * len(jobs)
         lost: list[Job] = []
-        if len(jobs) == 1:
-            codes = [-1]  # one job: the UDF
-        else:
-            # Each job gets only its own result (not the whole batch's).
-            codes = hotpath.complete_many(
-                self.backend, [(j.name, j.session, j.rid, r) for j, r in zip(jobs, results, strict=True)],
-                self.backend.job_deadline(),
-            )
+        codes = self._complete_codes(jobs, results)
         done: dict[str, list[int]] = defaultdict(list)
         alone = []
         for job, res, code in zip(jobs, results, codes, strict=True):
@@ -422,18 +570,63 @@ class Queue:
         # The bits of what is done, one add per list, before any repeat below can raise.
         for list_name, tokens in done.items():
             self.bits.add(list_name, tokens)
+        self._settled(*[job for job, code in zip(jobs, codes, strict=True) if code == 0 and job.lease is not None])
         for job, res in alone:
             # Not plainly ours, past its deadline, busy, or the answer lost: the UDF
             # completes it alone, or says why not ('again' is fine).
             try:
-                self.complete(job, res)
+                self._complete_claim(job, res)
             except (ClaimLost, JobNotFound):
+                # Not settled: past the lease's limit and untouched, it is the reaper's
+                # to end as timed out (the lease says so); taken by anyone since, the
+                # reaper finds that and only forgets the lease.
                 lost.append(job)
+                continue
+            if job.lease is not None:
+                self._settled(job)
         return lost
+
+    def _leased_codes(self, jobs: Sequence[Job], results: Sequence[Any]) -> list[int]:
+        """The acks of leased jobs, each to a deciding code: 0 done; 2 or 27 not as
+        leased any more (the UDF tells 'again', 'late' or 'lost'). An ack whose answer
+        was lost is sent again, not taken for refused: the UDF cannot complete a job
+        that is only leased, so it would call a job that did not land 'lost'."""
+        items = [(j.name, j.session, j.rid, j.lease, r) for j, r in zip(jobs, results, strict=True) if j.lease]
+        backend = self.backend
+        return hotpath.until_decided(
+            lambda idx: hotpath.complete_leased(backend, [items[i] for i in idx], backend.job_deadline()),
+            len(items), self.busy_deadline_s, f"acknowledging {len(items)} leased jobs",
+        )
+
+    def _complete_codes(self, jobs: Sequence[Job], results: list[Any]) -> list[int]:
+        """Each job's code from one batch of native acks (0: done), claims and leases
+        alike (two batches when a call mixes them); -1 sends a job to the UDF."""
+        leased = [i for i, j in enumerate(jobs) if j.lease is not None]
+        if not leased and len(jobs) == 1:
+            return [-1]  # one claim: the UDF
+        codes = [-1] * len(jobs)
+        if leased:
+            out = self._leased_codes([jobs[i] for i in leased], [results[i] for i in leased])
+            for i, code in zip(leased, out, strict=True):
+                codes[i] = code
+        deadline = self.backend.job_deadline()
+        try:
+            claimed = [i for i, j in enumerate(jobs) if j.lease is None]
+            if len(claimed) > 1:
+                # Each job gets only its own result (not the whole batch's).
+                out = hotpath.complete_many(
+                    self.backend, [(jobs[i].name, jobs[i].session, jobs[i].rid, results[i]) for i in claimed], deadline
+                )
+                for i, code in zip(claimed, out, strict=True):
+                    codes[i] = code
+        except IN_DOUBT:
+            pass  # what did not come back goes to the UDF, which is safe to repeat
+        return codes
 
     def fail(self, job: Job, error: str) -> str:
         """Record a failure: back to the queue while attempts remain, after the list's
         backoff ('delayed', or 'retry' with no backoff), else 'dead'."""
+        self._adopt(job, _ms(job.timeout_s))
         st = transitions.fail(
             self.backend, job.list, job.token, job.session, error, delay_ms=self.backoff_ms(job.list, job.attempt),
             rid=job.rid, deadline_s=self.busy_deadline_s,
@@ -445,6 +638,7 @@ class Queue:
         """Run the job again `after_s` from now, without counting this attempt ('delayed')."""
         if not after_s >= 0:
             raise ValueError(f"Retry(after=...) must be zero or positive seconds, not {after_s}")
+        self._adopt(job, _ms(job.timeout_s))
         st = transitions.snooze(self.backend, job.list, job.token, job.session, round(after_s * 1000), rid=job.rid,
                                 deadline_s=self.busy_deadline_s)
         self._check(job, st)
@@ -455,6 +649,7 @@ class Queue:
         so: 'retry', 'delayed', 'dead', or 'early' (not past it by the server's clock
         yet), 'lost' (not ours any more)."""
         why = why or f"timed out: not acknowledged within its time limit of {job.timeout_s:g} s"
+        self._adopt(job, PAST_LIMIT)  # the caller judged it past its limit: so is the claim's
         return transitions.expire(
             self.backend, job.list, job.token, job.session, why, delay_ms=self.backoff_ms(job.list, job.attempt),
             rid=job.rid, deadline_s=self.busy_deadline_s,
@@ -466,6 +661,7 @@ class Queue:
         seconds = job.timeout_s if seconds is None else seconds
         if not seconds > 0:
             raise ValueError(f"touch needs positive seconds, not {seconds}")
+        self._adopt(job, _ms(seconds))
         out = self._job_udf(job.name, "touch", job.session, max(1, round(seconds * 1000)), job.rid)
         self._check(job, out["st"])
         for listener in list(self._touched):
@@ -494,6 +690,7 @@ class Queue:
     def release(self, job: Job, why: str = "released", *, refund: bool = True) -> str:
         """Give a claimed job back, if this session still holds it. With `refund` the
         attempt is returned (it never ran); without, it counts (it ran, or may have)."""
+        self._adopt(job, _ms(job.timeout_s))
         return transitions.release(
             self.backend, job.list, job.token, job.session, refund=refund, why=why, rid=job.rid,
             deadline_s=self.busy_deadline_s,
@@ -537,6 +734,10 @@ os.register_at_fork(after_in_child=_new_rid_prefix)
 
 def _request_id() -> str:
     return f"{_RID_PREFIX}{next(_rid_counter):012x}"
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
 
 
 def _answered(result: BatchResult) -> bool:

@@ -8,6 +8,11 @@
 - Claims are made under a session. Each claimed job carries the session id
   in its ``sess`` bin, which has a secondary index, so the reaper finds a dead
   session's claims without scanning every job.
+- Leases (``Queue.reserve(..., lease=True)``, the worker's batches) are listed
+  in the session record itself, one entry per batch, and forgotten once every
+  job of the batch is acknowledged. The reaper turns a dead session's leases,
+  and a live one's past their time limit, into claims of that session
+  (`claim_leases`), which it then recovers as any claim.
 - The reaper (in every worker, and ``aeroqueue reap``) finds sessions whose
   record the server has not seen updated for their expiry, moves them
   ``alive -> reaping`` with a generation check, releases each of their claims
@@ -33,15 +38,31 @@ from typing import Any
 
 from aerospike_helpers import expressions as xp
 
-from . import keys, transitions
+from . import hotpath, keys, transitions
 from .backends import Backend, retry_in_doubt
-from .errors import BackendError, ConfigError, GenerationConflict, ListNotFound, SessionLost
+from .errors import (
+    BackendError,
+    BackendTimeout,
+    ConfigError,
+    GenerationConflict,
+    ListNotFound,
+    SessionLost,
+)
 from .lists import JobLists, backoff_of
 from .transitions import flush_bits, push_retry, set_bits
 
 log = logging.getLogger("aeroqueue.sessions")
 
 DEFAULT_INTERVAL_S = 1.0
+# How far apart this host's clock and the server's may be (the fast sync mark assumes
+# the same): a lease is judged past its limit only this long after it by our clock.
+CLOCK_MARGIN_MS = 1000
+# How long after reading the stores' heads a sweep reads the sessions' leases: a
+# reservation that took jobs before the heads were read has recorded its lease by then.
+LEASE_SETTLE_S = 1.0
+# How long after its take a reservation may still record its lease: well inside the
+# sweep's wait. Later (a busy session record, an answer in doubt) it claims the jobs.
+LEASE_WINDOW_S = LEASE_SETTLE_S / 2
 DEFAULT_EXPIRY_S = 5.0
 
 # Sessions past their expiry (server clock), or already being reaped (a half-done reap).
@@ -86,6 +107,8 @@ class Session:
         self._thread: threading.Thread | None = None
         self._last_ok = time.monotonic()
         self.closed = False
+        self._settled: list[str] = []  # leases to forget with the next lease write
+        self._settled_lock = threading.Lock()
 
     @classmethod
     def open(
@@ -139,12 +162,48 @@ class Session:
             if self.on_beat:  # failed heartbeats (errors) are worth counting too
                 self.on_beat(ok)
         if st != "ok":
-            if not self._lost.is_set():
-                log.warning("session lost", extra={"event": "session_lost", "session": self.id, "why": st})
-            self._lost.set()
+            self._lose(st)
             return False
         self._last_ok = time.monotonic()
         return True
+
+    def _lose(self, why: str) -> None:
+        """The server says the session is gone or being reaped: it takes no more work."""
+        if not self._lost.is_set():
+            log.warning("session lost", extra={"event": "session_lost", "session": self.id, "why": why})
+        self._lost.set()
+
+    def lease(self, lease_id: str, entry: list[Any], *, within_s: float = LEASE_WINDOW_S) -> None:
+        """Record a lease on the session record (aq_sess_v1.lease: `entry` is
+        [list, until, groups]), forgetting the leases settled since the last one.
+        Raises `SessionLost` when the session is gone or being reaped, and
+        `BackendTimeout` when it is not recorded (or may not be) within `within_s`."""
+        with self._settled_lock:
+            settled, self._settled = self._settled, []
+        give_up = time.monotonic() + within_s
+
+        def once() -> Any:
+            left = give_up - time.monotonic()
+            if left <= 0:
+                raise BackendTimeout(f"lease {lease_id} not recorded within {within_s:.3g} s", key=self.id)
+            return self.backend.udf(
+                keys.SESS_SET, self.id, keys.SESS_MOD, "lease", lease_id, entry, settled, deadline_s=left
+            )
+
+        try:
+            st = retry_in_doubt(once, deadline_s=within_s)
+        except BaseException:
+            with self._settled_lock:
+                self._settled[:0] = settled
+            raise
+        if st != "ok":
+            self._lose(st)
+            raise SessionLost(f"session {self.id} is {st}: it takes no more work")
+
+    def settle(self, lease_id: str) -> None:
+        """Every job of a lease was acknowledged or claimed: forget it with the next lease."""
+        with self._settled_lock:
+            self._settled.append(lease_id)
 
     def _beat_forever(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -179,6 +238,9 @@ class Session:
         released = 0
         try:
             flush_bits(self.backend)  # what this process acknowledged counts before it goes
+            if release or self._lost.is_set():
+                # Leased jobs not acknowledged become claims of this session, given back below.
+                retry_in_doubt(lambda: claim_leases(self.backend, self.id), deadline_s=self.expiry_s)
             # Finding the claims is a query: while partitions migrate (a node came back)
             # it can fail for a while. Releasing is idempotent: repeated, up to the expiry.
             if self._lost.is_set():
@@ -250,25 +312,33 @@ def reap(backend: Backend, *, stop: Callable[[], bool] | None = None) -> ReapRep
                 backend.put(keys.SESS_SET, session_id, {"state": "reaping"}, gen=rec.gen)
             except GenerationConflict:
                 continue
+        claim_leases(backend, session_id, rec.bins.get("leases"))
         released += release_claims(backend, session_id, refund=False, why="session expired")
         # A process that died may not have written the bits of its last acks.
         recount_session(backend, session_id)
         backend.remove(keys.SESS_SET, session_id)
         sessions += 1
         log.info("session reaped", extra={"event": "reaped", "session": session_id, "released": released})
-    live = [sid for sid, _ in backend.scan(keys.SESS_SET, bins=["state"]) if sid not in expired]
+    live = [(sid, rec) for sid, rec in backend.scan(keys.SESS_SET, bins=["state", "leases"]) if sid not in expired]
     timed_out = 0
-    for sid in live:
+    for sid, rec in live:
         if stop is not None and stop():
             break
-        timed_out += expire_overdue(backend, sid)
+        timed_out += expire_overdue(backend, sid, rec.bins.get("leases"))
     return ReapReport(sessions, released, timed_out)
 
 
-def expire_overdue(backend: Backend, session_id: str) -> int:
+def expire_overdue(backend: Backend, session_id: str, leases: dict[str, Any] | None = None) -> int:
     """End a live session's claims that ran past their time limit, each as a failed
     attempt whose error says it timed out (retried after the list's backoff, or
-    dead). One index query on the session's claims; returns how many it ended."""
+    dead), its leases past their limit first turned into such claims (`leases`: the
+    session record's, as a scan read them). One index query on the session's claims;
+    returns how many it ended."""
+    if leases:
+        # Past the limit by this host's clock, with the margin the project allows
+        # between clocks: an ack the server still admits lands first, or not at all.
+        cutoff = time.time() * 1000 - CLOCK_MARGIN_MS
+        claim_leases(backend, session_id, {lid: e for lid, e in leases.items() if e[1] < cutoff})
     lists = JobLists(backend)
     policies: dict[str, tuple[int, int]] = {}
     ended = 0
@@ -280,8 +350,10 @@ def expire_overdue(backend: Backend, session_id: str) -> int:
                 policies[name] = backoff_of(lists.header(name))
             except ListNotFound:
                 policies[name] = (0, 0)
-        limit = bins.get("tl", 0) / 1000
-        why = f"timed out: not acknowledged within its time limit of {limit:g} s (session {session_id} still alive)"
+        tl = bins.get("tl", 0)
+        # A claim made from a lease past its end carries PAST_LIMIT: the lease had the limit.
+        limit = "its lease's time limit" if tl < 0 else f"its time limit of {tl / 1000:g} s"
+        why = f"timed out: not acknowledged within {limit} (session {session_id} still alive)"
         delay = transitions.backoff_ms(bins.get("att", 1), *policies[name])
         st = transitions.expire(backend, bins["list"], bins["token"], session_id, why, delay_ms=delay)
         if st in ("retry", "delayed", "dead"):
@@ -289,6 +361,47 @@ def expire_overdue(backend: Backend, session_id: str) -> int:
             log.warning("claim timed out", extra={"event": "timed_out", "session": session_id, "list": bins["list"],
                                                   "token": bins["token"], "jid": bins.get("jid"), "outcome": st})
     return ended
+
+
+# The time limit of a claim made from a lease the reaper ends: already past, by a
+# millisecond, so the expiry that follows it in the same millisecond is not 'early'.
+PAST_LIMIT = -1
+
+
+def claim_leases(backend: Backend, session_id: str, leases: dict[str, Any] | None = None) -> int:
+    """Turn a session's leases (the session record's, or those given) into claims of
+    that session under each lease's id, already past their time limit, and forget
+    them: a reaper then releases or expires them as it does any claim. A job acked,
+    or claimed by its holder, since the lease read it is left alone (the lease's
+    fence). Idempotent; returns the jobs claimed."""
+    if leases is None:
+        rec = backend.get(keys.SESS_SET, session_id, bins=["leases"])
+        leases = (rec.bins.get("leases") if rec is not None else None) or {}
+    claimed = 0
+    for lid, (list_name, _until, groups) in leases.items():
+        for att, at, tokens in groups:
+            names = [keys.job_name(list_name, t) for t in tokens]
+
+            def send(idx: list[int], names: list[str] = names, lid: str = lid, att: int = att, at: Any = at) -> list[int]:
+                return hotpath.claim_leased(
+                    backend, [names[i] for i in idx], session_id, lid, PAST_LIMIT, att, at, backend.job_deadline()
+                )
+
+            # Undecided at the deadline, it raises and the lease stays, for the next pass.
+            codes = hotpath.until_decided(send, len(names), 5.0, f"claiming the leased jobs of session {session_id}")
+            claimed += codes.count(0)
+    if leases:
+        backend.udf(keys.SESS_SET, session_id, keys.SESS_MOD, "unlease", list(leases))
+    return claimed
+
+
+def leased_tokens(backend: Backend) -> set[tuple[str, int]]:
+    """(list, token) of every job some session holds a lease on."""
+    out: set[tuple[str, int]] = set()
+    for _, rec in backend.scan(keys.SESS_SET, bins=["leases"]):
+        for list_name, _until, groups in (rec.bins.get("leases") or {}).values():
+            out.update((list_name, t) for _, _, tokens in groups for t in tokens)
+    return out
 
 
 def recount_session(backend: Backend, session_id: str) -> int:
@@ -345,6 +458,10 @@ def sweep(backend: Backend, *, grace_ms: int = 60_000, stop: Callable[[], bool] 
             xp.And(stale, xp.Or(xp.Eq(state, "claimed"), xp.Eq(state, "queued"), xp.Eq(state, "delayed"))),
         ),
     ).compile()
+    # The stores as they were before the scan: a job taken while the scan runs is past
+    # these heads, so it is never mistaken for one a dead reserver left behind.
+    heads = {name: lists.header(name) for name in unfinished}
+    heads_at = time.monotonic()
     found: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for i, (_, rec) in enumerate(backend.scan(keys.JOB_SET, expression=expression)):
         if stop is not None and i % 256 == 0 and stop():
@@ -362,10 +479,18 @@ def sweep(backend: Backend, *, grace_ms: int = 60_000, stop: Callable[[], bool] 
     alive = {sid for sid, rec in zip(holders, backend.batch_get(keys.SESS_SET, holders), strict=True) if rec is not None}
     orphans = sum(release_claims(backend, sid, refund=False, why="session vanished") for sid in holders if sid not in alive)
 
-    # Jobs taken from a store but never claimed: the reserver died in between.
+    # Jobs taken from a store but never claimed: the reserver died in between. A job
+    # a live session leased is held, not lost.
     requeued = 0
+    leased: set[tuple[str, int]] = set()
+    if found["queued"]:
+        # A reservation records its lease a round trip or two after its take: the
+        # leases are read long enough after the heads that one in progress has landed.
+        time.sleep(max(0.0, LEASE_SETTLE_S - (time.monotonic() - heads_at)))
+        leased = leased_tokens(backend)
     for list_name, jobs in found["queued"].items():
-        head = lists.header(list_name)
+        jobs = [j for j in jobs if (list_name, j["token"]) not in leased]
+        head = heads[list_name]
         waiting = set(head.get("retry") or [])
         if head["mode"] == "ids":
             waiting.update(lists.unpopped_ids(list_name, head))

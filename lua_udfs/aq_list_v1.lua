@@ -295,14 +295,15 @@ function expired(rec)
   return out
 end
 
--- take(rec, k) -> map{st='ok', retry=list, start, n, cursor, pubs, tlim}
+-- take(rec, k) -> map{st='ok', retry=list, start, n, cursor, pubs, tlim, now}
 --                 | map{st='missing'|'paused'}
 --   The reservation step: up to k tokens from the retry store first (with
 --   whatever sched has due), then due ranges of delayed loads, then the token
 --   store ([start, start+n), never past tail, stepping over gates and timed
 --   jobs; tokens it could not hand out as one run come in `retry`). In ID mode
 --   the token store is not used: the caller pops the rest from chunk `cursor`.
---   tlim: the list's time limit, for the claims.
+--   tlim: the list's time limit, for the claims; now: the server ms of the take
+--   (a lease's time limit runs from it).
 function take(rec, k)
   if not aerospike:exists(rec) then return map{st = 'missing'} end
   if rec['paused'] == 1 then return map{st = 'paused'} end
@@ -372,7 +373,7 @@ function take(rec, k)
   end
   if changed then aerospike:update(rec) end
   return map{st = 'ok', retry = got, start = start, n = n,
-             cursor = rec['cursor'], pubs = rec['pubs'], tlim = rec['tlim'] or 300000}
+             cursor = rec['cursor'], pubs = rec['pubs'], tlim = rec['tlim'] or 300000, now = t}
 end
 
 -- advance(rec, seen) -> integer cursor

@@ -8,12 +8,20 @@
 --   exp      integer   expiry in ms: a session whose record was not updated
 --                      for this long (by the server's last-update time) is dead
 --   beat     integer   server ms of the last heartbeat
+--   leases   map id -> list{list, until, groups}   jobs the session holds without a
+--                      claim on their records (Queue.reserve(..., lease=True)):
+--                      id is the lease's own request id (claims made from it
+--                      carry it), until the server ms its time limit ends,
+--                      groups a list of list{att, claimed, tokens}: the jobs'
+--                      attempt count and last claim time as read, which any
+--                      later claim changes (the ack's fence)
 --
 -- Liveness is judged by the server's clock only: the heartbeat is a write,
 -- which moves the record's last-update time; the reaper compares that with
 -- the server's now (SinceUpdateTime). Worker clocks are never compared.
 -- The reaper moves alive -> reaping with a generation check (a plain put),
--- releases the session's claims, then deletes the record.
+-- turns the session's leases into claims, releases its claims, then deletes
+-- the record.
 
 -- open(rec, host, pid, exp) -> 'ok' | 'exists'
 function open(rec, host, pid, exp)
@@ -39,4 +47,33 @@ function beat(rec)
   rec['beat'] = aerospike:get_current_time()
   aerospike:update(rec)
   return 'ok'
+end
+
+-- lease(rec, id, entry, settled) -> 'ok' | 'gone' | 'reaping'
+--   Records lease `id` (entry: list{list, until, groups}) and forgets the leases
+--   in `settled` (ids whose every job was acknowledged or claimed). Only for an
+--   alive session: a session being reaped takes no more work. A write, so it
+--   also counts as a heartbeat.
+function lease(rec, id, entry, settled)
+  if not aerospike:exists(rec) then return 'gone' end
+  if rec['state'] ~= 'alive' then return 'reaping' end
+  local leases = rec['leases'] or map()
+  for s in list.iterator(settled) do map.remove(leases, s) end
+  leases[id] = entry
+  rec['leases'] = leases
+  aerospike:update(rec)
+  return 'ok'
+end
+
+-- unlease(rec, ids) -> integer
+--   Forgets leases (turned into claims, or settled at close); answers how many
+--   remain. Whatever the session's state: the reaper calls it too.
+function unlease(rec, ids)
+  if not aerospike:exists(rec) then return 0 end
+  local leases = rec['leases']
+  if leases == nil then return 0 end
+  for s in list.iterator(ids) do map.remove(leases, s) end
+  rec['leases'] = leases
+  aerospike:update(rec)
+  return map.size(leases)
 end

@@ -1,0 +1,359 @@
+"""Leases (`Queue.reserve(..., lease=True)`, the worker's batches): jobs read, not
+claimed, listed on the session record, acknowledged exactly once while still as the
+lease read them, and recovered as claims are when their session dies, closes or
+runs past the limit. Every test runs on both backends and audits job by job."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from aeroqueue import errors, hotpath, keys, udfs
+from aeroqueue.backends import Backend, open_backend
+from aeroqueue.lists import JobLists
+from aeroqueue.loading import JobSpec
+from aeroqueue.queue import Job, Queue
+from aeroqueue.sessions import CLOCK_MARGIN_MS, LEASE_SETTLE_S, Session, claim_leases, reap, sweep
+from aeroqueue.transitions import push_retry
+
+
+def load(lists: JobLists, name: str, n: int, **kw: Any) -> None:
+    lists.load(name, [JobSpec(f"j{i}", {"i": i}, None, None) for i in range(n)], **kw)
+
+
+def record(backend: Backend, job: Job) -> dict[str, Any]:
+    rec = backend.get(keys.JOB_SET, job.name)
+    assert rec is not None
+    return dict(rec.bins)
+
+
+def leases_of(backend: Backend, session: Session) -> dict[str, Any]:
+    rec = backend.get(keys.SESS_SET, session.id)
+    assert rec is not None
+    return dict(rec.bins.get("leases") or {})
+
+
+def test_a_leased_batch_runs_unclaimed_and_is_acknowledged_once(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session
+) -> None:
+    load(lists, list_name, 30)
+    jobs = queue.reserve(list_name, session, 20, lease=True)
+    assert [j.jid for j in jobs] == [f"j{i}" for i in range(20)]
+    assert [j.payload for j in jobs] == [{"i": i} for i in range(20)]
+    assert all(j.lease is not None and j.attempt == 1 and j.session == session.id for j in jobs)
+    for job in jobs:  # read, not written: no claim on the record
+        rec = record(registered, job)
+        assert rec["state"] == "queued" and "sess" not in rec and rec["att"] == 0
+    [(lid, (name, until, groups))] = leases_of(registered, session).items()
+    assert lid == jobs[0].rid and name == list_name and until == jobs[0].lease[2]
+    assert sorted(t for _, _, toks in groups for t in toks) == list(range(20))
+
+    assert queue.complete_many(jobs[:15], [{"n": j.token} for j in jobs[:15]]) == []
+    queue.complete(jobs[15], "one")
+    assert queue.complete_many(jobs[16:]) == []
+    # Repeated acks are recognised (the UDF answers 'again'), not counted twice.
+    assert queue.complete_many(jobs[:3]) == []
+    queue.complete(jobs[15], "one")
+    queue.flush()
+    for job in jobs:
+        rec = record(registered, job)
+        assert rec["state"] == "done" and rec["by"] == session.id and rec["att"] == 1, job
+    assert record(registered, jobs[4])["result"] == {"n": 4} and record(registered, jobs[15])["result"] == "one"
+    st = lists.status(list_name)
+    assert (st.done, st.reservable, st.in_flight, st.retry_pending) == (20, 10, 0, 0)
+
+    # Every job of the lease is settled: the next lease write forgets it.
+    more = queue.reserve(list_name, session, 10, lease=True)
+    assert list(leases_of(registered, session)) == [more[0].rid]
+
+
+def test_an_ack_is_refused_once_the_reaper_took_the_lease_back(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str
+) -> None:
+    load(lists, list_name, 12)
+    dead = Session.open(registered, interval_s=0.2, expiry_s=0.5, heartbeat=False)
+    held = queue.reserve(list_name, dead, 8, lease=True)
+    assert len(held) == 8
+    queue.complete(held[0], "before")  # acked in time: the reaper leaves it alone
+    time.sleep(0.8)
+    report = reap(registered)  # (on a shared server, other tests' dead sessions count too)
+    assert report.sessions >= 1 and report.released >= 7
+    assert registered.get(keys.SESS_SET, dead.id) is None
+    for job in held[1:]:  # claimed for the dead session, released with the attempt counted
+        rec = record(registered, job)
+        assert rec["state"] == "queued" and rec["att"] == 1 and "sess" not in rec, rec
+    # The dead session's late acks are refused, one by one and as a batch.
+    with pytest.raises(errors.ClaimLost):
+        queue.complete(held[1], "late")
+    assert queue.complete_many(held[2:]) == held[2:]
+
+    with Session.open(registered, heartbeat=False) as alive:
+        again = queue.reserve(list_name, alive, 20, lease=True)
+        assert sorted(j.token for j in again) == [*range(1, 12)]
+        assert {j.attempt for j in again if j.token < 8} == {2}
+        assert queue.complete_many(again) == []
+    queue.flush()
+    for token in range(12):
+        rec = registered.get(keys.JOB_SET, keys.job_name(list_name, token))
+        assert rec is not None and rec.bins["state"] == "done"
+        assert rec.bins.get("result") == ("before" if token == 0 else None)
+        assert rec.bins["by"] == (dead.id if token == 0 else alive.id)
+    assert lists.status(list_name).done == 12
+
+
+def test_fail_snooze_release_and_touch_claim_a_leased_job_first(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session
+) -> None:
+    load(lists, list_name, 6, backoff_s=0)
+    jobs = queue.reserve(list_name, session, 6, lease=True)
+    failed, snoozed, released, touched, done, lost = jobs
+
+    assert queue.fail(failed, "boom") == "retry"
+    rec = record(registered, failed)
+    assert rec["state"] == "queued" and rec["att"] == 1 and rec["err"] == "boom"
+    assert queue.snooze(snoozed, 30) == "delayed"
+    rec = record(registered, snoozed)
+    assert rec["state"] == "delayed" and rec["att"] == 0
+    assert queue.release(released, "not now") == "released"
+    assert record(registered, released)["att"] == 0, "a graceful release gives the attempt back"
+
+    assert queue.touch(touched, 120) == 120
+    rec = record(registered, touched)
+    assert rec["state"] == "claimed" and rec["sess"] == session.id and rec["rid"] == touched.rid
+    assert rec["tl"] == 120_000 and rec["att"] == 1
+    queue.complete(touched, "after touch")  # now a claim: acknowledged as one
+    rec = record(registered, touched)
+    assert rec["state"] == "done" and rec["result"] == "after touch" and rec["att"] == 1
+
+    queue.complete(done, "ok")
+    with pytest.raises(errors.ClaimLost):  # failed already: not as leased, not held
+        queue.complete(failed, "late")
+    registered.udf(keys.JOB_SET, lost.name, keys.JOB_MOD, "bury", "an operator")
+    assert queue.complete_many([lost]) == [lost]
+    assert record(registered, lost)["state"] == "dead"
+
+
+def test_a_lease_past_its_limit_ends_as_timed_out(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session
+) -> None:
+    load(lists, list_name, 4, timeout_s=0.3, backoff_s=0)
+    late, early = queue.reserve(list_name, session, 4, lease=True)[:2]
+    queue.complete(early, "in time")
+    reap(registered)
+    assert record(registered, late)["state"] == "queued" and leases_of(registered, session), "not past its limit yet"
+    time.sleep(0.3 + CLOCK_MARGIN_MS / 1000 + 0.2)
+    with pytest.raises(errors.ClaimLost):  # the server's clock: past the lease's limit
+        queue.complete(late, "too late")
+    assert reap(registered).timed_out >= 3
+    rec = record(registered, late)
+    assert rec["state"] == "queued" and rec["att"] == 1 and "timed out" in rec["err"]
+    assert record(registered, early)["state"] == "done"
+    assert leases_of(registered, session) == {}, "an ended lease is forgotten"
+    st = lists.status(list_name)
+    assert (st.done, st.retry_pending) == (1, 3)
+
+
+def test_the_sweeper_leaves_leased_jobs_alone(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session
+) -> None:
+    load(lists, list_name, 6)
+    jobs = queue.reserve(list_name, session, 4, lease=True)
+    # Two more taken by a reserver that died before it claimed or leased them.
+    out = registered.udf(keys.LIST_SET, list_name, keys.LIST_MOD, "take", 2)
+    assert (out["start"], out["n"]) == (4, 2)
+    sweep(registered, grace_ms=0)  # (on a shared server it also sweeps other tests' lists)
+    assert sorted(lists.header(list_name)["retry"]) == [4, 5], "the lost two are offered again, the leased four not"
+    assert queue.complete_many(jobs) == []
+
+
+def test_closing_gives_leased_jobs_back_with_their_attempt(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str
+) -> None:
+    load(lists, list_name, 5)
+    closing = Session.open(registered, heartbeat=False)
+    jobs = queue.reserve(list_name, closing, 5, lease=True)
+    queue.complete(jobs[0], "done first")
+    assert closing.close() == 4
+    for job in jobs[1:]:
+        rec = record(registered, job)
+        assert rec["state"] == "queued" and rec["att"] == 0, "never ran: the attempt is given back"
+    assert sorted(lists.header(list_name)["retry"]) == [1, 2, 3, 4]
+    # The attempt count is as the lease read it, but the claim made at close moved the
+    # record's claim time: the closed lease's ack is still refused.
+    assert queue.complete_many(jobs[1:]) == jobs[1:]
+
+
+def test_claiming_a_lease_twice_claims_once(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session
+) -> None:
+    """A reaper that died half-way repeats the step: the second pass changes nothing."""
+    load(lists, list_name, 3)
+    jobs = queue.reserve(list_name, session, 3, lease=True)
+    leases = leases_of(registered, session)
+    assert claim_leases(registered, session.id, leases) == 3
+    assert claim_leases(registered, session.id, leases) == 0
+    assert {record(registered, j)["att"] for j in jobs} == {1}
+
+
+def test_a_lease_ack_whose_answer_was_lost_is_recognised(tmp_path) -> None:
+    backend = open_backend(f"embedded://{tmp_path / 's.db'}")
+    udfs.register(backend)
+    lists, queue = JobLists(backend), Queue(backend)
+    load(lists, "L", 5)
+    with Session.open(backend, heartbeat=False) as s:
+        jobs = queue.reserve("L", s, 5, lease=True)
+        # The native ack of job 2 lands, but its answer is lost (a node died mid-call).
+        backend.client.faults.add(op="batch_operate", key="L/2", writes="state=done", error="TimeoutError", when="after")
+        assert queue.complete_many(jobs) == []
+        assert backend.client.faults.fired == 1
+    queue.flush()
+    assert lists.status("L").done == 5
+    rec = backend.get(keys.JOB_SET, keys.job_name("L", 2))
+    assert rec is not None and rec.bins["state"] == "done" and rec.bins["att"] == 1
+
+
+def test_a_token_twice_in_the_retry_store_runs_once(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str
+) -> None:
+    """The retry store may hold a token twice (two reapers of one session both push it
+    back): what it hands out is claimed, not leased, so the second copy is refused
+    instead of running the job a second time beside the first."""
+    load(lists, list_name, 4)
+    with Session.open(registered, heartbeat=False) as first:
+        queue.complete_many(queue.reserve(list_name, first, 4, lease=True)[2:])  # 0 and 1 stay out
+    push_retry(registered, list_name, [0, 1])
+    push_retry(registered, list_name, [0, 1])
+    with Session.open(registered, heartbeat=False) as a, Session.open(registered, heartbeat=False) as b:
+        got_a = queue.reserve(list_name, a, 2, lease=True)
+        got_b = queue.reserve(list_name, b, 2, lease=True)
+        assert sorted(j.token for j in got_a) == [0, 1] and got_b == [], "each job is handed out once"
+        assert all(j.lease is None for j in got_a), "claimed: the retry store's tokens are fenced"
+        assert queue.complete_many(got_a) == []
+
+
+def test_a_refused_late_ack_leaves_the_job_to_the_reaper(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session
+) -> None:
+    """An ack refused because the lease ran out leaves the job as it was: queued and
+    never claimed. The lease must stay on the session record until the reaper ends
+    the job as timed out (its attempt counted); forgotten, the job would look taken
+    and abandoned, and the sweeper would offer it again as if it had never run."""
+    load(lists, list_name, 6, timeout_s=0.3, backoff_s=0)
+    late, in_time = queue.reserve(list_name, session, 2, lease=True)
+    queue.complete(in_time, "in time")
+    time.sleep(0.5)
+    with pytest.raises(errors.ClaimLost):
+        queue.complete(late, "too late")
+    queue.reserve(list_name, session, 2, lease=True)  # a new lease: the settled ones are forgotten with it
+    assert late.rid in leases_of(registered, session), "the late job's lease is kept"
+    sweep(registered, grace_ms=0)
+    assert late.token not in (lists.header(list_name).get("retry") or []), "not offered again as never run"
+    time.sleep(CLOCK_MARGIN_MS / 1000)
+    reap(registered)
+    rec = record(registered, late)
+    assert rec["att"] == 1 and "timed out" in rec["err"] and rec["state"] == "queued"
+    assert late.rid not in leases_of(registered, session)
+
+
+def test_a_lease_recorded_while_the_sweeper_scans_is_seen(
+    registered: Backend, lists: JobLists, list_name: str, session: Session
+) -> None:
+    """A reservation takes its jobs, then records its lease a moment later: a sweep
+    that read the heads between the two must still see the lease, not offer the jobs
+    again (they would run twice)."""
+    load(lists, list_name, 4)
+    out = registered.udf(keys.LIST_SET, list_name, keys.LIST_MOD, "take", 3)
+    tokens = list(range(out["start"], out["start"] + out["n"]))
+    entry = [list_name, out["now"] + 300_000, [[0, None, tokens]]]
+    late = threading.Timer(LEASE_SETTLE_S / 3, session.lease, args=("lease-1", entry))
+    late.start()
+    try:
+        sweep(registered, grace_ms=0)
+    finally:
+        late.join()
+    assert not set(tokens) & set(lists.header(list_name).get("retry") or []), "leased, not lost"
+
+
+@pytest.fixture
+def faulty(tmp_path) -> Backend:
+    """An embedded store with fault injection (client.faults)."""
+    backend = open_backend(f"embedded://{tmp_path / 'f.db'}")
+    udfs.register(backend)
+    return backend
+
+
+def test_a_lease_ack_that_did_not_land_is_sent_again_not_reported_lost(faulty: Backend) -> None:
+    lists, queue = JobLists(faulty), Queue(faulty)
+    load(lists, "L", 5)
+    with Session.open(faulty, heartbeat=False) as s:
+        jobs = queue.reserve("L", s, 5, lease=True)
+        # Two records time out before the write: not done, and the UDF cannot complete a
+        # job that is only leased, so taking them for refused would strand them.
+        faulty.client.faults.add(op="batch_operate", writes="state=done", error="TimeoutError", times=2)
+        assert queue.complete_many(jobs) == []
+        assert faulty.client.faults.fired == 2
+    queue.flush()
+    assert lists.status("L").done == 5
+
+
+def test_claiming_a_leased_job_retries_a_busy_record(faulty: Backend) -> None:
+    lists, queue = JobLists(faulty), Queue(faulty)
+    load(lists, "L", 3, backoff_s=0)
+    with Session.open(faulty, heartbeat=False) as s:
+        jobs = queue.reserve("L", s, 3, lease=True)
+        faulty.client.faults.add(op="batch_operate", writes="state=claimed", error="RecordBusy", times=1)
+        assert queue.fail(jobs[0], "boom") == "retry"
+        assert faulty.client.faults.fired == 1
+        rec = faulty.get(keys.JOB_SET, jobs[0].name)
+        assert rec is not None and rec.bins["err"] == "boom" and rec.bins["att"] == 1
+
+
+def test_complete_and_reserve_acks_leased_jobs(faulty: Backend) -> None:
+    lists, queue = JobLists(faulty), Queue(faulty)
+    load(lists, "L", 6)
+    with Session.open(faulty, heartbeat=False) as s:
+        jobs = queue.reserve("L", s, 3, lease=True)
+        got, lost = queue.complete_and_reserve([(j, "ok") for j in jobs], "L", s, 3)
+        assert lost == [] and sorted(j.token for j in got) == [3, 4, 5]
+        assert queue.complete_many(got) == []
+    queue.flush()
+    assert lists.status("L").done == 6
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_lease_not_recorded_in_time_claims_the_jobs_instead(faulty: Backend, when: str) -> None:
+    """The lease write times out (before it landed, or after): the reservation claims
+    the jobs, which fences them whether or not a sweep missed the lease."""
+    lists, queue = JobLists(faulty), Queue(faulty)
+    load(lists, "L", 4)
+    with Session.open(faulty, heartbeat=False) as s:
+        faulty.client.faults.add(op="apply", function="lease", error="TimeoutError", when=when, times=-1)
+        jobs = queue.reserve("L", s, 4, lease=True)
+        faulty.client.faults.clear()
+        assert sorted(j.token for j in jobs) == [0, 1, 2, 3] and all(j.lease is None for j in jobs)
+        for job in jobs:
+            rec = record(faulty, job)
+            assert rec["state"] == "claimed" and rec["sess"] == s.id and rec["att"] == 1
+        assert queue.complete_many(jobs) == []
+        queue.reserve("L", s, 4, lease=True)  # nothing left; a landed lease is forgotten with the next write
+    queue.flush()
+    assert lists.status("L").done == 4
+
+
+def test_a_claim_of_a_leased_job_run_past_its_deadline_changes_nothing(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session
+) -> None:
+    """A request the server runs after its sender gave up on it (a frozen node that
+    resumes) must not claim: the reaper's and the holder's claims carry a deadline."""
+    load(lists, list_name, 2)
+    job = queue.reserve(list_name, session, 2, lease=True)[0]
+    assert job.lease is not None
+    att, claimed, _ = job.lease
+    past = int(time.time() * 1000) - 60_000
+    assert hotpath.claim_leased(registered, [job.name], session.id, job.rid, 1000, att, claimed, past) == [27]
+    assert record(registered, job)["state"] == "queued"
+    queue.complete(job, "still leased")
+    assert record(registered, job)["state"] == "done"
