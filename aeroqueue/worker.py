@@ -147,6 +147,11 @@ def handler_pace(previous: float | None, took: float) -> float:
     return took if previous is None else 0.8 * previous + 0.2 * took
 
 
+# The smallest reservation the worker leases rather than claims: a lease costs one more
+# round trip and a UDF on the session record per batch, and saves a write per job.
+LEASE_MIN = 16
+
+
 def prefetch_for(handler_s: float | None) -> int:
     """How many jobs to reserve at once for handlers that take `handler_s` each
     (None: not known yet): about PREFETCH_HOLD_S of work, within 1..PREFETCH_MAX."""
@@ -297,6 +302,7 @@ class Worker:
         until_complete: bool = False,
         observer: WorkerObserver | None = None,
         pool: str = "thread",
+        lease: bool = True,
     ) -> None:
         # "name", "name=weight", (name, weight), or a glob pattern: see aeroqueue.selection.
         specs = parse_lists(lists)
@@ -316,6 +322,8 @@ class Worker:
         self.lists = [str(s) for s in specs]
         self.concurrency = concurrency
         self.batch = batch  # None: sized to the handlers' pace (`prefetch`)
+        # Batches of LEASE_MIN or more are leased, not claimed (Queue.reserve).
+        self.lease = lease
         self.ack_linger_s = ack_linger_s
         self.acks: AckBatcher | None = None  # while running, unless ack_linger_s is 0
         self._handler_s: float | None = None  # moving average of a handler's run
@@ -570,7 +578,8 @@ class Worker:
     def _reserve(self, session: Session, name: str) -> list[Job]:
         asked = time.monotonic()
         try:
-            return self.queue.reserve(name, session, self.prefetch())
+            n = self.prefetch()
+            return self.queue.reserve(name, session, n, lease=self.lease and n >= LEASE_MIN)
         finally:
             self.observer.reserve_latency(name, time.monotonic() - asked)
 

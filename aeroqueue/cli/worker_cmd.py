@@ -53,13 +53,17 @@ def _check_lists(ctx: click.Context, param: click.Parameter, value: tuple[str, .
         help="Longest pause between polls of an empty or paused list (it backs off exponentially up to this).")
 @option("--concurrency", "-c", env="CONCURRENCY", type=click.IntRange(1, 256), default=1, help="Handler threads.")
 @option("--batch", "--prefetch", "batch", env="BATCH", type=click.IntRange(1, 1000), default=None,
-        help=f"Jobs each thread reserves at a time (they wait claimed; a reservation is 2 round trips). Default: "
+        help=f"Jobs each thread reserves at a time (they wait claimed or leased; a reservation is 2 or 3 round trips). Default: "
              f"sized to the handlers' pace, {DEFAULT_PREFETCH} until one has run, then about "
              f"{PREFETCH_HOLD_S * 1000:g} ms of work, 1 to {PREFETCH_MAX}. Use 1 for long jobs, so no job waits "
              "behind another.")
 @option("--ack-linger", "ack_linger", env="ACK_LINGER", type=click.FloatRange(min=0), default=DEFAULT_LINGER_S * 1000,
         help="Milliseconds a finished job's acknowledgement may wait to go out with others in one batch (one round "
              "trip for many jobs). 0: acknowledge each job on its own before taking the next.")
+@option("--lease/--no-lease", "lease", env="LEASE", default=True,
+        help="Lease reservations of 16 jobs or more instead of claiming each job: one write on the session record "
+             "for the batch instead of one per job record, recovered by the reaper as claims are. The job records "
+             "show 'queued' while leased jobs run; --no-lease claims each one.")
 @HEARTBEAT_OPT
 @EXPIRY_OPT
 @option("--pool", env="POOL", type=click.Choice(["thread", "process"]), default="thread",
@@ -79,7 +83,7 @@ def _check_lists(ctx: click.Context, param: click.Parameter, value: tuple[str, .
 @click.pass_obj
 def worker(
     obj: Context, handler: str, lists: tuple[str, ...], refresh_lists: float, idle_max: float, concurrency: int,
-    batch: int | None, ack_linger: float, interval_s: float, expiry_s: float, pool: str, drain_timeout: float, sweep_every: float,
+    batch: int | None, ack_linger: float, lease: bool, interval_s: float, expiry_s: float, pool: str, drain_timeout: float, sweep_every: float,
     sweep_grace: float, until_complete: bool,
     metrics_port: int | None, metrics_host: str, log_format: str, log_level: str | None,
 ) -> None:
@@ -105,7 +109,7 @@ def worker(
         ack_linger_s=ack_linger / 1000, interval_s=interval_s,
         expiry_s=expiry_s, drain_timeout_s=drain_timeout, sweep_every_s=sweep_every,
         sweep_grace_ms=int(sweep_grace * 1000), until_complete=until_complete, observer=observer, pool=pool,
-        idle_max_s=idle_max, refresh_lists_s=refresh_lists,
+        idle_max_s=idle_max, refresh_lists_s=refresh_lists, lease=lease,
     )
     # For the life of the process, not just of run(): a SIGTERM arriving while a
     # finished worker exits must not kill it with the default action.

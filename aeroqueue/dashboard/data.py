@@ -59,6 +59,7 @@ class SessionRow:
     beat: int | None
     expiry_ms: int
     claims: int
+    leased: int = 0  # jobs of its leases not yet settled (acked ones count until their batch is)
 
     def beat_age_s(self, now_ms: int) -> float | None:
         """Seconds since the last heartbeat, by this process's clock: for display only
@@ -169,9 +170,11 @@ class Store:
         for sid, rec in self.backend.scan(keys.SESS_SET):
             b = rec.bins
             claims = len(self.backend.find(keys.JOB_SET, "sess", sid, expression=_CLAIMED, bins=["state"]))
+            leased = sum(len(toks) for lease in (b.get("leases") or {}).values() for _, _, toks in lease[2])
             rows.append(SessionRow(
                 id=sid, state=str(b.get("state", "?")), host=str(b.get("host", "")), pid=b.get("pid"),
                 started=b.get("started"), beat=b.get("beat"), expiry_ms=int(b.get("exp") or 0), claims=claims,
+                leased=leased,
             ))
         return sorted(rows, key=lambda r: (r.host, r.started or 0, r.id))
 

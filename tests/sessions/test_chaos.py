@@ -66,8 +66,15 @@ def hanging(w: Worker, logs: Path) -> bool:
     return False
 
 
+@pytest.fixture(params=["claims", "leases"])
+def reservations(request: pytest.FixtureRequest) -> list[str]:
+    """How the workers reserve: their default for these handlers (a few jobs at a time,
+    claimed), or batches of 24, leased (`Queue.reserve(..., lease=True)`)."""
+    return [] if request.param == "claims" else ["--batch", "24"]
+
+
 @pytest.fixture
-def spawn(store_url: str, list_name: str, tmp_path: Path) -> Iterator[Callable[[], Worker]]:
+def spawn(store_url: str, list_name: str, tmp_path: Path, reservations: list[str]) -> Iterator[Callable[[], Worker]]:
     """Start worker processes; every one is killed at the end, whatever happened."""
     started: list[Worker] = []
     logs = tmp_path / "logs"
@@ -78,6 +85,7 @@ def spawn(store_url: str, list_name: str, tmp_path: Path) -> Iterator[Callable[[
         "--handler", "tests.sessions.chaos_handler:handle", "--list", list_name,
         "--concurrency", "2", "--heartbeat", str(HEARTBEAT_S), "--expiry", str(EXPIRY_S),
         "--sweep-every", "3", "--sweep-grace", "3", "--until-complete", "--log-format", "json", "--drain-timeout", "10",
+        *reservations,
     ]
 
     def start() -> Worker:
