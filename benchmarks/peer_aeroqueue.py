@@ -31,7 +31,7 @@ from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Job, Queue
 from aeroqueue.sessions import Session
-from aeroqueue.worker import PREFETCH_HOLD_S, PREFETCH_MAX, handler_pace, prefetch_for
+from aeroqueue.worker import LEASE_MIN, PREFETCH_HOLD_S, PREFETCH_MAX, handler_pace, prefetch_for
 
 from .harness import Peer, PeerInfo, PeerUnavailable, PipelinedWorker, Prepared, Worker
 
@@ -40,6 +40,8 @@ LOAD_CHUNK = 1000  # jobs per load range: the CLI's default
 
 class AeroqueueWorker(Worker):
     """The API handler's path: reserve (take + claim), then ack (complete)."""
+
+    lease = False
 
     def __init__(self, config: dict[str, Any]) -> None:
         super().__init__(config)
@@ -57,7 +59,7 @@ class AeroqueueWorker(Worker):
         return self.backend.round_trips
 
     def reserve(self, n: int) -> list[tuple[int, Any]]:
-        return [(int(job.jid), job) for job in self.queue.reserve(self.list, self.session, n)]
+        return [(int(job.jid), job) for job in self.queue.reserve(self.list, self.session, n, lease=self.lease)]
 
     def ack(self, jobs: list[tuple[int, Any]]) -> list[int]:
         if len(jobs) == 1:
@@ -110,7 +112,8 @@ class AeroqueuePrefetchWorker(AeroqueueWorker, PipelinedWorker):
     def reserve(self, n: int) -> list[tuple[int, Any]]:
         if len(self.waiting) < n:
             want = max(n, prefetch_for(self.handler_s)) - len(self.waiting)
-            self.waiting += self.queue.reserve(self.list, self.session, want)
+            # Leased from LEASE_MIN jobs up, as the worker does.
+            self.waiting += self.queue.reserve(self.list, self.session, want, lease=want >= LEASE_MIN)
         got, self.waiting = self.waiting[:n], self.waiting[n:]
         self.handed_at = time.perf_counter()
         return [(int(job.jid), job) for job in got]
@@ -146,6 +149,12 @@ class AeroqueuePrefetchWorker(AeroqueueWorker, PipelinedWorker):
     def close(self) -> None:
         self.acks.close()
         super().close()
+
+
+class AeroqueueLeaseWorker(AeroqueueWorker):
+    """The API handler's path with `reserve(..., lease=True)`: batches leased, not claimed."""
+
+    lease = True
 
 
 class BareWorker(Worker):
@@ -196,7 +205,7 @@ class BareWorker(Worker):
 class LeaseFloorWorker(BareWorker):
     """Not a queue: the floor of a lease design (issue 14, item 3b), the calls it would
     make with nothing around them. A reserve takes tokens and reads their job records
-    (the lease itself, one more write per batch on the list record, is left out); an
+    (the lease itself, one more write per batch on the session record, is left out); an
     ack is one filtered write per job, admitted while the job is still queued with the
     attempt count it was read with and before the lease's end by the server's clock,
     as a lease's ack would be. No session, no request id, no completion bits, no
@@ -243,18 +252,25 @@ PATHS = {
     # name: (worker class, batch form, recipe)
     "aeroqueue": (
         AeroqueuePrefetchWorker,
-        "reserve(list, session, 100): one take UDF + one batch claim UDF; complete_many: one batch",
+        "reserve(list, session, 100, lease=True): one take UDF + one batch read + one lease UDF; acks: one batch",
         f"worker path: reserve as many jobs at a time as the handlers' pace calls for (about "
-        f"{PREFETCH_HOLD_S * 1000:g} ms of work, at most {PREFETCH_MAX}: take on the list record + one batch of "
-        "claims under a session), hand them out one at a time; acks go out in batches within "
-        f"{DEFAULT_LINGER_S * 1000:g} ms (native operations, refused unless the session still holds the claim); "
-        "completion bits written in bulk",
+        f"{PREFETCH_HOLD_S * 1000:g} ms of work, at most {PREFETCH_MAX}: take on the list record, then from "
+        f"{LEASE_MIN} jobs up one batch read of the jobs and the lease on the session record, below that one batch "
+        "of claims), hand them out one at a time; acks go out in batches within "
+        f"{DEFAULT_LINGER_S * 1000:g} ms (native operations, refused unless the job is still as leased or the "
+        "session still holds the claim); completion bits written in bulk",
     ),
     "aeroqueue-api": (
         AeroqueueWorker,
         "reserve(list, session, 100): one take UDF + one batch claim UDF; complete_many: one batch",
         "API handler path: reserve = take (list record) + claim (job record); ack = complete UDF; "
         "completion bits written in bulk",
+    ),
+    "aeroqueue-api-lease": (
+        AeroqueueLeaseWorker,
+        "reserve(list, session, 100, lease=True): one take UDF + one batch read + one lease UDF; complete_many: one batch",
+        "API handler path, batches leased (reserve(..., lease=True)): take + batch read of the jobs + the lease on the "
+        "session record; acks filtered on the job still as leased; single jobs as aeroqueue-api",
     ),
     "lease-floor": (
         LeaseFloorWorker,

@@ -42,7 +42,7 @@ from .peer_postgres import PostgresPeer
 from .peer_redis import DEFAULT_URL as REDIS_URL
 from .peer_redis import RedisPeer
 
-PEER_NAMES = ("aeroqueue-api", "bare-udf", "beanstalkd", "mysql", "postgres", "redis")
+PEER_NAMES = ("aeroqueue-api", "aeroqueue-api-lease", "bare-udf", "beanstalkd", "mysql", "postgres", "redis")
 # Run only when named: a design's floor, not a queue (peer_aeroqueue.LeaseFloorWorker).
 EXTRA_PEERS = ("lease-floor",)
 KNOWN_PEERS = PEER_NAMES + EXTRA_PEERS
@@ -89,6 +89,7 @@ def make_peers(options: Options) -> list[Peer]:
         "aeroqueue-api": lambda: AeroqueuePeer(options.url, "aeroqueue-api"),
         "bare-udf": lambda: AeroqueuePeer(options.url, "bare-udf"),
         "lease-floor": lambda: AeroqueuePeer(options.url, "lease-floor"),
+        "aeroqueue-api-lease": lambda: AeroqueuePeer(options.url, "aeroqueue-api-lease"),
         "beanstalkd": lambda: BeanstalkdPeer(options.beanstalkd_bin, binlog=options.beanstalkd_binlog),
         "mysql": lambda: MySQLPeer(options.mysql_url),
         "postgres": lambda: PostgresPeer(options.postgres_dsn),
