@@ -30,7 +30,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from .errors import AeroqueueError, ClaimLost, JobNotFound, RecordTooBig
@@ -46,11 +45,9 @@ DEFAULT_MAX_JOBS = 100
 Outcome = Callable[[Job, str, Any], None]
 
 
-@dataclass
-class _Pending:
-    job: Job
-    result: Any
-    context: Any
+# A pending ack: (job, result, the caller's context). A plain tuple: one is made per
+# job, and a class's constructor cost more than the rest of `add`.
+_Pending = tuple[Job, Any, Any]
 
 
 class AckBatcher:
@@ -77,7 +74,10 @@ class AckBatcher:
         self._pending: list[_Pending] = []
         self._first_at = 0.0  # monotonic time the oldest pending ack was added
         self._sending = 0  # acks taken from `_pending` whose outcome is not reported yet
-        self._cond = threading.Condition()
+        # A plain lock under the condition: `add`, once per job, takes it directly (a
+        # C call) rather than through Condition's Python-level __enter__.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="aeroqueue-acks", daemon=True)
         self._thread.start()
@@ -85,13 +85,15 @@ class AckBatcher:
     def add(self, job: Job, result: Any, context: Any = None) -> bool:
         """Acknowledge `job` as done with `result`, in the next batch. False once
         closed: the caller acknowledges it itself."""
-        with self._cond:
+        with self._lock:
             if self._closed:
                 return False
-            if not self._pending:
+            pending = self._pending
+            pending.append((job, result, context))
+            if len(pending) == 1:
                 self._first_at = time.monotonic()
-            self._pending.append(_Pending(job, result, context))
-            if len(self._pending) == 1 or len(self._pending) >= self.max_jobs:
+                self._cond.notify_all()
+            elif len(pending) >= self.max_jobs:
                 self._cond.notify_all()
         return True
 
@@ -153,41 +155,46 @@ class AckBatcher:
             self._report(batch, "unacked")
             return
         try:
-            refused = self.queue.complete_many([p.job for p in batch], [p.result for p in batch])
+            refused = self.queue.complete_many([p[0] for p in batch], [p[1] for p in batch])
         except AeroqueueError:
             # The batch as a whole failed (or one member raised on its own retry):
             # each ack again alone, so that one job's trouble is that job's only.
             for p in batch:
                 self._send_one(p)
             return
+        if not refused:
+            self._report(batch, "done")
+            return
         lost = {id(j) for j in refused}
         for p in batch:
-            self._report([p], "lost" if id(p.job) in lost else "done")
+            self._report([p], "lost" if id(p[0]) in lost else "done")
 
     def _send_one(self, p: _Pending) -> None:
+        job, result, context = p
         if self.lost():
             self._report([p], "unacked")
             return
         try:
-            self.queue.complete(p.job, p.result)
+            self.queue.complete(job, result)
         except (ClaimLost, JobNotFound):
             outcome = "lost"
         except RecordTooBig as e:
             if self.too_big is None:
                 outcome = "failed"
             else:
-                self.too_big(p.job, f"the handler's result is too big to store ({e})", p.context)
+                self.too_big(job, f"the handler's result is too big to store ({e})", context)
                 return
         except AeroqueueError as e:
-            log.error("acknowledgement failed", extra={"event": "ack_failed", "jid": p.job.jid, "error": str(e)})
+            log.error("acknowledgement failed", extra={"event": "ack_failed", "jid": job.jid, "error": str(e)})
             outcome = "failed"
         else:
             outcome = "done"
         self._report([p], outcome)
 
     def _report(self, batch: list[_Pending], outcome: str) -> None:
-        for p in batch:
+        on_outcome = self.on_outcome
+        for job, _, context in batch:
             try:
-                self.on_outcome(p.job, outcome, p.context)
+                on_outcome(job, outcome, context)
             except Exception:  # a bug in the callback must not stop every later ack
-                log.exception("ack outcome callback failed", extra={"event": "ack_callback_failed", "jid": p.job.jid})
+                log.exception("ack outcome callback failed", extra={"event": "ack_callback_failed", "jid": job.jid})

@@ -41,6 +41,11 @@ def job_name(list_name: str, token: int) -> str:
     return f"{list_name}/{token}"
 
 
+def job_names(list_name: str, tokens: list[int]) -> list[str]:
+    """`job_name` of many tokens of one list (the batch path: one call, not one per token)."""
+    return [f"{list_name}/{t}" for t in tokens]
+
+
 def jidx_name(list_name: str, jid: str) -> str:
     return f"{list_name}/{jid}"
 

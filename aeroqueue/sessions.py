@@ -380,7 +380,7 @@ def claim_leases(backend: Backend, session_id: str, leases: dict[str, Any] | Non
     claimed = 0
     for lid, (list_name, _until, groups) in leases.items():
         for att, at, tokens in groups:
-            names = [keys.job_name(list_name, t) for t in tokens]
+            names = keys.job_names(list_name, tokens)
 
             def send(idx: list[int], names: list[str] = names, lid: str = lid, att: int = att, at: Any = at) -> list[int]:
                 return hotpath.claim_leased(

@@ -357,3 +357,25 @@ def test_a_claim_of_a_leased_job_run_past_its_deadline_changes_nothing(
     assert record(registered, job)["state"] == "queued"
     queue.complete(job, "still leased")
     assert record(registered, job)["state"] == "done"
+
+
+@pytest.mark.parametrize("lease", [False, True], ids=["claimed", "leased"])
+def test_reserved_jobs_are_plain_jobs(queue: Queue, lists: JobLists, list_name: str, session: Session, lease: bool) -> None:
+    """`Queue._jobs` fills each Job's dict directly, not through the frozen dataclass's
+    __init__: the jobs must be indistinguishable from ones built by it."""
+    import dataclasses
+    import pickle
+
+    load(lists, list_name, 20)
+    jobs = queue.reserve(list_name, session, 20, lease=lease)
+    assert len(jobs) == 20
+    names = {f.name for f in dataclasses.fields(Job)}
+    for job in jobs:
+        assert set(vars(job)) == names, job  # every field set, nothing else
+        rebuilt = Job(**{n: getattr(job, n) for n in names})
+        assert job == rebuilt and repr(job) == repr(rebuilt)
+        assert pickle.loads(pickle.dumps(dataclasses.replace(job, toucher=None))) == job
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            job.attempt = 9  # type: ignore[misc]
+    assert [j.lease is not None for j in jobs] == [lease] * 20
+    assert queue.complete_many(jobs) == []
