@@ -606,7 +606,8 @@ class Queue:
         leased any more (the UDF tells 'again', 'late' or 'lost'). An ack whose answer
         was lost is sent again, not taken for refused: the UDF cannot complete a job
         that is only leased, so it would call a job that did not land 'lost'."""
-        items = [(j.name, j.session, j.rid, j.lease, r) for j, r in zip(jobs, results, strict=True) if j.lease]
+        name = keys.job_name
+        items = [(name(j.list, j.token), j.session, j.rid, j.lease, r) for j, r in zip(jobs, results, strict=True) if j.lease]
         backend = self.backend
         return hotpath.until_decided(
             lambda idx: hotpath.complete_leased(backend, [items[i] for i in idx], backend.job_deadline()),
@@ -619,6 +620,8 @@ class Queue:
         leased = [i for i, j in enumerate(jobs) if j.lease is not None]
         if not leased and len(jobs) == 1:
             return [-1]  # one claim: the UDF
+        if len(leased) == len(jobs):  # a lease's batch: the common case
+            return self._leased_codes(jobs, results)
         codes = [-1] * len(jobs)
         if leased:
             out = self._leased_codes([jobs[i] for i in leased], [results[i] for i in leased])
