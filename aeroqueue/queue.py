@@ -113,7 +113,7 @@ class Queue:
         self._lock = threading.Lock()
         # Leases this queue made: id -> (session, tokens not yet acknowledged or claimed,
         # server ms the lease ends). The last one settled, the session forgets the lease
-        # with its next one; one past its end is the reaper's.
+        # with its next lease or heartbeat; one past its end is the reaper's.
         self._leases: dict[str, tuple[Session, set[int], int]] = {}
 
     def _udf(self, set_name: str, name: str, module: str, function: str, *args: Any) -> Any:
@@ -427,8 +427,8 @@ class Queue:
 
     def _settled(self, *jobs: Job) -> None:
         """Leased jobs were acknowledged, or claimed (`_adopt`): their leases hold them
-        no more; the session forgets a lease with none left (with its next lease, or
-        when it closes)."""
+        no more; the session forgets a lease with none left (with its next lease or
+        heartbeat, or when it closes)."""
         done = []
         with self._lock:
             for job in jobs:

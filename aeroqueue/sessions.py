@@ -155,9 +155,21 @@ class Session:
     def beat(self) -> bool:
         """One heartbeat. False (and the session lost) when the server says it is gone or reaping."""
         ok = False
+        # Leases settled since the last lease write are forgotten with the beat: the
+        # session record (which the dashboard, sweeps and reapers read) then lists
+        # only what is held, within a heartbeat, even once the session stops leasing.
+        with self._settled_lock:
+            settled, self._settled = self._settled, []
         try:
-            st = self.backend.udf(keys.SESS_SET, self.id, keys.SESS_MOD, "beat")
+            if settled:
+                st = self.backend.udf(keys.SESS_SET, self.id, keys.SESS_MOD, "beat", settled)
+            else:
+                st = self.backend.udf(keys.SESS_SET, self.id, keys.SESS_MOD, "beat")
             ok = st == "ok"
+        except BaseException:
+            with self._settled_lock:
+                self._settled[:0] = settled
+            raise
         finally:
             if self.on_beat:  # failed heartbeats (errors) are worth counting too
                 self.on_beat(ok)
@@ -201,7 +213,7 @@ class Session:
             raise SessionLost(f"session {self.id} is {st}: it takes no more work")
 
     def settle(self, lease_id: str) -> None:
-        """Every job of a lease was acknowledged or claimed: forget it with the next lease."""
+        """Every job of a lease was acknowledged or claimed: forget it with the next lease or heartbeat."""
         with self._settled_lock:
             self._settled.append(lease_id)
 

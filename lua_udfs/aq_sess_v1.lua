@@ -37,14 +37,22 @@ function open(rec, host, pid, exp)
   return 'ok'
 end
 
--- beat(rec) -> 'ok' | 'gone' | 'reaping'
+-- beat(rec[, settled]) -> 'ok' | 'gone' | 'reaping'
 --   Keeps an alive session alive. 'gone' (deleted by a reaper or a close) and
 --   'reaping' tell the worker to stop taking work and to acknowledge nothing
---   it holds: its claims are being, or have been, given to others.
-function beat(rec)
+--   it holds: its claims are being, or have been, given to others. `settled`
+--   (optional): ids of leases whose every job was acknowledged or claimed, to
+--   forget now rather than with the next lease (a session that stops leasing
+--   would keep them until it closes).
+function beat(rec, settled)
   if not aerospike:exists(rec) then return 'gone' end
   if rec['state'] ~= 'alive' then return 'reaping' end
   rec['beat'] = aerospike:get_current_time()
+  local leases = rec['leases']
+  if settled ~= nil and leases ~= nil then
+    for s in list.iterator(settled) do map.remove(leases, s) end
+    rec['leases'] = leases
+  end
   aerospike:update(rec)
   return 'ok'
 end

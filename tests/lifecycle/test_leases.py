@@ -379,3 +379,30 @@ def test_reserved_jobs_are_plain_jobs(queue: Queue, lists: JobLists, list_name: 
             job.attempt = 9  # type: ignore[misc]
     assert [j.lease is not None for j in jobs] == [lease] * 20
     assert queue.complete_many(jobs) == []
+
+
+def test_a_heartbeat_forgets_settled_leases(registered: Backend, queue: Queue, lists: JobLists, list_name: str) -> None:
+    """A session that stops leasing (an API process between requests) must not keep
+    listing acknowledged jobs as leased until it closes: the heartbeat forgets them,
+    and only them."""
+    load(lists, list_name, 30)
+    session = Session.open(registered, heartbeat=False)
+    try:
+        first = queue.reserve(list_name, session, 10, lease=True)
+        second = queue.reserve(list_name, session, 10, lease=True)
+        assert len(first) == len(second) == 10 and first[0].rid != second[0].rid
+        assert queue.complete_many(first) == []  # the first lease settles; the second holds on
+        assert queue.complete_many(second[:9]) == []
+        assert set(leases_of(registered, session)) == {first[0].rid, second[0].rid}
+        assert session.beat()
+        [(lid, (_, _, groups))] = leases_of(registered, session).items()
+        assert lid == second[0].rid and sorted(t for _, _, toks in groups for t in toks) == [j.token for j in second]
+        assert session.beat()  # nothing settled since: a plain heartbeat
+        assert list(leases_of(registered, session)) == [second[0].rid]
+        queue.complete(second[9], "last")
+        assert session.beat()
+        assert leases_of(registered, session) == {}
+    finally:
+        session.close()
+    queue.flush()
+    assert lists.status(list_name).done == 20
