@@ -400,6 +400,83 @@ def run(
     return row
 
 
+def run_sizes(
+    peer: Peer,
+    *,
+    sizes: list[int],
+    sample: int,
+    turns: int,
+    timeout_s: float = 300.0,
+    settle_s: float = 30.0,
+    log: Callable[[str], None] | None = None,
+) -> list[RunRow]:
+    """Reserve cost by list size, one client, one job at a time: every list is loaded
+    first (each load timed on a quiet machine), then each list gives up to `sample`
+    reservations over `turns` interleaved turns (all lists, then all again), and its
+    row's p50 is over all of them.
+
+    Measured one list after the other, a size's figure was whatever the machine
+    did in that minute: on a 2-core VM a one-client p50 comes in two levels from one
+    run to the next (benchmarks/RESULTS.md), and a ratio of two runs landed on
+    either. Interleaved, a drift bills every size alike. Jobs are audited across
+    the turns: a job acked in two turns is a duplicate."""
+    rows: list[RunRow] = []
+    prepared: list[Prepared | None] = []
+    results: list[list[WorkerResult]] = []
+    errors: list[list[str]] = []
+    try:
+        for size in sizes:
+            row = RunRow(peer=peer.name, mode="single", batch=1, clients=1, jobs=size, expected=min(size, sample),
+                         status="ok")
+            rows.append(row)
+            results.append([])
+            errors.append([])
+            settle(settle_s)
+            t = time.perf_counter()
+            try:
+                prepared.append(peer.prepare(size))
+            except Exception as e:
+                prepared.append(None)
+                row.status, row.reason = "failed", f"load: {type(e).__name__}: {e}"[:500]
+                continue
+            row.load_s = time.perf_counter() - t
+        for turn in range(turns):
+            for i, (row, prep) in enumerate(zip(rows, prepared, strict=True)):
+                # This turn's share of the sample: what is left, spread over the turns left.
+                share = -(-(row.expected - sum(len(r.acked) for r in results[i])) // (turns - turn))
+                if prep is None or share <= 0:
+                    continue
+                got, _, errs, background, _ = _drive(
+                    prep, clients=1, batch=1, max_jobs=share, timeout_s=timeout_s, settle_s=settle_s
+                )
+                results[i] += got
+                errors[i] += errs
+                if background is not None:
+                    row.background_cpu = max(row.background_cpu or 0.0, background)
+        for row, prep, got, errs in zip(rows, prepared, results, errors, strict=True):
+            if prep is None:
+                continue
+            _merge(row, got, 0.0, errs, peer.trips_source)
+            row.elapsed_s = sum(r.finished - r.started for r in got if r.finished)
+            row.jobs_per_s = row.acked / row.elapsed_s if row.elapsed_s > 0 else 0.0
+            if row.status in ("ok", "timeout"):
+                row.server_check = peer.verify(prep, row.acked)
+                if row.server_check is not None:
+                    row.exactly_once = False
+    finally:
+        for row, prep in zip(rows, prepared, strict=False):
+            if prep is None:
+                continue
+            try:
+                peer.discard(prep)
+            except Exception as e:  # the figures stand; the leftovers must be reported
+                row.cleanup_error = f"{type(e).__name__}: {e}"[:300]
+    if log:
+        for row in rows:
+            log(_describe(row))
+    return rows
+
+
 def _drive(
     prepared: Prepared, *, clients: int, batch: int, max_jobs: int | None, timeout_s: float, settle_s: float
 ) -> tuple[list[WorkerResult], float, list[str], float | None, float | None]:

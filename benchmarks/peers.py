@@ -32,7 +32,7 @@ from typing import Any
 import click
 
 from . import report as rpt
-from .harness import Peer, PeerUnavailable, RunRow, mode_name, run
+from .harness import Peer, PeerUnavailable, RunRow, mode_name, run, run_sizes
 from .peer_aeroqueue import AeroqueuePeer
 from .peer_beanstalkd import BeanstalkdPeer
 from .peer_mysql import DEFAULT_URL as MYSQL_URL
@@ -175,10 +175,18 @@ def run_benchmark(options: Options, log: Callable[[str], None] = lambda _: None)
             add_ratios(by_clients)
             by_size: list[RunRow] = []
             for peer in started:
-                for size in options.sizes:
-                    by_size.append(
-                        measure(peer, jobs=size, clients=1, batch=1, max_jobs=min(options.sample, size), timed_load=True)
+                try:
+                    by_size += run_sizes(
+                        peer, sizes=list(options.sizes), sample=options.sample, turns=options.rounds,
+                        timeout_s=options.timeout_s, settle_s=options.settle_s, log=log,
                     )
+                except Exception as e:  # one broken peer must not cost the other figures
+                    log(f"{peer.name}: list sizes failed: {type(e).__name__}: {e}")
+                    by_size += [
+                        RunRow(peer=peer.name, mode="single", batch=1, clients=1, jobs=size, expected=size,
+                               status="failed", reason=f"{type(e).__name__}: {e}"[:500])
+                        for size in options.sizes
+                    ]
             by_size += skipped_rows(1, 1, 0)
             scaling = {"list_size": [_size_dict(r, by_size) for r in by_size], "clients": [r.as_dict() for r in by_clients]}
     finally:
@@ -296,7 +304,7 @@ _PATH = click.Path(dir_okay=False, writable=True, path_type=Path)
 @click.option("--scaling-clients", default=",".join(map(str, DEFAULT_CLIENT_COUNTS)), help="Client counts of the throughput run.")
 @click.option("--sample", type=click.IntRange(1), default=2000, help="Jobs reserved from each list in the list-size run.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=300.0, help="Seconds a single run may take before its clients stop.")
-@click.option("--rounds", type=click.IntRange(1, 50), default=1, help="Measure every peer this many times, interleaved (all peers, then all again), and add a table of medians over the rounds: on a machine whose speed drifts, one run per peer can be off by a third.")
+@click.option("--rounds", type=click.IntRange(1, 50), default=1, help="Measure every peer this many times, interleaved (all peers, then all again), and add a table of medians over the rounds: on a machine whose speed drifts, one run per peer can be off by a third. The list-size run samples its lists in as many interleaved turns.")
 @click.option("--settle", "settle_s", type=click.FloatRange(0), default=30.0, help="Seconds to wait at most, before each run, for other processes to leave the CPUs quiet.")
 @click.option("--postgres-dsn", envvar="AQ_BENCH_POSTGRES", show_envvar=True, default=POSTGRES_DSN, help="PostgreSQL to use.")
 @click.option("--mysql-url", envvar="AQ_BENCH_MYSQL", show_envvar=True, default=MYSQL_URL, help="MariaDB/MySQL to use.")

@@ -209,8 +209,9 @@ def titles(report: dict[str, Any]) -> dict[str, str]:
             f"aeroqueue backend: {backend}"
         ),
         "sizes": (
-            f"Reserve cost by list size: 1 client, single path, first {p['sample']:,} jobs of each list. "
-            f"aeroqueue backend: {backend}"
+            f"Reserve cost by list size: 1 client, single path, first {p['sample']:,} jobs of each list"
+            + (f", all lists loaded first, then sampled in {p['rounds']} interleaved turns" if p.get("rounds", 1) > 1 else "")
+            + f". aeroqueue backend: {backend}"
         ),
         "clients": f"Throughput by client processes: {p['jobs']:,} jobs. aeroqueue backend: {backend}",
         "peers": "What each queue promises (claim, ack, durability) as it ran here",

@@ -241,3 +241,31 @@ def test_rounds_interleave_and_report_medians(tmp_path: Path) -> None:
     assert [(r["mode"], r["jobs_per_s"]) for r in picked] == [
         (mode, min(r["jobs_per_s"] for r in rows if r["mode"] == mode)) for mode in ("single", "batch 5")
     ]
+
+
+def test_list_sizes_are_sampled_in_interleaved_turns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`run_sizes`: every list loaded first, then sampled a share at a time, all lists
+    in each turn; each row's figures span all its turns, and its jobs are audited
+    across them (the sample taken once, nothing acked twice)."""
+    from benchmarks import harness
+    from benchmarks.peer_aeroqueue import AeroqueuePeer
+
+    order: list[tuple[str, int | None]] = []
+    drive = harness._drive
+
+    def spy(prepared: harness.Prepared, **kw: object) -> object:
+        order.append((prepared.config["list"], kw["max_jobs"]))  # type: ignore[arg-type]
+        return drive(prepared, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(harness, "_drive", spy)
+    peer = AeroqueuePeer(None, "aeroqueue-api")
+    peer.start()
+    try:
+        rows = harness.run_sizes(peer, sizes=[12, 40], sample=25, turns=3, timeout_s=60, settle_s=0)
+    finally:
+        peer.stop()
+    small, big = order[0][0], order[1][0]
+    assert order == [(small, 4), (big, 9), (small, 4), (big, 8), (small, 4), (big, 8)]
+    assert [(r.jobs, r.expected, r.acked, r.reserve_calls) for r in rows] == [(12, 12, 12, 12), (40, 25, 25, 25)]
+    assert all(r.exactly_once and r.status == "ok" and r.server_check is None for r in rows), rows
+    assert all(r.load_s and r.load_s > 0 and r.elapsed_s > 0 and r.reserve_p50_ms > 0 for r in rows)
