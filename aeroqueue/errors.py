@@ -126,6 +126,10 @@ class UDFError(BackendError):
     """A Lua UDF raised an error."""
 
 
+class StoreClosed(BackendError):
+    """The store connection is closed: nothing was sent."""
+
+
 class Unsupported(BackendError):
     """The embedded backend does not implement this client call or option."""
 

@@ -165,7 +165,7 @@ class BareWorker(Worker):
     def __init__(self, config: dict[str, Any]) -> None:
         super().__init__(config)
         self.backend = open_backend(config["url"])
-        self.client = self.backend.client  # the raw client: none of aeroqueue's code on the path
+        self.client = self.backend.client.raw  # the bare client: none of aeroqueue's code on the path
         self.ns, self.list = self.backend.namespace, config["list"]
 
     def _take(self, n: int) -> list[int]:

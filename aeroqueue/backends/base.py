@@ -10,6 +10,7 @@ operation and the key.
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -23,6 +24,9 @@ from aerospike_helpers.batch.records import Apply, BatchRecords, Write
 
 from .. import errors
 from ..config import StoreURL
+from .guard import ClientGuard
+
+log = logging.getLogger("aeroqueue.backends")
 
 N_PARTITIONS = 4096
 # Records per page of a streamed scan.
@@ -84,7 +88,8 @@ class Backend:
     """Aerospike records for aeroqueue, in one namespace."""
 
     def __init__(self, client: Any, url: StoreURL) -> None:
-        self.client = client
+        # Every call counted while in flight, so that `close` can wait for them.
+        self.client = ClientGuard(client)
         self.url = url
         self.namespace = url.namespace
         # Calls that reach the server: the benchmark reports them per job.
@@ -552,15 +557,27 @@ class Backend:
         self._call("truncate", set_name, "*", lambda: self.client.truncate(self.namespace, set_name, 0))
 
     def close(self) -> None:
-        """Run the close hooks, then close the connection. Not while another thread
-        still has a call in flight on it: the aerospike client crashes the process
-        then. (A call after close fails with the client's own 'no connection'.)"""
+        """Run the close hooks, then close the connection once the calls other threads
+        have in flight on it are over (`guard`); a call after close raises
+        `StoreClosed`. Calls still running after `close_wait_s()` leave the connection
+        open, with a warning: closing it under them would crash the process."""
         hooks, self._on_close = self._on_close, []
         try:
             for fn in hooks:
                 fn()
         finally:
-            self.client.close()
+            wait_s = self.close_wait_s()
+            if not self.client.close(wait_s):
+                log.warning(
+                    "store connection left open: calls still in flight", extra={
+                        "event": "close_in_flight", "calls": self.client.in_flight(), "waited_s": wait_s})
+
+    def close_wait_s(self) -> float:
+        """How long `close` waits for calls in flight: past the client's own time limit
+        a call has failed, so twice that, and at least 5 s (a scan page, a cluster
+        that is changing)."""
+        timeout_ms = 0 if self.is_embedded else self.url.client_options().get("total_timeout", CLIENT_TIMEOUT_MS)
+        return max(5.0, 2 * timeout_ms / 1000)
 
 
 class _KeyError(Exception):
