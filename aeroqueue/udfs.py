@@ -144,7 +144,7 @@ def verify(backend: Backend) -> None:
         detail = ", ".join(f"{s.name} ({s.state})" for s in bad)
         raise UDFModulesError(
             f"UDF modules on {backend.url} are not this client's: {detail}; "
-            f"run `aeroqueue udf register` (with --url {backend.url} or AEROQUEUE_URL set) to upload them"
+            f"run `aeroqueue udf register --url {backend.url}` to upload them"
         )
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import shlex
 
 import click
 import pytest
@@ -74,6 +76,29 @@ def test_stale_module_is_refused(tmp_path):
     with pytest.raises(UDFModulesError) as e:
         udfs.verify(backend)
     assert "aq_job_v1 (stale)" in str(e.value) and "aeroqueue udf register" in str(e.value)
+    # The command the message names runs as it is written, and mends the store.
+    hinted = re.search(r"`aeroqueue (udf register [^`]*)`", str(e.value))
+    assert hinted is not None, str(e.value)
+    out = CliRunner().invoke(main, shlex.split(hinted.group(1)))
+    assert out.exit_code == 0, out.output
+    udfs.verify(backend)
+
+
+def test_store_options_work_after_the_command_too(tmp_path, monkeypatch):
+    """`--url` and `--create` after the subcommand, as before it; given there, --url
+    wins over AEROQUEUE_URL and the group's --url."""
+    monkeypatch.setenv("AEROQUEUE_URL", f"embedded://{tmp_path / 'env.db'}")
+    store = tmp_path / "after.db"
+    out = CliRunner().invoke(main, ["--url", f"embedded://{tmp_path / 'before.db'}", "udf", "register",
+                                    "--url", f"embedded://{store}", "--create"])
+    assert out.exit_code == 0, out.output
+    assert store.is_file() and not (tmp_path / "before.db").exists() and not (tmp_path / "env.db").exists()
+    out = CliRunner().invoke(main, ["config", "--json", "--url", f"embedded://{store}"])
+    assert out.exit_code == 0, out.output
+    shown = json.loads(out.output)
+    assert shown["path"] == str(store) and shown["source"] == "--url"
+    out = CliRunner().invoke(main, ["config", "--json"])
+    assert json.loads(out.output)["source"] == "AEROQUEUE_URL"
 
 
 def _commands(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], click.Command]]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import click
+from click.core import ParameterSource
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -77,12 +78,65 @@ def verbose_option() -> click.Option:
     )
 
 
-def _with_verbose(cmd: click.Command) -> None:
-    if not any(isinstance(p, click.Option) and "--verbose" in p.opts for p in cmd.params):
-        cmd.params.append(verbose_option())
+_URL_GIVEN = "aeroqueue.url_after_command"
+
+
+def _on_command_line(ctx: click.Context, param: click.Parameter) -> bool:
+    # The group read the environment variable already: here only a value typed after
+    # the command counts, or the variable would override the group's --url.
+    return param.name is not None and ctx.get_parameter_source(param.name) == ParameterSource.COMMANDLINE
+
+
+def _store_context(ctx: click.Context) -> Context:
+    obj = ctx.find_object(Context)
+    assert obj is not None, "the aeroqueue group makes the Context before its commands parse"
+    return obj
+
+
+def _set_url(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    # The group's callback made the Context before any subcommand parses its options.
+    if value is not None and _on_command_line(ctx, param):
+        ctx.meta[_URL_GIVEN] = True
+        _store_context(ctx).url = value
+
+
+def _set_create(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value and _on_command_line(ctx, param):
+        _store_context(ctx).create = True
+
+
+def url_given_after_command(ctx: click.Context) -> bool:
+    """--url came after the subcommand (it wins over the group's --url and AEROQUEUE_URL)."""
+    return bool(ctx.meta.get(_URL_GIVEN))
+
+
+def _store_options() -> list[click.Option]:
+    """--url and --create on every command too, so that `aeroqueue udf register --url
+    URL` works as well as `aeroqueue --url URL udf register`."""
+    return [
+        click.Option(
+            ["--url"], metavar="URL", expose_value=False, is_eager=True, callback=_set_url,
+            envvar=ENV_URL, show_envvar=True,
+            help="Where the records live, as `aeroqueue --url` (which see); given here, it wins.",
+        ),
+        click.Option(
+            ["--create"], is_flag=True, expose_value=False, is_eager=True, callback=_set_create,
+            envvar="AEROQUEUE_CREATE", show_envvar=True,
+            help="As `aeroqueue --create`: create the embedded store file if it does not exist.",
+        ),
+    ]
+
+
+def _with_shared_options(cmd: click.Command) -> None:
+    """The group's options on `cmd` and every command below it, wherever `cmd` does
+    not have an option of that name itself."""
+    taken = {opt for p in cmd.params if isinstance(p, click.Option) for opt in p.opts}
+    for option in (verbose_option(), *_store_options()):
+        if not taken.intersection(option.opts):
+            cmd.params.append(option)
     if isinstance(cmd, click.Group):
         for sub in cmd.commands.values():
-            _with_verbose(sub)
+            _with_shared_options(sub)
 
 
 def _one_line(text: str) -> str:
@@ -94,7 +148,7 @@ class AeroqueueGroup(click.Group):
     Ctrl-C; the traceback only with --verbose (given anywhere on the line)."""
 
     def add_command(self, cmd: click.Command, name: str | None = None) -> None:
-        _with_verbose(cmd)
+        _with_shared_options(cmd)
         super().add_command(cmd, name)
 
     def invoke(self, ctx: click.Context) -> Any:

@@ -11,7 +11,7 @@ from click.core import ParameterSource
 
 from .. import udfs
 from ..config import ENV_URL, MEMORY, resolve_url
-from .context import JSON_OPT, Context
+from .context import JSON_OPT, Context, url_given_after_command
 
 
 @click.command()
@@ -46,8 +46,12 @@ def init(obj: Context, as_json: bool) -> None:
 def show_config(obj: Context, as_json: bool) -> None:
     """Show the store URL in use (credentials masked) and where it came from."""
     url = resolve_url(obj.url)
-    given = click.get_current_context().find_root().get_parameter_source("url")
-    source = "default" if obj.url is None else ENV_URL if given == ParameterSource.ENVIRONMENT else "--url"
+    ctx = click.get_current_context()
+    given = ctx.find_root().get_parameter_source("url")
+    source = (
+        "default" if obj.url is None
+        else ENV_URL if given == ParameterSource.ENVIRONMENT and not url_given_after_command(ctx) else "--url"
+    )
     if not as_json:
         click.echo(str(url))
         return
