@@ -270,14 +270,16 @@ def complete_leased(
 
 def claim_leased(
     backend: Backend, names: list[str], sess: str, rid: str, tlim: int, att: int, claimed: int | None,
-    deadline: int | None = None,
+    deadline: int | None = None, *, until: int | None = None,
 ) -> list[int]:
     """Turn leased jobs still as the lease read them into claims of `sess` under `rid`
     (the lease's id) with a time limit of `tlim` ms: the holder's own before a fail or a
-    touch, or the reaper's for a dead or overdue lease. Each record's code (0: claimed
-    now; 2 or 27: gone, or not as leased any more, or run past `deadline`)."""
+    touch, or the reaper's for a dead or overdue lease. With `until`, only before that
+    server ms (the lease's end). Each record's code (0: claimed now; 2 or 27: gone, or
+    not as leased any more, or run past `until` or `deadline`)."""
     return backend.batch_same_codes(
-        keys.JOB_SET, names, claim_ops(sess, rid, tlim), expression=lease_filter(att, claimed, deadline=deadline)
+        keys.JOB_SET, names, claim_ops(sess, rid, tlim),
+        expression=lease_filter(att, claimed, until=until, deadline=deadline),
     )
 
 

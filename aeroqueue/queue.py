@@ -441,24 +441,31 @@ class Queue:
         for session, lid in done:
             session.settle(lid)
 
-    def _adopt(self, job: Job, tlim: int) -> None:
+    def _adopt(self, job: Job, tlim: int, *, in_time: bool = False) -> None:
         """A leased job becomes a claim of its session under the lease's id, with a time
         limit of `tlim` ms: fail, snooze, release, expire and touch are UDFs that act on
         claims. If the job is no longer as the lease read it, nothing changes, and the
-        UDF that follows answers for what it is ('lost', 'again')."""
+        UDF that follows answers for what it is ('lost', 'again').
+
+        `in_time` (touch, fail, snooze: what a claim past its limit refuses as 'late'):
+        only before the lease's end by the server's clock. Past it the job stays leased,
+        and the lease with it, for the reaper to end as timed out, as a late ack leaves
+        it; the UDF that follows finds it not held and answers 'lost'."""
         if job.lease is None:
             return
-        att, claimed, _ = job.lease
+        att, claimed, until = job.lease
         backend = self.backend
         # Safe to repeat: a repeat that finds it claimed already changes nothing. Still in
         # doubt at the deadline, the error reaches the caller and the lease keeps the job.
-        hotpath.until_decided(
+        code = hotpath.until_decided(
             lambda _: hotpath.claim_leased(
-                backend, [job.name], job.session, job.rid, tlim, att, claimed, backend.job_deadline()
+                backend, [job.name], job.session, job.rid, tlim, att, claimed, backend.job_deadline(),
+                until=until if in_time else None,
             ),
             1, self.busy_deadline_s, f"claiming leased job {job.name}",
-        )
-        self._settled(job)
+        )[0]
+        if code == 0 or not in_time:
+            self._settled(job)
 
     def _jobs(
         self, name: str, sess: str, rid: str, tlim: int, claims: list[dict[str, Any]], *, until: int | None = None
@@ -644,7 +651,7 @@ class Queue:
     def fail(self, job: Job, error: str) -> str:
         """Record a failure: back to the queue while attempts remain, after the list's
         backoff ('delayed', or 'retry' with no backoff), else 'dead'."""
-        self._adopt(job, _ms(job.timeout_s))
+        self._adopt(job, _ms(job.timeout_s), in_time=True)
         st = transitions.fail(
             self.backend, job.list, job.token, job.session, error, delay_ms=self.backoff_ms(job.list, job.attempt),
             rid=job.rid, deadline_s=self.busy_deadline_s,
@@ -656,7 +663,7 @@ class Queue:
         """Run the job again `after_s` from now, without counting this attempt ('delayed')."""
         if not after_s >= 0:
             raise ValueError(f"Retry(after=...) must be zero or positive seconds, not {after_s}")
-        self._adopt(job, _ms(job.timeout_s))
+        self._adopt(job, _ms(job.timeout_s), in_time=True)
         st = transitions.snooze(self.backend, job.list, job.token, job.session, round(after_s * 1000), rid=job.rid,
                                 deadline_s=self.busy_deadline_s)
         self._check(job, st)
@@ -679,7 +686,7 @@ class Queue:
         seconds = job.timeout_s if seconds is None else seconds
         if not seconds > 0:
             raise ValueError(f"touch needs positive seconds, not {seconds}")
-        self._adopt(job, _ms(seconds))
+        self._adopt(job, _ms(seconds), in_time=True)
         out = self._job_udf(job.name, "touch", job.session, max(1, round(seconds * 1000)), job.rid)
         self._check(job, out["st"])
         for listener in list(self._touched):

@@ -258,6 +258,33 @@ def test_a_refused_late_ack_leaves_the_job_to_the_reaper(
     assert late.rid not in leases_of(registered, session)
 
 
+def test_touch_fail_and_snooze_past_the_lease_end_are_refused_as_for_a_late_claim(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session
+) -> None:
+    """A claim past its time limit refuses touch, fail and snooze ('late'); so does a
+    lease past its end. Adopted as a fresh claim instead, a touch would have revived a
+    job the reaper is about to end as timed out. The job stays leased, for the reaper."""
+    load(lists, list_name, 4, timeout_s=0.3, backoff_s=0)
+    touched, failed, snoozed, in_time = queue.reserve(list_name, session, 4, lease=True)
+    time.sleep(0.3 + 0.2)
+    with pytest.raises(errors.ClaimLost):
+        queue.touch(touched, 60)
+    with pytest.raises(errors.ClaimLost):
+        queue.fail(failed, "boom")
+    with pytest.raises(errors.ClaimLost):
+        queue.snooze(snoozed, 30)
+    for job in (touched, failed, snoozed):
+        rec = record(registered, job)
+        assert rec["state"] == "queued" and rec["att"] == 0 and "sess" not in rec, rec
+    assert touched.rid in leases_of(registered, session), "the lease is kept for the reaper"
+    time.sleep(CLOCK_MARGIN_MS / 1000)
+    reap(registered)
+    for job in (touched, failed, snoozed):
+        rec = record(registered, job)
+        assert rec["state"] == "queued" and rec["att"] == 1 and "timed out" in rec["err"], rec
+    assert record(registered, in_time)["att"] == 1
+
+
 def test_a_lease_recorded_while_the_sweeper_scans_is_seen(
     registered: Backend, lists: JobLists, list_name: str, session: Session
 ) -> None:
