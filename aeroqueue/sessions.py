@@ -32,7 +32,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -409,11 +409,35 @@ def claim_leases(backend: Backend, session_id: str, leases: dict[str, Any] | Non
 
 def leased_tokens(backend: Backend) -> set[tuple[str, int]]:
     """(list, token) of every job some session holds a lease on."""
-    out: set[tuple[str, int]] = set()
-    for _, rec in backend.scan(keys.SESS_SET, bins=["leases"]):
+    return {(list_name, token) for _, list_name, token in _leased(backend)}
+
+
+def lease_holder(backend: Backend, list_name: str, token: int) -> str | None:
+    """The session holding a lease on job `token` of `list_name`, if any (a scan of the
+    sessions: for an operator's question, not a hot path)."""
+    return next((sid for sid, name, t in _leased(backend) if (name, t) == (list_name, token)), None)
+
+
+def _leased(backend: Backend) -> Iterator[tuple[str, str, int]]:
+    for sid, rec in backend.scan(keys.SESS_SET, bins=["leases"]):
         for list_name, _until, groups in (rec.bins.get("leases") or {}).values():
-            out.update((list_name, t) for _, _, tokens in groups for t in tokens)
-    return out
+            for _, _, tokens in groups:
+                for token in tokens:
+                    yield sid, list_name, token
+
+
+def lease_of(
+    backend: Backend, session_id: str, list_name: str, token: int
+) -> tuple[str, tuple[int, int | None, int]] | None:
+    """The lease session `session_id` holds job `token` of `list_name` under, as its
+    id and fence (att and claimed as read, the lease's end: `Job.lease`), or None."""
+    rec = backend.get(keys.SESS_SET, session_id, bins=["leases"])
+    for lid, (name, until, groups) in ((rec.bins.get("leases") if rec else None) or {}).items():
+        if name == list_name:
+            for att, claimed, tokens in groups:
+                if token in tokens:
+                    return lid, (att, claimed, until)
+    return None
 
 
 def recount_session(backend: Backend, session_id: str) -> int:

@@ -217,6 +217,37 @@ def test_ack_refusals_name_the_job_id_and_say_why(ready_url, list_name):
     assert "no job list named" in one_error_line(cli("fail", "no-such-list", "0", "--session", "s", "--error", "e", url=ready_url), 1)
 
 
+def test_complete_and_fail_act_on_a_job_the_session_holds_by_a_lease(ready_url, list_name):
+    """A worker's batches are leased, not claimed: `complete --session` and `fail
+    --session` find the lease on the session record and acknowledge through it, once."""
+    backend = open_backend(ready_url)
+    JobLists(backend).load(list_name, [JobSpec(f"l{i}", {}) for i in range(3)], backoff_s=0)
+    holder = Session.open(backend)
+    try:
+        j0, j1, j2 = Queue(backend).reserve(list_name, holder, 3, lease=True)
+        assert j0.lease is not None, "leased, not claimed"
+        ok = cli("complete", list_name, str(j0.token), "--session", holder.id, "--result", '{"n": 1}', "--json",
+                 url=ready_url)
+        assert ok.exit_code == 0, ok.output
+        assert json.loads(ok.stdout)["outcome"] == "done"
+        again = cli("complete", list_name, str(j0.token), "--session", holder.id, "--result", '{"n": 2}', url=ready_url)
+        assert again.exit_code == 0, again.output  # repeating a completion is harmless
+        failed = cli("fail", list_name, str(j1.token), "--session", holder.id, "--error", "broken", "--json",
+                     url=ready_url)
+        assert failed.exit_code == 0, failed.output
+        assert json.loads(failed.stdout)["outcome"] == "retry"
+        other = one_error_line(cli("complete", list_name, str(j2.token), "--session", "intruder", url=ready_url), 1)
+        assert f"job {j2.jid!r}" in other and f"leased by session {holder.id}, not intruder" in other
+        Queue(backend).complete(j0, "twice")  # the same session and lease: a repeat, harmless
+        rec0 = backend.get(keys.JOB_SET, j0.name)
+        rec1 = backend.get(keys.JOB_SET, j1.name)
+        assert rec0 is not None and rec0.bins["state"] == "done" and rec0.bins["result"] == {"n": 1}
+        assert rec1 is not None and rec1.bins["state"] == "queued" and rec1.bins["att"] == 1
+    finally:
+        holder.close()
+        backend.close()
+
+
 # -- reserve and its session ----------------------------------------------------------
 
 

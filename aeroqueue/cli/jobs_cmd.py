@@ -21,7 +21,7 @@ from ..backends import Backend
 from ..errors import ClaimLost, JobNotFound, SessionLost
 from ..lists import JobLists
 from ..queue import Job, Queue
-from ..sessions import Session, check_timing
+from ..sessions import Session, check_timing, lease_holder, lease_of
 from .context import (
     EXPIRY_OPT,
     HEARTBEAT_OPT,
@@ -147,13 +147,20 @@ def _hold(backend: Backend, sess: Session, jobs: list[Job], hold_s: float, *, he
 
 
 def _held_job(backend: Backend, list_name: str, token: int, session: str) -> Job:
-    """The job as the CLI names it (list and token), with its real id from the record."""
+    """The job as the CLI names it (list and token), with its real id from the record,
+    and, when the session holds it by a lease (a worker's batch) rather than a claim,
+    that lease: the acknowledgement is then the lease's."""
     rec = backend.get(keys.JOB_SET, keys.job_name(keys.check_list_name(list_name), token))
     if rec is None or rec.bins.get("state") == "void":
         JobLists(backend).header(list_name)  # no such list: say that instead
         raise JobNotFound(f"list {list_name!r} has no job with token {token}")
-    return Job(list=list_name, token=token, jid=str(rec.bins.get("jid")), payload=None, attempt=rec.bins.get("att", 0),
-               session=session)
+    att = rec.bins.get("att", 0)
+    leased = lease_of(backend, session, list_name, token) if rec.bins.get("state") == "queued" else None
+    if leased is not None:
+        lid, fence = leased
+        return Job(list=list_name, token=token, jid=str(rec.bins.get("jid")), payload=None, attempt=fence[0] + 1,
+                   session=session, rid=lid, lease=fence)
+    return Job(list=list_name, token=token, jid=str(rec.bins.get("jid")), payload=None, attempt=att, session=session)
 
 
 def _refusal(backend: Backend, job: Job, what: str) -> ClaimLost:
@@ -168,6 +175,9 @@ def _refusal(backend: Backend, job: Job, what: str) -> ClaimLost:
         text, hint = f"{who} is already done (completed by session {by})", "nothing to do: drop this result"
     elif state == "dead":
         text, hint = f"{who} is dead after {bins.get('att')} attempt(s)", f"`aeroqueue kick {job.list}` puts dead jobs back"
+    elif state == "queued" and (lessee := lease_holder(backend, job.list, job.token)) is not None:
+        text = f"{who} is leased by session {lessee}, not {job.session}"
+        hint = "only the holding session can acknowledge it"
     elif state == "queued" and by is None and not bins.get("claimed"):
         text, hint = f"{who} was never reserved", "reserve it first: `aeroqueue reserve --hold SECONDS`"
     else:
