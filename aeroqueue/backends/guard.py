@@ -24,6 +24,8 @@ from ..errors import StoreClosed
 # Client calls that hand back an object whose own calls reach the server later
 # (a query's results, foreach, paginate): that object is guarded too.
 _DEFERRED = frozenset({"query", "scan"})
+# Client calls that never reach the server (and `is_connected` answers False once closed).
+_LOCAL = frozenset({"is_connected", "get_key_partition_id", "get_policies", "get_expression_base64", "get_cdtctx_base64"})
 
 
 class _InFlight:
@@ -45,7 +47,7 @@ class ClientGuard:
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self.raw, name)
-        if not callable(attr) or name.startswith("__"):
+        if not callable(attr) or name.startswith("__") or name in _LOCAL:
             return attr
         guarded = self._guarded(attr, name)
         # Kept on the instance: later lookups find it without coming here again.

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from aeroqueue.backends import open_backend
 from aeroqueue.backends.guard import ClientGuard
 from aeroqueue.errors import StoreClosed
 
@@ -106,6 +107,15 @@ def test_close_waits_for_the_call_in_flight_then_refuses_new_ones() -> None:
     assert raw.closed_at is not None and raw.returned_at is not None and raw.closed_at >= raw.returned_at
     with pytest.raises(StoreClosed, match="get: the store connection is closed"):
         guard.get("k")
+
+
+def test_a_closed_backend_says_so(store_url: str) -> None:
+    backend = open_backend(store_url)
+    assert backend.client.is_connected()
+    backend.close()
+    assert not backend.client.is_connected(), "a local question, answered, not refused"
+    with pytest.raises(StoreClosed, match="closed"):
+        backend.get("aqt_closed", "r0")
 
 
 def test_a_call_stuck_past_the_wait_leaves_the_client_open() -> None:
