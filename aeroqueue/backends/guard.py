@@ -42,8 +42,12 @@ class ClientGuard:
     """Passes every attribute of `raw` through; its methods are counted while they run."""
 
     def __init__(self, raw: Any, state: _InFlight | None = None) -> None:
-        self.raw = raw  # for a caller that must measure the client alone (benchmarks)
-        self._state = state or _InFlight()
+        object.__setattr__(self, "raw", raw)  # for a caller that must measure the client alone (benchmarks)
+        object.__setattr__(self, "_state", state or _InFlight())
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # A query is set up by its attributes (max_records, paginate's state): they are the raw object's.
+        setattr(self.raw, name, value)
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self.raw, name)

@@ -129,3 +129,22 @@ def test_a_call_stuck_past_the_wait_leaves_the_client_open() -> None:
     raw.release.set()
     caller.join(5)
     assert guard.in_flight() == 0
+
+
+def test_a_query_from_the_guard_is_set_up_on_the_real_query() -> None:
+    """A scan pages by the query's own attributes (max_records, paginate): set
+    through the guard, they must land on the client's query object."""
+
+    class Query:
+        max_records = 0
+
+        def results(self) -> list[int]:
+            return list(range(self.max_records))
+
+    class Raw:
+        def query(self, ns: str, set_name: str) -> Query:
+            return Query()
+
+    query = ClientGuard(Raw()).query("ns", "set")
+    query.max_records = 3
+    assert query.raw.max_records == 3 and query.results() == [0, 1, 2]
