@@ -8,6 +8,7 @@ is left when it ends), or one a program keeps alive (``--session``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import threading
@@ -154,13 +155,13 @@ def _held_job(backend: Backend, list_name: str, token: int, session: str) -> Job
     if rec is None or rec.bins.get("state") == "void":
         JobLists(backend).header(list_name)  # no such list: say that instead
         raise JobNotFound(f"list {list_name!r} has no job with token {token}")
-    att = rec.bins.get("att", 0)
+    job = Job(list=list_name, token=token, jid=str(rec.bins.get("jid")), payload=None, attempt=rec.bins.get("att", 0),
+              session=session)
     leased = lease_of(backend, session, list_name, token) if rec.bins.get("state") == "queued" else None
-    if leased is not None:
-        lid, fence = leased
-        return Job(list=list_name, token=token, jid=str(rec.bins.get("jid")), payload=None, attempt=fence[0] + 1,
-                   session=session, rid=lid, lease=fence)
-    return Job(list=list_name, token=token, jid=str(rec.bins.get("jid")), payload=None, attempt=att, session=session)
+    if leased is None:
+        return job
+    lid, fence = leased
+    return dataclasses.replace(job, attempt=fence[0] + 1, rid=lid, lease=fence)
 
 
 def _refusal(backend: Backend, job: Job, what: str) -> ClaimLost:
