@@ -1,7 +1,7 @@
 """Sessions, reaping and sweeping: a job reserved by a process that died comes back.
 
-- A process opens a session; a background thread heartbeats it (a write, so
-  the server's last-update time moves) and closes it on graceful shutdown,
+- A process opens a session; a background thread heartbeats it (the server
+  stores its own now in ``beat``) and closes it on graceful shutdown,
   giving back what it holds. A heartbeat that finds the session gone or being
   reaped marks it lost: the process stops taking work and acknowledges
   nothing it held.
@@ -14,7 +14,7 @@
   and a live one's past their time limit, into claims of that session
   (`claim_leases`), which it then recovers as any claim.
 - The reaper (in every worker, and ``aeroqueue reap``) finds sessions whose
-  record the server has not seen updated for their expiry, moves them
+  last heartbeat is older than their expiry by the server's clock, moves them
   ``alive -> reaping`` with a generation check, releases each of their claims
   (only if still held by that session) onto the retry store, then deletes the
   session. Each step is idempotent; a half-done reap is finished by the next.
@@ -66,9 +66,13 @@ LEASE_WINDOW_S = LEASE_SETTLE_S / 2
 DEFAULT_EXPIRY_S = 5.0
 
 # Sessions past their expiry (server clock), or already being reaped (a half-done reap).
+# By the last heartbeat's server ms (`beat`), not the record's last update: a reaper's
+# unlease of a live session's overdue leases is a write too (aq_sess_v1.lua). A record
+# without `beat` (none is made so) falls back on its last update.
 _EXPIRED = xp.Or(
     xp.Eq(xp.StrBin("state"), "reaping"),
-    xp.GE(xp.SinceUpdateTime(), xp.IntBin("exp")),
+    xp.And(xp.BinExists("beat"), xp.GE(xp.Sub(hotpath.SERVER_NOW, xp.IntBin("beat")), xp.IntBin("exp"))),
+    xp.And(xp.Not(xp.BinExists("beat")), xp.GE(xp.SinceUpdateTime(), xp.IntBin("exp"))),
 ).compile()
 _CLAIMED = xp.Eq(xp.StrBin("state"), "claimed").compile()
 # Claims past their time limit, by the server's clock: `tl` is the limit granted at

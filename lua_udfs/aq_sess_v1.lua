@@ -5,9 +5,10 @@
 --   host     string    where the process runs (for operators)
 --   pid      integer   its process id (for operators)
 --   started  integer   server ms when the session opened
---   exp      integer   expiry in ms: a session whose record was not updated
---                      for this long (by the server's last-update time) is dead
---   beat     integer   server ms of the last heartbeat
+--   exp      integer   expiry in ms: a session whose last heartbeat is older
+--                      than this (by the server's clock) is dead
+--   beat     integer   server ms of the last heartbeat (open, beat and lease
+--                      are heartbeats; unlease, a reaper's write, is not)
 --   leases   map id -> list{list, until, groups}   jobs the session holds without a
 --                      claim on their records (Queue.reserve(..., lease=True)):
 --                      id is the lease's own request id (claims made from it
@@ -16,9 +17,12 @@
 --                      attempt count and last claim time as read, which any
 --                      later claim changes (the ack's fence)
 --
--- Liveness is judged by the server's clock only: the heartbeat is a write,
--- which moves the record's last-update time; the reaper compares that with
--- the server's now (SinceUpdateTime). Worker clocks are never compared.
+-- Liveness is judged by the server's clock only: each heartbeat stores the
+-- server's now in `beat`, and the reaper compares it with the server's now
+-- (last-update time plus SinceUpdateTime). Not the record's last-update time
+-- itself: a reaper's own write (unlease, ending a live session's overdue
+-- leases) would then make a session that died just before look alive for one
+-- more expiry. Worker clocks are never compared.
 -- The reaper moves alive -> reaping with a generation check (a plain put),
 -- turns the session's leases into claims, releases its claims, then deletes
 -- the record.
@@ -60,11 +64,12 @@ end
 -- lease(rec, id, entry, settled) -> 'ok' | 'gone' | 'reaping'
 --   Records lease `id` (entry: list{list, until, groups}) and forgets the leases
 --   in `settled` (ids whose every job was acknowledged or claimed). Only for an
---   alive session: a session being reaped takes no more work. A write, so it
---   also counts as a heartbeat.
+--   alive session: a session being reaped takes no more work. It also counts
+--   as a heartbeat.
 function lease(rec, id, entry, settled)
   if not aerospike:exists(rec) then return 'gone' end
   if rec['state'] ~= 'alive' then return 'reaping' end
+  rec['beat'] = aerospike:get_current_time()
   local leases = rec['leases'] or map()
   for s in list.iterator(settled) do map.remove(leases, s) end
   leases[id] = entry

@@ -285,6 +285,25 @@ def test_touch_fail_and_snooze_past_the_lease_end_are_refused_as_for_a_late_clai
     assert record(registered, in_time)["att"] == 1
 
 
+def test_a_reaper_ending_overdue_leases_does_not_keep_a_dead_session_alive(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str
+) -> None:
+    """Ending a live session's overdue leases writes its session record (unlease).
+    Judged by the record's last update, a session that died just before would look
+    alive for one more expiry, and its jobs come back that much later; judged by its
+    last heartbeat (`beat`, the server's clock), it is reaped on time."""
+    load(lists, list_name, 4, timeout_s=0.3, backoff_s=0)
+    dead = Session.open(registered, interval_s=0.5, expiry_s=2.0, heartbeat=False)  # never beats again
+    opened = time.monotonic()
+    assert len(queue.reserve(list_name, dead, 4, lease=True)) == 4  # the lease write is its last heartbeat
+    time.sleep(0.3 + CLOCK_MARGIN_MS / 1000 + 0.2)
+    assert reap(registered).timed_out == 4, "the overdue leases ended, the session record written"
+    assert registered.get(keys.SESS_SET, dead.id) is not None, "not expired yet"
+    time.sleep(max(0.0, opened + 2.0 + 0.3 - time.monotonic()))
+    assert reap(registered).sessions >= 1
+    assert registered.get(keys.SESS_SET, dead.id) is None, "reaped one expiry after its last heartbeat"
+
+
 def test_a_lease_recorded_while_the_sweeper_scans_is_seen(
     registered: Backend, lists: JobLists, list_name: str, session: Session
 ) -> None:
