@@ -14,8 +14,10 @@ under a microsecond against the hundred or more of a round trip.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -32,10 +34,27 @@ class _InFlight:
     """The calls in flight on one client, and whether it is closing."""
 
     def __init__(self) -> None:
+        self.closed = False
+        self._fresh()
+        _STATES.add(self)
+
+    def _fresh(self) -> None:
         self.lock = threading.Lock()
         self.idle = threading.Condition(self.lock)
         self.count = 0
-        self.closed = False
+
+
+_STATES: weakref.WeakSet[_InFlight] = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    # A forked child has none of its parent's calls in flight, and a lock another
+    # thread held at the fork would stay held in the child for ever.
+    for state in list(_STATES):
+        state._fresh()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 class ClientGuard:
@@ -60,18 +79,17 @@ class ClientGuard:
 
     def _guarded(self, fn: Callable[..., Any], name: str) -> Callable[..., Any]:
         state = self._state
-        lock = state.lock
         deferred = name in _DEFERRED
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            with lock:
+            with state.lock:  # looked up each time: a forked child gets a new one
                 if state.closed:
                     raise StoreClosed(f"{name}: the store connection is closed")
                 state.count += 1
             try:
                 out = fn(*args, **kwargs)
             finally:
-                with lock:
+                with state.lock:
                     state.count -= 1
                     if state.closed and not state.count:
                         state.idle.notify_all()

@@ -9,6 +9,8 @@ a crash fails the test instead of ending the test run.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -148,3 +150,27 @@ def test_a_query_from_the_guard_is_set_up_on_the_real_query() -> None:
     query = ClientGuard(Raw()).query("ns", "set")
     query.max_records = 3
     assert query.raw.max_records == 3 and query.results() == [0, 1, 2]
+
+
+def test_a_forked_child_starts_with_no_call_in_flight() -> None:
+    """A lock another thread held at a fork would stay held in the child, and the
+    parent's calls in flight are not the child's: the child's guard starts afresh."""
+    raw = _Blocking()
+    guard = ClientGuard(raw)
+    caller = threading.Thread(target=guard.get, args=("k",))
+    caller.start()
+    assert raw.entered.wait(5)
+    guard._state.lock.acquire()  # as if another thread were inside the guard at the fork
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: no call in flight, the lock free, close at once
+            signal.alarm(5)  # a lock left held would hang it: it dies instead, and the test fails
+            ok = guard.in_flight() == 0 and guard.close(0.5) and raw.closed_at is not None
+            os._exit(0 if ok else 1)
+    finally:
+        guard._state.lock.release()
+    _, status = os.waitpid(pid, 0)
+    raw.release.set()
+    caller.join(5)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"the child failed or hung (status {status})"
+    assert guard.in_flight() == 0 and raw.closed_at is None, "the parent's guard is its own"
