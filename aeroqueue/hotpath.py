@@ -257,15 +257,23 @@ def complete_leased(
     result object (a lease's jobs read together: the common batch)."""
     _, sess, rid, fence, first = items[0]
     if all(s == sess and r == rid and f == fence and res is first for _, s, r, f, res in items):
-        return backend.batch_same_codes(
-            keys.JOB_SET, [n for n, *_ in items], lease_done_ops(sess, rid, first),
-            expression=lease_filter(*fence, deadline=deadline),
-        )
+        return complete_leased_same(backend, [n for n, *_ in items], sess, rid, fence, first, deadline)
     out = backend.batch_each(
         keys.JOB_SET,
         [(n, lease_done_ops(s, r, res), lease_filter(*f, deadline=deadline)) for n, s, r, f, res in items],
     )
     return [r.code for r in out]
+
+
+def complete_leased_same(
+    backend: Backend, names: list[str], sess: str, rid: str, fence: tuple[int, int | None, int], result: Any,
+    deadline: int | None = None,
+) -> list[int]:
+    """`complete_leased` of jobs that share their lease, fence and result: one batch of
+    the same operations."""
+    return backend.batch_same_codes(
+        keys.JOB_SET, names, lease_done_ops(sess, rid, result), expression=lease_filter(*fence, deadline=deadline)
+    )
 
 
 def claim_leased(

@@ -62,9 +62,9 @@ def set_bits(backend: Backend, list_name: str, tokens: Iterable[int], bitmap: st
     """Set (1) or clear (0) tokens' bits in a completion bitmap ('done' or 'dead'):
     one operate per bitmap chunk, idempotent, so a retried ack never double-counts."""
     by_chunk: dict[int, list[int]] = defaultdict(list)
+    per = keys.BITS_PER_CHUNK  # keys.bit_position, inline: this runs once a job
     for t in tokens:
-        chunk, bit = keys.bit_position(t)
-        by_chunk[chunk].append(bit)
+        by_chunk[t // per].append(t % per)
     for chunk, bits in by_chunk.items():
         # Grow-only resize makes the chunk exist at its full size, whoever comes first.
         grow = _GROW if bitmap == "done" else bw.bit_resize(bitmap, BITMAP_BYTES, resize_flags=aerospike.BIT_RESIZE_GROW_ONLY)

@@ -70,6 +70,31 @@ def test_a_leased_batch_runs_unclaimed_and_is_acknowledged_once(
     assert list(leases_of(registered, session)) == [more[0].rid]
 
 
+def test_a_batch_of_one_lease_with_a_job_claimed_since_is_acknowledged_whole(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session
+) -> None:
+    # One lease's batch with one result goes out as one write for all; a job its holder
+    # touched since is a claim now, refused as leased, and completed by the UDF instead.
+    load(lists, list_name, 6)
+    jobs = queue.reserve(list_name, session, 6, lease=True)
+    assert len(jobs) == 6 and len({j.lease for j in jobs}) == 1
+    jobs[2].touch(60)
+    assert record(registered, jobs[2])["state"] == "claimed"
+    result = {"ok": True}
+    assert queue.complete_many(jobs, [result] * 6) == []
+    queue.flush()
+    for job in jobs:
+        rec = record(registered, job)
+        assert rec["state"] == "done" and rec["result"] == result and rec["by"] == session.id, job
+    assert lists.status(list_name).done == 6
+    # Every job acknowledged: the lease is settled, and the next lease write forgets it.
+    more_jobs = 2
+    load(lists, list_name + "-b", more_jobs)
+    more = queue.reserve(list_name + "-b", session, more_jobs, lease=True)
+    assert list(leases_of(registered, session)) == [more[0].rid]
+    assert queue.complete_many(jobs) == [], "repeated: recognised, not lost"
+
+
 def test_an_ack_is_refused_once_the_reaper_took_the_lease_back(
     registered: Backend, queue: Queue, lists: JobLists, list_name: str
 ) -> None:
