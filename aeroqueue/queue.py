@@ -584,10 +584,15 @@ class Queue:
 
     def complete_many(self, jobs: Sequence[Job], results: Sequence[Any] | None = None) -> list[Job]:
         """Complete a batch in one round trip (native operations, `hotpath`). Returns the
-        jobs whose claim was lost (not completed by this call)."""
+        jobs whose claim was lost (not completed by this call). `results`, if given, holds
+        one result per job (ValueError otherwise, before anything is written)."""
         if not jobs:
             return []
         results = list(results) if results is not None else [None] * len(jobs)
+        if len(results) != len(jobs):
+            # Checked before anything is written: a mismatch found later would leave
+            # some jobs done without their bits and their lease unsettled.
+            raise ValueError(f"complete_many: {len(jobs)} jobs but {len(results)} results")
         lost: list[Job] = []
         lease = _one_lease(jobs, results)
         if lease is not None:

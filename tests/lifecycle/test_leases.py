@@ -73,14 +73,18 @@ def test_a_leased_batch_runs_unclaimed_and_is_acknowledged_once(
 def test_a_batch_of_one_lease_with_a_job_claimed_since_is_acknowledged_whole(
     registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session
 ) -> None:
-    # One lease's batch with one result goes out as one write for all; a job its holder
-    # touched since is a claim now, refused as leased, and completed by the UDF instead.
+    # One lease's batch with one result, one job of it touched since: that job is a
+    # claim now, refused as leased and completed by the UDF; the others are done by
+    # the batch write, and every job is counted.
     load(lists, list_name, 6)
     jobs = queue.reserve(list_name, session, 6, lease=True)
     assert len(jobs) == 6 and len({j.lease for j in jobs}) == 1
     jobs[2].touch(60)
     assert record(registered, jobs[2])["state"] == "claimed"
     result = {"ok": True}
+    with pytest.raises(ValueError, match="6 jobs but 1 results"):
+        queue.complete_many(jobs, [result])  # refused before anything is written
+    assert [record(registered, j)["state"] for j in jobs] == ["queued", "queued", "claimed", "queued", "queued", "queued"]
     assert queue.complete_many(jobs, [result] * 6) == []
     queue.flush()
     for job in jobs:
