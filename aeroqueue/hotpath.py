@@ -27,7 +27,7 @@ request id; a repeated ack finds it done and the UDF answers 'again'.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Iterable
 from functools import lru_cache
 from typing import Any
 
@@ -179,17 +179,47 @@ def complete(backend: Backend, name: str, sess: str, rid: str, result: Any, dead
     return True
 
 
+# Up to this many groups of jobs that share their operations and filter (one claim or
+# lease, one result object), each group goes in a batch call of its own; past it, one
+# batch_write carries every record's own. A batch_write of 100 records cost the client
+# 24 to 32 us a job against 3 to 4 for two same-operation batches of 50 (benchmarks/
+# RESULTS.md, 2026-11-27): a worker's ack batch often holds several leases.
+GROUPS_MAX = 8
+
+
+def _groups(group_keys: Iterable[Hashable]) -> list[list[int]]:
+    """Indices grouped by key, groups in the order their first index comes."""
+    out: dict[Hashable, list[int]] = {}
+    for i, k in enumerate(group_keys):
+        out.setdefault(k, []).append(i)
+    return list(out.values())
+
+
+def _per_group(groups: list[list[int]], n: int, send: Callable[[list[int]], list[int]]) -> list[int]:
+    """Each of `n` records' code, `send(indices)` answering those of one group."""
+    codes = [0] * n
+    for idx in groups:
+        for i, code in zip(idx, send(idx), strict=True):
+            codes[i] = code
+    return codes
+
+
 def complete_many(backend: Backend, items: list[tuple[str, str, str, Any]], deadline: int | None = None) -> list[int]:
-    """(name, sess, rid, result) each, in one batch call; each record's code (0: done;
-    `TO_UDF`: the UDF decides). Jobs of one claim with the same result object (None,
-    or one shared value: the common batch) share their operations: the batch form
-    that costs the client a third as much."""
-    _, sess, rid, first = items[0]
-    if all(s == sess and r == rid and res is first for _, s, r, res in items):
-        return backend.batch_same_codes(
-            keys.JOB_SET, [n for n, *_ in items], complete_ops(sess, first),
-            expression=holder_filter(sess, rid, deadline),
-        )
+    """(name, sess, rid, result) each; each record's code (0: done; `TO_UDF`: the UDF
+    decides). Jobs of one claim with the same result object (None, or one shared
+    value: the common batch) share their operations: up to `GROUPS_MAX` such groups,
+    a batch call each; more, one batch call with each record's own."""
+    groups = _groups((s, r, id(res)) for _, s, r, res in items)
+    if len(groups) <= GROUPS_MAX:
+
+        def send(idx: list[int]) -> list[int]:
+            _, sess, rid, res = items[idx[0]]
+            return backend.batch_same_codes(
+                keys.JOB_SET, [items[i][0] for i in idx], complete_ops(sess, res),
+                expression=holder_filter(sess, rid, deadline),
+            )
+
+        return _per_group(groups, len(items), send)
     out = backend.batch_each(
         keys.JOB_SET, [(n, complete_ops(s, res), holder_filter(s, r, deadline)) for n, s, r, res in items]
     )
@@ -252,12 +282,18 @@ def complete_leased(
 ) -> list[int]:
     """(name, sess, rid, fence (att, claimed, until), result) each; each record's code
     (0: done; `TO_UDF`: not as leased any more, the UDF decides; any other: in doubt,
-    which `until_decided` sends again). One
-    batch call, of the same operations where a group shares its lease, fence and
-    result object (a lease's jobs read together: the common batch)."""
-    _, sess, rid, fence, first = items[0]
-    if all(s == sess and r == rid and f == fence and res is first for _, s, r, f, res in items):
-        return complete_leased_same(backend, [n for n, *_ in items], sess, rid, fence, first, deadline)
+    which `until_decided` sends again). Jobs that share their lease, fence and result
+    object (a lease's jobs read together: the common batch) share their operations:
+    up to `GROUPS_MAX` such groups, a batch call each; more, one batch call with each
+    record's own."""
+    groups = _groups((s, r, f, id(res)) for _, s, r, f, res in items)
+    if len(groups) <= GROUPS_MAX:
+
+        def send(idx: list[int]) -> list[int]:
+            _, sess, rid, fence, res = items[idx[0]]
+            return complete_leased_same(backend, [items[i][0] for i in idx], sess, rid, fence, res, deadline)
+
+        return _per_group(groups, len(items), send)
     out = backend.batch_each(
         keys.JOB_SET,
         [(n, lease_done_ops(s, r, res), lease_filter(*f, deadline=deadline)) for n, s, r, f, res in items],

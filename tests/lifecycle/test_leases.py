@@ -99,6 +99,30 @@ def test_a_batch_of_one_lease_with_a_job_claimed_since_is_acknowledged_whole(
     assert queue.complete_many(jobs) == [], "repeated: recognised, not lost"
 
 
+@pytest.mark.parametrize("shared_result", [True, False])
+def test_acks_of_several_leases_go_in_one_call_per_lease(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session, shared_result: bool
+) -> None:
+    # A worker's ack batch mixes the leases of its threads. With one result object per
+    # lease each lease's acks share their operations and go in a call of their own (a
+    # record-by-record batch cost the client eight times as much); with a result per job
+    # past hotpath.GROUPS_MAX groups, one call carries each record's own.
+    load(lists, list_name, 30)
+    leases = [queue.reserve(list_name, session, 10, lease=True) for _ in range(3)]
+    assert len({job.rid for jobs in leases for job in jobs}) == 3
+    mixed = [job for trio in zip(*leases, strict=True) for job in trio]  # interleaved
+    results = [None] * 30 if shared_result else [{"t": job.token} for job in mixed]
+    before = registered.round_trips
+    assert queue.complete_many(mixed, results) == []
+    assert registered.round_trips - before == (3 if shared_result else 1)
+    queue.flush()
+    for job, result in zip(mixed, results, strict=True):
+        rec = record(registered, job)
+        assert rec["state"] == "done" and rec.get("result") == result and rec["by"] == session.id, job
+    assert lists.status(list_name).done == 30
+    assert queue.complete_many(mixed, results) == [], "repeated: recognised, not lost"
+
+
 def test_an_ack_is_refused_once_the_reaper_took_the_lease_back(
     registered: Backend, queue: Queue, lists: JobLists, list_name: str
 ) -> None:
