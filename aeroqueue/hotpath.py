@@ -196,10 +196,19 @@ def _groups(group_keys: Iterable[Hashable]) -> list[list[int]]:
 
 
 def _per_group(groups: list[list[int]], n: int, send: Callable[[list[int]], list[int]]) -> list[int]:
-    """Each of `n` records' code, `send(indices)` answering those of one group."""
+    """Each of `n` records' code, `send(indices)` answering those of one group. A group
+    whose call is in doubt gets -1 each (in doubt, as a record's own code would say),
+    and the other groups keep the codes they got: with several groups, a call that
+    failed after others landed must not send those again as if unanswered."""
     codes = [0] * n
     for idx in groups:
-        for i, code in zip(idx, send(idx), strict=True):
+        try:
+            out = send(idx)
+        except IN_DOUBT:
+            if len(groups) == 1:
+                raise  # one call: in doubt as a whole, as before grouping
+            out = [-1] * len(idx)
+        for i, code in zip(idx, out, strict=True):
             codes[i] = code
     return codes
 

@@ -137,6 +137,36 @@ def test_acks_of_several_leases_go_in_one_call_per_lease(
     assert queue.complete_many(mixed, results) == [], "repeated: recognised, not lost"
 
 
+def test_a_group_of_acks_in_doubt_is_sent_again_alone(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Three leases' acks, three calls; the second times out before it is sent. Only its
+    # jobs are sent again: the others' answers came back, and sending them again would
+    # find them done, refused, and cost each a call of the UDF.
+    load(lists, list_name, 30)
+    leases = [queue.reserve(list_name, session, 10, lease=True) for _ in range(3)]
+    mixed = [job for trio in zip(*leases, strict=True) for job in trio]
+    sent: list[list[str]] = []
+    real = registered.batch_same_codes
+
+    def flaky(set_name: str, names: list[str], *args: Any, **kw: Any) -> Any:
+        sent.append(list(names))
+        if len(sent) == 2:
+            raise errors.BackendTimeout("injected: the call never left")
+        return real(set_name, names, *args, **kw)
+
+    monkeypatch.setattr(registered, "batch_same_codes", flaky)
+    assert queue.complete_many(mixed, [None] * 30) == []
+    monkeypatch.undo()
+    times = {name: sum(name in call for call in sent) for name in (job.name for job in mixed)}
+    assert sorted(times.values()) == [1] * 20 + [2] * 10, times
+    assert {name for name, n in times.items() if n == 2} == set(sent[1])
+    queue.flush()
+    assert all(record(registered, job)["state"] == "done" for job in mixed)
+    assert lists.status(list_name).done == 30
+
+
 def test_an_ack_is_refused_once_the_reaper_took_the_lease_back(
     registered: Backend, queue: Queue, lists: JobLists, list_name: str
 ) -> None:
