@@ -12,6 +12,7 @@ import aerospike
 import pytest
 from aerospike import exception as ex
 from aerospike_helpers import expressions as xp
+from aerospike_helpers.batch.records import BatchRecords, Write
 from aerospike_helpers.operations import bitwise_operations as bw
 from aerospike_helpers.operations import expression_operations as eo
 from aerospike_helpers.operations import list_operations as lo
@@ -139,6 +140,27 @@ def test_a_filter_is_not_applied_to_a_missing_record(client, ns, set_name):
     ]
     with pytest.raises(ex.RecordNotFound):
         client.get(keys[2])
+
+
+def test_a_batch_writes_filter_applies_to_each_record_without_its_own(client, ns, set_name):
+    """batch_write's batch policy filter is each record's unless the record's policy
+    has a filter of its own (Backend.batch_write_codes sends one filter for all)."""
+    queued = xp.Eq(xp.StrBin("state"), "queued").compile()
+    done = xp.Eq(xp.StrBin("state"), "done").compile()
+    keys = [(ns, set_name, f"w{i}") for i in range(6)]
+    for i, key in enumerate(keys[:5]):
+        client.put(key, {"state": "queued" if i % 2 else "done"})
+    update = {"exists": aerospike.POLICY_EXISTS_UPDATE}
+    own = {**update, "expressions": done}
+    policies = [update, update, own, own, None, update]
+    batch = BatchRecords([Write(key, [op.write("x", i)], policy=p) for i, (key, p) in enumerate(zip(keys, policies, strict=True))])
+    out = client.batch_write(batch, {"expressions": queued})
+    # 0 and 4: done, filtered by the batch's; 2: done, admitted by its own; 3: queued,
+    # refused by its own; 1: queued, admitted; 5: missing and update-only.
+    assert [r.result for r in out.batch_records] == [27, 0, 0, 27, 27, 2]
+    assert [client.get(k)[2].get("x") for k in keys[:5]] == [None, 1, 2, None, None]
+    with pytest.raises(ex.RecordNotFound):
+        client.get(keys[5])
 
 
 def test_expression_ops_read_the_clock_and_the_bins(client, ns, set_name):

@@ -483,12 +483,16 @@ class EmbeddedClient:
         """Write records (``Write`` entries with operations) in one round trip.
 
         Each record succeeds or fails on its own, as on a server; here they also
-        share one SQLite transaction, which only makes the batch faster.
+        share one SQLite transaction, which only makes the batch faster. The batch
+        policy's filter expression applies to each record whose own policy has none
+        (27 where it is false), as the server's does.
         """
-        self._check_policy(policy_batch, set(), "batch_write")
+        parent = self._check_policy(policy_batch, {"expressions"}, "batch_write").get("expressions")
+        if parent is not None:
+            parent = prepare(parent)  # parsed once for the batch, not once per record
         records = batch_records.batch_records
         with self._storage.write() as db:
-            plain = self._plain_writes(records)
+            plain = self._plain_writes(records) if parent is None else None
             if plain is not None:
                 # A load's job records and index entries: new records made of plain
                 # bin writes, stored with prepared statements in one go.
@@ -499,7 +503,9 @@ class EmbeddedClient:
                 if isinstance(br, Apply):
                     # A UDF per record, each with its own arguments, in one round trip.
                     pol = self._check_policy(br.policy, {"key", "ttl", "expressions"}, "batch_write Apply")
-                    done = self._batch_apply_one(br.key, br.module, br.function, list(br.args or []), pol)
+                    done = self._batch_apply_one(
+                        br.key, br.module, br.function, list(br.args or []), _filtered(pol, parent) or {}
+                    )
                     br.result, br.record = done.result, done.record
                     continue
                 if not isinstance(br, Write):
@@ -507,7 +513,9 @@ class EmbeddedClient:
                         f"embedded backend: batch_write supports Write and Apply records, not {type(br).__name__}"
                     )
                 try:
-                    key, meta, results = self._operate(br.key, br.ops, br.meta, br.policy, "batch_write")
+                    key, meta, results = self._operate(
+                        br.key, br.ops, br.meta, _filtered(br.policy, parent), "batch_write"
+                    )
                     bins: dict[str, Any] = {}
                     for name, value in results:
                         bins[name] = value
@@ -974,3 +982,10 @@ def _batch(records: list[BatchRecord]) -> BatchRecords:
     out = BatchRecords(records)
     out.result = _batch_status(records)
     return out
+
+
+def _filtered(policy: dict | None, parent: Any) -> dict | None:
+    """A batch record's policy with the batch's filter when it has none of its own."""
+    if parent is None or (policy and policy.get("expressions") is not None):
+        return policy
+    return {**(policy or {}), "expressions": parent}
