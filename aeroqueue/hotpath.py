@@ -133,13 +133,17 @@ def claimed(bins: dict[str, Any]) -> dict[str, Any]:
 
 def complete_ops(sess: str, result: Any) -> list[dict]:
     """aq_job_v1.complete on a job `sess` holds: done, its result kept, the claim gone."""
+    return [*_complete_common(sess), op.write("result", result)]
+
+
+def _complete_common(sess: str) -> list[dict]:
+    """`complete_ops` but the result: the same for every job a session acknowledges."""
     return [
         op.write("state", "done"),
         op.write("by", sess),
         op.write("sess", None),
         op.write("dl", None),
         op.write("tl", None),
-        op.write("result", result),
         eo.expression_write("done_at", SERVER_NOW_COMPILED),
     ]
 
@@ -179,11 +183,14 @@ def complete(backend: Backend, name: str, sess: str, rid: str, result: Any, dead
     return True
 
 
-# Up to this many groups of jobs that share their operations and filter (one claim or
-# lease, one result object), each group goes in a batch call of its own; past it, one
-# batch_write carries every record's own. A batch_write of 100 records cost the client
-# 24 to 32 us a job against 3 to 4 for two same-operation batches of 50 (benchmarks/
-# RESULTS.md, 2026-11-27): a worker's ack batch often holds several leases.
+# Up to this many groups of jobs that share their filter (one claim or lease), each
+# group goes in a batch call of its own: one of the same operations when the group's
+# jobs share one result object, else one of each record's own operations under the
+# group's filter. Past it, one batch_write carries every record's own operations and
+# filter. Measured on the client (benchmarks/RESULTS.md, 2026-11-27), a job: 24 to 32
+# us in a filter-per-record batch, 3 to 4 in same-operation batches; with a result
+# per job, 38 to 40 with a filter per record, 10 to 11 with one per group. A worker's ack
+# batch often holds several leases, and handlers' results are each their own.
 GROUPS_MAX = 8
 
 
@@ -193,6 +200,20 @@ def _groups(group_keys: Iterable[Hashable]) -> list[list[int]]:
     for i, k in enumerate(group_keys):
         out.setdefault(k, []).append(i)
     return list(out.values())
+
+
+def _send_group(
+    backend: Backend, names: list[str], common: list[dict], results: list[Any], expression: Any
+) -> list[int]:
+    """One group's acks under its filter `expression`: `common` plus each job's result.
+    Jobs sharing one result object share their operations too (the common batch)."""
+    first = results[0]
+    if all(r is first for r in results):
+        return backend.batch_same_codes(keys.JOB_SET, names, [*common, op.write("result", first)], expression=expression)
+    return backend.batch_write_codes(
+        keys.JOB_SET, [(n, [*common, op.write("result", r)]) for n, r in zip(names, results, strict=True)],
+        expression=expression,
+    )
 
 
 def _per_group(groups: list[list[int]], n: int, send: Callable[[list[int]], list[int]]) -> list[int]:
@@ -215,17 +236,16 @@ def _per_group(groups: list[list[int]], n: int, send: Callable[[list[int]], list
 
 def complete_many(backend: Backend, items: list[tuple[str, str, str, Any]], deadline: int | None = None) -> list[int]:
     """(name, sess, rid, result) each; each record's code (0: done; `TO_UDF`: the UDF
-    decides). Jobs of one claim with the same result object (None, or one shared
-    value: the common batch) share their operations: up to `GROUPS_MAX` such groups,
-    a batch call each; more, one batch call with each record's own."""
-    groups = _groups((s, r, id(res)) for _, s, r, res in items)
+    decides). Jobs of one claim share their filter: up to `GROUPS_MAX` such groups, a
+    batch call each (`_send_group`); more, one batch call with each record's own."""
+    groups = _groups((s, r) for _, s, r, _ in items)
     if len(groups) <= GROUPS_MAX:
 
         def send(idx: list[int]) -> list[int]:
-            _, sess, rid, res = items[idx[0]]
-            return backend.batch_same_codes(
-                keys.JOB_SET, [items[i][0] for i in idx], complete_ops(sess, res),
-                expression=holder_filter(sess, rid, deadline),
+            _, sess, rid, _ = items[idx[0]]
+            return _send_group(
+                backend, [items[i][0] for i in idx], _complete_common(sess), [items[i][3] for i in idx],
+                holder_filter(sess, rid, deadline),
             )
 
         return _per_group(groups, len(items), send)
@@ -276,12 +296,16 @@ def lease_done_ops(sess: str, rid: str, result: Any) -> list[dict]:
     """aq_job_v1.complete's writes for a leased job: done, its result kept, the attempt
     counted, and `by` and `rid` as a claim's ack leaves them (so a repeated ack is
     recognised by the UDF: 'again')."""
+    return [*_lease_done_common(sess, rid), op.write("result", result)]
+
+
+def _lease_done_common(sess: str, rid: str) -> list[dict]:
+    """`lease_done_ops` but the result: the same for every job of a lease."""
     return [
         op.write("state", "done"),
         op.write("by", sess),
         op.write("rid", rid),
         op.increment("att", 1),
-        op.write("result", result),
         eo.expression_write("done_at", SERVER_NOW_COMPILED),
     ]
 
@@ -291,16 +315,19 @@ def complete_leased(
 ) -> list[int]:
     """(name, sess, rid, fence (att, claimed, until), result) each; each record's code
     (0: done; `TO_UDF`: not as leased any more, the UDF decides; any other: in doubt,
-    which `until_decided` sends again). Jobs that share their lease, fence and result
-    object (a lease's jobs read together: the common batch) share their operations:
-    up to `GROUPS_MAX` such groups, a batch call each; more, one batch call with each
-    record's own."""
-    groups = _groups((s, r, f, id(res)) for _, s, r, f, res in items)
+    which `until_decided` sends again). Jobs that share their lease and fence (a
+    lease's jobs read together: the common batch) share their filter: up to
+    `GROUPS_MAX` such groups, a batch call each (`_send_group`); more, one batch call
+    with each record's own."""
+    groups = _groups((s, r, f) for _, s, r, f, _ in items)
     if len(groups) <= GROUPS_MAX:
 
         def send(idx: list[int]) -> list[int]:
-            _, sess, rid, fence, res = items[idx[0]]
-            return complete_leased_same(backend, [items[i][0] for i in idx], sess, rid, fence, res, deadline)
+            _, sess, rid, fence, _ = items[idx[0]]
+            return _send_group(
+                backend, [items[i][0] for i in idx], _lease_done_common(sess, rid), [items[i][4] for i in idx],
+                lease_filter(*fence, deadline=deadline),
+            )
 
         return _per_group(groups, len(items), send)
     out = backend.batch_each(

@@ -99,20 +99,27 @@ def test_a_batch_of_one_lease_with_a_job_claimed_since_is_acknowledged_whole(
     assert queue.complete_many(jobs) == [], "repeated: recognised, not lost"
 
 
-@pytest.mark.parametrize("shared_result", [True, False])
+@pytest.mark.parametrize(("results", "n_leases"), [("shared", 3), ("each", 3), ("mixed", 3), ("each", 9)])
 def test_acks_of_several_leases_go_in_one_call_per_lease(
-    registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session, shared_result: bool,
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session, results: str, n_leases: int,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # A worker's ack batch mixes the leases of its threads. With one result object per
-    # lease each lease's acks share their operations and go in a call of their own (a
-    # record-by-record batch cost the client eight times as much); with a result per job
-    # past hotpath.GROUPS_MAX groups, one call carries each record's own.
-    load(lists, list_name, 30)
-    leases = [queue.reserve(list_name, session, 10, lease=True) for _ in range(3)]
-    assert len({job.rid for jobs in leases for job in jobs}) == 3
-    mixed = [job for trio in zip(*leases, strict=True) for job in trio]  # interleaved
-    results = [None] * 30 if shared_result else [{"t": job.token} for job in mixed]
+    # A worker's ack batch mixes the leases of its threads. Each lease's acks share
+    # their filter and go in a call of their own: of the same operations with one
+    # result object, else of each job's own result (a filter per record cost the client
+    # four times as much). Past hotpath.GROUPS_MAX leases, one call carries each
+    # record's own operations and filter.
+    per = 4
+    load(lists, list_name, per * n_leases)
+    leases = [queue.reserve(list_name, session, per, lease=True) for _ in range(n_leases)]
+    assert len({job.rid for jobs in leases for job in jobs}) == n_leases
+    mixed = [job for row in zip(*leases, strict=True) for job in row]  # interleaved
+    shared = "ok"
+    want = {
+        "shared": [shared] * len(mixed),
+        "each": [{"t": job.token} for job in mixed],
+        "mixed": [None if i % 2 else {"t": job.token} for i, job in enumerate(mixed)],  # in every lease
+    }[results]
     calls: list[str] = []  # counted here, not by round_trips: a heartbeat may land meanwhile
 
     def counting(method: str) -> Any:
@@ -124,17 +131,21 @@ def test_acks_of_several_leases_go_in_one_call_per_lease(
 
         return counted
 
-    for method in ("batch_same_codes", "batch_each"):
+    for method in ("batch_same_codes", "batch_write_codes", "batch_each"):
         monkeypatch.setattr(registered, method, counting(method))
-    assert queue.complete_many(mixed, results) == []
-    assert calls == (["batch_same_codes"] * 3 if shared_result else ["batch_each"])
+    assert queue.complete_many(mixed, want) == []
+    if n_leases > hotpath.GROUPS_MAX:
+        assert calls == ["batch_each"]
+    else:
+        assert calls == ["batch_same_codes" if results == "shared" else "batch_write_codes"] * n_leases
     monkeypatch.undo()
     queue.flush()
-    for job, result in zip(mixed, results, strict=True):
+    for job, result in zip(mixed, want, strict=True):
         rec = record(registered, job)
         assert rec["state"] == "done" and rec.get("result") == result and rec["by"] == session.id, job
-    assert lists.status(list_name).done == 30
-    assert queue.complete_many(mixed, results) == [], "repeated: recognised, not lost"
+        assert rec["att"] == 1 and rec["rid"] == job.rid, job
+    assert lists.status(list_name).done == len(mixed)
+    assert queue.complete_many(mixed, want) == [], "repeated: recognised, not lost"
 
 
 def test_a_group_of_acks_in_doubt_is_sent_again_alone(
