@@ -37,6 +37,11 @@ N_WORKERS = 6
 KILL_EVERY = 400  # completions between two SIGKILLs
 HEARTBEAT_S, EXPIRY_S = 0.25, 4.0
 STOP_FOR_S = EXPIRY_S + 2.0  # long enough to be reaped
+# A worker continued because its stop stalled every writer runs this long before the
+# next stop: stopped again at once, its stops would add up past EXPIRY_S without a
+# heartbeat, and it would be reaped though it was never meant to be (seen on a
+# loaded machine: it exited 3 at the end).
+RESUMED_FOR_S = 8 * HEARTBEAT_S
 TIME_LIMIT_S, HANG_S = 5.0, 6.0  # the list's limit; a hanging handler's sleep
 BACKOFF_S = 0.1  # attempt 1 waits 0.05..0.1 s
 N_DELAYED, DELAY_S = 100, 3.0
@@ -129,6 +134,7 @@ def test_chaos_every_job_done_exactly_once(registered, big_list, tmp_path, spawn
     next_kill = KILL_EVERY
     paused: Worker | None = None
     paused_at = 0.0
+    resumed_at = -RESUMED_FOR_S  # when a stop that stalled everyone was undone
     deadline = time.monotonic() + 300
     while True:
         st = lists.status(list_name)
@@ -147,7 +153,8 @@ def test_chaos_every_job_done_exactly_once(registered, big_list, tmp_path, spawn
             live.remove(victim)
             live.append(spawn())
             next_kill += KILL_EVERY
-        if paused is None and not stopped and st.done >= N_JOBS // 4 and spared:
+        if (paused is None and not stopped and st.done >= N_JOBS // 4 and spared
+                and time.monotonic() - resumed_at > RESUMED_FOR_S):
             paused = spared[-1]
             paused.proc.send_signal(signal.SIGSTOP)
             paused_at = time.monotonic()
@@ -160,7 +167,7 @@ def test_chaos_every_job_done_exactly_once(registered, big_list, tmp_path, spawn
             time.sleep(1.0)
             if lists.status(list_name).done == before:
                 paused.proc.send_signal(signal.SIGCONT)
-                paused = None
+                paused, resumed_at = None, time.monotonic()
                 continue
             stopped.add(paused.proc.pid)
         # Continued once past its expiry and reaped (on a loaded machine the other
