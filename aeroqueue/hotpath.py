@@ -189,8 +189,9 @@ def complete(backend: Backend, name: str, sess: str, rid: str, result: Any, dead
 # group's filter. Past it, one batch_write carries every record's own operations and
 # filter. Measured on the client (benchmarks/RESULTS.md, 2026-11-27), a job: 24 to 32
 # us in a filter-per-record batch, 3 to 4 in same-operation batches; with a result
-# per job, 38 to 40 with a filter per record, 10 to 11 with one per group. A worker's ack
-# batch often holds several leases, and handlers' results are each their own.
+# per job (`python -m benchmarks.acks`), 20 to 25 with a filter per record, 9 to 11
+# with one per group. A worker's ack batch often holds several leases, and handlers'
+# results are each their own.
 GROUPS_MAX = 8
 
 

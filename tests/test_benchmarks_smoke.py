@@ -12,6 +12,7 @@ import importlib.util
 import json
 from array import array
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -172,6 +173,28 @@ def test_load_floor_benchmark_in_small(store_url: str) -> None:
     left = [k for k, _ in backend.scan("aq_job") if str(k).startswith("floor-")]
     backend.close()
     assert left == [], "the benchmark's records are removed"
+
+
+def test_ack_benchmark_in_small(store_url: str, registered: Any) -> None:
+    """`python -m benchmarks.acks`: one JSON row per shape, each having checked that
+    every job ended done, and its lists dropped afterwards (`registered`: the store
+    runs the UDFs, as the benchmark requires of a server)."""
+    from aeroqueue import keys
+    from aeroqueue.backends import open_backend
+    from benchmarks.acks import main as ack_bench
+
+    result = CliRunner().invoke(ack_bench, ["--url", store_url, "--jobs", "40", "--batch", "10",
+                                            "--modes", "lease,claim", "--results", "shared,each", "--leases", "1,2"])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    rows = [json.loads(line) for line in result.output.splitlines()]
+    assert [(r["mode"], r["results"], r["leases"]) for r in rows] == [
+        (m, r, n) for m in ("lease", "claim") for r in ("shared", "each") for n in (1, 2)
+    ]
+    assert all(r["client_us_per_job"] > 0 and r["trips_per_100_jobs"] > 0 for r in rows)
+    backend = open_backend(store_url)
+    left = [n for n, _ in backend.scan(keys.LIST_SET, bins=["mode"]) if str(n).startswith("ackbench-")]
+    backend.close()
+    assert left == [], "the benchmark's lists are dropped"
 
 
 def test_lease_floor_acks_what_it_read_once_and_nothing_changed_since(store_url: str) -> None:
