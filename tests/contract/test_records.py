@@ -12,7 +12,7 @@ import aerospike
 import pytest
 from aerospike import exception as ex
 from aerospike_helpers import expressions as xp
-from aerospike_helpers.batch.records import BatchRecords, Write
+from aerospike_helpers.batch.records import Apply, BatchRecords, Write
 from aerospike_helpers.operations import bitwise_operations as bw
 from aerospike_helpers.operations import expression_operations as eo
 from aerospike_helpers.operations import list_operations as lo
@@ -161,6 +161,12 @@ def test_a_batch_writes_filter_applies_to_each_record_without_its_own(client, ns
     assert [client.get(k)[2].get("x") for k in keys[:5]] == [None, 1, 2, None, None]
     with pytest.raises(ex.RecordNotFound):
         client.get(keys[5])
+    # A UDF call in the batch: the same rule.
+    calls = BatchRecords([Apply(keys[0], "aq_contract", "incr", ["n", 1]), Apply(keys[1], "aq_contract", "incr", ["n", 1]),
+                          Apply(keys[0], "aq_contract", "incr", ["n", 10], policy={"expressions": done})])
+    out = client.batch_write(calls, {"expressions": queued})
+    assert [r.result for r in out.batch_records] == [27, 0, 0]
+    assert [client.get(k)[2].get("n") for k in keys[:2]] == [10, 1]
 
 
 def test_expression_ops_read_the_clock_and_the_bins(client, ns, set_name):
