@@ -14,11 +14,13 @@ ack); `each`: a result per job, as handlers that return something give.
 Figures per row, for the `complete_many` calls only: client CPU µs per job
 (user + system of this process), server CPU µs per job (from /proc of
 `--server-pid`, while the calls ran; other clients of the server count too),
-and round trips per 100 jobs. Every row checks that every job ended done.
+and round trips per 100 jobs. Every row checks that every job ended done, with
+the result it was acknowledged with.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -29,6 +31,8 @@ from typing import Any
 import click
 
 import aeroqueue
+from aeroqueue import keys
+from aeroqueue.errors import ListNotFound
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Queue
@@ -42,16 +46,31 @@ def _cpu_of(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _wrong_results(backend: Any, name: str, expected: dict[int, Any]) -> list[int]:
+    """The tokens whose job record is not done with the result it was acknowledged with."""
+    tokens = sorted(expected)
+    wrong = []
+    for lo in range(0, len(tokens), 5000):
+        part = tokens[lo:lo + 5000]
+        for token, (code, bins) in zip(part, backend.batch_bins(keys.JOB_SET, keys.job_names(name, part),
+                                                               ["state", "result"]), strict=True):
+            if code != 0 or bins is None or bins.get("state") != "done" or bins.get("result") != expected[token]:
+                wrong.append(token)
+    return wrong
+
+
 def measure(url: str, server_pid: int | None, n: int, batch: int, mode: str, results: str, leases: int) -> dict[str, Any]:
     backend = aeroqueue.connect(url)  # a server without this client's UDFs is refused
     lists = JobLists(backend)
     name = f"ackbench-{uuid.uuid4().hex[:8]}"
-    lists.load(name, (JobSpec(jid=str(i), payload={"i": i}) for i in range(n)))
-    queue, session = Queue(backend), Session.open(backend)
     per = max(1, batch // leases)
     client = server = 0.0
     trips = acked = lost = 0
+    session = None
+    expected: dict[int, Any] = {}  # token -> the result it was acknowledged with
     try:
+        lists.load(name, (JobSpec(jid=str(i), payload={"i": i}) for i in range(n)))
+        queue, session = Queue(backend), Session.open(backend)
         while True:
             got = [queue.reserve(name, session, per, lease=mode == "lease") for _ in range(leases)]
             if not any(got):
@@ -65,14 +84,21 @@ def measure(url: str, server_pid: int | None, n: int, batch: int, mode: str, res
             server += _cpu_of(server_pid) - s0
             trips += backend.round_trips - r0
             acked += len(jobs)
+            expected.update((j.token, r) for j, r in zip(jobs, res, strict=True))
         queue.flush()
         done = lists.status(name).done
+        wrong = _wrong_results(backend, name, expected)
     finally:
-        session.close()
-        lists.drop(name, grace_s=0)
+        if session is not None:
+            session.close()
+        with contextlib.suppress(ListNotFound):  # the load failed before the list existed
+            lists.drop(name, grace_s=0)
         backend.close()
-    if done != n or lost or acked != n:
-        raise click.ClickException(f"{mode}/{results}/{leases}: {acked} acked, {lost} lost, {done} done of {n}")
+    if done != n or lost or acked != n or wrong:
+        raise click.ClickException(
+            f"{mode}/{results}/{leases}: {acked} acked, {lost} lost, {done} done of {n}, "
+            f"{len(wrong)} stored with another result (tokens {wrong[:5]})"
+        )
     return {
         "mode": mode, "results": results, "leases": leases, "jobs": n, "batch": batch,
         "client_us_per_job": round(client / n * 1e6, 2),

@@ -148,8 +148,9 @@ def test_acks_of_several_leases_go_in_one_call_per_lease(
     assert queue.complete_many(mixed, want) == [], "repeated: recognised, not lost"
 
 
+@pytest.mark.parametrize("per_job", [False, True], ids=["shared-result", "result-each"])
 def test_a_group_of_acks_in_doubt_is_sent_again_alone(
-    registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session,
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session, per_job: bool,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Three leases' acks, three calls; the second times out before it is sent. Only its
@@ -158,23 +159,27 @@ def test_a_group_of_acks_in_doubt_is_sent_again_alone(
     load(lists, list_name, 30)
     leases = [queue.reserve(list_name, session, 10, lease=True) for _ in range(3)]
     mixed = [job for trio in zip(*leases, strict=True) for job in trio]
+    results = [{"t": job.token} for job in mixed] if per_job else [None] * 30
+    method = "batch_write_codes" if per_job else "batch_same_codes"
     sent: list[list[str]] = []
-    real = registered.batch_same_codes
+    real = getattr(registered, method)
 
-    def flaky(set_name: str, names: list[str], *args: Any, **kw: Any) -> Any:
-        sent.append(list(names))
+    def flaky(set_name: str, names: list[Any], *args: Any, **kw: Any) -> Any:
+        sent.append([n[0] for n in names] if per_job else list(names))  # (name, ops) with a result each
         if len(sent) == 2:
             raise errors.BackendTimeout("injected: the call never left")
         return real(set_name, names, *args, **kw)
 
-    monkeypatch.setattr(registered, "batch_same_codes", flaky)
-    assert queue.complete_many(mixed, [None] * 30) == []
+    monkeypatch.setattr(registered, method, flaky)
+    assert queue.complete_many(mixed, results) == []
     monkeypatch.undo()
     times = {name: sum(name in call for call in sent) for name in (job.name for job in mixed)}
     assert sorted(times.values()) == [1] * 20 + [2] * 10, times
     assert {name for name, n in times.items() if n == 2} == set(sent[1])
     queue.flush()
-    assert all(record(registered, job)["state"] == "done" for job in mixed)
+    for job, result in zip(mixed, results, strict=True):
+        rec = record(registered, job)
+        assert rec["state"] == "done" and rec.get("result") == result, job
     assert lists.status(list_name).done == 30
 
 
