@@ -37,10 +37,10 @@ N_WORKERS = 6
 KILL_EVERY = 400  # completions between two SIGKILLs
 HEARTBEAT_S, EXPIRY_S = 0.25, 4.0
 STOP_FOR_S = EXPIRY_S + 2.0  # long enough to be reaped
-# A worker continued because its stop stalled every writer runs this long before the
-# next stop: stopped again at once, its stops would add up past EXPIRY_S without a
-# heartbeat, and it would be reaped though it was never meant to be (seen on a
-# loaded machine: it exited 3 at the end).
+# A worker continued because its stop stalled every writer runs until a heartbeat of
+# its has landed, and at least this long, before the next stop: stopped again at
+# once, its stops would add up past EXPIRY_S without a heartbeat, and it would be
+# reaped though it was never meant to be (seen on a loaded machine: it exited 3).
 RESUMED_FOR_S = 8 * HEARTBEAT_S
 TIME_LIMIT_S, HANG_S = 5.0, 6.0  # the list's limit; a hanging handler's sleep
 BACKOFF_S = 0.1  # attempt 1 waits 0.05..0.1 s
@@ -108,13 +108,18 @@ def spawn(store_url: str, list_name: str, tmp_path: Path, reservations: list[str
             w.proc.wait()
 
 
-def reaped(backend, worker: Worker) -> bool:
-    """Whether the worker's session is gone or being reaped."""
+def session_record(backend, worker: Worker):
+    """The worker's session record (None: gone, or the worker never started)."""
     for line in worker.log.read_text().splitlines():
         if '"event": "started"' in line:
-            rec = backend.get(keys.SESS_SET, json.loads(line)["session"])
-            return rec is None or rec.bins.get("state") == "reaping"
-    return True
+            return backend.get(keys.SESS_SET, json.loads(line)["session"])
+    return None
+
+
+def reaped(backend, worker: Worker) -> bool:
+    """Whether the worker's session is gone or being reaped."""
+    rec = session_record(backend, worker)
+    return rec is None or rec.bins.get("state") == "reaping"
 
 
 @pytest.mark.slow
@@ -135,6 +140,7 @@ def test_chaos_every_job_done_exactly_once(registered, big_list, tmp_path, spawn
     paused: Worker | None = None
     paused_at = 0.0
     resumed_at = -RESUMED_FOR_S  # when a stop that stalled everyone was undone
+    resumed: tuple[Worker, int] | None = None  # that worker, its session record's generation then
     deadline = time.monotonic() + 300
     while True:
         st = lists.status(list_name)
@@ -153,7 +159,12 @@ def test_chaos_every_job_done_exactly_once(registered, big_list, tmp_path, spawn
             live.remove(victim)
             live.append(spawn())
             next_kill += KILL_EVERY
-        if (paused is None and not stopped and st.done >= N_JOBS // 4 and spared
+        if resumed is not None and time.monotonic() - resumed_at > RESUMED_FOR_S:
+            rec = session_record(registered, resumed[0])
+            # It beat, or it is gone (killed since, or its session): nothing to wait for.
+            if resumed[0] not in live or rec is None or rec.gen != resumed[1]:
+                resumed = None
+        if (paused is None and not stopped and st.done >= N_JOBS // 4 and spared and resumed is None
                 and time.monotonic() - resumed_at > RESUMED_FOR_S):
             paused = spared[-1]
             paused.proc.send_signal(signal.SIGSTOP)
@@ -166,7 +177,9 @@ def test_chaos_every_job_done_exactly_once(registered, big_list, tmp_path, spawn
             before = lists.status(list_name).done
             time.sleep(1.0)
             if lists.status(list_name).done == before:
+                rec = session_record(registered, paused)
                 paused.proc.send_signal(signal.SIGCONT)
+                resumed = (paused, rec.gen) if rec is not None else None
                 paused, resumed_at = None, time.monotonic()
                 continue
             stopped.add(paused.proc.pid)
