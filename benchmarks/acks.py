@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import click
@@ -38,12 +36,7 @@ from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Queue
 from aeroqueue.sessions import Session
 
-
-def _cpu_of(pid: int | None) -> float:
-    if pid is None:
-        return 0.0
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+from .harness import process_cpu_s
 
 
 def _wrong_results(backend: Any, name: str, expected: dict[int, Any]) -> list[int]:
@@ -78,10 +71,12 @@ def measure(url: str, server_pid: int | None, n: int, batch: int, mode: str, res
             # Interleaved, as acks from several handler threads arrive.
             jobs = [g[i] for i in range(per) for g in got if i < len(g)]
             res: list[Any] = ["ok"] * len(jobs) if results == "shared" else [{"t": j.token} for j in jobs]
-            s0, c0, r0 = _cpu_of(server_pid), time.process_time(), backend.round_trips
+            s0, c0, r0 = process_cpu_s(server_pid), time.process_time(), backend.round_trips
             lost += len(queue.complete_many(jobs, res))
             client += time.process_time() - c0
-            server += _cpu_of(server_pid) - s0
+            s1 = process_cpu_s(server_pid)
+            if s0 is not None and s1 is not None:
+                server += s1 - s0
             trips += backend.round_trips - r0
             acked += len(jobs)
             expected.update((j.token, r) for j, r in zip(jobs, res, strict=True))

@@ -269,6 +269,16 @@ def _cpu_times() -> tuple[int, int] | None:
     return sum(fields) - idle, sum(fields)
 
 
+def process_cpu_s(pid: int | None) -> float | None:
+    """CPU seconds (user + system) process `pid` has spent, from /proc; None without
+    a pid. For a local server's share of a run: read before and after."""
+    if pid is None:
+        return None
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()  # past the command name, which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
 def cpu_busy(window_s: float = 0.5) -> float | None:
     """Fraction of all CPUs busy over the next `window_s` (None off Linux)."""
     a = _cpu_times()

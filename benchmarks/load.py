@@ -35,6 +35,8 @@ from pathlib import Path
 
 import click
 
+from .harness import process_cpu_s
+
 DEFAULT_SIZES = (10_000, 100_000, 1_000_000)
 
 
@@ -58,13 +60,6 @@ def make_csv(path: Path, n: int) -> None:
         w.writerow(["id", "email", "plan", "amount"])
         for i in range(n):
             w.writerow([f"cust-{i:08d}", f"user{i}@example.com", ("free", "pro", "team")[i % 3], f"{(i * 37) % 1000}.00"])
-
-
-def _cpu_of(pid: int | None) -> float | None:
-    if pid is None:
-        return None
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _remove_list(url: str, name: str, rows: int) -> None:
@@ -117,7 +112,7 @@ def _measure(url: str, path: Path, n: int, server_pid: int | None, workers: int 
            "load", f"loadbench-{n}-{uuid.uuid4().hex[:6]}", str(path), "--json"]
     if workers:
         cmd += ["--workers", str(workers)]
-    s0 = _cpu_of(server_pid)
+    s0 = process_cpu_s(server_pid)
     t0 = time.perf_counter()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err)
@@ -128,7 +123,7 @@ def _measure(url: str, path: Path, n: int, server_pid: int | None, workers: int 
         watcher.join()
         proc.returncode = os.waitstatus_to_exitcode(status)
         wall = time.perf_counter() - t0
-        s1 = _cpu_of(server_pid)
+        s1 = process_cpu_s(server_pid)
         out.seek(0)
         err.seek(0)
         if proc.returncode != 0:

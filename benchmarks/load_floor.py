@@ -26,7 +26,6 @@ import os
 import time
 import uuid
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import aerospike
@@ -34,14 +33,9 @@ import click
 from aerospike_helpers.batch.records import BatchRecords, Remove, Write
 from aerospike_helpers.operations import operations as op
 
+from .harness import process_cpu_s
+
 _CREATE = {"exists": aerospike.POLICY_EXISTS_CREATE, "key": aerospike.POLICY_KEY_SEND}
-
-
-def _cpu_of(pid: int | None) -> float | None:
-    if pid is None:
-        return None
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _payload(i: int) -> dict[str, str]:
@@ -110,10 +104,10 @@ def measure(url: str, server_pid: int | None, n: int, batch: int, threads: int, 
     spans = [(p * per, min(n, (p + 1) * per)) for p in range(procs)]
     with ProcessPoolExecutor(procs) as pool:
         # The server's CPU covers the processes' building too, when it idles: fine, it idles.
-        s0 = _cpu_of(server_pid)
+        s0 = process_cpu_s(server_pid)
         futs = [pool.submit(_proc, host, int(port), ns, shape, name, a, b, batch, threads, build_inside) for a, b in spans]
         results = [f.result() for f in futs]
-        s1 = _cpu_of(server_pid)
+        s1 = process_cpu_s(server_pid)
     # From the first process's start of writing to the last one's end.
     wall = max(r[3] for r in results) - min(r[2] for r in results)
     _remove(host, int(port), ns, name, n)
