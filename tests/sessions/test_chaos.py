@@ -193,6 +193,20 @@ def test_chaos_every_job_done_exactly_once(registered, big_list, tmp_path, spawn
             live.append(spawn())
             paused = None
         time.sleep(0.05)
+    if paused is not None:
+        # The list completed while a worker was still stopped: it held nothing, or
+        # its session was reaped and the others did its jobs. A stopped process never
+        # acts on SIGTERM, so continue it. A reaped session stays reaped (exit 3);
+        # one not reaped yet beats again and the worker sees the list complete (exit
+        # 0), unless a last reaper got to it first.
+        was_reaped = reaped(registered, paused)
+        paused.proc.send_signal(signal.SIGCONT)
+        rc = paused.proc.wait(60)
+        if was_reaped or rc == 3:
+            assert rc == 3 and reaped(registered, paused), "a worker whose session was reaped must exit 3"
+        else:
+            assert rc == 0, "a stopped worker whose session outlived the stop drains and exits 0"
+        live.remove(paused)
     for w in live:
         # A worker still starting up has not installed its SIGTERM handler (nor taken
         # any work): --until-complete lets it see the list is complete and exit.
