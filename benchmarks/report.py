@@ -203,9 +203,11 @@ def peer_rows(peers: Iterable[dict[str, Any]]) -> list[list[str]]:
 def titles(report: dict[str, Any]) -> dict[str, str]:
     p = report["params"]
     backend = report["aeroqueue_backend"]
+    batch_jobs = p.get("batch_jobs", p["jobs"])  # reports from before --batch-jobs
+    jobs = f"{p['jobs']:,} jobs" if batch_jobs == p["jobs"] else f"{p['jobs']:,} jobs one at a time, {batch_jobs:,} in batches"
     return {
         "main": (
-            f"Reserve one job + ack, then batches of {p['batch']}: {p['jobs']:,} jobs, {p['clients']} client processes. "
+            f"Reserve one job + ack, then batches of {p['batch']}: {jobs}, {p['clients']} client processes. "
             f"aeroqueue backend: {backend}"
         ),
         "sizes": (

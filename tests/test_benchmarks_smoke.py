@@ -24,6 +24,7 @@ from tests.conftest import port_open
 
 JOBS = 30
 BATCH = 10
+BATCH_JOBS = 40  # --batch-jobs: the batch runs load their own count
 
 
 def _redis_up() -> bool:
@@ -33,7 +34,7 @@ def _redis_up() -> bool:
 def test_harness_report_and_exactly_once(tmp_path: Path) -> None:
     out = tmp_path / "report.json"
     args = [
-        "--jobs", str(JOBS), "--clients", "2", "--batch", str(BATCH),
+        "--jobs", str(JOBS), "--batch-jobs", str(BATCH_JOBS), "--clients", "2", "--batch", str(BATCH),
         "--peers", "redis,beanstalkd", "--beanstalkd-bin", str(tmp_path / "no-such-beanstalkd"),
         "--json", str(out), "--markdown", str(tmp_path / "report.md"), "--quiet", "--timeout", "60",
         "--settle", "0",  # no waiting for a quiet machine: this test checks no timings
@@ -50,6 +51,7 @@ def test_harness_report_and_exactly_once(tmp_path: Path) -> None:
     assert {"nproc", "memory_gib", "cpu"} <= set(report["machine"])
     assert report["aeroqueue_backend"].startswith("embedded")
     assert report["params"]["jobs"] == JOBS and report["params"]["batch"] == BATCH
+    assert report["params"]["batch_jobs"] == BATCH_JOBS
     assert report["scaling"] is None
 
     redis_up = _redis_up()
@@ -69,12 +71,13 @@ def test_harness_report_and_exactly_once(tmp_path: Path) -> None:
             row = rows[peer, mode]
             assert row["status"] == "ok", row
             # Every job acked exactly once, by the clients' count and by the server's.
-            assert (row["acked"], row["duplicates"], row["missing"]) == (JOBS, 0, 0), row
+            jobs = JOBS if mode == "single" else BATCH_JOBS
+            assert (row["jobs"], row["acked"], row["duplicates"], row["missing"]) == (jobs, jobs, 0, 0), row
             assert row["exactly_once"] and row["server_check"] is None, row
             if peer == "aeroqueue":  # the worker's path: acks ride with the next reservation
                 assert 1 <= row["reserve_calls"] <= row["clients"], row
             else:
-                assert row["reserve_calls"] >= (JOBS if mode == "single" else JOBS // BATCH)
+                assert row["reserve_calls"] >= (JOBS if mode == "single" else BATCH_JOBS // BATCH)
             assert row["round_trips_per_job"] > 0
             # CPU a job: the clients' own (every thread, to the nanosecond), and the whole
             # machine's (in 10 ms ticks: a run of 30 jobs may fit between two).
@@ -89,6 +92,7 @@ def test_harness_report_and_exactly_once(tmp_path: Path) -> None:
 
     text = markdown(report)
     assert "| peer | mode | clients | jobs/s |" in text and "skipped" in text
+    assert f"{JOBS:,} jobs one at a time, {BATCH_JOBS:,} in batches" in text
     assert "| client CPU us/job | machine CPU us/job |" in text
     if png:
         assert (tmp_path / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
