@@ -301,3 +301,48 @@ def test_list_sizes_are_sampled_in_interleaved_turns(monkeypatch: pytest.MonkeyP
     assert [(r.jobs, r.expected, r.acked, r.reserve_calls) for r in rows] == [(12, 12, 12, 12), (40, 25, 25, 25)]
     assert all(r.exactly_once and r.status == "ok" and r.server_check is None for r in rows), rows
     assert all(r.load_s and r.load_s > 0 and r.elapsed_s > 0 and r.reserve_p50_ms > 0 for r in rows)
+
+
+def test_record_benchmark_in_small(store_url: str) -> None:
+    """`python -m benchmarks.records` runs every variant on records of its own, each
+    write admitted by its filter, and deletes them (on both backends; its figures
+    count only on a server)."""
+    from aeroqueue.backends import open_backend
+    from benchmarks.records import SET, VARIANTS
+    from benchmarks.records import main as record_bench
+
+    def names_in_set() -> set[str]:  # another run on a shared server may have its own there
+        backend = open_backend(store_url)
+        try:
+            return {str(n) for n, _ in backend.scan(SET, bins=["state"])}
+        finally:
+            backend.close()
+
+    before = names_in_set()
+    result = CliRunner().invoke(record_bench, ["--url", store_url, "--calls", "3", "--batch", "5", "--rounds", "2"])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    for name in VARIANTS:
+        assert result.output.count(f"round 1 {name}: server None us, client") == 1, result.output
+        assert result.output.count(f"round 2 {name}: server None us, client") == 1, result.output
+    assert names_in_set() <= before, "the benchmark's records are deleted"
+
+
+def test_record_benchmark_refuses_a_figure_of_refused_writes(store_url: str) -> None:
+    """A filter that refuses a record (here: the lease ack's, for an attempt count the
+    records do not have) would measure less work than an ack: the benchmark says so
+    and gives no figure, and still deletes its records."""
+    import click as click_
+
+    from aeroqueue import hotpath
+    from aeroqueue.backends import open_backend
+    from benchmarks.records import ACK_OPS, SET, Variant, _write, measure
+
+    backend = open_backend(store_url)
+    try:
+        before = {str(n) for n, _ in backend.scan(SET, bins=["state"])}
+        wrong = Variant("wrong-att", "a filter for attempt 1", _write(ACK_OPS, lambda: hotpath.lease_filter(1, None)))
+        with pytest.raises(click_.ClickException, match="wrong-att: 10 of 10 records refused"):
+            measure(backend, None, wrong, calls=2, batch=5)
+        assert {str(n) for n, _ in backend.scan(SET, bins=["state"])} <= before
+    finally:
+        backend.close()
