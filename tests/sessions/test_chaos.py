@@ -1,5 +1,7 @@
-"""Chaos: 6 worker processes on one 5,000-job list; the test SIGKILLs a worker every
-few hundred completions and SIGSTOPs/SIGCONTs another past its session's expiry.
+"""Chaos: 6 worker processes on one 5,000-job list, half of them claiming a few jobs
+at a time and half leasing batches; the test SIGKILLs a worker (of each kind in
+turn) every few hundred completions and SIGSTOPs/SIGCONTs one of each kind past
+their sessions' expiry.
 The lifecycle runs through it: one job in 40 fails its first attempt (retried after
 the list's backoff), one in 500 hangs past the time limit on its first attempt
 (abandoned by the worker's watchdog), and 100 more jobs are loaded delayed.
@@ -47,10 +49,17 @@ BACKOFF_S = 0.1  # attempt 1 waits 0.05..0.1 s
 N_DELAYED, DELAY_S = 100, 3.0
 
 
+# How a worker reserves: its default for these handlers (a few jobs at a time,
+# claimed), or batches of 24, leased (`Queue.reserve(..., lease=True)`).
+KINDS = ("claims", "leases")
+RESERVE_ARGS = {"claims": [], "leases": ["--batch", "24"]}
+
+
 @dataclass
 class Worker:
     proc: subprocess.Popen
     log: Path
+    kind: str
 
     def working(self) -> bool:
         """It opened its session and completed jobs (a fresh one may still be importing)."""
@@ -71,16 +80,9 @@ def hanging(w: Worker, logs: Path) -> bool:
     return False
 
 
-@pytest.fixture(params=["claims", "leases"])
-def reservations(request: pytest.FixtureRequest) -> list[str]:
-    """How the workers reserve: their default for these handlers (a few jobs at a time,
-    claimed), or batches of 24, leased (`Queue.reserve(..., lease=True)`)."""
-    return [] if request.param == "claims" else ["--batch", "24"]
-
-
 @pytest.fixture
-def spawn(store_url: str, list_name: str, tmp_path: Path, reservations: list[str]) -> Iterator[Callable[[], Worker]]:
-    """Start worker processes; every one is killed at the end, whatever happened."""
+def spawn(store_url: str, list_name: str, tmp_path: Path) -> Iterator[Callable[[str], Worker]]:
+    """Start worker processes of a kind; every one is killed at the end, whatever happened."""
     started: list[Worker] = []
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -90,14 +92,14 @@ def spawn(store_url: str, list_name: str, tmp_path: Path, reservations: list[str
         "--handler", "tests.sessions.chaos_handler:handle", "--list", list_name,
         "--concurrency", "2", "--heartbeat", str(HEARTBEAT_S), "--expiry", str(EXPIRY_S),
         "--sweep-every", "3", "--sweep-grace", "3", "--until-complete", "--log-format", "json", "--drain-timeout", "10",
-        *reservations,
     ]
 
-    def start() -> Worker:
+    def start(kind: str) -> Worker:
         log = logs / f"worker-{len(started)}.jsonl"
         with open(log, "w") as stderr:
-            proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
-        started.append(Worker(proc, log))
+            proc = subprocess.Popen([*cmd, *RESERVE_ARGS[kind]], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                                    stderr=stderr)
+        started.append(Worker(proc, log, kind))
         return started[-1]
 
     yield start
@@ -133,80 +135,102 @@ def test_chaos_every_job_done_exactly_once(registered, big_list, tmp_path, spawn
     total = N_JOBS + N_DELAYED
     logs = tmp_path / "logs"
 
-    live = [spawn() for _ in range(N_WORKERS)]
-    killed: set[int] = set()
-    stopped: set[int] = set()
+    live = [spawn(KINDS[i % 2]) for i in range(N_WORKERS)]
+    everyone = list(live)
+    killed: dict[int, str] = {}  # pid: kind
+    stopped: dict[int, str] = {}
     next_kill = KILL_EVERY
-    paused: Worker | None = None
+    paused: list[Worker] = []
     paused_at = 0.0
-    resumed_at = -RESUMED_FOR_S  # when a stop that stalled everyone was undone
-    resumed: tuple[Worker, int] | None = None  # that worker, its session record's generation then
+    resumed_at = -RESUMED_FOR_S  # when stops that stalled everyone were undone
+    resumed: list[tuple[Worker, int]] = []  # those workers, their session records' generations then
     deadline = time.monotonic() + 300
+
+    def replace(w: Worker) -> None:
+        live.remove(w)
+        live.append(spawn(w.kind))
+        everyone.append(live[-1])
+
     while True:
         st = lists.status(list_name)
         if st.complete:
             break
         assert time.monotonic() < deadline, f"not complete in time: {st}"
-        running = [w for w in live if w.proc.poll() is None and w is not paused and w.working()]
+        running = [w for w in live if w.proc.poll() is None and w not in paused and w.working()]
         # Workers inside a hung attempt are spared, so that it ends by its time limit
         # (checked below): at 30,000 jobs/s a worker seldom outlives 5 s of chaos.
         spared = [w for w in running if not hanging(w, logs)]
         if st.done >= next_kill and len(running) > 2 and spared:
-            victim = spared.pop(0)  # not the one stopped below
+            want = KINDS[len(killed) % 2]  # each kind in turn
+            victim = next((w for w in spared if w.kind == want), spared[0])
+            spared.remove(victim)  # not one of those stopped below
             victim.proc.send_signal(signal.SIGKILL)
             victim.proc.wait()
-            killed.add(victim.proc.pid)
-            live.remove(victim)
-            live.append(spawn())
+            killed[victim.proc.pid] = victim.kind
+            replace(victim)
             next_kill += KILL_EVERY
-        if resumed is not None and time.monotonic() - resumed_at > RESUMED_FOR_S:
-            rec = session_record(registered, resumed[0])
-            # It beat, or it is gone (killed since, or its session): nothing to wait for.
-            if resumed[0] not in live or rec is None or rec.gen != resumed[1]:
-                resumed = None
-        if (paused is None and not stopped and st.done >= N_JOBS // 4 and spared and resumed is None
+        if resumed and time.monotonic() - resumed_at > RESUMED_FOR_S:
+            # Wait on those that have not beaten yet; one that is gone (killed since, or
+            # its session) leaves nothing to wait for.
+            resumed = [(w, gen) for w, gen in resumed
+                       if w in live and (rec := session_record(registered, w)) is not None and rec.gen == gen]
+        if (not paused and not stopped and st.done >= N_JOBS // 4 and not resumed
                 and time.monotonic() - resumed_at > RESUMED_FOR_S):
-            paused = spared[-1]
-            paused.proc.send_signal(signal.SIGSTOP)
-            paused_at = time.monotonic()
-            # The embedded store's write lock is held by the client process: one
-            # stopped mid-write stalls every writer (a real server holds its own
-            # locks). If nobody else progresses, continue it and stop it again
-            # at another moment. Against a real server this never triggers.
-            time.sleep(0.3)
-            before = lists.status(list_name).done
-            time.sleep(1.0)
-            if lists.status(list_name).done == before:
-                rec = session_record(registered, paused)
-                paused.proc.send_signal(signal.SIGCONT)
-                resumed = (paused, rec.gen) if rec is not None else None
-                paused, resumed_at = None, time.monotonic()
-                continue
-            stopped.add(paused.proc.pid)
+            # One of each kind: a session reaped with its claims, and one with its leases.
+            pick = [next((w for w in reversed(spared) if w.kind == kind), None) for kind in KINDS]
+            if all(pick):
+                paused = [w for w in pick if w is not None]
+                for w in paused:
+                    w.proc.send_signal(signal.SIGSTOP)
+                paused_at = time.monotonic()
+                # The embedded store's write lock is held by the client process: one
+                # stopped mid-write stalls every writer (a real server holds its own
+                # locks). If nobody else progresses, continue them and stop them again
+                # at another moment. Against a real server this never triggers.
+                time.sleep(0.3)
+                before = lists.status(list_name).done
+                time.sleep(1.0)
+                if lists.status(list_name).done == before:
+                    resumed = []
+                    for w in paused:
+                        rec = session_record(registered, w)
+                        w.proc.send_signal(signal.SIGCONT)
+                        if rec is not None:
+                            resumed.append((w, rec.gen))
+                    paused, resumed_at = [], time.monotonic()
+                    continue
+                stopped.update((w.proc.pid, w.kind) for w in paused)
         # Continued once past its expiry and reaped (on a loaded machine the other
         # workers' reapers may need longer than STOP_FOR_S to get to it).
-        if paused is not None and time.monotonic() - paused_at > STOP_FOR_S and reaped(registered, paused):
-            paused.proc.send_signal(signal.SIGCONT)
-            # Its session was reaped while it slept: its heartbeat finds that out and it exits 3.
-            assert paused.proc.wait(60) == 3, "a worker whose session was reaped must exit non-zero"
-            live.remove(paused)
-            live.append(spawn())
-            paused = None
+        for w in list(paused):
+            if time.monotonic() - paused_at > STOP_FOR_S and reaped(registered, w):
+                w.proc.send_signal(signal.SIGCONT)
+                # Its session was reaped while it slept: its heartbeat finds that out and it exits 3.
+                assert w.proc.wait(60) == 3, f"a {w.kind} worker whose session was reaped must exit non-zero"
+                paused.remove(w)
+                replace(w)
         time.sleep(0.05)
-    if paused is not None:
-        # The list completed while a worker was still stopped: it held nothing, or
-        # its session was reaped and the others did its jobs. A stopped process never
-        # acts on SIGTERM, so continue it. A reaped session stays reaped (exit 3);
-        # one not reaped yet beats again and the worker sees the list complete (exit
-        # 0), unless a last reaper got to it first.
-        was_reaped = reaped(registered, paused)
-        paused.proc.send_signal(signal.SIGCONT)
-        rc = paused.proc.wait(60)
-        if was_reaped or rc == 3:
-            assert rc == 3 and reaped(registered, paused), "a worker whose session was reaped must exit 3"
+    for w in paused:
+        # The list completed while a worker was still stopped: what it held was done
+        # by others once its session was reaped or its claims ran past their time
+        # limit, or it held nothing. A stopped process never acts on SIGTERM, so
+        # continue it. A reaped session stays reaped: exit 3. One not reaped beats
+        # again and the worker sees the list complete: exit 0, unless a last reaper
+        # got to it first, or its first heartbeat failed after more than an expiry
+        # without one (it then counts itself lost: exit 3, and says why).
+        was_reaped = reaped(registered, w)
+        w.proc.send_signal(signal.SIGCONT)
+        rc = w.proc.wait(60)
+        state = "reaped" if reaped(registered, w) else "alive"
+        if was_reaped:
+            assert rc == 3, f"a {w.kind} worker whose session was reaped must exit 3, not {rc}"
+        elif rc == 3:
+            assert state == "reaped" or '"heartbeat_failed"' in w.log.read_text(), (
+                f"a {w.kind} worker exited 3 with its session {state} and no failed heartbeat"
+            )
         else:
-            assert rc == 0, "a stopped worker whose session outlived the stop drains and exits 0"
-        live.remove(paused)
+            assert rc == 0, f"a stopped {w.kind} worker whose session outlived the stop drains and exits 0, not {rc} ({state})"
+        live.remove(w)
     for w in live:
         # A worker still starting up has not installed its SIGTERM handler (nor taken
         # any work): --until-complete lets it see the list is complete and exit.
@@ -214,7 +238,10 @@ def test_chaos_every_job_done_exactly_once(registered, big_list, tmp_path, spawn
             w.proc.send_signal(signal.SIGTERM)
     for w in live:
         assert w.proc.wait(60) == 0, "a worker drains and exits 0"
-    assert len(killed) >= 3 and len(stopped) == 1, "the chaos happened"
+    assert len(killed) >= 3 and set(killed.values()) == set(KINDS), f"the chaos happened: killed {killed}"
+    assert sorted(stopped.values()) == sorted(KINDS), f"one worker of each kind stopped: {stopped}"
+    done_by = Counter(w.kind for w in everyone for line in w.log.read_text().splitlines() if '"job_done"' in line)
+    assert all(done_by[kind] > 0 for kind in KINDS), f"both kinds of worker did work: {done_by}"
 
     # The handler's own log: every execution of every job.
     runs: dict[str, list[int]] = defaultdict(list)
@@ -254,7 +281,7 @@ def test_chaos_every_job_done_exactly_once(registered, big_list, tmp_path, spawn
             if pid in extra:
                 extra.remove(pid)
         # Every other run that did not count was on a worker the test killed or stopped.
-        assert set(extra) <= killed | stopped, f"{jid} ran on {pids}; killed {killed}, stopped {stopped}"
+        assert set(extra) <= killed.keys() | stopped.keys(), f"{jid} ran on {pids}; killed {killed}, stopped {stopped}"
         rerun_by_chaos += bool(extra)
         # Nothing ran before its time: a delayed job not before its delay, a retry not
         # before the backoff's shortest wait after the failed run (one machine's clock).
@@ -271,4 +298,5 @@ def test_chaos_every_job_done_exactly_once(registered, big_list, tmp_path, spawn
                         for rec in records if rec.bins["jid"] in hung), "a hung first attempt is recorded as timed out"
     st = lists.status(list_name)
     assert (st.done, st.dead, st.in_flight, st.reservable, st.retry_pending, st.delayed) == (total, 0, 0, 0, 0, 0)
-    print(f"chaos: {len(killed)} SIGKILLs, {len(stopped)} SIGSTOP, {rerun_by_chaos} jobs ran more than once")
+    print(f"chaos: {len(killed)} SIGKILLs, {len(stopped)} SIGSTOPs, {rerun_by_chaos} jobs ran more than once, "
+          f"jobs done by kind {dict(done_by)}")
