@@ -1,13 +1,13 @@
 """aeroqueue against the queues users would otherwise pick, side by side, in one run.
 
-    python -m benchmarks.peers [--url URL] [--jobs N] [--clients C] [--batch 100]
+    python -m benchmarks.peers [--url URL] [--jobs N] [--batch-jobs M] [--clients C] [--batch 100]
                                [--peers beanstalkd,mysql,postgres,redis]
                                [--json out.json] [--png out.png] [--markdown out.md] [--scaling]
 
 Every queue runs the same workload (see `benchmarks.harness`): N jobs
 preloaded, C client processes each looping "reserve one job, ack it" until
-the queue is empty; then the same with batches where the queue has a batch
-form. aeroqueue always runs, as the baseline of the ratios; a peer whose
+the queue is empty; then the same with batches (M jobs, N unless given) where
+the queue has a batch form. aeroqueue always runs, as the baseline of the ratios; a peer whose
 service or client library is missing is reported as skipped, with the reason.
 
 ``--scaling`` adds two runs: the cost of one reserve on lists of 1,000,
@@ -171,8 +171,9 @@ def run_benchmark(options: Options, log: Callable[[str], None] = lambda _: None)
                     if clients == options.clients:  # measured above, same workload
                         by_clients += [r for r in rows if r.batch == batch and r.status != "skipped" and r.round == 1]
                         continue
+                    jobs = options.jobs if batch == 1 else options.batch_jobs or options.jobs
                     for peer in started:
-                        by_clients.append(measure(peer, jobs=options.jobs, clients=clients, batch=batch))
+                        by_clients.append(measure(peer, jobs=jobs, clients=clients, batch=batch))
             by_clients += skipped_rows(1, 0, options.jobs)
             add_ratios(by_clients)
             by_size: list[RunRow] = []

@@ -200,11 +200,18 @@ def peer_rows(peers: Iterable[dict[str, Any]]) -> list[list[str]]:
     return out
 
 
+def jobs_text(params: dict[str, Any]) -> str:
+    """How many jobs a run loaded: one count, or one for each mode (`--batch-jobs`)."""
+    batch_jobs = params.get("batch_jobs", params["jobs"])  # reports from before --batch-jobs have one
+    if batch_jobs == params["jobs"]:
+        return f"{params['jobs']:,} jobs"
+    return f"{params['jobs']:,} jobs one at a time, {batch_jobs:,} in batches"
+
+
 def titles(report: dict[str, Any]) -> dict[str, str]:
     p = report["params"]
     backend = report["aeroqueue_backend"]
-    batch_jobs = p.get("batch_jobs", p["jobs"])  # reports from before --batch-jobs
-    jobs = f"{p['jobs']:,} jobs" if batch_jobs == p["jobs"] else f"{p['jobs']:,} jobs one at a time, {batch_jobs:,} in batches"
+    jobs = jobs_text(p)
     return {
         "main": (
             f"Reserve one job + ack, then batches of {p['batch']}: {jobs}, {p['clients']} client processes. "
@@ -215,7 +222,7 @@ def titles(report: dict[str, Any]) -> dict[str, str]:
             + (f", all lists loaded first, then sampled in {p['rounds']} interleaved turns" if p.get("rounds", 1) > 1 else "")
             + f". aeroqueue backend: {backend}"
         ),
-        "clients": f"Throughput by client processes: {p['jobs']:,} jobs. aeroqueue backend: {backend}",
+        "clients": f"Throughput by client processes: {jobs}. aeroqueue backend: {backend}",
         "peers": "What each queue promises (claim, ack, durability) as it ran here",
     }
 
@@ -397,7 +404,7 @@ def draw_png(report: dict[str, Any], path: Path) -> None:
     ax.set_ylabel("jobs/s (log)")
     rounds = report["params"].get("rounds", 1)
     each = f", the median of {rounds} rounds" if rounds > 1 else ""
-    ax.set_title(f"{report['params']['jobs']:,} jobs, {report['params']['clients']} clients{each}")
+    ax.set_title(f"{jobs_text(report['params'])}, {report['params']['clients']} clients{each}")
     ax.legend()
 
     ax = axes[1]

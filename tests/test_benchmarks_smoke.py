@@ -275,6 +275,30 @@ def test_rounds_interleave_and_report_medians(tmp_path: Path) -> None:
     ]
 
 
+def test_batch_jobs_size_every_batch_run_and_only_those(tmp_path: Path) -> None:
+    """`--batch-jobs`: the batch runs load their own count, in the main run and in the
+    client-count run of `--scaling` alike; the one-at-a-time runs and the list sizes
+    keep theirs, and every title says which count is which."""
+    from benchmarks.report import titles
+
+    out = tmp_path / "report.json"
+    args = ["--jobs", "12", "--batch-jobs", "18", "--clients", "1", "--batch", "5", "--peers", "none",
+            "--scaling", "--scaling-sizes", "10,20", "--scaling-clients", "1,2", "--sample", "5",
+            "--json", str(out), "--quiet", "--timeout", "60", "--settle", "0"]
+    result = CliRunner().invoke(peers_command, args, env={"AEROQUEUE_URL": None})
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    report = json.loads(out.read_text())
+    runs = report["rows"] + report["scaling"]["clients"]
+    assert sorted((r["clients"], r["mode"], r["jobs"], r["acked"]) for r in runs) == [
+        (1, "batch 5", 18, 18), (1, "batch 5", 18, 18), (1, "single", 12, 12), (1, "single", 12, 12),
+        (2, "batch 5", 18, 18), (2, "single", 12, 12),
+    ]
+    assert sorted(r["jobs"] for r in report["scaling"]["list_size"]) == [10, 20]
+    names = titles(report)
+    assert "12 jobs one at a time, 18 in batches" in names["main"]
+    assert "12 jobs one at a time, 18 in batches" in names["clients"]
+
+
 def test_list_sizes_are_sampled_in_interleaved_turns(monkeypatch: pytest.MonkeyPatch) -> None:
     """`run_sizes`: every list loaded first, then sampled a share at a time, all lists
     in each turn; each row's figures span all its turns, and its jobs are audited
