@@ -21,6 +21,7 @@ and /proc counts in 10 ms ticks), and client CPU µs a record (this process).
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 import uuid
@@ -36,7 +37,7 @@ from rich.table import Table
 from aeroqueue import hotpath
 from aeroqueue.backends import Backend, open_backend
 
-from .harness import process_cpu_s
+from .harness import CLOCK_TICKS, process_cpu_s
 
 SET = "aq_bench_rec"
 WRITE_CHUNK = 1000  # records a batch call when writing and deleting them outside the measurement
@@ -88,12 +89,13 @@ VARIANTS = {
 
 
 def _prepare(backend: Backend, names: list[str]) -> None:
-    """Each name a job record as a load leaves it: queued, never attempted."""
+    """Each name a job record with the bins a load writes: queued, never attempted."""
     for lo in range(0, len(names), WRITE_CHUNK):
         part = names[lo:lo + WRITE_CHUNK]
         codes = backend.batch_operate(SET, [
-            (n, [op.write("jid", n), op.write("token", lo + i), op.write("payload", {"i": lo + i}),
-                 op.write("att", 0), op.write("state", "queued")])
+            (n, [op.write("list", "records-bench"), op.write("att", 0), op.write("max_att", 5),
+                 op.write("state", "queued"), op.write("jid", n), op.write("token", lo + i),
+                 op.write("payload", {"i": lo + i})])
             for i, n in enumerate(part)
         ])
         if any(codes):
@@ -101,17 +103,22 @@ def _prepare(backend: Backend, names: list[str]) -> None:
 
 
 def _delete(backend: Backend, names: list[str]) -> None:
+    """Delete the records (those never written included: a failed `_prepare`)."""
+    failed: set[int] = set()
     for lo in range(0, len(names), WRITE_CHUNK):
-        backend.batch_operate(SET, [(n, [op.delete()]) for n in names[lo:lo + WRITE_CHUNK]])
+        codes = backend.batch_operate(SET, [(n, [op.delete()]) for n in names[lo:lo + WRITE_CHUNK]])
+        failed.update(c for c in codes if c not in (0, 2))  # 2: not there
+    if failed:
+        raise click.ClickException(f"could not delete every record of set {SET}: codes {sorted(failed)}")
 
 
 def measure(backend: Backend, server_pid: int | None, variant: Variant, calls: int, batch: int) -> dict[str, Any]:
     """One variant on fresh records: CPU µs a record, server's and client's."""
     names = [f"rec-{uuid.uuid4().hex[:12]}-{i}" for i in range(calls * batch)]
-    _prepare(backend, names)
     client = server = 0.0
     refused = 0
     try:
+        _prepare(backend, names)
         for lo in range(0, len(names), batch):
             part = names[lo:lo + batch]
             s0, c0 = process_cpu_s(server_pid), time.process_time()
@@ -121,16 +128,19 @@ def measure(backend: Backend, server_pid: int | None, variant: Variant, calls: i
             if s0 is not None and s1 is not None:
                 server += s1 - s0
             refused += sum(1 for c in codes if c != 0)
-    finally:
-        _delete(backend, names)
+    except BaseException:
+        with contextlib.suppress(Exception):  # the first error is the one to report
+            _delete(backend, names)
+        raise
+    _delete(backend, names)
     if refused:
         # A refused write costs the server less than one admitted: the figure would mislead.
         raise click.ClickException(f"{variant.name}: {refused} of {len(names)} records refused or missing")
     return {
         "variant": variant.name,
         "records": len(names),
-        "server_us": round(server / len(names) * 1e6, 2) if server_pid is not None else None,
-        "client_us": round(client / len(names) * 1e6, 2),
+        "server_us": round(server / len(names) * 1e6, 1) if server_pid is not None else None,
+        "client_us": round(client / len(names) * 1e6, 1),
     }
 
 
@@ -171,7 +181,10 @@ def main(url: str, server_pid: int | None, calls: int, batch: int, rounds: int, 
                 console.print(f"round {round_no} {name}: server {row['server_us']} us, client {row['client_us']} us a record")
     finally:
         backend.close()
-    table = Table(title=f"CPU µs a record: {calls:,} calls of {batch} records a variant, {rounds} round(s), interleaved")
+    # /proc counts the server's CPU in ticks: one tick over the records of a variant.
+    tick_us = 1e6 / CLOCK_TICKS / (calls * batch)
+    table = Table(title=f"CPU µs a record: {calls:,} calls of {batch} records a variant, {rounds} round(s), "
+                  f"interleaved; the server's figures step by {tick_us:.2g} µs (one /proc tick)")
     for col in ("variant", "what", "server, each round", "client, each round", "server median", "client median"):
         table.add_column(col)
     for name in chosen:
@@ -179,8 +192,8 @@ def main(url: str, server_pid: int | None, calls: int, batch: int, rounds: int, 
         client = [r["client_us"] for r in rows[name]]
         table.add_row(
             name, VARIANTS[name].what,
-            ", ".join(f"{x:.2f}" for x in server) or "-", ", ".join(f"{x:.2f}" for x in client),
-            f"{statistics.median(server):.2f}" if server else "-", f"{statistics.median(client):.2f}",
+            ", ".join(f"{x:.1f}" for x in server) or "-", ", ".join(f"{x:.1f}" for x in client),
+            f"{statistics.median(server):.1f}" if server else "-", f"{statistics.median(client):.1f}",
         )
     Console(width=200).print(table)
 
