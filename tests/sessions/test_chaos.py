@@ -118,6 +118,37 @@ def session_record(backend, worker: Worker):
     return None
 
 
+def stop(w: Worker) -> bool:
+    """SIGSTOP the worker and wait until every thread of it has stopped (the signal
+    is delivered asynchronously). False if it exited meanwhile."""
+    w.proc.send_signal(signal.SIGSTOP)
+    give_up = time.monotonic() + 10
+    while True:
+        try:
+            states = [(t / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                      for t in Path(f"/proc/{w.proc.pid}/task").iterdir()]
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+        if w.proc.poll() is not None:
+            return False
+        if states and all(st in "Tt" for st in states):
+            return True
+        assert time.monotonic() < give_up, f"worker {w.proc.pid} not stopped: thread states {states}"
+        time.sleep(0.005)
+
+
+def write_locks(pid: int) -> list[str]:
+    """The file locks process `pid` holds for writing (/proc/locks): the embedded
+    store's write lock (flock on its lock file) and SQLite's own. Readers' shared
+    locks (SQLite keeps one on its -shm file all along) block no writer."""
+    held = []
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()  # "1: FLOCK ADVISORY WRITE pid ...", waiters "1: -> FLOCK ..."
+        if len(fields) > 4 and fields[1] != "->" and fields[3] == "WRITE" and fields[4] == str(pid):
+            held.append(line)
+    return held
+
+
 def reaped(backend, worker: Worker) -> bool:
     """Whether the worker's session is gone or being reaped."""
     rec = session_record(backend, worker)
@@ -180,13 +211,19 @@ def test_chaos_every_job_done_exactly_once(registered, big_list, tmp_path, spawn
             pick = [next((w for w in reversed(spared) if w.kind == kind), None) for kind in KINDS]
             if all(pick):
                 paused = [w for w in pick if w is not None]
-                for w in paused:
-                    w.proc.send_signal(signal.SIGSTOP)
-                paused_at = time.monotonic()
                 # The embedded store's write lock is held by the client process: one
-                # stopped mid-write stalls every writer (a real server holds its own
-                # locks). If nobody else progresses, continue them and stop them again
-                # at another moment. Against a real server this never triggers.
+                # stopped holding it stalls every writer (a real server holds its own
+                # locks). A stopped process's locks stay as they are: if either holds
+                # one for writing (or exited meanwhile), continue both and try again.
+                if not all([stop(w) for w in paused]) or any(write_locks(w.proc.pid) for w in paused):
+                    for w in paused:
+                        w.proc.send_signal(signal.SIGCONT)
+                    paused = []
+                    time.sleep(0.02)
+                    continue
+                paused_at = time.monotonic()
+                # Should anything else still stall the others, continue them and stop
+                # them again at another moment. Against a real server this never triggers.
                 time.sleep(0.3)
                 before = lists.status(list_name).done
                 time.sleep(1.0)
