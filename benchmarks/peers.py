@@ -75,6 +75,10 @@ class Options:
     beanstalkd_binlog: bool = True
     command: str = field(default_factory=lambda: masked(shlex.join(["python", "-m", "benchmarks.peers", *sys.argv[1:]])))
 
+    def jobs_for(self, batch: int) -> int:
+        """Jobs a run of this batch size loads: `batch_jobs` for the batch runs, if given."""
+        return self.jobs if batch == 1 else self.batch_jobs or self.jobs
+
 
 def masked(text: str) -> str:
     """Passwords out of URLs and DSNs (user:password@host), for anything printed or saved."""
@@ -153,7 +157,7 @@ def run_benchmark(options: Options, log: Callable[[str], None] = lambda _: None)
         # peer alike, and the medians over rounds say more than any one run.
         for round_no in range(1, options.rounds + 1):
             for batch in (1, options.batch):
-                jobs = options.jobs if batch == 1 else options.batch_jobs or options.jobs
+                jobs = options.jobs_for(batch)
                 these = [measure(peer, jobs=jobs, clients=options.clients, batch=batch) for peer in started]
                 these += skipped_rows(batch, options.clients, jobs)
                 for row in these:
@@ -171,9 +175,8 @@ def run_benchmark(options: Options, log: Callable[[str], None] = lambda _: None)
                     if clients == options.clients:  # measured above, same workload
                         by_clients += [r for r in rows if r.batch == batch and r.status != "skipped" and r.round == 1]
                         continue
-                    jobs = options.jobs if batch == 1 else options.batch_jobs or options.jobs
                     for peer in started:
-                        by_clients.append(measure(peer, jobs=jobs, clients=clients, batch=batch))
+                        by_clients.append(measure(peer, jobs=options.jobs_for(batch), clients=clients, batch=batch))
             by_clients += skipped_rows(1, 0, options.jobs)
             add_ratios(by_clients)
             by_size: list[RunRow] = []
@@ -206,7 +209,7 @@ def run_benchmark(options: Options, log: Callable[[str], None] = lambda _: None)
         "aeroqueue_revision": _revision_span(revision, rpt.aeroqueue_revision()),
         "params": {
             "jobs": options.jobs,
-            "batch_jobs": options.batch_jobs or options.jobs,
+            "batch_jobs": options.jobs_for(options.batch),
             "clients": options.clients,
             "batch": options.batch,
             "peers": list(options.peers),
