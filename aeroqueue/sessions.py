@@ -21,6 +21,8 @@
 - The sweeper (``aeroqueue sweep``, and rarely inside workers) catches what
   slipped through: jobs taken from the token store but never claimed, claims
   of sessions that no longer exist, and load ranges whose loader died.
+  Every worker sweeps, so sweeps overlap: a job is offered again only by the
+  sweep that wrote its record while it was as that sweep's scan read it.
 """
 
 from __future__ import annotations
@@ -37,9 +39,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from aerospike_helpers import expressions as xp
+from aerospike_helpers.operations import expression_operations as eo
 
 from . import hotpath, keys, transitions
-from .backends import Backend, retry_in_doubt
+from .backends import IN_DOUBT, Backend, retry_in_doubt
 from .errors import (
     BackendError,
     BackendTimeout,
@@ -502,20 +505,20 @@ def sweep(backend: Backend, *, grace_ms: int = 60_000, stop: Callable[[], bool] 
     # these heads, so it is never mistaken for one a dead reserver left behind.
     heads = {name: lists.header(name) for name in unfinished}
     heads_at = time.monotonic()
-    found: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
-    for i, (_, rec) in enumerate(backend.scan(keys.JOB_SET, expression=expression)):
+    found: dict[str, dict[str, list[_Found]]] = defaultdict(lambda: defaultdict(list))
+    for i, (name, rec) in enumerate(backend.scan(keys.JOB_SET, expression=expression)):
         if stop is not None and i % 256 == 0 and stop():
             return SweepReport(0, 0, 0, ranges)
-        found[rec.bins["state"]][rec.bins["list"]].append(rec.bins)
+        found[rec.bins["state"]][rec.bins["list"]].append(_Found(name, rec.gen, rec.bins))
 
     recounted = sum(
-        _recount(backend, list_name, bitmap, [j["token"] for j in jobs])
+        _recount(backend, list_name, bitmap, [j.bins["token"] for j in jobs])
         for bitmap in ("done", "dead")
         for list_name, jobs in found[bitmap].items()
     )
 
     # Claims whose session is gone (a reaper missed them, or a claim raced a reap).
-    holders = sorted({j.get("sess", "") for jobs in found["claimed"].values() for j in jobs})
+    holders = sorted({j.bins.get("sess", "") for jobs in found["claimed"].values() for j in jobs})
     alive = {sid for sid, rec in zip(holders, backend.batch_get(keys.SESS_SET, holders), strict=True) if rec is not None}
     orphans = sum(release_claims(backend, sid, refund=False, why="session vanished") for sid in holders if sid not in alive)
 
@@ -529,25 +532,59 @@ def sweep(backend: Backend, *, grace_ms: int = 60_000, stop: Callable[[], bool] 
         time.sleep(max(0.0, LEASE_SETTLE_S - (time.monotonic() - heads_at)))
         leased = leased_tokens(backend)
     for list_name, jobs in found["queued"].items():
-        jobs = [j for j in jobs if (list_name, j["token"]) not in leased]
+        jobs = [j for j in jobs if (list_name, j.bins["token"]) not in leased]
         head = heads[list_name]
         waiting = set(head.get("retry") or [])
         if head["mode"] == "ids":
             waiting.update(lists.unpopped_ids(list_name, head))
-            lost = [j["token"] for j in jobs if j["token"] not in waiting and j["token"] < head["tail"]]
+            lost = [j for j in jobs if j.bins["token"] not in waiting and j.bins["token"] < head["tail"]]
         else:
-            lost = [j["token"] for j in jobs if j["token"] < head["head"] and j["token"] not in waiting]
-        if lost:
-            requeued += push_retry(backend, list_name, lost)
+            lost = [j for j in jobs if j.bins["token"] < head["head"] and j.bins["token"] not in waiting]
+        requeued += push_retry(backend, list_name, _fence(backend, lost))
     # Delayed jobs long past their time: the schedule was full, or a process died
     # between a failure and its follow-up. The claim checks `due` by the server's
     # clock, so one offered a little early is put back on the schedule, not run.
     overdue_before = time.time() * 1000 - grace_ms
     for list_name, jobs in found["delayed"].items():
-        late = [j["token"] for j in jobs if j.get("due", 0) < overdue_before]
-        if late:
-            requeued += push_retry(backend, list_name, late)
+        late = [j for j in jobs if j.bins.get("due", 0) < overdue_before]
+        requeued += push_retry(backend, list_name, _fence(backend, late))
     return SweepReport(requeued, orphans, recounted, ranges)
+
+
+@dataclass(frozen=True)
+class _Found:
+    """A job record as the sweep's scan read it."""
+
+    name: str
+    gen: int
+    bins: dict[str, Any]
+
+
+# The fence's write: when a sweeper last offered the job again (server ms).
+_SWEPT = [eo.expression_write("swept", hotpath.SERVER_NOW_COMPILED)]
+FENCE_BATCH = 5000  # job records fenced a batch call
+
+
+def _fence(backend: Backend, jobs: list[_Found]) -> list[int]:
+    """The tokens of `jobs` this sweep may offer again: those whose record it wrote
+    while still as its scan read it (same generation). Every worker sweeps, and two
+    sweeps that scan at the same moment find the same lost jobs. Pushed by both, each
+    job's claim would refuse the second copy on a consistent store, but while a node
+    rejoins two masters may each admit one claim (test_failover saw a job run and
+    acknowledged twice that way). A fence write refused or in doubt offers nothing:
+    the job, if still lost, is found by a later sweep (by its new generation if the
+    write landed). At most what the retry store takes is fenced; the rest waits too."""
+    jobs = jobs[:transitions.RETRY_CAP]
+    tokens: list[int] = []
+    for at in range(0, len(jobs), FENCE_BATCH):
+        batch = jobs[at:at + FENCE_BATCH]
+        try:
+            codes = backend.batch_if_unchanged(keys.JOB_SET, [(j.name, j.gen) for j in batch], _SWEPT)
+        except IN_DOUBT:
+            log.warning("sweep: the fence on %d lost jobs stayed in doubt; a later sweep offers them", len(batch))
+            continue
+        tokens += [j.bins["token"] for j, code in zip(batch, codes, strict=True) if code == 0]
+    return tokens
 
 
 def _bits(backend: Backend, list_name: str, bitmap: str, tokens: list[int]) -> set[int]:

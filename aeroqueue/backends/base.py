@@ -35,6 +35,7 @@ DEFAULT_MAX_RECORD_SIZE = 1024 * 1024  # Aerospike's default max-record-size (1 
 # One policy object shared by a batch's update-only writes: the client reads it, and a
 # dict per record cost more than the record's share of the call.
 _UPDATE_ONLY = {"exists": aerospike.POLICY_EXISTS_UPDATE}
+_UNCHANGED = {"exists": aerospike.POLICY_EXISTS_UPDATE, "gen": aerospike.POLICY_GEN_EQ}
 # The client's default total timeout of one command (write, apply, batch), ms.
 CLIENT_TIMEOUT_MS = 1000
 # Allowance for the clocks of client and server disagreeing (NTP keeps them within
@@ -496,6 +497,21 @@ class Backend:
         self.round_trips += 1
         try:
             out = self.client.batch_write(batch, {"expressions": expression} if expression is not None else None)
+        except aex.AerospikeError as e:
+            raise wrap(e, "batch_write", f"{set_name}/[{len(items)} keys]") from e
+        return [br.result for br in out.batch_records]
+
+    def batch_if_unchanged(self, set_name: str, items: list[tuple[str, int]], ops: list[dict]) -> list[int]:
+        """The same operations on existing records (name, generation), each only while
+        still at the generation given: a compare-and-set per record, in one round trip.
+        Each record's code (0: written; 3: written by someone else since; 2: missing)."""
+        if not items:
+            return []
+        ns = self.namespace
+        batch = BatchRecords([Write((ns, set_name, n), ops, meta={"gen": gen}, policy=_UNCHANGED) for n, gen in items])
+        self.round_trips += 1
+        try:
+            out = self.client.batch_write(batch)
         except aex.AerospikeError as e:
             raise wrap(e, "batch_write", f"{set_name}/[{len(items)} keys]") from e
         return [br.result for br in out.batch_records]

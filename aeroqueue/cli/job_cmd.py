@@ -16,7 +16,7 @@ from .context import JSON_OPT, LIST_ARG, Context, option
 JOB_ID_ARG = click.argument("job_id", metavar="ID")
 # What `job show` prints of a record, in this order (JSON keys; the table says them in words).
 SHOWN = ("id", "state", "attempts", "max_attempts", "session", "time_limit_s", "claimed_at", "deadline", "due",
-         "done_at", "by", "token", "payload", "result", "errors")
+         "swept_at", "done_at", "by", "token", "payload", "result", "errors")
 
 
 def _when(ms: int | None) -> str | None:
@@ -40,6 +40,8 @@ def job_view(bins: dict[str, Any]) -> dict[str, Any]:
         "claimed_at": _when(bins.get("claimed")),
         "deadline": _when(bins.get("dl")) if claimed else None,
         "due": _when(bins.get("due")) if state == "delayed" else None,
+        # When a sweeper last offered it again: its reserver died, or its schedule slipped.
+        "swept_at": _when(bins.get("swept")),
         "done_at": _when(bins.get("done_at")),
         "by": bins.get("by"),
         "token": bins.get("token"),

@@ -37,6 +37,24 @@ def test_generation_check_refuses_a_stale_write(client, ns, set_name):
     assert (meta["gen"], bins) == (2, {"a": 2})
 
 
+def test_a_batch_write_checks_each_records_own_generation(client, ns, set_name):
+    """A compare-and-set per record in one batch (Backend.batch_if_unchanged, the
+    sweeper's fence): a record still at the generation given is written (0), one
+    written since is refused (3) and left alone, a missing one is not created (2)."""
+    keys = [(ns, set_name, f"cas{i}") for i in range(3)]
+    for key in keys[:2]:
+        client.put(key, {"state": "queued"})
+    client.put(keys[1], {"state": "claimed"})  # generation 2: moved on since "the scan"
+    policy = {"exists": aerospike.POLICY_EXISTS_UPDATE, **GEN_EQ}
+    batch = BatchRecords([Write(key, [op.write("x", 1)], meta={"gen": 1}, policy=policy) for key in keys])
+    out = client.batch_write(batch)
+    assert [r.result for r in out.batch_records] == [0, 3, 2]
+    assert [client.get(k)[1]["gen"] for k in keys[:2]] == [2, 2]
+    assert [client.get(k)[2] for k in keys[:2]] == [{"state": "queued", "x": 1}, {"state": "claimed"}]
+    with pytest.raises(ex.RecordNotFound):
+        client.get(keys[2])
+
+
 def test_create_only_put_refuses_an_existing_record(client, ns, set_name):
     key = (ns, set_name, "c")
     create = {"exists": aerospike.POLICY_EXISTS_CREATE}

@@ -7,16 +7,26 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import datetime
 from typing import Any
 
 import pytest
 
-from aeroqueue import errors, hotpath, keys, udfs
+from aeroqueue import errors, hotpath, keys, sessions, udfs
 from aeroqueue.backends import Backend, open_backend
+from aeroqueue.cli.job_cmd import job_view
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Job, Queue
-from aeroqueue.sessions import CLOCK_MARGIN_MS, LEASE_SETTLE_S, Session, claim_leases, reap, sweep
+from aeroqueue.sessions import (
+    CLOCK_MARGIN_MS,
+    LEASE_SETTLE_S,
+    Session,
+    SweepReport,
+    claim_leases,
+    reap,
+    sweep,
+)
 from aeroqueue.transitions import push_retry
 
 
@@ -282,6 +292,52 @@ def test_the_sweeper_leaves_leased_jobs_alone(
     assert queue.complete_many(jobs) == []
 
 
+@pytest.mark.parametrize("kind", ["taken", "delayed"])
+def test_two_sweepers_at_once_offer_a_job_once(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session,
+    monkeypatch: pytest.MonkeyPatch, kind: str,
+) -> None:
+    """Two sweepers that scan at the same moment find the same jobs (taken by a
+    reserver that died, or delayed past their time): one offers them again, the other
+    finds them changed since its scan. A token pushed twice is claimed once on one
+    consistent master, but while a node rejoins two masters may each admit a claim
+    (test_failover saw one job run and acknowledged twice that way). The second sweep
+    runs inside the first, between its scan and its push."""
+    load(lists, list_name, 5, backoff_s=0.01, seal=True)
+    if kind == "taken":
+        out = registered.udf(keys.LIST_SET, list_name, keys.LIST_MOD, "take", 3)
+        assert (out["start"], out["n"]) == (0, 3)
+    else:
+        assert [queue.fail(job, "boom") for job in queue.reserve(list_name, session, 3)] == ["delayed"] * 3
+        time.sleep(0.1)  # past due
+    inner: list[SweepReport] = []
+    leased_tokens = sessions.leased_tokens
+
+    def leased_then_another_sweep(backend: Backend) -> set[tuple[str, int]]:
+        if not inner:
+            inner.append(SweepReport(0, 0, 0, 0))  # first: the inner sweep calls this too
+            inner[0] = sweep(registered, grace_ms=0)
+        return leased_tokens(backend)
+
+    monkeypatch.setattr(sessions, "leased_tokens", leased_then_another_sweep)
+    sweep(registered, grace_ms=0)  # (on a shared server it also sweeps other tests' lists)
+    assert inner and inner[0].requeued >= 3, "the inner sweep offered them"
+    assert sorted(lists.header(list_name).get("retry") or []) == [0, 1, 2], "each job offered once"
+    for token in range(3):
+        rec = registered.get(keys.JOB_SET, keys.job_name(list_name, token))
+        assert rec is not None, token
+        swept = datetime.fromisoformat(job_view(rec.bins)["swept_at"])  # as `aeroqueue job show` says it
+        assert abs(swept.timestamp() - time.time()) < 30, f"token {token}: the fence's write, by the server's clock"
+
+    with Session.open(registered, heartbeat=False) as other:
+        jobs = queue.reserve(list_name, session, 5, lease=True) + queue.reserve(list_name, other, 5, lease=True)
+        assert sorted(j.token for j in jobs) == [0, 1, 2, 3, 4]
+        assert queue.complete_many(jobs) == []
+    queue.flush()
+    st = lists.status(list_name)
+    assert (st.done, st.complete) == (5, True)
+
+
 def test_closing_gives_leased_jobs_back_with_their_attempt(
     registered: Backend, queue: Queue, lists: JobLists, list_name: str
 ) -> None:
@@ -456,6 +512,28 @@ def test_a_lease_ack_that_did_not_land_is_sent_again_not_reported_lost(faulty: B
         assert faulty.client.faults.fired == 2
     queue.flush()
     assert lists.status("L").done == 5
+
+
+def test_a_sweep_whose_fence_is_in_doubt_offers_nothing_and_the_next_one_does(faulty: Backend) -> None:
+    """The fence write lands but its answer is lost: this sweep cannot tell its write
+    from another sweep's, so it offers nothing; the next sweep reads the job as it is
+    now and offers it."""
+    lists, queue = JobLists(faulty), Queue(faulty)
+    load(lists, "L", 3, seal=True)
+    assert faulty.udf(keys.LIST_SET, "L", keys.LIST_MOD, "take", 2)["n"] == 2  # and the reserver died
+    faulty.client.faults.add(op="batch_write", error="TimeoutError", when="after", times=-1)
+    assert sweep(faulty, grace_ms=0).requeued == 0
+    assert faulty.client.faults.fired == 2 and not lists.header("L").get("retry")
+    for token in (0, 1):
+        rec = faulty.get(keys.JOB_SET, keys.job_name("L", token))
+        assert rec is not None and rec.bins.get("swept"), f"token {token}: the write landed"
+    faulty.client.faults.clear()
+    assert sweep(faulty, grace_ms=0).requeued == 2
+    assert sorted(lists.header("L")["retry"]) == [0, 1]
+    with Session.open(faulty, heartbeat=False) as s:
+        assert queue.complete_many(queue.reserve("L", s, 5, lease=True)) == []
+    queue.flush()
+    assert lists.status("L").done == 3
 
 
 def test_claiming_a_leased_job_retries_a_busy_record(faulty: Backend) -> None:
