@@ -320,6 +320,7 @@ def test_two_sweepers_at_once_offer_a_job_once(
         return leased_tokens(backend)
 
     monkeypatch.setattr(sessions, "leased_tokens", leased_then_another_sweep)
+    monkeypatch.setattr(sessions, "LEASE_SETTLE_S", 0.1)  # no lease is being recorded here
     sweep(registered, grace_ms=0)  # (on a shared server it also sweeps other tests' lists)
     assert inner and inner[0].requeued >= 3, "the inner sweep offered them"
     assert sorted(lists.header(list_name).get("retry") or []) == [0, 1, 2], "each job offered once"
@@ -514,10 +515,13 @@ def test_a_lease_ack_that_did_not_land_is_sent_again_not_reported_lost(faulty: B
     assert lists.status("L").done == 5
 
 
-def test_a_sweep_whose_fence_is_in_doubt_offers_nothing_and_the_next_one_does(faulty: Backend) -> None:
+def test_a_sweep_whose_fence_is_in_doubt_offers_nothing_and_the_next_one_does(
+    faulty: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The fence write lands but its answer is lost: this sweep cannot tell its write
     from another sweep's, so it offers nothing; the next sweep reads the job as it is
     now and offers it."""
+    monkeypatch.setattr(sessions, "LEASE_SETTLE_S", 0.1)  # no lease is being recorded here
     lists, queue = JobLists(faulty), Queue(faulty)
     load(lists, "L", 3, seal=True)
     assert faulty.udf(keys.LIST_SET, "L", keys.LIST_MOD, "take", 2)["n"] == 2  # and the reserver died
