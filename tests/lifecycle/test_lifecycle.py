@@ -15,20 +15,11 @@ from aeroqueue.cli import main
 from aeroqueue.loading import JobSpec
 from aeroqueue.sessions import reap, sweep
 from aeroqueue.transitions import backoff_ms
+from tests.waiting import wait_for
 
 
 def specs(n: int, start: int = 0, run_at: float | None = None) -> list[JobSpec]:
     return [JobSpec(f"job-{i}", {"n": i}, None, run_at) for i in range(start, start + n)]
-
-
-def wait_for(pred, timeout: float = 10.0, step: float = 0.05):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = pred()
-        if got:
-            return got
-        time.sleep(step)
-    return pred()
 
 
 @pytest.fixture
@@ -186,7 +177,7 @@ def test_snooze_gives_the_attempt_back(queue, lists, list_name, session):
     assert queue.reserve(list_name, session, 1) == []
     job = lists.find_job(list_name, "job-0")
     assert job["state"] == "delayed" and job["att"] == 0 and not job.get("errs")
-    (b,) = wait_for(lambda: queue.reserve(list_name, session, 1), 5)
+    (b,) = wait_for("the snoozed job due", lambda: queue.reserve(list_name, session, 1), 5)
     assert b.attempt == 1  # max_attempts 1, and still not dead: a snooze is no failure
     queue.complete(b)
 
@@ -213,7 +204,7 @@ def test_a_delayed_load_is_held_back_then_served_in_order(queue, lists, list_nam
     assert [j.jid for j in first] == ["job-3", "job-4"]
     assert queue.reserve(list_name, session, 5) == []
     assert lists.status(list_name).delayed == 3
-    later = wait_for(lambda: queue.reserve(list_name, session, 5), 5)
+    later = wait_for("the delayed jobs due", lambda: queue.reserve(list_name, session, 5), 5)
     assert sorted(j.jid for j in later) == ["job-0", "job-1", "job-2"]
     for j in first + later:
         queue.complete(j)
@@ -237,7 +228,7 @@ def test_run_at_per_job(queue, lists, list_name, session):
     assert (st.delayed, st.reservable) == (1, 2)
     first = queue.reserve(list_name, session, 5)
     assert sorted(j.jid for j in first) == ["now", "past"]
-    (later,) = wait_for(lambda: queue.reserve(list_name, session, 5), 5)
+    (later,) = wait_for("the later job due", lambda: queue.reserve(list_name, session, 5), 5)
     assert later.jid == "later" and time.time() >= soon - 0.2  # clocks of one machine
 
 
@@ -249,7 +240,7 @@ def test_a_delayed_job_reached_early_is_refused_and_rescheduled(queue, lists, li
     backend.udf(keys.LIST_SET, list_name, keys.LIST_MOD, "push_retry", [0], 100)
     assert queue.reserve(list_name, session, 1) == []
     assert lists.find_job(list_name, "job-0")["state"] == "delayed"
-    (j,) = wait_for(lambda: queue.reserve(list_name, session, 1), 5)
+    (j,) = wait_for("the job due", lambda: queue.reserve(list_name, session, 1), 5)
     assert j.jid == "job-0"
 
 

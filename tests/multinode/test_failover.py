@@ -40,6 +40,7 @@ import pytest
 
 from aeroqueue.backends.base import CLIENT_TIMEOUT_MS, CLOCK_MARGIN_MS
 from tests.cluster import Cluster
+from tests.waiting import wait_for
 
 from .conftest import agent, aq, in_namespace
 
@@ -110,13 +111,6 @@ def probes(tmp_path: Path, n: int) -> Path:
 
 def done_count(log: Path) -> int:
     return log.read_text().count('"job_done"')
-
-
-def wait_for(what: str, check: Any, timeout_s: float) -> None:
-    give_up = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < give_up, f"{what}: not within {timeout_s:.0f}s"
-        time.sleep(0.1)
 
 
 def complete(cluster: Cluster, list_name: str) -> bool:

@@ -10,6 +10,7 @@ from collections import Counter
 from aeroqueue.loading import JobSpec
 from aeroqueue.observe import WorkerObserver
 from aeroqueue.worker import EXIT_OK, Worker
+from tests.waiting import wait_for
 
 
 class Recorder(WorkerObserver):
@@ -33,13 +34,6 @@ def start(w: Worker) -> threading.Thread:
     t = threading.Thread(target=lambda: setattr(w, "code", w.run(install_signals=False)), daemon=True)
     t.start()
     return t
-
-
-def wait_for(cond, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def jobs(prefix: str, n: int) -> list[JobSpec]:
@@ -75,7 +69,7 @@ def test_a_paused_list_is_skipped_without_spinning_and_taken_up_when_resumed(reg
     began = time.monotonic()
     t = start(w)
     try:
-        wait_for(lambda: lists.status(bulk).done == 30)
+        wait_for("the bulk list done", lambda: lists.status(bulk).done == 30)
         st = lists.status(urgent)
         assert (st.done, st.reservable) == (0, 20), "nothing taken from a paused list"
         # bulk took ~0.5 s or more; a paused list is polled at most once per backoff
@@ -118,9 +112,9 @@ def test_a_pattern_follows_a_list_loaded_after_the_worker_started(registered, li
         time.sleep(0.6)
         assert t.is_alive(), "--until-complete waits while a pattern matches no list"
         lists.load(a, jobs("a", 10))  # not sealed: the worker cannot be done yet
-        wait_for(lambda: lists.status(a).done == 10)
+        wait_for(f"{a} done", lambda: lists.status(a).done == 10)
         lists.load(b, jobs("b", 10), seal=True)
-        wait_for(lambda: lists.status(b).done == 10)
+        wait_for(f"{b} done", lambda: lists.status(b).done == 10)
         assert t.is_alive(), f"{a} is not sealed, so not complete"
         lists.seal(a)
         t.join(30)

@@ -11,26 +11,17 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 from tests.conftest import port_open
+from tests.waiting import wait_for
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def wait_for(check, timeout: float, what: str) -> None:
-    give_up = time.monotonic() + timeout
-    while time.monotonic() < give_up:
-        if check():
-            return
-        time.sleep(0.2)
-    raise TimeoutError(f"{what} within {timeout:.0f}s")
 
 
 class OwnMariaDB:
@@ -62,7 +53,7 @@ class OwnMariaDB:
              "--skip-grant-tables", "--innodb-buffer-pool-size=32M", "--skip-log-bin", *self.extra_args],
             stdout=log, stderr=log,
         )
-        wait_for(lambda: port_open("127.0.0.1", self.port), 60, f"mariadbd on port {self.port} did not listen")
+        wait_for(f"mariadbd listening on port {self.port}", lambda: port_open("127.0.0.1", self.port), 60, step_s=0.2)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -107,7 +98,7 @@ class SparkCluster:
     def start(self) -> None:
         self._start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
                     "--port", str(self.MASTER_PORT), "--webui-port", str(self.ui_port))
-        wait_for(lambda: port_open("127.0.0.1", self.MASTER_PORT), 90, "the Spark master did not listen")
+        wait_for("the Spark master listening", lambda: port_open("127.0.0.1", self.MASTER_PORT), 90, step_s=0.2)
         self.worker = self._start(
             "worker", "org.apache.spark.deploy.worker.Worker", self.url, "--host", "127.0.0.1",
             "--cores", str(self.cores), "--memory", "1g", "--webui-port", str(free_port()),
@@ -120,7 +111,7 @@ class SparkCluster:
             except OSError:
                 return False
 
-        wait_for(worker_alive, 90, "the Spark worker did not register")
+        wait_for("the Spark worker registered", worker_alive, 90, step_s=0.2)
 
     def executors(self) -> list[int]:
         """Pids of the executor JVMs our worker launched (its child processes)."""

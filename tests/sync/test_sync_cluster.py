@@ -17,9 +17,10 @@ import pytest
 from aeroqueue import udfs
 from aeroqueue.backends import open_backend
 from tests.conftest import port_open, require
+from tests.waiting import wait_for
 
 from .helpers import assert_exactly_once, make_jobs, processed, synced_marks
-from .servers import SparkCluster, spark_home, wait_for
+from .servers import SparkCluster, spark_home
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -87,7 +88,7 @@ def test_an_executor_killed_mid_task(real_store, real_url, cluster, list_name, m
     driver = subprocess.Popen([sys.executable, str(HERE / "run_driver.py"), json.dumps(args)], env=_env(),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        wait_for(lambda: any(tmp_path.glob("paused-*")), 180, "no task paused after its commit")
+        wait_for("a task paused after its commit", lambda: any(tmp_path.glob("paused-*")), 180, step_s=0.2)
         victims = cluster.executors()
         assert victims, "the executor JVM of the run"
         for pid in victims:

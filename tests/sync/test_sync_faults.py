@@ -21,6 +21,7 @@ from aeroqueue.backends import open_backend
 from aeroqueue.errors import SyncError
 from aeroqueue.sync import SyncFaults, sync_once
 from tests.conftest import require
+from tests.waiting import wait_for
 
 from .helpers import (
     assert_exactly_once,
@@ -31,7 +32,7 @@ from .helpers import (
     root_connection,
     synced_marks,
 )
-from .servers import OwnMariaDB, wait_for
+from .servers import OwnMariaDB
 
 HERE = Path(__file__).resolve().parent
 
@@ -74,7 +75,7 @@ def test_mysql_stopped_mid_run_then_restarted(store, store_url, list_name, spark
 
     t = threading.Thread(target=run)
     t.start()
-    wait_for(lambda: any(tmp_path.glob("paused-*")), 120, "no task paused after its commits")
+    wait_for("a task paused after its commits", lambda: any(tmp_path.glob("paused-*")), 120, step_s=0.2)
     own_mariadb.stop()  # MySQL goes away between two batches
     (tmp_path / "go").touch()
     t.join(240)
@@ -114,7 +115,7 @@ def test_the_driver_killed_between_commit_and_mark(real_store, real_url, list_na
                                   env={**os.environ, "PYSPARK_PYTHON": sys.executable}, start_new_session=True,
                                   stdout=subprocess.DEVNULL, stderr=err)
     try:
-        wait_for(lambda: any(tmp_path.glob("paused-*")), 180, "no task paused after its commit")
+        wait_for("a task paused after its commit", lambda: any(tmp_path.glob("paused-*")), 180, step_s=0.2)
     finally:
         os.killpg(driver.pid, signal.SIGKILL)  # the driver, its JVM and its Python workers
         driver.wait()
