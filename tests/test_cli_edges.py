@@ -217,6 +217,23 @@ def test_ack_refusals_name_the_job_id_and_say_why(ready_url, list_name):
     assert "no job list named" in one_error_line(cli("fail", "no-such-list", "0", "--session", "s", "--error", "e", url=ready_url), 1)
 
 
+
+@pytest.mark.parametrize(("opts", "outcome", "says"), [
+    ({"backoff_s": 0}, "retry", "will be retried"),
+    ({}, "delayed", "will be retried after the list's backoff"),  # the default backoff: 1 s
+    ({"max_attempts": 1}, "dead", "is dead"),
+])
+def test_fail_says_what_becomes_of_the_job(ready_url, list_name, opts, outcome, says):
+    backend = open_backend(ready_url)
+    JobLists(backend).load(list_name, [JobSpec("f0", {}), JobSpec("f1", {})], **opts)
+    with Session.open(backend) as holder:
+        j0, j1 = Queue(backend).reserve(list_name, holder, 2)
+        text = cli("fail", list_name, str(j0.token), "--session", holder.id, "--error", "e", url=ready_url)
+        assert text.exit_code == 0, text.output
+        assert text.stdout == f"{list_name}/{j0.token} (id 'f0') {says}\n"
+        as_json = cli("fail", list_name, str(j1.token), "--session", holder.id, "--error", "e", "--json", url=ready_url)
+        assert json.loads(as_json.stdout)["outcome"] == outcome
+
 def test_complete_and_fail_act_on_a_job_the_session_holds_by_a_lease(ready_url, list_name):
     """A worker's batches are leased, not claimed: `complete --session` and `fail
     --session` find the lease on the session record and acknowledge through it, once."""

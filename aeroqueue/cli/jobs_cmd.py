@@ -218,6 +218,10 @@ def complete(obj: Context, list_name: str, token: int, session: str, result: str
     click.echo(_ack_json(job, "done") if as_json else f"{list_name}/{token} (id {job.jid!r}) done")
 
 
+# What `fail` says of each outcome of Queue.fail.
+_FAILED = {"retry": "will be retried", "delayed": "will be retried after the list's backoff", "dead": "is dead"}
+
+
 @click.command()
 @LIST_ARG
 @click.argument("token", type=click.IntRange(0))
@@ -226,9 +230,10 @@ def complete(obj: Context, list_name: str, token: int, session: str, result: str
 @JSON_OPT
 @click.pass_obj
 def fail(obj: Context, list_name: str, token: int, session: str, error_text: str, as_json: bool) -> None:
-    """Record a failure of job TOKEN: retried while attempts remain, else dead.
+    """Record a failure of job TOKEN: retried while attempts remain (after the list's
+    backoff, if it has one), else dead.
 
-    --json prints {"list", "token", "id", "session", "outcome": "retry" | "dead"}.
+    --json prints {"list", "token", "id", "session", "outcome": "retry" | "delayed" | "dead"}.
     """
     backend = obj.backend()
     job = _held_job(backend, list_name, token, session)
@@ -239,4 +244,4 @@ def fail(obj: Context, list_name: str, token: int, session: str, error_text: str
     if as_json:
         click.echo(_ack_json(job, outcome))
     else:
-        click.echo(f"{list_name}/{token} (id {job.jid!r}) {'will be retried' if outcome == 'retry' else 'is dead'}")
+        click.echo(f"{list_name}/{token} (id {job.jid!r}) {_FAILED[outcome]}")
