@@ -540,14 +540,14 @@ def sweep(backend: Backend, *, grace_ms: int = 60_000, stop: Callable[[], bool] 
             lost = [j for j in jobs if j.bins["token"] not in waiting and j.bins["token"] < head["tail"]]
         else:
             lost = [j for j in jobs if j.bins["token"] < head["head"] and j.bins["token"] not in waiting]
-        requeued += push_retry(backend, list_name, _fence(backend, lost))
+        requeued += push_retry(backend, list_name, _fence(backend, lost, _room(head)))
     # Delayed jobs long past their time: the schedule was full, or a process died
     # between a failure and its follow-up. The claim checks `due` by the server's
     # clock, so one offered a little early is put back on the schedule, not run.
     overdue_before = time.time() * 1000 - grace_ms
     for list_name, jobs in found["delayed"].items():
         late = [j for j in jobs if j.bins.get("due", 0) < overdue_before]
-        requeued += push_retry(backend, list_name, _fence(backend, late))
+        requeued += push_retry(backend, list_name, _fence(backend, late, _room(heads[list_name])))
     return SweepReport(requeued, orphans, recounted, ranges)
 
 
@@ -565,16 +565,23 @@ _SWEPT = [eo.expression_write("swept", hotpath.SERVER_NOW_COMPILED)]
 FENCE_BATCH = 5000  # job records fenced a batch call
 
 
-def _fence(backend: Backend, jobs: list[_Found]) -> list[int]:
-    """The tokens of `jobs` this sweep may offer again: those whose record it wrote
-    while still as its scan read it (same generation). Every worker sweeps, and two
-    sweeps that scan at the same moment find the same lost jobs. Pushed by both, each
-    job's claim would refuse the second copy on a consistent store, but while a node
-    rejoins two masters may each admit one claim (test_failover saw a job run and
-    acknowledged twice that way). A fence write refused or in doubt offers nothing:
-    the job, if still lost, is found by a later sweep (by its new generation if the
-    write landed). At most what the retry store takes is fenced; the rest waits too."""
-    jobs = jobs[:transitions.RETRY_CAP]
+def _room(head: dict[str, Any]) -> int:
+    """How many tokens a list's retry store took more, as the sweep read its head."""
+    return max(0, transitions.RETRY_CAP - len(head.get("retry") or []))
+
+
+def _fence(backend: Backend, jobs: list[_Found], room: int) -> list[int]:
+    """The tokens of at most `room` of `jobs` this sweep may offer again: those whose
+    record it wrote while still as its scan read it (same generation). Every worker
+    sweeps, and two sweeps that scan at the same moment find the same lost jobs.
+    Pushed by both, each job's claim refuses the second copy on a consistent store,
+    but while a node rejoins two masters may each admit one claim (test_failover saw
+    a job run and acknowledged twice that way): the fence narrows that, not closes it.
+
+    A fence write refused, in doubt or failed offers nothing. Its job, if still lost,
+    is offered by a later sweep: one grace period later if the write landed, since it
+    is a write (the sweep looks at jobs untouched for the grace period)."""
+    jobs = jobs[:room]
     tokens: list[int] = []
     for at in range(0, len(jobs), FENCE_BATCH):
         batch = jobs[at:at + FENCE_BATCH]
@@ -584,6 +591,11 @@ def _fence(backend: Backend, jobs: list[_Found]) -> list[int]:
             log.warning("sweep: the fence on %d lost jobs stayed in doubt; a later sweep offers them", len(batch))
             continue
         tokens += [j.bins["token"] for j, code in zip(batch, codes, strict=True) if code == 0]
+        # 3: changed since the scan (another sweep, a claim); 2: gone (a drop).
+        failed = sorted({code for code in codes if code not in (0, 2, 3)})
+        if failed:
+            log.warning("sweep: the fence failed on %d lost jobs (codes %s); a later sweep offers them",
+                        sum(code in failed for code in codes), failed)
     return tokens
 
 

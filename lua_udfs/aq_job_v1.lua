@@ -32,6 +32,8 @@
 --   err      string    the last failure
 --   errs     list      the last 10 failures, oldest first: map{at, err}
 --   synced   integer   server ms when the sync copied it to MySQL (absent: not yet)
+--   swept    integer   server ms when a sweeper last offered it again, written
+--                      natively (aeroqueue/sessions.py, `_fence`) under a generation check
 --
 -- States (README, "The life of a job"): queued -> claimed -> done;
 -- claimed -> queued | delayed (fail or time limit with attempts left: delayed

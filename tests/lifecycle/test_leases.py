@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from aeroqueue import errors, hotpath, keys, sessions, udfs
+from aeroqueue import errors, hotpath, keys, sessions, transitions, udfs
 from aeroqueue.backends import Backend, open_backend
 from aeroqueue.cli.job_cmd import job_view
 from aeroqueue.lists import JobLists
@@ -309,7 +309,7 @@ def test_two_sweepers_at_once_offer_a_job_once(
         assert (out["start"], out["n"]) == (0, 3)
     else:
         assert [queue.fail(job, "boom") for job in queue.reserve(list_name, session, 3)] == ["delayed"] * 3
-        time.sleep(0.1)  # past due
+        time.sleep(0.3)  # past due
     inner: list[SweepReport] = []
     leased_tokens = sessions.leased_tokens
 
@@ -320,7 +320,8 @@ def test_two_sweepers_at_once_offer_a_job_once(
         return leased_tokens(backend)
 
     monkeypatch.setattr(sessions, "leased_tokens", leased_then_another_sweep)
-    monkeypatch.setattr(sessions, "LEASE_SETTLE_S", 0.1)  # no lease is being recorded here
+    if registered.is_embedded:  # this test's own store: no lease is being recorded in it
+        monkeypatch.setattr(sessions, "LEASE_SETTLE_S", 0.1)
     sweep(registered, grace_ms=0)  # (on a shared server it also sweeps other tests' lists)
     assert inner and inner[0].requeued >= 3, "the inner sweep offered them"
     assert sorted(lists.header(list_name).get("retry") or []) == [0, 1, 2], "each job offered once"
@@ -515,23 +516,36 @@ def test_a_lease_ack_that_did_not_land_is_sent_again_not_reported_lost(faulty: B
     assert lists.status("L").done == 5
 
 
-def test_a_sweep_whose_fence_is_in_doubt_offers_nothing_and_the_next_one_does(
-    faulty: Backend, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("lost", ["each record's answer", "the whole call's answer"])
+def test_a_sweep_whose_fence_is_in_doubt_offers_nothing_and_a_later_one_does(
+    faulty: Backend, monkeypatch: pytest.MonkeyPatch, lost: str
 ) -> None:
     """The fence write lands but its answer is lost: this sweep cannot tell its write
-    from another sweep's, so it offers nothing; the next sweep reads the job as it is
-    now and offers it."""
-    monkeypatch.setattr(sessions, "LEASE_SETTLE_S", 0.1)  # no lease is being recorded here
+    from another sweep's, so it offers nothing; a later sweep (here at once: grace 0)
+    reads the job as it is now and offers it."""
+    monkeypatch.setattr(sessions, "LEASE_SETTLE_S", 0.1)  # this test's own store: no lease is being recorded
     lists, queue = JobLists(faulty), Queue(faulty)
     load(lists, "L", 3, seal=True)
     assert faulty.udf(keys.LIST_SET, "L", keys.LIST_MOD, "take", 2)["n"] == 2  # and the reserver died
-    faulty.client.faults.add(op="batch_write", error="TimeoutError", when="after", times=-1)
-    assert sweep(faulty, grace_ms=0).requeued == 0
-    assert faulty.client.faults.fired == 2 and not lists.header("L").get("retry")
+    if lost == "each record's answer":
+        faulty.client.faults.add(op="batch_write", error="TimeoutError", when="after", times=-1)
+        assert sweep(faulty, grace_ms=0).requeued == 0
+        assert faulty.client.faults.fired == 2
+        faulty.client.faults.clear()
+    else:
+        write = Backend.batch_if_unchanged
+
+        def landed_then_timed_out(self: Backend, *args: Any, **kw: Any) -> list[int]:
+            write(self, *args, **kw)
+            raise errors.BackendTimeout("batch_write: timed out")
+
+        with monkeypatch.context() as patched:
+            patched.setattr(Backend, "batch_if_unchanged", landed_then_timed_out)
+            assert sweep(faulty, grace_ms=0).requeued == 0
+    assert not lists.header("L").get("retry")
     for token in (0, 1):
         rec = faulty.get(keys.JOB_SET, keys.job_name("L", token))
         assert rec is not None and rec.bins.get("swept"), f"token {token}: the write landed"
-    faulty.client.faults.clear()
     assert sweep(faulty, grace_ms=0).requeued == 2
     assert sorted(lists.header("L")["retry"]) == [0, 1]
     with Session.open(faulty, heartbeat=False) as s:
@@ -539,6 +553,31 @@ def test_a_sweep_whose_fence_is_in_doubt_offers_nothing_and_the_next_one_does(
     queue.flush()
     assert lists.status("L").done == 3
 
+
+
+def test_a_sweep_fences_only_what_the_retry_store_has_room_for(faulty: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fence write is a write: it restarts the job's grace period. Jobs the retry
+    store has no room for are left unwritten, so the next sweep offers them as soon as
+    there is room, not a grace period later."""
+    monkeypatch.setattr(sessions, "LEASE_SETTLE_S", 0.1)  # this test's own store: no lease is being recorded
+    monkeypatch.setattr(transitions, "RETRY_CAP", 2)
+    lists, queue = JobLists(faulty), Queue(faulty)
+    load(lists, "L", 5, seal=True)
+    assert faulty.udf(keys.LIST_SET, "L", keys.LIST_MOD, "take", 4)["n"] == 4  # 0-3 taken, the reserver died
+    assert push_retry(faulty, "L", [3]) == 1  # 3 given back (one place of two taken); 0-2 lost
+    assert sweep(faulty, grace_ms=0).requeued == 1
+    [offered] = lists.header("L")["retry"][1:]
+    recs = faulty.batch_get(keys.JOB_SET, keys.job_names("L", [0, 1, 2]))
+    swept = {t for t, rec in enumerate(recs) if rec is not None and rec.bins.get("swept")}
+    assert swept == {offered}, "only the job that had a place was written"
+    with Session.open(faulty, heartbeat=False) as s:
+        done = queue.reserve("L", s, 2)
+        assert sorted(j.token for j in done) == sorted([3, offered])
+        assert queue.complete_many(done) == []
+        assert sweep(faulty, grace_ms=0).requeued == 2
+        assert queue.complete_many(queue.reserve("L", s, 5)) == []
+    queue.flush()
+    assert lists.status("L").done == 5
 
 def test_claiming_a_leased_job_retries_a_busy_record(faulty: Backend) -> None:
     lists, queue = JobLists(faulty), Queue(faulty)
