@@ -23,6 +23,7 @@ from ..errors import ListNotFound
 from ..lists import JobLists, ListStatus
 
 DEAD_PAGE = 100  # dead jobs shown per list page
+DEAD_CHUNKS_READ = 4  # dead bitmap chunks (8 KiB each) read a call while looking for dead jobs
 # Bins that may hold a job's earlier errors (newest last), besides `err` (the last one).
 HISTORY_BINS = ("errs", "errors", "err_hist")
 
@@ -215,18 +216,22 @@ class Store:
 
 
 def dead_tokens(backend: Backend, name: str, alloc: int, limit: int) -> list[int]:
-    """Tokens whose bit is set in a list's dead bitmap, lowest first, at most `limit`."""
+    """Tokens whose bit is set in a list's dead bitmap, lowest first, at most `limit`.
+    The chunks are read a few at a time until `limit` are found: the overview asks
+    this of every list with dead jobs, and a list of a million jobs has 16 chunks."""
     n_chunks = -(-alloc // keys.BITS_PER_CHUNK)
-    recs = backend.batch_get(keys.DONE_SET, [keys.chunk_name(name, c) for c in range(n_chunks)], bins=["dead"])
     out: list[int] = []
-    for chunk, rec in enumerate(recs):
-        data = bytes(rec.bins.get("dead") or b"") if rec is not None else b""
-        for i, byte in enumerate(data):
-            if not byte:
-                continue
-            for bit in range(8):
-                if byte & (0x80 >> bit):
-                    out.append(chunk * keys.BITS_PER_CHUNK + i * 8 + bit)
-                    if len(out) >= limit:
-                        return out
+    for first in range(0, n_chunks, DEAD_CHUNKS_READ):
+        chunks = range(first, min(n_chunks, first + DEAD_CHUNKS_READ))
+        recs = backend.batch_get(keys.DONE_SET, [keys.chunk_name(name, c) for c in chunks], bins=["dead"])
+        for chunk, rec in zip(chunks, recs, strict=True):
+            data = bytes(rec.bins.get("dead") or b"") if rec is not None else b""
+            for i, byte in enumerate(data):
+                if not byte:
+                    continue
+                for bit in range(8):
+                    if byte & (0x80 >> bit):
+                        out.append(chunk * keys.BITS_PER_CHUNK + i * 8 + bit)
+                        if len(out) >= limit:
+                            return out
     return out

@@ -20,7 +20,7 @@ from flask.testing import FlaskClient
 from aeroqueue import keys
 from aeroqueue.backends import Backend
 from aeroqueue.dashboard import create_app
-from aeroqueue.dashboard.data import Store, dead_tokens, error_history
+from aeroqueue.dashboard.data import DEAD_CHUNKS_READ, Store, dead_tokens, error_history
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Queue
@@ -221,6 +221,27 @@ def test_dead_jobs_are_found_from_the_bitmap(registered: Backend, list_name: str
     assert dead_tokens(registered, list_name, 70_001, 2) == [3, 9]
     assert dead_tokens(registered, list_name, 100, 10) == [3, 9]  # only the chunks the list has
     assert dead_tokens(registered, f"{list_name}-none", 10, 10) == []
+
+
+def test_dead_jobs_are_looked_for_only_as_far_as_needed(
+    registered: Backend, list_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A list of a million jobs has 16 bitmap chunks: the overview asks every list with
+    dead jobs for its first 20, which the first chunks usually hold."""
+    set_bits(registered, list_name, [5, 700_000], "dead", 1)  # chunks 0 and 10
+    read: list[str] = []
+    batch_get = Backend.batch_get
+
+    def counted(self: Backend, set_name: str, names: list[str], bins: list[str] | None = None) -> list[Any]:
+        read.extend(names)
+        return batch_get(self, set_name, names, bins)
+
+    monkeypatch.setattr(Backend, "batch_get", counted)
+    assert dead_tokens(registered, list_name, 1_000_000, 1) == [5]
+    assert len(read) == DEAD_CHUNKS_READ, "the first call's chunks only"
+    read.clear()
+    assert dead_tokens(registered, list_name, 1_000_000, 20) == [5, 700_000]
+    assert len(read) == 16, "all of them, once each"
 
 
 def test_error_history_bins_are_shown(app: Flask, registered: Backend, dead_list: tuple[str, Session]) -> None:
