@@ -265,7 +265,7 @@ def complete_many(backend: Backend, items: list[tuple[str, str, str, Any]], dead
 # ack admitted only while both are as read, the job is still queued and the lease's
 # time limit has not run out is an ack of this lease and of nothing since.
 
-LEASE_READS = ("jid", "payload", "att", "token", "state", "claimed")
+LEASE_READS = ("jid", "payload", "att", "token", "state", "claimed", "kicked")
 LEASE_READS_LIST = list(LEASE_READS)
 _ATT, _CLAIMED_AT, _UNTIL = -0x5A5A5A5A5A5A, -0x6B6B6B6B6B6B, -0x7C7C7C7C7C7C
 

@@ -372,7 +372,7 @@ class Queue:
         """Lease the queued jobs among the `fresh` `tokens` to `session`: one batch read of
         their records, one write of the lease on the session record. The other tokens
         (from the retry store, which may hold a token twice), and fresh ones that are not
-        a queued job (delayed, gone), are claimed as `reserve` claims them, so a claim
+        a queued job (delayed, gone) or were kicked, are claimed as `reserve` claims them, so a claim
         fences them and the UDF decides. Each lease has its own id (a reservation that
         takes twice makes two), which claims made from it (`_adopt`, the reaper) carry
         as request id."""
@@ -391,7 +391,10 @@ class Queue:
         held: list[int] = []
         groups: dict[tuple[int, int | None], list[int]] = defaultdict(list)
         for token, (code, b) in zip(tokens, recs, strict=True):
-            if code == 0 and b is not None and b.get("state") == "queued" and type(b.get("att")) is int:
+            # A kicked job may be in the retry store too (aq_job_v1.lua, `kicked`): a
+            # lease would not fence that copy, a claim does.
+            if code == 0 and b is not None and b.get("state") == "queued" and type(b.get("att")) is int \
+                    and "kicked" not in b:
                 leased.append(b)
                 held.append(token)
                 groups[(b["att"], b.get("claimed"))].append(token)

@@ -32,6 +32,11 @@
 --   err      string    the last failure
 --   errs     list      the last 10 failures, oldest first: map{at, err}
 --   synced   integer   server ms when the sync copied it to MySQL (absent: not yet)
+--   kicked   integer   server ms of the last kick. A kicked job is pushed onto the
+--                      retry store and may still lie ahead in the token store (buried
+--                      or delayed before it was ever handed out): a reservation that
+--                      reaches it there claims it instead of leasing it (queue.py,
+--                      `_lease`), so that its two copies are fenced by one claim
 --   swept    integer   server ms when a sweeper last offered it again, written
 --                      natively (aeroqueue/sessions.py, `_fence`) under a generation check
 --
@@ -295,6 +300,7 @@ function kick(rec)
   rec['due'] = nil
   rec['done_at'] = nil
   rec['synced'] = nil  -- it will be processed again, so copied again
+  rec['kicked'] = now()
   aerospike:update(rec)
   return 'ok'
 end
