@@ -24,6 +24,10 @@ from urllib.parse import parse_qsl, unquote
 from .errors import InvalidURL
 
 ENV_URL = "AEROQUEUE_URL"
+# The longest time limit, backoff, delay or grace accepted: ten years. Longer is a
+# mistake, and past about 2^63 ms it no longer fits a record's integer.
+MAX_SECONDS = 10 * 365 * 86_400
+MAX_ATTEMPTS = 1_000_000  # the most attempts a list may give a job
 DEFAULT_NAMESPACE = "test"
 DEFAULT_PORT = 3000
 MEMORY = ":memory:"

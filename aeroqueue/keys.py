@@ -32,7 +32,7 @@ class InvalidName(AeroqueueError):
 
 
 def check_list_name(name: str) -> str:
-    if not isinstance(name, str) or not _LIST_NAME.match(name):
+    if not isinstance(name, str) or not _LIST_NAME.fullmatch(name):  # match's $ passes a trailing newline
         raise InvalidName(f"invalid list name {name!r}: use 1 to 64 letters, digits, '_', '.', ':' or '-'")
     return name
 

@@ -20,6 +20,7 @@ from aerospike_helpers.operations import operations as op
 from . import keys, transitions
 from . import load as _load
 from .backends import Backend, retry_in_doubt
+from .config import MAX_ATTEMPTS, MAX_SECONDS
 from .errors import ConfigError, JobNotFound, ListError, ListModeMismatch, ListNotFound, ListSealed
 from .load import DEFAULT_CHUNK, DEFAULT_LEASE_MS, LoadReport, max_payload
 
@@ -121,9 +122,12 @@ class JobLists:
         keys.check_list_name(name)
         if mode not in MODES:
             raise ListModeMismatch(f"unknown mode {mode!r}: use 'tokens' or 'ids'")
-        if max_attempts < 1:
-            raise ListModeMismatch(f"max_attempts must be at least 1, not {max_attempts}")
+        if not 1 <= max_attempts <= MAX_ATTEMPTS:
+            raise ConfigError(f"max_attempts must be from 1 to {MAX_ATTEMPTS:,}, not {max_attempts}")
         opts = _policy_opts(timeout_s, backoff_s, backoff_max_s)
+        lo, hi = opts.get("bo", round(DEFAULT_BACKOFF_S * 1000)), opts.get("bo_max", round(DEFAULT_BACKOFF_MAX_S * 1000))
+        if hi < lo:  # a new list's (an existing one keeps its own)
+            raise ConfigError(f"the backoff cap ({hi / 1000:g} s) is below its base ({lo / 1000:g} s): set --backoff-max too")
         out = self._list_udf(name, "create", mode, max_attempts, opts)
         if out["st"] == "exists" and out["mode"] != mode:
             raise ListModeMismatch(f"list {name!r} exists in {out['mode']!r} mode, not {mode!r}")
@@ -424,16 +428,16 @@ def _policy_opts(timeout_s: float | None, backoff_s: float | None, backoff_max_s
     """The list record's tlim / bo / bo_max (ms) for the values given; checks them."""
     opts: dict[str, int] = {}
     if timeout_s is not None:
-        if not timeout_s > 0:
-            raise ConfigError(f"time limit must be positive seconds, not {timeout_s}")
+        if not 0 < timeout_s <= MAX_SECONDS:  # NaN fails too
+            raise ConfigError(f"time limit must be positive seconds up to {MAX_SECONDS:,}, not {timeout_s}")
         opts["tlim"] = max(1, round(timeout_s * 1000))
     if backoff_s is not None:
-        if not backoff_s >= 0:
-            raise ConfigError(f"backoff must be zero or positive seconds, not {backoff_s}")
+        if not 0 <= backoff_s <= MAX_SECONDS:
+            raise ConfigError(f"backoff must be from 0 to {MAX_SECONDS:,} seconds, not {backoff_s}")
         opts["bo"] = round(backoff_s * 1000)
     if backoff_max_s is not None:
-        if not backoff_max_s >= 0:
-            raise ConfigError(f"backoff cap must be zero or positive seconds, not {backoff_max_s}")
+        if not 0 <= backoff_max_s <= MAX_SECONDS:
+            raise ConfigError(f"backoff cap must be from 0 to {MAX_SECONDS:,} seconds, not {backoff_max_s}")
         opts["bo_max"] = round(backoff_max_s * 1000)
     if "bo" in opts and "bo_max" in opts and opts["bo_max"] < opts["bo"]:
         raise ConfigError(f"the backoff cap ({backoff_max_s:g} s) is below its base ({backoff_s:g} s)")

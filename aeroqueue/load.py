@@ -44,6 +44,7 @@ from aerospike_helpers.operations import operations as op
 
 from . import keys, transitions
 from .backends import IN_DOUBT, Backend, retry_in_doubt, wrap
+from .config import MAX_SECONDS
 from .errors import ListNotFound, ListSealed, LoadAbandoned, LoadError, RecordExists
 from .loading import RECORD_OVERHEAD, JobSpec, from_iterable
 
@@ -111,8 +112,8 @@ def load(
     delay_s: float = 0.0,
 ) -> LoadReport:
     """See `JobLists.load`."""
-    if not delay_s >= 0:
-        raise LoadError(f"delay must be zero or positive seconds, not {delay_s}")
+    if not 0 <= delay_s <= MAX_SECONDS:  # NaN fails too
+        raise LoadError(f"delay must be from 0 to {MAX_SECONDS:,} seconds, not {delay_s}")
     backend = lists.backend
     if chunk_size is not None and chunk_size < 1:
         raise LoadError(f"chunk size must be at least 1, not {chunk_size}")

@@ -147,6 +147,39 @@ def test_every_error_is_one_line_with_its_exit_status(tmp_path, args, code, says
     assert says in one_error_line(out, code)
 
 
+@pytest.mark.parametrize(
+    ("args", "code", "says"),
+    [
+        # Out-of-range numbers are usage errors, not an overflow deep down (inf, NaN too).
+        (("load", "L", "JOBS", "--delay", "1e30"), 2, "'--delay'"),
+        (("load", "L", "JOBS", "--delay", "nan"), 2, "'nan' is not a number"),
+        (("load", "L", "JOBS", "--timeout", "inf"), 2, "'--timeout'"),
+        (("create", "L", "--max-attempts", "99999999999999999999"), 2, "'--max-attempts'"),
+        (("create", "L", "--backoff", "1e20"), 2, "'--backoff'"),
+        (("sweep", "--grace", "inf"), 2, "'--grace'"),
+        (("worker", "--handler", "json:dumps", "--list", "L", "--drain-timeout", "nan"), 2, "'nan' is not a number"),
+        # A new list's backoff base above the default cap.
+        (("create", "L", "--backoff", "7200"), 1, "the backoff cap (3600 s) is below its base (7200 s)"),
+        (("load", "L", "JOBS", "--backoff", "7200"), 1, "below its base"),
+        # A list name with a trailing newline (a regex `$` lets one through).
+        (("create", "L\n"), 1, "invalid list name 'L\\n'"),
+    ],
+)
+def test_bad_numbers_and_names_are_refused_before_anything_is_written(tmp_path, args, code, says):
+    url = f"embedded://{tmp_path}/s.db"
+    open_backend(url).close()
+    jobs = tmp_path / "jobs.csv"
+    jobs.write_text("id,n\na,1\nb,2\n")
+    out = cli(*[str(jobs) if a == "JOBS" else a for a in args], url=url)
+    assert says in one_error_line(out, code)
+    backend = open_backend(url)
+    try:
+        assert JobLists(backend).names() == [], "no list made"
+        assert list(backend.scan(keys.JOB_SET)) == [], "no job written"
+    finally:
+        backend.close()
+
+
 def test_an_unexpected_error_is_one_line_too(tmp_path, monkeypatch):
     def broken(*_: object) -> list[str]:
         raise TypeError("a bug")

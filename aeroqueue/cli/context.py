@@ -20,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from .. import udfs
 from ..backends import Backend, open_backend
-from ..config import ENV_URL
+from ..config import ENV_URL, MAX_ATTEMPTS, MAX_SECONDS
 from ..errors import AeroqueueError
 from ..lists import DEFAULT_MAX_ATTEMPTS
 
@@ -198,26 +198,45 @@ def option(*decls: str, env: str, **kw: Any) -> Callable[[F], F]:
     return click.option(*decls, envvar=f"AEROQUEUE_{env}", show_envvar=True, **kw)
 
 
+class _Seconds(click.FloatRange):
+    """Seconds from `min` to ten years (config.MAX_SECONDS): click's own range check,
+    which lets NaN through (every comparison with it is false), and inf too without a
+    maximum; both end in an internal error further down, not a usage error here."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        rv = super().convert(value, param, ctx)
+        if rv != rv:
+            self.fail(f"{value!r} is not a number", param, ctx)
+        return rv
+
+
+def seconds(min: float = 0, *, min_open: bool = False) -> click.FloatRange:
+    """A click type for a duration option: seconds from `min` up to ten years."""
+    return _Seconds(min=min, min_open=min_open, max=MAX_SECONDS)
+
+
 LIST_ARG = click.argument("list_name", metavar="LIST")
 MODE_OPT = option(
     "--mode", env="MODE", type=click.Choice(["tokens", "ids"]), default="tokens",
     help="tokens: sequential token store; ids: list-pop ID store (chunked).",
 )
-MAX_ATT_OPT = option("--max-attempts", env="MAX_ATTEMPTS", type=click.IntRange(1), default=DEFAULT_MAX_ATTEMPTS, help="Failures before a job goes dead.")
+MAX_ATT_OPT = option("--max-attempts", env="MAX_ATTEMPTS", type=click.IntRange(1, MAX_ATTEMPTS), default=DEFAULT_MAX_ATTEMPTS, help="Failures before a job goes dead.")
 JSON_OPT = option("--json", "as_json", env="JSON", is_flag=True, help="Print JSON instead of a table.")
-_SECONDS = click.FloatRange(min=0, min_open=True)
+_SECONDS = seconds(0, min_open=True)
 TIMEOUT_OPT = option(
     "--timeout", "timeout_s", env="TIMEOUT", type=_SECONDS, default=None, metavar="SECONDS", show_default=False,
     help="The job time limit: a claim not acknowledged within it is retried as timed out (new lists: 300; "
          "a handler extends its own with job.touch()).",
 )
 BACKOFF_OPT = option(
-    "--backoff", "backoff_s", env="BACKOFF", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+    "--backoff", "backoff_s", env="BACKOFF", type=seconds(0), default=None, metavar="SECONDS",
     show_default=False,
     help="Backoff base: a failed attempt n waits between half and all of SECONDS*2^(n-1) (new lists: 1; 0: none).",
 )
 BACKOFF_MAX_OPT = option(
-    "--backoff-max", "backoff_max_s", env="BACKOFF_MAX", type=click.FloatRange(min=0), default=None,
+    "--backoff-max", "backoff_max_s", env="BACKOFF_MAX", type=seconds(0), default=None,
     metavar="SECONDS", show_default=False, help="The backoff's cap (new lists: 3600).",
 )
 
@@ -236,6 +255,6 @@ def advance(progress: Progress, task: Any, items: Iterable[T]) -> Iterator[T]:
         yield item
 
 
-HEARTBEAT_OPT = option("--heartbeat", "interval_s", env="HEARTBEAT", type=click.FloatRange(min=0.01), default=1.0, help="Seconds between heartbeats.")
-EXPIRY_OPT = option("--expiry", "expiry_s", env="EXPIRY", type=click.FloatRange(min=0.05), default=5.0, help="Seconds without a heartbeat after which a session is dead (more than twice --heartbeat).")
+HEARTBEAT_OPT = option("--heartbeat", "interval_s", env="HEARTBEAT", type=seconds(0.01), default=1.0, help="Seconds between heartbeats.")
+EXPIRY_OPT = option("--expiry", "expiry_s", env="EXPIRY", type=seconds(0.05), default=5.0, help="Seconds without a heartbeat after which a session is dead (more than twice --heartbeat).")
 

@@ -31,6 +31,7 @@ from .context import (
     Context,
     err_console,
     option,
+    seconds,
 )
 
 
@@ -43,7 +44,7 @@ def job_json(job: Job) -> dict[str, Any]:
 @click.command()
 @LIST_ARG
 @option("--count", "-n", env="COUNT", type=click.IntRange(1, 10_000), default=1, help="How many jobs to reserve.")
-@option("--hold", "hold_s", env="HOLD", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+@option("--hold", "hold_s", env="HOLD", type=seconds(0, min_open=True), default=None, metavar="SECONDS",
         help="Keep the session alive (heartbeating) up to SECONDS after printing the jobs; end as soon as each is "
              "acknowledged with `aeroqueue complete/fail --session`, then close the session, releasing the rest. "
              "Needed unless --session is given.")

@@ -37,6 +37,7 @@ from .context import (
     Context,
     err_console,
     option,
+    seconds,
 )
 
 
@@ -80,7 +81,7 @@ def _progress(enabled: bool) -> Progress:
 @TIMEOUT_OPT
 @BACKOFF_OPT
 @BACKOFF_MAX_OPT
-@option("--delay", "delay_s", env="DELAY", type=click.FloatRange(min=0), default=0.0, metavar="SECONDS",
+@option("--delay", "delay_s", env="DELAY", type=seconds(0), default=0.0, metavar="SECONDS",
         help="Hold these jobs back for SECONDS (by the server's clock); a row's own run_at field (ISO 8601 with a "
              "zone, or epoch seconds) holds it until then.")
 @option("--seal", env="SEAL", is_flag=True, help="Mark the list complete for loading afterwards.")

@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from ..errors import ConfigError
-from .context import Context, err_console, option
+from .context import Context, err_console, option, seconds
 
 METRICS_PORT = 9420
 DASHBOARD_PORT = 8420
@@ -27,7 +27,7 @@ HOST_HELP = "Address to bind. Nothing here asks for a login: bind another addres
 @option("--host", env="METRICS_HOST", default="127.0.0.1", help=HOST_HELP)
 @option("--list", "lists", env="METRICS_LISTS", multiple=True,
         help="Export only this list (repeatable; env: space-separated): no scan at all. Default: every list.")
-@option("--discover-every", env="METRICS_DISCOVER_EVERY", type=click.FloatRange(min=1), default=60.0,
+@option("--discover-every", env="METRICS_DISCOVER_EVERY", type=seconds(1), default=60.0,
         help="Without --list: seconds between scans of the list set for new lists (never one per scrape).")
 @click.pass_obj
 def metrics(obj: Context, port: int, host: str, lists: tuple[str, ...], discover_every: float) -> None:

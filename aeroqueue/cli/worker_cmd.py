@@ -28,6 +28,7 @@ from .context import (
     Context,
     err_console,
     option,
+    seconds,
 )
 
 
@@ -47,9 +48,9 @@ def _check_lists(ctx: click.Context, param: click.Parameter, value: tuple[str, .
         help="A list to work on, with an optional weight (default 1): repeat for several, and jobs are taken in "
              "proportion to the weights. A glob ('cust-*', quoted) follows every matching list, also those loaded "
              "later (re-read every --refresh-lists seconds); its weight applies to each. (env: space-separated)")
-@option("--refresh-lists", "refresh_lists", env="REFRESH_LISTS", type=click.FloatRange(min=0.1), default=DEFAULT_REFRESH_S,
+@option("--refresh-lists", "refresh_lists", env="REFRESH_LISTS", type=seconds(0.1), default=DEFAULT_REFRESH_S,
         help="Seconds between reads of the store's lists, for --list patterns.")
-@option("--idle-max", "idle_max", env="IDLE_MAX", type=click.FloatRange(min=0.01), default=DEFAULT_BACKOFF_MAX_S,
+@option("--idle-max", "idle_max", env="IDLE_MAX", type=seconds(0.01), default=DEFAULT_BACKOFF_MAX_S,
         help="Longest pause between polls of an empty or paused list (it backs off exponentially up to this).")
 @option("--concurrency", "-c", env="CONCURRENCY", type=click.IntRange(1, 256), default=1, help="Handler threads.")
 @option("--batch", "--prefetch", "batch", env="BATCH", type=click.IntRange(1, 1000), default=None,
@@ -57,7 +58,7 @@ def _check_lists(ctx: click.Context, param: click.Parameter, value: tuple[str, .
              f"sized to the handlers' pace, {DEFAULT_PREFETCH} until one has run, then about "
              f"{PREFETCH_HOLD_S * 1000:g} ms of work, 1 to {PREFETCH_MAX}. Use 1 for long jobs, so no job waits "
              "behind another.")
-@option("--ack-linger", "ack_linger", env="ACK_LINGER", type=click.FloatRange(min=0), default=DEFAULT_LINGER_S * 1000,
+@option("--ack-linger", "ack_linger", env="ACK_LINGER", type=seconds(0), default=DEFAULT_LINGER_S * 1000,
         help="Milliseconds a finished job's acknowledgement may wait to go out with others in one batch (one round "
              "trip for many jobs). 0: acknowledge each job on its own before taking the next.")
 @option("--lease/--no-lease", "lease", env="LEASE", default=True,
@@ -69,9 +70,9 @@ def _check_lists(ctx: click.Context, param: click.Parameter, value: tuple[str, .
 @option("--pool", env="POOL", type=click.Choice(["thread", "process"]), default="thread",
         help="Where handlers run: in the worker's threads (a handler past its time limit is abandoned, and a new "
              "thread takes its place), or one child process per thread (killed past the time limit).")
-@option("--drain-timeout", env="DRAIN_TIMEOUT", type=click.FloatRange(min=0), default=30.0, help="Seconds to finish in-flight jobs on SIGTERM/SIGINT before releasing them.")
-@option("--sweep-every", env="SWEEP_EVERY", type=click.FloatRange(min=1), default=300.0, help="Seconds between sweeps inside the worker.")
-@option("--sweep-grace", env="SWEEP_GRACE", type=click.FloatRange(min=0), default=60.0, help="Seconds a job must have been untouched before the sweeper counts it as stuck.")
+@option("--drain-timeout", env="DRAIN_TIMEOUT", type=seconds(0), default=30.0, help="Seconds to finish in-flight jobs on SIGTERM/SIGINT before releasing them.")
+@option("--sweep-every", env="SWEEP_EVERY", type=seconds(1), default=300.0, help="Seconds between sweeps inside the worker.")
+@option("--sweep-grace", env="SWEEP_GRACE", type=seconds(0), default=60.0, help="Seconds a job must have been untouched before the sweeper counts it as stuck.")
 @option("--until-complete", env="UNTIL_COMPLETE", is_flag=True,
         help="Exit once every list is complete; with a pattern, once it matches at least one list and every list it matches is complete.")
 @option("--metrics-port", env="METRICS_PORT", type=click.IntRange(0, 65535), default=None,
@@ -171,7 +172,7 @@ def reap(obj: Context, as_json: bool) -> None:
 
 
 @click.command()
-@option("--grace", "grace_s", env="SWEEP_GRACE", type=click.FloatRange(min=0), default=60.0, help="Seconds a job must have been untouched to count as stuck.")
+@option("--grace", "grace_s", env="SWEEP_GRACE", type=seconds(0), default=60.0, help="Seconds a job must have been untouched to count as stuck.")
 @JSON_OPT
 @click.pass_obj
 def sweep(obj: Context, grace_s: float, as_json: bool) -> None:
