@@ -216,10 +216,11 @@ class JobLists:
         delayed, held_back = _delayed(head)
         base, cap = backoff_of(head)
         if head["mode"] == "ids":
-            reservable = len(self.unpopped_ids(name, head))
+            # A gated chunk is whole until the cursor reaches it: its jobs are delayed.
+            reservable = len(self.unpopped_ids(name, head)) - held_back
         else:
             reservable = head["tail"] - head["head"] - held_back
-        reservable += sum(r[1] for r in head.get("ready") or [])
+        reservable += sum(_ready(r) for r in head.get("ready") or [])
         total = head["total"]
         pending = len(head.get("pend") or {})
         sealed = head["sealed"] == 1
@@ -445,13 +446,27 @@ def _policy_opts(timeout_s: float | None, backoff_s: float | None, backoff_max_s
 
 
 def _delayed(head: dict[str, Any]) -> tuple[int, int]:
-    """(jobs waiting for their time, tokens of the token store held back by gates and
-    timed jobs) from the list record's schedule."""
+    """(jobs waiting for their time, jobs of the token store (ID mode: of the ID store)
+    held back by gates and timed jobs) from the list record's schedule. Each job is
+    counted once (aq_list_v1.lua, header): a gate's `real` leaves out its jobs with a
+    later run_at of their own (its `skip`), which sched holds and `nsch` counts."""
     gates = head.get("gates") or {}
-    timed = head.get("timed") or {}
     ranges = sum(item[2] for items in (head.get("sched") or {}).values() for item in items if isinstance(item, list))
     delayed = sum(g["real"] for g in gates.values()) + (head.get("nsch") or 0) + ranges
-    return delayed, sum(g["n"] for g in gates.values()) + len(timed)
+    if head["mode"] == "ids":
+        # A gated chunk holds the range's real tokens (ID mode has no skip, no `timed`).
+        return delayed, sum(g["real"] + len(g.get("skip") or {}) for g in gates.values())
+    # Only tokens the token store has not passed: a list record written before gates
+    # kept their own skip may hold timed tokens behind `head`, which nothing skips any more.
+    timed = sum(1 for t in (head.get("timed") or {}) if t >= head["head"])
+    return delayed, sum(g["n"] for g in gates.values()) + timed
+
+
+def _ready(item: list[Any]) -> int:
+    """Tokens a `ready` entry [start, n, skip?] will hand out: all but those it skips."""
+    start, n = item[0], item[1]
+    skip = item[2] if len(item) > 2 and item[2] else {}
+    return n - sum(1 for t in skip if start <= t < start + n)
 
 
 def _jsonable(value: Any) -> Any:

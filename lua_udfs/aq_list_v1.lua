@@ -23,19 +23,30 @@
 --   bo_max   integer            backoff cap, ms
 -- The schedule (delayed jobs; design.md has no such records: they live here):
 --   sched    map due -> list    jobs waiting for server ms `due`: tokens, and
---                               ranges list{start, n, real} of a delayed load
---                               that `take` stepped over before they were due
+--                               ranges list{start, n, real[, skip]} of a delayed
+--                               load that `take` stepped over before they were due
 --   nsch     integer            tokens in sched (bounded by the caller's cap)
 --   ndue     integer | nil      the earliest due in sched: take looks at sched
 --                               only once the server's clock passes it
---   gates    map start -> map{n, real, due}   published ranges of a delayed load
---                               (`load --delay`): the token store steps over
---                               them, into sched, until they are due
+--   gates    map start -> map{n, real, due, seq[, skip]}   published ranges of a
+--                               delayed load (`load --delay`): the token store
+--                               (ID mode: the cursor, at chunk `seq`) steps over
+--                               them, into sched, until they are due. real: its
+--                               jobs but those in skip; skip: map token -> due,
+--                               its jobs with a later run_at of their own, each
+--                               in sched already (counted in nsch, not in real)
 --   ngate    integer | nil      the lowest gate start (take checks one number)
---   timed    map token -> due   jobs of published ranges with their own run_at,
---                               also in sched: the token store skips them
---   ready    list of list{start, n}   due ranges of a delayed load, served
---                               after the retry store, before the token store
+--   timed    map token -> due   token mode: jobs in [head, tail) outside gates
+--                               with their own run_at, also in sched: the
+--                               token store skips them (and forgets them as
+--                               it passes)
+--   ready    list of list{start, n[, skip]}   due ranges of a delayed load,
+--                               served after the retry store, before the
+--                               token store, but for the tokens in skip
+-- A job is counted in one place: a gate's real, nsch (a token in sched), a
+-- sched range's real, ready, the retry store, or the token store / ID store.
+-- ID mode has no token store to skip single jobs: a job with its own run_at
+-- is popped with its chunk, and its claim refuses it and schedules it.
 --
 -- Invariant 4: a token is reservable only after its job record is written.
 -- A loader allocates a range (alloc), writes the job records, then publishes
@@ -74,26 +85,40 @@ local function sched_add(rec, due, item, ntok, t)
   if nd == nil or due < nd then rec['ndue'] = due end
 end
 
--- Gates of a delayed load: ranges the token store steps over until due.
-local function add_gate(rec, start, n, real, due)
+-- Gates of a delayed load: ranges the token store steps over until due. `skip`
+-- (nil: none): the range's jobs that sched holds for a later run_at.
+local function add_gate(rec, start, n, real, due, seq, skip)
   local gates = rec['gates'] or map()
-  gates[start] = map{n = n, real = real, due = due}
+  local g = map{n = n, real = real, due = due, seq = seq}
+  if skip ~= nil then g['skip'] = skip end
+  gates[start] = g
   rec['gates'] = gates
   local ng = rec['ngate']
   if ng == nil or start < ng then rec['ngate'] = start end
 end
 
--- Jobs with their own run_at: scheduled, and skipped by the token store.
-local function add_timed(rec, timed, cap)
-  local skip = rec['timed'] or map()
+-- Jobs with their own run_at: scheduled, up to `cap` tokens in sched. Returns
+-- those scheduled (map token -> due) and how many: whoever serves their range
+-- must skip them (the token store through `timed`, a gate through its skip).
+local function sched_timed(rec, timed, cap)
+  local skip = map()
+  local ns = 0
   local t = now()
   for token, due in map.pairs(timed) do
     if due > t and (rec['nsch'] or 0) < cap then
       sched_add(rec, due, token, 1, t)
       skip[token] = due
+      ns = ns + 1
     end
   end
-  rec['timed'] = skip
+  return skip, ns
+end
+
+-- Adds the entries of map `from` to map bin `bin`.
+local function merge_into(rec, bin, from)
+  local into = rec[bin] or map()
+  for k, v in map.pairs(from) do into[k] = v end
+  rec[bin] = into
 end
 
 -- Moves what is due from sched to the retry store (tokens) and to ready
@@ -114,7 +139,7 @@ local function release_due(rec, t)
           list.append(retry, item)
           nsch = nsch - 1
         else
-          list.append(ready, list{item[1], item[2]})
+          list.append(ready, list{item[1], item[2], item[4]})
         end
       end
     else
@@ -137,6 +162,48 @@ local function lowest_gate(gates)
     if low == nil or start < low then low = start end
   end
   return low
+end
+
+-- Removes the lowest gate (start ng) and returns it; steps over it (into sched,
+-- with its skip) if it is not due yet: returns true as second value then.
+local function pass_gate(rec, ng, t)
+  local gates = rec['gates']
+  local g = gates[ng]
+  map.remove(gates, ng)
+  rec['gates'] = gates
+  rec['ngate'] = lowest_gate(gates)
+  if g['due'] > t then
+    sched_add(rec, g['due'], list{ng, g['n'], g['real'], g['skip']}, 0, t)
+    return g, true
+  end
+  return g, false
+end
+
+-- ID mode: the cursor steps over gated chunks not due yet (their ranges wait in
+-- sched, then are served from ready); a due gate is dropped and its chunk popped.
+-- A gate without seq (made before gates knew their chunk) or behind the cursor
+-- is dropped: its chunk is popped, and the claims refuse jobs not yet due.
+-- Returns the cursor and whether the record changed.
+local function pass_gates_ids(rec, cursor, t)
+  local changed = false
+  local ng = rec['ngate']
+  while ng ~= nil do
+    local seq = rec['gates'][ng]['seq']
+    if seq ~= nil and seq > cursor then break end
+    if seq == nil or seq < cursor then
+      local gates = rec['gates']
+      map.remove(gates, ng)
+      rec['gates'] = gates
+      rec['ngate'] = lowest_gate(gates)
+    else
+      local _, stepped = pass_gate(rec, ng, t)
+      if stepped then cursor = cursor + 1 end
+    end
+    changed = true
+    ng = rec['ngate']
+  end
+  if changed then rec['cursor'] = cursor end
+  return cursor, changed
 end
 
 -- schedule(rec, tokens, delay_ms, cap) -> integer accepted
@@ -246,10 +313,12 @@ end
 --   Marks range `seq` written, with `real` non-void jobs, and moves `tail`
 --   over every consecutive written range. `due` (server ms, 0: none) delays
 --   the whole range (a gate); `timed` (map token -> due, or nil) delays some
---   of its jobs (their own run_at), up to `cap` tokens in sched: the rest wait
---   in their records for the sweeper. Both take effect as the range is
---   published. Idempotent: publishing a range that is already published
---   answers 'ok' and changes nothing. 'gone': the range is unknown.
+--   of its jobs (their own run_at, later than `due`), up to `cap` tokens in
+--   sched: the rest wait in their records, where their claim refuses them
+--   until due (token mode; in ID mode every one of them does: see the header).
+--   Both take effect as the range is published. Idempotent: publishing a
+--   range that is already published answers 'ok' and changes nothing.
+--   'gone': the range is unknown.
 function publish(rec, seq, real, due, timed, cap)
   if not aerospike:exists(rec) then return map{st = 'gone'} end
   if seq < rec['pubs'] then return map{st = 'ok', tail = rec['tail'], total = rec['total']} end
@@ -268,8 +337,17 @@ function publish(rec, seq, real, due, timed, cap)
     local p = pend[pubs]
     tail = p['start'] + p['n']
     total = total + p['real']
-    if p['due'] ~= nil then add_gate(rec, p['start'], p['n'], p['real'], p['due']) end
-    if p['timed'] ~= nil then add_timed(rec, p['timed'], cap or 0) end
+    local skip, ns = nil, 0
+    if p['timed'] ~= nil and rec['mode'] == 'tokens' then
+      skip, ns = sched_timed(rec, p['timed'], cap or 0)
+    end
+    if ns == 0 then skip = nil end
+    if p['due'] ~= nil then
+      -- The jobs in skip are counted by nsch, so not in the gate's real.
+      add_gate(rec, p['start'], p['n'], p['real'] - ns, p['due'], pubs, skip)
+    elseif skip ~= nil then
+      merge_into(rec, 'timed', skip)
+    end
     map.remove(pend, pubs)
     pubs = pubs + 1
   end
@@ -301,7 +379,8 @@ end
 --   whatever sched has due), then due ranges of delayed loads, then the token
 --   store ([start, start+n), never past tail, stepping over gates and timed
 --   jobs; tokens it could not hand out as one run come in `retry`). In ID mode
---   the token store is not used: the caller pops the rest from chunk `cursor`.
+--   the token store is not used: the caller pops the rest from chunk `cursor`,
+--   which has stepped over gated chunks not due yet (as `advance` does).
 --   tlim: the list's time limit, for the claims; now: the server ms of the take
 --   (a lease's time limit runs from it).
 function take(rec, k)
@@ -322,19 +401,27 @@ function take(rec, k)
   local ready = rec['ready']
   while ready ~= nil and list.size(ready) > 0 and list.size(got) < k do
     local rg = ready[1]
-    local s0, n0 = rg[1], rg[2]
-    local m = math.min(k - list.size(got), n0)
-    for i = 0, m - 1 do list.append(got, s0 + i) end
+    local s0, n0, skip = rg[1], rg[2], rg[3]
+    local m = 0
+    while m < n0 and list.size(got) < k do
+      if skip == nil or skip[s0 + m] == nil then list.append(got, s0 + m) end
+      m = m + 1
+    end
     if m == n0 then
       if list.size(ready) == 1 then ready = list() else ready = list.drop(ready, 1) end
     else
-      ready[1] = list{s0 + m, n0 - m}
+      ready[1] = list{s0 + m, n0 - m, skip}
     end
     rec['ready'] = ready
     changed = true
   end
   local start, n = rec['head'], 0
-  if rec['mode'] == 'tokens' then
+  if rec['mode'] ~= 'tokens' then
+    if rec['ngate'] ~= nil then
+      local _, passed = pass_gates_ids(rec, rec['cursor'], t)
+      if passed then changed = true end
+    end
+  else
     local head, tail = rec['head'], rec['tail']
     local timed = rec['timed']
     local plain = (rec['ngate'] == nil) and (timed == nil or map.size(timed) == 0)
@@ -348,14 +435,13 @@ function take(rec, k)
       while list.size(got) < k and head < tail do
         local ng = rec['ngate']
         if ng ~= nil and head == ng then
-          local gates = rec['gates']
-          local g = gates[ng]
-          map.remove(gates, ng)
-          rec['gates'] = gates
-          rec['ngate'] = lowest_gate(gates)
-          if g['due'] > t then
-            sched_add(rec, g['due'], list{ng, g['n'], g['real']}, 0, t)
+          local g, stepped = pass_gate(rec, ng, t)
+          if stepped then
             head = ng + g['n']
+          elseif g['skip'] ~= nil then
+            -- Due: the walk goes through the range, skipping its later jobs.
+            if timed == nil then timed = map() end
+            for tok, due in map.pairs(g['skip']) do timed[tok] = due end
           end
         else
           if timed ~= nil and timed[head] ~= nil then
@@ -378,13 +464,15 @@ end
 
 -- advance(rec, seen) -> integer cursor
 --   ID mode: chunk `seen` was found empty; move the cursor past it, never
---   back and never past the published chunks.
+--   back and never past the published chunks, and past gated chunks not due.
 function advance(rec, seen)
   if not aerospike:exists(rec) then return -1 end
   local cursor = rec['cursor']
   if seen >= cursor and seen < rec['pubs'] then
     cursor = seen + 1
     rec['cursor'] = cursor
+    -- Never onto a gated chunk that is not due: step over it, as take does.
+    if rec['ngate'] ~= nil then cursor = pass_gates_ids(rec, cursor, now()) end
     aerospike:update(rec)
   end
   return cursor

@@ -220,6 +220,84 @@ def test_a_delayed_range_not_yet_reached_is_served_when_due(queue, lists, list_n
     assert sorted(j.jid for j in got) == ["job-0", "job-1"]
 
 
+COUNTS = ("total", "reservable", "delayed", "in_flight", "retry_pending", "done", "dead", "complete")
+
+
+def counts(lists, name: str) -> tuple:
+    """A list's counts, in the order of COUNTS."""
+    st = lists.status(name)
+    return tuple(getattr(st, c) for c in COUNTS)
+
+
+def test_a_delayed_load_in_id_mode_counts_each_job_once(queue, lists, list_name, session):
+    # Two plain jobs, then a delayed load of three in chunks of two: the cursor pops
+    # the plain chunk and must step over both gated chunks (advance, then take).
+    lists.load(list_name, specs(2), mode="ids")
+    lists.load(list_name, specs(3, start=2), mode="ids", delay_s=0.8, chunk_size=2, seal=True)
+    assert counts(lists, list_name) == (5, 2, 3, 0, 0, 0, 0, False)
+    first = queue.reserve(list_name, session, 10)
+    assert sorted(j.jid for j in first) == ["job-0", "job-1"]  # the delayed ones are not popped early
+    assert counts(lists, list_name) == (5, 0, 3, 2, 0, 0, 0, False)  # nor scheduled twice
+    later = wait_for("the delayed jobs due", lambda: queue.reserve(list_name, session, 10), 5)
+    assert sorted(j.jid for j in later) == ["job-2", "job-3", "job-4"]
+    assert counts(lists, list_name) == (5, 0, 0, 5, 0, 0, 0, False)  # claimed: in flight
+    for j in first + later:
+        queue.complete(j)
+    queue.flush()
+    assert counts(lists, list_name) == (5, 0, 0, 0, 0, 5, 0, True)
+    assert not lists.header(list_name).get("gates")  # no gate left behind
+
+
+def test_a_delayed_load_in_id_mode_due_before_the_cursor_reaches_it(queue, lists, list_name, session):
+    lists.load(list_name, specs(2), mode="ids", delay_s=0.5, seal=True)
+    assert counts(lists, list_name) == (2, 0, 2, 0, 0, 0, 0, False)
+    time.sleep(0.7)
+    got = queue.reserve(list_name, session, 5)
+    assert sorted(j.jid for j in got) == ["job-0", "job-1"]
+    assert counts(lists, list_name) == (2, 0, 0, 2, 0, 0, 0, False)
+
+
+def test_a_job_of_a_delayed_load_with_a_later_run_at_of_its_own(queue, lists, list_name, session):
+    # The gate is stepped over (an early take) into the schedule; the job with its own
+    # later run_at is on the schedule already: served once, when it is due, and left
+    # behind nowhere (no phantom job in flight, nothing held back for good).
+    later = time.time() + 1.6
+    jobs = [JobSpec("a", 0), JobSpec("b", 1, None, later), JobSpec("c", 2)]
+    lists.load(list_name, jobs, delay_s=0.6, seal=True)
+    assert counts(lists, list_name) == (3, 0, 3, 0, 0, 0, 0, False)
+    assert queue.reserve(list_name, session, 5) == []
+    assert counts(lists, list_name) == (3, 0, 3, 0, 0, 0, 0, False)
+    first = wait_for("the gate due", lambda: queue.reserve(list_name, session, 5), 5)
+    assert sorted(j.jid for j in first) == ["a", "c"]
+    assert counts(lists, list_name) == (3, 0, 1, 2, 0, 0, 0, False)
+    (b,) = wait_for("the job's own run_at", lambda: queue.reserve(list_name, session, 5), 5)
+    assert b.jid == "b" and b.attempt == 1 and time.time() >= later - 0.2  # clocks of one machine
+    assert counts(lists, list_name) == (3, 0, 0, 3, 0, 0, 0, False)
+    assert queue.reserve(list_name, session, 5) == []  # handed out once
+    for j in [*first, b]:
+        queue.complete(j)
+    queue.flush()
+    assert counts(lists, list_name) == (3, 0, 0, 0, 0, 3, 0, True)
+    head = lists.header(list_name)
+    assert not head.get("timed") and not head.get("gates") and not head.get("nsch")
+
+
+def test_a_gate_due_before_the_token_store_reaches_it_still_skips_a_later_run_at(queue, lists, list_name, session):
+    later = time.time() + 1.4
+    lists.load(list_name, [JobSpec("a", 0), JobSpec("b", 1, None, later)], delay_s=0.4, seal=True)
+    time.sleep(0.6)  # the gate is due: the token store walks through its range
+    (a,) = queue.reserve(list_name, session, 5)
+    assert a.jid == "a"
+    assert counts(lists, list_name) == (2, 0, 1, 1, 0, 0, 0, False)
+    (b,) = wait_for("the job's own run_at", lambda: queue.reserve(list_name, session, 5), 5)
+    assert b.jid == "b" and b.attempt == 1
+    for j in (a, b):
+        queue.complete(j)
+    queue.flush()
+    assert counts(lists, list_name) == (2, 0, 0, 0, 0, 2, 0, True)
+    assert not lists.header(list_name).get("timed")  # the fast path is back
+
+
 def test_run_at_per_job(queue, lists, list_name, session):
     soon = time.time() + 0.8
     jobs = [JobSpec("now", 1), JobSpec("later", 2, None, soon), JobSpec("past", 3, None, time.time() - 60)]
