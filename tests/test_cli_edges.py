@@ -218,6 +218,30 @@ def test_ack_refusals_name_the_job_id_and_say_why(ready_url, list_name):
 
 
 
+@pytest.mark.parametrize(("text", "why"), [
+    ("NaN", "not JSON compliant"), ("Infinity", "not JSON compliant"), ("-Infinity", "not JSON compliant"),
+    ("1e999", "not JSON compliant"), ('{"n": [NaN]}', "not JSON compliant"),
+    ("99999999999999999999999", "does not fit in 64 bits"),
+])
+def test_complete_refuses_a_result_that_cannot_be_stored_and_leaves_the_job_claimed(ready_url, list_name, text, why):
+    """Python's json reads NaN, Infinity and 1e999 (inf), but they are not JSON: stored,
+    `job show --json` and `export` would print invalid JSON and the sync would refuse
+    the row. The worker refuses such results (`storable_result`); so does the CLI."""
+    backend = open_backend(ready_url)
+    JobLists(backend).load(list_name, [JobSpec("r0", {})])
+    with Session.open(backend) as holder:
+        (j0,) = Queue(backend).reserve(list_name, holder, 1)
+        line = one_error_line(cli("complete", list_name, str(j0.token), "--session", holder.id, "--result", text,
+                                  url=ready_url), 2)
+        assert "--result" in line and "cannot be stored" in line and why in line
+        rec = backend.get(keys.JOB_SET, j0.name)
+        assert rec is not None and rec.bins["state"] == "claimed" and rec.bins.get("result") is None, "nothing written"
+        ok = cli("complete", list_name, str(j0.token), "--session", holder.id, "--result", "[1.5, 2]", url=ready_url)
+        assert ok.exit_code == 0, ok.output
+    shown = cli("job", "show", list_name, "r0", "--json", url=ready_url)
+    assert json.loads(shown.stdout)["result"] == [1.5, 2]
+
+
 @pytest.mark.parametrize(("opts", "outcome", "says"), [
     ({"backoff_s": 0}, "retry", "will be retried"),
     ({}, "delayed", "will be retried after the list's backoff"),  # the default backoff: 1 s

@@ -23,6 +23,7 @@ from ..errors import ClaimLost, JobNotFound, SessionLost
 from ..lists import JobLists
 from ..queue import Job, Queue
 from ..sessions import Session, check_timing, lease_holder, lease_of
+from ..worker import ResultNotStorable, storable_result
 from .context import (
     EXPIRY_OPT,
     HEARTBEAT_OPT,
@@ -209,6 +210,13 @@ def complete(obj: Context, list_name: str, token: int, session: str, result: str
         value = json.loads(result)
     except json.JSONDecodeError as e:
         raise click.BadParameter(f"not JSON: {e.msg}", param_hint="--result") from None
+    # Python's json reads NaN, Infinity, 1e999 and integers of any size; stored, they
+    # would make `job show --json` and `export` print invalid JSON and the sync refuse
+    # the row. The worker's rule for handler results, so both store the same values.
+    try:
+        value = storable_result(value, "the result")
+    except ResultNotStorable as e:
+        raise click.BadParameter(str(e), param_hint="--result") from None
     backend = obj.backend()
     job = _held_job(backend, list_name, token, session)
     try:
