@@ -4,6 +4,7 @@ refusals, `lists` on terminals and pipes, JSON output, and `bench`'s store."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import re
@@ -23,7 +24,7 @@ from aeroqueue.cli import main
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Queue
-from aeroqueue.sessions import Session, reap
+from aeroqueue.sessions import CLOCK_MARGIN_MS, Session, reap
 
 # Environment variables that would change what these commands do, removed for each run.
 CLEAN = {"AEROQUEUE_URL": None, "AEROQUEUE_VERBOSE": None, "AEROQUEUE_CREATE": None, "AEROQUEUE_JSON": None,
@@ -216,6 +217,39 @@ def test_ack_refusals_name_the_job_id_and_say_why(ready_url, list_name):
     assert f"list {list_name!r} has no job with token 99" in missing
     assert "no job list named" in one_error_line(cli("fail", "no-such-list", "0", "--session", "s", "--error", "e", url=ready_url), 1)
 
+
+
+@pytest.mark.parametrize("held", ["claimed", "leased"])
+def test_an_ack_past_the_time_limit_says_so_not_that_another_session_holds_it(ready_url, list_name, held):
+    """The holding session itself, too late: the refusal says the time limit ran out
+    (when, by the server's clock) and what becomes of the job, instead of 'claimed by
+    session X, not X'."""
+    backend = open_backend(ready_url)
+    JobLists(backend).load(list_name, [JobSpec(f"t{i}", {}) for i in range(3)], timeout_s=0.3, backoff_s=0)
+    holder = Session.open(backend)
+    try:
+        jobs = Queue(backend).reserve(list_name, holder, 3, lease=held == "leased")
+        assert all((j.lease is not None) == (held == "leased") for j in jobs)
+        time.sleep(0.6)
+        ends = set()
+        for job, ack in zip(jobs, (["complete"], ["fail", "--error", "e"], ["complete", "--result", "1"]), strict=True):
+            line = one_error_line(cli(ack[0], list_name, str(job.token), "--session", holder.id, *ack[1:],
+                                      url=ready_url), 1)
+            assert f"job {job.jid!r}" in line and f"not {holder.id}" not in line, line
+            assert "time limit" in line and "ran out at" in line and "server's clock" in line, line
+            assert "aeroqueue reap" in line and "retries the job" in line and "dead" in line, line
+            ends.add(re.search(r"ran out at (\S+)", line).group(1))  # type: ignore[union-attr]
+        if held == "claimed":
+            rec = backend.get(keys.JOB_SET, jobs[0].name)
+            assert rec is not None and rec.bins["state"] == "claimed", "left for the reaper"
+            when = dt.datetime.fromtimestamp(rec.bins["dl"] / 1000, dt.UTC).isoformat(timespec="milliseconds")
+            assert when in ends
+        else:
+            time.sleep(CLOCK_MARGIN_MS / 1000)  # the reaper ends a lease only this much past its end
+        assert reap(backend).timed_out >= 3, "what the refusal says: the reaper ends them"
+    finally:
+        holder.close()
+        backend.close()
 
 
 @pytest.mark.parametrize(("text", "why"), [
