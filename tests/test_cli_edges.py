@@ -435,7 +435,7 @@ def test_json_shapes_are_the_documented_ones(ready_url, list_name):
         return json.loads(out.stdout)
 
     assert set(shape("status", list_name)) == STATUS_KEYS  # type: ignore[arg-type]
-    assert set(shape("reap")) == {"sessions", "released"}  # type: ignore[arg-type]
+    assert set(shape("reap")) == {"sessions", "released", "timed_out"}  # type: ignore[arg-type]
     assert set(shape("sweep")) == {"requeued", "orphans", "recounted", "ranges"}  # type: ignore[arg-type]
     assert set(shape("udf", "register")) == {"url", "uploaded", "indexes"}  # type: ignore[arg-type]
     assert set(shape("init")) == {"url", "backend", "created", "uploaded", "indexes"}  # type: ignore[arg-type]
