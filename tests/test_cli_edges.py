@@ -323,6 +323,33 @@ def test_complete_and_fail_act_on_a_job_the_session_holds_by_a_lease(ready_url, 
         backend.close()
 
 
+@pytest.mark.parametrize("as_json", [True, False])
+def test_reap_reports_the_claims_it_ended_past_their_time_limit(ready_url, list_name, as_json):
+    """A reap that ends overdue claims of live sessions did work: it says how many, and
+    its warnings name each job, not two bare 'claim timed out' lines."""
+    backend = open_backend(ready_url)
+    JobLists(backend).load(list_name, [JobSpec(f"o{i}", {}) for i in range(2)], timeout_s=0.3, backoff_s=0)
+    with Session.open(backend) as holder:
+        jobs = Queue(backend).reserve(list_name, holder, 2)
+        time.sleep(0.6)
+        # A process of its own: what reaches stderr with no log handler set (pytest's would catch it).
+        out = subprocess.run([sys.executable, "-m", "aeroqueue", "--url", ready_url, "reap", *(["--json"] if as_json else [])],
+                             capture_output=True, text=True, timeout=60,
+                             env={k: v for k, v in os.environ.items() if k not in CLEAN})
+        assert out.returncode == 0, out.stderr
+        if as_json:
+            report = json.loads(out.stdout)
+            assert report["timed_out"] >= 2 and report["sessions"] >= 0  # (>=: other tests' leftovers on a shared server)
+        else:
+            assert re.fullmatch(r"reaped \d+ session\(s\), released \d+ job\(s\), timed out [2-9]\d* claim\(s\)\n",
+                                out.stdout), out.stdout
+        warned = [line for line in out.stderr.splitlines() if list_name in line]
+        assert len(warned) == 2, out.stderr
+        for job in jobs:
+            assert any(f"{list_name}/{job.token}" in w and repr(job.jid) in w and holder.id in w for w in warned), warned
+    assert [JobLists(backend).find_job(list_name, j.jid)["state"] for j in jobs] == ["queued", "queued"]
+
+
 # -- reserve and its session ----------------------------------------------------------
 
 
