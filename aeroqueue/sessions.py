@@ -347,6 +347,10 @@ def reap(backend: Backend, *, stop: Callable[[], bool] | None = None) -> ReapRep
     return ReapReport(sessions, released, timed_out)
 
 
+# What becomes of a job whose claim timed out, as the reaper's warning says it.
+_TIMED_OUT = {"retry": "to be retried", "delayed": "to be retried after the list's backoff", "dead": "now dead"}
+
+
 def expire_overdue(backend: Backend, session_id: str, leases: dict[str, Any] | None = None) -> int:
     """End a live session's claims that ran past their time limit, each as a failed
     attempt whose error says it timed out (retried after the list's backoff, or
@@ -377,8 +381,12 @@ def expire_overdue(backend: Backend, session_id: str, leases: dict[str, Any] | N
         st = transitions.expire(backend, bins["list"], bins["token"], session_id, why, delay_ms=delay)
         if st in ("retry", "delayed", "dead"):
             ended += 1
-            log.warning("claim timed out", extra={"event": "timed_out", "session": session_id, "list": bins["list"],
-                                                  "token": bins["token"], "jid": bins.get("jid"), "outcome": st})
+            # The job named in the message too: a command that sets no log handler (`aeroqueue reap`)
+            # prints the message alone.
+            log.warning("claim timed out: job %r (%s/%s) of session %s, %s", bins.get("jid"), bins["list"],
+                        bins["token"], session_id, _TIMED_OUT[st],
+                        extra={"event": "timed_out", "session": session_id, "list": bins["list"],
+                               "token": bins["token"], "jid": bins.get("jid"), "outcome": st})
     return ended
 
 

@@ -128,17 +128,19 @@ class ResultNotStorable(AeroqueueError):
     """The handler's result cannot be stored: it must be JSON (what the sync copies to MySQL)."""
 
 
-def storable_result(value: Any) -> Any:
+def storable_result(value: Any, what: str = "the handler's result") -> Any:
     """The handler's result as it will be stored: plain JSON values (tuples become
-    lists, keys strings), or `ResultNotStorable` saying why not. The sync copies
-    results to MySQL as JSON, and the Aerospike client cannot take other types
-    (some crash its process), so nothing else reaches the store."""
+    lists, keys strings; no NaN or infinity, integers within 64 bits), or
+    `ResultNotStorable` saying why not (of `what`). The sync copies results to
+    MySQL as JSON, and the Aerospike client cannot take other types (some crash
+    its process), so nothing else reaches the store. `aeroqueue complete --result`
+    checks by the same rule."""
     try:
         text = json.dumps(value, ensure_ascii=False, allow_nan=False)
         text.encode("utf-8")  # a lone surrogate passes json.dumps, not a database
         return json.loads(text, parse_int=_int64)
     except (TypeError, ValueError, RecursionError) as e:
-        raise ResultNotStorable(f"the handler's result cannot be stored as JSON: {e}") from None
+        raise ResultNotStorable(f"{what} cannot be stored as JSON: {e}") from None
 
 
 def handler_pace(previous: float | None, took: float) -> float:

@@ -4,6 +4,7 @@ refusals, `lists` on terminals and pipes, JSON output, and `bench`'s store."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import re
@@ -23,7 +24,7 @@ from aeroqueue.cli import main
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Queue
-from aeroqueue.sessions import Session, reap
+from aeroqueue.sessions import CLOCK_MARGIN_MS, Session, reap
 
 # Environment variables that would change what these commands do, removed for each run.
 CLEAN = {"AEROQUEUE_URL": None, "AEROQUEUE_VERBOSE": None, "AEROQUEUE_CREATE": None, "AEROQUEUE_JSON": None,
@@ -251,6 +252,63 @@ def test_ack_refusals_name_the_job_id_and_say_why(ready_url, list_name):
 
 
 
+@pytest.mark.parametrize("held", ["claimed", "leased"])
+def test_an_ack_past_the_time_limit_says_so_not_that_another_session_holds_it(ready_url, list_name, held):
+    """The holding session itself, too late: the refusal says the time limit ran out
+    (when, by the server's clock) and what becomes of the job, instead of 'claimed by
+    session X, not X'."""
+    backend = open_backend(ready_url)
+    JobLists(backend).load(list_name, [JobSpec(f"t{i}", {}) for i in range(3)], timeout_s=0.3, backoff_s=0)
+    holder = Session.open(backend)
+    try:
+        jobs = Queue(backend).reserve(list_name, holder, 3, lease=held == "leased")
+        assert all((j.lease is not None) == (held == "leased") for j in jobs)
+        time.sleep(0.6)
+        ends = set()
+        for job, ack in zip(jobs, (["complete"], ["fail", "--error", "e"], ["complete", "--result", "1"]), strict=True):
+            line = one_error_line(cli(ack[0], list_name, str(job.token), "--session", holder.id, *ack[1:],
+                                      url=ready_url), 1)
+            assert f"job {job.jid!r}" in line and f"not {holder.id}" not in line, line
+            assert "time limit" in line and "ran out at" in line and "server's clock" in line, line
+            assert "aeroqueue reap" in line and "retries the job" in line and "dead" in line, line
+            ends.add(re.search(r"ran out at (\S+)", line).group(1))  # type: ignore[union-attr]
+        if held == "claimed":
+            rec = backend.get(keys.JOB_SET, jobs[0].name)
+            assert rec is not None and rec.bins["state"] == "claimed", "left for the reaper"
+            when = dt.datetime.fromtimestamp(rec.bins["dl"] / 1000, dt.UTC).isoformat(timespec="milliseconds")
+            assert when in ends
+        else:
+            time.sleep(CLOCK_MARGIN_MS / 1000)  # the reaper ends a lease only this much past its end
+        assert reap(backend).timed_out >= 3, "what the refusal says: the reaper ends them"
+    finally:
+        holder.close()
+        backend.close()
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    ("NaN", "not JSON compliant"), ("Infinity", "not JSON compliant"), ("-Infinity", "not JSON compliant"),
+    ("1e999", "not JSON compliant"), ('{"n": [NaN]}', "not JSON compliant"),
+    ("99999999999999999999999", "does not fit in 64 bits"),
+])
+def test_complete_refuses_a_result_that_cannot_be_stored_and_leaves_the_job_claimed(ready_url, list_name, text, why):
+    """Python's json reads NaN, Infinity and 1e999 (inf), but they are not JSON: stored,
+    `job show --json` and `export` would print invalid JSON and the sync would refuse
+    the row. The worker refuses such results (`storable_result`); so does the CLI."""
+    backend = open_backend(ready_url)
+    JobLists(backend).load(list_name, [JobSpec("r0", {})])
+    with Session.open(backend) as holder:
+        (j0,) = Queue(backend).reserve(list_name, holder, 1)
+        line = one_error_line(cli("complete", list_name, str(j0.token), "--session", holder.id, "--result", text,
+                                  url=ready_url), 2)
+        assert "--result" in line and "cannot be stored" in line and why in line
+        rec = backend.get(keys.JOB_SET, j0.name)
+        assert rec is not None and rec.bins["state"] == "claimed" and rec.bins.get("result") is None, "nothing written"
+        ok = cli("complete", list_name, str(j0.token), "--session", holder.id, "--result", "[1.5, 2]", url=ready_url)
+        assert ok.exit_code == 0, ok.output
+    shown = cli("job", "show", list_name, "r0", "--json", url=ready_url)
+    assert json.loads(shown.stdout)["result"] == [1.5, 2]
+
+
 @pytest.mark.parametrize(("opts", "outcome", "says"), [
     ({"backoff_s": 0}, "retry", "will be retried"),
     ({}, "delayed", "will be retried after the list's backoff"),  # the default backoff: 1 s
@@ -296,6 +354,33 @@ def test_complete_and_fail_act_on_a_job_the_session_holds_by_a_lease(ready_url, 
     finally:
         holder.close()
         backend.close()
+
+
+@pytest.mark.parametrize("as_json", [True, False])
+def test_reap_reports_the_claims_it_ended_past_their_time_limit(ready_url, list_name, as_json):
+    """A reap that ends overdue claims of live sessions did work: it says how many, and
+    its warnings name each job, not two bare 'claim timed out' lines."""
+    backend = open_backend(ready_url)
+    JobLists(backend).load(list_name, [JobSpec(f"o{i}", {}) for i in range(2)], timeout_s=0.3, backoff_s=0)
+    with Session.open(backend) as holder:
+        jobs = Queue(backend).reserve(list_name, holder, 2)
+        time.sleep(0.6)
+        # A process of its own: what reaches stderr with no log handler set (pytest's would catch it).
+        out = subprocess.run([sys.executable, "-m", "aeroqueue", "--url", ready_url, "reap", *(["--json"] if as_json else [])],
+                             capture_output=True, text=True, timeout=60,
+                             env={k: v for k, v in os.environ.items() if k not in CLEAN})
+        assert out.returncode == 0, out.stderr
+        if as_json:
+            report = json.loads(out.stdout)
+            assert report["timed_out"] >= 2 and report["sessions"] >= 0  # (>=: other tests' leftovers on a shared server)
+        else:
+            assert re.fullmatch(r"reaped \d+ session\(s\), released \d+ job\(s\), timed out [2-9]\d* claim\(s\)\n",
+                                out.stdout), out.stdout
+        warned = [line for line in out.stderr.splitlines() if list_name in line]
+        assert len(warned) == 2, out.stderr
+        for job in jobs:
+            assert any(f"{list_name}/{job.token}" in w and repr(job.jid) in w and holder.id in w for w in warned), warned
+    assert [JobLists(backend).find_job(list_name, j.jid)["state"] for j in jobs] == ["queued", "queued"]
 
 
 # -- reserve and its session ----------------------------------------------------------
@@ -410,7 +495,7 @@ def test_json_shapes_are_the_documented_ones(ready_url, list_name):
         return json.loads(out.stdout)
 
     assert set(shape("status", list_name)) == STATUS_KEYS  # type: ignore[arg-type]
-    assert set(shape("reap")) == {"sessions", "released"}  # type: ignore[arg-type]
+    assert set(shape("reap")) == {"sessions", "released", "timed_out"}  # type: ignore[arg-type]
     assert set(shape("sweep")) == {"requeued", "orphans", "recounted", "ranges"}  # type: ignore[arg-type]
     assert set(shape("udf", "register")) == {"url", "uploaded", "indexes"}  # type: ignore[arg-type]
     assert set(shape("init")) == {"url", "backend", "created", "uploaded", "indexes"}  # type: ignore[arg-type]

@@ -6,6 +6,7 @@ library (design.md's modules), and these helpers are its common ground.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import sys
 import traceback
@@ -239,6 +240,13 @@ BACKOFF_MAX_OPT = option(
     "--backoff-max", "backoff_max_s", env="BACKOFF_MAX", type=seconds(0), default=None,
     metavar="SECONDS", show_default=False, help="The backoff's cap (new lists: 3600).",
 )
+
+
+def server_time(ms: int | None) -> str | None:
+    """Server ms as ISO 8601 UTC (what an operator compares with logs)."""
+    if ms is None:
+        return None
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="milliseconds")
 
 
 def progress_bar() -> Progress:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from typing import Any
 
@@ -11,19 +10,12 @@ from rich.console import Console
 from rich.table import Table
 
 from ..lists import JobLists
-from .context import JSON_OPT, LIST_ARG, Context, option
+from .context import JSON_OPT, LIST_ARG, Context, option, server_time
 
 JOB_ID_ARG = click.argument("job_id", metavar="ID")
 # What `job show` prints of a record, in this order (JSON keys; the table says them in words).
 SHOWN = ("id", "state", "attempts", "max_attempts", "session", "time_limit_s", "claimed_at", "deadline", "due",
          "swept_at", "done_at", "by", "token", "payload", "result", "errors")
-
-
-def _when(ms: int | None) -> str | None:
-    """Server ms as ISO 8601 UTC (what an operator compares with logs)."""
-    if ms is None:
-        return None
-    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="milliseconds")
 
 
 def job_view(bins: dict[str, Any]) -> dict[str, Any]:
@@ -37,17 +29,17 @@ def job_view(bins: dict[str, Any]) -> dict[str, Any]:
         "max_attempts": bins.get("max_att"),
         "session": bins.get("sess") if claimed else None,
         "time_limit_s": bins["tl"] / 1000 if claimed and bins.get("tl") else None,
-        "claimed_at": _when(bins.get("claimed")),
-        "deadline": _when(bins.get("dl")) if claimed else None,
-        "due": _when(bins.get("due")) if state == "delayed" else None,
+        "claimed_at": server_time(bins.get("claimed")),
+        "deadline": server_time(bins.get("dl")) if claimed else None,
+        "due": server_time(bins.get("due")) if state == "delayed" else None,
         # When a sweeper last offered it again: its reserver died, or its schedule slipped.
-        "swept_at": _when(bins.get("swept")),
-        "done_at": _when(bins.get("done_at")),
+        "swept_at": server_time(bins.get("swept")),
+        "done_at": server_time(bins.get("done_at")),
         "by": bins.get("by"),
         "token": bins.get("token"),
         "payload": bins.get("payload"),
         "result": bins.get("result"),
-        "errors": [{"at": _when(e.get("at")), "error": e.get("err")} for e in bins.get("errs") or []],
+        "errors": [{"at": server_time(e.get("at")), "error": e.get("err")} for e in bins.get("errs") or []],
     }
 
 

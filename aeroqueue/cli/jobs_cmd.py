@@ -23,6 +23,7 @@ from ..errors import ClaimLost, JobNotFound, SessionLost
 from ..lists import JobLists
 from ..queue import Job, Queue
 from ..sessions import Session, check_timing, lease_holder, lease_of
+from ..worker import ResultNotStorable, storable_result
 from .context import (
     EXPIRY_OPT,
     HEARTBEAT_OPT,
@@ -32,6 +33,7 @@ from .context import (
     err_console,
     option,
     seconds,
+    server_time,
 )
 
 
@@ -165,21 +167,41 @@ def _held_job(backend: Backend, list_name: str, token: int, session: str) -> Job
     return dataclasses.replace(job, attempt=fence[0] + 1, rid=lid, lease=fence)
 
 
+_TOO_LATE = ("too late to acknowledge: the reaper, `aeroqueue reap` or any worker's, ends the claim as timed out "
+             "and retries the job, or marks it dead if it has no attempts left")
+
+
+def _ran_out(server_ms: Any) -> str:
+    """' ran out at <when> by the server's clock', or ' ran out' when the time is not known."""
+    when = server_time(server_ms) if isinstance(server_ms, int) else None
+    return f" ran out at {when} by the server's clock" if when else " ran out"
+
+
 def _refusal(backend: Backend, job: Job, what: str) -> ClaimLost:
     """Why `session` cannot acknowledge the job, from the job record as it is now."""
     rec = backend.get(keys.JOB_SET, job.name)
     bins = rec.bins if rec is not None else {}
     state, holder, by = bins.get("state"), bins.get("sess"), bins.get("by")
     who = f"job {job.jid!r} ({job.list}/{job.token})"
-    if state == "claimed":
+    if state == "claimed" and holder == job.session:
+        # Its own claim, refused: too late (the UDF's 'late'). Still claimed until a reaper ends it.
+        tl = bins.get("tl")
+        limit = f" ({tl / 1000:g} s)" if isinstance(tl, int) and tl > 0 else ""
+        text, hint = f"{who}: the time limit{limit} of its claim by session {holder}{_ran_out(bins.get('dl'))}", _TOO_LATE
+    elif state == "claimed":
         text, hint = f"{who} is claimed by session {holder}, not {job.session}", "only the holding session can acknowledge it"
     elif state == "done":
         text, hint = f"{who} is already done (completed by session {by})", "nothing to do: drop this result"
     elif state == "dead":
         text, hint = f"{who} is dead after {bins.get('att')} attempt(s)", f"`aeroqueue kick {job.list}` puts dead jobs back"
     elif state == "queued" and (lessee := lease_holder(backend, job.list, job.token)) is not None:
-        text = f"{who} is leased by session {lessee}, not {job.session}"
-        hint = "only the holding session can acknowledge it"
+        if lessee == job.session:
+            # Its own lease, refused: past the lease's end (the job stays leased until a reaper ends it).
+            until = job.lease[2] if job.lease is not None else None
+            text, hint = f"{who}: the time limit of its lease by session {lessee}{_ran_out(until)}", _TOO_LATE
+        else:
+            text = f"{who} is leased by session {lessee}, not {job.session}"
+            hint = "only the holding session can acknowledge it"
     elif state == "queued" and by is None and not bins.get("claimed"):
         text, hint = f"{who} was never reserved", "reserve it first: `aeroqueue reserve --hold SECONDS`"
     else:
@@ -210,6 +232,13 @@ def complete(obj: Context, list_name: str, token: int, session: str, result: str
         value = json.loads(result)
     except json.JSONDecodeError as e:
         raise click.BadParameter(f"not JSON: {e.msg}", param_hint="--result") from None
+    # Python's json reads NaN, Infinity, 1e999 and integers of any size; stored, they
+    # would make `job show --json` and `export` print invalid JSON and the sync refuse
+    # the row. The worker's rule for handler results, so both store the same values.
+    try:
+        value = storable_result(value, "the result")
+    except ResultNotStorable as e:
+        raise click.BadParameter(str(e), param_hint="--result") from None
     backend = obj.backend()
     job = _held_job(backend, list_name, token, session)
     try:

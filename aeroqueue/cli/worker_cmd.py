@@ -160,15 +160,19 @@ def _refresh(live: Live, w: Any, stop: threading.Event) -> None:
 @JSON_OPT
 @click.pass_obj
 def reap(obj: Context, as_json: bool) -> None:
-    """Reap expired sessions: their claimed jobs go back to the retry store.
+    """Reap expired sessions: their claimed jobs go back to the retry store. Also end
+    the claims of live sessions past their time limit, as timed-out attempts (the
+    job is retried, or dead without attempts left).
 
-    --json prints {"sessions": reaped, "released": jobs given back}.
+    --json prints {"sessions": reaped, "released": jobs given back, "timed_out":
+    claims ended past their time limit}.
     """
     report = reap_sessions(obj.backend())
     if as_json:
-        click.echo(json.dumps({"sessions": report.sessions, "released": report.released}))
+        click.echo(json.dumps({"sessions": report.sessions, "released": report.released, "timed_out": report.timed_out}))
     else:
-        click.echo(f"reaped {report.sessions} session(s), released {report.released} job(s)")
+        click.echo(f"reaped {report.sessions} session(s), released {report.released} job(s), "
+                   f"timed out {report.timed_out} claim(s)")
 
 
 @click.command()
