@@ -120,6 +120,20 @@ def test_every_option_names_its_environment_variable(path, cmd):
             assert str(param.envvar) in " ".join(out.output.split()), f"{path} --{param.name} help"
 
 
+def test_an_environment_variable_means_one_setting():
+    """Options of several commands may share a variable (AEROQUEUE_URL, AEROQUEUE_JSON,
+    AEROQUEUE_SWEEP_GRACE) only where it is the same setting: same type and default. The
+    worker's metrics port once shared AEROQUEUE_METRICS_PORT with `aeroqueue metrics
+    --port`, so setting it for one made the other bind the same port."""
+    seen: dict[str, set[tuple[str, str]]] = {}
+    for _, cmd in _commands(main):
+        for param in cmd.params:
+            if isinstance(param, click.Option) and param.envvar:
+                default = None if param.required else param.default  # required: no default at all
+                seen.setdefault(str(param.envvar), set()).add((repr(default), str(param.type)))
+    assert {var: kinds for var, kinds in seen.items() if len(kinds) > 1} == {}
+
+
 def test_top_level_help_and_url_envvar():
     out = run("--help")
     assert out.exit_code == 0 and "AEROQUEUE_URL" in out.output and "embedded:///" in out.output
