@@ -32,6 +32,8 @@
 --   err      string    the last failure
 --   errs     list      the last 10 failures, oldest first: map{at, err}
 --   synced   integer   server ms when the sync copied it to MySQL (absent: not yet)
+--   snz      string    the request id of the last claim that ended snoozed: a snooze
+--                      repeated after a lost answer is told from one after a fail
 --   kicked   integer   server ms of the last kick. A kicked job is pushed onto the
 --                      retry store and may still lie ahead in the token store (buried
 --                      or delayed before it was ever handed out): a reservation that
@@ -259,12 +261,17 @@ function snooze(rec, sess, delay_ms, rid, deadline)
   if not aerospike:exists(rec) then return 'missing' end
   local state = rec['state']
   if not holds(rec, sess, rid) then
-    if state == 'delayed' and rec['by'] == sess and same_claim(rec, rid) then return 'delayed' end
+    -- A repeat of this snooze (its answer was lost). A fail with a backoff leaves the
+    -- same state, `by` and `rid`: only `snz` tells that this claim ended snoozed.
+    if state == 'delayed' and rec['by'] == sess and same_claim(rec, rid) and rec['snz'] == rec['rid'] then
+      return 'delayed'
+    end
     return 'lost'
   end
   local t = now()
   if late(rec, t) then return 'late' end
   if rec['att'] > 0 then rec['att'] = rec['att'] - 1 end
+  rec['snz'] = rec['rid']
   unclaim(rec, sess)
   requeue(rec, t, math.max(delay_ms, 1))
   aerospike:update(rec)

@@ -182,6 +182,22 @@ def test_snooze_gives_the_attempt_back(queue, lists, list_name, session):
     queue.complete(b)
 
 
+def test_a_snooze_after_a_fail_is_refused_and_a_repeated_snooze_is_recognised(queue, lists, list_name, session):
+    """A fail with a backoff leaves the job delayed, by the same session, under the same
+    request id, as a snooze does: the snooze's check for its own repeat (an answer lost)
+    took a snooze after a fail for one, answered 'delayed' and scheduled the job again."""
+    lists.load(list_name, specs(2), backoff_s=60, seal=True)
+    a, b = queue.reserve(list_name, session, 2)
+    assert queue.fail(a, "boom") == "delayed"
+    with pytest.raises(errors.ClaimLost):
+        queue.snooze(a, 5)
+    assert lists.status(list_name).delayed == 1, "scheduled once"
+    assert queue.snooze(b, 5) == "delayed"
+    again = queue.backend.udf(keys.JOB_SET, b.name, keys.JOB_MOD, "snooze", session.id, 5000, b.rid, None)
+    assert again == "delayed", "the same snooze repeated: recognised, and the caller redoes its follow-up"
+    assert lists.find_job(list_name, "job-1")["att"] == 0
+
+
 def test_error_history_keeps_the_last_ten(queue, lists, list_name, session):
     lists.load(list_name, specs(1), backoff_s=0, max_attempts=20)
     for i in range(12):
