@@ -325,6 +325,21 @@ def test_fail_says_what_becomes_of_the_job(ready_url, list_name, opts, outcome, 
         as_json = cli("fail", list_name, str(j1.token), "--session", holder.id, "--error", "e", "--json", url=ready_url)
         assert json.loads(as_json.stdout)["outcome"] == outcome
 
+
+def test_export_lists_the_jobs_of_each_state(ready_url, list_name):
+    backend = open_backend(ready_url)
+    JobLists(backend).load(list_name, [JobSpec(f"e{i}", {}) for i in range(4)], backoff_s=600, seal=True)
+    queue = Queue(backend)
+    with Session.open(backend) as holder:
+        done, delayed, claimed = queue.reserve(list_name, holder, 3)
+        queue.complete(done, "ok")
+        assert queue.fail(delayed, "later") == "delayed"
+        for state, ids in [("queued", ["e3"]), ("delayed", ["e1"]), ("claimed", ["e2"]), ("done", ["e0"]), ("dead", [])]:
+            out = cli("export", list_name, "--state", state, url=ready_url)
+            assert out.exit_code == 0, out.output
+            assert [json.loads(line)["jid"] for line in out.stdout.splitlines()] == ids, state
+        queue.release(claimed)
+
 def test_complete_and_fail_act_on_a_job_the_session_holds_by_a_lease(ready_url, list_name):
     """A worker's batches are leased, not claimed: `complete --session` and `fail
     --session` find the lease on the session record and acknowledge through it, once."""

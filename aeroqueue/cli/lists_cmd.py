@@ -187,7 +187,8 @@ def _table(header: list[str], cells: list[list[str]], shown: list[int]) -> Table
 
 @click.command()
 @LIST_ARG
-@option("--state", env="STATE", type=click.Choice(["queued", "claimed", "done", "dead"]), default=None, help="Only jobs in this state.")
+@option("--state", env="STATE", type=click.Choice(["queued", "delayed", "claimed", "done", "dead"]), default=None,
+        help="Only jobs in this state (delayed: waiting for a backoff, a snooze or their run_at).")
 @option("--output", "-o", env="OUTPUT", type=click.File("w"), default="-", help="Where to write (default: standard output).")
 @click.pass_obj
 def export(obj: Context, list_name: str, state: str | None, output: Any) -> None:
