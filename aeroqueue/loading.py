@@ -153,7 +153,22 @@ def read_file(
             else:
                 raise LoadError(f"unknown format {kind!r}: use csv or jsonl", source=name)
         except UnicodeDecodeError as e:
-            raise LoadError(f"not UTF-8 text ({e.reason} at byte {e.start})", source=name) from None
+            # e.start counts from the decoder's buffer, not the file: find the place.
+            line, at, reason = _first_bad_utf8(path) or (None, e.start, e.reason)
+            raise LoadError(f"not UTF-8 text ({reason} at byte {at:,} of the file)", source=name, line=line) from None
+
+
+def _first_bad_utf8(path: Path) -> tuple[int, int, str] | None:
+    """(line, byte offset in the file, why) of the first bytes that are not UTF-8."""
+    offset = 0
+    with path.open("rb") as f:
+        for n, raw in enumerate(f, 1):  # a newline byte is never inside a UTF-8 sequence
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return n, offset + e.start, e.reason
+            offset += len(raw)
+    return None
 
 
 def _field_limit(max_payload: int) -> None:

@@ -61,6 +61,18 @@ def test_not_utf8(tmp_path):
     with pytest.raises(LoadError) as e:
         load_file(path)
     assert "latin.csv" in str(e.value) and "UTF-8" in str(e.value)
+    assert "line 2" in str(e.value) and "at byte 7 of the file" in str(e.value)
+
+
+def test_not_utf8_far_into_a_file_names_its_line_and_byte(tmp_path):
+    """The decoder reads in blocks: its own offset is within the block, not the file."""
+    path = tmp_path / "late.csv"
+    rows = b"".join(b"%d,row %d\n" % (i, i) for i in range(10_000))
+    path.write_bytes(b"id,x\n" + rows + b"10000,caf\xe9\n")
+    with pytest.raises(LoadError) as e:
+        load_file(path)
+    at = len(b"id,x\n" + rows) + len(b"10000,caf")
+    assert "line 10002" in str(e.value) and f"at byte {at:,} of the file" in str(e.value)
 
 
 def test_python_iterable_errors_name_the_item():
