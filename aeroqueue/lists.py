@@ -212,14 +212,22 @@ class JobLists:
     def status(self, name: str) -> ListStatus:
         transitions.flush_bits(self.backend)  # this process's acks count at once
         head = self.header(name)
-        done, dead, retry = self._bit_counts(name, head["alloc"], head.get("retry") or [])
-        delayed, held_back = _delayed(head)
+        done, dead, finished = self._bits(name, head["alloc"])
+        # Each job counted once: a token may also stand where it no longer waits. A
+        # kick or a repeated push leaves it in the retry store and in the schedule or
+        # ahead in the token store; a bury leaves it there too, finished.
+        retry_set = {t for t in head.get("retry") or [] if not finished(t)}
+        retry = len(retry_set)
+        scheduled = {t for items in (head.get("sched") or {}).values() for t in items if not isinstance(t, list)}
+        delayed, held_back = _delayed(head, sum(1 for t in scheduled if t not in retry_set and not finished(t)))
         base, cap = backoff_of(head)
         if head["mode"] == "ids":
             # A gated chunk is whole until the cursor reaches it: its jobs are delayed.
-            reservable = len(self.unpopped_ids(name, head)) - held_back
+            ahead = self.unpopped_ids(name, head)
+            reservable = len(ahead) - held_back - sum(1 for t in ahead if t in retry_set or finished(t))
         else:
-            reservable = head["tail"] - head["head"] - held_back
+            lo, hi = head["head"], head["tail"]
+            reservable = hi - lo - held_back - sum(1 for t in retry_set if lo <= t < hi) - finished.within(lo, hi)
         reservable += sum(_ready(r) for r in head.get("ready") or [])
         total = head["total"]
         pending = len(head.get("pend") or {})
@@ -258,28 +266,24 @@ class JobLists:
         )
         return [t for c in chunks if c is not None for t in (c.bins.get("ids") or [])]
 
-    def _bit_counts(self, name: str, alloc: int, retry: list[int]) -> tuple[int, int, int]:
-        """Done and dead bits set, and how many jobs of the retry store are unfinished
-        (neither bit set). An entry whose job finished is a duplicate, pending nothing:
-        a release or requeue repeated after a lost answer pushes a token twice (rather
-        than strand it), the job runs once, and a take skips the second entry."""
+    def _bits(self, name: str, alloc: int) -> tuple[int, int, _Finished]:
+        """Done and dead bits set, and which tokens have either. A retry store entry
+        whose job finished is a duplicate, pending nothing: a release or requeue
+        repeated after a lost answer pushes a token twice (rather than strand it), the
+        job runs once, and a take skips the second entry."""
         n_chunks = -(-alloc // keys.BITS_PER_CHUNK)
         recs = self.backend.batch_get(keys.DONE_SET, [keys.chunk_name(name, c) for c in range(n_chunks)])
         done = dead = 0
-        maps: dict[int, tuple[bytes, bytes]] = {}
+        maps: dict[int, int] = {}
         for chunk, rec in enumerate(recs):
             if rec is None:
                 continue
-            d, x = bytes(rec.bins.get("done") or b""), bytes(rec.bins.get("dead") or b"")
-            maps[chunk] = (d, x)
-            done += int.from_bytes(d, "big").bit_count()
-            dead += int.from_bytes(x, "big").bit_count()
-
-        def finished(token: int) -> bool:
-            chunk, bit = keys.bit_position(token)
-            return any(keys.bit_is_set(m, bit) for m in maps.get(chunk, ()))
-
-        return done, dead, sum(1 for t in set(retry) if not finished(t))
+            d = int.from_bytes(bytes(rec.bins.get("done") or b"").ljust(keys.BITS_PER_CHUNK // 8, b"\0"), "big")
+            x = int.from_bytes(bytes(rec.bins.get("dead") or b"").ljust(keys.BITS_PER_CHUNK // 8, b"\0"), "big")
+            maps[chunk] = d | x
+            done += d.bit_count()
+            dead += x.bit_count()
+        return done, dead, _Finished(maps)
 
     # -- walking a list ----------------------------------------------------------
 
@@ -445,14 +449,40 @@ def _policy_opts(timeout_s: float | None, backoff_s: float | None, backoff_max_s
     return opts
 
 
-def _delayed(head: dict[str, Any]) -> tuple[int, int]:
+class _Finished:
+    """Which tokens of a list have their done or dead bit set (bits as one int a chunk,
+    the first token the highest bit, as the bitmaps store them)."""
+
+    _PER = keys.BITS_PER_CHUNK
+
+    def __init__(self, maps: dict[int, int]) -> None:
+        self._maps = maps
+
+    def __call__(self, token: int) -> bool:
+        chunk, bit = divmod(token, self._PER)
+        return bool((self._maps.get(chunk, 0) >> (self._PER - 1 - bit)) & 1)
+
+    def within(self, lo: int, hi: int) -> int:
+        """How many tokens of [lo, hi) are finished."""
+        n = 0
+        for chunk in range(lo // self._PER, -(-hi // self._PER)):
+            bits = self._maps.get(chunk, 0)
+            if not bits:
+                continue
+            a, b = max(lo - chunk * self._PER, 0), min(hi - chunk * self._PER, self._PER)
+            n += (bits >> (self._PER - b) & ((1 << (b - a)) - 1)).bit_count()
+        return n
+
+
+def _delayed(head: dict[str, Any], scheduled: int) -> tuple[int, int]:
     """(jobs waiting for their time, jobs of the token store (ID mode: of the ID store)
-    held back by gates and timed jobs) from the list record's schedule. Each job is
-    counted once (aq_list_v1.lua, header): a gate's `real` leaves out its jobs with a
-    later run_at of their own (its `skip`), which sched holds and `nsch` counts."""
+    held back by gates and timed jobs) from the list record's schedule, given how many
+    of its single tokens still wait (`scheduled`: not finished, not also pending in the
+    retry store). Each job is counted once (aq_list_v1.lua, header): a gate's `real`
+    leaves out its jobs with a later run_at of their own (its `skip`), which sched holds."""
     gates = head.get("gates") or {}
     ranges = sum(item[2] for items in (head.get("sched") or {}).values() for item in items if isinstance(item, list))
-    delayed = sum(g["real"] for g in gates.values()) + (head.get("nsch") or 0) + ranges
+    delayed = sum(g["real"] for g in gates.values()) + scheduled + ranges
     if head["mode"] == "ids":
         # A gated chunk holds the range's real tokens (ID mode has no skip, no `timed`).
         return delayed, sum(g["real"] + len(g.get("skip") or {}) for g in gates.values())

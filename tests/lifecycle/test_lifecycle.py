@@ -198,6 +198,33 @@ def test_a_snooze_after_a_fail_is_refused_and_a_repeated_snooze_is_recognised(qu
     assert lists.find_job(list_name, "job-1")["att"] == 0
 
 
+def each_count(lists, name):
+    st = lists.status(name)
+    return {"reservable": st.reservable, "delayed": st.delayed, "in_flight": st.in_flight,
+            "retry_pending": st.retry_pending, "done": st.done, "dead": st.dead}
+
+
+def test_kicked_and_buried_jobs_are_counted_once(queue, lists, list_name, session):
+    """A kick puts a job on the retry store and leaves it where it waited (the schedule,
+    or ahead in the token store); a bury leaves it there too, dead. Each job is still
+    counted in one place, and the counts add up to the total."""
+    lists.load(list_name, specs(6), backoff_s=600, seal=True)
+    a, b, c = queue.reserve(list_name, session, 3)
+    assert queue.fail(a, "x") == "delayed" and queue.fail(b, "y") == "delayed"
+    assert each_count(lists, list_name) == {"reservable": 3, "delayed": 2, "in_flight": 1, "retry_pending": 0, "done": 0, "dead": 0}
+    assert lists.kick_job(list_name, "job-0")  # scheduled, and now on the retry store too
+    assert lists.bury(list_name, "job-1") == "dead"  # scheduled, and dead
+    assert lists.bury(list_name, "job-5") == "dead"  # ahead in the token store, and dead
+    assert lists.kick_job(list_name, "job-5")  # ... and now on the retry store too
+    assert lists.bury(list_name, "job-4") == "dead"  # ahead in the token store, and dead
+    assert each_count(lists, list_name) == {"reservable": 1, "delayed": 0, "in_flight": 1, "retry_pending": 2, "done": 0, "dead": 2}
+    got = queue.reserve(list_name, session, 6)
+    assert sorted(j.jid for j in got) == ["job-0", "job-3", "job-5"]
+    queue.complete_many([c, *got])
+    assert each_count(lists, list_name) == {"reservable": 0, "delayed": 0, "in_flight": 0, "retry_pending": 0, "done": 4, "dead": 2}
+    assert lists.status(list_name).complete
+
+
 def test_error_history_keeps_the_last_ten(queue, lists, list_name, session):
     lists.load(list_name, specs(1), backoff_s=0, max_attempts=20)
     for i in range(12):
