@@ -494,6 +494,12 @@ def test_status_json_has_paused(ready_url, list_name):
     assert st["paused"] is True and st["name"] == list_name
     row = next(r for r in json.loads(cli("lists", "--json", url=ready_url).stdout) if r["name"] == list_name)
     assert row == st
+    with Session.open(open_backend(ready_url)) as holder:
+        paused = cli("reserve", list_name, "--session", holder.id, url=ready_url)
+        assert paused.exit_code == 0 and paused.stdout == "", "nothing reserved"
+        assert f"{list_name} is paused: `aeroqueue pause {list_name} --resume` resumes it" in paused.stderr
+        assert cli("pause", list_name, "--resume", url=ready_url).exit_code == 0
+        assert json.loads(cli("reserve", list_name, "--session", holder.id, url=ready_url).stdout)["id"] == "c0"
 
 
 STATUS_KEYS = {"name", "mode", "total", "reservable", "delayed", "in_flight", "retry_pending", "done", "dead", "sealed",

@@ -99,7 +99,9 @@ def reserve(obj: Context, list_name: str, count: int, hold_s: float | None, sess
         for job in jobs:
             click.echo(json.dumps(job_json(job)))
         if not jobs:
-            err_console.print(f"no job to reserve in {list_name}", highlight=False)
+            paused = JobLists(backend).header(list_name)["paused"] == 1
+            err_console.print(f"{list_name} is paused: `aeroqueue pause {list_name} --resume` resumes it" if paused
+                              else f"no job to reserve in {list_name}", highlight=False)
         elif hold_s is not None:
             _hold(backend, sess, jobs, hold_s, heartbeat=not own)
     finally:

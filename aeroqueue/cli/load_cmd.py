@@ -124,7 +124,7 @@ def load(
         n = validate(read, source, id_field, progress=lambda k: progress.update(checking, completed=k))
         progress.update(checking, total=n, completed=n)
         if n == 0:
-            raise LoadError("no jobs in the input: nothing was loaded and no list was created", source=source)
+            raise LoadError("no jobs in the input, so no list was created", source=source)
         t1 = time.perf_counter()
         writing = progress.add_task(f"loading into {list_name}", total=n)
         report = JobLists(backend).load(
