@@ -113,13 +113,17 @@ class JobLists:
     # -- create, seal, pause ---------------------------------------------------
 
     def create(
-        self, name: str, *, mode: str = "tokens", max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        self, name: str, *, mode: str | None = None, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         timeout_s: float | None = None, backoff_s: float | None = None, backoff_max_s: float | None = None,
     ) -> bool:
         """Create a list (True), or check an existing one has the same mode (False).
-        The time limit and backoff (None: the defaults) apply to a new list only; an
-        existing list keeps its own (`tune` changes them)."""
+        `mode` None: an existing list's own, else 'tokens'. The time limit and backoff
+        (None: the defaults) apply to a new list only; an existing list keeps its own
+        (`tune` changes them)."""
         keys.check_list_name(name)
+        if mode is None:
+            rec = self.backend.get(keys.LIST_SET, name, bins=["mode"])
+            mode = str(rec.bins["mode"]) if rec is not None else "tokens"
         if mode not in MODES:
             raise ListModeMismatch(f"unknown mode {mode!r}: use 'tokens' or 'ids'")
         if not 1 <= max_attempts <= MAX_ATTEMPTS:
@@ -172,7 +176,7 @@ class JobLists:
         name: str,
         jobs: Iterable[Any],
         *,
-        mode: str = "tokens",
+        mode: str | None = None,
         seal: bool = False,
         chunk_size: int | None = None,
         lease_ms: int = DEFAULT_LEASE_MS,

@@ -99,7 +99,7 @@ def load(
     name: str,
     jobs: Iterable[Any],
     *,
-    mode: str,
+    mode: str | None,
     seal: bool,
     chunk_size: int | None,
     lease_ms: int,

@@ -326,6 +326,20 @@ def test_fail_says_what_becomes_of_the_job(ready_url, list_name, opts, outcome, 
         assert json.loads(as_json.stdout)["outcome"] == outcome
 
 
+
+def test_loading_more_into_an_ids_list_needs_no_mode(ready_url, list_name, tmp_path):
+    first, more = tmp_path / "a.csv", tmp_path / "b.csv"
+    first.write_text("id\na\nb\n")
+    more.write_text("id\nc\n")
+    assert cli("load", list_name, str(first), "--mode", "ids", url=ready_url).exit_code == 0
+    again = cli("load", list_name, str(more), url=ready_url)
+    assert again.exit_code == 0, again.output
+    st = json.loads(cli("status", list_name, "--json", url=ready_url).stdout)
+    assert (st["mode"], st["total"]) == ("ids", 3)
+    assert "already exists (ids mode)" in cli("create", list_name, url=ready_url).stdout
+    wrong = one_error_line(cli("load", list_name, str(more), "--mode", "tokens", url=ready_url), 1)
+    assert "exists in 'ids' mode, not 'tokens'" in wrong
+
 def test_export_lists_the_jobs_of_each_state(ready_url, list_name):
     backend = open_backend(ready_url)
     JobLists(backend).load(list_name, [JobSpec(f"e{i}", {}) for i in range(4)], backoff_s=600, seal=True)

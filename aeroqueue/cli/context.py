@@ -220,8 +220,9 @@ def seconds(min: float = 0, *, min_open: bool = False) -> click.FloatRange:
 
 LIST_ARG = click.argument("list_name", metavar="LIST")
 MODE_OPT = option(
-    "--mode", env="MODE", type=click.Choice(["tokens", "ids"]), default="tokens",
-    help="tokens: sequential token store; ids: list-pop ID store (chunked).",
+    "--mode", env="MODE", type=click.Choice(["tokens", "ids"]), default=None,
+    help="tokens: sequential token store; ids: list-pop ID store (chunked). A new list: tokens; an existing "
+         "list keeps its own, and another mode given is an error.",
 )
 MAX_ATT_OPT = option("--max-attempts", env="MAX_ATTEMPTS", type=click.IntRange(1, MAX_ATTEMPTS), default=DEFAULT_MAX_ATTEMPTS, help="Failures before a job goes dead.")
 JSON_OPT = option("--json", "as_json", env="JSON", is_flag=True, help="Print JSON instead of a table.")

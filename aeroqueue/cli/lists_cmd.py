@@ -34,15 +34,16 @@ from .context import (
 @BACKOFF_MAX_OPT
 @click.pass_obj
 def create(
-    obj: Context, list_name: str, mode: str, max_attempts: int, timeout_s: float | None, backoff_s: float | None,
-    backoff_max_s: float | None,
+    obj: Context, list_name: str, mode: str | None, max_attempts: int, timeout_s: float | None,
+    backoff_s: float | None, backoff_max_s: float | None,
 ) -> None:
     """Create an empty job list (loading creates one too)."""
-    made = JobLists(obj.backend()).create(
+    lists = JobLists(obj.backend())
+    made = lists.create(
         list_name, mode=mode, max_attempts=max_attempts, timeout_s=timeout_s, backoff_s=backoff_s,
         backoff_max_s=backoff_max_s,
     )
-    click.echo(f"list {list_name!r} {'created' if made else 'already exists'} ({mode} mode)")
+    click.echo(f"list {list_name!r} {'created' if made else 'already exists'} ({lists.header(list_name)['mode']} mode)")
 
 
 @click.command()

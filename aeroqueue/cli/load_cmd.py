@@ -93,7 +93,7 @@ def _progress(enabled: bool) -> Progress:
 @JSON_OPT
 @click.pass_obj
 def load(
-    obj: Context, list_name: str, file: Path, fmt: str | None, id_field: str, strict: bool, mode: str,
+    obj: Context, list_name: str, file: Path, fmt: str | None, id_field: str, strict: bool, mode: str | None,
     max_attempts: int, timeout_s: float | None, backoff_s: float | None, backoff_max_s: float | None, delay_s: float,
     seal: bool, chunk_size: int | None, workers: int | None, as_json: bool,
 ) -> None:
