@@ -261,9 +261,10 @@ def complete_many(backend: Backend, items: list[tuple[str, str, str, Any]], dead
 # A leased job (Queue.reserve(..., lease=True)) is read, not claimed: its record stays
 # 'queued' and the session record lists the lease (aq_sess_v1.lease). What the read
 # saw is the fence: any claim since (the holder's own, before a fail or a touch; the
-# reaper's, for a dead or overdue lease) adds one to `att` and moves `claimed`, so an
-# ack admitted only while both are as read, the job is still queued and the lease's
-# time limit has not run out is an ack of this lease and of nothing since.
+# reaper's, for a dead or overdue lease) adds one to `att` and moves `claimed`, and a
+# kick (after a bury) leaves `kicked`, so an ack admitted only while these are as read,
+# the job is still queued and the lease's time limit has not run out is an ack of this
+# lease and of nothing since.
 
 LEASE_READS = ("jid", "payload", "att", "token", "state", "claimed", "kicked")
 LEASE_READS_LIST = list(LEASE_READS)
@@ -275,6 +276,9 @@ def _lease_template(claimed_before: bool, with_until: bool, with_deadline: bool)
         exp.Eq(exp.StrBin("state"), "queued"),
         exp.Eq(exp.IntBin("att"), _ATT),
         exp.Eq(exp.IntBin("claimed"), _CLAIMED_AT) if claimed_before else exp.Not(exp.BinExists("claimed")),
+        # Never kicked since the read (a lease is never made of a kicked job): buried and
+        # kicked, a job is queued again with its attempts as the lease read them.
+        exp.Not(exp.BinExists("kicked")),
     ]
     if with_until:
         conds.append(exp.LE(SERVER_NOW, _UNTIL))

@@ -375,6 +375,22 @@ def test_a_kicked_job_not_yet_handed_out_is_held_once(
         rec = record(registered, job)
         assert rec["state"] == "done" and rec["by"] == session.id and rec["att"] == 1, job.token
 
+
+def test_a_leased_job_buried_and_kicked_refuses_the_leases_ack(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session
+) -> None:
+    """Bury refuses the holder's ack; a kick after it puts the job back queued with fresh
+    attempts, as the lease read it: the lease's ack must still be refused."""
+    load(lists, list_name, 3, seal=True)
+    jobs = queue.reserve(list_name, session, 3, lease=True)
+    assert all(j.lease is not None for j in jobs)
+    assert lists.bury(list_name, "j1") == "dead" and lists.kick_job(list_name, "j1")
+    assert queue.complete_many(jobs) == [jobs[1]], "the buried and kicked job's ack refused, the others done"
+    again = queue.reserve(list_name, session, 3)
+    assert [j.token for j in again] == [1] and queue.complete_many(again) == []
+    queue.flush()
+    assert (lists.status(list_name).done, record(registered, again[0])["att"]) == (3, 1)
+
 def test_closing_gives_leased_jobs_back_with_their_attempt(
     registered: Backend, queue: Queue, lists: JobLists, list_name: str
 ) -> None:
