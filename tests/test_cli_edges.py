@@ -159,6 +159,9 @@ def test_every_error_is_one_line_with_its_exit_status(tmp_path, args, code, says
         (("create", "L", "--backoff", "1e20"), 2, "'--backoff'"),
         (("sweep", "--grace", "inf"), 2, "'--grace'"),
         (("worker", "--handler", "json:dumps", "--list", "L", "--drain-timeout", "nan"), 2, "'nan' is not a number"),
+        (("worker", "--handler", "json:dumps", "--list", "L", "--heartbeat", "2", "--expiry", "3"), 2,
+         "more than twice the heartbeat interval"),
+        (("reserve", "L", "--hold", "5", "--heartbeat", "2", "--expiry", "3"), 2, "more than twice"),
         # A new list's backoff base above the default cap.
         (("create", "L", "--backoff", "7200"), 1, "the backoff cap (3600 s) is below its base (7200 s)"),
         (("load", "L", "JOBS", "--backoff", "7200"), 1, "below its base"),
@@ -339,6 +342,16 @@ def test_loading_more_into_an_ids_list_needs_no_mode(ready_url, list_name, tmp_p
     assert "already exists (ids mode)" in cli("create", list_name, url=ready_url).stdout
     wrong = one_error_line(cli("load", list_name, str(more), "--mode", "tokens", url=ready_url), 1)
     assert "exists in 'ids' mode, not 'tokens'" in wrong
+
+
+def test_an_ack_of_a_buried_job_says_it_was_buried(ready_url, list_name):
+    backend = open_backend(ready_url)
+    JobLists(backend).load(list_name, [JobSpec("b0", {})], seal=True)
+    with Session.open(backend) as holder:
+        [job] = Queue(backend).reserve(list_name, holder, 1)
+        assert JobLists(backend).bury(list_name, "b0", "bad address") == "dead"
+        line = one_error_line(cli("complete", list_name, str(job.token), "--session", holder.id, url=ready_url), 1)
+        assert "was buried by an operator (bad address)" in line and f"aeroqueue job kick {list_name} b0" in line
 
 def test_export_lists_the_jobs_of_each_state(ready_url, list_name):
     backend = open_backend(ready_url)

@@ -265,5 +265,17 @@ def advance(progress: Progress, task: Any, items: Iterable[T]) -> Iterator[T]:
 
 
 HEARTBEAT_OPT = option("--heartbeat", "interval_s", env="HEARTBEAT", type=seconds(0.01), default=1.0, help="Seconds between heartbeats.")
+
+
+def check_session_timing(interval_s: float, expiry_s: float) -> None:
+    """--heartbeat and --expiry that do not fit together: a usage error (exit 2)."""
+    from ..sessions import check_timing
+
+    try:
+        check_timing(interval_s, expiry_s)
+    except AeroqueueError as e:
+        raise click.UsageError(f"--expiry and --heartbeat: {e}") from None
+
+
 EXPIRY_OPT = option("--expiry", "expiry_s", env="EXPIRY", type=seconds(0.05), default=5.0, help="Seconds without a heartbeat after which a session is dead (more than twice --heartbeat).")
 

@@ -22,7 +22,7 @@ from ..backends import Backend
 from ..errors import ClaimLost, JobNotFound, SessionLost
 from ..lists import JobLists
 from ..queue import Job, Queue
-from ..sessions import Session, check_timing, lease_holder, lease_of
+from ..sessions import Session, lease_holder, lease_of
 from ..worker import ResultNotStorable, storable_result
 from .context import (
     EXPIRY_OPT,
@@ -30,6 +30,7 @@ from .context import (
     JSON_OPT,
     LIST_ARG,
     Context,
+    check_session_timing,
     err_console,
     option,
     seconds,
@@ -82,7 +83,7 @@ def reserve(obj: Context, list_name: str, count: int, hold_s: float | None, sess
             "--session ID (a session your program keeps alive): a session that ended with the command "
             "would give the jobs away before you could complete them"
         )
-    check_timing(interval_s, expiry_s)
+    check_session_timing(interval_s, expiry_s)
     backend = obj.backend()
     queue = Queue(backend)
     own = session is None
@@ -194,6 +195,8 @@ def _refusal(backend: Backend, job: Job, what: str) -> ClaimLost:
         text, hint = f"{who} is claimed by session {holder}, not {job.session}", "only the holding session can acknowledge it"
     elif state == "done":
         text, hint = f"{who} is already done (completed by session {by})", "nothing to do: drop this result"
+    elif state == "dead" and by == "operator":  # aq_job_v1.bury
+        text, hint = f"{who} was buried by an operator ({bins.get('err')})", f"`aeroqueue job kick {job.list} {job.jid}` puts it back"
     elif state == "dead":
         text, hint = f"{who} is dead after {bins.get('att')} attempt(s)", f"`aeroqueue kick {job.list}` puts dead jobs back"
     elif state == "queued" and (lessee := lease_holder(backend, job.list, job.token)) is not None:

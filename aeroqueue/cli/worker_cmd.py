@@ -17,7 +17,6 @@ from ..acks import DEFAULT_LINGER_S
 from ..errors import ConfigError
 from ..logs import configure_logging
 from ..selection import DEFAULT_BACKOFF_MAX_S, DEFAULT_REFRESH_S, parse_list
-from ..sessions import check_timing
 from ..sessions import reap as reap_sessions
 from ..sessions import sweep as sweep_store
 from ..worker import DEFAULT_PREFETCH, PREFETCH_HOLD_S, PREFETCH_MAX
@@ -26,6 +25,7 @@ from .context import (
     HEARTBEAT_OPT,
     JSON_OPT,
     Context,
+    check_session_timing,
     err_console,
     option,
     seconds,
@@ -99,7 +99,7 @@ def worker(
 
     live = sys.stderr.isatty()
     configure_logging(log_format, log_level or ("warning" if live else "info"), live=live)
-    check_timing(interval_s, expiry_s)
+    check_session_timing(interval_s, expiry_s)
     observer = None
     if metrics_port is not None:
         from ..metrics import WorkerMetrics
