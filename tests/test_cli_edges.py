@@ -353,6 +353,20 @@ def test_an_ack_of_a_buried_job_says_it_was_buried(ready_url, list_name):
         line = one_error_line(cli("complete", list_name, str(job.token), "--session", holder.id, url=ready_url), 1)
         assert "was buried by an operator (bad address)" in line and f"aeroqueue job kick {list_name} b0" in line
 
+
+def test_loading_into_an_existing_list_says_its_setup_options_change_nothing(ready_url, list_name, tmp_path):
+    jobs = tmp_path / "a.csv"
+    jobs.write_text("id\na\n")
+    first = cli("load", list_name, str(jobs), "--timeout", "42", url=ready_url)
+    assert first.exit_code == 0 and "note:" not in first.stderr, "a new list takes them"
+    again = cli("load", list_name, str(jobs), "--timeout", "9", "--max-attempts", "2", url=ready_url)
+    assert again.exit_code == 0, again.output
+    said = " ".join(again.stderr.split())
+    assert f"note: {list_name} exists, so --max-attempts, --timeout change nothing" in said
+    st = json.loads(cli("status", list_name, "--json", url=ready_url).stdout)
+    assert (st["timeout_s"], st["max_attempts"]) == (42, 5)
+    assert "note:" not in cli("load", list_name, str(jobs), url=ready_url).stderr
+
 def test_export_lists_the_jobs_of_each_state(ready_url, list_name):
     backend = open_backend(ready_url)
     JobLists(backend).load(list_name, [JobSpec(f"e{i}", {}) for i in range(4)], backoff_s=600, seal=True)
