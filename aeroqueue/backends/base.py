@@ -346,7 +346,7 @@ class Backend:
             out = self.client.batch_read([(ns, set_name, n) for n in names], bins)
         except aex.AerospikeError as e:
             raise wrap(e, "batch_read", f"{set_name}/[{len(names)} keys]") from e
-        return list(out.batch_records)
+        return out.batch_records
 
     # -- scans ---------------------------------------------------------------
 
@@ -441,12 +441,7 @@ class Backend:
         if update_only:
             policy["exists"] = aerospike.POLICY_EXISTS_UPDATE
         batch = BatchRecords([Write(self.key(set_name, n), ops, policy=policy) for n, ops in items])
-        self.round_trips += 1
-        try:
-            out = self.client.batch_write(batch)
-        except aex.AerospikeError as e:
-            raise wrap(e, "batch_write", f"{set_name}/[{len(items)} keys]") from e
-        return [br.result for br in out.batch_records]
+        return [br.result for br in self._batch_write(set_name, batch)]
 
     def batch_same(
         self, set_name: str, names: list[str], ops: list[dict], *, expression: Any = None
@@ -482,7 +477,7 @@ class Backend:
             )
         except aex.AerospikeError as e:
             raise wrap(e, "batch_operate", f"{set_name}/[{len(names)} keys]") from e
-        return list(out.batch_records)
+        return out.batch_records
 
     def batch_write_codes(self, set_name: str, items: list[tuple[str, list[dict]]], *, expression: Any = None) -> list[int]:
         """Existing records, each with its own operations (name, ops), under one filter
@@ -494,12 +489,7 @@ class Backend:
             return []
         ns = self.namespace
         batch = BatchRecords([Write((ns, set_name, n), ops, policy=_UPDATE_ONLY) for n, ops in items])
-        self.round_trips += 1
-        try:
-            out = self.client.batch_write(batch, {"expressions": expression} if expression is not None else None)
-        except aex.AerospikeError as e:
-            raise wrap(e, "batch_write", f"{set_name}/[{len(items)} keys]") from e
-        return [br.result for br in out.batch_records]
+        return [br.result for br in self._batch_write(set_name, batch, expression)]
 
     def batch_if_unchanged(self, set_name: str, items: list[tuple[str, int]], ops: list[dict]) -> list[int]:
         """The same operations on existing records (name, generation), each only while
@@ -509,12 +499,7 @@ class Backend:
             return []
         ns = self.namespace
         batch = BatchRecords([Write((ns, set_name, n), ops, meta={"gen": gen}, policy=_UNCHANGED) for n, gen in items])
-        self.round_trips += 1
-        try:
-            out = self.client.batch_write(batch)
-        except aex.AerospikeError as e:
-            raise wrap(e, "batch_write", f"{set_name}/[{len(items)} keys]") from e
-        return [br.result for br in out.batch_records]
+        return [br.result for br in self._batch_write(set_name, batch)]
 
     def batch_each(self, set_name: str, items: list[tuple[str, list[dict], Any]]) -> list[BatchResult]:
         """`batch_same` where each existing record has its own operations and filter
@@ -526,15 +511,20 @@ class Backend:
                   policy={"exists": aerospike.POLICY_EXISTS_UPDATE, **({"expressions": e} if e is not None else {})})
             for n, ops, e in items
         ])
-        self.round_trips += 1
-        try:
-            out = self.client.batch_write(batch)
-        except aex.AerospikeError as e:
-            raise wrap(e, "batch_write", f"{set_name}/[{len(items)} keys]") from e
         return [
             BatchResult(name=n, ok=br.result == 0, value=br.record[2] if br.record else None, code=br.result)
-            for (n, _, _), br in zip(items, out.batch_records, strict=True)
+            for (n, _, _), br in zip(items, self._batch_write(set_name, batch), strict=True)
         ]
+
+    def _batch_write(self, set_name: str, batch: BatchRecords, expression: Any = None) -> list[Any]:
+        """One `batch_write` (a round trip), under the batch filter `expression` if any:
+        its batch records. Never raises for a single record."""
+        self.round_trips += 1
+        try:
+            out = self.client.batch_write(batch, {"expressions": expression} if expression is not None else None)
+        except aex.AerospikeError as e:
+            raise wrap(e, "batch_write", f"{set_name}/[{len(batch.batch_records)} keys]") from e
+        return out.batch_records
 
     def indexes(self) -> dict[str, tuple[str, str, str]]:
         """The namespace's secondary indexes: name -> (set, bin, type)."""
