@@ -121,8 +121,8 @@ class JobLists:
         (None: the defaults) apply to a new list only; an existing list keeps its own
         (`tune` changes them)."""
         keys.check_list_name(name)
+        rec = self.backend.get(keys.LIST_SET, name, bins=["mode"])
         if mode is None:
-            rec = self.backend.get(keys.LIST_SET, name, bins=["mode"])
             mode = str(rec.bins["mode"]) if rec is not None else "tokens"
         if mode not in MODES:
             raise ListModeMismatch(f"unknown mode {mode!r}: use 'tokens' or 'ids'")
@@ -130,8 +130,8 @@ class JobLists:
             raise ConfigError(f"max_attempts must be from 1 to {MAX_ATTEMPTS:,}, not {max_attempts}")
         opts = _policy_opts(timeout_s, backoff_s, backoff_max_s)
         lo, hi = opts.get("bo", round(DEFAULT_BACKOFF_S * 1000)), opts.get("bo_max", round(DEFAULT_BACKOFF_MAX_S * 1000))
-        if hi < lo:  # a new list's (an existing one keeps its own)
-            raise ConfigError(f"the backoff cap ({hi / 1000:g} s) is below its base ({lo / 1000:g} s): set --backoff-max too")
+        if rec is None and hi < lo:  # a new list's (an existing one keeps its own: the UDF ignores opts)
+            raise ConfigError(f"the backoff cap ({hi / 1000:g} s) would be below its base ({lo / 1000:g} s)")
         out = self._list_udf(name, "create", mode, max_attempts, opts)
         if out["st"] == "exists" and out["mode"] != mode:
             raise ListModeMismatch(f"list {name!r} exists in {out['mode']!r} mode, not {mode!r}")
@@ -225,13 +225,25 @@ class JobLists:
         scheduled = {t for items in (head.get("sched") or {}).values() for t in items if not isinstance(t, list)}
         delayed, held_back = _delayed(head, sum(1 for t in scheduled if t not in retry_set and not finished(t)))
         base, cap = backoff_of(head)
+        # Tokens a gate or `timed` holds back are subtracted by `held_back` already.
+        gates = [(start, start + g["n"]) for start, g in (head.get("gates") or {}).items()]
+        timed = set(head.get("timed") or {})
+
+        def waits_here(t: int) -> bool:
+            """Not held back: the store's own, unless finished or pending in the retry store."""
+            return t not in timed and not any(a <= t < b for a, b in gates)
+
         if head["mode"] == "ids":
             # A gated chunk is whole until the cursor reaches it: its jobs are delayed.
             ahead = self.unpopped_ids(name, head)
-            reservable = len(ahead) - held_back - sum(1 for t in ahead if t in retry_set or finished(t))
+            gone = sum(1 for t in ahead if (t in retry_set or finished(t)) and waits_here(t))
+            reservable = len(ahead) - held_back - gone
         else:
             lo, hi = head["head"], head["tail"]
-            reservable = hi - lo - held_back - sum(1 for t in retry_set if lo <= t < hi) - finished.within(lo, hi)
+            gone = finished.within(lo, hi) - sum(finished.within(max(a, lo), min(b, hi)) for a, b in gates if a < hi and b > lo)
+            gone -= sum(1 for t in timed if lo <= t < hi and finished(t) and not any(a <= t < b for a, b in gates))
+            gone += sum(1 for t in retry_set if lo <= t < hi and waits_here(t))
+            reservable = hi - lo - held_back - gone
         reservable += sum(_ready(r) for r in head.get("ready") or [])
         total = head["total"]
         pending = len(head.get("pend") or {})

@@ -225,6 +225,19 @@ def test_kicked_and_buried_jobs_are_counted_once(queue, lists, list_name, sessio
     assert lists.status(list_name).complete
 
 
+@pytest.mark.parametrize("mode", ["tokens", "ids"])
+def test_a_job_held_back_by_a_delayed_load_and_buried_or_kicked_is_not_subtracted_twice(lists, list_name, mode):
+    """A delayed load's gate holds its tokens back from the store: one of them buried or
+    kicked must not be taken off the store's reservable count a second time."""
+    lists.load(list_name, specs(5), mode=mode, delay_s=3600, seal=True)
+    assert lists.bury(list_name, "job-0") == "dead"
+    st = lists.status(list_name)
+    assert (st.reservable, st.in_flight, st.dead) == (0, 0, 1)
+    assert lists.kick_job(list_name, "job-0") and lists.kick_job(list_name, "job-1")
+    st = lists.status(list_name)
+    assert (st.reservable, st.in_flight, st.retry_pending, st.dead) == (0, 0, 2, 0)
+
+
 def test_error_history_keeps_the_last_ten(queue, lists, list_name, session):
     lists.load(list_name, specs(1), backoff_s=0, max_attempts=20)
     for i in range(12):
