@@ -394,7 +394,7 @@ class Queue:
             # A kicked job may be in the retry store too (aq_job_v1.lua, `kicked`): a
             # lease would not fence that copy, a claim does.
             if code == 0 and b is not None and b.get("state") == "queued" and type(b.get("att")) is int \
-                    and "kicked" not in b:
+                    and b.get("kicked") is None:
                 leased.append(b)
                 held.append(token)
                 groups[(b["att"], b.get("claimed"))].append(token)

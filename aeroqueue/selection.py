@@ -92,7 +92,7 @@ def parse_list(arg: ListArg, option: str = "--list") -> ListSpec:
         raise ConfigError(f"{option} {arg!r}: the weight must be from 1 to {MAX_WEIGHT}, not {weight}")
     if any(c in _GLOB for c in name):
         # A pattern must be able to match a valid name: the same characters, plus the glob ones.
-        if not _PATTERN.match(name):
+        if not _PATTERN.fullmatch(name):
             raise ConfigError(f"{option} {arg!r}: {name!r} is not a list name pattern "
                               "(letters, digits, '_', '.', ':', '-' and the globs '*', '?', '[...]')")
     else:

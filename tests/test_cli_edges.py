@@ -163,7 +163,7 @@ def test_every_error_is_one_line_with_its_exit_status(tmp_path, args, code, says
          "more than twice the heartbeat interval"),
         (("reserve", "L", "--hold", "5", "--heartbeat", "2", "--expiry", "3"), 2, "more than twice"),
         # A new list's backoff base above the default cap.
-        (("create", "L", "--backoff", "7200"), 1, "the backoff cap (3600 s) is below its base (7200 s)"),
+        (("create", "L", "--backoff", "7200"), 1, "the backoff cap (3600 s) would be below its base (7200 s)"),
         (("load", "L", "JOBS", "--backoff", "7200"), 1, "below its base"),
         # A list name with a trailing newline (a regex `$` lets one through).
         (("create", "L\n"), 1, "invalid list name 'L\\n'"),
@@ -352,6 +352,15 @@ def test_an_ack_of_a_buried_job_says_it_was_buried(ready_url, list_name):
         assert JobLists(backend).bury(list_name, "b0", "bad address") == "dead"
         line = one_error_line(cli("complete", list_name, str(job.token), "--session", holder.id, url=ready_url), 1)
         assert "was buried by an operator (bad address)" in line and f"aeroqueue job kick {list_name} b0" in line
+    kicked = f"{list_name}-k"
+    JobLists(backend).load(kicked, [JobSpec(f"k{i}", {}) for i in range(20)])
+    with Session.open(backend) as holder:
+        leased = Queue(backend).reserve(kicked, holder, 20, lease=True)
+        first = next(j for j in leased if j.jid == "k0")
+        assert first.lease is not None
+        assert JobLists(backend).bury(kicked, "k0") == "dead" and JobLists(backend).kick_job(kicked, "k0")
+        line = one_error_line(cli("complete", kicked, str(first.token), "--session", holder.id, url=ready_url), 1)
+        assert "was kicked back into the queue after its lease" in line and "ran out" not in line
 
 
 def test_loading_into_an_existing_list_says_its_setup_options_change_nothing(ready_url, list_name, tmp_path):
@@ -366,6 +375,11 @@ def test_loading_into_an_existing_list_says_its_setup_options_change_nothing(rea
     st = json.loads(cli("status", list_name, "--json", url=ready_url).stdout)
     assert (st["timeout_s"], st["max_attempts"]) == (42, 5)
     assert "note:" not in cli("load", list_name, str(jobs), url=ready_url).stderr
+    # An existing list's own backoff: a base above the default cap is no error for it.
+    slow = f"{list_name}-slow"
+    assert cli("create", slow, "--backoff", "7200", "--backoff-max", "10000", url=ready_url).exit_code == 0
+    more = cli("load", slow, str(jobs), "--backoff", "7200", url=ready_url)
+    assert more.exit_code == 0 and "note:" in more.stderr, more.output
 
 def test_export_lists_the_jobs_of_each_state(ready_url, list_name):
     backend = open_backend(ready_url)

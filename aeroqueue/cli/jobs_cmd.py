@@ -200,7 +200,11 @@ def _refusal(backend: Backend, job: Job, what: str) -> ClaimLost:
     elif state == "dead":
         text, hint = f"{who} is dead after {bins.get('att')} attempt(s)", f"`aeroqueue kick {job.list}` puts dead jobs back"
     elif state == "queued" and (lessee := lease_holder(backend, job.list, job.token)) is not None:
-        if lessee == job.session:
+        if lessee == job.session and bins.get("kicked") is not None:
+            # Buried and kicked while leased: the lease's fence refuses it (hotpath, `kicked`).
+            text = f"{who} was kicked back into the queue after its lease by session {lessee} began"
+            hint = "the lease no longer holds it: it runs again from the queue"
+        elif lessee == job.session:
             # Its own lease, refused: past the lease's end (the job stays leased until a reaper ends it).
             until = job.lease[2] if job.lease is not None else None
             text, hint = f"{who}: the time limit of its lease by session {lessee}{_ran_out(until)}", _TOO_LATE

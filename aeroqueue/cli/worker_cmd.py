@@ -58,7 +58,7 @@ def _check_lists(ctx: click.Context, param: click.Parameter, value: tuple[str, .
              f"sized to the handlers' pace, {DEFAULT_PREFETCH} until one has run, then about "
              f"{PREFETCH_HOLD_S * 1000:g} ms of work, 1 to {PREFETCH_MAX}. Use 1 for long jobs, so no job waits "
              "behind another.")
-@option("--ack-linger", "ack_linger", env="ACK_LINGER", type=seconds(0), default=DEFAULT_LINGER_S * 1000,
+@option("--ack-linger", "ack_linger", env="ACK_LINGER", type=seconds(0), default=DEFAULT_LINGER_S * 1000, metavar="MS",
         help="Milliseconds a finished job's acknowledgement may wait to go out with others in one batch (one round "
              "trip for many jobs). 0: acknowledge each job on its own before taking the next.")
 @option("--lease/--no-lease", "lease", env="LEASE", default=True,

@@ -105,7 +105,7 @@ def parse_target(text: str) -> Target:
     if not parts.username:
         raise SyncError(f"target URL {redact(text)!r}: no user; expected mysql://user@host:3306/db")
     database = parts.path.lstrip("/")
-    if not _DB_NAME.match(database):
+    if not _DB_NAME.fullmatch(database):
         raise SyncError(
             f"target URL {redact(text)!r}: database name {database!r} must be 1 to 64 letters, digits, '_' or '$'"
         )

@@ -50,7 +50,7 @@ _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 def identifiers(*names: str) -> None:
     """Table and column names go into SQL text (they cannot be parameters): plain names only."""
     for name in names:
-        if not _IDENTIFIER.match(name):
+        if not _IDENTIFIER.fullmatch(name):
             raise SyncError(f"{name!r} is not a plain SQL identifier")
 
 

@@ -332,7 +332,8 @@ def test_copy_without_local_infile_on_the_server_writes_by_upsert(tmp_path):
 def test_table_and_column_names_must_be_plain_identifiers(tmp_path):
     with Sink(_sqlite(tmp_path)) as sink:
         migrate(sink)
-        for table, columns in [("aq_jobs; DROP TABLE aq_jobs", JOB_COLUMNS), (JOBS_TABLE, (*JOB_COLUMNS[:-1], "synced_at)"))]:
+        for table, columns in [("aq_jobs; DROP TABLE aq_jobs", JOB_COLUMNS), (JOBS_TABLE, (*JOB_COLUMNS[:-1], "synced_at)")),
+                               ("aq_jobs\n", JOB_COLUMNS)]:  # re.match's $ passed a trailing newline
             with pytest.raises(SyncError, match="not a plain SQL identifier"):
                 sink.copy(table, columns, JOB_KEY, [_row("a", 1)], newer="done_at")
         assert sink.execute(f"SELECT COUNT(*) FROM {JOBS_TABLE}") == [(0,)]
