@@ -229,9 +229,12 @@ class JobLists:
         gates = [(start, start + g["n"]) for start, g in (head.get("gates") or {}).items()]
         timed = set(head.get("timed") or {})
 
+        def in_gate(t: int) -> bool:
+            return any(a <= t < b for a, b in gates)
+
         def waits_here(t: int) -> bool:
             """Not held back: the store's own, unless finished or pending in the retry store."""
-            return t not in timed and not any(a <= t < b for a, b in gates)
+            return t not in timed and not in_gate(t)
 
         if head["mode"] == "ids":
             # A gated chunk is whole until the cursor reaches it: its jobs are delayed.
@@ -241,7 +244,7 @@ class JobLists:
         else:
             lo, hi = head["head"], head["tail"]
             gone = finished.within(lo, hi) - sum(finished.within(max(a, lo), min(b, hi)) for a, b in gates if a < hi and b > lo)
-            gone -= sum(1 for t in timed if lo <= t < hi and finished(t) and not any(a <= t < b for a, b in gates))
+            gone -= sum(1 for t in timed if lo <= t < hi and finished(t) and not in_gate(t))
             gone += sum(1 for t in retry_set if lo <= t < hi and waits_here(t))
             reservable = hi - lo - held_back - gone
         reservable += sum(_ready(r) for r in head.get("ready") or [])

@@ -24,6 +24,7 @@ from ..backends import Backend, open_backend
 from ..config import ENV_URL, MAX_ATTEMPTS, MAX_SECONDS
 from ..errors import AeroqueueError
 from ..lists import DEFAULT_MAX_ATTEMPTS
+from ..sessions import check_timing
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -265,17 +266,13 @@ def advance(progress: Progress, task: Any, items: Iterable[T]) -> Iterator[T]:
 
 
 HEARTBEAT_OPT = option("--heartbeat", "interval_s", env="HEARTBEAT", type=seconds(0.01), default=1.0, help="Seconds between heartbeats.")
+EXPIRY_OPT = option("--expiry", "expiry_s", env="EXPIRY", type=seconds(0.05), default=5.0, help="Seconds without a heartbeat after which a session is dead (more than twice --heartbeat).")
 
 
 def check_session_timing(interval_s: float, expiry_s: float) -> None:
     """--heartbeat and --expiry that do not fit together: a usage error (exit 2)."""
-    from ..sessions import check_timing
-
     try:
         check_timing(interval_s, expiry_s)
     except AeroqueueError as e:
         raise click.UsageError(f"--expiry and --heartbeat: {e}") from None
-
-
-EXPIRY_OPT = option("--expiry", "expiry_s", env="EXPIRY", type=seconds(0.05), default=5.0, help="Seconds without a heartbeat after which a session is dead (more than twice --heartbeat).")
 
