@@ -539,6 +539,14 @@ def sweep(backend: Backend, *, grace_ms: int = 60_000, stop: Callable[[], bool] 
         # leases are read long enough after the heads that one in progress has landed.
         time.sleep(max(0.0, LEASE_SETTLE_S - (time.monotonic() - heads_at)))
         leased = leased_tokens(backend)
+    # What each retry store takes more: lost and overdue jobs of one list share it.
+    room = {name: max(0, transitions.RETRY_CAP - len(head.get("retry") or [])) for name, head in heads.items()}
+
+    def offer(list_name: str, jobs: list[_Found]) -> int:
+        tokens = _fence(backend, jobs, room[list_name])
+        room[list_name] -= len(tokens)
+        return push_retry(backend, list_name, tokens)
+
     for list_name, jobs in found["queued"].items():
         jobs = [j for j in jobs if (list_name, j.bins["token"]) not in leased]
         head = heads[list_name]
@@ -548,14 +556,14 @@ def sweep(backend: Backend, *, grace_ms: int = 60_000, stop: Callable[[], bool] 
             lost = [j for j in jobs if j.bins["token"] not in waiting and j.bins["token"] < head["tail"]]
         else:
             lost = [j for j in jobs if j.bins["token"] < head["head"] and j.bins["token"] not in waiting]
-        requeued += push_retry(backend, list_name, _fence(backend, lost, _room(head)))
+        requeued += offer(list_name, lost)
     # Delayed jobs long past their time: the schedule was full, or a process died
     # between a failure and its follow-up. The claim checks `due` by the server's
     # clock, so one offered a little early is put back on the schedule, not run.
     overdue_before = time.time() * 1000 - grace_ms
     for list_name, jobs in found["delayed"].items():
         late = [j for j in jobs if j.bins.get("due", 0) < overdue_before]
-        requeued += push_retry(backend, list_name, _fence(backend, late, _room(heads[list_name])))
+        requeued += offer(list_name, late)
     return SweepReport(requeued, orphans, recounted, ranges)
 
 
@@ -571,11 +579,6 @@ class _Found:
 # The fence's write: when a sweeper last offered the job again (server ms).
 _SWEPT = [eo.expression_write("swept", hotpath.SERVER_NOW_COMPILED)]
 FENCE_BATCH = 5000  # job records fenced a batch call
-
-
-def _room(head: dict[str, Any]) -> int:
-    """How many tokens a list's retry store took more, as the sweep read its head."""
-    return max(0, transitions.RETRY_CAP - len(head.get("retry") or []))
 
 
 def _fence(backend: Backend, jobs: list[_Found], room: int) -> list[int]:
