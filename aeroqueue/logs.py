@@ -35,6 +35,32 @@ class TextLines(logging.Formatter):
         return f"{self.formatTime(record)} {record.levelname.lower()} {record.getMessage()}" + (f" {extras}" if extras else "")
 
 
+class _Stderr(logging.StreamHandler):
+    """Writes to whatever sys.stderr is at the time (as logging's last resort does), so a
+    command run in-process with its streams swapped still reaches them."""
+
+    def __init__(self) -> None:
+        logging.Handler.__init__(self)
+
+    @property
+    def stream(self) -> object:
+        return sys.stderr
+
+
+def default_command_logging() -> None:
+    """Warnings and errors as text lines (time, level, message, fields) for a command
+    that sets up no logging of its own: without a handler, Python prints the bare
+    message, with neither its level nor the job it names. Leaves alone a process where
+    anyone configured logging already (an embedding app, a test runner, the worker)."""
+    root = logging.getLogger("aeroqueue")
+    if root.handlers or logging.getLogger().handlers:
+        return
+    handler = _Stderr()
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(TextLines())
+    root.addHandler(handler)
+
+
 def configure_logging(fmt: str, level: str = "info", *, live: bool = False) -> None:
     handler: logging.Handler
     if live:  # print above the live counters instead of through them

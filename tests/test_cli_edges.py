@@ -448,6 +448,8 @@ def test_reap_reports_the_claims_it_ended_past_their_time_limit(ready_url, list_
                                 out.stdout), out.stdout
         warned = [line for line in out.stderr.splitlines() if list_name in line]
         assert len(warned) == 2, out.stderr
+        # Log lines, not bare messages: a time and the level before each.
+        assert all(re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} warning claim timed out", w) for w in warned), warned
         for job in jobs:
             assert any(f"{list_name}/{job.token}" in w and repr(job.jid) in w and holder.id in w for w in warned), warned
     assert [JobLists(backend).find_job(list_name, j.jid)["state"] for j in jobs] == ["queued", "queued"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import click
 
 from ..config import ENV_URL, default_store_path
+from ..logs import default_command_logging
 from . import (
     bench_cmd,
     job_cmd,
@@ -56,6 +57,7 @@ def main(ctx: click.Context, url: str | None, verbose: bool, create: bool) -> No
     (one line on stderr), 2 wrong usage, 3 and 4 from `worker` (see its help),
     130 interrupted.
     """
+    default_command_logging()
     ctx.obj = Context(url=url, verbose=verbose, create=create)
     ctx.call_on_close(lambda: ctx.obj._backend and ctx.obj._backend.close())
 
