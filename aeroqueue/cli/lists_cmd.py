@@ -113,7 +113,7 @@ def status(obj: Context, list_name: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(status_json(st)))
         return
-    table = Table(title=f"{list_name} ({st.mode} mode)")
+    table = Table(title=f"{list_name} ({st.mode} mode)", show_header=False)
     table.add_column("")
     table.add_column("", justify="right")
     for f in STATUS_FIELDS:
