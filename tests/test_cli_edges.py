@@ -635,3 +635,22 @@ def test_an_unterminated_quote_is_reported_on_the_line_it_opens(tmp_path):
     out = cli("--create", "load", "customers", str(data), url=url)
     assert out.exit_code == 1 and "Traceback" not in out.output
     assert "jobs.csv, line 4: malformed CSV" in out.stderr.splitlines()[-1]  # (after load's progress bar)
+
+
+def test_output_cut_short_by_its_reader_is_not_an_error(ready_url, list_name):
+    """`aeroqueue export LIST | head -1`: the reader goes away; the command stops with
+    the status shells give SIGPIPE, and says nothing (no 'error: Broken pipe', no
+    traceback at exit)."""
+    backend = open_backend(ready_url)
+    JobLists(backend).load(list_name, [JobSpec(f"p{i}", {"pad": "x" * 200}) for i in range(2000)])
+    backend.close()
+    proc = subprocess.Popen([sys.executable, "-m", "aeroqueue", "--url", ready_url, "export", list_name],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={k: v for k, v in os.environ.items() if k not in CLEAN})
+    assert proc.stdout is not None and proc.stderr is not None
+    first = json.loads(proc.stdout.readline())
+    assert first["list"] == list_name
+    proc.stdout.close()  # 2,000 lines of 250 bytes: more than a pipe holds, so a write after this fails
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141, err
+    assert err == ""

@@ -37,6 +37,7 @@ EXIT_OK = 0
 EXIT_ERROR = 1  # what went wrong is one line on stderr
 EXIT_USAGE = 2  # a wrong option or argument
 EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
+EXIT_PIPE = 141  # whoever read the output stopped (`| head`), as shells report SIGPIPE
 
 _VERBOSE = "aeroqueue.verbose"
 
@@ -145,9 +146,22 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+def _quiet_stdout() -> None:
+    """The reader of our output went away (`aeroqueue export L | head`): what is left
+    to print goes nowhere, not into an error at exit when Python flushes stdout."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a real file (a test runner's)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+
 class AeroqueueGroup(click.Group):
     """Every error is one line on stderr: 1 for errors, 2 for usage errors, 130 on
-    Ctrl-C; the traceback only with --verbose (given anywhere on the line)."""
+    Ctrl-C; the traceback only with --verbose (given anywhere on the line). Output
+    cut short by its reader (`| head`) is not an error: nothing is said, status 141."""
 
     def add_command(self, cmd: click.Command, name: str | None = None) -> None:
         _with_shared_options(cmd)
@@ -158,6 +172,9 @@ class AeroqueueGroup(click.Group):
             return super().invoke(ctx)
         except (click.ClickException, click.exceptions.Exit, click.Abort, KeyboardInterrupt):
             raise
+        except BrokenPipeError:
+            _quiet_stdout()
+            ctx.exit(EXIT_PIPE)
         except Exception as e:
             verbose = bool(ctx.meta.get(_VERBOSE) or (ctx.obj and ctx.obj.verbose))
             if verbose:
