@@ -346,6 +346,7 @@ class Worker:
         self._held: set[str] = set()  # every job a thread reserved and has not finished with
         self._acking: dict[str, int] = {}  # jobs whose ack waits in `acks` (name -> how many)
         self._orphans: set[str] = set()  # claims of our session no thread held at the last check
+        self._unsealed_told: set[str] = set()  # --until-complete: lists said to wait only for their seal
         self._warned: set[str] = set()
         self._threads: list[threading.Thread] = []
         self._threads_died = False
@@ -756,7 +757,20 @@ class Worker:
         followed = self.selector.refresh()
         if any(not found for found in self.selector.pattern_matches().values()):
             return False
-        return all(lists.status(name).complete for name in followed)
+        complete = True
+        for name in followed:
+            st = lists.status(name)
+            if st.complete:
+                continue
+            complete = False
+            if not st.sealed and st.done + st.dead == st.total and name not in self._unsealed_told:
+                # A load without --seal may be followed by more loads: the list is not
+                # complete, and this worker would wait for ever with no word why.
+                self._unsealed_told.add(name)
+                log.warning("every job of the list is done or dead, but it is not sealed: it is complete once "
+                            "sealed (aeroqueue seal LIST, or load --seal)",
+                            extra={"event": "list_unsealed", "list": name, "total": st.total})
+        return complete
 
     def _release_orphans(self, session: Session) -> None:
         """Give back claims of our session that no thread works on. A claim whose answer

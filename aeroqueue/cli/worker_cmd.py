@@ -74,7 +74,7 @@ def _check_lists(ctx: click.Context, param: click.Parameter, value: tuple[str, .
 @option("--sweep-every", env="SWEEP_EVERY", type=seconds(1), default=300.0, help="Seconds between sweeps inside the worker.")
 @option("--sweep-grace", env="SWEEP_GRACE", type=seconds(0), default=60.0, help="Seconds a job must have been untouched before the sweeper counts it as stuck.")
 @option("--until-complete", env="UNTIL_COMPLETE", is_flag=True,
-        help="Exit once every list is complete; with a pattern, once it matches at least one list and every list it matches is complete.")
+        help="Exit once every list is complete (sealed, and each of its jobs done or dead: a list loaded without --seal waits for `aeroqueue seal`, and the worker says so); with a pattern, once it matches at least one list and every list it matches is complete.")
 @option("--metrics-port", env="WORKER_METRICS_PORT", type=click.IntRange(0, 65535), default=None,
         help="Serve this worker's Prometheus metrics on /metrics at this port (default: none).")
 @option("--metrics-host", env="METRICS_HOST", default="127.0.0.1", help="Address the metrics port binds.")

@@ -1,0 +1,37 @@
+"""`worker --until-complete` on a list loaded without --seal: it waits for the seal,
+and says so once instead of waiting in silence."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from aeroqueue.loading import JobSpec
+from aeroqueue.worker import EXIT_OK, Worker
+from tests.waiting import wait_for
+
+
+def test_an_unsealed_list_with_every_job_processed_is_named_once_then_the_seal_ends_the_run(
+        registered, lists, list_name, caplog):
+    lists.load(list_name, [JobSpec(f"u{i}", {}) for i in range(3)])  # not sealed
+    w = Worker(registered, lambda job: None, [list_name], interval_s=0.1, expiry_s=2.0, idle_s=0.05,
+               reap_every_s=0.1, until_complete=True)
+    out: list[int] = []
+    t = threading.Thread(target=lambda: out.append(w.run(install_signals=False)), daemon=True)
+    with caplog.at_level(logging.WARNING, logger="aeroqueue.worker"):
+        t.start()
+        try:
+            def told() -> list[logging.LogRecord]:
+                return [r for r in caplog.records if getattr(r, "event", "") == "list_unsealed"]
+
+            wait_for("the worker to say the list waits for its seal", lambda: told())
+            assert lists.status(list_name).done == 3
+            threading.Event().wait(0.5)  # several more checks, 0.1 s apart
+            assert t.is_alive(), "an unsealed list is not complete"
+            assert len(told()) == 1 and told()[0].list == list_name, "said once, naming the list"
+            lists.seal(list_name)
+            t.join(30)
+        finally:
+            w.request_stop()
+            t.join(30)
+    assert out == [EXIT_OK]
