@@ -523,6 +523,15 @@ def test_reserve_needs_hold_or_a_live_session(ready_url, list_name):
 # -- lists, status, --json ------------------------------------------------------------------
 
 
+def test_lists_of_an_empty_store_says_how_to_make_one_on_a_terminal_and_prints_the_header_when_piped(tmp_path):
+    url = f"embedded://{tmp_path / 'empty.db'}"
+    assert cli("--create", "init", url=url).exit_code == 0
+    shown = cli("lists", url=url, TTY_COMPATIBLE="1", COLUMNS="120")
+    assert shown.exit_code == 0 and "no job lists in this store yet" in shown.stdout and "aeroqueue load" in shown.stdout
+    piped = cli("lists", url=url)
+    assert piped.exit_code == 0 and piped.stdout.split()[:3] == ["list", "mode", "total"], "scripts get the header"
+
+
 def test_lists_prints_whole_names_when_piped_and_fits_a_terminal(ready_url):
     backend = open_backend(ready_url)
     long_name = f"{os.getpid()}-a-customer-list-with-a-really-long-name-for-the-terminal"[:64]

@@ -154,6 +154,9 @@ def lists_cmd(obj: Context, as_json: bool) -> None:
         for row in [header, *cells]:
             click.echo("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip())
         return
+    if not rows:
+        console.print("no job lists in this store yet: `aeroqueue load LIST FILE` makes one", highlight=False)
+        return
     # A narrow terminal drops the least useful columns (never the name, which
     # wraps rather than being cut) until the table fits.
     natural = [max(len(row[i]) for row in [header, *cells]) for i in range(len(header))]
