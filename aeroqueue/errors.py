@@ -118,6 +118,12 @@ class ClusterChanging(BackendError):
     hint = "retry in a moment: aeroqueue's operations are safe to repeat"
 
 
+class NamespaceNotFound(BackendError):
+    """The cluster has no namespace by the name the store URL gives (Aerospike code 20)."""
+
+    hint = "check the namespace, the last part of aerospike://host:3000/NAMESPACE, in --url or AEROQUEUE_URL"
+
+
 class FilteredOut(BackendError):
     """The record did not match the operation's expression filter."""
 

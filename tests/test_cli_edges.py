@@ -66,6 +66,13 @@ def test_a_store_in_a_directory_that_does_not_exist_is_an_error_and_makes_nothin
     assert not (tmp_path / "typo").exists()
 
 
+def test_a_namespace_the_cluster_does_not_have_is_named_with_where_to_fix_it(real_url):
+    """A server-only case: an embedded store has no namespaces to get wrong."""
+    wrong = real_url.rsplit("/", 1)[0] + "/no_such_ns"
+    line = one_error_line(cli("lists", url=wrong), 1)
+    assert "Invalid namespace: no_such_ns" in line and "aerospike://host:3000/NAMESPACE" in line, line
+
+
 def test_a_store_file_that_does_not_exist_needs_init_or_create(tmp_path):
     url = f"embedded://{tmp_path}/store.db"
     line = one_error_line(cli("lists", url=url), 1)

@@ -56,6 +56,7 @@ _BY_CODE: dict[int, type[errors.BackendError]] = {
     9: errors.BackendTimeout,
     13: errors.RecordTooBig,
     14: errors.RecordBusy,
+    20: errors.NamespaceNotFound,
     27: errors.FilteredOut,
     100: errors.UDFError,
 }
