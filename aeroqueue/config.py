@@ -119,6 +119,8 @@ def parse_url(text: str) -> StoreURL:
             "or embedded:///path/store.db"
         )
     scheme, rest = text.split("://", 1)
+    if scheme == "aerospike" and unencoded_in_credentials(text):
+        raise InvalidURL(f"store URL {_safe(text)!r}: {CREDENTIALS_ENCODING}")
     rest, _, query = rest.partition("?")
     try:
         options = tuple(parse_qsl(query, keep_blank_values=True, strict_parsing=True)) if query else ()
@@ -238,6 +240,30 @@ def _parse_embedded(text: str, rest: str, options: tuple[tuple[str, str], ...]) 
     return StoreURL(scheme="embedded", namespace=namespace, path=rest, options=options)
 
 
+# user:password@ in a URL: the password runs to the last '@' before a blank, so a
+# password holding an unencoded '/' or '@' (which the URL then parses wrongly) is
+# still masked whole. Masking too much (a later '@' in the path) is the safe error.
+_PASSWORD_IN_URL = re.compile(r"(://[^:/@\s]*:)\S*@")
+
+
+def mask_passwords(text: str) -> str:
+    """`text` with the password of every user:password@ URL in it masked."""
+    return _PASSWORD_IN_URL.sub(r"\1***@", text)
+
+
+def unencoded_in_credentials(url: str) -> bool:
+    """An '@' after the URL's authority ends (its first '/', '?' or '#'): a user name
+    or password holding one of those, not percent-encoded, which no parser reads
+    as meant (the rest of the password would become the path, query or port)."""
+    rest = url.partition("://")[2]
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    return "@" in rest[end:]
+
+
+CREDENTIALS_ENCODING = ("a user name or password holding '/', '@', '?' or '#' must be percent-encoded "
+                        "(%2F, %40, %3F, %23)")
+
+
 def _safe(text: str) -> str:
     """The URL with any password masked, for error messages."""
-    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", text)
+    return mask_passwords(text)

@@ -70,3 +70,49 @@ def test_password_never_shown():
         with pytest.raises(InvalidURL) as e:
             parse_url(text)
         assert "s3cret" not in str(e.value), text
+
+
+# A password holding '/', '@', '?' or '#' unencoded: the URL parses wrongly, and the
+# pieces of the password land in the host, port, path or query the error names.
+_UNENCODED = [
+    ("aerospike://admin:s3/cr3t@h:3000/test", ("s3", "cr3t")),
+    ("aerospike://admin:s3?cr3t@h:3000/test", ("s3", "cr3t")),
+    ("aerospike://admin:s3#cr3t@h:3000/test", ("s3", "cr3t")),
+    ("aerospike://admin:s3cr3t@h:99999/test?x=a@b", ("s3cr3t",)),
+]
+
+
+@pytest.mark.parametrize(("text", "pieces"), _UNENCODED)
+def test_no_piece_of_an_unencoded_password_is_shown(text, pieces):
+    with pytest.raises(InvalidURL) as e:
+        parse_url(text)
+    assert not any(p in str(e.value) for p in pieces), str(e.value)
+
+
+@pytest.mark.parametrize("text", [t for t, _ in _UNENCODED[:3]])
+def test_an_unencoded_password_is_told_to_be_percent_encoded(text):
+    with pytest.raises(InvalidURL, match="must be percent-encoded"):
+        parse_url(text)
+
+
+@pytest.mark.parametrize(("text", "pieces"), [
+    ("mysql://root:s3/cr3t@127.0.0.1:3306/test", ("s3", "cr3t")),
+    ("mysql://root:s3?cr3t@127.0.0.1:3306/test", ("s3", "cr3t")),
+    ("mysql://root:s3@cr3t@h:3306/bad-db", ("s3", "cr3t")),
+    ("mysql://root:s3cr3t@h:99999/test", ("s3cr3t",)),
+])
+def test_no_piece_of_a_sync_target_password_is_shown(text, pieces):
+    from aeroqueue.errors import SyncError
+    from aeroqueue.sync import parse_target
+
+    with pytest.raises(SyncError) as e:
+        parse_target(text)
+    assert not any(p in str(e.value) for p in pieces), str(e.value)
+
+
+def test_an_encoded_password_with_those_characters_is_read_as_given():
+    from aeroqueue.sync import parse_target
+
+    assert parse_url("aerospike://admin:s3%2F%40%3F%23@h:3000/test").password == "s3/@?#"
+    assert parse_target("mysql://root:s3%2F%40%3F%23@h:3306/test").password == "s3/@?#"
+    assert parse_url("aerospike://admin:s3@cr3t@h:3000/test").password == "s3@cr3t", "the last '@' ends it"

@@ -18,7 +18,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit
 
-from ..config import MEMORY, StoreURL
+from ..config import (
+    CREDENTIALS_ENCODING,
+    MEMORY,
+    StoreURL,
+    mask_passwords,
+    unencoded_in_credentials,
+)
 from ..errors import SyncError
 
 ENV_PASSWORD = "AEROQUEUE_MYSQL_PASSWORD"
@@ -73,7 +79,7 @@ class Target:
 def redact(text: str, *secrets: str | None) -> str:
     """Mask secrets in text meant for people: the password as given and
     percent-encoded (as it would appear in a URL), and any user:password@ in URLs."""
-    text = re.sub(r"(://[^:/@\s]*:)[^@/\s]*@", r"\1***@", text)
+    text = mask_passwords(text)
     for secret in secrets:
         if secret:
             for form in {secret, quote(secret, safe="")}:
@@ -93,6 +99,8 @@ def parse_target(text: str) -> Target:
         return Target(dialect="sqlite", path=path)
     if scheme != "mysql":
         raise SyncError(f"target URL {redact(text)!r}: unknown scheme {scheme!r}; expected 'mysql' or 'sqlite'")
+    if unencoded_in_credentials(text):
+        raise SyncError(f"target URL {redact(text)!r}: {CREDENTIALS_ENCODING}")
     try:
         parts = urlsplit(text)
         port = parts.port or DEFAULT_PORT
