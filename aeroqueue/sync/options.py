@@ -17,9 +17,9 @@ DEFAULT_PARTITIONS = 64
 # into MariaDB (benchmarks/RESULTS.md), for a larger re-copy after a crash (one
 # batch per task at most) and a coarser progress bar.
 DEFAULT_BATCH = 10_000
-# A batch also ends at this many bytes of row data, well under MySQL's
-# max_allowed_packet (16 MiB on MariaDB, 64 MiB on MySQL 8): one executemany
-# becomes one multi-row INSERT statement.
+# A batch also ends at this many bytes of row data (UTF-8), what a task holds
+# and writes at once. Its upsert is cut into statements under the server's
+# max_allowed_packet (16 MiB on MariaDB) by the sink (write.Sink._statements).
 DEFAULT_BATCH_BYTES = 4 * 1024 * 1024
 # Records per page of a task's scan: what a task holds at most, whatever the
 # size of its partitions. 10,000 (a batch's worth, a few MiB) rather than 2,000:

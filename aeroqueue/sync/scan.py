@@ -19,6 +19,7 @@ from .. import keys
 from ..backends import Backend
 from .options import SyncOptions
 from .schema import Refused, job_row, reject_row
+from .write import utf8_len
 
 SCAN_BINS = ["list", "token", "jid", "state", "att", "payload", "result", "err", "done_at"]
 
@@ -81,7 +82,7 @@ class Batch:
         self.bins.append(bins)
         self.rows.append(row)
         # The payload and the result are what can be large (JOB_COLUMNS order).
-        self.bytes += 128 + len(row[5] or "") + len(row[6] or "")
+        self.bytes += 128 + utf8_len(row[5] or "") + utf8_len(row[6] or "")
 
 
 def batches(

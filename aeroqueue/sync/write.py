@@ -30,7 +30,7 @@ import sqlite3
 import stat
 import tempfile
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +97,10 @@ class Dialect:
 
     def is_error(self, error: BaseException) -> bool:
         raise NotImplementedError
+
+    def max_statement(self, conn: Any) -> int | None:
+        """The largest statement, in bytes, the server takes on `conn`; None: no limit that matters."""
+        return None
 
     def upsert_sql(self, table: str, columns: Sequence[str], key: Sequence[str], newer: str | None = None) -> str:
         """INSERT of `columns`, updating the non-key columns of an existing row.
@@ -208,6 +212,15 @@ class MySQLDialect(Dialect):
 
         return isinstance(error, me.Error)
 
+    def max_statement(self, conn: Any) -> int | None:
+        cur = conn.cursor()
+        try:
+            cur.execute("SELECT @@max_allowed_packet")
+            (value,) = cur.fetchone()
+        finally:
+            cur.close()
+        return int(value)
+
     def no_local_infile(self, error: BaseException) -> bool:
         if getattr(error, "errno", None) in self._NO_LOCAL_INFILE:
             return True
@@ -305,6 +318,17 @@ def infile_dir() -> tuple[str, bool]:
     return path, False
 
 
+def utf8_len(text: str) -> int:
+    """Bytes of `text` in UTF-8 (what a batch and a statement are sized by)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
+
+
+def _escaped_len(row: Sequence[Any]) -> int:
+    """A row's bytes in an INSERT as the driver writes it under MYSQL_SQL_MODE
+    (NO_BACKSLASH_ESCAPES: quotes doubled, nothing else escaped)."""
+    return 64 + sum(utf8_len(v) + v.count("'") + 4 for v in row if type(v) is str) + 24 * len(row)
+
+
 class Sink:
     """One connection to the target, with the upsert every table goes through."""
 
@@ -321,6 +345,8 @@ class Sink:
         self.loaded = 0  # rows `copy` put in by LOAD DATA
         try:
             self.conn = self.dialect.connect(target, self._infile_dir)
+            # The largest statement the server takes (None: no such limit).
+            self.max_statement: int | None = self.dialect.max_statement(self.conn)
         except Exception as e:
             self._remove_infile_dir()
             if not self.dialect.is_error(e) and not isinstance(e, OSError):
@@ -367,28 +393,60 @@ class Sink:
         if not rows:
             return []
         sql = self.dialect.upsert_sql(table, columns, key, newer)
+        refused: list[tuple[int, str]] = []
         cur = self.conn.cursor()
         try:
-            try:
-                cur.executemany(sql, rows)
-                return []
-            except Exception as e:
-                if not self.dialect.refused(e):
-                    raise
-            # A statement that fails is undone whole (MySQL), so the batch is
-            # tried row by row to find the rows at fault; upserts make the
-            # rows that did land (SQLite) harmless to write again.
-            refused: list[tuple[int, str]] = []
-            for i, row in enumerate(rows):
+            for first, group in self._statements(rows):
+                if group is None:  # one row, bigger than any statement the server takes
+                    refused.append((first, f"the row is larger than {self.dialect.name}'s max_allowed_packet "
+                                           f"({self.max_statement:,} bytes) allows in one statement"))
+                    continue
                 try:
-                    cur.execute(sql, tuple(row))
+                    cur.executemany(sql, group)
+                    continue
                 except Exception as e:
                     if not self.dialect.refused(e):
                         raise
-                    refused.append((i, f"{self.dialect.name} refused the row: {self.target.redact(str(e))}"))
+                # A statement that fails is undone whole (MySQL), so the group is
+                # tried row by row to find the rows at fault; upserts make the
+                # rows that did land (SQLite) harmless to write again.
+                for i, row in enumerate(group, first):
+                    try:
+                        cur.execute(sql, tuple(row))
+                    except Exception as e:
+                        if not self.dialect.refused(e):
+                            raise
+                        refused.append((i, f"{self.dialect.name} refused the row: {self.target.redact(str(e))}"))
             return refused
         finally:
             cur.close()
+
+    def _statements(self, rows: Sequence[Sequence[Any]]) -> Iterator[tuple[int, Sequence[Sequence[Any]] | None]]:
+        """`rows` as (index of the first, rows) groups that each fit one statement:
+        `executemany` makes one multi-row INSERT of them, and MySQL refuses (and
+        drops the connection on) a statement over its max_allowed_packet, 16 MiB on
+        MariaDB, which a batch of large payloads can pass. A row too large even
+        alone comes as (index, None). Sized at twice their UTF-8 bytes: quoting
+        doubles at most every byte."""
+        limit = self.max_statement
+        if not limit:
+            yield 0, rows
+            return
+        start, size = 0, 0
+        for i, row in enumerate(rows):
+            need = 64 + sum(2 * utf8_len(v) + 4 for v in row if type(v) is str)
+            if need + 1024 > limit:
+                if i > start:
+                    yield start, rows[start:i]
+                yield i, (rows[i:i + 1] if _escaped_len(row) + 1024 <= limit else None)
+                start, size = i + 1, 0
+                continue
+            if size + need > limit and i > start:
+                yield start, rows[start:i]
+                start, size = i, 0
+            size += need
+        if start < len(rows):
+            yield start, rows[start:]
 
     def copy(
         self, table: str, columns: Sequence[str], key: Sequence[str], rows: Sequence[Sequence[Any]], *, newer: str | None = None

@@ -356,3 +356,35 @@ def test_a_batch_file_left_by_a_killed_process_goes_with_the_next_sink(tmp_path)
     finally:
         mine.unlink(missing_ok=True)
         left.unlink(missing_ok=True)
+
+
+def _big_row(token: int, chars: int) -> tuple:
+    # Four bytes a character in UTF-8, and quotes the driver doubles: a row's size
+    # in a statement is far above its length in characters.
+    return job_row({"list": "L", "token": token, "jid": f"big{token}", "state": "done", "att": 1,
+                    "payload": "\U0001F600'" * (chars // 2), "done_at": 7}, 1)
+
+
+def test_an_upsert_is_cut_into_statements_the_server_takes(mysql_db):
+    """One multi-row INSERT over max_allowed_packet is refused (and the connection
+    dropped): batches of large payloads go in several statements, a row too big
+    even alone is refused with the reason, and the rest land."""
+    target = parse_target(f"mysql://root@127.0.0.1:3306/{mysql_db}")
+    with Sink(target) as sink:
+        migrate(sink)
+        assert sink.max_statement == mysql_query(mysql_db, "SELECT @@max_allowed_packet")[0][0]
+        # Real sizes against MariaDB's own limit: 20 rows of 1 MB of UTF-8 (20 MB in
+        # all, over its 16 MiB), then the same rows again (the upsert's update path).
+        rows = [_big_row(t, 400_000) for t in range(20)]
+        for _ in range(2):
+            assert sink.upsert(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, rows, newer="done_at") == []
+            sink.commit()
+        assert sink.execute(f"SELECT COUNT(*), SUM(LENGTH(payload)) FROM {JOBS_TABLE}") == [(20, 20 * 1_000_002)]
+        # A lower limit than the server's, to see a row too big for any statement.
+        sink.max_statement = 300_000
+        small = [_big_row(t, 20_000) for t in range(100, 130)]
+        mixed = [*small[:10], _big_row(99, 200_000), *small[10:]]
+        refused = sink.upsert(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, mixed, newer="done_at")
+        sink.commit()
+        assert [i for i, _ in refused] == [10] and "max_allowed_packet (300,000 bytes)" in refused[0][1]
+        assert sink.execute(f"SELECT COUNT(*) FROM {JOBS_TABLE} WHERE token >= 100") == [(30,)]
