@@ -43,7 +43,11 @@ from .errors import LoadError
 # payload may use the rest of max-record-size.
 RECORD_OVERHEAD = 4096
 MAX_ID_BYTES = 200
-MAX_DEPTH = 100  # MySQL refuses JSON nested deeper than this
+# The deepest JSON the sync's target stores: MariaDB's JSON functions (the CHECK
+# (JSON_VALID) on payload and result) refuse 32 levels of arrays or objects and
+# more; MySQL's limit is 100.
+MAX_DEPTH = 31
+_DEPTH_WHY = "MariaDB's JSON limit, where the sync copies it"
 INT64 = (-(1 << 63), (1 << 63) - 1)  # Aerospike integers (and MySQL's JSON integers)
 STDIN = "-"
 
@@ -278,11 +282,16 @@ def _checked_int(text: str) -> int:
     return value
 
 
-def _loads(text: str) -> Any:
+def _loads(text: str, max_depth: int = MAX_DEPTH) -> Any:
     value = json.loads(text, parse_constant=_refuse_constant, parse_int=_checked_int)
-    if text.count("[") + text.count("{") > MAX_DEPTH and _depth(value) > MAX_DEPTH:
-        raise _BadValue(f"JSON nested more than {MAX_DEPTH} deep (MySQL's limit)")
+    if text.count("[") + text.count("{") > max_depth and _depth(value) > max_depth:
+        raise _BadValue(f"JSON nested more than {MAX_DEPTH} deep ({_DEPTH_WHY})")
     return value
+
+
+def too_deep(value: Any, text: str) -> bool:
+    """`value` (whose JSON is `text`) is nested more than MAX_DEPTH deep."""
+    return text.count("[") + text.count("{") > MAX_DEPTH and _depth(value) > MAX_DEPTH
 
 
 def _depth(value: Any) -> int:
@@ -304,7 +313,8 @@ def _read_jsonl(handle: Any, source: str, id_field: str, max_payload: int, stric
         if not text.strip():
             continue
         try:
-            obj = _loads(text)
+            # One level more for the line's own object: its payload field may take them all.
+            obj = _loads(text, MAX_DEPTH + 1)
         except json.JSONDecodeError as e:
             raise LoadError(f"malformed JSON: {e.msg} at column {e.colno}", source=source, line=line) from None
         except _BadValue as e:
@@ -327,6 +337,9 @@ def _read_jsonl(handle: Any, source: str, id_field: str, max_payload: int, stric
                 payload = _merge_extra(payload, obj, source, line)
         else:
             payload = obj
+        if too_deep(payload, text):
+            raise LoadError(f"payload nested more than {MAX_DEPTH} deep ({_DEPTH_WHY})", source=source, line=line,
+                            field="payload")
         # A \u escape may hide a lone surrogate, which is not valid Unicode: measure those.
         measure = len(text) > fast or "\\u" in text
         yield _checked(JobSpec(str(jid), payload, line, run_at), source, id_field, max_payload, measure)
@@ -579,5 +592,5 @@ def _check_python_value(value: Any) -> None:
                 raise _BadValue(f"{v} is not a number MySQL's JSON (nor the sync) can store")
         elif isinstance(v, (list, tuple, dict)):
             if d > MAX_DEPTH:
-                raise _BadValue(f"payload nested more than {MAX_DEPTH} deep (MySQL's limit)")
+                raise _BadValue(f"payload nested more than {MAX_DEPTH} deep ({_DEPTH_WHY})")
             stack.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))

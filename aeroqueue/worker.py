@@ -54,6 +54,7 @@ from .errors import (
     SessionLost,
 )
 from .lists import JobLists
+from .loading import MAX_DEPTH, too_deep
 from .observe import NULL_OBSERVER, WorkerObserver
 from .queue import Job, Queue, Retry
 from .selection import DEFAULT_BACKOFF_MAX_S, DEFAULT_REFRESH_S, ListArg, ListSelector, parse_lists
@@ -138,9 +139,13 @@ def storable_result(value: Any, what: str = "the handler's result") -> Any:
     try:
         text = json.dumps(value, ensure_ascii=False, allow_nan=False)
         text.encode("utf-8")  # a lone surrogate passes json.dumps, not a database
-        return json.loads(text, parse_int=_int64)
+        stored = json.loads(text, parse_int=_int64)
     except (TypeError, ValueError, RecursionError) as e:
         raise ResultNotStorable(f"{what} cannot be stored as JSON: {e}") from None
+    if too_deep(stored, text):
+        raise ResultNotStorable(f"{what} cannot be stored as JSON: nested more than {MAX_DEPTH} deep "
+                                "(MariaDB's JSON limit, where the sync copies it)")
+    return stored
 
 
 def handler_pace(previous: float | None, took: float) -> float:

@@ -142,7 +142,9 @@ BAD_VALUES = [
     ("inf.jsonl", '{"id": "a", "score": Infinity}\n', 1, "score", "Infinity"),
     ("neginf.jsonl", '{"id": "a", "ok": 1}\n{"id": "b", "v": [1, -Infinity]}\n', 2, "v", "-Infinity"),
     ("bigint.jsonl", '{"id": "a", "n": 99999999999999999999}\n', 1, "n", "64-bit"),
-    ("deep.jsonl", '{"id": "a", "payload": ' + "[" * 101 + "]" * 101 + "}\n", 1, "payload", "nested"),
+    ("deep.jsonl", '{"id": "a", "payload": ' + "[" * 32 + "]" * 32 + "}\n", 1, "payload", "nested"),
+    ("deep-fields.jsonl", '{"id": "a", "x": ' + "[" * 31 + "]" * 31 + "}\n", 1, "payload", "nested"),
+    ("deep.csv", 'id,payload\na,"' + "[" * 32 + "]" * 32 + '"\n', 2, "payload", "nested"),
     ("nan.csv", 'id,payload\na,"{""x"": 1}"\nb,"{""x"": NaN}"\n', 3, "payload", "NaN"),
 ]
 
@@ -156,6 +158,21 @@ def test_values_mysql_cannot_store_are_refused_at_load(url, list_name, tmp_path,
     assert out.exit_code == 1, out.output
     assert f"{name}, line {line}, field '{field}'" in out.output and what in out.output
     assert_no_list(url, list_name)
+
+
+def test_json_as_deep_as_the_sync_target_takes_loads_and_one_level_more_does_not(jl, list_name, tmp_path):
+    """31 levels of arrays or objects: what MariaDB's JSON_VALID (the sync target's
+    CHECK) takes; 32 it refuses, so the load does, naming the line."""
+    deepest: object = 1
+    for _ in range(31):
+        deepest = [deepest]
+    path = tmp_path / "deep.jsonl"
+    path.write_text(json.dumps({"id": "a", "payload": deepest}) + "\n" + json.dumps({"id": "b", **{"k": [[1]]}}) + "\n")
+    assert jl.load(list_name, list(read_file(path, max_payload=100_000))).loaded == 2
+    assert jl.find_job(list_name, "a")["payload"] == deepest
+    with pytest.raises(LoadError, match=r"line 1, field 'payload'.*nested more than 31 deep"):
+        jl.load(f"{list_name}-2", [("c", [deepest])])
+    assert f"{list_name}-2" not in jl.names()
 
 
 def test_python_api_refuses_nan_and_huge_ints(jl, list_name):
