@@ -5,7 +5,7 @@
 -- One file for MySQL 8, MariaDB 10.5+ and SQLite (the file target used when
 -- no MySQL URL is given): text inside /*! ... */ is run by MySQL and MariaDB
 -- and is a comment to SQLite, so table options, character sets and secondary
--- indexes live there. JSON is stored as text (LONGTEXT with a JSON_VALID
+-- indexes live there; a statement inside /*sqlite ... */ is SQLite's alone. JSON is stored as text (LONGTEXT with a JSON_VALID
 -- check): the copy keeps what the job held, byte for byte.
 --
 -- Versions: a line "-- migration N: what it does" starts migration N. A run
@@ -88,3 +88,32 @@ CREATE TABLE IF NOT EXISTS sync_rejects (
 /*! PREPARE aq_migrate_2 FROM @aq_alter */;
 /*! EXECUTE aq_migrate_2 */;
 /*! DEALLOCATE PREPARE aq_migrate_2 */;
+
+-- migration 3: SQLite: aq_jobs.jid holds job ids as text
+-- SQLite read the jid column's VARBINARY(200) as NUMERIC affinity: an id
+-- that looks like a number ('0123', '123.0', '1.23e2') was stored as one,
+-- losing its text, and ids equal as numbers shared one row, the last copied
+-- taking the others' place. MySQL's VARBINARY keeps the bytes, so these
+-- statements are SQLite's alone: text inside /*sqlite ... */ is run by SQLite
+-- and skipped for MySQL. The table is rebuilt with jid TEXT; the copy runs in
+-- one transaction with the version row, and the first statement clears what
+-- a run that died before its commit left. Ids stored as numbers come back as
+-- that number's text: `aeroqueue sync --resync` copies their jobs again.
+/*sqlite DROP TABLE IF EXISTS aq_jobs_v3 */;
+/*sqlite CREATE TABLE aq_jobs_v3 (
+    list      VARCHAR(64)    NOT NULL,
+    jid       TEXT           NOT NULL,
+    token     BIGINT         NOT NULL,
+    state     VARCHAR(8)     NOT NULL,
+    attempts  INT            NOT NULL,
+    payload   LONGTEXT       CHECK (payload IS NULL OR JSON_VALID(payload)),
+    result    LONGTEXT       CHECK (result IS NULL OR JSON_VALID(result)),
+    error     TEXT,
+    done_at   BIGINT,
+    synced_at BIGINT         NOT NULL,
+    PRIMARY KEY (list, jid)
+) */;
+/*sqlite INSERT OR REPLACE INTO aq_jobs_v3 (list, jid, token, state, attempts, payload, result, error, done_at, synced_at)
+    SELECT list, CAST(jid AS TEXT), token, state, attempts, payload, result, error, done_at, synced_at FROM aq_jobs */;
+/*sqlite DROP TABLE aq_jobs */;
+/*sqlite ALTER TABLE aq_jobs_v3 RENAME TO aq_jobs */;

@@ -109,9 +109,14 @@ def migrate(sink: Sink, *, at_ms: int | None = None) -> int:
     """Bring the target's schema to the newest version; returns that version."""
     steps = migrations()
     newest = steps[-1].version
+    def run(stmt: str) -> None:
+        stmt_here = sink.dialect.ddl(stmt)
+        if stmt_here is not None:
+            sink.execute(stmt_here)
+
     try:
         for stmt in steps[0].statements:
-            sink.execute(stmt)
+            run(stmt)
         rows = sink.execute(f"SELECT MAX(version) FROM {VERSION_TABLE}")
         current = rows[0][0] if rows and rows[0][0] is not None else 0
         if current > newest:
@@ -121,7 +126,7 @@ def migrate(sink: Sink, *, at_ms: int | None = None) -> int:
             )
         for step in steps[current + 1:]:
             for stmt in step.statements:
-                sink.execute(stmt)
+                run(stmt)
             sink.upsert(
                 VERSION_TABLE, ("version", "description", "applied_at"), ("version",),
                 [(step.version, step.description, at_ms or now_ms())],

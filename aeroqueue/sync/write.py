@@ -74,6 +74,9 @@ def no_delay(conn: Any) -> bool:
     except OSError:
         return False
 
+_ONLY_SQLITE = re.compile(r"/\*sqlite\s(.*)\*/", re.S)
+
+
 class Dialect:
     """What differs between MySQL and SQLite: connecting, placeholders, the upsert
     clause, and which errors mean "this row's values were refused"."""
@@ -101,6 +104,15 @@ class Dialect:
     def max_statement(self, conn: Any) -> int | None:
         """The largest statement, in bytes, the server takes on `conn`; None: no limit that matters."""
         return None
+
+    def ddl(self, statement: str) -> str | None:
+        """A statement of schema.sql as this database runs it, or None to skip it: one
+        wrapped in /*sqlite ... */ is SQLite's alone (MySQL would take it for an
+        empty query). Text in /*! ... */ is MySQL's, a comment to SQLite."""
+        only_sqlite = _ONLY_SQLITE.fullmatch(statement.strip())
+        if only_sqlite is None:
+            return statement
+        return only_sqlite.group(1) if self.name == "sqlite" else None
 
     def upsert_sql(self, table: str, columns: Sequence[str], key: Sequence[str], newer: str | None = None) -> str:
         """INSERT of `columns`, updating the non-key columns of an existing row.

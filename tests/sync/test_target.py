@@ -183,16 +183,45 @@ def test_migration_2_rebuilds_a_version_1_table_keeping_its_rows_and_can_run_aga
         sink.upsert(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, [_row("a", 100), _row("b", 100)])
         sink.commit()
         assert "PRIMARY KEY (`list`,`jid`)" in mysql_query(mysql_db, "SHOW CREATE TABLE aq_jobs")[0][1]
-        assert migrate(sink) == 2
-        sink.execute("DELETE FROM schema_version WHERE version = 2")  # as if it died before recording it
+        newest = migrations()[-1].version
+        assert migrate(sink) == newest
+        sink.execute("DELETE FROM schema_version WHERE version >= 2")  # as if it died before recording it
         sink.commit()
-        assert migrate(sink) == 2
+        assert migrate(sink) == newest
         assert sink.copy(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, [_row("a", 200, "dead"), _row("c", 100)], newer="done_at") == []
         sink.commit()
-    assert mysql_query(mysql_db, "SELECT version FROM schema_version ORDER BY version") == [(1,), (2,)]
+    assert mysql_query(mysql_db, "SELECT version FROM schema_version ORDER BY version") == [
+        (v,) for v in range(1, newest + 1)]
     rows = mysql_query(mysql_db, "SELECT id, jid, state, done_at FROM aq_jobs ORDER BY jid")
     assert [(bytes(j), s, d) for _, j, s, d in rows] == [(b"a", "dead", 200), (b"b", "done", 100), (b"c", "done", 100)]
     assert len({i for i, *_ in rows}) == 3
+
+
+def test_migration_3_gives_sqlite_job_ids_as_text_back_and_keeps_ids_equal_as_numbers_apart(tmp_path):
+    """SQLite read VARBINARY(200) as NUMERIC affinity: '0123' was stored as 123, and
+    '123', '0123' and '123.0' shared one row. A version-2 file is rebuilt with jid
+    TEXT, its rows kept; a run that died mid-migration (its scratch table left
+    behind) finishes the next time."""
+    target = _sqlite(tmp_path)
+    with Sink(target) as sink:
+        for step in migrations()[:3]:  # as an aeroqueue of schema version 2 left it
+            for stmt in step.statements:
+                sink.execute(stmt)
+        sink.execute("INSERT INTO schema_version (version, description, applied_at) VALUES (1, 'old', 0), (2, 'old', 0)")
+        sink.upsert(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, [_row("0123", 100), _row("abc", 100)])
+        sink.commit()
+        assert sink.execute("SELECT typeof(jid) FROM aq_jobs ORDER BY token, jid") == [("integer",), ("text",)], \
+            "the old affinity, as found"
+        sink.execute("CREATE TABLE aq_jobs_v3 (leftover INT)")  # a run that died before its commit
+        sink.commit()
+        assert migrate(sink) == 3 and migrate(sink) == 3
+        assert sorted(sink.execute("SELECT jid, typeof(jid) FROM aq_jobs")) == [("123", "text"), ("abc", "text")]
+        ids = ["123", "0123", "123.0", "1.23e2", "+123", "12345678901234567890", "12345678901234567891"]
+        assert sink.upsert(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, [_row(j, 200) for j in ids], newer="done_at") == []
+        sink.commit()
+        rows = sink.execute("SELECT jid, typeof(jid), done_at FROM aq_jobs")
+    assert sorted(j for j, _, _ in rows) == sorted([*ids, "abc"]), "one row an id, each id as given"
+    assert {t for _, t, _ in rows} == {"text"}
 
 
 def _row(jid: str, done_at: int, state: str = "done", synced_at: int = 1) -> tuple:
