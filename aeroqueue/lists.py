@@ -122,6 +122,7 @@ class JobLists:
         (`tune` changes them)."""
         keys.check_list_name(name)
         rec = self.backend.get(keys.LIST_SET, name, bins=["mode"])
+        asked = mode
         if mode is None:
             mode = str(rec.bins["mode"]) if rec is not None else "tokens"
         if mode not in MODES:
@@ -134,6 +135,8 @@ class JobLists:
             raise ConfigError(f"the backoff cap ({hi / 1000:g} s) would be below its base ({lo / 1000:g} s)")
         out = self._list_udf(name, "create", mode, max_attempts, opts)
         if out["st"] == "exists" and out["mode"] != mode:
+            if asked is None:
+                return False  # made since the read, by a loader that asked for its mode: no mode was asked here
             raise ListModeMismatch(f"list {name!r} exists in {out['mode']!r} mode, not {mode!r}")
         return bool(out["st"] == "created")
 

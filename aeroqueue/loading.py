@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import math
 import os
 import shutil
 import sys
@@ -162,15 +163,24 @@ def read_file(
             raise LoadError(f"not UTF-8 text ({reason} at byte {at:,} of the file)", source=name, line=line) from None
 
 
+def _line_breaks(data: bytes) -> int:
+    return data.count(b"\n") + data.count(b"\r") - data.count(b"\r\n")
+
+
 def _first_bad_utf8(path: Path) -> tuple[int, int, str] | None:
     """(line, byte offset in the file, why) of the first bytes that are not UTF-8."""
     offset = 0
     with path.open("rb") as f:
-        for n, raw in enumerate(f, 1):  # a newline byte is never inside a UTF-8 sequence
+        # Lines end as the readers see them: at \n, \r\n or a lone \r. A chunk of
+        # the file ends at \n, so no \r\n is ever cut in two (and a newline byte is
+        # never inside a UTF-8 sequence). Chunks, not the file: bounded memory.
+        line = 1
+        for raw in f:
             try:
                 raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                return n, offset + e.start, e.reason
+                return line + _line_breaks(raw[:e.start]), offset + e.start, e.reason
+            line += _line_breaks(raw)
             offset += len(raw)
     return None
 
@@ -282,8 +292,15 @@ def _checked_int(text: str) -> int:
     return value
 
 
+def _checked_float(text: str) -> float:
+    value = float(text)
+    if value in (math.inf, -math.inf):
+        raise _BadValue(f"number {text[:30]} is too large for a 64-bit float (it would be stored as Infinity)")
+    return value
+
+
 def _loads(text: str, max_depth: int = MAX_DEPTH) -> Any:
-    value = json.loads(text, parse_constant=_refuse_constant, parse_int=_checked_int)
+    value = json.loads(text, parse_constant=_refuse_constant, parse_int=_checked_int, parse_float=_checked_float)
     if text.count("[") + text.count("{") > max_depth and _depth(value) > max_depth:
         raise _BadValue(f"JSON nested more than {MAX_DEPTH} deep ({_DEPTH_WHY})")
     return value
@@ -559,7 +576,9 @@ def from_iterable(items: Iterable[Any], *, max_payload: int, source: str = "<pyt
     out = []
     for i, item in enumerate(items, start=1):
         if isinstance(item, JobSpec):
-            spec = JobSpec(item.jid, item.payload, item.line or i, item.run_at)
+            # A JobSpec's run_at is checked as a file's is: a bad one found after
+            # the first ranges were written would leave the load half done.
+            spec = JobSpec(item.jid, item.payload, item.line or i, parse_run_at(item.run_at, source, item.line or i))
         elif isinstance(item, tuple) and len(item) == 2:
             spec = JobSpec(str(item[0]), item[1], i)
         elif isinstance(item, dict) and "id" in item:

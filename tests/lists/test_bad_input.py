@@ -75,6 +75,17 @@ def test_not_utf8_far_into_a_file_names_its_line_and_byte(tmp_path):
     assert "line 10002" in str(e.value) and f"at byte {at:,} of the file" in str(e.value)
 
 
+@pytest.mark.parametrize("newline", [b"\r", b"\r\n", b"\n"], ids=["cr", "crlf", "lf"])
+def test_not_utf8_names_its_line_whatever_the_line_endings(tmp_path, newline):
+    """The readers end a line at \n, \r\n or a lone \r (files from old Mac tools)."""
+    path = tmp_path / "ends.jsonl"
+    path.write_bytes(newline.join([b'{"id": "a"}', b'{"id": "b"}', b'{"id": "\xff"}', b""]))
+    with pytest.raises(LoadError) as e:
+        load_file(path)
+    at = 2 * (len(b'{"id": "a"}') + len(newline)) + len(b'{"id": "')
+    assert "line 3" in str(e.value) and f"at byte {at} of the file" in str(e.value), str(e.value)
+
+
 def test_python_iterable_errors_name_the_item():
     with pytest.raises(LoadError) as e:
         from_iterable([("a", 1), ("b", 2), ("a", 3)], max_payload=1000)

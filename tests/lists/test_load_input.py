@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from aeroqueue import loading, udfs
+from aeroqueue import keys, loading, udfs
 from aeroqueue.backends import open_backend
 from aeroqueue.cli import main
-from aeroqueue.errors import LoadError
+from aeroqueue.errors import ListModeMismatch, LoadError
 from aeroqueue.lists import JobLists, max_payload
-from aeroqueue.loading import IdDigests, read_file, validate
+from aeroqueue.loading import IdDigests, JobSpec, read_file, validate
 
 _REGISTERED: set[str] = set()
 
@@ -146,6 +146,10 @@ BAD_VALUES = [
     ("deep-fields.jsonl", '{"id": "a", "x": ' + "[" * 31 + "]" * 31 + "}\n", 1, "payload", "nested"),
     ("deep.csv", 'id,payload\na,"' + "[" * 32 + "]" * 32 + '"\n', 2, "payload", "nested"),
     ("nan.csv", 'id,payload\na,"{""x"": 1}"\nb,"{""x"": NaN}"\n', 3, "payload", "NaN"),
+    # Past a 64-bit float's range: Python reads it as inf, which would be stored as Infinity.
+    ("huge.jsonl", '{"id": "a", "payload": {"x": 1e400}}\n', 1, "payload", "too large for a 64-bit float"),
+    ("huge-field.jsonl", '{"id": "a", "y": 1, "x": -1e999}\n', 1, "x", "too large for a 64-bit float"),
+    ("huge.csv", 'id,payload\na,"[1.5, 2e308]"\n', 2, "payload", "too large for a 64-bit float"),
 ]
 
 
@@ -173,6 +177,36 @@ def test_json_as_deep_as_the_sync_target_takes_loads_and_one_level_more_does_not
     with pytest.raises(LoadError, match=r"line 1, field 'payload'.*nested more than 31 deep"):
         jl.load(f"{list_name}-2", [("c", [deepest])])
     assert f"{list_name}-2" not in jl.names()
+
+
+def test_a_jobspec_run_at_is_checked_before_anything_is_written(jl, list_name):
+    """Plain items are checked whole before the first write: a JobSpec's run_at too,
+    or a NaN one found at its range would leave the earlier ranges loaded."""
+    jobs = [("a", {}), *(JobSpec(f"j{i}", {}) for i in range(1, 5)), JobSpec("bad", {}, run_at=float("nan"))]
+    with pytest.raises(LoadError, match=r"line 6, field 'run_at'.*out of range"):
+        jl.load(list_name, jobs, chunk_size=2)
+    assert list_name not in jl.names(), "nothing written, not even the list"
+
+
+def test_a_load_that_asks_no_mode_takes_the_mode_of_a_list_made_meanwhile(jl, list_name, monkeypatch):
+    """`create` reads the list's mode, then creates it: a loader that asked for ids
+    mode may create it in between. A load that asked for none loads into it."""
+    backend = jl.backend
+    real_get = backend.get
+    raced: list[bool] = []
+
+    def get_then_race(set_name, name, *args, **kw):
+        rec = real_get(set_name, name, *args, **kw)
+        if set_name == keys.LIST_SET and name == list_name and not raced:
+            raced.append(True)
+            JobLists(backend).create(list_name, mode="ids")  # the other loader, `--mode ids`
+        return rec
+
+    monkeypatch.setattr(backend, "get", get_then_race)
+    assert jl.load(list_name, [JobSpec("a", {})]).loaded == 1
+    assert raced and jl.header(list_name)["mode"] == "ids"
+    with pytest.raises(ListModeMismatch):
+        jl.create(list_name, mode="tokens")  # one that asked for another mode is still refused
 
 
 def test_python_api_refuses_nan_and_huge_ints(jl, list_name):
