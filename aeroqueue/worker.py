@@ -436,7 +436,6 @@ class Worker:
                 with self._in_flight_lock:
                     left, jobs[:] = list(jobs), []
                 self._release(left, session)
-                self._unhold(left)
                 return
             if not jobs:
                 got = self._reserve_any(session)
@@ -462,7 +461,6 @@ class Worker:
                 # handler...): give its jobs back rather than hold them under a
                 # session that stays alive.
                 self._release([job, *jobs], session, refund=False)
-                self._unhold(jobs)
                 raise
             finally:
                 with self._in_flight_lock:
@@ -638,9 +636,16 @@ class Worker:
         self._settle(job, outcome)
 
     def _release(self, jobs: list[Job], session: Session, *, refund: bool = True) -> None:
+        """Give `jobs` back; this worker holds them no more. Each job's hold ends just
+        before its own release, not after the loop: released, a job may be reserved
+        again at once by another thread, which holds it under the same name, and a
+        late unhold would wipe that hold (the orphan check then gave the live claim
+        away, and the job ran twice)."""
         if session.lost or session.closed:
+            self._unhold(jobs)
             return  # not ours to give back any more, or given back when it closed
         for job in jobs:
+            self._unhold([job])
             try:
                 if self.queue.release(job, "worker draining" if refund else "acknowledgement failed", refund=refund) == "released":
                     self.counters.add("released")
@@ -732,7 +737,6 @@ class Worker:
                 waiting, left[:] = list(left), []
             # Its prefetched jobs never started: back, attempt refunded.
             self._release(waiting, session)
-            self._unhold(waiting)
             self.counters.add(_COUNTER_OF[self._timed_out(job)])
             self.observer.timed_out(job.list)
             if not self._stopping.is_set():

@@ -151,3 +151,41 @@ def test_load_handler_errors():
 def test_worker_needs_a_list(registered):
     with pytest.raises(errors.ConfigError):
         Worker(registered, lambda j: None, [])
+
+
+def test_a_timed_out_threads_prefetched_jobs_go_back_without_taking_another_threads_hold(registered, lists, list_name):
+    """The watchdog gives a stuck thread's prefetched jobs back one release at a time.
+    One released early may be reserved at once by another thread: the releases must
+    not then end that thread's hold on it, or the orphan check gives its live claim
+    away and the job runs twice. (A slow release widens the window, as a slow store
+    or a long prefetch would.)"""
+    lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(3)], seal=True, timeout_s=1, backoff_s=0)
+    runs: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def handler(job: Job) -> str:
+        with lock:
+            runs[job.jid] = runs.get(job.jid, 0) + 1
+        if job.jid == "j0" and job.attempt == 1:
+            time.sleep(4)  # past its 1 s limit: the watchdog retires this thread
+            return "late"
+        job.touch(30)
+        time.sleep(1.5)  # long enough for several orphan checks (0.2 s apart)
+        return "ok"
+
+    w = fast_worker(registered, handler, list_name, concurrency=2, batch=3, reap_every_s=0.2, expiry_s=3.0)
+    release = w.queue.release
+
+    def slow_release(job: Job, *args, **kw) -> str:
+        out = release(job, *args, **kw)
+        time.sleep(0.3)
+        return out
+
+    w.queue.release = slow_release  # type: ignore[method-assign]
+    assert w.run(install_signals=False) == EXIT_OK
+    assert runs == {"j0": 2, "j1": 1, "j2": 1}, runs
+    for token in range(3):
+        rec = registered.get(keys.JOB_SET, keys.job_name(list_name, token)).bins
+        assert rec["state"] == "done", rec
+        assert rec["att"] == (2 if rec["jid"] == "j0" else 1), rec
+    assert w.counters.snapshot()["lost"] == 0
