@@ -187,20 +187,21 @@ def _failure_text(e: BaseException) -> str:
     return f"{what}\n{traceback.format_exc()}"
 
 
-def run_handler(job: Job, handler: Handler) -> tuple[bool, Any]:
+def run_handler(job: Job, handler: Handler, *, propagate: bool = True) -> tuple[bool, Any]:
     """Run the handler: (True, its result as it will be stored) or (False, what went
     wrong, with the traceback), or (False, the `Retry` it raised).
 
     Whatever the handler does fails that job and nothing else: an exception, a
     result that cannot be stored, ``sys.exit`` or ``KeyboardInterrupt`` raised
     inside it. Only on the main thread do the last two propagate: there they are
-    the host program's Ctrl-C or exit (`run_job` fails the job first)."""
+    the host program's Ctrl-C or exit (`run_job` fails the job first); not with
+    `propagate` False (a handler process, whose main thread is aeroqueue's)."""
     try:
         return True, storable_result(handler(job))
     except Retry as r:
         return False, r
     except BaseException as e:
-        if not isinstance(e, Exception) and threading.current_thread() is threading.main_thread():
+        if propagate and not isinstance(e, Exception) and threading.current_thread() is threading.main_thread():
             raise
         return False, _failure_text(e)
 
@@ -898,6 +899,8 @@ class _ChildRunner:
                     self.conn.send(("ok", touch(job, msg[1])))
                 except AeroqueueError as e:
                     self.conn.send(("lost", str(e)))
+                except (TypeError, ValueError) as e:  # a bad argument: the handler's error, raised in it
+                    self.conn.send(("bad", type(e).__name__, str(e)))
                 continue
             return msg[1], msg[2]
 
@@ -918,12 +921,19 @@ class _ChildRunner:
 
 def _child_main(handler: Handler, conn: Any) -> None:
     """A handler process: run the jobs the parent sends, send back each outcome."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group: the parent drains
+    # Ctrl-C, and a SIGTERM sent to the process group (systemd's default, `kill --
+    # -PGID`), reach the children too: the parent drains, and lets running jobs
+    # finish up to its --drain-timeout; it ends a child itself (SIGKILL, or closing
+    # the pipe).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     conn.send(("ready",))
 
     def touch(job: Job, seconds: float | None) -> None:
         conn.send(("touch", seconds))
         answer = conn.recv()
+        if answer[0] == "bad":
+            raise (TypeError if answer[1] == "TypeError" else ValueError)(answer[2])
         if answer[0] != "ok":
             raise ClaimLost(answer[1])
 
@@ -932,7 +942,9 @@ def _child_main(handler: Handler, conn: Any) -> None:
             job = conn.recv()
         except (EOFError, OSError):
             return
-        ok, value = run_handler(dataclasses.replace(job, toucher=touch), handler)
+        # On this process's main thread, but it is not a host program's: sys.exit and
+        # KeyboardInterrupt in the handler fail the job, as they do in a thread.
+        ok, value = run_handler(dataclasses.replace(job, toucher=touch), handler, propagate=False)
         try:
             conn.send(("result", ok, value))
         except Exception as e:  # a value that does not pickle: that is the job's failure

@@ -4,6 +4,7 @@ importable by name, as a spawned process needs."""
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 from aeroqueue.queue import Job
@@ -17,3 +18,18 @@ def hang_or_double(job: Job) -> dict:
             time.sleep(0.4)
             job.touch()
     return {"double": job.payload["n"] * 2, "pid": os.getpid()}
+
+
+def misbehave(job: Job) -> dict:
+    """What a handler may do wrong, by payload: each fails its own job, in a child
+    process as in a thread."""
+    how = job.payload.get("how")
+    if how == "bad-touch":
+        job.touch(0.0)
+    elif how == "exit":
+        sys.exit(3)
+    elif how == "interrupt":
+        raise KeyboardInterrupt
+    elif how == "slow":
+        time.sleep(job.payload["s"])
+    return {"pid": os.getpid()}

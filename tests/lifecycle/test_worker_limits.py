@@ -5,14 +5,21 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
+
+import pytest
 
 from aeroqueue import keys
 from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Job, Retry
 from aeroqueue.worker import EXIT_OK, Worker
-from tests.lifecycle.handlers import hang_or_double
+from tests.lifecycle.handlers import hang_or_double, misbehave
+from tests.waiting import wait_for
 
 
 def fast_worker(backend, handler, list_name, **kw) -> Worker:
@@ -81,6 +88,48 @@ def test_touch_from_a_child_process(registered, lists, list_name):
     snap = w.counters.snapshot()
     assert (snap["done"], snap["timed_out"]) == (1, 0)  # 1.2 s of work, limit 0.8 s, touched
     assert job_bins(registered, list_name, 0)["result"]["double"] == 8
+
+
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_a_handler_that_misbehaves_fails_its_job_alone_in_either_pool(registered, lists, list_name, pool):
+    """A bad touch argument, sys.exit() and KeyboardInterrupt fail the job with what
+    the handler did, in a handler process too (not 'the handler's process died', not
+    a dead worker thread and exit status 4)."""
+    jobs = [JobSpec("touch", {"how": "bad-touch"}), JobSpec("exit", {"how": "exit"}),
+            JobSpec("interrupt", {"how": "interrupt"}), *(JobSpec(f"ok{i}", {}) for i in range(3))]
+    lists.load(list_name, jobs, max_attempts=1, backoff_s=0, seal=True)
+    w = fast_worker(registered, misbehave, list_name, concurrency=1, batch=1, pool=pool)
+    assert w.run(install_signals=False) == EXIT_OK
+    errors = {b["jid"]: b["err"] for b in (job_bins(registered, list_name, t) for t in range(6)) if b["state"] == "dead"}
+    assert set(errors) == {"touch", "exit", "interrupt"}, errors
+    assert errors["touch"].startswith("ValueError: touch needs positive seconds"), errors["touch"]
+    assert "sys.exit(3)" in errors["exit"] and "KeyboardInterrupt" in errors["interrupt"], errors
+    assert lists.status(list_name).done == 3
+
+
+def test_sigterm_to_the_process_group_drains_a_process_pool(registered, lists, list_name, store_url):
+    """systemd (KillMode=control-group), `kill -- -PGID` and supervisord's stopasgroup
+    signal every process of the worker: the handler processes ignore it, and the
+    worker drains as it does on its own SIGTERM, its running jobs finishing."""
+    lists.load(list_name, [JobSpec(f"s{i}", {"how": "slow", "s": 2}) for i in range(2)], seal=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "aeroqueue", "--url", store_url, "worker", "--handler", "tests.lifecycle.handlers:misbehave",
+         "--list", list_name, "-c", "2", "--batch", "1", "--pool", "process", "--drain-timeout", "30"],
+        cwd=str(Path(__file__).resolve().parents[2]), start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        wait_for("both jobs running", lambda: lists.status(list_name).in_flight == 2)
+        os.killpg(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err
+    for token in range(2):
+        bins = job_bins(registered, list_name, token)
+        assert (bins["state"], bins["att"]) == ("done", 1), bins
+        assert "err" not in bins, bins
 
 
 def test_touch_in_a_thread(registered, lists, list_name):
