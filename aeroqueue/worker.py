@@ -636,7 +636,7 @@ class Worker:
             outcome = self._ack_failed(job, self.session, e)
         self._settle(job, outcome)
 
-    def _release(self, jobs: list[Job], session: Session, *, refund: bool = True) -> None:
+    def _release(self, jobs: list[Job], session: Session, *, refund: bool = True, why: str | None = None) -> None:
         """Give `jobs` back; this worker holds them no more. Each job's hold ends just
         before its own release, not after the loop: released, a job may be reserved
         again at once by another thread, which holds it under the same name, and a
@@ -648,7 +648,8 @@ class Worker:
         for job in jobs:
             self._unhold([job])
             try:
-                if self.queue.release(job, "worker draining" if refund else "acknowledgement failed", refund=refund) == "released":
+                why = why or ("worker draining" if refund else "acknowledgement failed")
+                if self.queue.release(job, why, refund=refund) == "released":
                     self.counters.add("released")
                     self.observer.released(job.list)
             except AeroqueueError as e:
@@ -737,7 +738,7 @@ class Worker:
                 left = self._prefetched.pop(thread, [])
                 waiting, left[:] = list(left), []
             # Its prefetched jobs never started: back, attempt refunded.
-            self._release(waiting, session)
+            self._release(waiting, session, why=f"not started: job {job.jid!r} ahead of it ran past its time limit")
             self.counters.add(_COUNTER_OF[self._timed_out(job)])
             self.observer.timed_out(job.list)
             if not self._stopping.is_set():

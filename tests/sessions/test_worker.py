@@ -189,3 +189,5 @@ def test_a_timed_out_threads_prefetched_jobs_go_back_without_taking_another_thre
         assert rec["state"] == "done", rec
         assert rec["att"] == (2 if rec["jid"] == "j0" else 1), rec
     assert w.counters.snapshot()["lost"] == 0
+    given_back = [e["err"] for t in (1, 2) for e in registered.get(keys.JOB_SET, keys.job_name(list_name, t)).bins.get("errs", [])]
+    assert given_back and all(e == "not started: job 'j0' ahead of it ran past its time limit" for e in given_back), given_back
