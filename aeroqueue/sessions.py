@@ -300,7 +300,7 @@ def release_claims(backend: Backend, session_id: str, *, refund: bool, why: str)
         elif st == "dead":
             dead[rec.bins["list"]].append(rec.bins["token"])
     for list_name, tokens in dead.items():
-        set_bits(backend, list_name, tokens, "dead", 1)
+        transitions.set_dead_bits(backend, list_name, tokens)
     for list_name, tokens in released.items():
         push_retry(backend, list_name, tokens)
     return sum(len(t) for t in released.values()) + sum(len(t) for t in dead.values())
@@ -472,7 +472,10 @@ def recount_session(backend: Backend, session_id: str) -> int:
 def _recount(backend: Backend, list_name: str, bitmap: str, tokens: list[int]) -> int:
     have = _bits(backend, list_name, bitmap, tokens)
     missing = [t for t in tokens if t not in have]
-    set_bits(backend, list_name, missing, bitmap, 1)
+    if bitmap == "dead":  # seen dead by a scan that may be old: kicked since, maybe
+        transitions.set_dead_bits(backend, list_name, missing)
+    else:
+        set_bits(backend, list_name, missing, bitmap, 1)
     return len(missing)
 
 

@@ -73,6 +73,23 @@ def set_bits(backend: Backend, list_name: str, tokens: Iterable[int], bitmap: st
         retry_in_doubt(functools.partial(backend.operate, keys.DONE_SET, keys.chunk_name(list_name, chunk), ops))
 
 
+def set_dead_bits(backend: Backend, list_name: str, tokens: list[int]) -> None:
+    """The dead bits of jobs that went dead, each written after the job's own
+    transition, so a kick (dead -> queued, its bit cleared) may have run in
+    between. Set, then checked: a bit whose job is not dead any more is cleared
+    again. Left set, it would count a queued job as dead for good, and the list
+    as complete while that job runs (a complete list is never swept). Should the
+    job die again between the two steps, the bit is lost instead: the sweep's
+    recount sets it back, as it does for a worker that died before its bits."""
+    if not tokens:
+        return
+    set_bits(backend, list_name, tokens, "dead", 1)
+    recs = backend.batch_get(keys.JOB_SET, [keys.job_name(list_name, t) for t in tokens], bins=["state"])
+    undo = [t for t, rec in zip(tokens, recs, strict=True) if rec is None or rec.bins.get("state") != "dead"]
+    if undo:
+        set_bits(backend, list_name, undo, "dead", 0)
+
+
 def _span_op(bitmap: str, bits: list[int], value: int) -> dict:
     """One operation that sets (OR) or clears (AND) `bits` and leaves the others of
     their byte span alone: one op per chunk, not one `bit_set` per bit, for the
@@ -274,7 +291,7 @@ def after_fail(backend: Backend, list_name: str, token: int, outcome: str, delay
     """Follow-up of a fail, expire, snooze or release: dead bit, back onto the retry
     store, or onto the schedule (`delayed`)."""
     if outcome == "dead":
-        set_bits(backend, list_name, [token], "dead", 1)
+        set_dead_bits(backend, list_name, [token])
     elif outcome in ("retry", "released"):
         push_retry(backend, list_name, [token])
     elif outcome == "delayed":
@@ -356,10 +373,12 @@ def kick(backend: Backend, list_name: str, tokens: list[int]) -> int:
     Bits first: a kick interrupted after this leaves the list incomplete, so the
     sweeper sets the bits of jobs still dead and requeues the kicked ones. The
     other order could leave a kicked job waiting in a list that counts as
-    complete, which nobody sweeps."""
+    complete, which nobody sweeps. And after: a dead bit written late, by
+    whoever made the job dead (`set_dead_bits`), may have landed in between."""
     set_bits(backend, list_name, tokens, "dead", 0)
     kicked = [t for t in tokens if backend.udf(keys.JOB_SET, keys.job_name(list_name, t), keys.JOB_MOD, "kick") == "ok"]
     if kicked:
+        set_bits(backend, list_name, kicked, "dead", 0)
         push_retry(backend, list_name, kicked)
         # A complete list is not complete any more: its completion time goes.
         retry_in_doubt(lambda: backend.udf(keys.LIST_SET, list_name, keys.LIST_MOD, "reopen"))

@@ -4,13 +4,14 @@ operations. Every test runs on both backends (the store fixtures)."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from datetime import UTC, datetime
 
 import pytest
 from click.testing import CliRunner
 
-from aeroqueue import errors, keys
+from aeroqueue import errors, keys, transitions
 from aeroqueue.cli import main
 from aeroqueue.loading import JobSpec
 from aeroqueue.sessions import reap, sweep
@@ -236,6 +237,43 @@ def test_a_job_held_back_by_a_delayed_load_and_buried_or_kicked_is_not_subtracte
     assert lists.kick_job(list_name, "job-0") and lists.kick_job(list_name, "job-1")
     st = lists.status(list_name)
     assert (st.reservable, st.in_flight, st.retry_pending, st.dead) == (0, 0, 2, 0)
+
+
+@pytest.mark.parametrize("late", ["fail", "bury"])
+def test_a_dead_bit_written_after_a_kick_does_not_count_the_kicked_job_dead(
+        queue, lists, list_name, session, monkeypatch, late):
+    """A job's dead bit is written after its transition to dead: a kick may run in
+    between (clearing the bit, dead -> queued). The late bit must not stay: the
+    kicked job would count as dead while it runs and done too once it is, and the
+    list would never be complete (or be complete early)."""
+    lists.load(list_name, [JobSpec("a", {}), JobSpec("b", {})], max_attempts=1, backoff_s=0, seal=True)
+    real_set_bits = transitions.set_bits
+
+    def late_dead_bits(backend, name, tokens, bitmap, value):
+        if bitmap == "dead" and value == 1 and threading.current_thread().name == "late":
+            time.sleep(0.4)  # a GC pause, a slow network: the follow-up lands after the kick
+        return real_set_bits(backend, name, tokens, bitmap, value)
+
+    monkeypatch.setattr(transitions, "set_bits", late_dead_bits)
+    (job,) = queue.reserve(list_name, session, 1)
+    if late == "fail":
+        act = lambda: queue.fail(job, "boom")  # noqa: E731 (its last attempt: dead)
+    else:
+        act = lambda: lists.bury(list_name, job.jid)  # noqa: E731
+    t = threading.Thread(target=act, name="late")
+    t.start()
+    wait_for("the job dead", lambda: lists.find_job(list_name, job.jid)["state"] == "dead")
+    assert lists.kick(list_name) == 1
+    t.join()
+    done = 0
+    while jobs := queue.reserve(list_name, session, 10):
+        for j in jobs:
+            queue.complete(j, "ok")
+            done += 1
+    assert done == 2
+    assert [j["state"] for j in lists.jobs(list_name)] == ["done", "done"]
+    st = lists.status(list_name)
+    assert (st.done, st.dead, st.complete) == (2, 0, True)
 
 
 def test_error_history_keeps_the_last_ten(queue, lists, list_name, session):
