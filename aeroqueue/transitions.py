@@ -367,6 +367,11 @@ def bury(backend: Backend, list_name: str, token: int, why: str) -> str:
     return _transition(backend, list_name, token, "bury", error_text(why))
 
 
+# Tokens a call of the list record's `unschedule` takes: a kick of every dead job of a
+# big list makes several, each well under the record's size in arguments.
+UNSCHEDULE_CHUNK = 5_000
+
+
 def kick(backend: Backend, list_name: str, tokens: list[int]) -> int:
     """dead -> queued with fresh attempts (an operator's decision). Returns how many.
 
@@ -374,12 +379,19 @@ def kick(backend: Backend, list_name: str, tokens: list[int]) -> int:
     sweeper sets the bits of jobs still dead and requeues the kicked ones. The
     other order could leave a kicked job waiting in a list that counts as
     complete, which nobody sweeps. And after: a dead bit written late, by
-    whoever made the job dead (`set_dead_bits`), may have landed in between."""
+    whoever made the job dead (`set_dead_bits`), may have landed in between.
+    A kicked delayed job leaves the schedule (`unschedule`) as it enters the
+    retry store: it waits in one place, and is offered once."""
     set_bits(backend, list_name, tokens, "dead", 0)
     kicked = [t for t in tokens if backend.udf(keys.JOB_SET, keys.job_name(list_name, t), keys.JOB_MOD, "kick") == "ok"]
     if kicked:
         set_bits(backend, list_name, kicked, "dead", 0)
         push_retry(backend, list_name, kicked)
+        # After the push: a kick cut short between the two leaves a job in both
+        # places (offered twice, a claim fences the second), never in neither.
+        for i in range(0, len(kicked), UNSCHEDULE_CHUNK):
+            part = kicked[i:i + UNSCHEDULE_CHUNK]
+            retry_in_doubt(functools.partial(backend.udf, keys.LIST_SET, list_name, keys.LIST_MOD, "unschedule", part))
         # A complete list is not complete any more: its completion time goes.
         retry_in_doubt(lambda: backend.udf(keys.LIST_SET, list_name, keys.LIST_MOD, "reopen"))
     return len(kicked)

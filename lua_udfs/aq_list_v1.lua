@@ -224,6 +224,41 @@ function schedule(rec, tokens, delay_ms, cap)
   return accepted
 end
 
+-- unschedule(rec, tokens) -> integer removed
+--   Kicked jobs leave sched: each waits in the retry store now, and a token left
+--   here would be counted delayed while it runs and offered again when due.
+--   Single tokens only (a delayed load's ranges keep theirs: a claim fences the
+--   second offer). O(entries in sched): an operator's kick, not a hot path.
+function unschedule(rec, tokens)
+  if not aerospike:exists(rec) or rec['sched'] == nil or (rec['nsch'] or 0) == 0 then return 0 end
+  local want = map()
+  for t in list.iterator(tokens) do want[t] = 1 end
+  local keep = map()
+  local removed = 0
+  local next_due = nil
+  for due, items in map.pairs(rec['sched']) do
+    local left = list()
+    for item in list.iterator(items) do
+      if type(item) == 'number' and want[item] ~= nil then
+        removed = removed + 1
+      else
+        list.append(left, item)
+      end
+    end
+    if list.size(left) > 0 then
+      keep[due] = left
+      if next_due == nil or due < next_due then next_due = due end
+    end
+  end
+  if removed > 0 then
+    rec['sched'] = keep
+    rec['nsch'] = rec['nsch'] - removed
+    rec['ndue'] = next_due
+    aerospike:update(rec)
+  end
+  return removed
+end
+
 -- tune(rec, opts) -> 'ok' | 'missing'
 --   Sets tlim, bo, bo_max (ms) from map opts; other keys are ignored.
 function tune(rec, opts)

@@ -221,8 +221,31 @@ def test_kicked_and_buried_jobs_are_counted_once(queue, lists, list_name, sessio
     assert each_count(lists, list_name) == {"reservable": 1, "delayed": 0, "in_flight": 1, "retry_pending": 2, "done": 0, "dead": 2}
     got = queue.reserve(list_name, session, 6)
     assert sorted(j.jid for j in got) == ["job-0", "job-3", "job-5"]
+    # The kicked job left the schedule: claimed, it is in flight, not delayed.
+    assert each_count(lists, list_name) == {"reservable": 0, "delayed": 0, "in_flight": 4, "retry_pending": 0, "done": 0, "dead": 2}
     queue.complete_many([c, *got])
     assert each_count(lists, list_name) == {"reservable": 0, "delayed": 0, "in_flight": 0, "retry_pending": 0, "done": 4, "dead": 2}
+    assert lists.status(list_name).complete
+
+
+@pytest.mark.parametrize("mode", ["tokens", "ids"])
+def test_a_kicked_delayed_job_is_offered_once_and_counted_where_it_is(queue, lists, list_name, session, mode):
+    """Kicked while it waits out a backoff, a job moves from the schedule to the retry
+    store: not counted delayed once claimed, and not offered again when its old time
+    comes (nor counted delayed, then, while it runs)."""
+    lists.load(list_name, specs(2), mode=mode, backoff_s=0.5, seal=True)
+    (a,) = queue.reserve(list_name, session, 1)
+    assert queue.fail(a, "x") == "delayed"
+    assert lists.kick_job(list_name, a.jid)
+    assert each_count(lists, list_name) == {"reservable": 1, "delayed": 0, "in_flight": 0, "retry_pending": 1, "done": 0, "dead": 0}
+    (again,) = queue.reserve(list_name, session, 1)
+    assert again.jid == a.jid
+    assert each_count(lists, list_name) == {"reservable": 1, "delayed": 0, "in_flight": 1, "retry_pending": 0, "done": 0, "dead": 0}
+    time.sleep(1.1)  # past its old time: nothing comes back from the schedule
+    (other,) = queue.reserve(list_name, session, 5)
+    assert other.jid != a.jid
+    assert each_count(lists, list_name) == {"reservable": 0, "delayed": 0, "in_flight": 2, "retry_pending": 0, "done": 0, "dead": 0}
+    queue.complete_many([again, other])
     assert lists.status(list_name).complete
 
 
