@@ -221,8 +221,9 @@ class JobLists:
         head = self.header(name)
         done, dead, finished = self._bits(name, head["alloc"])
         # Each job counted once: a token may also stand where it no longer waits. A
-        # kick or a repeated push leaves it in the retry store and in the schedule or
-        # ahead in the token store; a bury leaves it there too, finished.
+        # kick leaves it in the retry store and ahead in the token store or in a
+        # delayed load's range (the schedule it leaves: `unschedule`); a repeated push
+        # leaves it twice in the retry store; a bury leaves it where it was, finished.
         retry_set = {t for t in head.get("retry") or [] if not finished(t)}
         retry = len(retry_set)
         scheduled = {t for items in (head.get("sched") or {}).values() for t in items if not isinstance(t, list)}
