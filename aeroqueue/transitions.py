@@ -73,6 +73,9 @@ def set_bits(backend: Backend, list_name: str, tokens: Iterable[int], bitmap: st
         retry_in_doubt(functools.partial(backend.operate, keys.DONE_SET, keys.chunk_name(list_name, chunk), ops))
 
 
+DEAD_CHECK_CHUNK = 5_000  # job records `set_dead_bits` reads back a batch call
+
+
 def set_dead_bits(backend: Backend, list_name: str, tokens: list[int]) -> None:
     """The dead bits of jobs that went dead, each written after the job's own
     transition, so a kick (dead -> queued, its bit cleared) may have run in
@@ -81,13 +84,13 @@ def set_dead_bits(backend: Backend, list_name: str, tokens: list[int]) -> None:
     as complete while that job runs (a complete list is never swept). Should the
     job die again between the two steps, the bit is lost instead: the sweep's
     recount sets it back, as it does for a worker that died before its bits."""
-    if not tokens:
-        return
-    set_bits(backend, list_name, tokens, "dead", 1)
-    recs = backend.batch_get(keys.JOB_SET, [keys.job_name(list_name, t) for t in tokens], bins=["state"])
-    undo = [t for t, rec in zip(tokens, recs, strict=True) if rec is None or rec.bins.get("state") != "dead"]
-    if undo:
-        set_bits(backend, list_name, undo, "dead", 0)
+    for i in range(0, len(tokens), DEAD_CHECK_CHUNK):  # a sweep's recount may bring thousands
+        part = tokens[i:i + DEAD_CHECK_CHUNK]
+        set_bits(backend, list_name, part, "dead", 1)
+        recs = backend.batch_get(keys.JOB_SET, [keys.job_name(list_name, t) for t in part], bins=["state"])
+        undo = [t for t, rec in zip(part, recs, strict=True) if rec is None or rec.bins.get("state") != "dead"]
+        if undo:
+            set_bits(backend, list_name, undo, "dead", 0)
 
 
 def _span_op(bitmap: str, bits: list[int], value: int) -> dict:
