@@ -125,7 +125,8 @@ def parse_url(text: str) -> StoreURL:
     try:
         options = tuple(parse_qsl(query, keep_blank_values=True, strict_parsing=True)) if query else ()
     except ValueError:
-        raise InvalidURL(f"store URL {_safe(text)!r}: malformed query string {query!r}") from None
+        shown = "" if "@" in query else f" {query!r}"  # a password's '?' may have cut it: not shown
+        raise InvalidURL(f"store URL {_safe(text)!r}: malformed query string{shown}") from None
     if scheme == "aerospike":
         return _parse_aerospike(text, rest, options)
     if scheme == "embedded":
@@ -243,7 +244,7 @@ def _parse_embedded(text: str, rest: str, options: tuple[tuple[str, str], ...]) 
 # user:password@ in a URL: the password runs to the last '@' before a blank, so a
 # password holding an unencoded '/' or '@' (which the URL then parses wrongly) is
 # still masked whole. Masking too much (a later '@' in the path) is the safe error.
-_PASSWORD_IN_URL = re.compile(r"(://[^:/@\s]*:)\S*@")
+_PASSWORD_IN_URL = re.compile(r"(://[^:/\s]*:)\S*@")  # a user name may hold '@' (Azure: user@server)
 
 
 def mask_passwords(text: str) -> str:
@@ -252,12 +253,21 @@ def mask_passwords(text: str) -> str:
 
 
 def unencoded_in_credentials(url: str) -> bool:
-    """An '@' after the URL's authority ends (its first '/', '?' or '#'): a user name
-    or password holding one of those, not percent-encoded, which no parser reads
-    as meant (the rest of the password would become the path, query or port)."""
+    """A user name or password holding '/', '?' or '#' not percent-encoded, which no
+    parser reads as meant (the rest of the password would become the path, query
+    or port): the authority (up to the first of those) ends before an '@' that
+    follows in the path, or in the query or fragment while the authority does not
+    end in a port (an '@' in a query of a plain host:port URL is the query's)."""
     rest = url.partition("://")[2]
     end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
-    return "@" in rest[end:]
+    authority, after = rest[:end], rest[end:]
+    if "@" in authority or "@" not in after:
+        return False
+    path = after.partition("?")[0].partition("#")[0]
+    if "@" in path:
+        return True
+    _, colon, port = authority.rpartition(":")
+    return bool(colon) and not port.isdigit() and not authority.endswith("]")
 
 
 CREDENTIALS_ENCODING = ("a user name or password holding '/', '@', '?' or '#' must be percent-encoded "

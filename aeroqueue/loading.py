@@ -16,9 +16,9 @@ spooled to a temporary file so that it can be read twice too.
 - Extra columns (fields) beside the id and a ``payload``: kept, merged into
   the payload object (which must then be an object, without a field of the
   same name), or refused with ``strict``.
-- Payload values must be JSON that MySQL's JSON type (the sync's target) and
-  Aerospike can both store: no NaN or Infinity, integers within 64 bits,
-  nesting at most 100 deep, valid Unicode.
+- Payload values must be JSON that the sync's target (MySQL or MariaDB) and
+  Aerospike can all store: no NaN or Infinity (nor numbers past a double's
+  range), integers within 64 bits, nesting at most 31 deep, valid Unicode.
 """
 
 from __future__ import annotations
@@ -173,7 +173,8 @@ def _first_bad_utf8(path: Path) -> tuple[int, int, str] | None:
     with path.open("rb") as f:
         # Lines end as the readers see them: at \n, \r\n or a lone \r. A chunk of
         # the file ends at \n, so no \r\n is ever cut in two (and a newline byte is
-        # never inside a UTF-8 sequence). Chunks, not the file: bounded memory.
+        # never inside a UTF-8 sequence). Chunks, not the file (but a file of lone
+        # \r endings is one chunk).
         line = 1
         for raw in f:
             try:

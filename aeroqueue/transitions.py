@@ -10,8 +10,8 @@ here and nowhere else:
   applies (``delayed``), else the ``dead`` bit;
 - ``snooze`` (the handler's ``Retry(after=...)``): onto the schedule;
 - ``bury``: the ``dead`` bit;
-- ``kick``: the ``dead`` bit cleared, then back onto the retry store, and
-  the list's completion time cleared.
+- ``kick``: the ``dead`` bit cleared, then back onto the retry store and off
+  the schedule, and the list's completion time cleared.
 
 Every follow-up is idempotent (a bit set twice counts once; a token twice in
 the retry store is claimed once), so a transition whose answer was lost is
@@ -24,7 +24,8 @@ operate, within ``max_delay_s`` or once ``max_pending`` are waiting, and at
 `flush` (workers flush as they stop; `JobLists.status` flushes this process's
 bits before it counts). A process killed with bits pending leaves done jobs
 uncounted: the reaper and the sweeper recount them (sessions.recount).
-``dead`` bits, rare and final, are written at once.
+``dead`` bits, rare, are written at once, and read back against the job: a
+kick may have made it queued again meanwhile (`set_dead_bits`).
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ def set_dead_bits(backend: Backend, list_name: str, tokens: list[int]) -> None:
     for i in range(0, len(tokens), DEAD_CHECK_CHUNK):  # a sweep's recount may bring thousands
         part = tokens[i:i + DEAD_CHECK_CHUNK]
         set_bits(backend, list_name, part, "dead", 1)
-        recs = backend.batch_get(keys.JOB_SET, [keys.job_name(list_name, t) for t in part], bins=["state"])
+        names = [keys.job_name(list_name, t) for t in part]
+        recs = retry_in_doubt(functools.partial(backend.batch_get, keys.JOB_SET, names, bins=["state"]))
         undo = [t for t, rec in zip(part, recs, strict=True) if rec is None or rec.bins.get("state") != "dead"]
         if undo:
             set_bits(backend, list_name, undo, "dead", 0)

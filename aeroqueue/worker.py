@@ -353,6 +353,7 @@ class Worker:
         self._acking: dict[str, int] = {}  # jobs whose ack waits in `acks` (name -> how many)
         self._orphans: set[str] = set()  # claims of our session no thread held at the last check
         self._unsealed_told: set[str] = set()  # --until-complete: lists said to wait only for their seal
+        self._runners: set[_ChildRunner] = set()  # --pool process: the threads' handler processes
         self._warned: set[str] = set()
         self._threads: list[threading.Thread] = []
         self._threads_died = False
@@ -421,12 +422,16 @@ class Worker:
         runner = _ChildRunner(self.handler) if self.pool == "process" else None
         if runner is not None:
             runner.start()  # before any claim: a child's start-up must not eat a job's time limit
+            with self._in_flight_lock:
+                self._runners.add(runner)
         with self._in_flight_lock:
             self._prefetched[me] = jobs
         try:
             self._work_loop(session, me, jobs, runner)
         finally:
             if runner is not None:
+                with self._in_flight_lock:
+                    self._runners.discard(runner)
                 runner.close()
 
     def _work_loop(self, session: Session, me: threading.Thread, jobs: list[Job], runner: _ChildRunner | None) -> None:
@@ -774,7 +779,7 @@ class Worker:
             if st.complete:
                 continue
             complete = False
-            if not st.sealed and st.done + st.dead == st.total and name not in self._unsealed_told:
+            if not st.sealed and st.total and st.done + st.dead == st.total and name not in self._unsealed_told:
                 # A load without --seal may be followed by more loads: the list is not
                 # complete, and this worker would wait for ever with no word why.
                 self._unsealed_told.add(name)
@@ -838,7 +843,15 @@ class Worker:
             # Past the deadline: give these back now; their handlers' late acks will be
             # refused. Their attempt counts (they ran), so a job that always hangs ends.
             log.warning("drain deadline passed", extra={"event": "drain_timeout", "in_flight": len(stuck)})
-            self._release(stuck, session, refund=False)
+            self._release(stuck, session, refund=False, why=f"the worker stopped: its {self.drain_timeout_s:g} s drain "
+                                                              "deadline passed with the job still running")
+            # Their handler processes ignore SIGTERM (a signal to the process group
+            # must not kill them mid-job), which is also how Python ends daemonic
+            # children at exit: it would wait for them. They end here.
+            with self._in_flight_lock:
+                runners = list(self._runners)
+            for runner in runners:
+                runner.stop_now()
         try:
             self.queue.flush()
         except AeroqueueError as e:  # the reaper's recount sets them if this process cannot
@@ -904,6 +917,14 @@ class _ChildRunner:
                     self.conn.send(("bad", type(e).__name__, str(e)))
                 continue
             return msg[1], msg[2]
+
+    def stop_now(self) -> None:
+        """Kill the handler process from another thread: the thread that owns this runner
+        finds it dead at its next poll (its job fails as 'the handler's process died')."""
+        proc = self.proc
+        if proc is not None:
+            with contextlib.suppress(OSError):
+                proc.kill()
 
     def kill(self) -> None:
         if self.proc is not None:

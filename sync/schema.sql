@@ -97,8 +97,9 @@ CREATE TABLE IF NOT EXISTS sync_rejects (
 -- statements are SQLite's alone: text inside /*sqlite ... */ is run by SQLite
 -- and skipped for MySQL. The table is rebuilt with jid TEXT; the copy runs in
 -- one transaction with the version row, and the first statement clears what
--- a run that died before its commit left. Ids stored as numbers come back as
--- that number's text: `aeroqueue sync --resync` copies their jobs again.
+-- a run that died before its commit left. A row whose id was stored as a
+-- number cannot be told back ('0123' and '123' both read 123): it is left
+-- out, and `aeroqueue sync --resync` copies those jobs again, each once.
 /*sqlite DROP TABLE IF EXISTS aq_jobs_v3 */;
 /*sqlite CREATE TABLE aq_jobs_v3 (
     list      VARCHAR(64)    NOT NULL,
@@ -113,7 +114,8 @@ CREATE TABLE IF NOT EXISTS sync_rejects (
     synced_at BIGINT         NOT NULL,
     PRIMARY KEY (list, jid)
 ) */;
-/*sqlite INSERT OR REPLACE INTO aq_jobs_v3 (list, jid, token, state, attempts, payload, result, error, done_at, synced_at)
-    SELECT list, CAST(jid AS TEXT), token, state, attempts, payload, result, error, done_at, synced_at FROM aq_jobs */;
+/*sqlite INSERT INTO aq_jobs_v3 (list, jid, token, state, attempts, payload, result, error, done_at, synced_at)
+    SELECT list, jid, token, state, attempts, payload, result, error, done_at, synced_at FROM aq_jobs
+    WHERE typeof(jid) = 'text' */;
 /*sqlite DROP TABLE aq_jobs */;
 /*sqlite ALTER TABLE aq_jobs_v3 RENAME TO aq_jobs */;

@@ -116,3 +116,21 @@ def test_an_encoded_password_with_those_characters_is_read_as_given():
     assert parse_url("aerospike://admin:s3%2F%40%3F%23@h:3000/test").password == "s3/@?#"
     assert parse_target("mysql://root:s3%2F%40%3F%23@h:3306/test").password == "s3/@?#"
     assert parse_url("aerospike://admin:s3@cr3t@h:3000/test").password == "s3@cr3t", "the last '@' ends it"
+
+
+@pytest.mark.parametrize("text", [
+    "aerospike://h:3000/test?total_timeout=5&tls_name=a@b",  # '@' in a query of host:port: the query's own
+    "aerospike://[::1]:3000/test",
+    "aerospike://h1:3000,h2:3000/test",
+])
+def test_an_at_sign_outside_the_credentials_is_not_taken_for_a_password(text):
+    assert parse_url(text).password is None
+
+
+def test_a_user_name_holding_an_at_sign_keeps_its_password_masked():
+    from aeroqueue.errors import SyncError
+    from aeroqueue.sync import parse_target
+
+    with pytest.raises(SyncError) as e:
+        parse_target("mysql://me@corp.com:s3cr3t@h:3306/bad-db")  # Azure: user@server
+    assert "s3cr3t" not in str(e.value) and "me@corp.com:***@h" in str(e.value)

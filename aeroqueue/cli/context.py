@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import select
 import sys
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 from click.core import ParameterSource
@@ -146,6 +147,17 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+def _stdout_closed() -> bool:
+    """Whoever read standard output has closed it (the pipe's reader end is gone)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poller.poll(0))
+
+
 def _quiet_stdout() -> None:
     """The reader of our output went away (`aeroqueue export L | head`): what is left
     to print goes nowhere, not into an error at exit when Python flushes stdout."""
@@ -172,24 +184,30 @@ class AeroqueueGroup(click.Group):
             return super().invoke(ctx)
         except (click.ClickException, click.exceptions.Exit, click.Abort, KeyboardInterrupt):
             raise
-        except BrokenPipeError:
+        except BrokenPipeError as e:
+            if not _stdout_closed():
+                self._fail(ctx, e)  # another pipe (a socket, a handler process's): an error
             _quiet_stdout()
             ctx.exit(EXIT_PIPE)
         except Exception as e:
-            verbose = bool(ctx.meta.get(_VERBOSE) or (ctx.obj and ctx.obj.verbose))
-            if verbose:
-                click.echo(traceback.format_exc(), err=True, nl=False)
-            if isinstance(e, AeroqueueError):
-                line = f"error: {e}" + (f" ({e.hint})" if e.hint else "")
-            elif isinstance(e, OSError):
-                line = f"error: {e}"
-            else:
-                line = f"error: internal error, {type(e).__name__}: {e}" + (
-                    "" if verbose else " (run with --verbose for the traceback, and please report it)"
-                )
-            # One line, never wrapped, so scripts and people can both read it.
-            click.echo(_one_line(line), err=True)
-            ctx.exit(EXIT_ERROR)
+            self._fail(ctx, e)
+
+    def _fail(self, ctx: click.Context, e: Exception) -> NoReturn:
+        """One line on stderr for `e` (the traceback first with --verbose), exit 1."""
+        verbose = bool(ctx.meta.get(_VERBOSE) or (ctx.obj and ctx.obj.verbose))
+        if verbose:
+            click.echo(traceback.format_exc(), err=True, nl=False)
+        if isinstance(e, AeroqueueError):
+            line = f"error: {e}" + (f" ({e.hint})" if e.hint else "")
+        elif isinstance(e, OSError):
+            line = f"error: {e}"
+        else:
+            line = f"error: internal error, {type(e).__name__}: {e}" + (
+                "" if verbose else " (run with --verbose for the traceback, and please report it)"
+            )
+        # One line, never wrapped, so scripts and people can both read it.
+        click.echo(_one_line(line), err=True)
+        ctx.exit(EXIT_ERROR)
 
     def main(
         self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,

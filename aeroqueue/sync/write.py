@@ -355,11 +355,16 @@ class Sink:
         self._infile = f"batch-{os.getpid()}-{uuid.uuid4().hex[:12]}.txt"
         self.can_load = self._infile_dir is not None
         self.loaded = 0  # rows `copy` put in by LOAD DATA
+        conn = None
         try:
-            self.conn = self.dialect.connect(target, self._infile_dir)
+            conn = self.dialect.connect(target, self._infile_dir)
             # The largest statement the server takes (None: no such limit).
-            self.max_statement: int | None = self.dialect.max_statement(self.conn)
+            self.max_statement: int | None = self.dialect.max_statement(conn)
+            self.conn = conn
         except Exception as e:
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    conn.close()
             self._remove_infile_dir()
             if not self.dialect.is_error(e) and not isinstance(e, OSError):
                 raise

@@ -271,10 +271,11 @@ def test_a_dead_bit_written_after_a_kick_does_not_count_the_kicked_job_dead(
     list would never be complete (or be complete early)."""
     lists.load(list_name, [JobSpec("a", {}), JobSpec("b", {})], max_attempts=1, backoff_s=0, seal=True)
     real_set_bits = transitions.set_bits
+    kicked = threading.Event()
 
     def late_dead_bits(backend, name, tokens, bitmap, value):
         if bitmap == "dead" and value == 1 and threading.current_thread().name == "late":
-            time.sleep(0.4)  # a GC pause, a slow network: the follow-up lands after the kick
+            kicked.wait(30)  # a GC pause, a slow network: the follow-up lands after the kick
         return real_set_bits(backend, name, tokens, bitmap, value)
 
     monkeypatch.setattr(transitions, "set_bits", late_dead_bits)
@@ -287,6 +288,7 @@ def test_a_dead_bit_written_after_a_kick_does_not_count_the_kicked_job_dead(
     t.start()
     wait_for("the job dead", lambda: lists.find_job(list_name, job.jid)["state"] == "dead")
     assert lists.kick(list_name) == 1
+    kicked.set()
     t.join()
     done = 0
     while jobs := queue.reserve(list_name, session, 10):

@@ -200,7 +200,8 @@ def test_migration_2_rebuilds_a_version_1_table_keeping_its_rows_and_can_run_aga
 def test_migration_3_gives_sqlite_job_ids_as_text_back_and_keeps_ids_equal_as_numbers_apart(tmp_path):
     """SQLite read VARBINARY(200) as NUMERIC affinity: '0123' was stored as 123, and
     '123', '0123' and '123.0' shared one row. A version-2 file is rebuilt with jid
-    TEXT, its rows kept; a run that died mid-migration (its scratch table left
+    TEXT, its text ids kept (one stored as a number cannot be told back: it goes, for
+    a resync to copy again); a run that died mid-migration (its scratch table left
     behind) finishes the next time."""
     target = _sqlite(tmp_path)
     with Sink(target) as sink:
@@ -215,8 +216,10 @@ def test_migration_3_gives_sqlite_job_ids_as_text_back_and_keeps_ids_equal_as_nu
         sink.execute("CREATE TABLE aq_jobs_v3 (leftover INT)")  # a run that died before its commit
         sink.commit()
         assert migrate(sink) == 3 and migrate(sink) == 3
-        assert sorted(sink.execute("SELECT jid, typeof(jid) FROM aq_jobs")) == [("123", "text"), ("abc", "text")]
-        ids = ["123", "0123", "123.0", "1.23e2", "+123", "12345678901234567890", "12345678901234567891"]
+        # The mangled row cannot be told back ('0123' or '123'?): it goes, and a resync
+        # copies its job again; a row kept as text stays as it was.
+        assert sink.execute("SELECT jid, typeof(jid) FROM aq_jobs") == [("abc", "text")]
+        ids = ["0123", "123", "123.0", "1.23e2", "+123", "12345678901234567890", "12345678901234567891"]
         assert sink.upsert(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, [_row(j, 200) for j in ids], newer="done_at") == []
         sink.commit()
         rows = sink.execute("SELECT jid, typeof(jid), done_at FROM aq_jobs")
