@@ -6,6 +6,7 @@ Written once, run on the embedded backend and on a real server alike.
 from __future__ import annotations
 
 import time
+import uuid
 import warnings
 
 import aerospike
@@ -97,6 +98,38 @@ def test_record_over_max_record_size_is_too_big(client, ns, set_name):
     with pytest.raises(ex.RecordTooBig) as e:
         client.put((ns, set_name, "big"), {"a": "x" * (9 * 1024 * 1024)})
     assert e.value.code == 13
+
+
+# The largest value Aerospike CE 8.1.2.0 (max-record-size 1 MiB) stores in a record
+# of this shape, key "k2" sent, in a set of a 5-character name (stored with the
+# record): a record's size is the server's flat size (strings and blobs as bytes,
+# lists and maps as msgpack), not what a value takes in Python.
+_LARGEST = [
+    ("one string bin", lambda n: {"s": "x" * n}, 1_048_519),
+    ("three bins", lambda n: {"s": "x" * n, "a": "b", "c": 300}, 1_048_502),
+    ("a blob", lambda n: {"b": b"x" * n}, 1_048_519),
+    ("a list of small ints", lambda n: {"l": [1] * n}, 1_048_514),
+    ("a map of short keys", lambda n: {"m": {f"k{i}": i for i in range(n)}}, 91_621),
+    ("a job record", lambda n: {"list": "t-abc", "token": 5, "jid": "j5", "payload": {"x": "y" * n}, "state": "queued",
+                                "att": 0, "max_att": 5}, 1_048_433),
+]
+
+
+@pytest.mark.parametrize(("shape", "make", "largest"), _LARGEST, ids=[s for s, _, _ in _LARGEST])
+def test_a_record_is_too_big_where_the_server_says(backend, client, ns, shape, make, largest):
+    """Within a few bytes of the server's own limit, whatever the shape: the embedded
+    store once sized records by Python's own encoding (5 bytes an int), and refused
+    lists of numbers a third the size the server stores."""
+    if backend.max_record_size() != 1024 * 1024:
+        pytest.skip("measured with max-record-size 1 MiB")
+    key = (ns, f"s{uuid.uuid4().hex[:4]}", "k2")  # a set of its own, of the measured name's length
+    policy = {"key": aerospike.POLICY_KEY_SEND, "exists": aerospike.POLICY_EXISTS_CREATE_OR_REPLACE}
+    try:
+        client.put(key, make(largest - 4), policy=policy)
+        with pytest.raises(ex.RecordTooBig):
+            client.put(key, make(largest + 4), policy=policy)
+    finally:
+        client.remove(key)
 
 
 def test_operate_increment_read_and_list_ops(client, ns, set_name):

@@ -179,6 +179,14 @@ def test_json_as_deep_as_the_sync_target_takes_loads_and_one_level_more_does_not
     assert f"{list_name}-2" not in jl.names()
 
 
+def test_a_payload_the_server_stores_loads_on_every_backend(jl, list_name):
+    """600 KB of JSON (a list of 300,000 small numbers) is within the payload limit:
+    the embedded store once refused it, sizing it by Python's encoding (5 bytes an int)."""
+    payload = [0] * 300_000
+    assert jl.load(list_name, [("big", payload)]).loaded == 1
+    assert jl.find_job(list_name, "big")["payload"] == payload
+
+
 def test_a_jobspec_run_at_is_checked_before_anything_is_written(jl, list_name):
     """Plain items are checked whole before the first write: a JobSpec's run_at too,
     or a NaN one found at its range would leave the earlier ranges loaded."""

@@ -26,7 +26,7 @@ from .expressions import matches, prepare
 from .faults import Faults
 from .lua_runtime import LuaRuntime
 from .operations import run_operations, server_error
-from .storage import Row, Storage, decode, encode
+from .storage import Row, Storage, decode, encode, record_size
 from .types import MAX_BIN_NAME, NEVER_EXPIRE, RecordView, UdfFailure
 
 N_PARTITIONS = 4096
@@ -229,12 +229,11 @@ class EmbeddedClient:
         if not bins:
             Storage.delete(db, ns, digest)
             return None
-        blob = encode(bins)
-        # Close to the server's flat size: the encoded bins plus a per-bin header.
-        if len(blob) + 16 * len(bins) + 64 > self.max_record_size:
-            raise server_error("RecordTooBig", 13, "AEROSPIKE_ERR_RECORD_TOO_BIG")
-        gen = old.gen % _MAX_GEN + 1 if old is not None else 1
         stored_key = user_key if send_key else (old.user_key if old is not None else None)
+        if record_size(set_name, bins, stored_key) > self.max_record_size:
+            raise server_error("RecordTooBig", 13, "AEROSPIKE_ERR_RECORD_TOO_BIG")
+        blob = encode(bins)
+        gen = old.gen % _MAX_GEN + 1 if old is not None else 1
         row = Row(set_name, partition_id(digest), stored_key, bins, gen, void_ms, now)
         Storage.store(db, ns, digest, row, blob, old)
         return row
@@ -603,10 +602,10 @@ class EmbeddedClient:
             except aerospike.exception.AerospikeError as e:
                 br.result, br.record = e.code, None
                 continue
-            blob = encode(stored)
-            if len(blob) + 16 * len(stored) + 64 > limit:
+            if record_size(set_name, stored, user_key if send_key else None) > limit:
                 br.result, br.record = 13, None
                 continue
+            blob = encode(stored)
             taken.add(digest)
             ukey = encode(user_key) if send_key and user_key is not None else None
             new_rows.append((ns, digest, set_name, (digest[0] | digest[1] << 8) & 4095, ukey, blob, 1, void_ms, now))
