@@ -132,6 +132,15 @@ def test_a_record_is_too_big_where_the_server_says(backend, client, ns, shape, m
         client.remove(key)
 
 
+def test_blobs_come_back_as_bytes_wherever_they_are(client, ns, set_name):
+    key = (ns, set_name, "blobs")
+    client.put(key, {"b": b"ab", "l": [b"x"], "m": {"k": b"y"}, "bits": bytearray(b"\x80")})
+    bins = client.get(key)[2]
+    assert [type(v) for v in (bins["b"], bins["l"][0], bins["m"]["k"], bins["bits"])] == [bytes] * 4
+    _, _, got = client.operate(key, [op.read("b"), bw.bit_get("bits", 0, 8)])
+    assert type(got["b"]) is bytes and type(got["bits"]) is bytes, got
+
+
 def test_operate_increment_read_and_list_ops(client, ns, set_name):
     key = (ns, set_name, "op")
     _, meta, bins = client.operate(key, [op.increment("n", 5), op.read("n")])

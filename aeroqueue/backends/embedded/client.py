@@ -950,9 +950,9 @@ def _store_value(value: Any) -> Any:
 
 
 def _out(value: Any) -> Any:
-    """A stored value as the client returns it: blobs as bytearray."""
-    if isinstance(value, bytes):
-        return bytearray(value)
+    """A stored value as the client returns it: blobs as bytes (client 19, server 8.1)."""
+    if isinstance(value, bytearray):
+        return bytes(value)
     if isinstance(value, list):
         return [_out(v) for v in value]
     if isinstance(value, dict):
