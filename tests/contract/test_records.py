@@ -141,6 +141,12 @@ def test_blobs_come_back_as_bytes_wherever_they_are(client, ns, set_name):
     assert type(got["b"]) is bytes and type(got["bits"]) is bytes, got
 
 
+def test_a_scan_leaves_out_records_without_any_bin_it_selects(backend: Backend, set_name):
+    backend.put(set_name, "has", {"a": 1, "z": 2})
+    backend.put(set_name, "lacks", {"a": 3})
+    assert sorted((name, rec.bins) for name, rec in backend.scan(set_name, bins=["z"])) == [("has", {"z": 2})]
+
+
 def test_operate_increment_read_and_list_ops(client, ns, set_name):
     key = (ns, set_name, "op")
     _, meta, bins = client.operate(key, [op.increment("n", 5), op.read("n")])

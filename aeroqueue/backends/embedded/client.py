@@ -798,6 +798,8 @@ class EmbeddedClient:
                 if expr is not None and not matches(expr, self._view(row, sname, row.user_key, digest, now)):
                     continue
                 chosen = row.bins if not bins else {b: v for b, v in row.bins.items() if b in bins}
+                if bins and not chosen:
+                    continue  # none of the bins asked for: the server leaves the record out
                 key = (self.namespace, sname, row.user_key, bytearray(digest))
                 yield part, key, self._meta(row, now), _out_bins(chosen)
             if len(rows) < _SCAN_PAGE:
