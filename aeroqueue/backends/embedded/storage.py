@@ -125,7 +125,7 @@ def _packed(value: Any) -> int:
     if kind is float:
         return 9
     if kind is str or kind is bytes or kind is bytearray:
-        n = (len(value.encode("utf-8")) if kind is str else len(value)) + 1  # + the particle type
+        n = (len(value.encode("utf-8", "surrogatepass")) if kind is str else len(value)) + 1  # + the particle type
         if kind is str and n < 32:
             return 1 + n
         return n + (2 if n < 256 else 3 if n < 65536 else 5)
@@ -143,7 +143,7 @@ def _header(n: int) -> int:
 def _bin_value(value: Any) -> int:
     kind = type(value)
     if kind is str:
-        n = len(value.encode("utf-8"))
+        n = len(value.encode("utf-8", "surrogatepass"))
     elif kind is bytes or kind is bytearray:
         n = len(value)
     elif kind is list or kind is tuple or kind is dict:
