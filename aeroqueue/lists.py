@@ -221,9 +221,10 @@ class JobLists:
         head = self.header(name)
         done, dead, finished = self._bits(name, head["alloc"])
         # Each job counted once: a token may also stand where it no longer waits. A
-        # kick leaves it in the retry store and ahead in the token store or in a
-        # delayed load's range (the schedule it leaves: `unschedule`); a repeated push
-        # leaves it twice in the retry store; a bury leaves it where it was, finished.
+        # kick moves it to the retry store and out of the schedule, a delayed load's
+        # range (into its skip) and, token mode, the store ahead (into `timed`): in ID
+        # mode it stays in an unpopped chunk. A repeated push leaves it twice in the
+        # retry store; a bury leaves it where it was, finished.
         retry_set = {t for t in head.get("retry") or [] if not finished(t)}
         retry = len(retry_set)
         scheduled = {t for items in (head.get("sched") or {}).values() for t in items if not isinstance(t, list)}

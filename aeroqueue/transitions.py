@@ -385,8 +385,9 @@ def kick(backend: Backend, list_name: str, tokens: list[int]) -> int:
     other order could leave a kicked job waiting in a list that counts as
     complete, which nobody sweeps. And after: a dead bit written late, by
     whoever made the job dead (`set_dead_bits`), may have landed in between.
-    A kicked delayed job leaves the schedule (`unschedule`) as it enters the
-    retry store: it waits in one place, and is offered once."""
+    A kicked job leaves the other places the list record keeps it (the
+    schedule, a delayed load's range, the token store ahead: `unschedule`) as it
+    enters the retry store: it waits in one place, and is offered once."""
     set_bits(backend, list_name, tokens, "dead", 0)
     kicked = [t for t in tokens if backend.udf(keys.JOB_SET, keys.job_name(list_name, t), keys.JOB_MOD, "kick") == "ok"]
     if kicked:

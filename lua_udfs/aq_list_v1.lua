@@ -224,39 +224,111 @@ function schedule(rec, tokens, delay_ms, cap)
   return accepted
 end
 
--- unschedule(rec, tokens) -> integer removed
---   Kicked jobs leave sched: each waits in the retry store now, and a token left
---   here would be counted delayed while it runs and offered again when due.
---   Single tokens only (a delayed load's ranges keep theirs: a claim fences the
---   second offer). O(entries in sched): an operator's kick, not a hot path.
+-- unschedule(rec, tokens) -> integer moved
+--   Kicked jobs now wait in the retry store: each leaves every other place the
+--   list record keeps it, or it would be counted twice (delayed, or reservable,
+--   while it runs) and offered again: sched (a single token: removed), a delayed
+--   load's range, gated, scheduled or ready (into its skip, out of its real), and,
+--   token mode, the token store ahead (into timed, which take skips). Returns how
+--   many tokens moved. O(entries in sched + gates) a token: an operator's kick.
 function unschedule(rec, tokens)
-  if not aerospike:exists(rec) or rec['sched'] == nil or (rec['nsch'] or 0) == 0 then return 0 end
+  if not aerospike:exists(rec) then return 0 end
   local want = map()
   for t in list.iterator(tokens) do want[t] = 1 end
-  local keep = map()
-  local removed = 0
-  local next_due = nil
-  for due, items in map.pairs(rec['sched']) do
-    local left = list()
-    for item in list.iterator(items) do
-      if type(item) == 'number' and want[item] ~= nil then
-        removed = removed + 1
-      else
-        list.append(left, item)
+  local moved = 0
+  -- Single tokens in sched; ranges in sched skip theirs.
+  if rec['sched'] ~= nil and map.size(rec['sched']) > 0 then
+    local keep = map()
+    local removed = 0
+    local next_due = nil
+    for due, items in map.pairs(rec['sched']) do
+      local left = list()
+      for item in list.iterator(items) do
+        if type(item) == 'number' then
+          if want[item] ~= nil then removed = removed + 1 else list.append(left, item) end
+        else
+          -- A delayed load's range stepped over: {start, n, real, skip}.
+          local s0, n0, skip = item[1], item[2], item[4]
+          for t in list.iterator(tokens) do
+            if t >= s0 and t < s0 + n0 and (skip == nil or skip[t] == nil) then
+              if skip == nil then skip = map() end
+              skip[t] = 0
+              item[3] = item[3] - 1
+              moved = moved + 1
+            end
+          end
+          if skip ~= nil then
+            if list.size(item) >= 4 then item[4] = skip else list.append(item, skip) end
+          end
+          list.append(left, item)
+        end
+      end
+      if list.size(left) > 0 then
+        keep[due] = left
+        if next_due == nil or due < next_due then next_due = due end
       end
     end
-    if list.size(left) > 0 then
-      keep[due] = left
-      if next_due == nil or due < next_due then next_due = due end
-    end
-  end
-  if removed > 0 then
     rec['sched'] = keep
-    rec['nsch'] = rec['nsch'] - removed
+    rec['nsch'] = (rec['nsch'] or 0) - removed
     rec['ndue'] = next_due
-    aerospike:update(rec)
+    moved = moved + removed
   end
-  return removed
+  -- Gated ranges not reached yet.
+  local gates = rec['gates']
+  local gated = map()
+  if gates ~= nil then
+    for g0, g in map.pairs(gates) do
+      local skip = g['skip']
+      for t in list.iterator(tokens) do
+        if t >= g0 and t < g0 + g['n'] then
+          gated[t] = 1
+          if skip == nil or skip[t] == nil then
+            if skip == nil then skip = map() end
+            skip[t] = 0
+            g['real'] = g['real'] - 1
+            moved = moved + 1
+          end
+        end
+      end
+      if skip ~= nil then
+        g['skip'] = skip
+        gates[g0] = g
+      end
+    end
+    rec['gates'] = gates
+  end
+  -- Due ranges of a delayed load: {start, n[, skip]}.
+  local ready = rec['ready']
+  if ready ~= nil and list.size(ready) > 0 then
+    local out = list()
+    for rg in list.iterator(ready) do
+      local s0, n0, skip = rg[1], rg[2], rg[3]
+      for t in list.iterator(tokens) do
+        if t >= s0 and t < s0 + n0 and (skip == nil or skip[t] == nil) then
+          if skip == nil then skip = map() end
+          skip[t] = 0
+          moved = moved + 1
+        end
+      end
+      list.append(out, list{s0, n0, skip})
+    end
+    rec['ready'] = out
+  end
+  -- Token mode: a job kicked before the token store reached it (buried there).
+  if rec['mode'] == 'tokens' then
+    local head, tail = rec['head'], rec['tail']
+    local timed = rec['timed']
+    for t in list.iterator(tokens) do
+      if t >= head and t < tail and gated[t] == nil and (timed == nil or timed[t] == nil) then
+        if timed == nil then timed = map() end
+        timed[t] = 0
+        moved = moved + 1
+      end
+    end
+    if timed ~= nil then rec['timed'] = timed end
+  end
+  if moved > 0 then aerospike:update(rec) end
+  return moved
 end
 
 -- tune(rec, opts) -> 'ok' | 'missing'

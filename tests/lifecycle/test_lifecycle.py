@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import Counter
 from datetime import UTC, datetime
 
 import pytest
@@ -247,6 +248,60 @@ def test_a_kicked_delayed_job_is_offered_once_and_counted_where_it_is(queue, lis
     assert each_count(lists, list_name) == {"reservable": 0, "delayed": 0, "in_flight": 2, "retry_pending": 0, "done": 0, "dead": 0}
     queue.complete_many([again, other])
     assert lists.status(list_name).complete
+
+
+def assert_counts_are_the_records(lists, name) -> None:
+    """status against the job records themselves: queued ones are reservable or pending
+    in the retry store, claimed ones in flight."""
+    states = Counter(j["state"] for j in lists.jobs(name))
+    st = lists.status(name)
+    got = {"queued": st.reservable + st.retry_pending, "delayed": st.delayed, "claimed": st.in_flight,
+           "done": st.done, "dead": st.dead}
+    assert got == {k: states.get(k, 0) for k in got}, (dict(states), st)
+
+
+@pytest.mark.parametrize("mode", ["tokens", "ids"])
+def test_a_kicked_job_of_a_delayed_load_is_counted_once_gated_scheduled_or_ready(queue, lists, list_name, session, mode):
+    """A kick takes a job of a delayed load out of its range (gated, stepped over into
+    the schedule, or due and ready) as it enters the retry store: counted once, in
+    flight once claimed, and not reservable again when its range comes due."""
+    lists.load(list_name, specs(1), mode=mode)
+    lists.load(list_name, specs(4, start=1), mode=mode, delay_s=1.5)
+    assert lists.kick_job(list_name, "job-2")  # gated
+    assert_counts_are_the_records(lists, list_name)
+    first = queue.reserve(list_name, session, 10)  # the take steps over the range
+    assert sorted(j.jid for j in first) == ["job-0", "job-2"]
+    assert_counts_are_the_records(lists, list_name)
+    assert lists.kick_job(list_name, "job-3")  # stepped over, in the schedule
+    assert_counts_are_the_records(lists, list_name)
+    (third,) = queue.reserve(list_name, session, 10)
+    assert third.jid == "job-3"
+    assert_counts_are_the_records(lists, list_name)
+    queue.complete_many([*first, third])
+    later: list = []
+    wait_for("the range due", lambda: later.extend(queue.reserve(list_name, session, 10)) or len(later) >= 2, 10)
+    assert sorted(j.jid for j in later) == ["job-1", "job-4"]
+    assert_counts_are_the_records(lists, list_name)
+    queue.complete_many(later)
+    lists.seal(list_name)
+    st = lists.status(list_name)
+    assert (st.done, st.reservable, st.delayed, st.in_flight, st.complete) == (5, 0, 0, 0, True)
+
+
+def test_a_job_buried_before_it_was_handed_out_then_kicked_is_counted_once(queue, lists, list_name, session):
+    """Its token still lies ahead in the token store: the store skips it now (its retry
+    store copy serves it), so it is in flight once claimed, not reservable too."""
+    lists.load(list_name, specs(4))
+    assert lists.bury(list_name, "job-3") == "dead"
+    assert lists.kick_job(list_name, "job-3")
+    (kicked,) = queue.reserve(list_name, session, 1)
+    assert kicked.jid == "job-3"
+    assert_counts_are_the_records(lists, list_name)
+    rest = queue.reserve(list_name, session, 10)
+    assert sorted(j.jid for j in rest) == ["job-0", "job-1", "job-2"], "the store skips it"
+    assert_counts_are_the_records(lists, list_name)
+    queue.complete_many([kicked, *rest])
+    assert_counts_are_the_records(lists, list_name)
 
 
 @pytest.mark.parametrize("mode", ["tokens", "ids"])
