@@ -26,7 +26,7 @@ from .expressions import matches, prepare
 from .faults import Faults
 from .lua_runtime import LuaRuntime
 from .operations import run_operations, server_error
-from .storage import Row, Storage, decode, encode, record_size
+from .storage import Row, Storage, decode, encode, too_big
 from .types import MAX_BIN_NAME, NEVER_EXPIRE, RecordView, UdfFailure
 
 N_PARTITIONS = 4096
@@ -230,9 +230,9 @@ class EmbeddedClient:
             Storage.delete(db, ns, digest)
             return None
         stored_key = user_key if send_key else (old.user_key if old is not None else None)
-        if record_size(set_name, bins, stored_key) > self.max_record_size:
-            raise server_error("RecordTooBig", 13, "AEROSPIKE_ERR_RECORD_TOO_BIG")
         blob = encode(bins)
+        if too_big(set_name, bins, stored_key, blob, self.max_record_size):
+            raise server_error("RecordTooBig", 13, "AEROSPIKE_ERR_RECORD_TOO_BIG")
         gen = old.gen % _MAX_GEN + 1 if old is not None else 1
         row = Row(set_name, partition_id(digest), stored_key, bins, gen, void_ms, now)
         Storage.store(db, ns, digest, row, blob, old)
@@ -602,10 +602,10 @@ class EmbeddedClient:
             except aerospike.exception.AerospikeError as e:
                 br.result, br.record = e.code, None
                 continue
-            if record_size(set_name, stored, user_key if send_key else None) > limit:
+            blob = encode(stored)
+            if too_big(set_name, stored, user_key if send_key else None, blob, limit):
                 br.result, br.record = 13, None
                 continue
-            blob = encode(stored)
             taken.add(digest)
             ukey = encode(user_key) if send_key and user_key is not None else None
             new_rows.append((ns, digest, set_name, (digest[0] | digest[1] << 8) & 4095, ukey, blob, 1, void_ms, now))
