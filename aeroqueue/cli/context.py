@@ -147,11 +147,18 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+def _stdout_fd() -> int | None:
+    """Standard output's file descriptor; None when it is not a real file (a test runner's)."""
+    try:
+        return sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
 def _stdout_closed() -> bool:
     """Whoever read standard output has closed it (the pipe's reader end is gone)."""
-    try:
-        fd = sys.stdout.fileno()
-    except (AttributeError, OSError, ValueError):
+    fd = _stdout_fd()
+    if fd is None:
         return False
     poller = select.poll()
     poller.register(fd, select.POLLOUT)
@@ -161,9 +168,8 @@ def _stdout_closed() -> bool:
 def _quiet_stdout() -> None:
     """The reader of our output went away (`aeroqueue export L | head`): what is left
     to print goes nowhere, not into an error at exit when Python flushes stdout."""
-    try:
-        fd = sys.stdout.fileno()
-    except (AttributeError, OSError, ValueError):  # not a real file (a test runner's)
+    fd = _stdout_fd()
+    if fd is None:
         return
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, fd)

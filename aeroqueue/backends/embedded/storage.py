@@ -97,14 +97,18 @@ class Row:
 
 
 # -- the server's size of a record --------------------------------------------------
-# Aerospike's flat record: a header, the stored key, and per bin its name, a length
-# and type, and the value: a string or blob as its bytes, a list or map as msgpack,
-# after a 4-byte length; the set's name is stored with it
-# (strings and blobs in it with one more byte, their particle type). Calibrated on
+# Aerospike's flat record: a header, the set's name, the stored key, and per bin its
+# name, a length and type, and the value after a 4-byte length: a string or blob as
+# its bytes, a list or map as msgpack (strings and blobs in it with one more byte,
+# their particle type). Calibrated on
 # Aerospike CE 8.1 with max-record-size 1 MiB (the largest value it took, by shape:
 # tests/contract/test_records.py): the embedded store refuses what it refuses, give
 # or take a few bytes, and never a payload the server stores.
 _RECORD_BASE = 40
+
+
+def _utf8_len(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))  # a lone surrogate is stored as the client sends it
 
 
 def _packed(value: Any) -> int:
@@ -125,7 +129,7 @@ def _packed(value: Any) -> int:
     if kind is float:
         return 9
     if kind is str or kind is bytes or kind is bytearray:
-        n = (len(value.encode("utf-8", "surrogatepass")) if kind is str else len(value)) + 1  # + the particle type
+        n = (_utf8_len(value) if kind is str else len(value)) + 1  # + the particle type
         if kind is str and n < 32:
             return 1 + n
         return n + (2 if n < 256 else 3 if n < 65536 else 5)
@@ -143,7 +147,7 @@ def _header(n: int) -> int:
 def _bin_value(value: Any) -> int:
     kind = type(value)
     if kind is str:
-        n = len(value.encode("utf-8", "surrogatepass"))
+        n = _utf8_len(value)
     elif kind is bytes or kind is bytearray:
         n = len(value)
     elif kind is list or kind is tuple or kind is dict:
