@@ -27,6 +27,7 @@ What it changes, and what it does not:
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -107,7 +108,9 @@ class AckBatcher:
         reported. False if `timeout_s` passed first."""
         give_up = None if timeout_s is None else time.monotonic() + timeout_s
         with self._cond:
-            self._first_at = 0.0  # due at once
+            # Due at once: not 0.0, which is due only once monotonic time (counted
+            # from boot) passes the linger, minutes after a container starts.
+            self._first_at = -math.inf
             self._cond.notify_all()
             while self._pending or self._sending:
                 left = None if give_up is None else give_up - time.monotonic()
@@ -141,7 +144,10 @@ class AckBatcher:
                 if self._closed and not self._pending:
                     return
                 batch, self._pending = self._pending[: self.max_jobs], self._pending[self.max_jobs :]
-                self._first_at = time.monotonic() if self._pending else 0.0
+                if not self._pending:
+                    self._first_at = 0.0
+                elif self._first_at != -math.inf:  # not while a flush waits: the rest is due too
+                    self._first_at = time.monotonic()
                 self._sending += len(batch)
             try:
                 self._send(batch)

@@ -121,6 +121,39 @@ def test_an_ack_whose_claim_was_lost_is_reported_lost_and_changes_nothing(regist
         other.close()
 
 
+def test_a_flush_sends_at_once_whatever_the_linger(registered, lists, queue: Queue, list_name):
+    """`flush` (and so a worker's drain) sends what is pending at once, even with a
+    linger longer than the host has been up (monotonic time counts from boot: a
+    fresh container's clock read 360 s while a 600 s linger made a drain wait for
+    its 30 s deadline)."""
+    lists.load(list_name, [JobSpec(f"j{i}", {"n": i}) for i in range(5)], seal=True)
+    s = Session.open(registered, heartbeat=False)
+    try:
+        jobs = queue.reserve(list_name, s, 5)
+        outcomes: list[str] = []
+        gate = threading.Event()
+
+        class HeldQueue(Queue):
+            def complete_many(self, *args, **kwargs):
+                gate.wait(30)  # the first batch is still on its way when the flush comes
+                return super().complete_many(*args, **kwargs)
+
+        acks = AckBatcher(HeldQueue(registered), lambda job, outcome, _: outcomes.append(outcome),
+                          linger_s=time.monotonic() + 3600, max_jobs=2)
+        for job in jobs:
+            acks.add(job, 1)  # two go at once (and wait at the gate); three more wait behind them
+        threading.Timer(0.3, gate.set).start()
+        started = time.monotonic()
+        # More than a batch pending at the flush: the batches after the next are due at once too.
+        assert acks.flush(20.0), "the pending acks were not sent"
+        assert time.monotonic() - started < 10.0
+        assert outcomes == ["done"] * 5
+        assert all(registered.get(keys.JOB_SET, j.name).bins["state"] == "done" for j in jobs)
+        assert acks.close(20.0)
+    finally:
+        s.close()
+
+
 def test_a_lost_session_sends_none_of_its_pending_acks(registered, lists, queue: Queue, list_name):
     lists.load(list_name, [JobSpec(f"j{i}", {"n": i}) for i in range(3)], seal=True)
     s = Session.open(registered, heartbeat=False)
