@@ -19,7 +19,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 test: lint browser
-	$(BIN)/python -m pytest -q -rfE --durations=25
+	$(BIN)/python -m tests.run
 
 # The dashboard's browser test drives Debian's chromium with chromium-driver.
 # Installed when missing; where apt-get cannot (not root), the test skips, and

@@ -55,6 +55,21 @@ def backend_urls(tmp: Path) -> list[tuple[str, str]]:
     return urls
 
 
+# `make test` runs the suite as two pytest processes side by side (tests/run.py):
+# `-m real_server` and `-m "not real_server"`. Every test that uses the shared
+# real server is in the first, one after another as before: a reaper or sweep of
+# one test must never act on another test's expired claims while that test waits
+# to count them itself. The rest has stores of its own (embedded files, scratch
+# databases, the multi-node cluster in its network namespace).
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        params = getattr(item, "callspec", None)
+        on_server = params is not None and params.params.get("store_url") == "aerospike"
+        if on_server or "real_url" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.real_server)
+
+
 @pytest.fixture(scope="session")
 def real_url() -> str:
     """The real server's URL (AEROQUEUE_TEST_URL), checked once to answer: skipped
