@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import numbers
 import os
 import threading
 import time
@@ -42,6 +43,7 @@ from typing import Any
 
 from . import hotpath, keys, transitions
 from .backends import IN_DOUBT, Backend, BatchResult, retry_busy
+from .config import MAX_SECONDS
 from .errors import AeroqueueError, ClaimLost, JobNotFound, ListNotFound, RecordBusy, SessionLost
 from .lists import JobLists, backoff_of
 from .sessions import LEASE_WINDOW_S, PAST_LIMIT, Session
@@ -83,13 +85,29 @@ class Job:
 POLICY_TTL_S = 5.0  # how long a list's backoff settings are cached
 
 
+def _delay_s(seconds: Any, what: str, *, positive: bool = False) -> float:
+    """`seconds` as a float within what a record holds in milliseconds and `tune`
+    allows (ten years), else ValueError naming `what`: an infinite or huge delay
+    never reaches the store (the aerospike client refuses an integer past 64 bits
+    and was seen to corrupt its own heap doing so)."""
+    if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real):
+        raise TypeError(f"{what} takes seconds (a number), not {seconds!r}")
+    value = float(seconds)
+    low_ok = value > 0 if positive else value >= 0
+    if not (low_ok and value <= MAX_SECONDS):  # NaN fails too
+        lowest = "more than 0" if positive else "from 0"
+        raise ValueError(f"{what} takes seconds {lowest} up to {MAX_SECONDS:,} (ten years), not {seconds}")
+    return value
+
+
 class Retry(Exception):
     """Raised by a handler: run this job again `after` seconds from now. The attempt
     is given back and no error is recorded (River's snooze, Sidekiq's retry_in)."""
 
     def __init__(self, after: float = 0.0, reason: str = "") -> None:
+        after = _delay_s(after, "Retry(after=...)")
         super().__init__(reason or f"retry after {after:g} s")
-        self.after = float(after)
+        self.after = after
         self.reason = reason
 
     def __reduce__(self) -> tuple[Any, ...]:  # pickles (a --pool process child sends it back)
@@ -697,8 +715,7 @@ class Queue:
 
     def snooze(self, job: Job, after_s: float) -> str:
         """Run the job again `after_s` from now, without counting this attempt ('delayed')."""
-        if not after_s >= 0:
-            raise ValueError(f"Retry(after=...) must be zero or positive seconds, not {after_s}")
+        after_s = _delay_s(after_s, "Retry(after=...)")
         self._adopt(job, _ms(job.timeout_s), in_time=True)
         st = transitions.snooze(self.backend, job.list, job.token, job.session, round(after_s * 1000), rid=job.rid,
                                 deadline_s=self.busy_deadline_s)
@@ -719,9 +736,7 @@ class Queue:
     def touch(self, job: Job, seconds: float | None = None) -> float:
         """Extend a claim's time limit to `seconds` (default: the job's own) from now.
         Returns the seconds granted; `ClaimLost` if the claim is gone or already late."""
-        seconds = job.timeout_s if seconds is None else seconds
-        if not seconds > 0:
-            raise ValueError(f"touch needs positive seconds, not {seconds}")
+        seconds = _delay_s(job.timeout_s if seconds is None else seconds, "touch", positive=True)
         self._adopt(job, _ms(seconds), in_time=True)
         out = self._job_udf(job.name, "touch", job.session, max(1, round(seconds * 1000)), job.rid)
         self._check(job, out["st"])

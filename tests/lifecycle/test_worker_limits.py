@@ -17,6 +17,7 @@ import pytest
 from aeroqueue import keys
 from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Job, Retry
+from aeroqueue.sessions import Session
 from aeroqueue.worker import EXIT_OK, Worker
 from tests.lifecycle.handlers import hang_or_double, misbehave
 from tests.waiting import wait_for
@@ -102,7 +103,7 @@ def test_a_handler_that_misbehaves_fails_its_job_alone_in_either_pool(registered
     assert w.run(install_signals=False) == EXIT_OK
     errors = {b["jid"]: b["err"] for b in (job_bins(registered, list_name, t) for t in range(6)) if b["state"] == "dead"}
     assert set(errors) == {"touch", "exit", "interrupt"}, errors
-    assert errors["touch"].startswith("ValueError: touch needs positive seconds"), errors["touch"]
+    assert errors["touch"].startswith("ValueError: touch takes seconds more than 0 up to"), errors["touch"]
     assert "sys.exit(3)" in errors["exit"] and "KeyboardInterrupt" in errors["interrupt"], errors
     assert lists.status(list_name).done == 3
 
@@ -275,3 +276,50 @@ def test_a_prefetched_job_given_out_again_runs_once(registered, lists, list_name
     for token in range(4):
         bins = job_bins(registered, list_name, token)
         assert bins["state"] == "done" and bins["att"] == 1, bins
+
+
+@pytest.mark.parametrize("after", [float("inf"), 1e17, -1.0, float("nan")])
+def test_a_retry_with_a_delay_out_of_range_fails_that_job_and_nothing_else(registered, lists, list_name, after):
+    """`Retry(after=inf)` or a delay past ten years is the handler's error: that job
+    fails (its attempt counted, the error named) and the worker goes on. It used to
+    escape the worker, leaving the job claimed; on the real server the aerospike
+    client, handed an integer past 64 bits, later aborted the process."""
+    lists.load(list_name, [JobSpec("bad", {}), JobSpec("good", {})], max_attempts=1, seal=True)
+
+    def handler(job: Job) -> str:
+        if job.jid == "bad":
+            raise Retry(after=after)
+        return "ok"
+
+    w = fast_worker(registered, handler, list_name)
+    assert w.run(install_signals=False) == EXIT_OK
+    snap = w.counters.snapshot()
+    assert (snap["done"], snap["dead"], snap["snoozed"]) == (1, 1, 0)
+    bad = job_bins(registered, list_name, 0)
+    assert bad["state"] == "dead" and bad["att"] == 1
+    assert "Retry(after=...) takes seconds from 0 up to" in bad["errs"][-1]["err"], bad["errs"]
+    assert job_bins(registered, list_name, 1)["state"] == "done"
+
+
+def test_touch_and_snooze_out_of_range_are_refused_before_the_store(registered, lists, queue, list_name):
+    lists.load(list_name, [JobSpec("a", {})], timeout_s=30, seal=True)
+    s = Session.open(registered, heartbeat=False)
+    try:
+        (job,) = queue.reserve(list_name, s, 1)
+        before = job_bins(registered, list_name, 0)
+        for bad in (float("inf"), 1e17, 0, -5, float("nan")):
+            with pytest.raises(ValueError, match=r"touch takes seconds more than 0 up to 315,360,000"):
+                job.touch(bad)
+        for bad in (float("inf"), 1e17, -1):
+            with pytest.raises(ValueError, match=r"Retry\(after=\.\.\.\) takes seconds from 0"):
+                queue.snooze(job, bad)
+        for bad in ("60", None, True):
+            with pytest.raises(TypeError, match="takes seconds \\(a number\\)"):
+                queue.snooze(job, bad)
+        assert job_bins(registered, list_name, 0) == before, "nothing was written"
+        job.touch(315_360_000)  # ten years: the most a time limit may be
+        assert job_bins(registered, list_name, 0)["tl"] == 315_360_000_000
+        queue.complete(job, "ok")  # the claim is still ours
+        assert job_bins(registered, list_name, 0)["state"] == "done"
+    finally:
+        s.close()
