@@ -228,7 +228,7 @@ class JobLists:
         retry_set = {t for t in head.get("retry") or [] if not finished(t)}
         retry = len(retry_set)
         scheduled = {t for items in (head.get("sched") or {}).values() for t in items if not isinstance(t, list)}
-        delayed, held_back = _delayed(head, sum(1 for t in scheduled if t not in retry_set and not finished(t)))
+        delayed, held_back = _delayed(head, sum(1 for t in scheduled if t not in retry_set and not finished(t)), finished)
         base, cap = backoff_of(head)
         # Tokens a gate or `timed` holds back are subtracted by `held_back` already.
         gates = [(start, start + g["n"]) for start, g in (head.get("gates") or {}).items()]
@@ -252,7 +252,7 @@ class JobLists:
             gone -= sum(1 for t in timed if lo <= t < hi and finished(t) and not in_gate(t))
             gone += sum(1 for t in retry_set if lo <= t < hi and waits_here(t))
             reservable = hi - lo - held_back - gone
-        reservable += sum(_ready(r) for r in head.get("ready") or [])
+        reservable += sum(_ready(r, finished) for r in head.get("ready") or [])
         total = head["total"]
         pending = len(head.get("pend") or {})
         sealed = head["sealed"] == 1
@@ -498,15 +498,28 @@ class _Finished:
         return n
 
 
-def _delayed(head: dict[str, Any], scheduled: int) -> tuple[int, int]:
+def _finished_in(start: int, n: int, skip: dict[int, Any] | None, finished: _Finished) -> int:
+    """Finished tokens of a delayed load's range [start, start + n), but those in its
+    skip (counted where the skip sends them). A job buried (or done, once kicked
+    elsewhere) before its range is handed out is finished there, not waiting."""
+    gone = finished.within(start, start + n)
+    if gone and skip:
+        gone -= sum(1 for t in skip if start <= t < start + n and finished(t))
+    return gone
+
+
+def _delayed(head: dict[str, Any], scheduled: int, finished: _Finished) -> tuple[int, int]:
     """(jobs waiting for their time, jobs of the token store (ID mode: of the ID store)
     held back by gates and timed jobs) from the list record's schedule, given how many
     of its single tokens still wait (`scheduled`: not finished, not also pending in the
     retry store). Each job is counted once (aq_list_v1.lua, header): a gate's `real`
-    leaves out its jobs with a later run_at of their own (its `skip`), which sched holds."""
+    leaves out its jobs with a later run_at of their own (its `skip`), which sched
+    holds, and neither a gate nor a sched range counts its finished jobs."""
     gates = head.get("gates") or {}
-    ranges = sum(item[2] for items in (head.get("sched") or {}).values() for item in items if isinstance(item, list))
-    delayed = sum(g["real"] for g in gates.values()) + scheduled + ranges
+    ranges = sum(item[2] - _finished_in(item[0], item[1], item[3] if len(item) > 3 else None, finished)
+                 for items in (head.get("sched") or {}).values() for item in items if isinstance(item, list))
+    delayed = sum(g["real"] - _finished_in(start, g["n"], g.get("skip"), finished) for start, g in gates.items())
+    delayed += scheduled + ranges
     if head["mode"] == "ids":
         # A gated chunk holds the range's real tokens (ID mode has no skip, no `timed`).
         return delayed, sum(g["real"] + len(g.get("skip") or {}) for g in gates.values())
@@ -516,11 +529,12 @@ def _delayed(head: dict[str, Any], scheduled: int) -> tuple[int, int]:
     return delayed, sum(g["n"] for g in gates.values()) + timed
 
 
-def _ready(item: list[Any]) -> int:
-    """Tokens a `ready` entry [start, n, skip?] will hand out: all but those it skips."""
+def _ready(item: list[Any], finished: _Finished) -> int:
+    """Jobs a `ready` entry [start, n, skip?] will hand out: all but those it skips,
+    and those finished meanwhile (buried)."""
     start, n = item[0], item[1]
     skip = item[2] if len(item) > 2 and item[2] else {}
-    return n - sum(1 for t in skip if start <= t < start + n)
+    return n - sum(1 for t in skip if start <= t < start + n) - _finished_in(start, n, skip, finished)
 
 
 def _jsonable(value: Any) -> Any:

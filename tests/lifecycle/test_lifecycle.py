@@ -587,3 +587,33 @@ def test_queue_rejects_bad_policy(lists, list_name):
         lists.create(list_name, backoff_s=10, backoff_max_s=1)
     with pytest.raises(errors.LoadError, match="delay"):
         lists.load(list_name, specs(1), delay_s=-5)
+
+
+@pytest.mark.parametrize("mode", ["tokens", "ids"])
+def test_a_job_buried_in_a_delayed_load_counts_dead_and_nowhere_else(queue, lists, list_name, session, mode):
+    """A delayed load's range counts its jobs delayed while gated or scheduled, and
+    reservable once due; a job buried meanwhile is dead, and counted nowhere else:
+    the parts add up to the total at every step (they came to 12 of 10)."""
+    lists.load(list_name, specs(10), mode=mode, delay_s=1.5, backoff_s=0, seal=True)
+
+    def parts() -> dict[str, int]:
+        st = lists.status(list_name)
+        got = {c: getattr(st, c) for c in ("reservable", "delayed", "in_flight", "retry_pending", "done", "dead")}
+        assert sum(got.values()) == st.total == 10, got
+        return got
+
+    assert lists.bury(list_name, "job-1") == "dead" and lists.bury(list_name, "job-2") == "dead"
+    assert parts() == {"reservable": 0, "delayed": 8, "in_flight": 0, "retry_pending": 0, "done": 0, "dead": 2}
+    assert queue.reserve(list_name, session, 5) == []  # steps over the gate: the range waits in the schedule
+    assert lists.bury(list_name, "job-3") == "dead"
+    assert parts()["delayed"] == 7
+    first = wait_for("the range due", lambda: queue.reserve(list_name, session, 1), 30, step_s=0.1)
+    queue.complete_many(first)
+    assert lists.bury(list_name, "job-8") == "dead"  # due now: counted reservable until buried
+    got = parts()
+    assert (got["delayed"], got["done"], got["dead"], got["in_flight"]) == (0, 1, 4, 0), got
+    rest = queue.reserve(list_name, session, 10)
+    assert sorted(j.jid for j in [*first, *rest]) == [f"job-{i}" for i in (0, 4, 5, 6, 7, 9)]
+    queue.complete_many(rest)
+    assert parts() == {"reservable": 0, "delayed": 0, "in_flight": 0, "retry_pending": 0, "done": 6, "dead": 4}
+    assert lists.status(list_name).complete
