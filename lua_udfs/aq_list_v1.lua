@@ -132,19 +132,26 @@ local function release_due(rec, t)
   local keep = map()
   local nsch = rec['nsch'] or 0
   local next_due = nil
+  local due_now = {}
   for due, items in map.pairs(sched) do
     if due <= t then
-      for item in list.iterator(items) do
-        if type(item) == 'number' then
-          list.append(retry, item)
-          nsch = nsch - 1
-        else
-          list.append(ready, list{item[1], item[2], item[4]})
-        end
-      end
+      due_now[#due_now + 1] = due
     else
       keep[due] = items
       if next_due == nil or due < next_due then next_due = due end
+    end
+  end
+  -- Earliest due first: the server walks a map in hash order, the embedded
+  -- store in insertion order; neither is the order the jobs came due in.
+  table.sort(due_now)
+  for _, due in ipairs(due_now) do
+    for item in list.iterator(sched[due]) do
+      if type(item) == 'number' then
+        list.append(retry, item)
+        nsch = nsch - 1
+      else
+        list.append(ready, list{item[1], item[2], item[4]})
+      end
     end
   end
   rec['sched'] = keep

@@ -617,3 +617,19 @@ def test_a_job_buried_in_a_delayed_load_counts_dead_and_nowhere_else(queue, list
     queue.complete_many(rest)
     assert parts() == {"reservable": 0, "delayed": 0, "in_flight": 0, "retry_pending": 0, "done": 6, "dead": 4}
     assert lists.status(list_name).complete
+
+
+@pytest.mark.parametrize("mode", ["tokens", "ids"])
+def test_jobs_that_came_due_together_are_handed_out_earliest_first(queue, lists, list_name, session, mode):
+    """Jobs with their own run_at, due by the time of one reservation, come out in the
+    order they came due, on both stores (the server walks the schedule map in hash
+    order, the embedded store in insertion order: they answered differently)."""
+    now = time.time()
+    due = {"d": 1.6, "b": 1.0, "c": 1.3, "a": 0.7}  # loaded out of order; buckets of 10 ms at most apart
+    lists.load(list_name, [JobSpec(jid, {}, None, now + s) for jid, s in due.items()], mode=mode, seal=True)
+    assert queue.reserve(list_name, session, 10) == []  # ID mode: the claims refuse them and schedule them
+    time.sleep(max(0.0, now + 2.0 - time.time()))
+    got = queue.reserve(list_name, session, 10)
+    assert [j.jid for j in got] == ["a", "b", "c", "d"]
+    queue.complete_many(got)
+    assert lists.status(list_name).complete
