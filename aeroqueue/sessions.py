@@ -43,6 +43,7 @@ from aerospike_helpers.operations import expression_operations as eo
 
 from . import hotpath, keys, transitions
 from .backends import IN_DOUBT, Backend, retry_in_doubt
+from .config import MAX_SECONDS
 from .errors import (
     BackendError,
     BackendTimeout,
@@ -88,8 +89,12 @@ _OVERDUE = xp.And(
 
 def check_timing(interval_s: float, expiry_s: float) -> None:
     """Expiry must leave room for a missed heartbeat: more than twice the interval."""
-    if interval_s <= 0:
-        raise ConfigError(f"heartbeat interval must be positive, not {interval_s}")
+    # Up to ten years, as every duration: an infinite or huge one would reach the
+    # store as an integer past 64 bits, which the aerospike client mishandles.
+    if not 0 < interval_s <= MAX_SECONDS:  # NaN fails too
+        raise ConfigError(f"heartbeat interval must be positive seconds up to {MAX_SECONDS:,}, not {interval_s}")
+    if not expiry_s <= MAX_SECONDS:
+        raise ConfigError(f"session expiry must be seconds up to {MAX_SECONDS:,}, not {expiry_s}")
     if expiry_s <= 2 * interval_s:
         raise ConfigError(
             f"session expiry ({expiry_s}s) must be more than twice the heartbeat interval ({interval_s}s), "

@@ -6,6 +6,8 @@ real time against every backend in test_sessions.py and the chaos test.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from aeroqueue import errors, keys, udfs
@@ -40,6 +42,24 @@ def test_expiry_must_exceed_twice_the_interval():
     check_timing(1.0, 2.5)
     with pytest.raises(errors.ConfigError, match="more than twice"):
         check_timing(1.0, 2.0)
+
+
+@pytest.mark.parametrize("interval_s, expiry_s, says", [
+    (float("nan"), 30.0, "heartbeat interval must be positive seconds"),
+    (float("inf"), 30.0, "heartbeat interval must be positive seconds"),
+    (0.0, 30.0, "heartbeat interval must be positive seconds"),
+    (1.0, float("inf"), "session expiry must be seconds up to 315,360,000"),
+    (1.0, 1e17, "session expiry must be seconds up to 315,360,000"),
+    (1.0, float("nan"), "session expiry must be seconds up to"),
+])
+def test_timing_out_of_range_is_refused_before_the_store(tmp_path, interval_s, expiry_s, says):
+    """An infinite, huge or NaN expiry never reaches the store (an integer past 64 bits
+    is one the aerospike client mishandles; NaN raised ValueError from int())."""
+    backend = open_backend(f"embedded://{tmp_path / 's.db'}")
+    udfs.register(backend)
+    with pytest.raises(errors.ConfigError, match=re.escape(says)):
+        Session.open(backend, interval_s=interval_s, expiry_s=expiry_s, heartbeat=False)
+    assert list(backend.scan(keys.SESS_SET)) == [], "no session was written"
 
 
 def test_a_live_session_is_not_reaped(env, clock):
