@@ -77,6 +77,9 @@ EXIT_THREADS_DIED = 4  # every handler thread died (a bug in the worker, not a h
 # job at a time, so no job waits behind another while other workers idle.
 DEFAULT_PREFETCH = 4
 PREFETCH_MAX = 100
+# --until-complete reads each list's status at most this often (and at least once a
+# reap interval): every bitmap is read, so not on every tick.
+UNTIL_COMPLETE_CHECK_S = 1.0
 PREFETCH_HOLD_S = 0.02
 POOLS = ("thread", "process")
 
@@ -689,7 +692,9 @@ class Worker:
                     sweep(self.backend, grace_ms=self.sweep_grace_ms, stop=lambda: session.lost or self._stopping.is_set())
                     next_sweep = now + self.sweep_every_s * random.uniform(0.8, 1.2)
                 if self.until_complete and now >= next_check:
-                    next_check = now + self.reap_every_s
+                    # At most a second after the last job: not the reap interval (half
+                    # the expiry), which kept a worker with --expiry 60 idle for 30 s.
+                    next_check = now + min(self.reap_every_s, UNTIL_COMPLETE_CHECK_S)
                     if self._all_complete(lists):
                         log.info("every list is complete", extra={"event": "lists_complete"})
                         return
@@ -810,7 +815,16 @@ class Worker:
     def _drain(self, session: Session) -> int:
         self._stopping.set()
         deadline = time.monotonic() + self.drain_timeout_s
-        while time.monotonic() < deadline:
+        # Jobs prefetched behind a running handler never started: back at once (their
+        # threads would give them back only once that handler ends, up to the deadline).
+        with self._in_flight_lock:
+            unstarted = [j for jobs in self._prefetched.values() for j in jobs]
+            for jobs in self._prefetched.values():
+                jobs[:] = []
+        self._release(unstarted, session)
+        # A lost session's handlers are not waited for: their acks would not be sent,
+        # and the reaper has given their jobs to others already.
+        while time.monotonic() < deadline and not session.lost:
             if self.pool == "thread":
                 # A handler past its time limit is not waited for: its thread is retired.
                 try:
@@ -834,6 +848,9 @@ class Worker:
             except AeroqueueError as e:
                 log.warning("last heartbeat failed", extra={"event": "heartbeat_failed", "error": str(e)})
         if session.lost:
+            # Handler processes ignore SIGTERM, which is how Python ends daemonic
+            # children at exit: it would wait for a hung one for ever.
+            self._stop_runners()
             session.close(release=False)
             log.error("exiting: session lost", extra={"event": "stopped", "session": session.id, **self.counters.snapshot()})
             return EXIT_SESSION_LOST
@@ -848,10 +865,7 @@ class Worker:
             # Their handler processes ignore SIGTERM (a signal to the process group
             # must not kill them mid-job), which is also how Python ends daemonic
             # children at exit: it would wait for them. They end here.
-            with self._in_flight_lock:
-                runners = list(self._runners)
-            for runner in runners:
-                runner.stop_now()
+            self._stop_runners()
         try:
             self.queue.flush()
         except AeroqueueError as e:  # the reaper's recount sets them if this process cannot
@@ -859,6 +873,13 @@ class Worker:
         self.counters.add("released", session.close(release=True))
         log.info("worker stopped", extra={"event": "stopped", "session": session.id, **self.counters.snapshot()})
         return EXIT_THREADS_DIED if self._threads_died else EXIT_OK
+
+
+    def _stop_runners(self) -> None:
+        with self._in_flight_lock:
+            runners = list(self._runners)
+        for runner in runners:
+            runner.stop_now()
 
 
 class _ChildRunner:

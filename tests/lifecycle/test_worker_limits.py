@@ -323,3 +323,74 @@ def test_touch_and_snooze_out_of_range_are_refused_before_the_store(registered, 
         assert job_bins(registered, list_name, 0)["state"] == "done"
     finally:
         s.close()
+
+
+def test_a_draining_worker_gives_back_its_prefetched_jobs_at_once(registered, lists, list_name):
+    """Jobs prefetched behind a running handler go back when the drain starts, not
+    when that handler ends (up to the drain deadline): another worker takes them."""
+    lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(4)], seal=True)
+    started, release = threading.Event(), threading.Event()
+
+    def handler(job: Job) -> str:
+        if job.jid == "j0":
+            started.set()
+            release.wait(30)
+        return "ok"
+
+    w = fast_worker(registered, handler, list_name, until_complete=False, concurrency=1, batch=4, drain_timeout_s=30)
+    t = threading.Thread(target=w.run, kwargs={"install_signals": False})
+    t.start()
+    try:
+        assert started.wait(10)
+        assert [job_bins(registered, list_name, i)["state"] for i in range(4)] == ["claimed"] * 4, "j1-j3 prefetched"
+        w.request_stop()
+        wait_for("the prefetched jobs given back",
+                 lambda: [job_bins(registered, list_name, i)["state"] for i in range(1, 4)] == ["queued"] * 3, 10)
+        assert job_bins(registered, list_name, 0)["state"] == "claimed", "the running one finishes its drain"
+        assert [job_bins(registered, list_name, i)["att"] for i in range(1, 4)] == [0] * 3, "attempts refunded"
+    finally:
+        release.set()
+        t.join(30)
+    assert not t.is_alive()
+    assert job_bins(registered, list_name, 0)["state"] == "done"
+
+
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_a_worker_whose_session_is_lost_stops_without_waiting_for_its_handlers(registered, lists, list_name, pool):
+    """A lost session's handlers are not waited for (their acks would be refused, and
+    the reaper has given their jobs to others): the worker exits 3 at once. With
+    --pool process it waited for ever: its hung handler process ignores SIGTERM,
+    which is how Python ends daemonic children at exit; now it is killed."""
+    lists.load(list_name, [JobSpec("hang", {"how": "slow", "s": 60})], seal=True)
+    w = fast_worker(registered, misbehave, list_name, until_complete=False, pool=pool, drain_timeout_s=30)
+    result: list[int] = []
+    t = threading.Thread(target=lambda: result.append(w.run(install_signals=False)))
+    t.start()
+    try:
+        wait_for("the handler running", lambda: job_bins(registered, list_name, 0)["state"] == "claimed", 60)
+        time.sleep(0.5)  # a child process is given the job after its claim
+        # What a reaper does first: the session is its, and lost to its owner.
+        rec = registered.get(keys.SESS_SET, w.session.id)
+        registered.put(keys.SESS_SET, w.session.id, {"state": "reaping"}, gen=rec.gen)
+        stopped = time.monotonic()
+        t.join(20)
+        assert not t.is_alive(), "the worker waited for a handler whose session was lost"
+        assert time.monotonic() - stopped < 15
+    finally:
+        if t.is_alive():
+            w.request_stop()
+    assert result == [3]
+    wait_for("no handler process left", lambda: not multiprocessing.active_children(), 10)
+
+
+def test_until_complete_stops_soon_after_the_last_job_whatever_the_expiry(registered, lists, list_name):
+    """--until-complete looked for completion once a reap interval (half the expiry):
+    with --expiry 60, 30 s idle after the last job."""
+    lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(20)], seal=True)
+    # About a second of work: not complete at the first look.
+    w = fast_worker(registered, lambda job: time.sleep(0.05), list_name, concurrency=1,
+                    interval_s=5.0, expiry_s=60.0, reap_every_s=30.0)
+    started = time.monotonic()
+    assert w.run(install_signals=False) == EXIT_OK
+    assert time.monotonic() - started < 10
+    assert lists.status(list_name).complete
