@@ -38,9 +38,14 @@ def open_backend(url: str | StoreURL | None = None, *, create: bool = True, **em
             if not max_size.isdigit():
                 raise ConfigError(f"store URL option max_record_size={max_size!r} is not a number of bytes")
             embedded_options.setdefault("max_record_size", int(max_size))
-        embedded = EmbeddedClient(
-            parsed.path or ":memory:", parsed.namespace, policies=_base_policies(), create=create, **embedded_options
-        )
+        try:
+            embedded = EmbeddedClient(
+                parsed.path or ":memory:", parsed.namespace, policies=_base_policies(), create=create, **embedded_options
+            )
+        except aerospike.exception.AerospikeError as e:
+            # Opening writes too (the schema, on a new file): a store locked by a
+            # stopped process times out here as any write does, and says so.
+            raise wrap(e, "open", str(parsed)) from e
         return Backend(embedded, parsed)
     if embedded_options:
         raise ConfigError(f"options {sorted(embedded_options)} only apply to the embedded backend")

@@ -120,3 +120,26 @@ def test_a_load_whose_alloc_answer_was_lost_goes_on_without_a_second_range(tmp_p
     assert not head.get("pend")
     st = lists.status("l")
     assert (st.total, st.reservable, st.pending_ranges) == (30, 30, 0)
+
+
+def test_a_store_locked_by_a_stopped_process_is_a_clear_timeout_when_opened(tmp_path, monkeypatch):
+    """A store whose write lock a stopped process holds: opening it (which writes
+    the schema on a new file) times out as any write does, with aeroqueue's
+    BackendTimeout naming the store; the CLI said "internal error ... please report
+    it" after 60 s."""
+    import fcntl
+
+    from aeroqueue.backends.embedded import storage
+
+    path = tmp_path / "s.db"
+    monkeypatch.setattr(storage, "BUSY_TIMEOUT_S", 0.3)
+    holder = os.open(str(path) + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)  # what a writer stopped mid-write holds
+        with pytest.raises(errors.BackendTimeout, match=r"open on embedded://.*s\.db failed: .*locked for 0 s"):
+            open_backend(f"embedded://{path}")
+    finally:
+        os.close(holder)
+    b = open_backend(f"embedded://{path}")  # free again: it opens
+    b.put("s", "k", {"a": 1})
+    assert b.get("s", "k").bins == {"a": 1}

@@ -40,8 +40,8 @@ from typing import Any
 
 from ...errors import NotAStore, StoreNotFound
 
-FORMAT_VERSION = "1"
-BUSY_TIMEOUT_S = 60.0  # how long a writer waits for the store's lock before TimeoutError  # bump when the table layout or the bin encoding changes
+FORMAT_VERSION = "1"  # bump when the table layout or the bin encoding changes
+BUSY_TIMEOUT_S = 60.0  # how long a writer waits for the store's lock before TimeoutError
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
@@ -209,6 +209,8 @@ def _check_path(path: Path, create: bool) -> None:
             probe.close()
     except sqlite3.DatabaseError as e:
         raise NotAStore(f"embedded store {path}: not an aeroqueue store ({e})") from None
+    if not tables:
+        return  # a database with nothing in it: a new store whose first open stopped before its tables
     if "meta" not in tables or "records" not in tables:
         raise NotAStore(
             f"embedded store {path}: a SQLite database, but not an aeroqueue store "
