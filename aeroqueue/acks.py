@@ -50,6 +50,10 @@ Outcome = Callable[[Job, str, Any], None]
 # job, and a class's constructor cost more than the rest of `add`.
 _Pending = tuple[Job, Any, Any]
 
+# An ack due by a claim's deadline leaves this much before it (at most a tenth of the
+# time limit): the server must have it before the claim ends, or it refuses it.
+ACK_MARGIN_S = 0.5
+
 
 class AckBatcher:
     """Acks of finished jobs, sent in batches by a thread of its own."""
@@ -73,7 +77,10 @@ class AckBatcher:
         self.lost = lost  # the session's state: a lost session acknowledges nothing
         self.too_big = too_big  # a result the store refuses as too big: the caller fails the job instead
         self._pending: list[_Pending] = []
-        self._first_at = 0.0  # monotonic time the oldest pending ack was added
+        # Monotonic time the pending batch is due: its oldest ack's add plus the
+        # linger, or sooner for a claim's deadline; -inf while a flush waits.
+        self._due = 0.0
+        self._by: list[float] = []  # each pending ack's deadline (inf: none given), in step with _pending
         self._sending = 0  # acks taken from `_pending` whose outcome is not reported yet
         # A plain lock under the condition: `add`, once per job, takes it directly (a
         # C call) rather than through Condition's Python-level __enter__.
@@ -83,18 +90,28 @@ class AckBatcher:
         self._thread = threading.Thread(target=self._run, name="aeroqueue-acks", daemon=True)
         self._thread.start()
 
-    def add(self, job: Job, result: Any, context: Any = None) -> bool:
-        """Acknowledge `job` as done with `result`, in the next batch. False once
-        closed: the caller acknowledges it itself."""
+    def add(self, job: Job, result: Any, context: Any = None, *, by: float | None = None) -> bool:
+        """Acknowledge `job` as done with `result`, in the next batch: within the
+        linger, and before `by` (monotonic time: the claim's deadline) less a margin,
+        whichever comes first. False once closed: the caller acknowledges it itself."""
         with self._lock:
             if self._closed:
                 return False
             pending = self._pending
             pending.append((job, result, context))
-            if len(pending) == 1:
-                self._first_at = time.monotonic()
-                self._cond.notify_all()
-            elif len(pending) >= self.max_jobs:
+            wake = len(pending) >= self.max_jobs
+            if len(pending) == 1 and self._due != -math.inf:
+                self._due = time.monotonic() + self.linger_s
+                wake = True
+            if by is None:
+                self._by.append(math.inf)
+            else:
+                by -= min(ACK_MARGIN_S, job.timeout_s / 10)
+                self._by.append(by)
+                if by < self._due:
+                    self._due = by
+                    wake = True
+            if wake:
                 self._cond.notify_all()
         return True
 
@@ -108,9 +125,7 @@ class AckBatcher:
         reported. False if `timeout_s` passed first."""
         give_up = None if timeout_s is None else time.monotonic() + timeout_s
         with self._cond:
-            # Due at once: not 0.0, which is due only once monotonic time (counted
-            # from boot) passes the linger, minutes after a container starts.
-            self._first_at = -math.inf
+            self._due = -math.inf  # due at once
             self._cond.notify_all()
             while self._pending or self._sending:
                 left = None if give_up is None else give_up - time.monotonic()
@@ -135,7 +150,7 @@ class AckBatcher:
             with self._cond:
                 while not self._closed:
                     if self._pending:
-                        due = self._first_at + self.linger_s - time.monotonic()
+                        due = self._due - time.monotonic()
                         if len(self._pending) >= self.max_jobs or due <= 0:
                             break
                         self._cond.wait(due)
@@ -144,10 +159,12 @@ class AckBatcher:
                 if self._closed and not self._pending:
                     return
                 batch, self._pending = self._pending[: self.max_jobs], self._pending[self.max_jobs :]
+                self._by = self._by[self.max_jobs :]
                 if not self._pending:
-                    self._first_at = 0.0
-                elif self._first_at != -math.inf:  # not while a flush waits: the rest is due too
-                    self._first_at = time.monotonic()
+                    self._due, self._by = 0.0, []
+                elif self._due != -math.inf:  # not while a flush waits: the rest is due too
+                    # The rest waits a linger more, but not past its earliest deadline.
+                    self._due = min(time.monotonic() + self.linger_s, min(self._by))
                 self._sending += len(batch)
             try:
                 self._send(batch)

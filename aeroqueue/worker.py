@@ -516,7 +516,8 @@ class Worker:
             # gives back a claim whose ack is on its way.
             with self._in_flight_lock:
                 self._acking[job.name] = self._acking.get(job.name, 0) + 1
-            if self.acks.add(job, value, started):
+            # Before its claim ends, whatever the linger: a late ack is refused.
+            if self.acks.add(job, value, started, by=self._deadlines.get(job.name)):
                 return "acking"
             self._unack(job.name)  # closed (draining past its deadline): acknowledged below, alone
         outcome = acknowledge(self.queue, job, ok, value, session)
