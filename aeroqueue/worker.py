@@ -32,6 +32,7 @@ import json
 import logging
 import multiprocessing
 import os
+import pickle
 import random
 import signal
 import sys
@@ -323,6 +324,14 @@ class Worker:
             raise ConfigError(f"ack_linger_s must be zero (acknowledge each job at once) or positive, not {ack_linger_s}")
         if pool not in POOLS:
             raise ConfigError(f"unknown pool {pool!r}: use 'thread' or 'process'")
+        if pool == "process":
+            # A spawned handler process gets the handler by pickling (its module and
+            # name): a lambda or a nested function fails there, in every thread.
+            try:
+                pickle.dumps(handler)
+            except Exception as e:
+                raise ConfigError(f"pool 'process' needs a handler importable by name (a module-level function), "
+                                  f"not {handler!r}: {e}") from None
         self.pool = pool
         self.backend = backend
         self.queue = Queue(backend)

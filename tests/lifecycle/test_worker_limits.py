@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from aeroqueue import keys
+from aeroqueue.errors import ConfigError
 from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Job, Retry
 from aeroqueue.sessions import Session
@@ -394,3 +395,11 @@ def test_until_complete_stops_soon_after_the_last_job_whatever_the_expiry(regist
     assert w.run(install_signals=False) == EXIT_OK
     assert time.monotonic() - started < 10
     assert lists.status(list_name).complete
+
+
+def test_a_process_pool_refuses_a_handler_it_cannot_send_to_a_process(registered, list_name):
+    """A lambda cannot reach a spawned process: one clear error up front, not a
+    PicklingError traceback in every thread and exit 4 ('a bug in aeroqueue')."""
+    with pytest.raises(ConfigError, match="pool 'process' needs a handler importable by name"):
+        Worker(registered, lambda job: "ok", [list_name], pool="process")
+    Worker(registered, misbehave, [list_name], pool="process")  # a module-level function is fine
