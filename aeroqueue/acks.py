@@ -3,7 +3,8 @@
 A worker thread that finished a job hands its ack to `AckBatcher` and goes on
 to the next job; a thread of the batcher's own sends what has gathered as one
 `Queue.complete_many` (one round trip of native operations, `hotpath`) once
-`max_jobs` are waiting or the oldest has waited `linger_s`, and at `flush`.
+`max_jobs` are waiting, the oldest has waited `linger_s`, or a pending ack's
+claim nears its deadline (`add(..., by=)`), and at `flush`.
 One ack at a time is a UDF call per job: measured on the real server (README,
 Benchmarks), batching them is what lets the worker path keep up with
 beanstalkd on the same machine.

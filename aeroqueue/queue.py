@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-import numbers
+import math
 import os
 import threading
 import time
@@ -89,10 +89,16 @@ def _delay_s(seconds: Any, what: str, *, positive: bool = False) -> float:
     """`seconds` as a float within what a record holds in milliseconds and `tune`
     allows (ten years), else ValueError naming `what`: an infinite or huge delay
     never reaches the store (the aerospike client refuses an integer past 64 bits
-    and was seen to corrupt its own heap doing so)."""
-    if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real):
+    and was seen to corrupt its own heap doing so). Without `positive`, a delay
+    already past (a computed `next_slot - time.time()`) is zero."""
+    if isinstance(seconds, bool):
         raise TypeError(f"{what} takes seconds (a number), not {seconds!r}")
-    value = float(seconds)
+    try:
+        value = float(seconds)
+    except (TypeError, ValueError):
+        raise TypeError(f"{what} takes seconds (a number), not {seconds!r}") from None
+    if not positive and -math.inf < value < 0:
+        value = 0.0
     low_ok = value > 0 if positive else value >= 0
     if not (low_ok and value <= MAX_SECONDS):  # NaN fails too
         lowest = "more than 0" if positive else "from 0"

@@ -329,7 +329,9 @@ class Worker:
             # name): a lambda or a nested function fails there, in every thread.
             try:
                 pickle.dumps(handler)
-            except Exception as e:
+            except RuntimeError:
+                pass  # it holds a multiprocessing Queue or Lock: those pickle only while spawning, and do then
+            except (pickle.PicklingError, AttributeError, TypeError) as e:
                 raise ConfigError(f"pool 'process' needs a handler importable by name (a module-level function), "
                                   f"not {handler!r}: {e}") from None
         self.pool = pool
@@ -362,6 +364,7 @@ class Worker:
         self._in_flight: dict[str, Job] = {}
         self._in_flight_lock = threading.Lock()
         self._held: set[str] = set()  # every job a thread reserved and has not finished with
+        self._thread_state = threading.local()  # .asked: when this thread's last reserve was sent
         self._acking: dict[str, int] = {}  # jobs whose ack waits in `acks` (name -> how many)
         self._orphans: set[str] = set()  # claims of our session no thread held at the last check
         self._unsealed_told: set[str] = set()  # --until-complete: lists said to wait only for their seal
@@ -459,7 +462,9 @@ class Worker:
                 got = self._reserve_any(session)
                 if not got:
                     continue
-                now = time.monotonic()
+                # The claims' limits run from the server's take, inside the call: from
+                # when it was sent, so that local deadlines (renewals, acks) are never late.
+                now = self._thread_state.asked
                 with self._in_flight_lock:
                     self._drop_stale_copies(me, got)
                     jobs.extend(got)
@@ -601,7 +606,7 @@ class Worker:
         return prefetch_for(self._handler_s)
 
     def _reserve(self, session: Session, name: str) -> list[Job]:
-        asked = time.monotonic()
+        asked = self._thread_state.asked = time.monotonic()
         try:
             n = self.prefetch()
             return self.queue.reserve(name, session, n, lease=self.lease and n >= LEASE_MIN)

@@ -89,6 +89,24 @@ def real_url() -> str:
     return REAL_URL
 
 
+def mark_reaping(backend: Backend, session_id: str) -> None:
+    """What a reaper does first: take the session (state 'reaping'), lost to its owner
+    from then on. A compare-and-set against the record as read, tried again when a
+    heartbeat lands in between."""
+    from aeroqueue import keys
+    from aeroqueue.errors import GenerationConflict
+
+    for _ in range(50):
+        rec = backend.get(keys.SESS_SET, session_id)
+        assert rec is not None, f"session {session_id} is gone"
+        try:
+            backend.put(keys.SESS_SET, session_id, {"state": "reaping"}, gen=rec.gen)
+            return
+        except GenerationConflict:
+            continue
+    raise AssertionError(f"session {session_id}: its heartbeats won 50 times in a row")
+
+
 @pytest.fixture(params=["embedded", "aerospike"])
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A store URL for each backend: a fresh embedded file, or the real server."""

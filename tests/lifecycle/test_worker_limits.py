@@ -20,6 +20,7 @@ from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Job, Retry
 from aeroqueue.sessions import Session
 from aeroqueue.worker import EXIT_OK, Worker
+from tests.conftest import mark_reaping
 from tests.lifecycle.handlers import hang_or_double, misbehave
 from tests.waiting import wait_for
 
@@ -279,7 +280,7 @@ def test_a_prefetched_job_given_out_again_runs_once(registered, lists, list_name
         assert bins["state"] == "done" and bins["att"] == 1, bins
 
 
-@pytest.mark.parametrize("after", [float("inf"), 1e17, -1.0, float("nan")])
+@pytest.mark.parametrize("after", [float("inf"), 1e17, float("-inf"), float("nan")])
 def test_a_retry_with_a_delay_out_of_range_fails_that_job_and_nothing_else(registered, lists, list_name, after):
     """`Retry(after=inf)` or a delay past ten years is the handler's error: that job
     fails (its attempt counted, the error named) and the worker goes on. It used to
@@ -311,10 +312,10 @@ def test_touch_and_snooze_out_of_range_are_refused_before_the_store(registered, 
         for bad in (float("inf"), 1e17, 0, -5, float("nan")):
             with pytest.raises(ValueError, match=r"touch takes seconds more than 0 up to 315,360,000"):
                 job.touch(bad)
-        for bad in (float("inf"), 1e17, -1):
+        for bad in (float("inf"), 1e17, float("-inf")):
             with pytest.raises(ValueError, match=r"Retry\(after=\.\.\.\) takes seconds from 0"):
                 queue.snooze(job, bad)
-        for bad in ("60", None, True):
+        for bad in ("soon", None, True):
             with pytest.raises(TypeError, match="takes seconds \\(a number\\)"):
                 queue.snooze(job, bad)
         assert job_bins(registered, list_name, 0) == before, "nothing was written"
@@ -371,8 +372,7 @@ def test_a_worker_whose_session_is_lost_stops_without_waiting_for_its_handlers(r
         wait_for("the handler running", lambda: job_bins(registered, list_name, 0)["state"] == "claimed", 60)
         time.sleep(0.5)  # a child process is given the job after its claim
         # What a reaper does first: the session is its, and lost to its owner.
-        rec = registered.get(keys.SESS_SET, w.session.id)
-        registered.put(keys.SESS_SET, w.session.id, {"state": "reaping"}, gen=rec.gen)
+        mark_reaping(registered, w.session.id)
         stopped = time.monotonic()
         t.join(20)
         assert not t.is_alive(), "the worker waited for a handler whose session was lost"
@@ -403,3 +403,14 @@ def test_a_process_pool_refuses_a_handler_it_cannot_send_to_a_process(registered
     with pytest.raises(ConfigError, match="pool 'process' needs a handler importable by name"):
         Worker(registered, lambda job: "ok", [list_name], pool="process")
     Worker(registered, misbehave, [list_name], pool="process")  # a module-level function is fine
+    # So is one holding a multiprocessing Queue: it pickles only while spawning (and then does).
+    import functools
+    Worker(registered, functools.partial(misbehave, multiprocessing.get_context("spawn").Queue()), [list_name],
+           pool="process")
+
+
+def test_a_retry_already_due_runs_again_at_once():
+    """A computed delay a little in the past (next_slot - time.time()) is zero: the
+    job runs again at once, as a failure it is not."""
+    assert Retry(after=-0.25).after == 0.0
+    assert Retry(after="1.5").after == 1.5  # as float() reads it, as before

@@ -259,10 +259,10 @@ def test_job_outcomes_are_counted_once_each(registered, lists, list_name):
 
 
 def test_an_ack_goes_before_its_claim_ends_whatever_the_linger(registered, lists, queue: Queue, list_name):
-    """A linger longer than the jobs' time limit (--ack-linger 30000 --timeout 1)
+    """A linger longer than the jobs' time limit (--ack-linger 30000 --timeout 2)
     held acks past their claims' end: refused, the jobs ran again and some ended
     dead though every handler succeeded. An ack is due before its claim's deadline."""
-    lists.load(list_name, [JobSpec(f"j{i}", {"n": i}) for i in range(10)], timeout_s=1.0, max_attempts=2, seal=True)
+    lists.load(list_name, [JobSpec(f"j{i}", {"n": i}) for i in range(10)], timeout_s=2.0, max_attempts=2, seal=True)
     w = Worker(registered, lambda job: job.payload["n"] + 1, [list_name], interval_s=0.1, expiry_s=2.0, idle_s=0.05,
                until_complete=True, reap_every_s=0.2, ack_linger_s=30.0, concurrency=2)
     result: list[int] = []

@@ -12,6 +12,8 @@ from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Job, Queue
 from aeroqueue.sessions import Session
 from aeroqueue.worker import EXIT_OK, EXIT_SESSION_LOST, Worker, load_handler, process_one, run_job
+from tests.conftest import mark_reaping
+from tests.waiting import wait_for
 
 
 def fast_worker(backend, handler, list_name, **kw) -> Worker:
@@ -88,14 +90,16 @@ def test_a_lost_session_stops_work_acks_nothing_and_exits_non_zero(registered, l
     t.start()
     assert holding.wait(10)
     # A reaper took the session away (as after a long pause): mark it reaping.
-    rec = registered.get(keys.SESS_SET, w.session.id)
-    registered.put(keys.SESS_SET, w.session.id, {"state": "reaping"}, gen=rec.gen)
+    mark_reaping(registered, w.session.id)
     deadline = time.monotonic() + 5
     while not w.session.lost and time.monotonic() < deadline:
         time.sleep(0.05)
     go_on.set()
     t.join(30)
     assert w.session.lost
+    # run() returns without waiting for a lost session's handlers: the one woken
+    # above counts its job unacked a moment later.
+    wait_for("the handler's job counted unacked", lambda: w.counters.snapshot()["unacked"] == 1, 10)
     snap = w.counters.snapshot()
     assert snap["done"] == 0 and snap["unacked"] == 1
     held = registered.get(keys.JOB_SET, keys.job_name(list_name, 0)).bins

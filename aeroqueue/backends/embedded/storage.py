@@ -205,12 +205,13 @@ def _check_path(path: Path, create: bool) -> None:
         probe = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         try:
             tables = {r[0] for r in probe.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            journal = probe.execute("PRAGMA journal_mode").fetchone()[0]
         finally:
             probe.close()
     except sqlite3.DatabaseError as e:
         raise NotAStore(f"embedded store {path}: not an aeroqueue store ({e})") from None
-    if not tables:
-        return  # a database with nothing in it: a new store whose first open stopped before its tables
+    if not tables and journal == "wal":
+        return  # what a new store's first open leaves if it stops before its tables (WAL is set first)
     if "meta" not in tables or "records" not in tables:
         raise NotAStore(
             f"embedded store {path}: a SQLite database, but not an aeroqueue store "
