@@ -283,6 +283,14 @@ class JobLists:
             backoff_max_s=cap / 1000,
         )
 
+    def finished(self, name: str) -> tuple[dict[str, Any], int, int]:
+        """(the list record, jobs done, jobs dead): what completion needs, without
+        the counts of waiting jobs, for which `status` reads the ID store's chunks."""
+        transitions.flush_bits(self.backend)
+        head = self.header(name)
+        done, dead, _ = self._bits(name, head["alloc"])
+        return head, done, dead
+
     def unpopped_ids(self, name: str, head: dict[str, Any]) -> list[int]:
         """ID mode: the tokens still waiting in the published chunks from the cursor on."""
         chunks = self.backend.batch_get(

@@ -795,17 +795,20 @@ class Worker:
             return False
         complete = True
         for name in followed:
-            st = lists.status(name)
-            if st.complete:
+            # Done and dead counts only (the bitmaps); the whole status (which also
+            # marks the list complete) once they say so.
+            head, done, dead = lists.finished(name)
+            sealed, total = head["sealed"] == 1, head["total"]
+            if sealed and not head.get("pend") and done + dead == total and lists.status(name).complete:
                 continue
             complete = False
-            if not st.sealed and st.total and st.done + st.dead == st.total and name not in self._unsealed_told:
+            if not sealed and total and done + dead == total and name not in self._unsealed_told:
                 # A load without --seal may be followed by more loads: the list is not
                 # complete, and this worker would wait for ever with no word why.
                 self._unsealed_told.add(name)
                 log.warning("every job of the list is done or dead, but it is not sealed: it is complete once "
                             "sealed (aeroqueue seal LIST, or load --seal)",
-                            extra={"event": "list_unsealed", "list": name, "total": st.total})
+                            extra={"event": "list_unsealed", "list": name, "total": total})
         return complete
 
     def _release_orphans(self, session: Session) -> None:

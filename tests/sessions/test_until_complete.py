@@ -35,3 +35,28 @@ def test_an_unsealed_list_with_every_job_processed_is_named_once_then_the_seal_e
             w.request_stop()
             t.join(30)
     assert out == [EXIT_OK]
+
+
+def test_the_completion_check_reads_no_id_chunks_while_jobs_wait(registered, list_name, monkeypatch):
+    """--until-complete looks once a second: it reads the list record and the done and
+    dead bitmaps, not the ID store's chunks that `status` reads for its waiting count
+    (a million-job list in ID mode: every unread ID, once a second, in every worker)."""
+    from aeroqueue import keys
+    from aeroqueue.lists import JobLists
+    from aeroqueue.loading import JobSpec
+    from aeroqueue.worker import Worker
+
+    lists = JobLists(registered)
+    lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(50)], mode="ids", chunk_size=10, seal=True)
+    w = Worker(registered, lambda job: "ok", [list_name], until_complete=True)
+    w.selector.refresh()
+    read: list[str] = []
+    real = registered.batch_get
+
+    def spy(set_name, names, *args, **kwargs):
+        read.append(set_name)
+        return real(set_name, names, *args, **kwargs)
+
+    monkeypatch.setattr(registered, "batch_get", spy)
+    assert w._all_complete(lists) is False
+    assert keys.IDS_SET not in read and keys.DONE_SET in read, read
