@@ -25,6 +25,10 @@ NO_TESTS = 5  # pytest's exit code when a selection leaves nothing to run
 
 
 def main(args: list[str]) -> int:
+    if any(a.startswith("-m") for a in args):
+        print("tests.run chooses -m itself (real_server, then not real_server); for a marker of your own "
+              "run python -m pytest -m ...", file=sys.stderr)
+        return 4  # pytest's code for a usage error
     base = [sys.executable, "-m", "pytest", "-q", "-rfE", "--durations=15", *args]
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="aeroqueue-tests-") as tmp:
@@ -33,17 +37,32 @@ def main(args: list[str]) -> int:
             server = subprocess.Popen([*base, "-m", "real_server"], stdout=f, stderr=subprocess.STDOUT)
         print(f"tests: the real-server tests run in pid {server.pid} (their output follows at the end); "
               "the rest here", flush=True)
-        rest = None
+        rest_proc = subprocess.Popen([*base, "-m", "not real_server"])
         try:
-            rest = subprocess.run([*base, "-m", "not real_server"]).returncode
-            server.wait()
+            for proc in (rest_proc, server):
+                proc.wait()
+        except KeyboardInterrupt:
+            # Ctrl-C reached both halves too (one process group): let each print
+            # its interrupted summary, then make sure neither outlives the run.
+            for proc in (rest_proc, server):
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
         finally:
-            if server.poll() is None:  # interrupted: the half in the background does not outlive the run
-                server.terminate()
-                server.wait(60)
+            for proc in (rest_proc, server):  # anything else ended this run early
+                if proc.poll() is None:
+                    proc.terminate()
+                    try:
+                        proc.wait(30)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                        proc.wait()
             print(f"\n===== the real-server tests (-m real_server): exit {server.returncode} =====", flush=True)
             sys.stdout.buffer.write(log.read_bytes())
             sys.stdout.flush()
+        rest = rest_proc.returncode
     codes = [server.returncode, rest]
     print(f"\ntests: real server exit {codes[0]}, the rest exit {codes[1]}, "
           f"{time.monotonic() - started:.0f} s in all", flush=True)
