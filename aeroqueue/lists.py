@@ -217,9 +217,7 @@ class JobLists:
     # -- status ------------------------------------------------------------------
 
     def status(self, name: str) -> ListStatus:
-        transitions.flush_bits(self.backend)  # this process's acks count at once
-        head = self.header(name)
-        done, dead, finished = self._bits(name, head["alloc"])
+        head, done, dead, finished = self._progress(name)
         # Each job counted once: a token may also stand where it no longer waits. A
         # kick moves it to the retry store and out of the schedule, a delayed load's
         # range (into its skip) and, token mode, the store ahead (into `timed`): in ID
@@ -256,7 +254,7 @@ class JobLists:
         total = head["total"]
         pending = len(head.get("pend") or {})
         sealed = head["sealed"] == 1
-        complete = sealed and pending == 0 and done + dead == total
+        complete = is_complete(head, done, dead)
         completed_at = head.get("done_at")
         if complete and completed_at is None:
             completed_at = self._list_udf(name, "mark_complete")
@@ -284,12 +282,17 @@ class JobLists:
         )
 
     def finished(self, name: str) -> tuple[dict[str, Any], int, int]:
-        """(the list record, jobs done, jobs dead): what completion needs, without
-        the counts of waiting jobs, for which `status` reads the ID store's chunks."""
-        transitions.flush_bits(self.backend)
-        head = self.header(name)
-        done, dead, _ = self._bits(name, head["alloc"])
+        """(the list record, jobs done, jobs dead): what completion needs
+        (`is_complete`), without the counts of waiting jobs, for which `status`
+        reads the ID store's chunks."""
+        head, done, dead, _ = self._progress(name)
         return head, done, dead
+
+    def _progress(self, name: str) -> tuple[dict[str, Any], int, int, _Finished]:
+        transitions.flush_bits(self.backend)  # this process's acks count at once
+        head = self.header(name)
+        done, dead, finished = self._bits(name, head["alloc"])
+        return head, done, dead, finished
 
     def unpopped_ids(self, name: str, head: dict[str, Any]) -> list[int]:
         """ID mode: the tokens still waiting in the published chunks from the cursor on."""
@@ -504,6 +507,12 @@ class _Finished:
             a, b = max(lo - chunk * self._PER, 0), min(hi - chunk * self._PER, self._PER)
             n += (bits >> (self._PER - b) & ((1 << (b - a)) - 1)).bit_count()
         return n
+
+
+def is_complete(head: dict[str, Any], done: int, dead: int) -> bool:
+    """A list is complete once sealed, with no load range unpublished, and every job
+    done or dead."""
+    return head["sealed"] == 1 and not head.get("pend") and done + dead == head["total"]
 
 
 def _finished_in(start: int, n: int, skip: dict[int, Any] | None, finished: _Finished) -> int:

@@ -54,7 +54,7 @@ from .errors import (
     RecordTooBig,
     SessionLost,
 )
-from .lists import JobLists
+from .lists import JobLists, is_complete
 from .loading import MAX_DEPTH, too_deep
 from .observe import NULL_OBSERVER, WorkerObserver
 from .queue import Job, Queue, Retry
@@ -78,8 +78,8 @@ EXIT_THREADS_DIED = 4  # every handler thread died (a bug in the worker, not a h
 # job at a time, so no job waits behind another while other workers idle.
 DEFAULT_PREFETCH = 4
 PREFETCH_MAX = 100
-# --until-complete reads each list's status at most this often (and at least once a
-# reap interval): every bitmap is read, so not on every tick.
+# --until-complete reads each list's done and dead bitmaps at most this often (and at
+# least once a reap interval): not on every tick.
 UNTIL_COMPLETE_CHECK_S = 1.0
 PREFETCH_HOLD_S = 0.02
 POOLS = ("thread", "process")
@@ -798,11 +798,11 @@ class Worker:
             # Done and dead counts only (the bitmaps); the whole status (which also
             # marks the list complete) once they say so.
             head, done, dead = lists.finished(name)
-            sealed, total = head["sealed"] == 1, head["total"]
-            if sealed and not head.get("pend") and done + dead == total and lists.status(name).complete:
+            if is_complete(head, done, dead) and lists.status(name).complete:
                 continue
             complete = False
-            if not sealed and total and done + dead == total and name not in self._unsealed_told:
+            total = head["total"]
+            if head["sealed"] != 1 and total and done + dead == total and name not in self._unsealed_told:
                 # A load without --seal may be followed by more loads: the list is not
                 # complete, and this worker would wait for ever with no word why.
                 self._unsealed_told.add(name)
