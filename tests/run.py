@@ -24,6 +24,21 @@ from pathlib import Path
 NO_TESTS = 5  # pytest's exit code when a selection leaves nothing to run
 
 
+def _end(proc: subprocess.Popen[bytes], *, stop: bool) -> None:
+    """Wait up to 30 s for `proc` to end (asking it to first, with `stop`); kill it
+    after that, with `stop`."""
+    if proc.poll() is not None:
+        return
+    if stop:
+        proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        if stop:
+            proc.kill()
+            proc.wait()
+
+
 def main(args: list[str]) -> int:
     if any(a.startswith("-m") for a in args):
         print("tests.run chooses -m itself (real_server, then not real_server); for a marker of your own "
@@ -43,22 +58,12 @@ def main(args: list[str]) -> int:
                 proc.wait()
         except KeyboardInterrupt:
             # Ctrl-C reached both halves too (one process group): let each print
-            # its interrupted summary, then make sure neither outlives the run.
+            # its interrupted summary before the finally below ends it.
             for proc in (rest_proc, server):
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+                _end(proc, stop=False)
         finally:
             for proc in (rest_proc, server):  # anything else ended this run early
-                if proc.poll() is None:
-                    proc.terminate()
-                    try:
-                        proc.wait(30)
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
-                        proc.wait()
+                _end(proc, stop=True)
             print(f"\n===== the real-server tests (-m real_server): exit {server.returncode} =====", flush=True)
             sys.stdout.buffer.write(log.read_bytes())
             sys.stdout.flush()

@@ -17,6 +17,7 @@ from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Queue
 from aeroqueue.sessions import Session, check_timing, reap, sweep
+from tests.conftest import mark_reaping
 
 EXPIRY_S = 5.0
 
@@ -113,8 +114,7 @@ def test_a_half_done_reap_is_finished_by_the_next(env, clock):
     queue.reserve("L", s, 2)
     clock.advance(int(EXPIRY_S * 1000))
     # A reaper marked it reaping, then died before releasing anything.
-    rec = backend.get(keys.SESS_SET, s.id)
-    backend.put(keys.SESS_SET, s.id, {"state": "reaping"}, gen=rec.gen)
+    mark_reaping(backend, s.id)
     assert s.beat() is False, "a reaping session is lost to its owner"
     report = reap(backend)  # no further expiry needed: 'reaping' is picked up at once
     assert (report.sessions, report.released) == (1, 2)
