@@ -46,7 +46,13 @@ def open_backend(url: str | StoreURL | None = None, *, create: bool = True, **em
             # Opening writes too (the schema, on a new file): a store locked by a
             # stopped process times out here as any write does, and says so.
             raise wrap(e, "open", str(parsed)) from e
-        return Backend(embedded, parsed)
+        backend = Backend(embedded, parsed)
+        # Every process that writes must credit its long holds, whatever it runs (a
+        # worker, a load, the CLI). Imported here: sessions builds on this package.
+        from ..sessions import credit_hold
+
+        embedded.on_long_hold = lambda held_ms: credit_hold(backend, held_ms)
+        return backend
     if embedded_options:
         raise ConfigError(f"options {sorted(embedded_options)} only apply to the embedded backend")
     config = client_config(parsed)

@@ -105,9 +105,19 @@ class EmbeddedClient:
         self.max_record_size = max_record_size
         self.default_ttl = default_ttl
         self.faults = faults if faults is not None else Faults.from_env()
-        self._storage = Storage(path, create=create)
+        self._storage = Storage(path, create=create, now_ms=lambda: self.clock.now_ms())
         self._lua = LuaRuntime()
         self._connected = True
+
+    @property
+    def on_long_hold(self) -> Callable[[int], object] | None:
+        """Called, inside the transaction, with the ms a write held the store's lock
+        when that is long enough to have delayed others' heartbeats (storage.LONG_HOLD_MS)."""
+        return self._storage.on_long_hold
+
+    @on_long_hold.setter
+    def on_long_hold(self, hook: Callable[[int], object] | None) -> None:
+        self._storage.on_long_hold = hook
 
     # -- connection ----------------------------------------------------------
 
@@ -247,8 +257,8 @@ class EmbeddedClient:
                 raise server_error("BinNameError", 21, "A bin name should not exceed 15 characters limit")
         ns, set_name, user_key, digest = self._key(key)
         self.faults.check("put", user_key, None, "before")
-        now = self._now()
         with self._storage.write() as db:
+            now = self._now()  # the store's now once the write holds the lock, as a server's
             old = self._live(db, ns, digest, now)
             exists_mode = pol.get("exists", aerospike.POLICY_EXISTS_IGNORE)
             if old is not None and exists_mode == aerospike.POLICY_EXISTS_CREATE:
@@ -313,8 +323,8 @@ class EmbeddedClient:
             meta = {"gen": pol["generation"]}
         ns, set_name, user_key, digest = self._key(key)
         self.faults.check("remove", user_key, None, "before")
-        now = self._now()
         with self._storage.write() as db:
+            now = self._now()  # the store's now once the write holds the lock, as a server's
             old = self._live(db, ns, digest, now)
             if old is None:
                 raise _not_found()
@@ -338,9 +348,9 @@ class EmbeddedClient:
         pol = self._check_policy(policy, {"gen", "key", "exists", "ttl", "expressions"}, call)
         ns, set_name, user_key, digest = self._key(key)
         self.faults.check(call, user_key, None, "before", ops)
-        now = self._now()
         # No savepoint: nothing is written before `_commit`, which fails before it writes.
         with self._storage.write(savepoint=False) as db:
+            now = self._now()  # the store's now once the write holds the lock, as a server's
             old = self._live(db, ns, digest, now)
             if old is None and pol.get("exists") in (aerospike.POLICY_EXISTS_UPDATE, aerospike.POLICY_EXISTS_REPLACE):
                 # Update-only: never creates the record, and the server answers so before
@@ -378,8 +388,8 @@ class EmbeddedClient:
     def _apply_one(
         self, ns: str, set_name: str, user_key: Any, digest: bytes, module: str, function: str, args: list, pol: dict
     ) -> tuple[Any, Row | None, int]:
-        now = self._now()
         with self._storage.write() as db:
+            now = self._now()  # the store's now once the write holds the lock, as a server's
             source = db.execute("SELECT content, hash FROM udfs WHERE name = ?", (module + ".lua",)).fetchone()
             if source is None:
                 raise _udf_error("UDF: Execution Error 1", module, function)

@@ -15,7 +15,11 @@ One difference cannot be hidden: the write lock is held by the client process
 during its transaction, where Aerospike holds its locks in the server. A
 client process frozen inside a write (SIGSTOP, a debugger) therefore stalls
 every writer of the store until it continues; a writer that waits longer than
-the busy timeout gets Aerospike's TimeoutError (code 9).
+the busy timeout gets Aerospike's TimeoutError (code 9). Heartbeats queue too,
+so a hold that long would make live sessions look dead to a reaper whose write
+waits behind it: a transaction held for ``LONG_HOLD_MS`` or more calls
+``on_long_hold(ms)`` before it commits, and aeroqueue credits every live
+session with that time (``sessions.credit_hold``).
 
 Writers queue on a kernel lock (``flock`` on ``<store>.lock``), not in
 SQLite's busy handler: SQLite's waiters poll with sleeps of up to 100 ms, so
@@ -28,11 +32,13 @@ kernel lock held, ``BEGIN IMMEDIATE`` finds it free.
 from __future__ import annotations
 
 import fcntl
+import logging
 import marshal
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,8 +46,14 @@ from typing import Any
 
 from ...errors import NotAStore, StoreNotFound
 
+log = logging.getLogger(__name__)
+
 FORMAT_VERSION = "1"  # bump when the table layout or the bin encoding changes
 BUSY_TIMEOUT_S = 60.0  # how long a writer waits for the store's lock before TimeoutError
+# A hold this long is reported to `on_long_hold`: far above a normal write's (a batch
+# of 100 takes a few ms), and below what a heartbeat can be late without harm (expiry
+# minus interval: 4 s by default).
+LONG_HOLD_MS = 250
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
@@ -238,11 +250,16 @@ def _indexed(kind: str, value: Any) -> Any:
 class Storage:
     """The SQLite file (or a private in-memory database) behind an EmbeddedClient."""
 
-    def __init__(self, path: str, *, create: bool = True) -> None:
+    def __init__(self, path: str, *, create: bool = True, now_ms: Callable[[], int] | None = None) -> None:
         """Open the store at `path`; a missing file is created only with `create`.
         A missing directory is always an error: it is a typo far more often than
-        a wish, and creating it would hide the typo behind an empty store."""
+        a wish, and creating it would hide the typo behind an empty store.
+        `now_ms`: the store's clock, in which long holds are measured."""
         self.path = path
+        self.now_ms = now_ms or (lambda: time.time_ns() // 1_000_000)
+        # Told, inside the transaction, how long a write held the store's lock past
+        # LONG_HOLD_MS: every other writer waited that long (module docstring).
+        self.on_long_hold: Callable[[int], object] | None = None
         self.memory = path == ":memory:"
         self._local = threading.local()
         # One writer per process at a time: threads queue on this lock instead of
@@ -348,8 +365,10 @@ class Storage:
 
                     raise server_error("TimeoutError", 9, f"AEROSPIKE_ERR_TIMEOUT (embedded store locked: {e})") from None
                 db.index_defs = {}  # type: ignore[attr-defined]  # no other writer can change them now
+                since = self.now_ms()
                 try:
                     yield db
+                    self._report_hold(since)
                 except BaseException:
                     db.execute("ROLLBACK")
                     raise
@@ -360,6 +379,18 @@ class Storage:
                     self._unlock_file(locked)
             finally:
                 self._local.depth = depth
+
+    def _report_hold(self, since: int) -> None:
+        held = self.now_ms() - since
+        hook = self.on_long_hold
+        if hook is None or held < LONG_HOLD_MS:
+            return
+        try:
+            hook(held)  # its writes are savepoints of this transaction
+        except Exception as e:  # the write that held the lock must still commit
+            log.warning(
+                "long hold not credited", extra={"event": "hold_not_credited", "held_ms": held, "error": str(e)}
+            )
 
     def _lock_fd_here(self) -> int:
         # An open file description must not cross fork(): a child opens its own.
