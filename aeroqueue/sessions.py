@@ -20,7 +20,8 @@
   session. Each step is idempotent; a half-done reap is finished by the next.
   On the embedded store a writer holds the store's lock in its own process:
   one stopped inside a write (SIGSTOP, Ctrl-Z) holds every heartbeat back, so
-  its hold is credited to every live session when it commits (`credit_hold`).
+  its hold is credited to every live session when it commits
+  (`backends.holds`).
 - The sweeper (``aeroqueue sweep``, and rarely inside workers) catches what
   slipped through: jobs taken from the token store but never claimed, claims
   of sessions that no longer exist, and load ranges whose loader died.
@@ -43,7 +44,6 @@ from typing import Any
 
 from aerospike_helpers import expressions as xp
 from aerospike_helpers.operations import expression_operations as eo
-from aerospike_helpers.operations import operations as ops
 
 from . import hotpath, keys, transitions
 from .backends import IN_DOUBT, Backend, retry_in_doubt
@@ -52,10 +52,8 @@ from .errors import (
     BackendError,
     BackendTimeout,
     ConfigError,
-    FilteredOut,
     GenerationConflict,
     ListNotFound,
-    RecordNotFound,
     SessionLost,
 )
 from .lists import JobLists, backoff_of
@@ -91,30 +89,6 @@ _OVERDUE = xp.And(
     xp.Eq(xp.StrBin("state"), "claimed"),
     xp.GE(xp.SinceUpdateTime(), xp.IntBin("tl")),
 ).compile()
-
-
-# An alive session with a heartbeat to move (every session has one from its open).
-_BEATING = xp.And(xp.Eq(xp.StrBin("state"), "alive"), xp.BinExists("beat")).compile()
-
-
-def credit_hold(backend: Backend, held_ms: int) -> int:
-    """The embedded store's writes held its lock for `held_ms` (storage.on_long_hold):
-    no heartbeat could land meanwhile, so each live session's last one moves that
-    much later, as if the time had not passed for it. Without this, a process
-    stopped inside a write would get every healthy session reaped by the first
-    reaper whose write came after it. The write changes the session's generation,
-    so a reaper's ``alive -> reaping`` made from an earlier read fails. Runs inside
-    the holding transaction; returns the sessions credited."""
-    credited = 0
-    for session_id, _rec in backend.scan(keys.SESS_SET, bins=["state"], expression=_BEATING):
-        try:
-            backend.operate(
-                keys.SESS_SET, session_id, [ops.increment("beat", held_ms)], expression=_BEATING, update_only=True
-            )
-            credited += 1
-        except (FilteredOut, RecordNotFound):
-            pass  # being reaped or gone: nothing to keep alive
-    return credited
 
 
 def check_timing(interval_s: float, expiry_s: float) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 from ..config import StoreURL, default_store_path, resolve_url
 from ..errors import BackendError, ConfigError
 from .base import IN_DOUBT, Backend, BatchResult, Record, retry_busy, retry_in_doubt, wrap
+from .holds import credit_hold
 
 __all__ = [
     "IN_DOUBT", "Backend", "BatchResult", "Record", "client_config", "open_backend", "retry_busy", "retry_in_doubt", "wrap",
@@ -47,11 +48,7 @@ def open_backend(url: str | StoreURL | None = None, *, create: bool = True, **em
             # stopped process times out here as any write does, and says so.
             raise wrap(e, "open", str(parsed)) from e
         backend = Backend(embedded, parsed)
-        # Every process that writes must credit its long holds, whatever it runs (a
-        # worker, a load, the CLI). Imported here: sessions builds on this package.
-        from ..sessions import credit_hold
-
-        embedded.on_long_hold = lambda held_ms: credit_hold(backend, held_ms)
+        embedded.on_long_hold = lambda held_ms: credit_hold(backend, held_ms)  # holds.py: why
         return backend
     if embedded_options:
         raise ConfigError(f"options {sorted(embedded_options)} only apply to the embedded backend")

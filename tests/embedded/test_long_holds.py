@@ -5,7 +5,7 @@ stopped inside a write (SIGSTOP, Ctrl-Z) holds back every other writer,
 heartbeats included, until it continues. Reads still go through, so a reaper
 sees healthy sessions past their expiry and queues its ``alive -> reaping``
 behind the stopped writer. The hold is credited to every live session when the
-writer commits (sessions.credit_hold), and a write queued behind it runs at the
+writer commits (backends.holds), and a write queued behind it runs at the
 time it gets the lock, as on a server: the reaper's write then finds the session
 changed, and the heartbeat lands with the time it landed.
 """
