@@ -233,11 +233,11 @@ def _parse_embedded(text: str, rest: str, options: tuple[tuple[str, str], ...]) 
         return StoreURL(scheme="embedded", namespace=namespace, path=MEMORY, options=options)
     if not rest.startswith("/") or rest == "/":
         raise InvalidURL(
-            f"store URL {text!r}: the embedded store needs an absolute file path "
+            f"store URL {_safe(text)!r}: the embedded store needs an absolute file path "
             "(embedded:///abs/path/store.db) or :memory: (embedded://:memory:)"
         )
     if rest.endswith("/"):
-        raise InvalidURL(f"store URL {text!r}: path {rest!r} names a directory, not a store file")
+        raise InvalidURL(f"store URL {_safe(text)!r}: path {_safe(rest)!r} names a directory, not a store file")
     return StoreURL(scheme="embedded", namespace=namespace, path=rest, options=options)
 
 

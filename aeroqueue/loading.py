@@ -38,6 +38,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
+from .backends.sizes import bin_size
 from .errors import LoadError
 
 # What a job record holds besides its payload (bins, names, bookkeeping): the
@@ -102,8 +103,15 @@ class _BadValue(ValueError):
     """A JSON value MySQL or Aerospike cannot store; the text says which."""
 
 
-def payload_size(payload: Any) -> int:
-    return len(json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode())
+def payload_size(payload: Any, limit: int | None = None) -> int:
+    """The payload's bytes: as JSON (what the sync writes to MySQL), or as its bin in
+    the store where that is more (a float takes 9 bytes there, 3 as JSON). A job
+    within `limit` as JSON and far from it is sized as JSON alone: a stored value is
+    at most 3 times its JSON (a float), plus the bin's own few bytes."""
+    text = len(json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode())
+    if limit is not None and 3 * text + 8 <= limit:
+        return text
+    return max(text, bin_size(payload))
 
 
 def detect_format(path: Path, fmt: str | None) -> str:
@@ -392,7 +400,7 @@ def _checked(spec: JobSpec, source: str, id_field: str, max_payload: int, measur
     if not measure:
         return spec
     try:
-        size = payload_size(spec.payload)
+        size = payload_size(spec.payload, max_payload)
     except UnicodeEncodeError as e:
         raise LoadError(f"payload is not valid Unicode ({e.reason} at position {e.start})", source=source,
                         line=spec.line, field="payload") from None
@@ -581,15 +589,14 @@ def from_iterable(items: Iterable[Any], *, max_payload: int, source: str = "<pyt
         if isinstance(item, JobSpec):
             # A JobSpec's run_at is checked as a file's is: a bad one found after
             # the first ranges were written would leave the load half done.
-            spec = JobSpec(item.jid, item.payload, item.line or i, parse_run_at(item.run_at, source, item.line or i))
+            line = item.line or i
+            spec = JobSpec(_python_id(item.jid, source, line), item.payload, line, parse_run_at(item.run_at, source, line))
         elif isinstance(item, tuple) and len(item) == 2:
-            spec = JobSpec(str(item[0]), item[1], i)
+            spec = JobSpec(_python_id(item[0], source, i), item[1], i)
         elif isinstance(item, dict) and "id" in item:
-            spec = JobSpec(str(item["id"]), item.get("payload"), i, parse_run_at(item.get(RUN_AT), source, i))
+            spec = JobSpec(_python_id(item["id"], source, i), item.get("payload"), i, parse_run_at(item.get(RUN_AT), source, i))
         else:
             raise LoadError(f"expected (id, payload), a JobSpec or a dict with 'id', got {item!r:.80}", source=source, line=i)
-        if not spec.jid.strip():
-            raise LoadError("empty job id", source=source, line=i, field="id")
         try:
             _check_python_value(spec.payload)
         except _BadValue as e:
@@ -597,6 +604,17 @@ def from_iterable(items: Iterable[Any], *, max_payload: int, source: str = "<pyt
         out.append(_checked(spec, source, "id", max_payload))
     validate(out, source)
     return out
+
+
+def _python_id(jid: Any, source: str, line: int) -> str:
+    """A job id from Python, held to what a JSON Lines file may hold: a string or an
+    integer (None, True or 1.5 would otherwise load as the job "None", "True", "1.5")."""
+    if isinstance(jid, bool) or not isinstance(jid, (str, int)):
+        raise LoadError(f"job id must be a non-empty string or integer, got {jid!r:.80}", source=source, line=line, field="id")
+    text = jid if isinstance(jid, str) else str(jid)
+    if not text.strip():
+        raise LoadError("empty job id", source=source, line=line, field="id")
+    return text
 
 
 def _check_python_value(value: Any) -> None:

@@ -66,7 +66,9 @@ def test_password_never_shown():
     url = parse_url("aerospike://admin:s3cret@h:3000/test")
     assert url.user == "admin" and url.password == "s3cret"
     assert "s3cret" not in str(url) and "s3cret" not in repr(url)
-    for text in ("aerospike://admin:s3cret@h:99999/test", "aerospike://:s3cret@h:99999/test"):
+    for text in ("aerospike://admin:s3cret@h:99999/test", "aerospike://:s3cret@h:99999/test",
+                 # an embedded URL has no use for credentials, but an error must not show them either
+                 "embedded://admin:s3cret@/tmp/x.db", "embedded://admin:s3cret@/tmp/", "embedded://admin:s3cret@x.db"):
         with pytest.raises(InvalidURL) as e:
             parse_url(text)
         assert "s3cret" not in str(e.value), text

@@ -33,6 +33,18 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("jid", [None, True, 1.5, {"x": 1}, ["a"], "", "  "])
+@pytest.mark.parametrize("form", ["tuple", "dict", "spec"])
+def test_a_python_job_id_is_a_string_or_an_integer_as_in_a_file(jid, form):
+    """None, True or 1.5 would load as the job "None", "True", "1.5": refused, as
+    a JSON Lines file's are, naming the item."""
+    item = {"tuple": lambda: (jid, {}), "dict": lambda: {"id": jid}, "spec": lambda: JobSpec(jid, {})}[form]()
+    with pytest.raises(LoadError) as e:
+        from_iterable([("ok", {}), item], max_payload=1000)
+    assert "line 2" in str(e.value) and "field 'id'" in str(e.value), str(e.value)
+    assert [s.jid for s in from_iterable([(7, {}), {"id": 8}, JobSpec(9, {})], max_payload=1000)] == ["7", "8", "9"]
+
+
 @pytest.mark.parametrize(("name", "content", "fragments"), CASES, ids=[c[0] for c in CASES])
 def test_bad_file_names_file_line_and_field(tmp_path, name, content, fragments):
     path = tmp_path / name
@@ -117,3 +129,20 @@ def test_cli_load_of_bad_file_loads_nothing(tmp_path, store_url, registered, lis
     # The whole file is checked before anything is written: not even the list exists.
     status = CliRunner().invoke(main, ["--url", store_url, "status", list_name, "--json"])
     assert status.exit_code == 1 and f"no job list named '{list_name}'" in status.output
+
+
+def test_a_payload_within_the_limit_as_json_but_not_as_stored_loads_nothing(tmp_path, store_url, registered, list_name):
+    """A float takes 3 bytes of JSON ("0.5") and 9 in the record: a payload sized by its
+    JSON passed the check and then failed to write, after the ranges before it were
+    published. Sized as stored, the check names it before anything is written."""
+    limit = max_payload(registered)
+    floats = (limit - 100) // 4  # "0.5," a float: within the limit as JSON, about 2.25 times over it as stored
+    path = tmp_path / "floats.jsonl"
+    path.write_text('{"id": "a"}\n{"id": "b"}\n{"id": "fat", "payload": [' + ",".join(["0.5"] * floats) + ']}\n')
+    result = CliRunner().invoke(main, ["--url", store_url, "load", list_name, str(path), "--chunk-size", "1"])
+    assert result.exit_code == 1, result.output
+    for fragment in ("floats.jsonl", "line 3", "field 'payload'", "over the"):
+        assert fragment in result.output, result.output
+    status = CliRunner().invoke(main, ["--url", store_url, "status", list_name, "--json"])
+    assert status.exit_code == 1 and f"no job list named '{list_name}'" in status.output
+

@@ -19,7 +19,7 @@ the busy timeout gets Aerospike's TimeoutError (code 9). Heartbeats queue too,
 so a hold that long would make live sessions look dead to a reaper whose write
 waits behind it: a transaction held for ``LONG_HOLD_MS`` or more calls
 ``on_long_hold(ms)`` before it commits, and aeroqueue credits every live
-session with that time (``sessions.credit_hold``).
+session with that time (``backends.holds``).
 
 Writers queue on a kernel lock (``flock`` on ``<store>.lock``), not in
 SQLite's busy handler: SQLite's waiters poll with sleeps of up to 100 ms, so
@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import NotAStore, StoreNotFound
+from ..sizes import record_size
 
 log = logging.getLogger(__name__)
 
@@ -108,67 +109,7 @@ class Row:
     lut_ms: int
 
 
-# -- the server's size of a record --------------------------------------------------
-# Aerospike's flat record: a header, the set's name, the stored key, and per bin its
-# name, a length and type, and the value after a 4-byte length: a string or blob as
-# its bytes, a list or map as msgpack (strings and blobs in it with one more byte,
-# their particle type). Calibrated on
-# Aerospike CE 8.1 with max-record-size 1 MiB (the largest value it took, by shape:
-# tests/contract/test_records.py): the embedded store refuses what it refuses, give
-# or take a few bytes, and never a payload the server stores.
-_RECORD_BASE = 40
-
-
-def _utf8_len(text: str) -> int:
-    return len(text.encode("utf-8", "surrogatepass"))  # a lone surrogate is stored as the client sends it
-
-
-def _packed(value: Any) -> int:
-    """`value`'s msgpack size inside a list or map, as the server packs it."""
-    kind = type(value)
-    if value is None or kind is bool:
-        return 1
-    if kind is int:
-        if -32 <= value < 128:
-            return 1
-        if -128 <= value < 256:
-            return 2
-        if -32768 <= value < 65536:
-            return 3
-        if -(2**31) <= value < 2**32:
-            return 5
-        return 9
-    if kind is float:
-        return 9
-    if kind is str or kind is bytes or kind is bytearray:
-        n = (_utf8_len(value) if kind is str else len(value)) + 1  # + the particle type
-        if kind is str and n < 32:
-            return 1 + n
-        return n + (2 if n < 256 else 3 if n < 65536 else 5)
-    if kind is list or kind is tuple:
-        return _header(len(value)) + sum(map(_packed, value))
-    if kind is dict:
-        return _header(len(value)) + sum(_packed(k) + _packed(v) for k, v in value.items())
-    return len(marshal.dumps(value))  # no other type reaches a record (the client refuses them)
-
-
-def _header(n: int) -> int:
-    return 1 if n < 16 else 3 if n < 65536 else 5
-
-
-def _bin_value(value: Any) -> int:
-    kind = type(value)
-    if kind is str:
-        n = _utf8_len(value)
-    elif kind is bytes or kind is bytearray:
-        n = len(value)
-    elif kind is list or kind is tuple or kind is dict:
-        n = _packed(value)
-    else:
-        return _packed(value)  # an integer, a float, a bool: fixed, small
-    return 4 + n  # a 4-byte length
-
-
+# The server's size of a record: aeroqueue/backends/sizes.py.
 # Python's encoding of a record's bins is never much smaller than the server's: a
 # record whose encoding is this far under the limit is within it, and only one
 # near the limit is sized exactly (a walk of every value: 16 us for a job record,
@@ -181,13 +122,6 @@ def too_big(set_name: str, bins: dict[str, Any], user_key: Any, encoded: bytes, 
     if len(encoded) + 8 * len(bins) + len(set_name) + _SURELY_WITHIN <= limit:
         return False
     return record_size(set_name, bins, user_key) > limit
-
-
-def record_size(set_name: str, bins: dict[str, Any], user_key: Any = None) -> int:
-    """The bytes the server would give a record of these bins (and stored key) in
-    this set (the set's name is stored with the record too)."""
-    key = 0 if user_key is None else _packed(user_key) + 2
-    return _RECORD_BASE + len(set_name) + key + sum(len(name) + 2 + _bin_value(v) for name, v in bins.items())
 
 
 def encode(value: Any) -> bytes:
