@@ -217,7 +217,7 @@ class JobLists:
     # -- status ------------------------------------------------------------------
 
     def status(self, name: str) -> ListStatus:
-        head, done, dead, finished = self._progress(name)
+        head, done, dead, finished, voids = self._progress(name)
         # Each job counted once: a token may also stand where it no longer waits. A
         # kick moves it to the retry store and out of the schedule, a delayed load's
         # range (into its skip) and, token mode, the store ahead (into `timed`): in ID
@@ -249,8 +249,12 @@ class JobLists:
             gone = finished.within(lo, hi) - sum(finished.within(max(a, lo), min(b, hi)) for a, b in gates if a < hi and b > lo)
             gone -= sum(1 for t in timed if lo <= t < hi and finished(t) and not in_gate(t))
             gone += sum(1 for t in retry_set if lo <= t < hi and waits_here(t))
+            # Void tokens (a job id another loader indexed first, a dead loader's unwritten
+            # job) are handed out and refused by their claim: no job waits there. A gate
+            # holds its voids back with the rest and counts only its real jobs.
+            gone += voids.within(lo, hi) - sum(voids.within(max(a, lo), min(b, hi)) for a, b in gates if a < hi and b > lo)
             reservable = hi - lo - held_back - gone
-        reservable += sum(_ready(r, finished) for r in head.get("ready") or [])
+        reservable += sum(_ready(r, finished) - voids.within(r[0], r[0] + r[1]) for r in head.get("ready") or [])
         total = head["total"]
         pending = len(head.get("pend") or {})
         sealed = head["sealed"] == 1
@@ -285,14 +289,14 @@ class JobLists:
         """(the list record, jobs done, jobs dead): what completion needs
         (`is_complete`), without the counts of waiting jobs, for which `status`
         reads the ID store's chunks."""
-        head, done, dead, _ = self._progress(name)
+        head, done, dead, _, _ = self._progress(name)
         return head, done, dead
 
-    def _progress(self, name: str) -> tuple[dict[str, Any], int, int, _Finished]:
+    def _progress(self, name: str) -> tuple[dict[str, Any], int, int, _Finished, _Finished]:
         transitions.flush_bits(self.backend)  # this process's acks count at once
         head = self.header(name)
-        done, dead, finished = self._bits(name, head["alloc"])
-        return head, done, dead, finished
+        done, dead, finished, voids = self._bits(name, head["alloc"])
+        return head, done, dead, finished, voids
 
     def unpopped_ids(self, name: str, head: dict[str, Any]) -> list[int]:
         """ID mode: the tokens still waiting in the published chunks from the cursor on."""
@@ -301,24 +305,29 @@ class JobLists:
         )
         return [t for c in chunks if c is not None for t in (c.bins.get("ids") or [])]
 
-    def _bits(self, name: str, alloc: int) -> tuple[int, int, _Finished]:
-        """Done and dead bits set, and which tokens have either. A retry store entry
-        whose job finished is a duplicate, pending nothing: a release or requeue
-        repeated after a lost answer pushes a token twice (rather than strand it), the
-        job runs once, and a take skips the second entry."""
+    def _bits(self, name: str, alloc: int) -> tuple[int, int, _Finished, _Finished]:
+        """Done and dead bits set, which tokens have either, and which are void (hold
+        no job: load.void_bits). A retry store entry whose job finished is a
+        duplicate, pending nothing: a release or requeue repeated after a lost answer
+        pushes a token twice (rather than strand it), the job runs once, and a take
+        skips the second entry."""
         n_chunks = -(-alloc // keys.BITS_PER_CHUNK)
         recs = self.backend.batch_get(keys.DONE_SET, [keys.chunk_name(name, c) for c in range(n_chunks)])
         done = dead = 0
         maps: dict[int, int] = {}
+        voids: dict[int, int] = {}
+        width = keys.BITS_PER_CHUNK // 8
         for chunk, rec in enumerate(recs):
             if rec is None:
                 continue
-            d = int.from_bytes(bytes(rec.bins.get("done") or b"").ljust(keys.BITS_PER_CHUNK // 8, b"\0"), "big")
-            x = int.from_bytes(bytes(rec.bins.get("dead") or b"").ljust(keys.BITS_PER_CHUNK // 8, b"\0"), "big")
+            d = int.from_bytes(bytes(rec.bins.get("done") or b"").ljust(width, b"\0"), "big")
+            x = int.from_bytes(bytes(rec.bins.get("dead") or b"").ljust(width, b"\0"), "big")
             maps[chunk] = d | x
             done += d.bit_count()
             dead += x.bit_count()
-        return done, dead, _Finished(maps)
+            if rec.bins.get("void"):
+                voids[chunk] = int.from_bytes(bytes(rec.bins["void"]).ljust(width, b"\0"), "big")
+        return done, dead, _Finished(maps), _Finished(voids)
 
     # -- walking a list ----------------------------------------------------------
 

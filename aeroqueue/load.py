@@ -61,6 +61,7 @@ DEFAULT_CHUNK = 1000
 EMBEDDED_CHUNK = 10_000
 DEFAULT_LEASE_MS = 120_000
 RECORD_EXISTS = 5  # Aerospike's code for a create-only write on an existing record
+RECORD_TOO_BIG = 13  # and for a record over max-record-size
 # Per-record codes of a batch write that did not land, or may have: repeated.
 IN_DOUBT_CODES = frozenset({-15, -10, -8, 7, 9, 11, 14, 18})
 SEALED_CHECK_BATCH = 5000  # index entries read per batch when a sealed list is loaded again
@@ -280,6 +281,17 @@ class _RangeLoader:
                     f"list {name!r}: load range {seq} outlived its lease ({self.lease_ms / 1000:g} s) and was finished "
                     "by a recovery before its jobs were written; run the load again"
                 )
+        big = [i for i, code in enumerate(codes) if code == RECORD_TOO_BIG]
+        if big:
+            # Not a passing trouble of the cluster: this job can never be stored as it is.
+            spec = new[big[0]]
+            where = f" (line {spec.line})" if spec.line is not None else ""
+            raise LoadAbandoned(
+                f"list {name!r}: the record of job {spec.jid!r}{where} is over the store's max-record-size "
+                f"({len(big)} such job{'s' if len(big) > 1 else ''} in load range {seq}); shrink its payload and run "
+                "the load again (the range stays pending: a later load or `aeroqueue sweep` finishes it after its "
+                f"lease of {self.lease_ms / 1000:g} s)"
+            )
         if any(codes):
             raise LoadAbandoned(
                 f"list {name!r}: writing the jobs of load range {seq} failed ({_describe(codes)}); "
@@ -370,8 +382,17 @@ def commit_index(lists: JobLists, name: str, pairs: list[tuple[int, str]]) -> li
                        for t in voids]
         if any(code != 0 for code in lists._batch_write(void_writes, "void duplicate jobs")):
             raise LoadAbandoned(f"list {name!r}: voiding duplicate jobs failed; run the load again")
+        void_bits(lists, name, voids)
     void_set = set(voids)
     return [t for t, _ in pairs if t not in void_set]
+
+
+def void_bits(lists: JobLists, name: str, tokens: list[int]) -> None:
+    """Mark void tokens in the list's void bitmap, before their range is published:
+    the token store hands them out like any token (the claim refuses them), so
+    `status` needs them to count what is reservable. Idempotent."""
+    if tokens:
+        transitions.set_bits(lists.backend, name, tokens, "void", 1)
 
 
 def finish_range(
@@ -408,6 +429,7 @@ def recover(lists: JobLists, name: str) -> int:
             (t, rec.bins["jid"]) for t, rec in zip(tokens, recs, strict=True)
             if rec is not None and rec.bins.get("state") != "void"
         ]
+        void_bits(lists, name, [t for t, rec in zip(tokens, recs, strict=True) if rec is None or rec.bins.get("state") == "void"])
         real = commit_index(lists, name, present)
         finish_range(lists, name, head["mode"], r["seq"], real)
     return len(ranges)

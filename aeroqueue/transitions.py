@@ -60,8 +60,9 @@ _GROW = bw.bit_resize("done", BITMAP_BYTES, resize_flags=aerospike.BIT_RESIZE_GR
 
 
 def set_bits(backend: Backend, list_name: str, tokens: Iterable[int], bitmap: str, value: int) -> None:
-    """Set (1) or clear (0) tokens' bits in a completion bitmap ('done' or 'dead'):
-    one operate per bitmap chunk, idempotent, so a retried ack never double-counts."""
+    """Set (1) or clear (0) tokens' bits in a completion bitmap ('done' or 'dead', or
+    'void': tokens that hold no job): one operate per bitmap chunk, idempotent, so a
+    retried ack never double-counts."""
     by_chunk: dict[int, list[int]] = defaultdict(list)
     per = keys.BITS_PER_CHUNK  # keys.bit_position, inline: this runs once a job
     for t in tokens:

@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 
-from aeroqueue import errors, keys, udfs
+from aeroqueue import errors, keys, load, udfs
 from aeroqueue.backends import open_backend
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
@@ -127,6 +127,43 @@ def test_a_killed_loader_exposes_nothing_unwritten_and_a_rerun_adds_nothing_twic
     assert Counter(j.jid for j in jobs) == Counter(f"k{i}" for i in range(n)), "every job exactly once"
     st = lists.status(list_name)
     assert (st.total, st.pending_ranges) == (n, 0)
+
+
+def test_void_tokens_are_not_counted_as_reservable(env, list_name):
+    """A loader that died before writing its range leaves tokens that a recovery makes
+    void: the token store still hands them out (their claim refuses them), but no job
+    waits there, and `status` must not count one (it did: reservable 15 of 10 jobs)."""
+    _, lists, queue, session = env
+    lists.load(list_name, specs(3, "a"))
+    # A loader that took a range of 5 and died before writing any of it (lease: 0 ms).
+    assert lists._list_udf(list_name, "alloc", 5, 0, "dead-loader")["st"] == "ok"
+    report = lists.load(list_name, specs(10))  # recovers the dead range first: 5 void tokens
+    assert report.loaded == 10
+    st = lists.status(list_name)
+    assert (st.total, st.reservable, st.in_flight, st.pending_ranges) == (13, 13, 0, 0)
+    got = queue.reserve(list_name, session, 6)  # the 3 jobs of "a", then 5 voids skipped, then 3 more
+    assert [j.jid for j in got] == ["a0", "a1", "a2", "j0", "j1", "j2"]
+    st = lists.status(list_name)
+    assert (st.reservable, st.in_flight) == (7, 6)
+    queue.complete_many(got, ["ok"] * 6)
+    st = lists.status(list_name)
+    assert (st.reservable, st.in_flight, st.done) == (7, 0, 6)
+
+
+def test_tokens_of_ids_another_loader_indexed_first_are_not_counted_as_reservable(env, list_name):
+    """Two loaders of the same ids at once: the second's tokens whose id the first
+    indexed first are made void (load.commit_index), as a racing load makes them."""
+    backend, lists, _, _ = env
+    lists.load(list_name, specs(3, "a"))
+    start = lists._list_udf(list_name, "alloc", 3, 60_000, "second-loader")["start"]
+    pairs = [(start, "a0"), (start + 1, "a1"), (start + 2, "b0")]
+    for t, jid in pairs:
+        backend.put(keys.JOB_SET, keys.job_name(list_name, t), {"list": list_name, "token": t, "jid": jid, "state": "queued"})
+    real = load.commit_index(lists, list_name, pairs)
+    assert real == [start + 2]
+    load.finish_range(lists, list_name, "tokens", lists.header(list_name)["seq"] - 1, real)
+    st = lists.status(list_name)
+    assert (st.total, st.reservable, st.in_flight, st.pending_ranges) == (4, 4, 0, 0)
 
 
 def test_default_range_sizes_follow_the_store_and_the_mode(env, list_name):
