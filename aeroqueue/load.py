@@ -22,7 +22,11 @@ ranges whose every step is done.
 A loader that dies between 2 and 6 leaves a pending range; once its lease
 has run out, `recover` finishes it with the same rules (index first wins,
 unwritten tokens become void), so loads are resumable and never expose an
-unwritten token.
+unwritten token. A live loader renews the leases of its ranges in flight, so a
+lease is short (`DEFAULT_LEASE_MS`): a load run again after its loader was
+killed waits for that loader's ranges only until their lease runs out, finishes
+them, and returns with its own jobs reservable. Ranges of a load still running
+elsewhere are not waited for: the jobs behind them are reported as waiting.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
+import logging
 import threading
 import time
 import uuid
@@ -45,11 +50,13 @@ from aerospike_helpers.operations import operations as op
 from . import keys, transitions
 from .backends import IN_DOUBT, Backend, retry_in_doubt, wrap
 from .config import MAX_SECONDS
-from .errors import ListNotFound, ListSealed, LoadAbandoned, LoadError, RecordExists
+from .errors import AeroqueueError, ListNotFound, ListSealed, LoadAbandoned, LoadError, RecordExists
 from .loading import RECORD_OVERHEAD, JobSpec, from_iterable
 
 if TYPE_CHECKING:
     from .lists import JobLists
+
+log = logging.getLogger("aeroqueue.load")
 
 DEFAULT_CHUNK = 1000
 # The embedded store's ranges are bigger: records are keyed by digest, so a range's
@@ -59,7 +66,9 @@ DEFAULT_CHUNK = 1000
 # Lists in ID mode keep 1,000: a range is also one ID-store chunk, which every
 # reservation pops from by rewriting it whole.
 EMBEDDED_CHUNK = 10_000
-DEFAULT_LEASE_MS = 120_000
+# A range's lease, renewed every quarter of it while its loader lives: a killed loader's
+# ranges go to recovery within this, a live one is never cut off by a slow store.
+DEFAULT_LEASE_MS = 15_000
 RECORD_EXISTS = 5  # Aerospike's code for a create-only write on an existing record
 RECORD_TOO_BIG = 13  # and for a record over max-record-size
 # Per-record codes of a batch write that did not land, or may have: repeated.
@@ -77,6 +86,9 @@ class LoadReport:
     skipped: int  # already loaded (same job id)
     voided: int  # tokens left void (another loader indexed the id first)
     already_sealed: bool = False  # the list was sealed and already held every job: nothing to do
+    # Of `loaded`, jobs written and committed but not reservable yet: they publish after
+    # an earlier range of a load still running elsewhere, when it does.
+    waiting: int = 0
 
 
 def max_payload(backend: Backend) -> int:
@@ -145,14 +157,80 @@ def load(
             progress(size)
 
     ranges = _chunks(specs, chunk_size)
-    if n_workers <= 1:
-        for i, batch in enumerate(ranges):
-            add(loader.load_range(i, batch), len(batch))
-    else:
-        _run_concurrently(loader, ranges, n_workers, add)
+    renewer = _Renewer(loader)
+    renewer.start()
+    try:
+        if n_workers <= 1:
+            for i, batch in enumerate(ranges):
+                add(loader.load_range(i, batch), len(batch))
+        else:
+            _run_concurrently(loader, ranges, n_workers, add)
+    finally:
+        renewer.stop()
+    waiting = _await_earlier(lists, name, loader.published, lease_ms)
     if seal:
         lists.seal(name)
-    return LoadReport(loaded=totals[0], skipped=totals[1], voided=totals[2])
+    return LoadReport(loaded=totals[0], skipped=totals[1], voided=totals[2], waiting=waiting)
+
+
+class _Renewer:
+    """Renews the leases of a loader's ranges in flight every quarter lease
+    (aq_list_v1.renew), so that a lease can be short. A renewal that fails is
+    tried again at the next turn; the lease left to run covers three of them."""
+
+    def __init__(self, loader: _RangeLoader) -> None:
+        self.loader = loader
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="aeroqueue-load-renew", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        loader = self.loader
+        while not self._stop.wait(loader.lease_ms / 4000):
+            seqs = loader.in_flight()
+            if not seqs:
+                continue
+            try:
+                loader.lists._list_udf(loader.name, "renew", seqs, loader.lease_ms)
+            except AeroqueueError as e:
+                log.warning("load lease not renewed", extra={"event": "load_renew_failed", "list": loader.name,
+                                                             "ranges": len(seqs), "error": str(e)})
+
+
+# How often a load whose ranges wait behind another loader's looks again.
+AWAIT_STEP_S = 0.25
+
+
+def _await_earlier(lists: JobLists, name: str, ours: dict[int, int], lease_ms: int) -> int:
+    """Our ranges are published, but the list publishes in sequence order: one of
+    another loader before them, unwritten, holds them back. A killed loader's (the
+    load run again after it) runs out of lease and is recovered here; a live one
+    renews it, which shows within a quarter lease, and is not waited for. Returns
+    how many of our jobs still wait (`LoadReport.waiting`)."""
+    if not ours:
+        return 0
+    last = max(ours)
+    give_up = time.monotonic() + lease_ms / 1000 + 2 * AWAIT_STEP_S
+    seen: dict[int, int] = {}
+    while True:
+        head = lists.header(name)
+        pubs = head["pubs"]
+        if pubs > last:
+            return 0
+        blockers = {seq: r["exp"] for seq, r in (head.get("pend") or {}).items() if seq < last and r.get("real") is None}
+        renewed = any(seq in seen and exp != seen[seq] for seq, exp in blockers.items())
+        if renewed or time.monotonic() > give_up:
+            return sum(n for seq, n in ours.items() if seq >= pubs)
+        seen = blockers
+        if recover(lists, name):
+            continue  # a recovery published ranges: look again at once
+        time.sleep(AWAIT_STEP_S)
 
 
 def _run_concurrently(
@@ -209,6 +287,12 @@ class _RangeLoader:
         self.check_index = check_index
         self._turn = 0  # the next range (by input order) allowed to allocate
         self._turns = threading.Condition()
+        self._flying: set[int] = set()  # ranges allocated and not yet published or given up
+        self.published: dict[int, int] = {}  # range -> its real jobs, once this loader published it
+
+    def in_flight(self) -> list[int]:
+        with self._turns:
+            return sorted(self._flying)
 
     def load_range(self, i: int, batch: list[JobSpec]) -> tuple[int, int, int]:
         b, name = self.b, self.name
@@ -232,6 +316,22 @@ class _RangeLoader:
             raise ListSealed(f"list {name!r} was sealed during the load")
         if got["st"] != "ok":
             raise ListNotFound(f"no job list named {name!r}")
+        seq = got["seq"]
+        with self._turns:
+            self._flying.add(seq)
+        try:
+            real, skipped = self._write_range(batch, new, got)
+        finally:
+            with self._turns:
+                self._flying.discard(seq)
+        with self._turns:
+            self.published[seq] = real
+        return real, skipped, len(new) - real
+
+    def _write_range(self, batch: list[JobSpec], new: list[JobSpec], got: dict[str, Any]) -> tuple[int, int]:
+        """Steps 3-6 for the range `alloc` answered (`got`): its real jobs, and the
+        batch's jobs skipped as already loaded."""
+        b, name = self.b, self.name
         seq, start = got["seq"], got["start"]
         ns = b.namespace
         # Delays count from the server's clock (alloc's `now`), never the loader's.
@@ -303,7 +403,7 @@ class _RangeLoader:
         real_set = set(real)
         finish_range(self.lists, name, self.mode, seq, real, gate=gate,
                      timed={t: due for t, due in timed.items() if t in real_set})
-        return len(real), len(batch) - len(new), len(new) - len(real)
+        return len(real), len(batch) - len(new)
 
 
 def _chunks(specs: Iterable[JobSpec], size: int) -> Iterator[list[JobSpec]]:

@@ -473,6 +473,31 @@ function publish(rec, seq, real, due, timed, cap)
   return map{st = 'ok', tail = tail, total = total}
 end
 
+-- renew(rec, seqs, lease_ms) -> integer
+--   A live loader keeps its ranges still in flight (sequence numbers `seqs`)
+--   leased for lease_ms more, so a lease can be short: a dead loader's ranges
+--   go to recovery soon, and a slow one is not cut off. Not a range whose lease
+--   ran out: a recovery may be finishing it already. Answers how many it renewed.
+function renew(rec, seqs, lease_ms)
+  if not aerospike:exists(rec) then return 0 end
+  local pend = rec['pend']
+  local t = now()
+  local n = 0
+  for s in list.iterator(seqs) do
+    local r = pend[s]
+    if r ~= nil and r['real'] == nil and r['exp'] > t then
+      r['exp'] = t + lease_ms
+      pend[s] = r
+      n = n + 1
+    end
+  end
+  if n > 0 then
+    rec['pend'] = pend
+    aerospike:update(rec)
+  end
+  return n
+end
+
 -- expired(rec) -> list of map{seq, start, n}
 --   Ranges whose loader missed its lease: recovery finishes them.
 function expired(rec)

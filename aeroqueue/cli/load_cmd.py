@@ -158,7 +158,8 @@ def load(
     if as_json:
         click.echo(json.dumps({
             "list": list_name, "source": source, "jobs": n, "loaded": report.loaded, "skipped": report.skipped,
-            "voided": report.voided, "sealed": seal or report.already_sealed, "already_sealed": report.already_sealed,
+            "voided": report.voided, "waiting": report.waiting, "sealed": seal or report.already_sealed,
+            "already_sealed": report.already_sealed,
             "check_s": round(t1 - t0, 3), "load_s": round(t2 - t1, 3),
             "jobs_per_s": round(n / (t2 - t0)) if t2 > t0 else None,
         }))
@@ -169,4 +170,9 @@ def load(
             f"{list_name}: {report.loaded} loaded, {report.skipped} already there"
             + (f", {report.voided} duplicate(s) left void" if report.voided else "")
             + (" (sealed)" if seal else "")
+        )
+    if report.waiting:
+        err_console.print(
+            f"[yellow]note:[/] {report.waiting:,} of the jobs loaded wait behind a load range of another load still "
+            f"running into {list_name}: they become reservable when it publishes that range"
         )

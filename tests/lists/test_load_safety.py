@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 
@@ -120,9 +121,15 @@ def test_a_killed_loader_exposes_nothing_unwritten_and_a_rerun_adds_nothing_twic
     early = drain_all(queue, list_name, session)
     assert early, "what was published before the kill is reservable"
     assert all(j.jid is not None and j.payload == {"i": int(j.jid[1:])} for j in early)
-    time.sleep(lease_ms / 1000 + 0.2)  # the dead loader's leases run out
-    report = lists.load(list_name, (JobSpec(f"k{i}", {"i": i}) for i in range(n)), chunk_size=500, workers=4)
+    # Run again at once: the dead loader's ranges are recovered as their leases run
+    # out (the re-run's own ranges wait behind them), and the re-run returns with
+    # every job reservable, not "loaded" and held back for a lease's length.
+    report = lists.load(list_name, (JobSpec(f"k{i}", {"i": i}) for i in range(n)), chunk_size=500, workers=4,
+                        lease_ms=lease_ms)
     assert report.loaded + report.skipped >= n - report.voided
+    assert report.waiting == 0
+    st = lists.status(list_name)
+    assert (st.total, st.reservable, st.pending_ranges) == (n, n - len(early), 0)
     jobs = early + drain_all(queue, list_name, session)
     assert Counter(j.jid for j in jobs) == Counter(f"k{i}" for i in range(n)), "every job exactly once"
     st = lists.status(list_name)
@@ -164,6 +171,77 @@ def test_tokens_of_ids_another_loader_indexed_first_are_not_counted_as_reservabl
     load.finish_range(lists, list_name, "tokens", lists.header(list_name)["seq"] - 1, real)
     st = lists.status(list_name)
     assert (st.total, st.reservable, st.in_flight, st.pending_ranges) == (4, 4, 0, 0)
+
+
+def test_a_load_behind_a_dead_loaders_range_finishes_it_and_returns_reservable(env, list_name):
+    _, lists, _, _ = env
+    # A loader that took a range and died: its lease (1.5 s) is never renewed.
+    lists.create(list_name)
+    assert lists._list_udf(list_name, "alloc", 5, 1500, "dead")["st"] == "ok"
+    t0 = time.monotonic()
+    report = lists.load(list_name, specs(10))
+    waited = time.monotonic() - t0
+    assert (report.loaded, report.waiting) == (10, 0)
+    st = lists.status(list_name)
+    assert (st.total, st.reservable, st.pending_ranges) == (10, 10, 0)
+    assert waited >= 1.0, "it waited for the dead loader's lease, not less"
+
+
+def test_a_load_behind_a_live_loaders_range_reports_its_jobs_waiting(env, list_name):
+    _, lists, _, _ = env
+    lists.create(list_name)
+    lease_ms = 1200
+    seq = lists._list_udf(list_name, "alloc", 5, lease_ms, "live")["seq"]
+    stop = threading.Event()
+
+    def live_loader() -> None:  # renews as a loader does, every quarter lease
+        while not stop.wait(lease_ms / 4000):
+            lists._list_udf(list_name, "renew", [seq], lease_ms)
+
+    t = threading.Thread(target=live_loader, daemon=True)
+    t.start()
+    try:
+        time.sleep(lease_ms / 1000 + 0.3)  # past the lease it was allocated with: only renewals keep it
+        report = lists.load(list_name, specs(10), lease_ms=lease_ms)
+        assert (report.loaded, report.waiting) == (10, 10), "not recovered: its loader lives"
+        st = lists.status(list_name)
+        assert (st.reservable, st.pending_ranges) == (0, 2)
+    finally:
+        stop.set()
+        t.join()
+
+
+def test_a_loader_keeps_its_ranges_in_flight_leased(env, list_name):
+    """A range in flight longer than its lease (a slow store) is renewed, never handed
+    to recovery while its loader lives; once given up, it is not renewed any more."""
+    _, lists, _, _ = env
+    lists.create(list_name)
+    lease_ms = 800
+    loader = load._RangeLoader(lists, list_name, lists.header(list_name), lease_ms, check_index=False)
+    seq = lists._list_udf(list_name, "alloc", 3, lease_ms, "slow")["seq"]
+    loader._flying.add(seq)
+    renewer = load._Renewer(loader)
+    renewer.start()
+    try:
+        time.sleep(3 * lease_ms / 1000)
+        assert lists._list_udf(list_name, "expired") == [], "renewed while in flight"
+        loader._flying.discard(seq)
+        time.sleep(2 * lease_ms / 1000)
+        assert [r["seq"] for r in lists._list_udf(list_name, "expired")] == [seq], "not once given up"
+    finally:
+        renewer.stop()
+
+
+def test_renew_extends_only_a_live_lease(env, list_name):
+    _, lists, _, _ = env
+    lists.create(list_name)
+    a = lists._list_udf(list_name, "alloc", 3, 60_000, "a")["seq"]
+    b = lists._list_udf(list_name, "alloc", 3, 0, "b")["seq"]  # its lease ran out at once
+    before = lists.header(list_name)["pend"]
+    assert lists._list_udf(list_name, "renew", [a, b, 99], 120_000) == 1
+    after = lists.header(list_name)["pend"]
+    assert after[a]["exp"] > before[a]["exp"] + 50_000 and after[b]["exp"] == before[b]["exp"]
+    assert [r["seq"] for r in lists._list_udf(list_name, "expired")] == [b], "recovery still gets the lapsed one"
 
 
 def test_default_range_sizes_follow_the_store_and_the_mode(env, list_name):
