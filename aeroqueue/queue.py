@@ -432,7 +432,10 @@ class Queue:
             # and a claim. Recorded late, a sweep may have missed it (LEASE_SETTLE_S).
             entry = [name, until, [[att, c, toks] for (att, c), toks in groups.items()]]
             try:
-                session.lease(lid, entry, within_s=max(0.0, took + LEASE_WINDOW_S - time.monotonic()))
+                # Also by the server's clock, from the take's: a lease sent in time but
+                # frozen on its way (its process stopped, a node holding it) lands too late.
+                session.lease(lid, entry, within_s=max(0.0, took + LEASE_WINDOW_S - time.monotonic()),
+                              by_ms=now + round(LEASE_WINDOW_S * 1000))
             except SessionLost:
                 raise
             except AeroqueueError as e:

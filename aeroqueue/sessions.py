@@ -201,11 +201,14 @@ class Session:
             log.warning("session lost", extra={"event": "session_lost", "session": self.id, "why": why})
         self._lost.set()
 
-    def lease(self, lease_id: str, entry: list[Any], *, within_s: float = LEASE_WINDOW_S) -> None:
+    def lease(
+        self, lease_id: str, entry: list[Any], *, within_s: float = LEASE_WINDOW_S, by_ms: int | None = None
+    ) -> None:
         """Record a lease on the session record (aq_sess_v1.lease: `entry` is
         [list, until, groups]), forgetting the leases settled since the last one.
         Raises `SessionLost` when the session is gone or being reaped, and
-        `BackendTimeout` when it is not recorded (or may not be) within `within_s`."""
+        `BackendTimeout` when it is not recorded (or may not be) within `within_s`
+        by this process's clock, or `by_ms` by the server's."""
         with self._settled_lock:
             settled, self._settled = self._settled, []
         give_up = time.monotonic() + within_s
@@ -214,8 +217,12 @@ class Session:
             left = give_up - time.monotonic()
             if left <= 0:
                 raise BackendTimeout(f"lease {lease_id} not recorded within {within_s:.3g} s", key=self.id)
+            if by_ms is None:
+                return self.backend.udf(
+                    keys.SESS_SET, self.id, keys.SESS_MOD, "lease", lease_id, entry, settled, deadline_s=left
+                )
             return self.backend.udf(
-                keys.SESS_SET, self.id, keys.SESS_MOD, "lease", lease_id, entry, settled, deadline_s=left
+                keys.SESS_SET, self.id, keys.SESS_MOD, "lease", lease_id, entry, settled, by_ms, deadline_s=left
             )
 
         try:
@@ -224,6 +231,11 @@ class Session:
             with self._settled_lock:
                 self._settled[:0] = settled
             raise
+        if st == "late":
+            # Not written: the caller claims the jobs instead. Settled leases go with the next write.
+            with self._settled_lock:
+                self._settled[:0] = settled
+            raise BackendTimeout(f"lease {lease_id} reached the server after its window", key=self.id)
         if st != "ok":
             self._lose(st)
             raise SessionLost(f"session {self.id} is {st}: it takes no more work")

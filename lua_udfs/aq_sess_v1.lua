@@ -61,14 +61,19 @@ function beat(rec, settled)
   return 'ok'
 end
 
--- lease(rec, id, entry, settled) -> 'ok' | 'gone' | 'reaping'
+-- lease(rec, id, entry, settled[, by]) -> 'ok' | 'gone' | 'reaping' | 'late'
 --   Records lease `id` (entry: list{list, until, groups}) and forgets the leases
 --   in `settled` (ids whose every job was acknowledged or claimed). Only for an
 --   alive session: a session being reaped takes no more work. It also counts
---   as a heartbeat.
-function lease(rec, id, entry, settled)
+--   as a heartbeat. `by` (server ms, optional): 'late', and nothing written,
+--   past it. A sweep reads the leases a while after the stores' heads and
+--   offers again what no lease holds: a lease that lands later (its writer was
+--   frozen after sending it, or a node held it) would hold jobs someone else
+--   may have claimed meanwhile. The caller claims them instead: a claim fences.
+function lease(rec, id, entry, settled, by)
   if not aerospike:exists(rec) then return 'gone' end
   if rec['state'] ~= 'alive' then return 'reaping' end
+  if by ~= nil and aerospike:get_current_time() > by then return 'late' end
   rec['beat'] = aerospike:get_current_time()
   local leases = rec['leases'] or map()
   for s in list.iterator(settled) do map.remove(leases, s) end

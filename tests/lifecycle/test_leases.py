@@ -292,6 +292,46 @@ def test_the_sweeper_leaves_leased_jobs_alone(
     assert queue.complete_many(jobs) == []
 
 
+def test_a_lease_that_lands_after_its_window_holds_nothing(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A reserver frozen after it sent its lease in time (its process stopped, a node
+    holding the write): a sweep meanwhile offers the taken jobs again and another
+    session claims them. The lease, landing late, must not hand them out a second
+    time: the server refuses it past its window, and the reserver's claims are fenced."""
+    load(lists, list_name, 6)
+    frozen, go = threading.Event(), threading.Event()
+    real = registered.udf
+
+    def udf(set_name: str, name: str, module: str, function: str, *args: Any, **kw: Any) -> Any:
+        if function == "lease":
+            frozen.set()
+            go.wait(120)  # past the sweep, however slow a shared server makes it
+        return real(set_name, name, module, function, *args, **kw)
+
+    monkeypatch.setattr(registered, "udf", udf)
+    got: dict[str, Any] = {}
+    t = threading.Thread(target=lambda: got.update(jobs=queue.reserve(list_name, session, 6, lease=True)))
+    t.start()
+    assert frozen.wait(10), "the reservation took its jobs and sent its lease"
+    sweep(registered, grace_ms=0)  # waits LEASE_SETTLE_S after the heads: no lease by then
+    assert sorted(lists.header(list_name)["retry"]) == list(range(6)), "the taken jobs are offered again"
+    other = Session.open(registered, heartbeat=False)
+    try:
+        theirs = Queue(registered).reserve(list_name, other, 6)
+        assert sorted(j.token for j in theirs) == list(range(6))
+        go.set()
+        t.join(30)
+        assert not t.is_alive() and "jobs" in got
+        assert got["jobs"] == [], "nothing handed out twice"
+        assert leases_of(registered, session) == {}, "no lease recorded"
+        assert all(record(registered, j)["sess"] == other.id for j in theirs), "the other session holds them all"
+    finally:
+        go.set()
+        other.close()
+
+
 @pytest.mark.parametrize("kind", ["taken", "delayed"])
 def test_two_sweepers_at_once_offer_a_job_once(
     registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session,
