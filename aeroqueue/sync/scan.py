@@ -51,7 +51,8 @@ def to_copy(options: SyncOptions) -> Any:
         parts.append(_any_list(options.lists))
     if options.since_ms is not None:
         parts.append(exp.GE(exp.IntBin("done_at"), options.since_ms))
-    return exp.And(*parts).compile()
+    # An And of one operand is refused by the server (code 4): `--resync` alone has one.
+    return (parts[0] if len(parts) == 1 else exp.And(*parts)).compile()
 
 
 @dataclass

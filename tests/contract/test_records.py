@@ -327,3 +327,19 @@ def test_backend_remove_and_ttl_go_through_the_policy(backend: Backend, set_name
         assert backend.get(set_name, "k") is not None, "a stale generation removes nothing"
         assert backend.remove(set_name, "k", gen=rec.gen) is True
     assert backend.get(set_name, "k") is None
+
+
+@pytest.mark.parametrize("logic", ["And", "Or", "Exclusive"])
+@pytest.mark.parametrize("operands", [0, 1])
+def test_logic_of_fewer_than_two_operands_is_refused(client, ns, set_name, logic, operands):
+    """The server refuses And, Or and Exclusive of one operand (sync --resync built
+    one, and only the server failed): the stand-in must refuse it too."""
+    key = (ns, set_name, "logic")
+    client.put(key, {"a": 1})
+    expr = getattr(xp, logic)(*[xp.Eq(xp.IntBin("a"), 1)] * operands).compile()
+    with pytest.raises(ex.InvalidRequest) as info:
+        client.get(key, {"expressions": expr})
+    assert info.value.code == 4
+    both = getattr(xp, logic)(xp.Eq(xp.IntBin("a"), 1), xp.Eq(xp.IntBin("a"), 2)).compile()
+    if logic != "And":
+        assert client.get(key, {"expressions": both})[2] == {"a": 1}

@@ -13,6 +13,7 @@ from aeroqueue import keys
 from aeroqueue.cli import main
 from aeroqueue.config import parse_url
 from aeroqueue.sync import remember_demo_target, run_sync, sync_once
+from aeroqueue.sync.scan import to_copy
 
 from .helpers import (
     assert_exactly_once,
@@ -78,6 +79,16 @@ def test_marks_are_per_target(store, store_url, list_name, mysql_db, mysql_url, 
     assert_exactly_once(store, second_db, list_name)
     assert set(synced_marks(store, list_name, mysql_url)) == set(synced_marks(store, list_name, other_url)) \
         == set(processed(store, list_name))
+
+
+def test_the_filter_of_a_resync_of_everything_is_one_the_server_takes(store, list_name, store_url, mysql_url):
+    """`sync --resync` with no --list or --since filtered with an And of one operand,
+    which the server refuses (code 4): the run failed on a server, not embedded."""
+    make_jobs(store, list_name, done=1)
+    opts = options(store_url, mysql_url, resync=True)
+    assert not opts.lists and opts.since_ms is None
+    _, _, bins = store.client.get(store.key(keys.JOB_SET, f"{list_name}/0"), {"expressions": to_copy(opts)})
+    assert bins["state"] == "done"
 
 
 def test_resync_copies_again_what_the_target_has(store, store_url, list_name, mysql_db, mysql_url, spark):

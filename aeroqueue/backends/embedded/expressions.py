@@ -326,8 +326,8 @@ _LOGIC = {_ExprOp.AND: _eval_and, _ExprOp.OR: _eval_or, _ExprOp.EXCLUSIVE: _eval
 
 @_builds(_ExprOp.AND, _ExprOp.OR, _ExprOp.EXCLUSIVE, _ExprOp.NOT)
 def _build_logic(op: int, rt: Any, fixed: dict[str, Any], children: list[_Node]) -> _Node:
-    if op == _ExprOp.NOT:
-        _arity(children, 1, 1)
+    # And, Or and Exclusive of fewer than two operands: the server refuses them (8.1: code 4).
+    _arity(children, 1, 1) if op == _ExprOp.NOT else _arity(children, 2)
     for child in children:
         _expect(child, BOOL)
     return _Node(op, BOOL, fixed, children, eval=_LOGIC.get(op, _eval_not))
