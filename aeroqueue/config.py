@@ -252,6 +252,27 @@ def mask_passwords(text: str) -> str:
     return _PASSWORD_IN_URL.sub(r"\1***@", text)
 
 
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:/{0,2}")
+
+
+def mask_url(url: str) -> str:
+    """One URL given whole (an option's value), its password masked however it is
+    malformed: a blank in the password, ':/' or ':' for '://'. Everything from the
+    first ':' of the credentials to the last '@' goes; a scheme without '://' is
+    taken for one only if credentials with a ':' follow it. Masks too much rather
+    than too little: the text is for an error message."""
+    at = url.rfind("@")
+    if at < 0:
+        return url
+    start = 0
+    if (sep := url.find("://", 0, at)) >= 0:
+        start = sep + 3
+    elif (m := _SCHEME.match(url)) and ":" in url[m.end():at]:
+        start = m.end()
+    colon = url.find(":", start, at)
+    return url if colon < 0 else f"{url[:colon + 1]}***{url[at:]}"
+
+
 def unencoded_in_credentials(url: str) -> bool:
     """A user name or password holding '/', '?' or '#' not percent-encoded, which no
     parser reads as meant (the rest of the password would become the path, query
@@ -276,4 +297,4 @@ CREDENTIALS_ENCODING = ("a user name or password holding '/', '@', '?' or '#' mu
 
 def _safe(text: str) -> str:
     """The URL with any password masked, for error messages."""
-    return mask_passwords(text)
+    return mask_url(text)

@@ -68,7 +68,9 @@ def test_password_never_shown():
     assert "s3cret" not in str(url) and "s3cret" not in repr(url)
     for text in ("aerospike://admin:s3cret@h:99999/test", "aerospike://:s3cret@h:99999/test",
                  # an embedded URL has no use for credentials, but an error must not show them either
-                 "embedded://admin:s3cret@/tmp/x.db", "embedded://admin:s3cret@/tmp/", "embedded://admin:s3cret@x.db"):
+                 "embedded://admin:s3cret@/tmp/x.db", "embedded://admin:s3cret@/tmp/", "embedded://admin:s3cret@x.db",
+                 "aerospike:/admin:s3cret@h:3000/test", "aerospike:admin:s3cret@h/test",
+                 "aerospike://admin:s3cret@h:3000/te st"):
         with pytest.raises(InvalidURL) as e:
             parse_url(text)
         assert "s3cret" not in str(e.value), text
@@ -102,6 +104,12 @@ def test_an_unencoded_password_is_told_to_be_percent_encoded(text):
     ("mysql://root:s3?cr3t@127.0.0.1:3306/test", ("s3", "cr3t")),
     ("mysql://root:s3@cr3t@h:3306/bad-db", ("s3", "cr3t")),
     ("mysql://root:s3cr3t@h:99999/test", ("s3cr3t",)),
+    # a blank in the password, a scheme typed with ':/' or ':', an option after '?'
+    ("mysql://root:s3 cr3t@127.0.0.1:3306/bad-db", ("s3", "cr3t")),
+    ("mysql:/root:s3cr3t@h/db", ("s3cr3t",)),
+    ("mysql:root:s3cr3t@h/db", ("s3cr3t",)),
+    ("root:s3cr3t@h/db", ("s3cr3t",)),
+    ("mysql://root:s3 cr3t@h:3306/db?ssl=1", ("s3", "cr3t")),
 ])
 def test_no_piece_of_a_sync_target_password_is_shown(text, pieces):
     from aeroqueue.errors import SyncError

@@ -23,6 +23,7 @@ from ..config import (
     MEMORY,
     StoreURL,
     mask_passwords,
+    mask_url,
     unencoded_in_credentials,
 )
 from ..errors import SyncError
@@ -89,33 +90,34 @@ def redact(text: str, *secrets: str | None) -> str:
 
 def parse_target(text: str) -> Target:
     """``mysql://user[:password]@host[:port]/db`` or ``sqlite:///abs/path.db``."""
+    shown = redact(mask_url(text))  # the URL as errors show it
     scheme, sep, _ = text.partition("://")
     if not sep:
-        raise SyncError(f"target URL {redact(text)!r}: expected mysql://user@host:3306/db or sqlite:///path/sync.db")
+        raise SyncError(f"target URL {shown!r}: expected mysql://user@host:3306/db or sqlite:///path/sync.db")
     if scheme == "sqlite":
         path = text[len("sqlite://"):]
         if not path.startswith("/") or path.endswith("/"):
-            raise SyncError(f"target URL {redact(text)!r}: a SQLite target needs an absolute file path (sqlite:///abs/path.db)")
+            raise SyncError(f"target URL {shown!r}: a SQLite target needs an absolute file path (sqlite:///abs/path.db)")
         return Target(dialect="sqlite", path=path)
     if scheme != "mysql":
-        raise SyncError(f"target URL {redact(text)!r}: unknown scheme {scheme!r}; expected 'mysql' or 'sqlite'")
+        raise SyncError(f"target URL {shown!r}: unknown scheme {scheme!r}; expected 'mysql' or 'sqlite'")
     if unencoded_in_credentials(text):
-        raise SyncError(f"target URL {redact(text)!r}: {CREDENTIALS_ENCODING}")
+        raise SyncError(f"target URL {shown!r}: {CREDENTIALS_ENCODING}")
     try:
         parts = urlsplit(text)
         port = parts.port or DEFAULT_PORT
     except ValueError:
-        raise SyncError(f"target URL {redact(text)!r}: the port is not a number from 1 to 65535") from None
+        raise SyncError(f"target URL {shown!r}: the port is not a number from 1 to 65535") from None
     if parts.query or parts.fragment:
-        raise SyncError(f"target URL {redact(text)!r}: options after '?' or '#' are not supported")
+        raise SyncError(f"target URL {shown!r}: options after '?' or '#' are not supported")
     if not parts.hostname:
-        raise SyncError(f"target URL {redact(text)!r}: no host; expected mysql://user@host:3306/db")
+        raise SyncError(f"target URL {shown!r}: no host; expected mysql://user@host:3306/db")
     if not parts.username:
-        raise SyncError(f"target URL {redact(text)!r}: no user; expected mysql://user@host:3306/db")
+        raise SyncError(f"target URL {shown!r}: no user; expected mysql://user@host:3306/db")
     database = parts.path.lstrip("/")
     if not _DB_NAME.fullmatch(database):
         raise SyncError(
-            f"target URL {redact(text)!r}: database name {database!r} must be 1 to 64 letters, digits, '_' or '$'"
+            f"target URL {shown!r}: database name {database!r} must be 1 to 64 letters, digits, '_' or '$'"
         )
     password = unquote(parts.password) if parts.password is not None else None
     if password is None:
