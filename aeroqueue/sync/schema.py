@@ -115,25 +115,29 @@ def migrate(sink: Sink, *, at_ms: int | None = None) -> int:
             sink.execute(stmt_here)
 
     try:
-        for stmt in steps[0].statements:
-            run(stmt)
-        rows = sink.execute(f"SELECT MAX(version) FROM {VERSION_TABLE}")
-        current = rows[0][0] if rows and rows[0][0] is not None else 0
-        if current > newest:
-            raise SyncError(
-                f"the schema of {sink.target} is at version {current}, newer than this aeroqueue's "
-                f"{newest}: upgrade aeroqueue before syncing into it"
-            )
-        for step in steps[current + 1:]:
-            for stmt in step.statements:
+        # One migration of a target at a time: two that read the same version both
+        # run its next step (see Dialect.schema_lock).
+        with sink.dialect.schema_lock(sink):
+            for stmt in steps[0].statements:
                 run(stmt)
-            sink.upsert(
-                VERSION_TABLE, ("version", "description", "applied_at"), ("version",),
-                [(step.version, step.description, at_ms or now_ms())],
-            )
+            rows = sink.execute(f"SELECT MAX(version) FROM {VERSION_TABLE}")
+            current = rows[0][0] if rows and rows[0][0] is not None else 0
+            if current > newest:
+                raise SyncError(
+                    f"the schema of {sink.target} is at version {current}, newer than this aeroqueue's "
+                    f"{newest}: upgrade aeroqueue before syncing into it"
+                )
+            for step in steps[current + 1:]:
+                for stmt in step.statements:
+                    run(stmt)
+                sink.upsert(
+                    VERSION_TABLE, ("version", "description", "applied_at"), ("version",),
+                    [(step.version, step.description, at_ms or now_ms())],
+                )
+                if sink.dialect.ddl_commits:  # else the whole migration is one transaction
+                    sink.commit()
+                log.info("schema of %s migrated to version %d (%s)", sink.target, step.version, step.description)
             sink.commit()
-            log.info("schema of %s migrated to version %d (%s)", sink.target, step.version, step.description)
-        sink.commit()
         return newest
     except SyncError:
         raise

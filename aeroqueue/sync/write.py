@@ -24,11 +24,13 @@ import contextlib
 import logging
 import operator
 import os
+import random
 import re
 import shutil
 import sqlite3
 import stat
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -105,6 +107,17 @@ class Dialect:
         """The largest statement, in bytes, the server takes on `conn`; None: no limit that matters."""
         return None
 
+    # Whether schema changes commit on their own (MySQL's DDL does): if not, a
+    # migration runs as one transaction, which `schema_lock` opens.
+    ddl_commits = True
+
+    @contextlib.contextmanager
+    def schema_lock(self, sink: Sink) -> Iterator[None]:
+        """Held while a migration reads the schema's version and brings it up to
+        date: two syncs started together on a new target both found a column
+        missing, and the second ALTER failed ('Duplicate column name')."""
+        yield
+
     def ddl(self, statement: str) -> str | None:
         """A statement of schema.sql as this database runs it, or None to skip it: one
         wrapped in /*sqlite ... */ is SQLite's alone (MySQL would take it for an
@@ -177,6 +190,26 @@ class MySQLDialect(Dialect):
     # (MySQL 8's default), or not allowed for this user.
     _NO_LOCAL_INFILE = frozenset({1148, 2068, 3948, 4166})
 
+    # How long a migration waits for another process's to finish.
+    SCHEMA_LOCK_S = 120
+
+    @contextlib.contextmanager
+    def schema_lock(self, sink: Sink) -> Iterator[None]:
+        # A named lock of the server's, scoped to the database and held by this
+        # connection: DDL commits at once, so no transaction can hold it.
+        name = f"aeroqueue.schema.{sink.target.database}"[:64]
+        got = sink.execute("SELECT GET_LOCK(%s, %s)", (name, self.SCHEMA_LOCK_S))
+        if not got or got[0][0] != 1:
+            raise SyncError(
+                f"another process has been migrating the schema of {sink.target} for {self.SCHEMA_LOCK_S} s; "
+                "run the sync again once it is done"
+            )
+        try:
+            yield
+        finally:
+            with contextlib.suppress(Exception):  # a dropped connection released it already
+                sink.execute("SELECT RELEASE_LOCK(%s)", (name,))
+
     def connect(self, target: Target, infile_dir: str | None = None) -> Any:
         import mysql.connector
 
@@ -240,15 +273,44 @@ class MySQLDialect(Dialect):
         return "LOAD DATA LOCAL INFILE" in str(error) and "rejected" in str(error)
 
 
+SQLITE_BUSY_S = 120.0  # Spark tasks write to one SQLite file at once: each waits for the lock
+
+
 class SQLiteDialect(Dialect):
     name = "sqlite"
     placeholder = "?"
+    ddl_commits = False  # SQLite's DDL is transactional
+
+    @contextlib.contextmanager
+    def schema_lock(self, sink: Sink) -> Iterator[None]:
+        # The file's write lock, taken now (waiting up to the connection's timeout)
+        # and held until the migration commits or rolls back.
+        sink.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            sink.rollback()
+            raise
 
     def connect(self, target: Target, infile_dir: str | None = None) -> Any:
         Path(target.path).parent.mkdir(parents=True, exist_ok=True)
         # Spark tasks write to the one file concurrently: wait for the lock.
-        conn = sqlite3.connect(target.path, timeout=120.0)
-        conn.execute("PRAGMA journal_mode=WAL")
+        conn = sqlite3.connect(target.path, timeout=SQLITE_BUSY_S)
+        # Two connections turning a new file to WAL at once can each hold the lock the
+        # other waits for: one waited out the whole busy timeout ("database is
+        # locked"). Asked with a short wait and again, one of them gets through.
+        conn.execute("PRAGMA busy_timeout = 50")
+        give_up = time.monotonic() + SQLITE_BUSY_S
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                break
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) or time.monotonic() > give_up:
+                    conn.close()
+                    raise
+                time.sleep(random.uniform(0.005, 0.05))
+        conn.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_S * 1000)}")
         return conn
 
     def conflict_clause(self, table: str, key: Sequence[str], update: Sequence[str], newer: str | None) -> str:

@@ -8,6 +8,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -142,6 +143,43 @@ def test_migration_is_versioned_and_idempotent_on_sqlite(tmp_path):
         sink.commit()
         with pytest.raises(SyncError, match="newer than this aeroqueue"):
             migrate(sink)
+
+
+@pytest.mark.parametrize("dialect", ["mysql", "sqlite"])
+def test_migrations_started_together_run_one_after_the_other(dialect, tmp_path, request):
+    """Two syncs started at once on a new target both migrated it: both found a
+    column missing, and the second ALTER failed ('Duplicate column name'), 9 times
+    in 10 on MariaDB. Each round: a new target, three migrations at the same moment."""
+    for rnd in range(3):
+        if dialect == "mysql":
+            db = request.getfixturevalue("mysql_db")
+            conn = root_connection(db)
+            for (table,) in mysql_query(db, "SHOW TABLES"):
+                conn.cursor().execute(f"DROP TABLE `{table}`")  # names the database gave
+            conn.close()
+            target = parse_target(f"mysql://root@127.0.0.1:3306/{db}")
+        else:
+            target = _sqlite(tmp_path / str(rnd))
+        start = threading.Barrier(3)
+        errors: list[BaseException] = []
+
+        def migrate_at_once(target=target, start=start, errors=errors) -> None:
+            with Sink(target) as sink:
+                start.wait(60)
+                try:
+                    migrate(sink)
+                except BaseException as e:  # the test reads it
+                    errors.append(e)
+
+        threads = [threading.Thread(target=migrate_at_once) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert errors == [], f"round {rnd}: {errors}"
+        with Sink(target) as sink:
+            versions = [v for (v,) in sink.execute("SELECT version FROM schema_version ORDER BY version")]
+        assert versions == list(range(1, versions[-1] + 1)), "each step once"
 
 
 def test_migration_on_mysql(mysql_db):
