@@ -584,11 +584,36 @@ def sweep(backend: Backend, *, grace_ms: int = 60_000, stop: Callable[[], bool] 
     # Delayed jobs long past their time: the schedule was full, or a process died
     # between a failure and its follow-up. The claim checks `due` by the server's
     # clock, so one offered a little early is put back on the schedule, not run.
+    # One the list record still holds (a gate nobody reserved from since it came
+    # due, the schedule of a paused list, the token store) is waiting, not lost:
+    # offered again, it was counted twice and left a copy behind in the retry store.
     overdue_before = time.time() * 1000 - grace_ms
     for list_name, jobs in found["delayed"].items():
-        late = [j for j in jobs if j.bins.get("due", 0) < overdue_before]
+        head = heads[list_name]
+        held = _held_by(head, lists.unpopped_ids(list_name, head) if head["mode"] == "ids" else [])
+        late = [j for j in jobs if j.bins.get("due", 0) < overdue_before and not held(j.bins["token"])]
         requeued += offer(list_name, late)
     return SweepReport(requeued, orphans, recounted, ranges)
+
+
+def _held_by(head: dict[str, Any], unpopped: list[int]) -> Callable[[int], bool]:
+    """Whether the list record (as `head` read it) still holds a token where a take
+    will hand it out: the retry store, the schedule (tokens and ranges), gates, due
+    ranges (`ready`), timed jobs, and the token store's [head, tail) or, in ID mode,
+    the chunks not popped yet (`unpopped`). See aq_list_v1.lua's header."""
+    singles = set(head.get("retry") or []) | set(head.get("timed") or {}) | set(unpopped)
+    ranges: list[tuple[int, int]] = []
+    for items in (head.get("sched") or {}).values():
+        for item in items:
+            if isinstance(item, list):
+                ranges.append((item[0], item[0] + item[1]))
+            else:
+                singles.add(item)
+    ranges += [(start, start + g["n"]) for start, g in (head.get("gates") or {}).items()]
+    ranges += [(r[0], r[0] + r[1]) for r in head.get("ready") or []]
+    if head["mode"] != "ids":
+        ranges.append((head["head"], head["tail"]))
+    return lambda t: t in singles or any(a <= t < b for a, b in ranges)
 
 
 @dataclass(frozen=True)

@@ -512,6 +512,41 @@ def test_the_sweeper_offers_delayed_jobs_long_past_due(queue, lists, list_name, 
     assert b.jid == "job-0"
 
 
+@pytest.mark.parametrize("mode", ["tokens", "ids"])
+def test_the_sweeper_leaves_alone_delayed_jobs_the_list_still_holds(queue, lists, list_name, session, mode):
+    """A delayed load nobody reserved from since it came due: its jobs wait in their
+    gate (token mode) or their unpopped chunk (ID mode). The sweep offered them
+    again, and status counted each job twice (retry 10 and delayed 10 of 10)."""
+    lists.load(list_name, specs(10), seal=True, delay_s=0.3, mode=mode)
+    time.sleep(0.8)
+    sweep(queue.backend, grace_ms=200)  # (on a shared server it also sweeps other tests' lists)
+    assert lists.header(list_name).get("retry") in (None, []), "nothing offered twice"
+    st = lists.status(list_name)
+    assert st.retry_pending == 0 and st.reservable + st.delayed == 10
+    got = queue.reserve(list_name, session, 4)
+    st = lists.status(list_name)
+    assert (st.in_flight, st.reservable + st.delayed + st.retry_pending) == (4, 6)
+    got += queue.reserve(list_name, session, 10)
+    assert sorted(j.jid for j in got) == sorted(s.jid for s in specs(10))
+    queue.complete_many(got)
+    assert lists.status(list_name).complete
+
+
+def test_the_sweeper_leaves_alone_a_failed_job_waiting_on_a_paused_lists_schedule(queue, lists, list_name, session):
+    lists.load(list_name, specs(1), backoff_s=0.2, backoff_max_s=0.2)
+    (a,) = queue.reserve(list_name, session, 1)
+    assert queue.fail(a, "boom") == "delayed"  # on the list's schedule
+    lists.pause(list_name)
+    time.sleep(0.5)
+    sweep(queue.backend, grace_ms=100)
+    lists.pause(list_name, paused=False)
+    (b,) = wait_for("the job due", lambda: queue.reserve(list_name, session, 1), 5)
+    st = lists.status(list_name)
+    assert (st.in_flight, st.retry_pending) == (1, 0), "one copy of the job: the one held"
+    queue.complete(b)
+    assert queue.reserve(list_name, session, 1) == []
+
+
 # -- one job -------------------------------------------------------------------------
 
 
