@@ -241,9 +241,19 @@ class JobLists:
 
         if head["mode"] == "ids":
             # A gated chunk is whole until the cursor reaches it: its jobs are delayed.
-            ahead = self.unpopped_ids(name, head)
+            ahead, due = self._unpopped(name, head)
             gone = sum(1 for t in ahead if (t in retry_set or finished(t)) and waits_here(t))
             reservable = len(ahead) - held_back - gone
+            # A job with a later run_at of its own waits in its chunk (ID mode schedules
+            # it only once popped and refused by its claim): delayed, not reservable.
+            # A gated chunk's are counted by its gate. By this host's clock: a count.
+            if due:
+                now_ms = time.time() * 1000
+                waiting = set(ahead)
+                later = sum(1 for t, when in due.items()
+                            if when > now_ms and t in waiting and waits_here(t) and t not in retry_set and not finished(t))
+                reservable -= later
+                delayed += later
         else:
             lo, hi = head["head"], head["tail"]
             gone = finished.within(lo, hi) - sum(finished.within(max(a, lo), min(b, hi)) for a, b in gates if a < hi and b > lo)
@@ -300,10 +310,17 @@ class JobLists:
 
     def unpopped_ids(self, name: str, head: dict[str, Any]) -> list[int]:
         """ID mode: the tokens still waiting in the published chunks from the cursor on."""
+        return self._unpopped(name, head)[0]
+
+    def _unpopped(self, name: str, head: dict[str, Any]) -> tuple[list[int], dict[int, int]]:
+        """`unpopped_ids`, and when those chunks' jobs with a run_at of their own are
+        due (token -> server ms, load.finish_range; popped ones may be among them)."""
         chunks = self.backend.batch_get(
-            keys.IDS_SET, [keys.chunk_name(name, c) for c in range(head["cursor"], head["pubs"])], bins=["ids"]
+            keys.IDS_SET, [keys.chunk_name(name, c) for c in range(head["cursor"], head["pubs"])], bins=["ids", "due"]
         )
-        return [t for c in chunks if c is not None for t in (c.bins.get("ids") or [])]
+        tokens = [t for c in chunks if c is not None for t in (c.bins.get("ids") or [])]
+        due = {t: when for c in chunks if c is not None for t, when in (c.bins.get("due") or {}).items()}
+        return tokens, due
 
     def _bits(self, name: str, alloc: int) -> tuple[int, int, _Finished, _Finished]:
         """Done and dead bits set, which tokens have either, and which are void (hold

@@ -504,7 +504,9 @@ def finish_range(
     scheduled then (the job record is what decides)."""
     if mode == "ids":
         with contextlib.suppress(RecordExists):  # a recovery wrote the same chunk
-            lists.backend.put(keys.IDS_SET, keys.chunk_name(name, seq), {"ids": real}, create_only=True)
+            # `due`: its jobs' own run_at, for status only (the claim decides when they run).
+            chunk: dict[str, Any] = {"ids": real, "due": timed} if timed else {"ids": real}
+            lists.backend.put(keys.IDS_SET, keys.chunk_name(name, seq), chunk, create_only=True)
     out = lists._list_udf(name, "publish", seq, len(real), gate, timed or {}, transitions.SCHED_CAP)
     if out["st"] != "ok":
         raise LoadAbandoned(f"list {name!r}: range {seq} is unknown to the list record")

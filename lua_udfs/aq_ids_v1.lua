@@ -2,6 +2,8 @@
 --
 -- Keyspace: set aq_ids, key "<list>/<chunk>". Bins:
 --   ids   list   the chunk's remaining entries (job tokens), popped from the front
+--   due   map    token -> server ms: the chunk's jobs with a later run_at of their
+--                own (only for counting them delayed; their claim decides)
 --
 -- A list in ID mode writes one chunk per load range, before the range is
 -- published; chunks hold at most the configured chunk size, so no record
