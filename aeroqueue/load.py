@@ -184,15 +184,17 @@ class _Renewer:
         self._thread = threading.Thread(target=self._run, name="aeroqueue-load-renew", daemon=True)
 
     def start(self) -> None:
-        self._thread.start()
+        if self.loader.lease_ms > 0:  # a lease of 0 (tests: recovery at once) has nothing to renew
+            self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join()
+        if self._thread.is_alive():
+            self._thread.join()
 
     def _run(self) -> None:
         loader = self.loader
-        while not self._stop.wait(loader.lease_ms / 4000):
+        while not self._stop.wait(max(loader.lease_ms / 4000, 0.01)):
             seqs = loader.in_flight()
             if not seqs:
                 continue
