@@ -200,7 +200,7 @@ class _Renewer:
                 continue
             try:
                 loader.lists._list_udf(loader.name, "renew", seqs, loader.lease_ms)
-            except AeroqueueError as e:
+            except Exception as e:  # the next turn tries again; the thread must live
                 log.warning("load lease not renewed", extra={"event": "load_renew_failed", "list": loader.name,
                                                              "ranges": len(seqs), "error": str(e)})
 
@@ -230,8 +230,15 @@ def _await_earlier(lists: JobLists, name: str, ours: dict[int, int], lease_ms: i
         if renewed or time.monotonic() > give_up:
             return sum(n for seq, n in ours.items() if seq >= pubs)
         seen = blockers
-        if recover(lists, name):
-            continue  # a recovery published ranges: look again at once
+        try:
+            if recover(lists, name):
+                continue  # a recovery published ranges: look again at once
+        except AeroqueueError as e:
+            # Our own ranges are written and published: the load did its part. The
+            # recovery is the next load's or sweep's to finish.
+            log.warning("load: recovering an earlier range failed", extra={
+                "event": "load_recover_failed", "list": name, "error": str(e)})
+            return sum(n for seq, n in ours.items() if seq >= pubs)
         time.sleep(AWAIT_STEP_S)
 
 

@@ -498,6 +498,28 @@ function renew(rec, seqs, lease_ms)
   return n
 end
 
+-- credit(rec, ms) -> integer
+--   The embedded store was held by one writer for `ms` (aeroqueue/backends/
+--   holds.py): no loader could renew meanwhile, so every unpublished range's
+--   lease moves that much later. Answers how many it moved.
+function credit(rec, ms)
+  if not aerospike:exists(rec) then return 0 end
+  local pend = rec['pend']
+  local n = 0
+  for s, r in map.pairs(pend) do
+    if r['real'] == nil then
+      r['exp'] = r['exp'] + ms
+      pend[s] = r
+      n = n + 1
+    end
+  end
+  if n > 0 then
+    rec['pend'] = pend
+    aerospike:update(rec)
+  end
+  return n
+end
+
 -- expired(rec) -> list of map{seq, start, n}
 --   Ranges whose loader missed its lease: recovery finishes them.
 function expired(rec)

@@ -7,8 +7,9 @@ sessions past their expiry, and its ``alive -> reaping``, queued behind the hold
 would land before their heartbeats. So every embedded backend (`open_backend`)
 credits each hold of ``storage.LONG_HOLD_MS`` or more to the live sessions, inside
 the holding transaction: their last heartbeat (``beat``, aq_sess_v1.lua) moves that
-much later, as if the time had not passed for them. A real server holds its locks
-itself: nothing to credit there.
+much later, as if the time had not passed for them. Loaders renew their load
+ranges' leases the same way, so those move later too (aq_list_v1.credit). A real
+server holds its locks itself: nothing to credit there.
 
 Here and not in `aeroqueue.sessions`, which builds on this package: every process
 that writes credits its holds, whatever it runs (a worker, a load, the CLI).
@@ -42,4 +43,7 @@ def credit_hold(backend: Backend, held_ms: int) -> int:
             credited += 1
         except (FilteredOut, RecordNotFound):
             pass  # being reaped or gone: nothing to keep alive
+    for list_name, rec in backend.scan(keys.LIST_SET, bins=["pend"]):
+        if rec.bins.get("pend"):  # ranges allocated and not yet published
+            backend.apply(keys.LIST_SET, list_name, keys.LIST_MOD, "credit", held_ms)
     return credited

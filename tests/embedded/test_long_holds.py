@@ -168,3 +168,19 @@ def test_every_embedded_backend_credits_its_long_holds(url):
     with other.client._storage.write():
         time.sleep(LONG_HOLD_MS / 1000 + 0.1)
     assert backend.get(keys.SESS_SET, live.id).bins["beat"] >= before + LONG_HOLD_MS + 100
+
+
+def test_a_long_hold_is_credited_to_load_ranges_in_flight_too(url):
+    """A live loader renews its ranges' leases; while another process held the store
+    it could not, and a recovery after the hold would have voided its range."""
+    from aeroqueue.lists import JobLists
+
+    lists = JobLists(open_backend(url))
+    lists.create("L")
+    seq = lists._list_udf("L", "alloc", 5, 1000, "in-flight")["seq"]
+    other = open_backend(url)
+    with other.client._storage.write():
+        time.sleep(1.3)  # past the range's lease
+    assert lists._list_udf("L", "expired") == [], "its lease moved by the hold"
+    assert lists._list_udf("L", "renew", [seq], 1000) == 1, "and its loader can renew it again"
+
