@@ -473,20 +473,21 @@ function publish(rec, seq, real, due, timed, cap)
   return map{st = 'ok', tail = tail, total = total}
 end
 
--- renew(rec, seqs, lease_ms) -> integer
---   A live loader keeps its ranges still in flight (sequence numbers `seqs`)
---   leased for lease_ms more, so a lease can be short: a dead loader's ranges
---   go to recovery soon, and a slow one is not cut off. Not a range whose lease
---   ran out: a recovery may be finishing it already. Answers how many it renewed.
-function renew(rec, seqs, lease_ms)
+-- Sets the lease end of the unpublished ranges `seqs` (nil: all of them) to
+-- what end_of(exp) answers (nil: left as it is). Answers how many it moved.
+local function move_leases(rec, seqs, end_of)
   if not aerospike:exists(rec) then return 0 end
   local pend = rec['pend']
-  local t = now()
+  if seqs == nil then
+    seqs = list()
+    for s, _ in map.pairs(pend) do list.append(seqs, s) end
+  end
   local n = 0
   for s in list.iterator(seqs) do
     local r = pend[s]
-    if r ~= nil and r['real'] == nil and r['exp'] > t then
-      r['exp'] = t + lease_ms
+    local exp = r ~= nil and r['real'] == nil and end_of(r['exp'])
+    if exp then
+      r['exp'] = exp
       pend[s] = r
       n = n + 1
     end
@@ -498,26 +499,22 @@ function renew(rec, seqs, lease_ms)
   return n
 end
 
+-- renew(rec, seqs, lease_ms) -> integer
+--   A live loader keeps its ranges still in flight (sequence numbers `seqs`)
+--   leased for lease_ms more, so a lease can be short: a dead loader's ranges
+--   go to recovery soon, and a slow one is not cut off. Not a range whose lease
+--   ran out: a recovery may be finishing it already. Answers how many it renewed.
+function renew(rec, seqs, lease_ms)
+  local t = now()
+  return move_leases(rec, seqs, function(exp) if exp > t then return t + lease_ms end end)
+end
+
 -- credit(rec, ms) -> integer
 --   The embedded store was held by one writer for `ms` (aeroqueue/backends/
 --   holds.py): no loader could renew meanwhile, so every unpublished range's
 --   lease moves that much later. Answers how many it moved.
 function credit(rec, ms)
-  if not aerospike:exists(rec) then return 0 end
-  local pend = rec['pend']
-  local n = 0
-  for s, r in map.pairs(pend) do
-    if r['real'] == nil then
-      r['exp'] = r['exp'] + ms
-      pend[s] = r
-      n = n + 1
-    end
-  end
-  if n > 0 then
-    rec['pend'] = pend
-    aerospike:update(rec)
-  end
-  return n
+  return move_leases(rec, nil, function(exp) return exp + ms end)
 end
 
 -- expired(rec) -> list of map{seq, start, n}
