@@ -256,13 +256,18 @@ class JobLists:
                 delayed += later
         else:
             lo, hi = head["head"], head["tail"]
-            gone = finished.within(lo, hi) - sum(finished.within(max(a, lo), min(b, hi)) for a, b in gates if a < hi and b > lo)
+
+            def outside_gates(bits: _Finished) -> int:
+                """Tokens of [lo, hi) with a bit set, but those of gates (counted there)."""
+                return bits.within(lo, hi) - sum(bits.within(max(a, lo), min(b, hi)) for a, b in gates if a < hi and b > lo)
+
+            gone = outside_gates(finished)
             gone -= sum(1 for t in timed if lo <= t < hi and finished(t) and not in_gate(t))
             gone += sum(1 for t in retry_set if lo <= t < hi and waits_here(t))
             # Void tokens (a job id another loader indexed first, a dead loader's unwritten
             # job) are handed out and refused by their claim: no job waits there. A gate
             # holds its voids back with the rest and counts only its real jobs.
-            gone += voids.within(lo, hi) - sum(voids.within(max(a, lo), min(b, hi)) for a, b in gates if a < hi and b > lo)
+            gone += outside_gates(voids)
             reservable = hi - lo - held_back - gone
         reservable += sum(_ready(r, finished) - voids.within(r[0], r[0] + r[1]) for r in head.get("ready") or [])
         total = head["total"]

@@ -353,8 +353,7 @@ def _read_jsonl(handle: Any, source: str, id_field: str, max_payload: int, stric
             raise LoadError("missing job id", source=source, line=line, field=id_field)
         jid = obj.pop(id_field)
         run_at = parse_run_at(obj.pop(RUN_AT, None), source, line)
-        if isinstance(jid, bool) or not isinstance(jid, (str, int)) or str(jid).strip() == "":
-            raise LoadError(f"job id must be a non-empty string or integer, got {jid!r}", source=source, line=line, field=id_field)
+        jid = _checked_id(jid, source, line, id_field)
         if "payload" in obj and id_field != "payload":
             payload = obj.pop("payload")
             if obj:
@@ -370,7 +369,7 @@ def _read_jsonl(handle: Any, source: str, id_field: str, max_payload: int, stric
                             field="payload")
         # A \u escape may hide a lone surrogate, which is not valid Unicode: measure those.
         measure = len(text) > fast or "\\u" in text
-        yield _checked(JobSpec(str(jid), payload, line, run_at), source, id_field, max_payload, measure)
+        yield _checked(JobSpec(jid, payload, line, run_at), source, id_field, max_payload, measure)
 
 
 def _bad_field(text: str) -> str:
@@ -590,11 +589,11 @@ def from_iterable(items: Iterable[Any], *, max_payload: int, source: str = "<pyt
             # A JobSpec's run_at is checked as a file's is: a bad one found after
             # the first ranges were written would leave the load half done.
             line = item.line or i
-            spec = JobSpec(_python_id(item.jid, source, line), item.payload, line, parse_run_at(item.run_at, source, line))
+            spec = JobSpec(_checked_id(item.jid, source, line), item.payload, line, parse_run_at(item.run_at, source, line))
         elif isinstance(item, tuple) and len(item) == 2:
-            spec = JobSpec(_python_id(item[0], source, i), item[1], i)
+            spec = JobSpec(_checked_id(item[0], source, i), item[1], i)
         elif isinstance(item, dict) and "id" in item:
-            spec = JobSpec(_python_id(item["id"], source, i), item.get("payload"), i, parse_run_at(item.get(RUN_AT), source, i))
+            spec = JobSpec(_checked_id(item["id"], source, i), item.get("payload"), i, parse_run_at(item.get(RUN_AT), source, i))
         else:
             raise LoadError(f"expected (id, payload), a JobSpec or a dict with 'id', got {item!r:.80}", source=source, line=i)
         try:
@@ -606,15 +605,13 @@ def from_iterable(items: Iterable[Any], *, max_payload: int, source: str = "<pyt
     return out
 
 
-def _python_id(jid: Any, source: str, line: int) -> str:
-    """A job id from Python, held to what a JSON Lines file may hold: a string or an
-    integer (None, True or 1.5 would otherwise load as the job "None", "True", "1.5")."""
-    if isinstance(jid, bool) or not isinstance(jid, (str, int)):
-        raise LoadError(f"job id must be a non-empty string or integer, got {jid!r:.80}", source=source, line=line, field="id")
-    text = jid if isinstance(jid, str) else str(jid)
-    if not text.strip():
-        raise LoadError("empty job id", source=source, line=line, field="id")
-    return text
+def _checked_id(jid: Any, source: str, line: int, field: str = "id") -> str:
+    """A job id from JSON or Python as text: a non-empty string or an integer (None,
+    True or 1.5 would otherwise load as the job "None", "True", "1.5")."""
+    if isinstance(jid, bool) or not isinstance(jid, (str, int)) or not str(jid).strip():
+        raise LoadError(f"job id must be a non-empty string or integer, got {jid!r:.80}", source=source, line=line,
+                        field=field)
+    return str(jid)
 
 
 def _check_python_value(value: Any) -> None:
