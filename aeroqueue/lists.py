@@ -242,6 +242,8 @@ class JobLists:
         if head["mode"] == "ids":
             # A gated chunk is whole until the cursor reaches it: its jobs are delayed.
             ahead, due = self._unpopped(name, head)
+            # A gated chunk's tokens are the gate's to count (less those a kick took out).
+            held_back = sum(1 for t in ahead if in_gate(t)) if gates else 0
             gone = sum(1 for t in ahead if (t in retry_set or finished(t)) and waits_here(t))
             reservable = len(ahead) - held_back - gone
             # A job with a later run_at of its own waits in its chunk (ID mode schedules
@@ -557,8 +559,8 @@ def _finished_in(start: int, n: int, skip: dict[int, Any] | None, finished: _Fin
 
 
 def _delayed(head: dict[str, Any], scheduled: int, finished: _Finished) -> tuple[int, int]:
-    """(jobs waiting for their time, jobs of the token store (ID mode: of the ID store)
-    held back by gates and timed jobs) from the list record's schedule, given how many
+    """(jobs waiting for their time, jobs of the token store held back by gates and
+    timed jobs; ID mode: 0, status counts those in the chunks) from the list record's schedule, given how many
     of its single tokens still wait (`scheduled`: not finished, not also pending in the
     retry store). Each job is counted once (aq_list_v1.lua, header): a gate's `real`
     leaves out its jobs with a later run_at of their own (its `skip`), which sched
@@ -569,8 +571,9 @@ def _delayed(head: dict[str, Any], scheduled: int, finished: _Finished) -> tuple
     delayed = sum(g["real"] - _finished_in(start, g["n"], g.get("skip"), finished) for start, g in gates.items())
     delayed += scheduled + ranges
     if head["mode"] == "ids":
-        # A gated chunk holds the range's real tokens (ID mode has no skip, no `timed`).
-        return delayed, sum(g["real"] + len(g.get("skip") or {}) for g in gates.values())
+        # What a gated chunk holds back is in the chunk itself (a kick takes its job
+        # out): status counts it there.
+        return delayed, 0
     # Only tokens the token store has not passed: a list record written before gates
     # kept their own skip may hold timed tokens behind `head`, which nothing skips any more.
     timed = sum(1 for t in (head.get("timed") or {}) if t >= head["head"])

@@ -367,6 +367,21 @@ def snooze(
     )
 
 
+def _unchunk(backend: Backend, list_name: str, tokens: list[int]) -> None:
+    """ID mode: take kicked tokens out of the published chunks not popped yet
+    (`aq_ids_v1.remove`). A pop racing this hands one out first: its claim takes
+    the kicked job, and the retry store's copy is refused by its own claim."""
+    head = backend.get(keys.LIST_SET, list_name, bins=["mode", "cursor", "pubs"])
+    if head is None or head.bins.get("mode") != "ids":
+        return
+    names = [keys.chunk_name(list_name, c) for c in range(head.bins["cursor"], head.bins["pubs"])]
+    want = set(tokens)
+    for chunk, rec in zip(names, backend.batch_get(keys.IDS_SET, names, bins=["ids"]), strict=True):
+        held = [t for t in (rec.bins.get("ids") or []) if t in want] if rec is not None else []
+        if held:
+            retry_in_doubt(functools.partial(backend.udf, keys.IDS_SET, chunk, keys.IDS_MOD, "remove", held))
+
+
 def bury(backend: Backend, list_name: str, token: int, why: str) -> str:
     """queued, delayed or claimed -> dead, by hand. Returns the state afterwards
     ('dead', or 'done' / 'void' / 'missing': left alone)."""
@@ -387,8 +402,9 @@ def kick(backend: Backend, list_name: str, tokens: list[int]) -> int:
     complete, which nobody sweeps. And after: a dead bit written late, by
     whoever made the job dead (`set_dead_bits`), may have landed in between.
     A kicked job leaves the other places the list record keeps it (the
-    schedule, a delayed load's range, the token store ahead: `unschedule`) as it
-    enters the retry store: it waits in one place, and is offered once."""
+    schedule, a delayed load's range, the token store ahead: `unschedule`; in ID
+    mode the chunk not popped yet: `_unchunk`) as it enters the retry store: it
+    waits in one place, and is offered once."""
     set_bits(backend, list_name, tokens, "dead", 0)
     kicked = [t for t in tokens if backend.udf(keys.JOB_SET, keys.job_name(list_name, t), keys.JOB_MOD, "kick") == "ok"]
     if kicked:
@@ -399,6 +415,7 @@ def kick(backend: Backend, list_name: str, tokens: list[int]) -> int:
         for i in range(0, len(kicked), UNSCHEDULE_CHUNK):
             part = kicked[i:i + UNSCHEDULE_CHUNK]
             retry_in_doubt(functools.partial(backend.udf, keys.LIST_SET, list_name, keys.LIST_MOD, "unschedule", part))
+        _unchunk(backend, list_name, kicked)
         # A complete list is not complete any more: its completion time goes.
         retry_in_doubt(lambda: backend.udf(keys.LIST_SET, list_name, keys.LIST_MOD, "reopen"))
     return len(kicked)

@@ -22,3 +22,26 @@ function pop(rec, k)
   aerospike:update(rec)
   return got
 end
+
+-- remove(rec, tokens) -> integer removed
+--   Kicked jobs wait in the retry store from then on: each leaves the chunk
+--   (and its `due`), or a pop would hand it out a second time and status would
+--   count it reservable while it runs. O(chunk size): an operator's kick.
+function remove(rec, tokens)
+  if not aerospike:exists(rec) then return 0 end
+  local want = map()
+  for t in list.iterator(tokens) do want[t] = 1 end
+  local kept, removed = list(), 0
+  for t in list.iterator(rec['ids']) do
+    if want[t] == nil then list.append(kept, t) else removed = removed + 1 end
+  end
+  if removed == 0 then return 0 end
+  rec['ids'] = kept
+  local due = rec['due']
+  if due ~= nil then
+    for t in list.iterator(tokens) do map.remove(due, t) end
+    rec['due'] = due
+  end
+  aerospike:update(rec)
+  return removed
+end

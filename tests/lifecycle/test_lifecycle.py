@@ -288,10 +288,12 @@ def test_a_kicked_job_of_a_delayed_load_is_counted_once_gated_scheduled_or_ready
     assert (st.done, st.reservable, st.delayed, st.in_flight, st.complete) == (5, 0, 0, 0, True)
 
 
-def test_a_job_buried_before_it_was_handed_out_then_kicked_is_counted_once(queue, lists, list_name, session):
-    """Its token still lies ahead in the token store: the store skips it now (its retry
+@pytest.mark.parametrize("mode", ["tokens", "ids"])
+def test_a_job_buried_before_it_was_handed_out_then_kicked_is_counted_once(queue, lists, list_name, session, mode):
+    """Its token still lies ahead in the token store (or in an unpopped chunk of the ID
+    store): the store skips it now, or the kick took it out of its chunk (its retry
     store copy serves it), so it is in flight once claimed, not reservable too."""
-    lists.load(list_name, specs(4))
+    lists.load(list_name, specs(4), mode=mode)
     assert lists.bury(list_name, "job-3") == "dead"
     assert lists.kick_job(list_name, "job-3")
     (kicked,) = queue.reserve(list_name, session, 1)
@@ -301,6 +303,44 @@ def test_a_job_buried_before_it_was_handed_out_then_kicked_is_counted_once(queue
     assert sorted(j.jid for j in rest) == ["job-0", "job-1", "job-2"], "the store skips it"
     assert_counts_are_the_records(lists, list_name)
     queue.complete_many([kicked, *rest])
+    assert_counts_are_the_records(lists, list_name)
+
+
+@pytest.mark.parametrize("mode", ["tokens", "ids"])
+def test_a_job_with_its_own_later_run_at_kicked_runs_now_and_is_counted_once(queue, lists, list_name, session, mode):
+    """Kicked before its own run_at while its token (or chunk) is not reached yet: it
+    is on the retry store, claimed from there it is in flight (not delayed, not
+    reservable), and the store does not hand it out a second time."""
+    lists.load(list_name, specs(2, run_at=time.time() + 3600) + specs(1, start=2), mode=mode, seal=True)
+    assert_counts_are_the_records(lists, list_name)
+    assert lists.kick_job(list_name, "job-1")
+    (kicked,) = queue.reserve(list_name, session, 1)
+    assert kicked.jid == "job-1"
+    assert_counts_are_the_records(lists, list_name)
+    rest = queue.reserve(list_name, session, 10)
+    assert [j.jid for j in rest] == ["job-2"]
+    assert_counts_are_the_records(lists, list_name)
+    assert queue.complete_many([kicked, *rest]) == []
+    st = lists.status(list_name)
+    assert (st.done, st.delayed, st.reservable, st.in_flight) == (2, 1, 0, 0)
+
+
+@pytest.mark.parametrize("mode", ["tokens", "ids"])
+def test_a_kicked_job_of_a_delayed_load_due_before_its_chunk_is_reached_is_counted_once(
+        queue, lists, list_name, session, mode):
+    """The load's time comes before any take reaches its range: the gate is dropped and
+    its tokens (its chunk) are served in place, without the gate's skip. The job kicked
+    from it earlier must not be there any more."""
+    lists.load(list_name, specs(3), mode=mode, delay_s=0.5)
+    assert lists.kick_job(list_name, "job-1")
+    time.sleep(0.7)
+    (kicked,) = queue.reserve(list_name, session, 1)
+    assert kicked.jid == "job-1"
+    # Due, the other two are reservable; their records say delayed until claimed.
+    st = lists.status(list_name)
+    assert (st.in_flight, st.reservable + st.delayed, st.retry_pending) == (1, 2, 0), st
+    rest = queue.reserve(list_name, session, 10)
+    assert sorted(j.jid for j in rest) == ["job-0", "job-2"]
     assert_counts_are_the_records(lists, list_name)
 
 
