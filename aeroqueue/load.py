@@ -509,8 +509,8 @@ def finish_range(
 ) -> None:
     """Publish a written range. `gate` (server ms) holds the whole range back until
     then; `timed` holds single jobs back (token -> server ms). A recovered range
-    passes neither: its delayed jobs are refused by their claim until due, and
-    scheduled then (the job record is what decides)."""
+    has no gate: each of its delayed jobs is timed by the due its record holds
+    (the job record is what decides; its claim refuses it until then)."""
     if mode == "ids":
         with contextlib.suppress(RecordExists):  # a recovery wrote the same chunk
             # `due`: its jobs' own run_at, for status only (the claim decides when they run).
@@ -542,7 +542,12 @@ def recover(lists: JobLists, name: str) -> int:
         ]
         void_bits(lists, name, [t for t, rec in zip(tokens, recs, strict=True) if rec is None or rec.bins.get("state") == "void"])
         real = commit_index(lists, name, present)
-        finish_range(lists, name, head["mode"], r["seq"], real)
+        real_set = set(real)
+        # Held back as the dead loader's publish would have (a gate or their own
+        # run_at): not counted reservable, nor handed out only to be refused.
+        timed = {t: rec.bins["due"] for t, rec in zip(tokens, recs, strict=True)
+                 if t in real_set and rec.bins.get("state") == "delayed" and rec.bins.get("due")}
+        finish_range(lists, name, head["mode"], r["seq"], real, timed=timed)
     return len(ranges)
 
 

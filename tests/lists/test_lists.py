@@ -256,6 +256,29 @@ def test_a_dead_loaders_range_is_recovered(queue, lists, list_name, session, reg
     assert st.total == 8 and st.pending_ranges == 0
 
 
+@pytest.mark.parametrize("mode", ["tokens", "ids"])
+def test_a_dead_loaders_delayed_jobs_stay_delayed_once_recovered(queue, lists, list_name, session, registered, mode):
+    """The dead loader's jobs with a later run_at (or of a delayed load) are held back
+    by their records' due once recovered: counted delayed, not reservable, and not
+    handed out before then."""
+    lists.load(list_name, specs(2), mode=mode)
+    got = registered.apply(keys.LIST_SET, list_name, keys.LIST_MOD, "alloc", 3, 0)
+    later = (time.time() + 3600) * 1000
+    for i, t in enumerate(range(got["start"], got["start"] + 3)):
+        timed = {"state": "delayed", "due": round(later)} if i < 2 else {"state": "queued"}
+        registered.put(keys.JOB_SET, keys.job_name(list_name, t), {
+            "list": list_name, "token": t, "jid": f"dead-{i}", "payload": {}, "att": 0, "max_att": 5, **timed,
+        })
+        registered.put(keys.JIDX_SET, keys.jidx_name(list_name, f"dead-{i}"), {"tok": t})
+    assert lists.recover(list_name) == 1
+    st = lists.status(list_name)
+    assert (st.total, st.reservable, st.delayed) == (5, 3, 2), st
+    jobs = drain(queue, list_name, session, 10)
+    assert sorted(j.jid for j in jobs) == ["dead-2", "job-0", "job-1"]
+    st = lists.status(list_name)
+    assert (st.reservable, st.delayed, st.in_flight) == (0, 2, 3), st
+
+
 def test_an_alloc_repeated_under_its_id_answers_the_same_range(lists, list_name, registered):
     """A loader repeats an alloc whose answer was lost under the range's id: it gets the
     range it already has, not a second one left pending for nobody to publish."""
