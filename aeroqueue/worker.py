@@ -797,7 +797,16 @@ class Worker:
         for name in followed:
             # Done and dead counts only (the bitmaps); the whole status (which also
             # marks the list complete) once they say so.
-            head, done, dead = lists.finished(name)
+            try:
+                head, done, dead = lists.finished(name)
+            except ListNotFound as e:
+                # Not loaded yet, or dropped (a new load may bring it back): it is not
+                # complete. Said once, as a reservation says it, not once a second.
+                complete = False
+                if str(e) not in self._warned:
+                    self._warned.add(str(e))
+                    log.warning("list not found", extra={"event": "list_missing", "error": str(e)})
+                continue
             if is_complete(head, done, dead) and lists.status(name).complete:
                 continue
             complete = False

@@ -37,6 +37,29 @@ def test_an_unsealed_list_with_every_job_processed_is_named_once_then_the_seal_e
     assert out == [EXIT_OK]
 
 
+def test_a_named_list_dropped_while_the_worker_waits_is_named_once_not_once_a_second(
+        registered, lists, list_name, caplog):
+    """Dropped (or not loaded yet), the list is not complete: the worker waits for a
+    load, and says so once, instead of a maintenance failure in its log each check."""
+    lists.load(list_name, [JobSpec("d0", {})])  # not sealed: the worker waits on
+    w = Worker(registered, lambda job: None, [list_name], interval_s=0.1, expiry_s=2.0, idle_s=0.05,
+               reap_every_s=0.1, until_complete=True)
+    t = threading.Thread(target=lambda: w.run(install_signals=False), daemon=True)
+    with caplog.at_level(logging.WARNING, logger="aeroqueue.worker"):
+        t.start()
+        try:
+            wait_for("the job done", lambda: lists.status(list_name).done == 1)
+            lists.drop(list_name, grace_s=0)
+            threading.Event().wait(1.5)  # more than one check a second apart
+            assert t.is_alive(), "a dropped list is not complete"
+            events = [getattr(r, "event", "") for r in caplog.records]
+            assert "maintenance_failed" not in events, events
+            assert events.count("list_missing") == 1, events
+        finally:
+            w.request_stop()
+            t.join(30)
+
+
 def test_the_completion_check_reads_no_id_chunks_while_jobs_wait(registered, list_name, monkeypatch):
     """--until-complete looks once a second: it reads the list record and the done and
     dead bitmaps, not the ID store's chunks that `status` reads for its waiting count
