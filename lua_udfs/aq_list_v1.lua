@@ -46,7 +46,9 @@
 -- A job is counted in one place: a gate's real, nsch (a token in sched), a
 -- sched range's real, ready, the retry store, or the token store / ID store.
 -- ID mode has no token store to skip single jobs: a job with its own run_at
--- is popped with its chunk, and its claim refuses it and schedules it.
+-- is popped with its chunk, and its claim refuses it and schedules it. A kick
+-- takes its job out of an unpopped chunk (aq_ids_v1.remove) as unschedule
+-- takes it out of the places listed here.
 --
 -- Invariant 4: a token is reservable only after its job record is written.
 -- A loader allocates a range (alloc), writes the job records, then publishes
