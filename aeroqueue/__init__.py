@@ -25,13 +25,18 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'aeroqueue' has no attribute {name!r}")
 
 
-def connect(url: str | None = None) -> Backend:
+def connect(url: str | None = None, *, create: bool | None = None) -> Backend:
     """Open the store (`url`, else AEROQUEUE_URL, else the embedded default) and make
     sure it runs this client's UDF modules: an embedded store registers them; a
-    cluster without them is refused with the command that registers them."""
-    from . import udfs
+    cluster without them is refused with the command that registers them.
 
-    backend = open_backend(url)
+    An embedded store file that does not exist is made as the CLI makes it
+    (`config.may_create`: the default store, or AEROQUEUE_CREATE), unless
+    `create` says otherwise."""
+    from . import udfs
+    from .config import may_create
+
+    backend = open_backend(url, create=may_create(url) if create is None else create)
     udfs.ensure(backend)
     return backend
 

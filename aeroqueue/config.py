@@ -24,6 +24,7 @@ from urllib.parse import parse_qsl, unquote
 from .errors import InvalidURL
 
 ENV_URL = "AEROQUEUE_URL"
+ENV_CREATE = "AEROQUEUE_CREATE"  # as --create: a named embedded store file may be made
 # The longest time limit, backoff, delay or grace accepted: ten years. Longer is a
 # mistake, and past about 2^63 ms it no longer fits a record's integer.
 MAX_SECONDS = 10 * 365 * 86_400
@@ -91,6 +92,16 @@ def default_store_path() -> Path:
     ``$XDG_DATA_HOME/aeroqueue/store.db`` (``~/.local/share/aeroqueue/store.db``)."""
     base = os.environ.get("XDG_DATA_HOME") or os.path.join(Path.home(), ".local", "share")
     return Path(base) / "aeroqueue" / "store.db"
+
+
+def may_create(url: str | None = None) -> bool:
+    """Whether opening the store (`url`, else AEROQUEUE_URL) may make its embedded
+    file: only the default store (nobody typed its path, so no typo to catch), or
+    with AEROQUEUE_CREATE set as click reads a flag (1, true, yes, on). Anyone
+    else's path must exist: a typo is an error, not a new empty store."""
+    if url is None and os.environ.get(ENV_URL) is None:
+        return True
+    return os.environ.get(ENV_CREATE, "").strip().lower() in ("1", "true", "t", "yes", "y", "on")
 
 
 def resolve_url(url: str | None = None) -> StoreURL:

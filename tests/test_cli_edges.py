@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from aeroqueue import keys, udfs
+from aeroqueue import errors, keys, udfs
 from aeroqueue.backends import open_backend
 from aeroqueue.cli import main
 from aeroqueue.lists import JobLists
@@ -89,6 +89,34 @@ def test_a_store_file_that_does_not_exist_needs_init_or_create(tmp_path):
     assert cli("lists", url=other, AEROQUEUE_CREATE=None).exit_code == 0, "made by --create"
     third = f"embedded://{tmp_path}/third.db"
     assert cli("lists", url=third, AEROQUEUE_CREATE="1").exit_code == 0
+
+
+def test_the_python_api_and_the_dashboard_refuse_a_store_file_that_does_not_exist(tmp_path, monkeypatch):
+    """`aeroqueue.connect()` and the dashboard's `create_app()` read AEROQUEUE_URL as
+    the CLI does, and a typo in it is an error there too, not a new empty store."""
+    import aeroqueue
+    from aeroqueue.dashboard import create_app
+
+    url = f"embedded://{tmp_path}/typo.db"
+    monkeypatch.setenv("AEROQUEUE_URL", url)
+    monkeypatch.delenv("AEROQUEUE_CREATE", raising=False)
+    with pytest.raises(errors.AeroqueueError, match="does not exist"):
+        aeroqueue.connect()
+    with pytest.raises(errors.AeroqueueError, match="does not exist"):
+        create_app()
+    with pytest.raises(errors.AeroqueueError, match="does not exist"):
+        aeroqueue.connect(url)
+    assert not (tmp_path / "typo.db").exists()
+    aeroqueue.connect(create=True).close()
+    assert (tmp_path / "typo.db").is_file(), "made when asked"
+    monkeypatch.setenv("AEROQUEUE_URL", f"embedded://{tmp_path}/env.db")
+    monkeypatch.setenv("AEROQUEUE_CREATE", "1")
+    create_app().extensions["aeroqueue"].backend.close()
+    assert (tmp_path / "env.db").is_file(), "made with AEROQUEUE_CREATE, as by the CLI"
+    monkeypatch.delenv("AEROQUEUE_URL")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    aeroqueue.connect().close()
+    assert (tmp_path / "xdg" / "aeroqueue" / "store.db").is_file(), "the default store is made on first use"
 
 
 def test_the_default_store_is_made_on_first_use(tmp_path):

@@ -23,6 +23,7 @@ from flask_wtf.csrf import CSRFError, CSRFProtect
 from werkzeug.wrappers import Response
 
 from ..backends import Backend, open_backend
+from ..config import may_create
 from ..errors import AeroqueueError, ListNotFound
 from ..keys import InvalidName
 from .data import Store, format_ms, now_ms
@@ -42,7 +43,9 @@ def create_app(
     `secret_key` signs the session cookie that holds the CSRF token; by default
     it is read from AEROQUEUE_DASHBOARD_SECRET, else made up for this process
     (set it when several processes serve the dashboard behind one address)."""
-    backend = store if isinstance(store, Backend) else open_backend(store)
+    # A store named by URL must exist, as for the CLI (config.may_create): a typo in
+    # AEROQUEUE_URL is an error, not a dashboard of a new empty store.
+    backend = store if isinstance(store, Backend) else open_backend(store, create=may_create(store))
     app = Flask(__name__)
     app.config.update(
         SECRET_KEY=secret_key or os.environ.get(ENV_SECRET) or secrets.token_hex(32),
