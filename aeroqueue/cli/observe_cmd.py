@@ -48,8 +48,12 @@ def metrics(obj: Context, port: int, host: str, lists: tuple[str, ...], discover
 @option("--port", env="DASHBOARD_PORT", type=click.IntRange(0, 65535), default=DASHBOARD_PORT, help="Port serving the dashboard.")
 @option("--host", env="DASHBOARD_HOST", default="127.0.0.1", help=HOST_HELP)
 @option("--read-only", env="DASHBOARD_READ_ONLY", is_flag=True, help="Show, but offer no actions (pause, resume, kick), and refuse them.")
+@option("--trusted-host", "trusted_hosts", env="DASHBOARD_TRUSTED_HOSTS", multiple=True,
+        help="A name requests may reach the dashboard by, as their Host header gives it (repeatable; env: "
+             "space-separated): the name of a proxy in front of it. Loopback names and the --host address are "
+             "always served; any other Host is refused, so that no other site's page can reach it by DNS rebinding.")
 @click.pass_obj
-def dashboard(obj: Context, port: int, host: str, read_only: bool) -> None:
+def dashboard(obj: Context, port: int, host: str, read_only: bool, trusted_hosts: tuple[str, ...]) -> None:
     """Serve the web dashboard: lists with progress and counts, live sessions, dead
     jobs with their errors, each job's detail; pause/resume a list, kick dead jobs.
 
@@ -63,7 +67,9 @@ def dashboard(obj: Context, port: int, host: str, read_only: bool) -> None:
     except ImportError as e:
         raise ConfigError(f"the dashboard needs Flask and Flask-WTF ({e.name} is missing): pip install 'aeroqueue[dashboard]'") from None
     stop = _stop_on_signals()
-    app = create_app(obj.backend(), read_only=read_only)
+    # The bound address itself is a name it is reached by (a wildcard is not).
+    bound = () if host in ("0.0.0.0", "::", "") else (host,)
+    app = create_app(obj.backend(), read_only=read_only, trusted_hosts=(*bound, *trusted_hosts))
     server = make_server(host, port, app, threaded=True)
     threading.Thread(target=server.serve_forever, name="dashboard", daemon=True).start()
     err_console.print(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -29,6 +30,10 @@ from ..keys import InvalidName
 from .data import Store, format_ms, now_ms
 
 ENV_SECRET = "AEROQUEUE_DASHBOARD_SECRET"
+# The names a request's Host header may give: a page of another site whose name
+# resolves to 127.0.0.1 (DNS rebinding) would be same-origin with the dashboard,
+# able to read its CSRF token and post actions. Port and case are ignored.
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 REFRESH_S = 5.0  # the pages re-read the store this often (dashboard.js); 0: never
 
 CSP = "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
@@ -36,13 +41,17 @@ CSP = "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'no
 
 def create_app(
     store: Backend | str | None = None, *, read_only: bool = False, secret_key: str | None = None,
-    refresh_s: float = REFRESH_S,
+    refresh_s: float = REFRESH_S, trusted_hosts: Iterable[str] = (),
 ) -> Flask:
     """The dashboard app on a backend (or a store URL; default: AEROQUEUE_URL).
 
     `secret_key` signs the session cookie that holds the CSRF token; by default
     it is read from AEROQUEUE_DASHBOARD_SECRET, else made up for this process
-    (set it when several processes serve the dashboard behind one address)."""
+    (set it when several processes serve the dashboard behind one address).
+
+    Requests must name the dashboard by a loopback name or one of `trusted_hosts`
+    (the names a proxy in front of it is reached by) in their Host header; any
+    other gets 400."""
     # A store named by URL must exist, as for the CLI (config.may_create): a typo in
     # AEROQUEUE_URL is an error, not a dashboard of a new empty store.
     backend = store if isinstance(store, Backend) else open_backend(store, create=may_create(store))
@@ -55,6 +64,15 @@ def create_app(
         AEROQUEUE_READ_ONLY=read_only,
     )
     CSRFProtect(app)
+    trusted = {h.strip().strip("[]").lower() for h in (*LOOPBACK_HOSTS, *trusted_hosts) if h.strip()}
+
+    @app.before_request
+    def _trusted_host() -> None:
+        host = request.headers.get("Host", "")
+        name = host.rpartition("]")[0][1:] if host.startswith("[") else host.partition(":")[0]
+        if name.lower() not in trusted:
+            abort(400, f"this dashboard is not served as {host[:100]!r}: start it with --trusted-host NAME "
+                       "for a name a proxy reaches it by")
     data = Store(backend)
     app.extensions["aeroqueue"] = data
 
@@ -162,6 +180,10 @@ def create_app(
         else:
             flash(f"job {name}/{token} is not dead: left as it is", "error")
         return redirect(url_for("job_page", name=name, token=token))
+
+    @app.errorhandler(400)
+    def _400(e: Any) -> tuple[str, int]:
+        return render_template("error.html", title="Refused", message=getattr(e, "description", "")), 400
 
     @app.errorhandler(403)
     def _403(e: Any) -> tuple[str, int]:

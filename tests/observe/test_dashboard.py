@@ -146,6 +146,26 @@ def test_actions_need_a_csrf_token(app: Flask, registered: Backend, dead_list: t
     assert not JobLists(registered).status(name).paused
 
 
+def test_a_request_naming_another_host_is_refused(registered: Backend, dead_list: tuple[str, Session]) -> None:
+    """DNS rebinding: a page of rebind.example, once that name resolves to 127.0.0.1,
+    is same-origin with the dashboard and could read a CSRF token and post with it.
+    Only loopback names and the trusted ones are served."""
+    name, _ = dead_list
+    app = create_app(registered, secret_key="s", trusted_hosts=["queue.example.com"])
+    client = app.test_client()
+    evil = {"Host": "rebind.example:8420"}
+    page = client.get(f"/lists/{name}", headers=evil)
+    assert page.status_code == 400 and "--trusted-host" in page.get_data(as_text=True)
+    assert 'name="csrf_token"' not in page.get_data(as_text=True)
+    token = csrf(client, f"/lists/{name}")  # the real page, read by a local user
+    assert client.post(f"/lists/{name}/pause", data={"csrf_token": token}, headers=evil).status_code == 400
+    assert not JobLists(registered).status(name).paused
+    for served in ("localhost:8420", "127.0.0.1", "[::1]:8420", "LOCALHOST", "queue.example.com"):
+        assert client.get("/", headers={"Host": served}).status_code == 200, served
+    for refused in ("queue.example.com.evil.net", "127.0.0.1.nip.io", "[::2]:8420", ""):
+        assert client.get("/", headers={"Host": refused}).status_code == 400, refused
+
+
 def test_pause_resume_and_kick(app: Flask, registered: Backend, dead_list: tuple[str, Session]) -> None:
     name, _ = dead_list
     lists = JobLists(registered)
@@ -284,7 +304,7 @@ def test_dashboard_command_serves_on_loopback(registered: Backend, store_url: st
         assert host.default == "127.0.0.1", command
     name, _ = dead_list
     port, log = free_port(), tmp_path / "dashboard.log"
-    proc = spawn(["--url", store_url, "dashboard", "--port", str(port), "--read-only"], log)
+    proc = spawn(["--url", store_url, "dashboard", "--port", str(port), "--read-only", "--trusted-host", "proxy.example"], log)
     try:
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 30
@@ -300,6 +320,13 @@ def test_dashboard_command_serves_on_loopback(registered: Backend, store_url: st
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(urllib.request.Request(f"{base}/lists/{name}/kick", data=b"", method="POST"), timeout=5)
         assert refused.value.code in (400, 403)
+        for host, code in (("proxy.example", 200), ("rebind.example", 400)):
+            try:
+                with urllib.request.urlopen(urllib.request.Request(f"{base}/", headers={"Host": host}), timeout=5) as resp:
+                    got = resp.status
+            except urllib.error.HTTPError as e:
+                got = e.code
+            assert got == code, (host, got)
     finally:
         code = stop(proc)
     assert code == 0, log.read_text()[-3000:]
