@@ -185,3 +185,19 @@ def test_load_reserve_complete_status_end_to_end(tmp_path):
     exported = run("export", "customers", "--state", "done", url=url)
     assert exported.exit_code == 0
     assert sorted(json.loads(line)["jid"] for line in exported.output.splitlines() if line.startswith("{")) == ["c0", "c1", "c2"]
+
+
+def test_the_worker_table_shows_list_patterns_as_given():
+    """A --list pattern's "[ab]" is a glob, not rich markup to swallow."""
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from aeroqueue.cli.worker_cmd import _counters_table
+
+    counts = dict.fromkeys(("reserved", "done", "retried", "dead", "lost", "unacked", "released", "reaped"), 0)
+    w = SimpleNamespace(session=None, lists=["orders_[ab]*", "eu"], in_flight=0,
+                        counters=SimpleNamespace(snapshot=lambda: counts))
+    console = Console(record=True, width=200)
+    console.print(_counters_table(w))
+    assert "on orders_[ab]*, eu" in console.export_text()

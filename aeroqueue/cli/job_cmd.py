@@ -8,6 +8,7 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from ..lists import JobLists
 from .context import JSON_OPT, LIST_ARG, Context, option, server_time
@@ -61,13 +62,15 @@ def show(obj: Context, list_name: str, job_id: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(view, default=str))
         return
-    table = Table(title=f"{list_name} / {job_id}", show_header=False)
+    # Text, not markup: a job id or payload such as "[/]" or "[link=...]" is shown as
+    # it is stored (as markup it raised MarkupError, or vanished into styles).
+    table = Table(title=Text(f"{list_name} / {job_id}"), show_header=False)
     table.add_column("")
     table.add_column("")
     for key in SHOWN[:-1]:
         value = view[key]
         if value is not None:
-            table.add_row(key.replace("_", " "), value if isinstance(value, str) else json.dumps(value, default=str))
+            table.add_row(key.replace("_", " "), Text(value if isinstance(value, str) else json.dumps(value, default=str)))
     console = Console()
     console.print(table)
     errors = view["errors"]

@@ -12,6 +12,7 @@ from typing import Any
 import click
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from ..acks import DEFAULT_LINGER_S
 from ..errors import ConfigError
@@ -142,7 +143,8 @@ def worker(
 
 
 def _counters_table(w: Any) -> Table:
-    table = Table(title=f"aeroqueue worker {w.session.id[:8] if w.session else ''} on {', '.join(w.lists)}")
+    # Text: a --list pattern such as "orders_[ab]*" is not markup.
+    table = Table(title=Text(f"aeroqueue worker {w.session.id[:8] if w.session else ''} on {', '.join(w.lists)}"))
     snap = w.counters.snapshot()
     for name in ("reserved", "done", "retried", "dead", "lost", "unacked", "released", "reaped"):
         table.add_column(name, justify="right")

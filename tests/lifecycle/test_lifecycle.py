@@ -659,6 +659,16 @@ def test_cli_job_show_kick_bury(store_url, lists, list_name, cli):
     assert st["timeout_s"] == 42 and st["delayed"] == 0
 
 
+def test_cli_job_show_prints_ids_and_payloads_that_look_like_markup_as_they_are(lists, list_name, cli):
+    """rich reads "[...]" as markup: an id "a[/]b" raised MarkupError, and a payload
+    "[bold]x[/]" lost its brackets. Both are data, shown verbatim."""
+    lists.load(list_name, [JobSpec("a[/]b", "see [/red] here"), JobSpec("j2", "[bold]hi[/] [link=x]y[/link]")])
+    first = cli("job", "show", list_name, "a[/]b")
+    assert "a[/]b" in first and "see [/red] here" in first, first
+    second = cli("job", "show", list_name, "j2")
+    assert "[bold]hi[/] [link=x]y[/link]" in second, second
+
+
 def test_queue_rejects_bad_policy(lists, list_name):
     with pytest.raises(errors.ConfigError, match="positive"):
         lists.create(list_name, timeout_s=-1)
