@@ -28,11 +28,33 @@ class JsonLines(logging.Formatter):
 
 
 class TextLines(logging.Formatter):
-    """A plain line: time, level, message, then the record's extra fields as key=value."""
+    """A plain line: time, level, message, then the record's extra fields as key=value
+    (logfmt: a value with a blank, a quote or '=' in it is quoted), then the
+    traceback of a logged exception on the lines below. `stamp=False` leaves out
+    time and level, for a handler that shows them itself (rich's, above the live
+    counters)."""
+
+    def __init__(self, *, stamp: bool = True) -> None:
+        super().__init__()
+        self.stamp = stamp
 
     def format(self, record: logging.LogRecord) -> str:
-        extras = " ".join(f"{k}={v}" for k, v in vars(record).items() if k not in _STANDARD_LOG_ATTRS)
-        return f"{self.formatTime(record)} {record.levelname.lower()} {record.getMessage()}" + (f" {extras}" if extras else "")
+        extras = " ".join(f"{k}={_logfmt(v)}" for k, v in vars(record).items() if k not in _STANDARD_LOG_ATTRS)
+        line = (f"{self.formatTime(record)} {record.levelname.lower()} " if self.stamp else "") + record.getMessage()
+        if extras:
+            line += f" {extras}"
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        if record.stack_info:
+            line += "\n" + self.formatStack(record.stack_info)
+        return line
+
+
+def _logfmt(value: object) -> str:
+    text = str(value)
+    if text and not any(c in text for c in ' "=\n\t'):
+        return text
+    return json.dumps(text, ensure_ascii=False)
 
 
 class _Stderr(logging.StreamHandler):
@@ -67,7 +89,7 @@ def configure_logging(fmt: str, level: str = "info", *, live: bool = False) -> N
         from rich.logging import RichHandler
 
         handler = RichHandler(console=Console(stderr=True), show_path=False, markup=False)
-        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler.setFormatter(TextLines(stamp=False))  # its fields too: rich shows time and level
     else:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(JsonLines() if fmt == "json" else TextLines())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import sys
 
 import click
 import pytest
@@ -201,3 +202,26 @@ def test_the_worker_table_shows_list_patterns_as_given():
     console = Console(record=True, width=200)
     console.print(_counters_table(w))
     assert "on orders_[ab]*, eu" in console.export_text()
+
+
+def test_text_log_lines_keep_the_traceback_and_quote_values_with_blanks():
+    """--log-format text (and every command's default) dropped a logged exception's
+    traceback, and `error=invalid list name 'a b'` could not be read back as key=value."""
+    import logging
+
+    from aeroqueue.logs import TextLines
+
+    try:
+        raise ZeroDivisionError("division by zero")
+    except ZeroDivisionError:
+        record = logging.getLogger("aeroqueue.t").makeRecord(
+            "aeroqueue.t", logging.ERROR, __file__, 1, "callback failed", (), sys.exc_info(),
+            extra={"event": "ack_callback_failed", "error": "invalid list name 'a b'", "jid": "j1"})
+    text = TextLines().format(record)
+    first, *rest = text.splitlines()
+    assert " error callback failed event=" in first, first
+    fields = dict(kv.split("=", 1) for kv in shlex.split(first.split("callback failed ", 1)[1]))
+    assert fields == {"event": "ack_callback_failed", "error": "invalid list name 'a b'", "jid": "j1"}
+    assert rest[0].startswith("Traceback") and rest[-1] == "ZeroDivisionError: division by zero"
+    bare = TextLines(stamp=False).format(record).splitlines()[0]
+    assert bare.startswith("callback failed event=ack_callback_failed")
