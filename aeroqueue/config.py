@@ -236,7 +236,21 @@ def _split_host_port(text: str, part: str) -> tuple[str, int]:
     return host.strip("[]"), int(port_text)
 
 
+# What an embedded URL takes after '?': the namespace its records are kept under, and
+# the record size it refuses past (a server's max-record-size, for tests of loading).
+EMBEDDED_OPTIONS = ("max_record_size", "namespace")
+
+
 def _parse_embedded(text: str, rest: str, options: tuple[tuple[str, str], ...]) -> StoreURL:
+    seen: set[str] = set()
+    for name, _ in options:
+        # A typo such as ?namespce=prod would otherwise use namespace `test`, unsaid.
+        if name not in EMBEDDED_OPTIONS:
+            raise InvalidURL(f"store URL {_safe(text)!r}: unknown option {name!r} for an embedded store; "
+                             f"the options are {', '.join(EMBEDDED_OPTIONS)}")
+        if name in seen:
+            raise InvalidURL(f"store URL {_safe(text)!r}: option {name!r} is given twice")
+        seen.add(name)
     namespace = dict(options).get("namespace", DEFAULT_NAMESPACE)
     if not _NAMESPACE.match(namespace):
         raise InvalidURL(f"store URL {_safe(text)!r}: namespace {namespace!r} is not a valid Aerospike namespace")

@@ -54,6 +54,8 @@ def test_environment_variable_is_used(monkeypatch):
         ("embedded://relative/store.db", "absolute file path"),
         ("embedded:///", "absolute file path"),
         ("embedded:///tmp/dir/", "names a directory"),
+        ("embedded:///tmp/s.db?namespce=prod", "unknown option 'namespce' for an embedded store"),
+        ("embedded://:memory:?namespace=a&namespace=b", "option 'namespace' is given twice"),
     ],
 )
 def test_malformed_urls_name_the_wrong_part(text, names):
