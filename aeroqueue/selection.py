@@ -43,8 +43,10 @@ MAX_WEIGHT = 1000
 DEFAULT_REFRESH_S = 5.0
 DEFAULT_BACKOFF_MAX_S = 2.0
 _GLOB = frozenset("*?[")
-# What a pattern may hold: a list name's characters and fnmatch's.
-_PATTERN = re.compile(r"^[A-Za-z0-9_.:*?\[\]!-]{1,64}$")
+# What a pattern may hold: a list name's characters and fnmatch's, so that it can
+# match a name: it starts as a name does (or with a glob), and every '[' closes a
+# class of name characters ('[' left open would match only a literal '[').
+_PATTERN = re.compile(r"^(?=[A-Za-z0-9*?\[])(?:[A-Za-z0-9_.:*?-]|\[!?[A-Za-z0-9_.:-]+\])+$")
 
 ListArg = str | tuple[str, int]
 
@@ -92,9 +94,10 @@ def parse_list(arg: ListArg, option: str = "--list") -> ListSpec:
         raise ConfigError(f"{option} {arg!r}: the weight must be from 1 to {MAX_WEIGHT}, not {weight}")
     if any(c in _GLOB for c in name):
         # A pattern must be able to match a valid name: the same characters, plus the glob ones.
-        if not _PATTERN.fullmatch(name):
+        if len(name) > 64 or not _PATTERN.fullmatch(name):
             raise ConfigError(f"{option} {arg!r}: {name!r} is not a list name pattern "
-                              "(letters, digits, '_', '.', ':', '-' and the globs '*', '?', '[...]')")
+                              "(letters, digits, '_', '.', ':', '-' and the globs '*', '?', '[...]', "
+                              "starting with a letter, a digit or a glob; up to 64)")
     else:
         try:
             keys.check_list_name(name)

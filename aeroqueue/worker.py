@@ -791,7 +791,13 @@ class Worker:
         pattern matches now, a pattern matching at least one (a pattern that matches
         nothing yet waits for its lists to be loaded)."""
         followed = self.selector.refresh()
-        if any(not found for found in self.selector.pattern_matches().values()):
+        unmatched = [p for p, found in self.selector.pattern_matches().items() if not found]
+        for pattern in unmatched:
+            if f"pattern:{pattern}" not in self._warned:
+                self._warned.add(f"pattern:{pattern}")  # once, not once a check
+                log.warning("no list matches the pattern yet: waiting for one to be loaded",
+                            extra={"event": "pattern_unmatched", "pattern": pattern})
+        if unmatched:
             return False
         complete = True
         for name in followed:

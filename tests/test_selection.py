@@ -33,6 +33,8 @@ def selector(*args, names=None, **kw) -> tuple[ListSelector, Clock]:
     (("bulk", 3), ListSpec("bulk", 3)),
     ("cust-*=2", ListSpec("cust-*", 2)),
     ("c[ab]?", ListSpec("c[ab]?", 1)),
+    ("*-eu", ListSpec("*-eu", 1)),
+    ("[a-c]*[!0-9]", ListSpec("[a-c]*[!0-9]", 1)),
 ])
 def test_parse(arg, spec):
     assert parse_list(arg) == spec
@@ -48,6 +50,11 @@ def test_parse(arg, spec):
     ("=3", "the list name is empty"),
     ("a b", "invalid list name 'a b'"),
     ("cust/*", "is not a list name pattern"),
+    # Patterns no list name can match: an open class, a start no name has.
+    ("cust_[", "is not a list name pattern"),
+    ("cust_[ab*", "is not a list name pattern"),
+    ("_x*", "is not a list name pattern"),
+    ("a" * 64 + "*", "is not a list name pattern"),
     (("a", "2"), "the weight must be a whole number, not '2'"),
     (("a", True), "the weight must be a whole number"),
     (("a",), "give (name, weight)"),

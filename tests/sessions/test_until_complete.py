@@ -60,6 +60,26 @@ def test_a_named_list_dropped_while_the_worker_waits_is_named_once_not_once_a_se
             t.join(30)
 
 
+def test_a_pattern_that_matches_no_list_is_named_once(registered, list_name, caplog):
+    """--until-complete with a pattern that matches nothing waits for a list to be
+    loaded: it says so once, naming the pattern, not in silence."""
+    w = Worker(registered, lambda job: None, [f"{list_name}-nothing-*"], interval_s=0.1, expiry_s=2.0, idle_s=0.05,
+               reap_every_s=0.1, until_complete=True)
+    t = threading.Thread(target=lambda: w.run(install_signals=False), daemon=True)
+    with caplog.at_level(logging.WARNING, logger="aeroqueue.worker"):
+        t.start()
+        try:
+            wait_for("the worker to name the pattern", lambda: any(
+                getattr(r, "event", "") == "pattern_unmatched" for r in caplog.records))
+            threading.Event().wait(1.5)  # more checks
+            told = [r for r in caplog.records if getattr(r, "event", "") == "pattern_unmatched"]
+            assert len(told) == 1 and told[0].pattern == f"{list_name}-nothing-*"
+            assert t.is_alive()
+        finally:
+            w.request_stop()
+            t.join(30)
+
+
 def test_the_completion_check_reads_no_id_chunks_while_jobs_wait(registered, list_name, monkeypatch):
     """--until-complete looks once a second: it reads the list record and the done and
     dead bitmaps, not the ID store's chunks that `status` reads for its waiting count
