@@ -38,8 +38,9 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from . import keys
 from .backends import Backend
-from .errors import AeroqueueError, ListNotFound
+from .errors import AeroqueueError, ConfigError, ListNotFound
 from .lists import JobLists, ListStatus
 from .observe import WorkerObserver
 
@@ -141,7 +142,7 @@ class ListNames:
 
     def __init__(self, backend: Backend, names: Sequence[str] = (), *, discover_every_s: float = 60.0) -> None:
         self.lists = JobLists(backend)
-        self.fixed = list(names)
+        self.fixed = [keys.check_list_name(n) for n in names]  # a bad name now, not a failed read each scrape
         self.discover_every_s = discover_every_s
         self._found: list[str] = []
         self._at = float("-inf")
@@ -180,6 +181,7 @@ class StoreCollector(Collector):
         self.lists = JobLists(backend)
         self.names = names
         self._errors = 0
+        self._missing: set[str] = set()  # lists said to be missing (once each)
         self._lock = threading.Lock()
 
     def collect(self) -> Iterator[Metric]:
@@ -204,7 +206,14 @@ class StoreCollector(Collector):
             try:
                 st = self.lists.status(name)
             except ListNotFound:
-                continue  # dropped since it was discovered
+                # Named but not loaded (a typo?), or dropped since it was discovered:
+                # no series for it, and a word once, not one each scrape.
+                with self._lock:
+                    new = name not in self._missing
+                    self._missing.add(name)
+                if new:
+                    log.warning("list not found: no series for it", extra={"event": "list_missing", "list": name})
+                continue
             except AeroqueueError as e:
                 self._error(f"cannot read list {name!r}", e)
                 continue
@@ -241,5 +250,9 @@ def store_registry(backend: Backend, names: Callable[[], Iterable[str]]) -> Coll
 def serve(registry: CollectorRegistry, port: int, host: str = "127.0.0.1") -> Any:
     """Serve /metrics from `registry` in a daemon thread; returns the HTTP server
     (`server_port` is the port bound, useful with port 0; `shutdown()` stops it)."""
-    server, _thread = start_http_server(port, addr=host, registry=registry)
+    try:
+        server, _thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as e:
+        # "[Errno 98] Address already in use" named neither the address nor the port.
+        raise ConfigError(f"cannot serve metrics on {host}:{port}: {e.strerror or e}") from None
     return server

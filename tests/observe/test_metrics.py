@@ -4,6 +4,8 @@ audited against the store job by job; the exporter's per-list gauges against
 
 from __future__ import annotations
 
+import logging
+import socket
 import subprocess
 import time
 import urllib.error
@@ -252,15 +254,34 @@ def test_exporter_counts_a_real_delayed_load(registered: Backend, list_name: str
     assert value(samples, "aeroqueue_list_jobs_by_state", list=list_name, state="queued") == 1
 
 
-def test_exporter_skips_a_list_that_vanished(registered: Backend, list_name: str) -> None:
+def test_exporter_skips_a_list_that_vanished(registered: Backend, list_name: str, caplog) -> None:
     JobLists(registered).load(list_name, [JobSpec("x", 1)])
     collector = StoreCollector(registered, lambda: [list_name, f"{list_name}-gone"])
     registry = store_registry(registered, lambda: [list_name, f"{list_name}-gone"])
-    samples = parse(generate_latest(registry).decode())
+    with caplog.at_level(logging.WARNING, logger="aeroqueue.metrics"):
+        for _ in range(3):
+            samples = parse(generate_latest(registry).decode())
     assert value(samples, "aeroqueue_list_jobs", list=list_name) == 1
     assert value(samples, "aeroqueue_list_jobs", list=f"{list_name}-gone") is None
     assert value(samples, "aeroqueue_exporter_errors_total") == 0
+    missing = [r for r in caplog.records if getattr(r, "event", "") == "list_missing"]
+    assert [r.list for r in missing] == [f"{list_name}-gone"], "said once, not each scrape"
     assert list(collector.collect())  # a collector on its own works too
+
+
+def test_metrics_command_refuses_a_bad_list_name_and_names_a_port_in_use(registered: Backend, store_url: str) -> None:
+    from click.testing import CliRunner
+
+    from aeroqueue.cli import main
+
+    bad = CliRunner().invoke(main, ["--url", store_url, "metrics", "--port", "0", "--list", "bad name"])
+    assert bad.exit_code == 2 and "invalid list name 'bad name'" in bad.output, bad.output
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        busy = CliRunner().invoke(main, ["--url", store_url, "metrics", "--port", str(port)])
+    assert busy.exit_code == 1 and f"127.0.0.1:{port}" in busy.output and "in use" in busy.output, busy.output
 
 
 def test_metrics_command_serves_the_gauges_over_http(registered: Backend, store_url: str, list_name: str, tmp_path: Path) -> None:
