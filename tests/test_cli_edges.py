@@ -417,6 +417,18 @@ def test_loading_into_an_existing_list_says_its_setup_options_change_nothing(rea
     more = cli("load", slow, str(jobs), "--backoff", "7200", url=ready_url)
     assert more.exit_code == 0 and "note:" in more.stderr, more.output
 
+
+def test_creating_a_list_that_exists_says_its_setup_options_change_nothing(ready_url, list_name):
+    made = cli("create", list_name, "--timeout", "42", url=ready_url)
+    assert made.exit_code == 0 and "note:" not in made.stderr, "a new list takes them"
+    again = cli("create", list_name, "--max-attempts", "2", "--backoff", "0", url=ready_url)
+    assert again.exit_code == 0 and "already exists" in again.stdout, again.output
+    said = " ".join(again.stderr.split())
+    assert f"note: {list_name} exists, so --max-attempts, --backoff change nothing" in said, said
+    st = json.loads(cli("status", list_name, "--json", url=ready_url).stdout)
+    assert (st["timeout_s"], st["max_attempts"], st["backoff_s"]) == (42, 5, 1)
+    assert "note:" not in cli("create", list_name, url=ready_url).stderr
+
 def test_export_lists_the_jobs_of_each_state(ready_url, list_name):
     backend = open_backend(ready_url)
     JobLists(backend).load(list_name, [JobSpec(f"e{i}", {}) for i in range(4)], backoff_s=600, seal=True)

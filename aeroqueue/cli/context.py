@@ -23,8 +23,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from .. import udfs
 from ..backends import Backend, open_backend
 from ..config import ENV_URL, MAX_ATTEMPTS, MAX_SECONDS
-from ..errors import AeroqueueError
-from ..lists import DEFAULT_MAX_ATTEMPTS
+from ..errors import AeroqueueError, ListNotFound
+from ..lists import DEFAULT_MAX_ATTEMPTS, JobLists
 from ..sessions import check_timing
 
 T = TypeVar("T")
@@ -317,3 +317,27 @@ def check_session_timing(interval_s: float, expiry_s: float) -> None:
     except AeroqueueError as e:
         raise click.UsageError(f"--expiry and --heartbeat: {e}") from None
 
+
+# Options that set up a new list; an existing list keeps what it has.
+_NEW_LIST_ONLY = {"max_attempts": "--max-attempts", "timeout_s": "--timeout", "backoff_s": "--backoff",
+                  "backoff_max_s": "--backoff-max"}
+
+
+def note_new_list_options(lists: JobLists, name: str, *, exists: bool | None = None) -> None:
+    """Say so when options that only set up a new list were given for an existing one
+    (`exists`; None: look it up): the command goes on (a load, a create that finds
+    the list), and they would otherwise be dropped without a word."""
+    ctx = click.get_current_context()
+    given = [opt for param, opt in _NEW_LIST_ONLY.items()
+             if ctx.get_parameter_source(param) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)]
+    if not given:
+        return
+    if exists is None:
+        try:
+            lists.header(name)
+        except ListNotFound:
+            return
+    elif not exists:
+        return
+    err_console.print(f"note: {name} exists, so {', '.join(given)} change nothing (they set up a new list; "
+                      f"`aeroqueue tune {name}` changes a list's time limit and backoff)", highlight=False)

@@ -21,6 +21,7 @@ from .context import (
     TIMEOUT_OPT,
     Context,
     err_console,
+    note_new_list_options,
     option,
 )
 
@@ -44,6 +45,7 @@ def create(
         backoff_max_s=backoff_max_s,
     )
     click.echo(f"list {list_name!r} {'created' if made else 'already exists'} ({lists.header(list_name)['mode']} mode)")
+    note_new_list_options(lists, list_name, exists=not made)
 
 
 @click.command()

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-from click.core import ParameterSource
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -23,7 +22,7 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from ..errors import ListNotFound, LoadError
+from ..errors import LoadError
 from ..lists import DEFAULT_CHUNK, JobLists, max_payload
 from ..load import EMBEDDED_CHUNK
 from ..loading import STDIN, read_file, sniff_format, spooled_stdin, validate
@@ -37,29 +36,10 @@ from .context import (
     TIMEOUT_OPT,
     Context,
     err_console,
+    note_new_list_options,
     option,
     seconds,
 )
-
-# Options that set up a new list; an existing list keeps what it has.
-_NEW_LIST_ONLY = {"max_attempts": "--max-attempts", "timeout_s": "--timeout", "backoff_s": "--backoff",
-                  "backoff_max_s": "--backoff-max"}
-
-
-def _note_new_list_options(lists: JobLists, name: str) -> None:
-    """Say so when options that only set up a new list were given for an existing one:
-    the load goes on, and they would otherwise be dropped without a word."""
-    ctx = click.get_current_context()
-    given = [opt for param, opt in _NEW_LIST_ONLY.items()
-             if ctx.get_parameter_source(param) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)]
-    if not given:
-        return
-    try:
-        lists.header(name)
-    except ListNotFound:
-        return
-    err_console.print(f"note: {name} exists, so {', '.join(given)} change nothing (they set up a new list; "
-                      f"`aeroqueue tune {name}` changes a list's time limit and backoff)", highlight=False)
 
 
 class RateColumn(ProgressColumn):
@@ -147,7 +127,7 @@ def load(
         if n == 0:
             raise LoadError("no jobs in the input, so no list was created", source=source)
         t1 = time.perf_counter()
-        _note_new_list_options(JobLists(backend), list_name)
+        note_new_list_options(JobLists(backend), list_name)
         writing = progress.add_task(f"loading into {list_name}", total=n)
         report = JobLists(backend).load(
             list_name, read(), mode=mode, seal=seal, chunk_size=chunk_size, max_attempts=max_attempts,
