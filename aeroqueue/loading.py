@@ -349,6 +349,9 @@ def _read_jsonl(handle: Any, source: str, id_field: str, max_payload: int, stric
             raise LoadError(str(e), source=source, line=line, field=_bad_field(text)) from None
         if not isinstance(obj, dict):
             raise LoadError(f"expected a JSON object, got {type(obj).__name__}", source=source, line=line)
+        if twice := _given_twice(text, (id_field, "payload", RUN_AT)):
+            raise LoadError(f"field {twice!r} is given twice (which one is meant?)", source=source, line=line,
+                            field=twice)
         if id_field not in obj:
             raise LoadError("missing job id", source=source, line=line, field=id_field)
         jid = obj.pop(id_field)
@@ -370,6 +373,22 @@ def _read_jsonl(handle: Any, source: str, id_field: str, max_payload: int, stric
         # A \u escape may hide a lone surrogate, which is not valid Unicode: measure those.
         measure = len(text) > fast or "\\u" in text
         yield _checked(JobSpec(jid, payload, line, run_at), source, id_field, max_payload, measure)
+
+
+def _given_twice(text: str, fields: tuple[str, ...]) -> str | None:
+    """The first of `fields` a line's object holds twice (JSON keeps the last one, so
+    '{"id": 1, "id": 2}' would load job 2 without a word). Parsed again only when a
+    field's quoted name is in the line twice, anywhere: a count is all the rest pay."""
+    if not any(text.count(f'"{f}"') > 1 for f in fields):
+        return None
+    objects: list[list[tuple[str, Any]]] = []
+    json.loads(text, object_pairs_hook=lambda pairs: objects.append(pairs) or dict(pairs))
+    seen: set[str] = set()
+    for key, _ in objects[-1]:  # the line's own object is the last one built
+        if key in fields and key in seen:
+            return key
+        seen.add(key)
+    return None
 
 
 def _bad_field(text: str) -> str:
