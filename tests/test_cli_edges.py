@@ -201,7 +201,9 @@ def test_every_error_is_one_line_with_its_exit_status(tmp_path, args, code, says
         (("create", "L", "--backoff", "7200"), 1, "the backoff cap (3600 s) would be below its base (7200 s)"),
         (("load", "L", "JOBS", "--backoff", "7200"), 1, "below its base"),
         # A list name with a trailing newline (a regex `$` lets one through).
-        (("create", "L\n"), 1, "invalid list name 'L\\n'"),
+        (("create", "L\n"), 2, "invalid list name 'L\\n'"),
+        (("status", "a b"), 2, "invalid list name 'a b'"),
+        (("load", "_x", "JOBS"), 2, "invalid list name '_x'"),
     ],
 )
 def test_bad_numbers_and_names_are_refused_before_anything_is_written(tmp_path, args, code, says):

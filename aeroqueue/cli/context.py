@@ -24,6 +24,7 @@ from .. import udfs
 from ..backends import Backend, open_backend
 from ..config import ENV_URL, MAX_ATTEMPTS, MAX_SECONDS
 from ..errors import AeroqueueError, ListNotFound
+from ..keys import InvalidName, check_list_name
 from ..lists import DEFAULT_MAX_ATTEMPTS, JobLists
 from ..sessions import check_timing
 
@@ -260,7 +261,15 @@ def seconds(min: float = 0, *, min_open: bool = False) -> click.FloatRange:
     return _Seconds(min=min, min_open=min_open, max=MAX_SECONDS)
 
 
-LIST_ARG = click.argument("list_name", metavar="LIST")
+def _list_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    # Wrong usage (exit 2), before the store is opened: no list can have such a name.
+    try:
+        return check_list_name(value)
+    except InvalidName as e:
+        raise click.BadParameter(str(e), ctx=ctx, param=param) from None
+
+
+LIST_ARG = click.argument("list_name", metavar="LIST", callback=_list_name)
 MODE_OPT = option(
     "--mode", env="MODE", type=click.Choice(["tokens", "ids"]), default=None,
     help="tokens: sequential token store; ids: list-pop ID store (chunked). A new list: tokens; an existing "
