@@ -69,6 +69,7 @@ class WorkerMetrics(WorkerObserver):
         self.jobs_failed = jobs("failed", "Failed attempts put back for a retry (a last attempt that fails counts as dead).")
         self.jobs_timed_out = jobs("timed_out", "Attempts whose handler ran past the job's time limit.")
         self.jobs_dead = jobs("dead", "Jobs that failed their last attempt here and went dead.")
+        self.jobs_snoozed = jobs("snoozed", "Jobs whose handler asked to run them later (Retry(after=...)): not failures.")
         self.jobs_released = jobs("released", "Jobs given back unfinished (draining, or an acknowledgement that failed).")
         self.jobs_lost = jobs("lost", "Outcomes not acknowledged: the claim or the session was lost meanwhile.")
         self.handler_seconds = Histogram(
@@ -120,6 +121,9 @@ class WorkerMetrics(WorkerObserver):
 
     def timed_out(self, list_name: str) -> None:
         self.jobs_timed_out.labels(list_name).inc()
+
+    def snoozed(self, list_name: str) -> None:
+        self.jobs_snoozed.labels(list_name).inc()
 
     def released(self, list_name: str, n: int = 1) -> None:
         self.jobs_released.labels(list_name).inc(n)

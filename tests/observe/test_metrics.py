@@ -136,7 +136,7 @@ def test_worker_metrics_while_it_runs_match_the_store(registered: Backend, store
 def test_worker_metrics_count_each_outcome_by_list() -> None:
     m = WorkerMetrics(lambda: 3)
     m.reserved("a", 4)
-    for outcome in ("done", "done", "retry", "dead", "lost", "unacked", "timed_out"):
+    for outcome in ("done", "done", "retry", "dead", "lost", "unacked", "timed_out", "snoozed"):
         m.outcome("a", outcome)
     m.reserved("b", 1)
     m.outcome("b", "done")
@@ -145,7 +145,7 @@ def test_worker_metrics_count_each_outcome_by_list() -> None:
     m.heartbeat(False)
     s = parse(generate_latest(m.registry).decode())
     expected = {("a", "reserved"): 4, ("a", "completed"): 2, ("a", "failed"): 1, ("a", "dead"): 1, ("a", "lost"): 2,
-                ("a", "timed_out"): 1, ("b", "reserved"): 1, ("b", "completed"): 1, ("b", "released"): 1}
+                ("a", "timed_out"): 1, ("a", "snoozed"): 1, ("b", "reserved"): 1, ("b", "completed"): 1, ("b", "released"): 1}
     for (lst, name), n in expected.items():
         assert value(s, f"aeroqueue_jobs_{name}_total", list=lst) == n, (lst, name)
     assert value(s, "aeroqueue_jobs_dead_total", list="b") is None
