@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..backends.base import N_PARTITIONS
-from ..config import ENV_URL, default_store_path, parse_url
+from ..config import ENV_URL, MAX_SECONDS, default_store_path, parse_url
 from ..errors import ListNotFound, SyncError
 from ..lists import JobLists
 from ..sync import (
@@ -76,15 +76,24 @@ def parse_since(text: str, now_ms: int | None = None) -> int:
 
 
 class Duration(click.ParamType):
+    """A duration up to ten years (config.MAX_SECONDS); with `positive`, more than 0:
+    refused as usage, not after Spark has started."""
+
     name = "DURATION"
 
+    def __init__(self, *, positive: bool = False) -> None:
+        self.positive = positive
+
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
-        if isinstance(value, (int, float)):
-            return float(value)
         try:
-            return parse_duration(str(value))
+            seconds = float(value) if isinstance(value, (int, float)) else parse_duration(str(value))
         except ValueError as e:
             self.fail(str(e), param, ctx)
+        if self.positive and not seconds > 0:
+            self.fail(f"{value!r} is not more than 0", param, ctx)
+        if not seconds <= MAX_SECONDS:  # NaN fails too
+            self.fail(f"{value!r} is more than ten years ({MAX_SECONDS:,} s)", param, ctx)
+        return seconds
 
 
 class Since(click.ParamType):
@@ -100,6 +109,7 @@ class Since(click.ParamType):
 
 
 DURATION = Duration()
+INTERVAL = Duration(positive=True)
 
 
 def store_url_text(url: str | None) -> str:
@@ -170,7 +180,7 @@ class SyncProgress:
 )
 @option("--master", env="SPARK_MASTER", default=None, metavar="MASTER",
         help="Spark master, e.g. local[*] or spark://host:7077. Default: spark-submit's, else local[*].")
-@option("--every", env="SYNC_EVERY", type=DURATION, default=None,
+@option("--every", env="SYNC_EVERY", type=INTERVAL, default=None,
         help="Run on a schedule (e.g. 5m) instead of once; one scheduler per target holds its lease, others stand by.")
 @option("--resync", env="SYNC_RESYNC", is_flag=True,
         help="Copy again what the target already holds (idempotent); with --list and --since to narrow it.")
@@ -184,7 +194,7 @@ class SyncProgress:
         help="Rows per load (LOAD DATA LOCAL, or an upsert where the row is there already) and commit.")
 @option("--delete-after", env="SYNC_DELETE_AFTER", type=DURATION, default=None,
         help="Retention: delete jobs from Aerospike once this target has held them this long (e.g. 7d). Jobs it does not hold are never deleted. Default: keep.")
-@option("--lease", "lease_s", env="SYNC_LEASE", type=DURATION, default=f"{DEFAULT_LEASE_S:.0f}s",
+@option("--lease", "lease_s", env="SYNC_LEASE", type=INTERVAL, default=f"{DEFAULT_LEASE_S:.0f}s",
         help="How long a target's sync lease outlives a scheduler that stopped renewing it.")
 @option("--json", "as_json", env="JSON", is_flag=True, help="Print one JSON line per run (no progress bar).")
 @click.pass_obj
