@@ -60,8 +60,8 @@ def metrics(obj: Context, port: int, host: str, lists: tuple[str, ...], discover
 @option("--host", env="DASHBOARD_HOST", default="127.0.0.1", help=HOST_HELP)
 @option("--read-only", env="DASHBOARD_READ_ONLY", is_flag=True, help="Show, but offer no actions (pause, resume, kick), and refuse them.")
 @option("--trusted-host", "trusted_hosts", env="DASHBOARD_TRUSTED_HOSTS", multiple=True,
-        help="A name requests may reach the dashboard by, as their Host header gives it (repeatable; env: "
-             "space-separated): the name of a proxy in front of it. Loopback names and the --host address are "
+        help="A host name requests may reach the dashboard by (repeatable; env: space-separated): the name of a "
+             "proxy in front of it. Ports, case and a trailing dot are ignored. Loopback names and the --host address are "
              "always served; any other Host is refused, so that no other site's page can reach it by DNS rebinding.")
 @click.pass_obj
 def dashboard(obj: Context, port: int, host: str, read_only: bool, trusted_hosts: tuple[str, ...]) -> None:

@@ -64,13 +64,12 @@ def create_app(
         AEROQUEUE_READ_ONLY=read_only,
     )
     CSRFProtect(app)
-    trusted = {h.strip().strip("[]").lower() for h in (*LOOPBACK_HOSTS, *trusted_hosts) if h.strip()}
+    trusted = {_host_name(h) for h in (*LOOPBACK_HOSTS, *trusted_hosts) if h.strip()}
 
     @app.before_request
     def _trusted_host() -> None:
         host = request.headers.get("Host", "")
-        name = host.rpartition("]")[0][1:] if host.startswith("[") else host.partition(":")[0]
-        if name.lower() not in trusted:
+        if _host_name(host) not in trusted:
             abort(400, f"this dashboard is not served as {host[:100]!r}: start it with --trusted-host NAME "
                        "for a name a proxy reaches it by")
     data = Store(backend)
@@ -190,6 +189,20 @@ def create_app(
         return render_template("error.html", title="Refused", message=getattr(e, "description", "")), 403
 
     return app
+
+
+def _host_name(host: str) -> str:
+    """A Host header's (or a trusted name's) name: without its port, brackets, case
+    and the trailing dot of a fully qualified name ('[::1]:8420' -> '::1',
+    'Proxy.Example.:443' -> 'proxy.example')."""
+    host = host.strip()
+    if host.startswith("["):
+        name = host[1:].partition("]")[0]
+    elif host.count(":") > 1:
+        name = host  # a bare IPv6 address, as a trusted name may be given
+    else:
+        name = host.partition(":")[0]
+    return name.lower().removesuffix(".")
 
 
 def back(default: str) -> Response:

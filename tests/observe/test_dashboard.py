@@ -151,7 +151,7 @@ def test_a_request_naming_another_host_is_refused(registered: Backend, dead_list
     is same-origin with the dashboard and could read a CSRF token and post with it.
     Only loopback names and the trusted ones are served."""
     name, _ = dead_list
-    app = create_app(registered, secret_key="s", trusted_hosts=["queue.example.com"])
+    app = create_app(registered, secret_key="s", trusted_hosts=["queue.example.com", "Proxy.Example:8443", "[fd00::1]"])
     client = app.test_client()
     evil = {"Host": "rebind.example:8420"}
     page = client.get(f"/lists/{name}", headers=evil)
@@ -160,7 +160,8 @@ def test_a_request_naming_another_host_is_refused(registered: Backend, dead_list
     token = csrf(client, f"/lists/{name}")  # the real page, read by a local user
     assert client.post(f"/lists/{name}/pause", data={"csrf_token": token}, headers=evil).status_code == 400
     assert not JobLists(registered).status(name).paused
-    for served in ("localhost:8420", "127.0.0.1", "[::1]:8420", "LOCALHOST", "queue.example.com"):
+    for served in ("localhost:8420", "127.0.0.1", "[::1]:8420", "LOCALHOST", "queue.example.com",
+                   "queue.example.com.:443", "localhost.", "proxy.example:8443", "proxy.example", "[FD00::1]:80"):
         assert client.get("/", headers={"Host": served}).status_code == 200, served
     for refused in ("queue.example.com.evil.net", "127.0.0.1.nip.io", "[::2]:8420", ""):
         assert client.get("/", headers={"Host": refused}).status_code == 400, refused
