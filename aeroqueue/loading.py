@@ -378,8 +378,9 @@ def _read_jsonl(handle: Any, source: str, id_field: str, max_payload: int, stric
 def _given_twice(text: str, fields: tuple[str, ...]) -> str | None:
     """The first of `fields` a line's object holds twice (JSON keeps the last one, so
     '{"id": 1, "id": 2}' would load job 2 without a word). Parsed again only when a
-    field's quoted name is in the line twice, anywhere: a count is all the rest pay."""
-    if not any(text.count(f'"{f}"') > 1 for f in fields):
+    field's quoted name is in the line twice, anywhere, or a \\u escape may spell a
+    name otherwise ("\\u0069d" is "id"): a count is all the rest pay."""
+    if "\\u" not in text and not any(text.count(f'"{f}"') > 1 for f in fields):
         return None
     objects: list[list[tuple[str, Any]]] = []
     json.loads(text, object_pairs_hook=lambda pairs: objects.append(pairs) or dict(pairs))

@@ -31,6 +31,7 @@ CASES = [
     ("big.jsonl", '{"id": 1}\n{"id": 2, "payload": "' + "x" * 20_000 + '"}\n', ["big.jsonl", "line 2", "field 'payload'", "over the 10000-byte limit"]),
     ("dup.jsonl", '{"id": "a"}\n{"id": "b"}\n{"id": "a"}\n', ["dup.jsonl", "line 3", "duplicate job id 'a'"]),
     ("twice.jsonl", '{"id": "a", "payload": {"id": 1}}\n{"id": 1, "id": 2}\n', ["twice.jsonl", "line 2", "field 'id'", "given twice"]),
+    ("twice-escaped.jsonl", '{"id": "a", "\\u0069d": "b"}\n', ["twice-escaped.jsonl", "line 1", "field 'id'", "given twice"]),
     ("twice-payload.jsonl", '{"id": "a", "payload": 1, "x": {"payload": 3}, "payload": 2}\n',
      ["twice-payload.jsonl", "line 1", "field 'payload'", "given twice"]),
 ]
