@@ -46,6 +46,7 @@ _GLOB = frozenset("*?[")
 # What a pattern may hold: a list name's characters and fnmatch's, so that it can
 # match a name: it starts as a name does (or with a glob), and every '[' closes a
 # class of name characters ('[' left open would match only a literal '[').
+MAX_PATTERN = 256  # a pattern's classes ('[ab]') make it longer than the 64-character names it matches
 _PATTERN = re.compile(r"^(?=[A-Za-z0-9*?\[])(?:[A-Za-z0-9_.:*?-]|\[!?[A-Za-z0-9_.:-]+\])+$")
 
 ListArg = str | tuple[str, int]
@@ -94,10 +95,10 @@ def parse_list(arg: ListArg, option: str = "--list") -> ListSpec:
         raise ConfigError(f"{option} {arg!r}: the weight must be from 1 to {MAX_WEIGHT}, not {weight}")
     if any(c in _GLOB for c in name):
         # A pattern must be able to match a valid name: the same characters, plus the glob ones.
-        if len(name) > 64 or not _PATTERN.fullmatch(name):
+        if len(name) > MAX_PATTERN or not _PATTERN.fullmatch(name):
             raise ConfigError(f"{option} {arg!r}: {name!r} is not a list name pattern "
                               "(letters, digits, '_', '.', ':', '-' and the globs '*', '?', '[...]', "
-                              "starting with a letter, a digit or a glob; up to 64)")
+                              f"starting with a letter, a digit or a glob; up to {MAX_PATTERN})")
     else:
         try:
             keys.check_list_name(name)

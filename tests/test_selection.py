@@ -35,6 +35,8 @@ def selector(*args, names=None, **kw) -> tuple[ListSelector, Clock]:
     ("c[ab]?", ListSpec("c[ab]?", 1)),
     ("*-eu", ListSpec("*-eu", 1)),
     ("[a-c]*[!0-9]", ListSpec("[a-c]*[!0-9]", 1)),
+    ("a" * 64 + "*", ListSpec("a" * 64 + "*", 1)),  # matches the 64-character name
+    ("[ab]" * 20, ListSpec("[ab]" * 20, 1)),  # 80 characters, matching names of 20
 ])
 def test_parse(arg, spec):
     assert parse_list(arg) == spec
@@ -54,7 +56,7 @@ def test_parse(arg, spec):
     ("cust_[", "is not a list name pattern"),
     ("cust_[ab*", "is not a list name pattern"),
     ("_x*", "is not a list name pattern"),
-    ("a" * 64 + "*", "is not a list name pattern"),
+    ("a" * 256 + "*", "is not a list name pattern"),
     (("a", "2"), "the weight must be a whole number, not '2'"),
     (("a", True), "the weight must be a whole number"),
     (("a",), "give (name, weight)"),
