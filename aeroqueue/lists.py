@@ -220,9 +220,10 @@ class JobLists:
         head, done, dead, finished, voids = self._progress(name)
         # Each job counted once: a token may also stand where it no longer waits. A
         # kick moves it to the retry store and out of the schedule, a delayed load's
-        # range (into its skip) and, token mode, the store ahead (into `timed`): in ID
-        # mode it stays in an unpopped chunk. A repeated push leaves it twice in the
-        # retry store; a bury leaves it where it was, finished.
+        # range (into its skip), the token store ahead (into `timed`) or an unpopped
+        # ID-mode chunk (transitions._unchunk); a kick cut short may leave it in both
+        # for a while. A repeated push leaves it twice in the retry store; a bury
+        # leaves it where it was, finished.
         retry_set = {t for t in head.get("retry") or [] if not finished(t)}
         retry = len(retry_set)
         scheduled = {t for items in (head.get("sched") or {}).values() for t in items if not isinstance(t, list)}
