@@ -32,7 +32,7 @@ elsewhere are not waited for: the jobs behind them are reported as waiting.
 from __future__ import annotations
 
 import collections
-import contextlib
+import functools
 import itertools
 import logging
 import threading
@@ -505,17 +505,27 @@ def void_bits(lists: JobLists, name: str, tokens: list[int]) -> None:
 
 
 def finish_range(
-    lists: JobLists, name: str, mode: str, seq: int, real: list[int], *, gate: int = 0, timed: dict[int, int] | None = None
+    lists: JobLists, name: str, mode: str, seq: int, real: list[int], *, gate: int = 0, timed: dict[int, int] | None = None,
+    recovered: bool = False,
 ) -> None:
     """Publish a written range. `gate` (server ms) holds the whole range back until
     then; `timed` holds single jobs back (token -> server ms). A recovered range
     has no gate: each of its delayed jobs is timed by the due its record holds
     (the job record is what decides; its claim refuses it until then)."""
     if mode == "ids":
-        with contextlib.suppress(RecordExists):  # a recovery wrote the same chunk
-            # `due`: its jobs' own run_at, for status only (the claim decides when they run).
-            chunk: dict[str, Any] = {"ids": real, "due": timed} if timed else {"ids": real}
+        # `due`: its jobs' own run_at, for status only (the claim decides when they run).
+        chunk: dict[str, Any] = {"ids": real, "due": timed} if timed else {"ids": real}
+        try:
             lists.backend.put(keys.IDS_SET, keys.chunk_name(name, seq), chunk, create_only=True)
+        except RecordExists:
+            # The same chunk, written by the loader (it died before publishing, or
+            # this is its repeated call) or by a recovery. A recovery's `due` holds
+            # every delayed job, by the due its record says; the loader's only those
+            # with a run_at past the load's delay (its gate holds the rest, and a
+            # recovery publishes no gate): the recovery's is the one to keep.
+            if recovered and timed:
+                retry_in_doubt(functools.partial(
+                    lists.backend.operate, keys.IDS_SET, keys.chunk_name(name, seq), [op.write("due", timed)]))
     out = lists._list_udf(name, "publish", seq, len(real), gate, timed or {}, transitions.SCHED_CAP)
     if out["st"] != "ok":
         raise LoadAbandoned(f"list {name!r}: range {seq} is unknown to the list record")
@@ -547,7 +557,7 @@ def recover(lists: JobLists, name: str) -> int:
         # run_at): not counted reservable, nor handed out only to be refused.
         timed = {t: rec.bins["due"] for t, rec in zip(tokens, recs, strict=True)
                  if t in real_set and rec.bins.get("state") == "delayed" and rec.bins.get("due")}
-        finish_range(lists, name, head["mode"], r["seq"], real, timed=timed)
+        finish_range(lists, name, head["mode"], r["seq"], real, timed=timed, recovered=True)
     return len(ranges)
 
 

@@ -256,20 +256,26 @@ def test_a_dead_loaders_range_is_recovered(queue, lists, list_name, session, reg
     assert st.total == 8 and st.pending_ranges == 0
 
 
-@pytest.mark.parametrize("mode", ["tokens", "ids"])
-def test_a_dead_loaders_delayed_jobs_stay_delayed_once_recovered(queue, lists, list_name, session, registered, mode):
+@pytest.mark.parametrize(("mode", "chunk"), [("tokens", False), ("ids", False), ("ids", True)],
+                         ids=["tokens", "ids", "ids-after-its-chunk"])
+def test_a_dead_loaders_delayed_jobs_stay_delayed_once_recovered(queue, lists, list_name, session, registered, mode, chunk):
     """The dead loader's jobs with a later run_at (or of a delayed load) are held back
     by their records' due once recovered: counted delayed, not reservable, and not
-    handed out before then."""
+    handed out before then. In ID mode the loader may have died after writing its
+    chunk, whose `due` names only jobs with a run_at past the load's delay: the
+    recovery's, which names every delayed job, replaces it."""
     lists.load(list_name, specs(2), mode=mode)
     got = registered.apply(keys.LIST_SET, list_name, keys.LIST_MOD, "alloc", 3, 0)
     later = (time.time() + 3600) * 1000
-    for i, t in enumerate(range(got["start"], got["start"] + 3)):
+    tokens = list(range(got["start"], got["start"] + 3))
+    for i, t in enumerate(tokens):
         timed = {"state": "delayed", "due": round(later)} if i < 2 else {"state": "queued"}
         registered.put(keys.JOB_SET, keys.job_name(list_name, t), {
             "list": list_name, "token": t, "jid": f"dead-{i}", "payload": {}, "att": 0, "max_att": 5, **timed,
         })
         registered.put(keys.JIDX_SET, keys.jidx_name(list_name, f"dead-{i}"), {"tok": t})
+    if chunk:  # a --delay load: its gate, not the chunk, was to hold these back
+        registered.put(keys.IDS_SET, keys.chunk_name(list_name, got["seq"]), {"ids": tokens})
     assert lists.recover(list_name) == 1
     st = lists.status(list_name)
     assert (st.total, st.reservable, st.delayed) == (5, 3, 2), st
