@@ -249,6 +249,9 @@ def _read_csv(handle: Any, source: str, id_field: str, max_payload: int, strict:
         if not jid:
             raise LoadError("empty job id", source=source, line=line, field=id_field)
         run_at = parse_run_at(row[run_at_at], source, line) if run_at_at is not None else None
+        if any("\x00" in cell for cell in row):
+            name = header[next(i for i, cell in enumerate(row) if "\x00" in cell)]
+            raise LoadError(NUL_WHY, source=source, line=line, field=name)
         if payload_at is None:
             payload: Any = dict(zip(header, row, strict=True))
             del payload[id_field]
@@ -313,7 +316,30 @@ def _loads(text: str, max_depth: int = MAX_DEPTH) -> Any:
     value = json.loads(text, parse_constant=_refuse_constant, parse_int=_checked_int, parse_float=_checked_float)
     if too_deep(value, text, max_depth):
         raise _BadValue(f"JSON nested more than {MAX_DEPTH} deep ({_DEPTH_WHY})")
+    if "\\u0000" in text and holds_nul(value):  # JSON has no other way to spell one
+        raise _BadValue(NUL_WHY)
     return value
+
+
+# The Aerospike client cuts a string (a bin value, a map key, a record key) at its
+# first NUL: 'a\x00b' is stored as 'a', and the record of job id 'a\x00b' is job 'a''s.
+NUL_WHY = "a string holds a NUL character (\\u0000), where the Aerospike client would cut it short"
+
+
+def holds_nul(value: Any) -> bool:
+    """Whether a string in `value` (a value or a map key, at any depth) holds a NUL."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            if "\x00" in v:
+                return True
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+    return False
 
 
 def too_deep(value: Any, text: str, max_depth: int = MAX_DEPTH) -> bool:
@@ -416,6 +442,9 @@ def _checked(spec: JobSpec, source: str, id_field: str, max_payload: int, measur
                         line=spec.line, field=id_field) from None
     if too_long:
         raise LoadError(f"job id longer than {MAX_ID_BYTES} bytes", source=source, line=spec.line, field=id_field)
+    if "\x00" in spec.jid:
+        raise LoadError(f"job id holds a NUL character (\\u0000): the Aerospike client cuts a key there, so it "
+                        f"would be the id {spec.jid.partition(chr(0))[0]!r}", source=source, line=spec.line, field=id_field)
     if not measure:
         return spec
     try:
@@ -639,7 +668,11 @@ def _check_python_value(value: Any) -> None:
     stack = [(value, 1)]
     while stack:
         v, d = stack.pop()
-        if isinstance(v, bool) or v is None or isinstance(v, str):
+        if isinstance(v, str):
+            if "\x00" in v:
+                raise _BadValue(NUL_WHY)
+            continue
+        if isinstance(v, bool) or v is None:
             continue
         if isinstance(v, int):
             if not INT64[0] <= v <= INT64[1]:
@@ -650,4 +683,6 @@ def _check_python_value(value: Any) -> None:
         elif isinstance(v, (list, tuple, dict)):
             if d > MAX_DEPTH:
                 raise _BadValue(f"payload nested more than {MAX_DEPTH} deep ({_DEPTH_WHY})")
+            if isinstance(v, dict) and any(isinstance(k, str) and "\x00" in k for k in v):
+                raise _BadValue(NUL_WHY)
             stack.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))

@@ -143,7 +143,9 @@ def backoff_ms(attempt: int, base_ms: int, cap_ms: int, rng: random.Random | Non
 
 
 def error_text(text: str) -> str:
-    """An error as kept in the job's history: its start and its end (the traceback's last lines)."""
+    """An error as kept in the job's history: its start and its end (the traceback's last lines).
+    A NUL shows as \\x00: the Aerospike client would end the text there."""
+    text = text.replace("\x00", "\\x00")
     if len(text) <= ERROR_CHARS:
         return text
     half = ERROR_CHARS // 2

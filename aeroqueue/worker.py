@@ -55,7 +55,7 @@ from .errors import (
     SessionLost,
 )
 from .lists import JobLists, is_complete
-from .loading import MAX_DEPTH, too_deep
+from .loading import MAX_DEPTH, NUL_WHY, holds_nul, too_deep
 from .observe import NULL_OBSERVER, WorkerObserver
 from .queue import Job, Queue, Retry
 from .selection import DEFAULT_BACKOFF_MAX_S, DEFAULT_REFRESH_S, ListArg, ListSelector, parse_lists
@@ -149,6 +149,8 @@ def storable_result(value: Any, what: str = "the handler's result") -> Any:
     if too_deep(stored, text):
         raise ResultNotStorable(f"{what} cannot be stored as JSON: nested more than {MAX_DEPTH} deep "
                                 "(MariaDB's JSON limit, where the sync copies it)")
+    if "\\u0000" in text and holds_nul(stored):
+        raise ResultNotStorable(f"{what} cannot be stored: {NUL_WHY}")
     return stored
 
 

@@ -334,6 +334,7 @@ def test_an_ack_past_the_time_limit_says_so_not_that_another_session_holds_it(re
     ("1e999", "not JSON compliant"), ('{"n": [NaN]}', "not JSON compliant"),
     ("99999999999999999999999", "does not fit in 64 bits"),
     ("[" * 32 + "]" * 32, "nested more than 31 deep"),
+    ('{"a": "x\\u0000y"}', "NUL character"),
 ])
 def test_complete_refuses_a_result_that_cannot_be_stored_and_leaves_the_job_claimed(ready_url, list_name, text, why):
     """Python's json reads NaN, Infinity and 1e999 (inf), but they are not JSON: stored,

@@ -343,3 +343,13 @@ def test_logic_of_fewer_than_two_operands_is_refused(client, ns, set_name, logic
     both = getattr(xp, logic)(xp.Eq(xp.IntBin("a"), 1), xp.Eq(xp.IntBin("a"), 2)).compile()
     if logic != "And":
         assert client.get(key, {"expressions": both})[2] == {"a": 1}
+
+
+def test_a_string_ends_at_its_first_nul_in_values_map_keys_and_record_keys(client, ns, set_name):
+    """The client sends a string up to its first NUL: 'a\\x00b' is stored as 'a', in a
+    bin, a list, a map key, and a record key (whose digest is the key 'a''s)."""
+    client.put((ns, set_name, "n\x00ul"), {"v": "a\x00b", "l": ["p\x00q", "r"], "m": {"k\x00z": "x\x00y"}})
+    _, _, bins = client.get((ns, set_name, "n"))
+    assert bins == {"v": "a", "l": ["p", "r"], "m": {"k": "x"}}
+    client.operate((ns, set_name, "n"), [op.write("w", "c\x00d")])
+    assert client.get((ns, set_name, "n\x00other"))[2]["w"] == "c"

@@ -31,10 +31,26 @@ CASES = [
     ("big.jsonl", '{"id": 1}\n{"id": 2, "payload": "' + "x" * 20_000 + '"}\n', ["big.jsonl", "line 2", "field 'payload'", "over the 10000-byte limit"]),
     ("dup.jsonl", '{"id": "a"}\n{"id": "b"}\n{"id": "a"}\n', ["dup.jsonl", "line 3", "duplicate job id 'a'"]),
     ("twice.jsonl", '{"id": "a", "payload": {"id": 1}}\n{"id": 1, "id": 2}\n', ["twice.jsonl", "line 2", "field 'id'", "given twice"]),
+    # The client cuts a string at a NUL: the store would keep less, or another job's id.
+    ("nul.csv", "id,x\na,b\nc,d\x00e\n", ["nul.csv", "line 3", "field 'x'", "NUL character"]),
+    ("nulid.csv", "id,x\na\x00b,c\n", ["nulid.csv", "line 2", "field 'id'", "NUL character"]),
+    ("nul.jsonl", '{"id": "a", "payload": {"k": ["x\\u0000y"]}}\n', ["nul.jsonl", "line 1", "field 'payload'", "NUL"]),
+    ("nulkey.jsonl", '{"id": "a", "payload": {"k\\u0000": 1}}\n', ["nulkey.jsonl", "line 1", "NUL"]),
+    ("nulid.jsonl", '{"id": "a\\u0000b"}\n', ["nulid.jsonl", "line 1", "field 'id'", "NUL character"]),
     ("twice-escaped.jsonl", '{"id": "a", "\\u0069d": "b"}\n', ["twice-escaped.jsonl", "line 1", "field 'id'", "given twice"]),
     ("twice-payload.jsonl", '{"id": "a", "payload": 1, "x": {"payload": 3}, "payload": 2}\n',
      ["twice-payload.jsonl", "line 1", "field 'payload'", "given twice"]),
 ]
+
+
+@pytest.mark.parametrize("payload", ["a\x00b", {"k": ["x\x00"]}, {"k\x00": 1}])
+def test_a_python_payload_with_a_nul_is_refused(payload):
+    with pytest.raises(LoadError, match="NUL character") as e:
+        from_iterable([("ok", {}), ("j", payload)], max_payload=1000)
+    assert "line 2" in str(e.value) and "field 'payload'" in str(e.value)
+    with pytest.raises(LoadError, match="NUL character"):
+        from_iterable([("a\x00b", {})], max_payload=1000)
+    assert "escaped \\u0000 in text is fine" and from_iterable([("j", "\\u0000")], max_payload=1000)
 
 
 @pytest.mark.parametrize("jid", [None, True, 1.5, {"x": 1}, ["a"], "", "  "])

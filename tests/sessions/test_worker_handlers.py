@@ -31,6 +31,7 @@ def _misbehave(job: Job) -> object:
         "object": object(),
         "nan": float("nan"),
         "huge-int": 2**70,
+        "nul": {"text": "cut\x00here"},
     }[kind]
 
 
@@ -41,11 +42,12 @@ EXPECTED_ERROR = {
     "object": "cannot be stored as JSON: Object of type object is not JSON serializable",
     "nan": "cannot be stored as JSON: Out of range float values are not JSON compliant",
     "huge-int": "does not fit in 64 bits",
+    "nul": "NUL character",  # the client would store "cut"
 }
 
 
 def test_one_thread_survives_every_kind_of_bad_handler(registered, lists, list_name):
-    kinds = ["exit", "ok", "interrupt", "set", "object", "tuple", "nan", "huge-int"]
+    kinds = ["exit", "ok", "interrupt", "set", "object", "tuple", "nan", "huge-int", "nul"]
     lists.load(list_name, [JobSpec(k, {}) for k in kinds], max_attempts=1, seal=True)
     # One thread: if any of these killed it, the list would never complete and the
     # worker would stop with EXIT_THREADS_DIED instead.
@@ -62,6 +64,20 @@ def test_one_thread_survives_every_kind_of_bad_handler(registered, lists, list_n
         assert "result" not in jobs[kind] or jobs[kind]["result"] is None
     st = lists.status(list_name)
     assert (st.done, st.dead, st.complete) == (2, len(EXPECTED_ERROR), True)
+
+
+def test_an_error_with_a_nul_is_kept_whole(queue, lists, list_name, session):
+    """The client ends a string at a NUL: an exception's message holding one would be
+    kept cut short, its traceback lost. It is kept with the NUL shown as \\x00."""
+    lists.load(list_name, [JobSpec("e", {})], max_attempts=3, backoff_s=0)
+    [job] = queue.reserve(list_name, session, 1)
+
+    def handler(job):
+        raise ValueError("bad byte \x00 in the input")
+
+    assert run_job(queue, job, handler, session) == "retry"
+    err = queue.backend.get(keys.JOB_SET, job.name).bins["err"]
+    assert "ValueError: bad byte \\x00 in the input" in err, err
 
 
 def test_a_result_over_the_record_size_fails_the_job_with_a_true_error(queue, lists, list_name, session):

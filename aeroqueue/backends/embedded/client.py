@@ -147,6 +147,8 @@ class EmbeddedClient:
         if not isinstance(key, tuple) or len(key) < 3:
             raise server_error("ParamError", -2, f"key is invalid: {key!r}")
         ns, set_name, user_key = key[0], key[1] or "", key[2]
+        if isinstance(user_key, str) and "\x00" in user_key:
+            user_key = user_key.partition("\x00")[0]  # as the client sends it (and digests it)
         if ns != self.namespace:
             raise server_error("NamespaceNotFound", 20, "AEROSPIKE_ERR_NAMESPACE_NOT_FOUND")
         digest = key[3] if len(key) > 3 and key[3] else None
@@ -406,7 +408,7 @@ class EmbeddedClient:
                     Storage.delete(db, ns, digest)
                 row = None
             elif outcome.action == "write":
-                bins = {k: _store_value(v) for k, v in (outcome.bins or {}).items() if v is not None}
+                bins = {k: _store_value(v, cut=False) for k, v in (outcome.bins or {}).items() if v is not None}
                 ttl = outcome.ttl if outcome.ttl is not None else pol.get("ttl")
                 row = self._commit(
                     db, ns, digest, set_name, user_key, old, bins, self._void_time(ttl, old, now), now,
@@ -932,31 +934,42 @@ class EmbeddedQuery:
 _SCALARS = frozenset({str, int, float, bool, bytes})
 
 
+def _plain(v: Any) -> bool:
+    """A scalar `_store_value` keeps as it is (a string with a NUL it cuts)."""
+    kind = type(v)
+    return kind in _SCALARS and (kind is not str or "\x00" not in v)
+
+
 def _store_plain(value: Any) -> Any:
     """`_store_value`, without its copy for what it would not change: scalars and maps or
     lists of them (a loaded payload, mostly). Only stored, never changed afterwards."""
-    kind = type(value)
-    if kind in _SCALARS:
+    if _plain(value):
         return value
+    kind = type(value)
     if kind is dict:
-        if all(type(v) in _SCALARS for v in value.values()) and all(type(k) in _SCALARS for k in value):
+        if all(map(_plain, value.values())) and all(map(_plain, value)):
             return value
-    elif kind is list and all(type(v) in _SCALARS for v in value):
+    elif kind is list and all(map(_plain, value)):
         return value
     return _store_value(value)
 
 
-def _store_value(value: Any) -> Any:
-    """Normalise a bin value for storage (bytearray and bytes are both blobs)."""
+def _store_value(value: Any, *, cut: bool = True) -> Any:
+    """Normalise a bin value for storage (bytearray and bytes are both blobs). A string
+    from the client ends at its first NUL, as the client sends it (values and map
+    keys alike); `cut=False` for a UDF's own writes (Lua strings carry a length)."""
     if isinstance(value, bytearray):
         return bytes(value)
+    if isinstance(value, str):
+        return value.partition("\x00")[0] if cut else value
     if isinstance(value, list):
-        return [_store_value(v) for v in value]
+        return [_store_value(v, cut=cut) for v in value]
     if isinstance(value, dict):
-        return {(bytes(k) if isinstance(k, bytearray) else k): _store_value(v) for k, v in value.items()}
+        return {(bytes(k) if isinstance(k, bytearray) else _store_value(k, cut=cut) if isinstance(k, str) else k):
+                _store_value(v, cut=cut) for k, v in value.items()}
     if isinstance(value, tuple):
-        return [_store_value(v) for v in value]
-    if value is None or isinstance(value, (bool, int, float, str, bytes)):
+        return [_store_value(v, cut=cut) for v in value]
+    if value is None or isinstance(value, (bool, int, float, bytes)):
         return value
     raise server_error("ParamError", -2, f"unsupported bin value type {type(value).__name__}")
 

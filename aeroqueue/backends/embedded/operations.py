@@ -108,8 +108,18 @@ _IMMUTABLE = frozenset({str, int, float, bool, bytes, type(None)})
 
 def _copy(value: Any) -> Any:
     """A value the record can keep without sharing it with the caller (or another
-    record of the batch): immutable ones as they are, the rest deep-copied."""
-    return value if type(value) in _IMMUTABLE else copy.deepcopy(value)
+    record of the batch): immutable ones as they are, the rest deep-copied. A string
+    ends at its first NUL, as the client sends it."""
+    kind = type(value)
+    if kind is str:
+        return value.partition("\x00")[0] if "\x00" in value else value
+    if kind in _IMMUTABLE:
+        return value
+    if kind is list:
+        return [_copy(v) for v in value]
+    if kind is dict:
+        return {(_copy(k) if type(k) is str else k): _copy(v) for k, v in value.items()}
+    return copy.deepcopy(value)
 
 
 def _unsupported(what: Any) -> NotImplementedError:
