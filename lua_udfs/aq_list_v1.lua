@@ -143,8 +143,9 @@ local function release_due(rec, t)
       if next_due == nil or due < next_due then next_due = due end
     end
   end
-  -- Earliest due first: the server walks a map in hash order, the embedded
-  -- store in insertion order; neither is the order the jobs came due in.
+  -- Earliest due first. The server walks a map in key order (so does the
+  -- embedded store: tests/contract), which is that order already; sorted
+  -- anyway, so that the order of release never rests on how a map is walked.
   table.sort(due_now)
   for _, due in ipairs(due_now) do
     for item in list.iterator(sched[due]) do

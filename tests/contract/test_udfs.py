@@ -112,3 +112,15 @@ def test_batch_write_applies_a_udf_with_each_records_own_arguments(backend: Back
     assert backend.get(set_name, "a").bins["who"] == "w1" and backend.get(set_name, "b").bins["who"] == "w2"
     bad = backend.batch_udf(set_name, [("a", ["boom"])], MODULE, "fail_with")
     assert [(r.ok, r.code) for r in bad] == [(False, 100)]
+
+
+def test_maps_are_walked_and_returned_in_key_order(client, ns, set_name):
+    """The server keeps a map's keys in order, integers then strings (bytewise), for
+    a map from the client and one made in Lua alike, whatever the order they came
+    in: map.pairs walks them so, and a map bin comes back so (nested ones too)."""
+    got = client.apply((ns, set_name, "m"), MODULE, "map_keys", [{"z": 1, 9: 1, "B": 1, -3: 1, "a": 1}])
+    assert got == [-3, 9, "B", "a", "z", 1, 2, 5, "a", "b"]
+    client.put((ns, set_name, "m"), {"p": {"z": 1, 10: 1, "a": {"y": 1, "b": 2}, -3: 2, "L": [{"q": 1, "c": 2}]}})
+    bins = client.get((ns, set_name, "m"))[2]
+    assert list(bins["p"]) == [-3, 10, "L", "a", "z"]
+    assert list(bins["p"]["a"]) == ["b", "y"] and list(bins["p"]["L"][0]) == ["c", "q"]

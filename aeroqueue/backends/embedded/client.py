@@ -27,7 +27,7 @@ from .faults import Faults
 from .lua_runtime import LuaRuntime
 from .operations import run_operations, server_error
 from .storage import Row, Storage, decode, encode, too_big
-from .types import MAX_BIN_NAME, NEVER_EXPIRE, RecordView, UdfFailure
+from .types import MAX_BIN_NAME, NEVER_EXPIRE, RecordView, UdfFailure, key_ordered
 
 N_PARTITIONS = 4096
 DEFAULT_MAX_RECORD_SIZE = 1024 * 1024  # Aerospike's max-record-size default (1 MiB)
@@ -948,7 +948,7 @@ def _store_plain(value: Any) -> Any:
     kind = type(value)
     if kind is dict:
         if all(map(_plain, value.values())) and all(map(_plain, value)):
-            return value
+            return key_ordered(value)
     elif kind is list and all(map(_plain, value)):
         return value
     return _store_value(value)
@@ -965,8 +965,8 @@ def _store_value(value: Any, *, cut: bool = True) -> Any:
     if isinstance(value, list):
         return [_store_value(v, cut=cut) for v in value]
     if isinstance(value, dict):
-        return {(bytes(k) if isinstance(k, bytearray) else _store_value(k, cut=cut) if isinstance(k, str) else k):
-                _store_value(v, cut=cut) for k, v in value.items()}
+        return key_ordered({(bytes(k) if isinstance(k, bytearray) else _store_value(k, cut=cut) if isinstance(k, str)
+                              else k): _store_value(v, cut=cut) for k, v in value.items()})
     if isinstance(value, tuple):
         return [_store_value(v, cut=cut) for v in value]
     if value is None or isinstance(value, (bool, int, float, bytes)):

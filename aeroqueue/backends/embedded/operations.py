@@ -22,7 +22,7 @@ import aerospike
 
 from .expressions import UNKNOWN, evaluate
 from .server_errors import server_error
-from .types import OperateOutcome, RecordView
+from .types import OperateOutcome, RecordView, key_ordered
 
 __all__ = ["run_operations", "server_error"]
 
@@ -118,7 +118,7 @@ def _copy(value: Any) -> Any:
     if kind is list:
         return [_copy(v) for v in value]
     if kind is dict:
-        return {(_copy(k) if type(k) is str else k): _copy(v) for k, v in value.items()}
+        return key_ordered({(_copy(k) if type(k) is str else k): _copy(v) for k, v in value.items()})
     return copy.deepcopy(value)
 
 

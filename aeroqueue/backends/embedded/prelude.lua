@@ -22,11 +22,11 @@ local getmt = debug.getmetatable
 local mtype, tointeger, min, max = math.type, math.tointeger, math.min, math.max
 local sfind, ssub, sbyte, schar, sformat, sgsub, spack, sunpack =
   string.find, string.sub, string.byte, string.char, string.format, string.gsub, string.pack, string.unpack
-local tconcat, tunpack, tmove = table.concat, table.unpack, table.move
+local tconcat, tunpack, tmove, tsort = table.concat, table.unpack, table.move, table.sort
 local utf8len = utf8.len
 
 -- Private keys of the objects' state.
-local VALS, SIZE, KEYS, ORDER, POS, HOLES = {}, {}, {}, {}, {}, {}
+local VALS, SIZE, KEYS, ORDER, POS, HOLES, SORTED, MAXK = {}, {}, {}, {}, {}, {}, {}, {}
 local STR, ARR, CAP, BTYPE, STATE = {}, {}, {}, {}, {}
 
 local NIL = {}    -- a nil held in a map (m[k] = nil keeps the key), or a staged bin delete
@@ -648,9 +648,12 @@ LIST.__tostring = list_str
 LIST.__pairs = BYTES.__pairs
 
 -- ---------------------------------------------------------------------------
--- map: an Aerospike hash map, iterated in insertion order. Entries are keyed
--- by a normalised key: a float key must not merge with the equal integer (as
--- Lua table keys do) and a bytes key is found by its content.
+-- map: an Aerospike map, iterated in key order as the server's are (integers,
+-- then strings bytewise, then blobs: key_less; whatever the order of insertion, for maps
+-- made in Lua and maps read from bins alike). Entries are keyed by a normalised
+-- key: a float key must not merge with the equal integer (as Lua table keys do)
+-- and a bytes key is found by its content. The order is kept lazily: sorted
+-- when iterated, if a key came in below the largest one since the last sort.
 
 local FLOAT_TAG, BYTES_TAG = "\255\254F", "\255\254B"
 
@@ -666,7 +669,29 @@ local function nkey(k)
 end
 
 local function new_map()
-  return setmetatable({[VALS] = {}, [KEYS] = false, [ORDER] = {}, [POS] = {}, [SIZE] = 0, [HOLES] = 0}, MAP)
+  return setmetatable({[VALS] = {}, [KEYS] = false, [ORDER] = {}, [POS] = {}, [SIZE] = 0, [HOLES] = 0, [SORTED] = true,
+                      [MAXK] = false}, MAP)  -- every private key present: a missing one would go to __newindex
+end
+
+-- The server's order of types (docs: cdt-ordering): boolean, integer, string,
+-- list, map, bytes, double. Lists and maps as keys sort by identity here.
+local function key_rank(k)
+  local t = type(k)
+  if t == "boolean" then return 1 end
+  if t == "number" then return mtype(k) == "integer" and 2 or 6 end
+  if t == "string" then return 3 end
+  if getmt(k) == BYTES then return 5 end
+  return 4
+end
+
+-- the server's order of map keys (originals, not normalised)
+local function key_less(a, b)
+  local ra, rb = key_rank(a), key_rank(b)
+  if ra ~= rb then return ra < rb end
+  if ra == 2 or ra == 3 or ra == 6 then return a < b end
+  if ra == 5 then return bytes_str(a) < bytes_str(b) end
+  if ra == 1 then return (not a) and b end
+  return false
 end
 
 -- k and v have been through toval; v may be nil (stored as NIL)
@@ -679,6 +704,10 @@ local function map_set(m, k, v)
     order[p] = nk
     m[POS][nk] = p
     m[SIZE] = m[SIZE] + 1
+    if m[SORTED] then
+      local top = m[MAXK]
+      if top == false or key_less(top, k) then m[MAXK] = k else m[SORTED] = false end
+    end
     if nk ~= k then
       local keys = m[KEYS]
       if not keys then keys = {}; m[KEYS] = keys end
@@ -723,6 +752,25 @@ local function map_key(m, nk)
   return keys and keys[nk] or nk
 end
 
+-- Compacts the order of entries, and sorts it by key if it is not sorted.
+local function map_sort(m)
+  if m[SORTED] then
+    if m[HOLES] > 0 then map_compact(m) end
+    return
+  end
+  local order, out = m[ORDER], {}
+  for i = 1, #order do
+    if order[i] ~= TOMB then out[#out + 1] = order[i] end
+  end
+  tsort(out, function(x, y) return key_less(map_key(m, x), map_key(m, y)) end)
+  local pos = m[POS]
+  for i = 1, #out do pos[out[i]] = i end
+  m[ORDER] = out
+  m[HOLES] = 0
+  m[SORTED] = true
+  if #out > 0 then m[MAXK] = map_key(m, out[#out]) else m[MAXK] = false end
+end
+
 local function map_value(v)
   if v == NIL then return nil end
   return v
@@ -730,6 +778,7 @@ end
 
 -- the live entries as an iterator of (key, value)
 local function map_entries(m)
+  map_sort(m)
   local i = 0
   return function()
     local order = m[ORDER]
@@ -1377,7 +1426,7 @@ function api.describe(o)
   local mt = getmt(o)
   if mt == LIST then return "L", o[SIZE] end
   if mt == MAP then
-    if o[HOLES] > 0 then map_compact(o) end
+    map_sort(o)
     return "M", o[SIZE]
   end
   if mt == BYTES then

@@ -59,3 +59,28 @@ class OperateOutcome:
     wrote: bool = False  # at least one write op ran: generation + 1, last-update time = now
     bins: dict[str, Any] = field(default_factory=dict)  # the complete bins afterwards
     touched: bool = False  # a touch op ran (rewrites metadata only)
+
+
+def key_order(k: Any) -> tuple:
+    """Where a map key sorts on the server (docs: cdt-ordering): booleans, integers,
+    strings (by code point, which is UTF-8's byte order), blobs, doubles."""
+    kind = type(k)
+    if kind is int:
+        return (2, k, "")
+    if kind is str:
+        return (3, 0, k)
+    if kind is bytes:
+        return (5, 0, k)
+    if kind is float:
+        return (6, k, "")
+    if kind is bool:
+        return (1, int(k), "")
+    return (4, 0, repr(k))
+
+
+def key_ordered(d: dict) -> dict:
+    """`d` with its keys in the server's order: a map comes back from the server
+    sorted by key (nested ones too), whatever order it was written in."""
+    keys = list(d)
+    ordered = sorted(keys) if all(type(k) is str for k in keys) else sorted(keys, key=key_order)
+    return d if ordered == keys else {k: d[k] for k in ordered}

@@ -13,6 +13,8 @@
 -- claim(rec, who)            -> 'missing' | 'taken' | 'ok'; 'q' -> 'c', a status value (batch-safe)
 -- now(rec)                   -> aerospike:get_current_time()
 -- lut(rec)                   -> record.last_update_time(rec) (ms since 2010-01-01)
+-- map_keys(rec, m)           -> list of m's keys as map.pairs walks them, then those of a map
+--                               made here with keys 5, 1, 'b', 3, 'a' (in that order)
 
 function incr(rec, bin, by)
   local v = (rec[bin] or 0) + by
@@ -63,4 +65,15 @@ end
 
 function lut(rec)
   return record.last_update_time(rec)
+end
+
+function map_keys(rec, m)
+  local out = list()
+  for k in map.keys(m) do list.append(out, k) end
+  local made = map()
+  made[5] = 1; made[1] = 1; made['b'] = 1; made[3] = 1; made['a'] = 1
+  map.remove(made, 3)
+  made[2] = 1
+  for k, _ in map.pairs(made) do list.append(out, k) end
+  return out
 end
