@@ -353,3 +353,28 @@ def test_a_string_ends_at_its_first_nul_in_values_map_keys_and_record_keys(clien
     assert bins == {"v": "a", "l": ["p", "r"], "m": {"k": "x"}}
     client.operate((ns, set_name, "n"), [op.write("w", "c\x00d")])
     assert client.get((ns, set_name, "n\x00other"))[2]["w"] == "c"
+
+
+def test_writes_the_client_or_server_refuse(client, ns, set_name):
+    """What a real server (and its client) answers to writes aeroqueue's own code never
+    makes, so that the embedded store cannot let such a write through unnoticed."""
+    key = (ns, set_name, "w")
+    with pytest.raises(ex.InvalidRequest):  # a write of no bins
+        client.put(key, {})
+    with pytest.raises(ex.RecordNotFound):  # only deletes, of a record that is not there
+        client.put(key, {"a": None})
+    with pytest.raises(ex.ParamError):
+        client.put(key, {"n": 2**63})
+    with pytest.raises(ex.ParamError):
+        client.put(key, {"t": (1, 2)})
+    client.put(key, {"n": 2**63 - 1, "m": -(2**63)})
+    with pytest.raises(ex.ParamError):
+        client.operate(key, [])
+    for ttl in (10 * 365 * 86_400 + 1, -4):  # past ten years (a negative is a huge ttl on the wire)
+        with pytest.raises(ex.InvalidRequest):
+            client.put(key, {"a": 1}, meta={"ttl": ttl})
+    client.operate(key, [op.touch(100)])
+    assert 90 <= client.get(key)[1]["ttl"] <= 100, "a touch's ttl is the record's"
+    client.put(key, {"a": 2}, meta={"ttl": 2**32})  # 0 on the wire: the namespace's default, never here
+    assert client.get(key)[1]["ttl"] == aerospike.TTL_NEVER_EXPIRE & 0xFFFFFFFF
+    assert client.get(key)[2] == {"n": 2**63 - 1, "m": -(2**63), "a": 2}

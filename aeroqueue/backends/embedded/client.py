@@ -35,6 +35,7 @@ _MAX_GEN = 0xFFFF  # generations are 16-bit on the server and wrap past this
 _TTL_NEVER = {-1, aerospike.TTL_NEVER_EXPIRE}
 _TTL_KEEP = {-2, aerospike.TTL_DONT_UPDATE}
 _TTL_DEFAULT = {0, -3, aerospike.TTL_CLIENT_DEFAULT, None}
+_MAX_TTL_S = 10 * 365 * 86_400  # the server's max-ttl: ten years
 # Policy keys that only tune the network round trip: meaningless here, accepted.
 _TRANSPORT_POLICY = {
     "total_timeout", "socket_timeout", "max_retries", "sleep_between_retries", "timeout_delay",
@@ -205,8 +206,17 @@ class EmbeddedClient:
             return 0
         if ttl in _TTL_DEFAULT:
             return now + self.default_ttl * 1000 if self.default_ttl else 0
-        if not isinstance(ttl, int) or ttl < 0:
+        if not isinstance(ttl, int):
             raise server_error("ParamError", -2, f"invalid ttl {ttl!r}")
+        # The client sends 32 bits: 2**32 is 0 (the namespace's default), another
+        # negative a huge ttl; the server refuses more than ten years (seen on 8.1).
+        ttl &= 0xFFFFFFFF
+        if ttl == 0:
+            return self._void_time(None, None, now)
+        if ttl in (0xFFFFFFFF, 0xFFFFFFFE):
+            return self._void_time(ttl - 0x100000000, old, now)
+        if ttl > _MAX_TTL_S:
+            raise server_error("InvalidRequest", 4, "AEROSPIKE_ERR_REQUEST_INVALID")
         return now + ttl * 1000
 
     @staticmethod
@@ -269,6 +279,10 @@ class EmbeddedClient:
                 raise _not_found()
             self._gen_check(meta, pol, old)
             self._filter(pol, self._view(old, set_name, user_key, digest, now))
+            if not bins:
+                raise server_error("InvalidRequest", 4, "AEROSPIKE_ERR_REQUEST_INVALID")  # a write of nothing
+            if old is None and all(v is None for v in bins.values()):
+                raise _not_found()  # only deletes of bins it does not have
             replace = exists_mode in (aerospike.POLICY_EXISTS_REPLACE, aerospike.POLICY_EXISTS_CREATE_OR_REPLACE)
             new_bins = {} if (old is None or replace) else dict(old.bins)
             for name, value in bins.items():
@@ -368,7 +382,7 @@ class EmbeddedClient:
                 raise server_error("RecordExistsError", 5, "AEROSPIKE_ERR_RECORD_EXISTS")
             row = old
             if outcome.wrote or outcome.touched:
-                ttl = (meta or {}).get("ttl", pol.get("ttl"))
+                ttl = (meta or {}).get("ttl", pol.get("ttl", outcome.ttl))
                 row = self._commit(
                     db, ns, digest, set_name, user_key, old, outcome.bins,
                     self._void_time(ttl, old, now), now, self._send_key(pol, "operate"),
@@ -932,12 +946,18 @@ class EmbeddedQuery:
 
 
 _SCALARS = frozenset({str, int, float, bool, bytes})
+_I64 = 2**63
 
 
 def _plain(v: Any) -> bool:
-    """A scalar `_store_value` keeps as it is (a string with a NUL it cuts)."""
+    """A scalar `_store_value` keeps as it is (a string with a NUL it cuts, an integer
+    past 64 bits it refuses)."""
     kind = type(v)
-    return kind in _SCALARS and (kind is not str or "\x00" not in v)
+    if kind is str:
+        return "\x00" not in v
+    if kind is int:
+        return -_I64 <= v < _I64
+    return kind in _SCALARS
 
 
 def _store_plain(value: Any) -> Any:
@@ -968,7 +988,11 @@ def _store_value(value: Any, *, cut: bool = True) -> Any:
         return key_ordered({(bytes(k) if isinstance(k, bytearray) else _store_value(k, cut=cut) if isinstance(k, str)
                               else k): _store_value(v, cut=cut) for k, v in value.items()})
     if isinstance(value, tuple):
+        if cut:  # from the client, which serializes no tuple (a UDF's list is a list)
+            raise server_error("ParamError", -2, "Cannot serialize: SERIALIZER_NONE selected")
         return [_store_value(v, cut=cut) for v in value]
+    if isinstance(value, int) and not isinstance(value, bool) and not -_I64 <= value < _I64:
+        raise server_error("ParamError", -2, "integer value exceeds sys.maxsize")
     if value is None or isinstance(value, (bool, int, float, bytes)):
         return value
     raise server_error("ParamError", -2, f"unsupported bin value type {type(value).__name__}")

@@ -146,6 +146,8 @@ def run_operations(
     without bins (that is also what the `delete()` op does). A missing record
     raises `RecordNotFound` when the ops only read, touch, or leave no bins.
     """
+    if not ops:
+        raise server_error("ParamError", -2, "No operations defined")  # the client's own check
     codes = []
     for op in ops:
         code = op.get("op", -1)
@@ -170,7 +172,9 @@ def run_operations(
 
     if is_write and not run.bins and not record.exists:
         raise _err(2)
-    return OperateOutcome(results=run.results, wrote=is_write, bins=run.bins, touched=touched)
+    # op.touch(ttl)'s (deprecated) ttl is the record's new ttl, as on a server.
+    touch_ttl = next((op["val"] for op, c in zip(ops, codes, strict=True) if c == _TOUCH and op.get("val") is not None), None)
+    return OperateOutcome(results=run.results, wrote=is_write, bins=run.bins, touched=touched, ttl=touch_ttl)
 
 
 class _Run:
@@ -294,7 +298,8 @@ def _concat(prepend: bool) -> Callable[[_Run, dict], None]:
 
 def _op_touch(run: _Run, op: dict) -> None:
     # Metadata only: the server skips touch when building answers, even with
-    # respond-all. A deprecated `val` (ttl) in the op is the store's business.
+    # respond-all. A deprecated `val` (ttl) in the op is the store's business
+    # (OperateOutcome.ttl).
     pass
 
 

@@ -59,6 +59,7 @@ class OperateOutcome:
     wrote: bool = False  # at least one write op ran: generation + 1, last-update time = now
     bins: dict[str, Any] = field(default_factory=dict)  # the complete bins afterwards
     touched: bool = False  # a touch op ran (rewrites metadata only)
+    ttl: int | None = None  # a touch op's ttl (seconds), if it gave one
 
 
 def key_order(k: Any) -> tuple:
