@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -646,7 +647,8 @@ def from_iterable(items: Iterable[Any], *, max_payload: int, source: str = "<pyt
         else:
             raise LoadError(f"expected (id, payload), a JobSpec or a dict with 'id', got {item!r:.80}", source=source, line=i)
         try:
-            _check_python_value(spec.payload)
+            if _check_python_value(spec.payload):
+                spec = dataclasses.replace(spec, payload=_tuples_as_lists(spec.payload))
         except _BadValue as e:
             raise LoadError(str(e), source=source, line=i, field="payload") from None
         out.append(_checked(spec, source, "id", max_payload))
@@ -663,8 +665,13 @@ def _checked_id(jid: Any, source: str, line: int, field: str = "id") -> str:
     return str(jid)
 
 
-def _check_python_value(value: Any) -> None:
-    """What `_loads` refuses in JSON text, refused in Python values too."""
+def _check_python_value(value: Any) -> bool:
+    """What `_loads` refuses in JSON text, refused in Python values too, and what the
+    Aerospike client cannot store as it is: map keys other than strings and integers
+    (it drops a float or bool key, with a warning), values JSON has no form for
+    (bytes, sets, objects). Returns whether a tuple is in it (the client serializes
+    no tuple: `_tuples_as_lists`)."""
+    tuples = False
     stack = [(value, 1)]
     while stack:
         v, d = stack.pop()
@@ -683,6 +690,25 @@ def _check_python_value(value: Any) -> None:
         elif isinstance(v, (list, tuple, dict)):
             if d > MAX_DEPTH:
                 raise _BadValue(f"payload nested more than {MAX_DEPTH} deep ({_DEPTH_WHY})")
-            if isinstance(v, dict) and any(isinstance(k, str) and "\x00" in k for k in v):
-                raise _BadValue(NUL_WHY)
+            tuples = tuples or isinstance(v, tuple)
+            if isinstance(v, dict):
+                for k in v:
+                    if isinstance(k, str):
+                        if "\x00" in k:
+                            raise _BadValue(NUL_WHY)
+                    elif isinstance(k, bool) or not isinstance(k, int):
+                        raise _BadValue(f"map key {k!r:.40} is a {type(k).__name__}: a payload's keys are strings "
+                                        "or integers (the Aerospike client drops a float or bool key)")
             stack.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+        else:
+            raise _BadValue(f"a {type(v).__name__} is not a JSON value (the payload is stored, and synced, as JSON)")
+    return tuples
+
+
+def _tuples_as_lists(value: Any) -> Any:
+    """`value` with its tuples as lists, as JSON has them."""
+    if isinstance(value, (list, tuple)):
+        return [_tuples_as_lists(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _tuples_as_lists(v) for k, v in value.items()}
+    return value

@@ -43,6 +43,26 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize(("payload", "says"), [
+    ({1.5: "x"}, "map key 1.5 is a float"), ({"m": {True: 1}}, "map key True is a bool"),
+    ({None: 1}, "map key None"), ({b"k": 1}, "map key b'k' is a bytes"),
+    (b"raw", "a bytes is not a JSON value"), ({"s": {1, 2}}, "a set is not a JSON value"),
+])
+def test_a_python_payload_the_client_cannot_store_as_it_is_is_refused(payload, says):
+    """The Aerospike client drops a float or bool map key (with a warning) and cannot
+    send bytes as JSON: refused at load, naming the item, not lost or an internal error."""
+    with pytest.raises(LoadError) as e:
+        from_iterable([("ok", {}), ("j", payload)], max_payload=1000)
+    assert "line 2" in str(e.value) and "field 'payload'" in str(e.value) and says in str(e.value), str(e.value)
+
+
+def test_python_tuples_in_a_payload_are_loaded_as_lists():
+    """The client serializes no tuple: a payload's tuples are JSON arrays, lists."""
+    (spec,) = from_iterable([("j", {"t": (1, [2, (3,)]), 7: "int keys stay"})], max_payload=1000)
+    assert spec.payload == {"t": [1, [2, [3]]], 7: "int keys stay"}
+    assert type(spec.payload["t"]) is list and type(spec.payload["t"][1][1]) is list
+
+
 @pytest.mark.parametrize("payload", ["a\x00b", {"k": ["x\x00"]}, {"k\x00": 1}])
 def test_a_python_payload_with_a_nul_is_refused(payload):
     with pytest.raises(LoadError, match="NUL character") as e:

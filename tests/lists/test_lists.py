@@ -356,3 +356,11 @@ def test_a_duplicate_retry_entry_of_a_finished_job_is_not_pending(queue, lists, 
     # Taking what is left later changes nothing: the claim refuses a job that is done.
     assert queue.reserve(list_name, session, 2) == []
     assert lists.status(list_name).done == 4
+
+
+def test_a_python_payload_with_tuples_and_integer_keys_loads_on_either_store(queue, lists, list_name, session):
+    """The real client refuses a tuple in a bin ('Cannot serialize'): the Python API
+    loads tuples as lists, and keeps integer map keys, on a server as on the stand-in."""
+    lists.load(list_name, [("j", {"t": (1, (2, 3)), 7: "seven"})])
+    (job,) = queue.reserve(list_name, session, 1)
+    assert job.payload == {7: "seven", "t": [1, [2, 3]]}
