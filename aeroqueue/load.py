@@ -556,7 +556,7 @@ def recover(lists: JobLists, name: str) -> int:
         # Held back as the dead loader's publish would have (a gate or their own
         # run_at): not counted reservable, nor handed out only to be refused.
         timed = {t: rec.bins["due"] for t, rec in zip(tokens, recs, strict=True)
-                 if t in real_set and rec.bins.get("state") == "delayed" and rec.bins.get("due")}
+                 if t in real_set and rec is not None and rec.bins.get("state") == "delayed" and rec.bins.get("due")}
         finish_range(lists, name, head["mode"], r["seq"], real, timed=timed, recovered=True)
     return len(ranges)
 

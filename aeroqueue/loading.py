@@ -410,7 +410,12 @@ def _given_twice(text: str, fields: tuple[str, ...]) -> str | None:
     if "\\u" not in text and not any(text.count(f'"{f}"') > 1 for f in fields):
         return None
     objects: list[list[tuple[str, Any]]] = []
-    json.loads(text, object_pairs_hook=lambda pairs: objects.append(pairs) or dict(pairs))
+
+    def built(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        objects.append(pairs)
+        return dict(pairs)
+
+    json.loads(text, object_pairs_hook=built)
     seen: set[str] = set()
     for key, _ in objects[-1]:  # the line's own object is the last one built
         if key in fields and key in seen:
