@@ -561,9 +561,9 @@ def _finished_in(start: int, n: int, skip: dict[int, Any] | None, finished: _Fin
 
 def _delayed(head: dict[str, Any], scheduled: int, finished: _Finished) -> tuple[int, int]:
     """(jobs waiting for their time, jobs of the token store held back by gates and
-    timed jobs; ID mode: 0, status counts those in the chunks) from the list record's schedule, given how many
-    of its single tokens still wait (`scheduled`: not finished, not also pending in the
-    retry store). Each job is counted once (aq_list_v1.lua, header): a gate's `real`
+    timed jobs; ID mode: 0, status counts those in the chunks) from the list record's
+    schedule, given how many of its single tokens still wait (`scheduled`: not
+    finished, not also pending in the retry store). Each job is counted once (aq_list_v1.lua, header): a gate's `real`
     leaves out its jobs with a later run_at of their own (its `skip`), which sched
     holds, and neither a gate nor a sched range counts its finished jobs."""
     gates = head.get("gates") or {}
