@@ -24,7 +24,7 @@ from .. import udfs
 from ..backends import Backend, open_backend
 from ..config import ENV_URL, MAX_ATTEMPTS, MAX_SECONDS
 from ..errors import AeroqueueError, ListNotFound
-from ..keys import InvalidName, check_list_name
+from ..keys import check_list_name
 from ..lists import DEFAULT_MAX_ATTEMPTS, JobLists
 from ..sessions import check_timing
 
@@ -261,15 +261,23 @@ def seconds(min: float = 0, *, min_open: bool = False) -> click.FloatRange:
     return _Seconds(min=min, min_open=min_open, max=MAX_SECONDS)
 
 
-def _list_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    # Wrong usage (exit 2), before the store is opened: no list can have such a name.
-    try:
-        return check_list_name(value)
-    except InvalidName as e:
-        raise click.BadParameter(str(e), ctx=ctx, param=param) from None
+def usage_check(check: Callable[[str], object]) -> Callable[[click.Context, click.Parameter, Any], Any]:
+    """A click callback running `check` on the value (on each, for a repeated option):
+    its error is wrong usage (exit 2), said before the store is opened or anything
+    served, for a value that could never work (a name no list can have)."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        for one in value if isinstance(value, tuple) else (value,):
+            try:
+                check(one)
+            except AeroqueueError as e:
+                raise click.BadParameter(str(e), ctx=ctx, param=param) from None
+        return value
+
+    return callback
 
 
-LIST_ARG = click.argument("list_name", metavar="LIST", callback=_list_name)
+LIST_ARG = click.argument("list_name", metavar="LIST", callback=usage_check(check_list_name))
 MODE_OPT = option(
     "--mode", env="MODE", type=click.Choice(["tokens", "ids"]), default=None,
     help="tokens: sequential token store; ids: list-pop ID store (chunked). A new list: tokens; an existing "

@@ -14,8 +14,8 @@ from typing import Any
 import click
 
 from ..errors import ConfigError
-from ..keys import InvalidName, check_list_name
-from .context import Context, err_console, option, seconds
+from ..keys import check_list_name
+from .context import Context, err_console, option, seconds, usage_check
 
 METRICS_PORT = 9420
 DASHBOARD_PORT = 8420
@@ -23,20 +23,10 @@ DASHBOARD_PORT = 8420
 HOST_HELP = "Address to bind. Nothing here asks for a login: bind another address only behind a proxy that does."
 
 
-def _check_names(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
-    # Wrong usage (exit 2) before anything is served: a bad name never has series.
-    for name in value:
-        try:
-            check_list_name(name)
-        except InvalidName as e:
-            raise click.BadParameter(str(e), ctx=ctx, param=param) from None
-    return value
-
-
 @click.command()
 @option("--port", env="METRICS_PORT", type=click.IntRange(0, 65535), default=METRICS_PORT, help="Port serving /metrics.")
 @option("--host", env="METRICS_HOST", default="127.0.0.1", help=HOST_HELP)
-@option("--list", "lists", env="METRICS_LISTS", multiple=True, callback=_check_names,
+@option("--list", "lists", env="METRICS_LISTS", multiple=True, callback=usage_check(check_list_name),
         help="Export only this list (repeatable; env: space-separated): no scan at all. Default: every list.")
 @option("--discover-every", env="METRICS_DISCOVER_EVERY", type=seconds(1), default=60.0,
         help="Without --list: seconds between scans of the list set for new lists (never one per scrape).")

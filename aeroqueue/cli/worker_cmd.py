@@ -15,7 +15,6 @@ from rich.table import Table
 from rich.text import Text
 
 from ..acks import DEFAULT_LINGER_S
-from ..errors import ConfigError
 from ..logs import configure_logging
 from ..selection import DEFAULT_BACKOFF_MAX_S, DEFAULT_REFRESH_S, parse_list
 from ..sessions import reap as reap_sessions
@@ -30,22 +29,13 @@ from .context import (
     err_console,
     option,
     seconds,
+    usage_check,
 )
-
-
-def _check_lists(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
-    # Wrong usage (exit 2) before the handler is imported or the store opened.
-    for text in value:
-        try:
-            parse_list(text)
-        except ConfigError as e:
-            raise click.BadParameter(str(e), ctx=ctx, param=param) from None
-    return value
 
 
 @click.command()
 @option("--handler", env="HANDLER", required=True, help="The function to run on each job: package.module:function.")
-@option("--list", "lists", env="LISTS", multiple=True, required=True, callback=_check_lists, metavar="LIST[=WEIGHT]",
+@option("--list", "lists", env="LISTS", multiple=True, required=True, callback=usage_check(parse_list), metavar="LIST[=WEIGHT]",
         help="A list to work on, with an optional weight (default 1): repeat for several, and jobs are taken in "
              "proportion to the weights. A glob ('cust-*', quoted) follows every matching list, also those loaded "
              "later (re-read every --refresh-lists seconds); its weight applies to each. (env: space-separated)")
