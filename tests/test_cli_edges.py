@@ -193,6 +193,8 @@ def test_every_error_is_one_line_with_its_exit_status(tmp_path, args, code, says
         (("create", "L", "--max-attempts", "99999999999999999999"), 2, "'--max-attempts'"),
         (("create", "L", "--backoff", "1e20"), 2, "'--backoff'"),
         (("sweep", "--grace", "inf"), 2, "'--grace'"),
+        (("bench", "--sizes", "1000,0"), 2, "at least 1 job each"),
+        (("bench", "--sizes", ","), 2, "at least 1 job each"),
         # Refused as usage, before Spark starts (the scheduler refused 0 only once it had).
         (("sync", "--every", "0"), 2, "'0' is not more than 0"),
         (("sync", "--lease", "0s"), 2, "'0s' is not more than 0"),

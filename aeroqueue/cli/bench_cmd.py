@@ -36,6 +36,12 @@ def bench(obj: Context, sizes: str, sample: int, batch: int, mode: str, json_out
     """
     from .. import bench as benchmark
 
+    try:
+        size_list = [int(x) for x in sizes.split(",") if x.strip()]
+    except ValueError:
+        raise click.BadParameter(f"not a comma-separated list of integers: {sizes!r}", param_hint="--sizes") from None
+    if not size_list or min(size_list) < 1:
+        raise click.BadParameter(f"list sizes must be at least 1 job each: {sizes!r}", param_hint="--sizes")
     where = str(resolve_url(obj.url)) if obj.url else "a scratch embedded store"
     err_console.print(
         f"bench on {where}: " + ("its lists are deleted at the end" if obj.url else "removed at the end"), highlight=False
@@ -50,10 +56,6 @@ def bench(obj: Context, sizes: str, sample: int, batch: int, mode: str, json_out
         Console().print(table)
         return
 
-    try:
-        size_list = [int(x) for x in sizes.split(",") if x.strip()]
-    except ValueError:
-        raise click.BadParameter(f"not a comma-separated list of integers: {sizes!r}", param_hint="--sizes") from None
     with progress_bar() as progress:
         rows = benchmark.run(obj.url, size_list, sample=sample, batch=batch, mode=mode, progress=progress, create=obj.create)
     table = Table(title=f"aeroqueue reserve + complete ({mode} mode) on {where}")
