@@ -29,6 +29,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -402,12 +403,18 @@ def _read_jsonl(handle: Any, source: str, id_field: str, max_payload: int, stric
         yield _checked(JobSpec(jid, payload, line, run_at), source, id_field, max_payload, measure)
 
 
+_ASCII_ESCAPE = re.compile(r"\\u00[0-7][0-9a-fA-F]")  # \u0000 to \u007f
+
+
 def _given_twice(text: str, fields: tuple[str, ...]) -> str | None:
     """The first of `fields` a line's object holds twice (JSON keeps the last one, so
     '{"id": 1, "id": 2}' would load job 2 without a word). Parsed again only when a
-    field's quoted name is in the line twice, anywhere, or a \\u escape may spell a
-    name otherwise ("\\u0069d" is "id"): a count is all the rest pay."""
-    if "\\u" not in text and not any(text.count(f'"{f}"') > 1 for f in fields):
+    field's quoted name is in the line twice, anywhere, or an escape may spell a name
+    otherwise ("\\u0069d" is "id"; for ASCII names only an escape of an ASCII
+    character can, so text escaped as json.dumps does by default, é as \\u00e9, is
+    not parsed twice): a count is all the rest pay."""
+    escaped = "\\u" in text and (_ASCII_ESCAPE.search(text) is not None or not all(f.isascii() for f in fields))
+    if not escaped and not any(text.count(f'"{f}"') > 1 for f in fields):
         return None
     objects: list[list[tuple[str, Any]]] = []
 
