@@ -369,9 +369,8 @@ class Worker:
         self._thread_state = threading.local()  # .asked: when this thread's last reserve was sent
         self._acking: dict[str, int] = {}  # jobs whose ack waits in `acks` (name -> how many)
         self._orphans: set[str] = set()  # claims of our session no thread held at the last check
-        self._unsealed_told: set[str] = set()  # --until-complete: lists said to wait only for their seal
         self._runners: set[_ChildRunner] = set()  # --pool process: the threads' handler processes
-        self._warned: set[str] = set()
+        self._warned: set[str] = set()  # what `_warn_once` said already
         self._threads: list[threading.Thread] = []
         self._threads_died = False
         # The time limit, watched locally (the server's own limit is what decides):
@@ -560,9 +559,7 @@ class Worker:
         except ListNotFound as e:
             # Nothing to do until someone loads it (or, for a pattern's match, it was
             # dropped and the next refresh forgets it): say so once, not every poll.
-            if str(e) not in self._warned:
-                self._warned.add(str(e))
-                log.warning("list not found", extra={"event": "list_missing", "error": str(e)})
+            self._warn_once(str(e), "list not found", {"event": "list_missing", "error": str(e)})
         except AeroqueueError as e:
             log.warning("reserve failed", extra={"event": "reserve_failed", "list": name, "error": str(e)})
         finally:
@@ -795,10 +792,8 @@ class Worker:
         followed = self.selector.refresh()
         unmatched = [p for p, found in self.selector.pattern_matches().items() if not found]
         for pattern in unmatched:
-            if f"pattern:{pattern}" not in self._warned:
-                self._warned.add(f"pattern:{pattern}")  # once, not once a check
-                log.warning("no list matches the pattern yet: waiting for one to be loaded",
-                            extra={"event": "pattern_unmatched", "pattern": pattern})
+            self._warn_once(f"pattern:{pattern}", "no list matches the pattern yet: waiting for one to be loaded",
+                            {"event": "pattern_unmatched", "pattern": pattern})
         if unmatched:
             return False
         complete = True
@@ -811,22 +806,26 @@ class Worker:
                 # Not loaded yet, or dropped (a new load may bring it back): it is not
                 # complete. Said once, as a reservation says it, not once a second.
                 complete = False
-                if str(e) not in self._warned:
-                    self._warned.add(str(e))
-                    log.warning("list not found", extra={"event": "list_missing", "error": str(e)})
+                self._warn_once(str(e), "list not found", {"event": "list_missing", "error": str(e)})
                 continue
             if is_complete(head, done, dead) and lists.status(name).complete:
                 continue
             complete = False
             total = head["total"]
-            if head["sealed"] != 1 and total and done + dead == total and name not in self._unsealed_told:
+            if head["sealed"] != 1 and total and done + dead == total:
                 # A load without --seal may be followed by more loads: the list is not
                 # complete, and this worker would wait for ever with no word why.
-                self._unsealed_told.add(name)
-                log.warning("every job of the list is done or dead, but it is not sealed: it is complete once "
-                            "sealed (aeroqueue seal LIST, or load --seal)",
-                            extra={"event": "list_unsealed", "list": name, "total": total})
+                self._warn_once(f"unsealed:{name}", "every job of the list is done or dead, but it is not sealed: it "
+                                "is complete once sealed (aeroqueue seal LIST, or load --seal)",
+                                {"event": "list_unsealed", "list": name, "total": total})
         return complete
+
+    def _warn_once(self, key: str, message: str, extra: dict[str, Any]) -> None:
+        """A warning the first time `key` comes up: what a worker meets at every poll
+        or check (a missing list, an unsealed one) is said once, not once a second."""
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(message, extra=extra)
 
     def _release_orphans(self, session: Session) -> None:
         """Give back claims of our session that no thread works on. A claim whose answer
