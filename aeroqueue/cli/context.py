@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from .. import udfs
 from ..backends import Backend, open_backend
-from ..config import ENV_URL, MAX_ATTEMPTS, MAX_SECONDS
+from ..config import ENV_URL, MAX_ATTEMPTS, MAX_SECONDS, may_create
 from ..errors import AeroqueueError, ListNotFound
 from ..keys import check_list_name
 from ..lists import DEFAULT_MAX_ATTEMPTS, JobLists
@@ -53,15 +53,12 @@ class Context:
 
     def backend(self, *, check_udfs: bool = True, create: bool = False) -> Backend:
         if self._backend is None:
-            self._backend = open_backend(self.url, create=create or self.create or self.uses_default_store())
+            # The default store, or AEROQUEUE_CREATE: config.may_create, as for connect().
+            self._backend = open_backend(self.url, create=create or self.create or may_create(self.url))
             if check_udfs:
                 udfs.ensure(self._backend)
         return self._backend
 
-    def uses_default_store(self) -> bool:
-        """No URL configured: the default embedded store, made on first use (nobody
-        typed its path, so there is no typo to catch)."""
-        return self.url is None and os.environ.get(ENV_URL) is None
 
 
 def _set_verbose(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
