@@ -181,12 +181,9 @@ def create_app(
         return redirect(url_for("job_page", name=name, token=token))
 
     @app.errorhandler(400)
-    def _400(e: Any) -> tuple[str, int]:
-        return render_template("error.html", title="Refused", message=getattr(e, "description", "")), 400
-
     @app.errorhandler(403)
-    def _403(e: Any) -> tuple[str, int]:
-        return render_template("error.html", title="Refused", message=getattr(e, "description", "")), 403
+    def _refused(e: Any) -> tuple[str, int]:
+        return render_template("error.html", title="Refused", message=getattr(e, "description", "")), e.code
 
     return app
 
