@@ -206,6 +206,10 @@ class JobNotFound(AeroqueueError):
     """The job does not exist."""
 
 
+class ResultNotStorable(AeroqueueError):
+    """The job's result cannot be stored: it must be JSON (what the sync copies to MySQL)."""
+
+
 class SessionLost(AeroqueueError):
     """The session is gone or no longer alive: stop taking work and do not acknowledge what it held."""
 

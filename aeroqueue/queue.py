@@ -46,6 +46,7 @@ from .backends import IN_DOUBT, Backend, BatchResult, retry_busy
 from .config import MAX_SECONDS
 from .errors import AeroqueueError, ClaimLost, JobNotFound, ListNotFound, RecordBusy, SessionLost
 from .lists import JobLists, backoff_of
+from .results import checked_result
 from .sessions import LEASE_WINDOW_S, PAST_LIMIT, Session
 
 log = logging.getLogger("aeroqueue.queue")
@@ -217,7 +218,10 @@ class Queue:
         attribute, for the caller to run or release. A failure of the
         reservation alone, once the acks went through, returns what was claimed
         (maybe nothing): the next reservation shows it again. Leased jobs' acks go
-        first, in a batch of their own (they are not the UDF's to complete)."""
+        first, in a batch of their own (they are not the UDF's to complete). A result
+        JSON cannot hold raises `ResultNotStorable` before anything is sent."""
+        results = _checked_results([r for _, r in done])
+        done = [(j, r) for (j, _), r in zip(done, results, strict=True)]
         leased = [(j, r) for j, r in done if j.lease is not None]
         lost = self.complete_many([j for j, _ in leased], [r for _, r in leased]) if leased else []
         got, refused = self._reserve(list_name, session, count, [(j, r) for j, r in done if j.lease is None])
@@ -568,7 +572,9 @@ class Queue:
 
     def complete(self, job: Job, result: Any = None) -> None:
         """Mark a job done, exactly once. Repeating a successful complete is harmless;
-        a complete from a session that lost the claim raises `ClaimLost`."""
+        a complete from a session that lost the claim raises `ClaimLost`. A result
+        that cannot be stored as JSON raises `ResultNotStorable`, with nothing sent."""
+        result = checked_result(result)
         if job.lease is not None:
             code = self._leased_codes([job], [result])[0]
             if code == 0:
@@ -615,10 +621,11 @@ class Queue:
     def complete_many(self, jobs: Sequence[Job], results: Sequence[Any] | None = None) -> list[Job]:
         """Complete a batch in one round trip (native operations, `hotpath`). Returns the
         jobs whose claim was lost (not completed by this call). `results`, if given, holds
-        one result per job (ValueError otherwise, before anything is written)."""
+        one result per job (ValueError otherwise, before anything is written), each a
+        value JSON can hold (`ResultNotStorable` otherwise, before anything is written)."""
         if not jobs:
             return []
-        results = list(results) if results is not None else [None] * len(jobs)
+        results = _checked_results(results) if results is not None else [None] * len(jobs)
         if len(results) != len(jobs):
             # Checked before anything is written: a mismatch found later would leave
             # some jobs done without their bits and their lease unsettled.
@@ -806,6 +813,19 @@ class Queue:
 # A forked child (gunicorn's pre-fork workers) draws a prefix of its own.
 _RID_PREFIX = ""
 _rid_counter = itertools.count()
+
+
+def _checked_results(results: Sequence[Any]) -> list[Any]:
+    """`checked_result` of each result, once per object: a result shared by a batch
+    stays one object (`_one_lease` looks for that)."""
+    seen: dict[int, Any] = {}
+    out = []
+    for r in results:
+        key = id(r)
+        if key not in seen:
+            seen[key] = checked_result(r)
+        out.append(seen[key])
+    return out
 
 
 def _one_lease(jobs: Sequence[Job], results: list[Any]) -> tuple[str, str, str, tuple[int, int | None, int]] | None:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
-import json
 import logging
 import multiprocessing
 import os
@@ -55,9 +54,9 @@ from .errors import (
     SessionLost,
 )
 from .lists import JobLists, is_complete
-from .loading import MAX_DEPTH, NUL_WHY, holds_nul, too_deep
 from .observe import NULL_OBSERVER, WorkerObserver
 from .queue import Job, Queue, Retry
+from .results import ResultNotStorable, storable_result
 from .selection import DEFAULT_BACKOFF_MAX_S, DEFAULT_REFRESH_S, ListArg, ListSelector, parse_lists
 from .sessions import DEFAULT_EXPIRY_S, DEFAULT_INTERVAL_S, Session, reap, sweep
 
@@ -129,31 +128,6 @@ class Counters:
             return {k: v for k, v in vars(self).items() if not k.startswith("_")}
 
 
-class ResultNotStorable(AeroqueueError):
-    """The handler's result cannot be stored: it must be JSON (what the sync copies to MySQL)."""
-
-
-def storable_result(value: Any, what: str = "the handler's result") -> Any:
-    """The handler's result as it will be stored: plain JSON values (tuples become
-    lists, keys strings; no NaN or infinity, integers within 64 bits), or
-    `ResultNotStorable` saying why not (of `what`). The sync copies results to
-    MySQL as JSON, and the Aerospike client cannot take other types (some crash
-    its process), so nothing else reaches the store. `aeroqueue complete --result`
-    checks by the same rule."""
-    try:
-        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
-        text.encode("utf-8")  # a lone surrogate passes json.dumps, not a database
-        stored = json.loads(text, parse_int=_int64)
-    except (TypeError, ValueError, RecursionError) as e:
-        raise ResultNotStorable(f"{what} cannot be stored as JSON: {e}") from None
-    if too_deep(stored, text):
-        raise ResultNotStorable(f"{what} cannot be stored as JSON: nested more than {MAX_DEPTH} deep "
-                                "(MariaDB's JSON limit, where the sync copies it)")
-    if "\\u0000" in text and holds_nul(stored):
-        raise ResultNotStorable(f"{what} cannot be stored: {NUL_WHY}")
-    return stored
-
-
 def handler_pace(previous: float | None, took: float) -> float:
     """A handler's recent run time: a moving average that follows changes within a
     few jobs (what `prefetch_for` sizes a reservation by)."""
@@ -171,13 +145,6 @@ def prefetch_for(handler_s: float | None) -> int:
     if handler_s is None:
         return DEFAULT_PREFETCH
     return max(1, min(PREFETCH_MAX, int(PREFETCH_HOLD_S / max(handler_s, 1e-6))))
-
-
-def _int64(text: str) -> int:
-    n = int(text)
-    if not -(1 << 63) <= n < (1 << 63):
-        raise ValueError(f"integer {text} does not fit in 64 bits")
-    return n
 
 
 def _failure_text(e: BaseException) -> str:

@@ -22,8 +22,8 @@ from ..backends import Backend
 from ..errors import ClaimLost, JobNotFound, SessionLost
 from ..lists import JobLists
 from ..queue import Job, Queue
+from ..results import ResultNotStorable, storable_result
 from ..sessions import Session, lease_holder, lease_of
-from ..worker import ResultNotStorable, storable_result
 from .context import (
     EXPIRY_OPT,
     HEARTBEAT_OPT,

@@ -5,6 +5,9 @@ Written once, run on the embedded backend and on a real server alike.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 import uuid
 import warnings
@@ -378,3 +381,50 @@ def test_writes_the_client_or_server_refuse(client, ns, set_name):
     client.put(key, {"a": 2}, meta={"ttl": 2**32})  # 0 on the wire: the namespace's default, never here
     assert client.get(key)[1]["ttl"] == aerospike.TTL_NEVER_EXPIRE & 0xFFFFFFFF
     assert client.get(key)[2] == {"n": 2**63 - 1, "m": -(2**63), "a": 2}
+
+
+# Each refused value in a process of its own: once the real client (19.3) has refused
+# a UDF argument it cannot serialize, its heap is corrupt, and a later call aborts the
+# process ("malloc(): unaligned tcache chunk detected").
+_SEND = """
+import json, os, sys
+from aerospike import exception as ex
+from aerospike_helpers.operations import operations as op
+from aeroqueue.backends import open_backend
+url, set_name, call, value = sys.argv[1], sys.argv[2], sys.argv[3], eval(sys.argv[4])
+backend = open_backend(url)
+client, key = backend.client, (backend.namespace, set_name, "v")
+client.put(key, {"a": 1})
+try:
+    if call == "operate":
+        client.operate(key, [op.write("b", value)])
+    elif call == "apply":
+        client.apply(key, "aq_contract", "now", [value])
+    else:
+        client.batch_apply([key], "aq_contract", "now", [value])
+    out = ["sent", None]
+except ex.AerospikeError as e:
+    out = [type(e).__name__, e.code]
+out.append(client.get(key)[2])
+print(json.dumps(out), flush=True)
+os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("call", ["operate", "apply", "batch_apply"])
+@pytest.mark.parametrize(("value", "refused"), [
+    ("(1, 2)", ["ClientError", -1]),
+    ("{'k': {1}}", ["ClientError", -1]),
+    ("[1, object()]", ["ClientError", -1]),
+    ("2**64", ["ParamError", -2]),
+])
+def test_values_the_client_cannot_send_are_refused_before_anything_is_sent(
+    client, store_url, set_name, call, value, refused
+):
+    """A tuple, a set or an object anywhere in a value, or an integer past 64 bits, in
+    an operation or a UDF's arguments: the client refuses the call and sends nothing
+    (the embedded store had stored a tuple as a list)."""
+    run = subprocess.run([sys.executable, "-c", _SEND, store_url, set_name, call, value],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads(run.stdout) == [*refused, {"a": 1}]

@@ -722,3 +722,41 @@ def test_jobs_that_came_due_together_are_handed_out_earliest_first(queue, lists,
     assert [j.jid for j in got] == ["a", "b", "c", "d"]
     queue.complete_many(got)
     assert lists.status(list_name).complete
+
+
+# -- results ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["complete", "complete_many", "complete_and_reserve"])
+@pytest.mark.parametrize("lease", [False, True], ids=["claimed", "leased"])
+def test_an_api_result_json_cannot_hold_is_refused_before_anything_is_sent(
+    queue, lists, list_name, session, registered, how, lease
+):
+    """The API handler's own results are checked as the worker's are: a set (which
+    the real client refuses, leaving its heap corrupt) raises ResultNotStorable with
+    nothing written, and a tuple is stored as the list JSON makes of it."""
+    lists.load(list_name, specs(40))
+    jobs = queue.reserve(list_name, session, 20 if lease else 2, lease=lease)[:2]
+    assert (jobs[0].lease is not None) is lease
+
+    def ack(results):
+        if how == "complete":
+            for job, result in zip(jobs, results, strict=True):
+                queue.complete(job, result)
+            return []
+        if how == "complete_many":
+            return queue.complete_many(jobs, results)
+        return queue.complete_and_reserve(list(zip(jobs, results, strict=True)), list_name, session)[1]
+
+    def states():
+        return [registered.get(keys.JOB_SET, job.name).bins.get("state") for job in jobs]
+
+    before = states()
+    with pytest.raises(errors.ResultNotStorable, match="cannot be stored as JSON"):
+        ack([{"seen": {1, 2}}, {"ok": 1}])
+    assert states() == before == ["queued" if lease else "claimed"] * 2
+    assert lists.status(list_name).done == 0
+    assert ack([(1, 2), {"t": (3, {"u": (4,)})}]) == []  # lost: none
+    assert states() == ["done", "done"]
+    assert [registered.get(keys.JOB_SET, job.name).bins["result"] for job in jobs] == [[1, 2], {"t": [3, {"u": [4]}]}]
+    assert queue.complete_many(jobs, [None, None]) == []  # the process and its client are sound: 'again'

@@ -25,7 +25,8 @@ from aerospike_helpers.batch.records import Apply, BatchRecord, BatchRecords, Wr
 from .expressions import matches, prepare
 from .faults import Faults
 from .lua_runtime import LuaRuntime
-from .operations import run_operations, server_error
+from .operations import I64 as _I64
+from .operations import client_value, run_operations, server_error
 from .storage import Row, Storage, decode, encode, too_big
 from .types import MAX_BIN_NAME, NEVER_EXPIRE, RecordView, UdfFailure, key_ordered
 
@@ -395,6 +396,7 @@ class EmbeddedClient:
 
     def apply(self, key: tuple, module: str, function: str, args: list, policy: dict | None = None) -> Any:
         pol = self._check_policy(policy, {"key", "expressions", "ttl"}, "apply")
+        client_value(args)
         ns, set_name, user_key, digest = self._key(key)
         self.faults.check("apply", user_key, function, "before")
         result, _row, _now = self._apply_one(ns, set_name, user_key, digest, module, function, args, pol)
@@ -441,6 +443,7 @@ class EmbeddedClient:
     ) -> BatchRecords:
         self._check_policy(policy_batch, set(), "batch_apply")
         pol = self._check_policy(policy_batch_apply, {"key", "ttl", "expressions"}, "batch_apply")
+        client_value(args)
         records = []
         # One SQLite transaction for the batch, a savepoint per record: each record
         # still succeeds or fails alone, as on a server, at a fraction of the cost.
@@ -946,7 +949,6 @@ class EmbeddedQuery:
 
 
 _SCALARS = frozenset({str, int, float, bool, bytes})
-_I64 = 2**63
 
 
 def _plain(v: Any) -> bool:
