@@ -244,6 +244,7 @@ class Queue:
         lost: list[Job] = []
         pending = acks  # the acks, until they have been sent
         seen = set() if seen is None else seen
+        these: list[tuple[Job, Any]] = []
         try:
             while len(got) < count:
                 now, fresh, took = None, range(0), time.monotonic()
@@ -270,6 +271,8 @@ class Queue:
         except AeroqueueError as e:
             if getattr(e, "_from_ack", False):
                 raise  # an ack failed; `reserved` carries what was claimed
+            if getattr(e, "_acks_unsent", False):
+                pending = these  # the batch carrying them was refused whole
             if pending:
                 # The acks never left: send them alone, so the jobs are not held until reaped.
                 try:
@@ -340,13 +343,17 @@ class Queue:
                 # and ack is repeated alone below, which is safe for both.
                 names = [c[0] for c in calls] + [job.name for job, _ in acks]
                 results = [BatchResult(name=n, ok=False, value=None, code=-1) for n in names]
+            except AeroqueueError as e:
+                e._acks_unsent = True  # type: ignore[attr-defined]  # refused whole: `_reserve` sends them alone
+                raise
             results, acked = results[: len(calls)], results[len(calls) :]
             answers = [r.value for r in results if _answered(r)]
             # A busy key, an answer lost in the batch, or a claim refused as stale: claim
             # it alone. The same request id makes a claim that did happen answer 'ok' again.
-            answers += [
-                self._claim_one(name, sess, rid, tlim, t) for t, r in zip(tokens, results, strict=True) if not _answered(r)
-            ]
+            # The acks' answers are in: whatever fails here, they are still decided below.
+            answers += self._claim_alone(
+                name, sess, rid, tlim, [t for t, r in zip(tokens, results, strict=True) if not _answered(r)], keep=True
+            )
         elif len(tokens) == 1:
             answers = [self._claim_one(name, sess, rid, tlim, tokens[0])]
         else:
@@ -379,20 +386,28 @@ class Queue:
         # Not a queued job (or no job), or past its deadline: the UDF decides. Busy, or the
         # answer lost: claimed alone, where the same request id makes a claim that did
         # happen answer 'ok' again.
+        undecided = [t for t, (code, b) in zip(tokens, out, strict=True) if code != 0 or b is None]
+        return jobs, self._claim_alone(name, sess, rid, tlim, undecided, keep=bool(jobs))
+
+    def _claim_alone(self, name: str, sess: str, rid: str, tlim: int, tokens: list[int], *, keep: bool) -> list[Any]:
+        """`_claim_one` of each token: the answers. A claim that fails raises, unless
+        something is to be kept (`keep`: jobs claimed or acks decided by the same call)
+        or an earlier token here was answered: then the answers so far are returned.
+        Jobs already claimed are handed out, not dropped: this live session would hold
+        them until their time limit, each losing an attempt. The tokens not tried are
+        the sweeper's, as a reserver's that died between take and claim; the store's
+        trouble shows at the next call."""
         answers = []
-        for t, (code, b) in zip(tokens, out, strict=True):
-            if code != 0 or b is None:
-                try:
-                    answers.append(self._claim_one(name, sess, rid, tlim, t))
-                except AeroqueueError:
-                    if not jobs and not answers:
-                        raise
-                    # Jobs already claimed are handed out, not dropped: this live session
-                    # would hold them until their time limit, each losing an attempt. The
-                    # tokens not tried are the sweeper's, as a reserver's that died between
-                    # take and claim; the store's trouble shows at the next call.
-                    break
-        return jobs, answers
+        for t in tokens:
+            try:
+                answers.append(self._claim_one(name, sess, rid, tlim, t))
+            except AeroqueueError as e:
+                if not keep and not answers:
+                    raise
+                log.warning("claims cut short: the jobs claimed so far are handed out", extra={
+                    "event": "claims_cut_short", "list": name, "untried": len(tokens) - len(answers), "error": str(e)})
+                break
+        return answers
 
     def _lease(
         self, name: str, session: Session, rid: str, tlim: int, now: int, tokens: list[int], fresh: range, took: float
@@ -458,7 +473,15 @@ class Queue:
                 self._leases[lid] = (session, set(held), until)
             jobs = self._jobs(name, sess, lid, tlim, leased, until=until)
         if others:
-            jobs += self._claim(name, sess, lid, tlim, others, [], jobs, [])
+            try:
+                jobs += self._claim(name, sess, lid, tlim, others, [], jobs, [])
+            except AeroqueueError as e:
+                if not jobs:
+                    raise
+                # The leased jobs are handed out, not dropped: the lease holds them for
+                # this live session. The others not claimed are the sweeper's (`_claim_alone`).
+                log.warning("claims cut short: the leased jobs are handed out", extra={
+                    "event": "claims_cut_short", "list": name, "untried": len(others), "error": str(e)})
         return jobs
 
     def _settled(self, *jobs: Job) -> None:

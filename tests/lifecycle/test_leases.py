@@ -776,3 +776,27 @@ def test_a_heartbeat_forgets_settled_leases(registered: Backend, queue: Queue, l
         session.close()
     queue.flush()
     assert lists.status(list_name).done == 20
+
+
+def test_leased_jobs_are_handed_out_when_claiming_the_rest_of_the_take_fails(faulty: Backend) -> None:
+    """A take that brings a retry-store token with fresh ones: the fresh ones are leased,
+    the other is claimed. A claim failing (not in doubt) had raised from `reserve`,
+    dropping the leased jobs that the live session's lease then held until its limit."""
+    lists, queue = JobLists(faulty), Queue(faulty)
+    load(lists, "L", 40)
+    with Session.open(faulty, heartbeat=False) as s:
+        [first] = queue.reserve("L", s, 1)
+        assert queue.release(first) == "released"  # token 0 waits in the retry store
+        faulty.client.faults.add(op="apply", function="claim", error="ServerError", times=-1)
+        jobs = queue.reserve("L", s, 20, lease=True)
+        assert sorted(j.token for j in jobs) == list(range(1, 20)) and all(j.lease for j in jobs)
+        faulty.client.faults.clear()
+        assert queue.complete_many(jobs) == []
+        # Token 0, and token 20 of the take that followed, are held by no one: the sweeper's.
+        assert lists.status("L").in_flight == 2
+        sweep(faulty, grace_ms=0)
+        rest = queue.reserve("L", s, 40)
+        assert sorted(j.token for j in rest) == [0, *range(20, 40)]
+        assert queue.complete_many(rest) == []
+    status = lists.status("L")
+    assert (status.done, status.in_flight, status.complete) == (40, 0, False)

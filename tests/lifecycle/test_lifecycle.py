@@ -760,3 +760,22 @@ def test_an_api_result_json_cannot_hold_is_refused_before_anything_is_sent(
     assert states() == ["done", "done"]
     assert [registered.get(keys.JOB_SET, job.name).bins["result"] for job in jobs] == [[1, 2], {"t": [3, {"u": [4]}]}]
     assert queue.complete_many(jobs, [None, None]) == []  # the process and its client are sound: 'again'
+
+
+def test_acks_whose_batch_is_refused_whole_are_sent_alone_not_dropped(queue, lists, list_name, session, monkeypatch):
+    """`complete_and_reserve` sends its acks in the batch that claims the next jobs. A
+    batch refused whole (not in doubt: nothing happened) had returned as if the acks
+    went through, leaving the jobs claimed until reaped; they are now sent alone."""
+    lists.load(list_name, specs(10))
+    jobs = queue.reserve(list_name, session, 3)
+    assert len(jobs) == 3 and all(j.lease is None for j in jobs)
+
+    def refused(*args, **kwargs):
+        raise errors.BackendError("the batch was refused whole (injected)")
+
+    monkeypatch.setattr(queue, "_batch", refused)
+    got, lost = queue.complete_and_reserve([(j, {"n": j.token}) for j in jobs], list_name, session, 2)
+    assert (got, lost) == ([], [])  # the reservation failed; the acks did not
+    for job in jobs:
+        assert queue.backend.get(keys.JOB_SET, job.name).bins["state"] == "done", job.jid
+    assert lists.status(list_name).done == 3
