@@ -23,6 +23,7 @@ from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Queue
 from aeroqueue.sessions import Session
 from aeroqueue.worker import DEFAULT_PREFETCH, EXIT_OK, PREFETCH_MAX, Worker, prefetch_for
+from tests.waiting import wait_for
 
 N_JOBS = 300
 
@@ -152,6 +153,27 @@ def test_a_flush_sends_at_once_whatever_the_linger(registered, lists, queue: Que
         assert acks.close(20.0)
     finally:
         s.close()
+
+
+@pytest.mark.parametrize("pending_at_flush", [0, 2])
+def test_acks_added_after_a_flush_go_within_their_linger(registered, lists, queue: Queue, list_name, pending_at_flush):
+    """A flush marks the pending batch due at once; with nothing left, later acks wait
+    their linger again. The mark had stayed when a flush found nothing pending: later
+    acks then woke no one, and waited for close (past their claims' limits)."""
+    lists.load(list_name, [JobSpec(f"j{i}", {"n": i}) for i in range(5)], seal=True)
+    with Session.open(registered, heartbeat=False) as s:
+        jobs = queue.reserve(list_name, s, 5)
+        outcomes: list[str] = []
+        acks = AckBatcher(queue, lambda job, outcome, _: outcomes.append(outcome), linger_s=0.05)
+        for job in jobs[:pending_at_flush]:
+            acks.add(job, None)
+        assert acks.flush(10.0)
+        time.sleep(0.2)  # the sending thread is back to waiting for acks
+        for job in jobs[pending_at_flush:]:
+            acks.add(job, None)
+        wait_for("the acks added after the flush to be sent", lambda: len(outcomes) == 5, 5.0)
+        assert outcomes == ["done"] * 5
+        assert acks.close(5.0)
 
 
 def test_a_lost_session_sends_none_of_its_pending_acks(registered, lists, queue: Queue, list_name):
