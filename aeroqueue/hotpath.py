@@ -372,13 +372,17 @@ def claim_leased(
 DECIDED = (0, *TO_UDF)
 
 
-def until_decided(send: Callable[[list[int]], list[int]], n: int, deadline_s: float, what: str) -> list[int]:
+def until_decided(
+    send: Callable[[list[int]], list[int]], n: int, deadline_s: float, what: str, *, too_big: bool = False
+) -> list[int]:
     """Each of `n` fenced writes' deciding code, `send(indices)` answering the codes of
     those. A write whose answer was lost or busy (the whole call in doubt, or a
     record's code) is sent again until `deadline_s`, each time under a fresh request
     deadline; a 27 is sent once more, since a request the server ran past its deadline
-    is refused by the same filter as a job that changed. Raises `RecordTooBig`, or
-    `BackendTimeout` for what stayed undecided: then nothing may be concluded."""
+    is refused by the same filter as a job that changed. A 13 (the record would be
+    too big) is decided too: returned with `too_big`, else `RecordTooBig` is raised
+    once the others are decided. Raises `BackendTimeout` for what stayed undecided:
+    then nothing may be concluded."""
     codes = [-1] * n
     todo, refused_once = list(range(n)), set()
     give_up = time.monotonic() + deadline_s
@@ -392,10 +396,8 @@ def until_decided(send: Callable[[list[int]], list[int]], n: int, deadline_s: fl
             if code == 27 and i not in refused_once:
                 refused_once.add(i)
                 again.append(i)
-            elif code in DECIDED:
+            elif code in DECIDED or code == 13:
                 codes[i] = code
-            elif code == 13:
-                raise RecordTooBig(f"{what}: the record would exceed the namespace's max-record-size", code=13)
             else:
                 again.append(i)
                 unsure = True
@@ -404,4 +406,6 @@ def until_decided(send: Callable[[list[int]], list[int]], n: int, deadline_s: fl
             raise BackendTimeout(f"{what}: {len(todo)} of {n} stayed in doubt for {deadline_s:g} s")
         if unsure:
             time.sleep(0.02)  # a busy key or a node going away: give it a moment
+    if not too_big and 13 in codes:
+        raise RecordTooBig(f"{what}: the record would exceed the namespace's max-record-size", code=13)
     return codes

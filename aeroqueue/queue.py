@@ -44,7 +44,15 @@ from typing import Any
 from . import hotpath, keys, transitions
 from .backends import IN_DOUBT, Backend, BatchResult, retry_busy
 from .config import MAX_SECONDS
-from .errors import AeroqueueError, ClaimLost, JobNotFound, ListNotFound, RecordBusy, SessionLost
+from .errors import (
+    AeroqueueError,
+    ClaimLost,
+    JobNotFound,
+    ListNotFound,
+    RecordBusy,
+    RecordTooBig,
+    SessionLost,
+)
 from .lists import JobLists, backoff_of
 from .results import checked_result
 from .sessions import LEASE_WINDOW_S, PAST_LIMIT, Session
@@ -600,6 +608,9 @@ class Queue:
         result = checked_result(result)
         if job.lease is not None:
             code = self._leased_codes([job], [result])[0]
+            if code == 13:
+                raise RecordTooBig(f"acknowledging job {job.jid!r}: the record would exceed the namespace's "
+                                   "max-record-size", code=13)
             if code == 0:
                 self._settled(job)
                 self.bits.add(job.list, [job.token])
@@ -645,7 +656,10 @@ class Queue:
         """Complete a batch in one round trip (native operations, `hotpath`). Returns the
         jobs whose claim was lost (not completed by this call). `results`, if given, holds
         one result per job (ValueError otherwise, before anything is written), each a
-        value JSON can hold (`ResultNotStorable` otherwise, before anything is written)."""
+        value JSON can hold (`ResultNotStorable` otherwise, before anything is written).
+        Jobs whose record the result would make too big are not completed: once every
+        other ack is decided, `RecordTooBig` is raised, its ``too_big`` holding those
+        jobs and its ``lost`` what this call would have returned."""
         if not jobs:
             return []
         results = _checked_results(results) if results is not None else [None] * len(jobs)
@@ -667,7 +681,7 @@ class Queue:
                 lambda idx: hotpath.complete_leased_same(
                     backend, [names[i] for i in idx], sess, rid, fence, results[0], backend.job_deadline()
                 ),
-                len(names), self.busy_deadline_s, f"acknowledging {len(names)} leased jobs",
+                len(names), self.busy_deadline_s, f"acknowledging {len(names)} leased jobs", too_big=True,
             )
             if not any(codes):  # every one done
                 self.bits.add(list_name, tokens)
@@ -676,10 +690,12 @@ class Queue:
         else:
             codes = self._complete_codes(jobs, results)
         done: dict[str, list[int]] = defaultdict(list)
-        alone = []
+        alone, too_big = [], []
         for job, res, code in zip(jobs, results, codes, strict=True):
             if code == 0:
                 done[job.list].append(job.token)
+            elif code == 13:
+                too_big.append(job)
             else:
                 alone.append((job, res))
         # The bits of what is done, one add per list, before any repeat below can raise.
@@ -697,8 +713,18 @@ class Queue:
                 # reaper finds that and only forgets the lease.
                 lost.append(job)
                 continue
+            except RecordTooBig:
+                too_big.append(job)
+                continue
             if job.lease is not None:
                 self._settled(job)
+        if too_big:
+            # Raised once every other ack is decided (and counted): the same result
+            # is as big next time, so these jobs are the caller's to fail instead.
+            err = RecordTooBig(f"acknowledging {len(too_big)} of {len(jobs)} jobs: their records would exceed the "
+                               "namespace's max-record-size; the others were acknowledged", code=13)
+            err.too_big, err.lost = too_big, lost  # type: ignore[attr-defined]
+            raise err
         return lost
 
     def _leased_codes(self, jobs: Sequence[Job], results: Sequence[Any]) -> list[int]:
@@ -711,7 +737,7 @@ class Queue:
         backend = self.backend
         return hotpath.until_decided(
             lambda idx: hotpath.complete_leased(backend, [items[i] for i in idx], backend.job_deadline()),
-            len(items), self.busy_deadline_s, f"acknowledging {len(items)} leased jobs",
+            len(items), self.busy_deadline_s, f"acknowledging {len(items)} leased jobs", too_big=True,
         )
 
     def _complete_codes(self, jobs: Sequence[Job], results: list[Any]) -> list[int]:

@@ -800,3 +800,30 @@ def test_leased_jobs_are_handed_out_when_claiming_the_rest_of_the_take_fails(fau
         assert queue.complete_many(rest) == []
     status = lists.status("L")
     assert (status.done, status.in_flight, status.complete) == (40, 0, False)
+
+
+@pytest.mark.parametrize("lease", [True, False], ids=["leased", "claimed"])
+def test_a_result_too_big_fails_its_own_ack_and_the_rest_are_counted(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session, lease: bool
+) -> None:
+    """One result in a batch would make its record too big: the others are done, and
+    counted (bits, lease settled) before RecordTooBig names that job. The leased ones
+    had been done on the server with no bit and their lease left unsettled."""
+    load(lists, list_name, 40)
+    jobs = queue.reserve(list_name, session, 16, lease=lease)
+    assert len(jobs) == 16 and all((j.lease is not None) is lease for j in jobs)
+    results: list[Any] = [{"n": i} for i in range(16)]
+    results[7] = "x" * (2 << 20)
+    with pytest.raises(errors.RecordTooBig) as caught:
+        queue.complete_many(jobs, results)
+    assert caught.value.too_big == [jobs[7]] and caught.value.lost == []  # type: ignore[attr-defined]
+    states = [record(registered, j)["state"] for j in jobs]
+    assert states == ["done"] * 7 + [("queued" if lease else "claimed")] + ["done"] * 8
+    queue.flush()
+    assert lists.status(list_name).done == 15
+    queue.complete(jobs[7], "small")
+    queue.flush()
+    assert lists.status(list_name).done == 16 and lists.status(list_name).in_flight == 0
+    if lease:
+        assert session.beat()
+        assert leases_of(registered, session) == {}
