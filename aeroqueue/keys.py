@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from .errors import AeroqueueError
 
@@ -48,6 +49,18 @@ def job_names(list_name: str, tokens: list[int]) -> list[str]:
 
 def jidx_name(list_name: str, jid: str) -> str:
     return f"{list_name}/{jid}"
+
+
+# A job-id index entry: its job's token, and the `created` stamp of the list that
+# indexed it. Entries a dropped list left behind (its jobs deleted by the sync's
+# retention first, whose index entries the drop cannot find) carry another stamp.
+INDEX_BINS = ["tok", "c"]
+
+
+def indexed_here(index_bins: dict[str, Any], created: int) -> bool:
+    """Whether an index entry is this list's (stamped `created`). Entries written
+    before the stamp existed have none: taken as this list's, as they always were."""
+    return index_bins.get("c", created) == created
 
 
 def chunk_name(list_name: str, chunk: int) -> str:

@@ -389,11 +389,11 @@ class JobLists:
 
     def find_job(self, name: str, jid: str) -> dict[str, Any]:
         """A job's record, found by the id it was loaded with (through the job-id index)."""
-        self.header(name)
+        created = self.header(name)["created"]
         idx = self.backend.get(keys.JIDX_SET, keys.jidx_name(name, str(jid)))
-        tok = idx.bins.get("tok") if idx is not None else None
+        tok = idx.bins.get("tok") if idx is not None and keys.indexed_here(idx.bins, created) else None
         rec = self.backend.get(keys.JOB_SET, keys.job_name(name, tok)) if tok is not None else None
-        if rec is None or rec.bins.get("state") == "void":
+        if rec is None or rec.bins.get("state") == "void" or str(rec.bins.get("jid")) != str(jid):
             raise JobNotFound(f"list {name!r} has no job with id {jid!r}")
         return rec.bins
 

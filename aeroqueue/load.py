@@ -48,9 +48,17 @@ from aerospike_helpers.batch.records import BatchRecords, Write
 from aerospike_helpers.operations import operations as op
 
 from . import keys, transitions
-from .backends import IN_DOUBT, Backend, retry_in_doubt, wrap
+from .backends import IN_DOUBT, Backend, Record, retry_in_doubt, wrap
 from .config import MAX_SECONDS
-from .errors import AeroqueueError, ListNotFound, ListSealed, LoadAbandoned, LoadError, RecordExists
+from .errors import (
+    AeroqueueError,
+    GenerationConflict,
+    ListNotFound,
+    ListSealed,
+    LoadAbandoned,
+    LoadError,
+    RecordExists,
+)
 from .loading import RECORD_OVERHEAD, JobSpec, from_iterable
 
 if TYPE_CHECKING:
@@ -140,7 +148,7 @@ def load(
     )
     head = lists.header(name)
     if head["sealed"] == 1:
-        return _sealed_again(backend, name, specs, progress)
+        return _sealed_again(backend, name, head["created"], specs, progress)
     if chunk_size is None:
         chunk_size = default_chunk(backend, head["mode"])
     recover(lists, name)
@@ -290,6 +298,7 @@ class _RangeLoader:
         self.delay_ms = delay_ms
         self.b = lists.backend
         self.name = name
+        self.created = head["created"]  # the stamp of its job-id index entries
         self.mode = head["mode"]
         self.max_att = head["max_att"]
         self.lease_ms = lease_ms
@@ -308,8 +317,9 @@ class _RangeLoader:
         try:
             new = batch
             if self.check_index:
-                indexed = b.batch_get(keys.JIDX_SET, [keys.jidx_name(name, s.jid) for s in batch], bins=["tok"])
-                new = [s for s, rec in zip(batch, indexed, strict=True) if rec is None]
+                indexed = b.batch_get(keys.JIDX_SET, [keys.jidx_name(name, s.jid) for s in batch], bins=keys.INDEX_BINS)
+                new = [s for s, rec in zip(batch, indexed, strict=True)
+                       if rec is None or not keys.indexed_here(rec.bins, self.created)]
             with self._turns:
                 self._turns.wait_for(lambda: self._turn == i)
                 if not new:
@@ -408,7 +418,7 @@ class _RangeLoader:
                 f"a later load or `aeroqueue sweep` finishes it after its lease of {self.lease_ms / 1000:g} s)"
             )
         # 4. the index: the commit point of each job.
-        real = commit_index(self.lists, name, list(zip(tokens, [s.jid for s in new], strict=True)))
+        real = commit_index(self.lists, name, self.created, list(zip(tokens, [s.jid for s in new], strict=True)))
         real_set = set(real)
         finish_range(self.lists, name, self.mode, seq, real, gate=gate,
                      timed={t: due for t, due in timed.items() if t in real_set})
@@ -464,13 +474,16 @@ _CODE_NAMES = {
 }
 
 
-def commit_index(lists: JobLists, name: str, pairs: list[tuple[int, str]]) -> list[int]:
+def commit_index(lists: JobLists, name: str, created: int, pairs: list[tuple[int, str]]) -> list[int]:
     """Index each (token, jid) create-only; the tokens whose index is theirs are real,
-    the others are made void. Returns the real tokens, in order."""
+    the others are made void. Returns the real tokens, in order. An entry carries the
+    list's `created` stamp: one left by a dropped list of the same name (`stale_index`)
+    is replaced, never taken for this list's."""
     b = lists.backend
     ns = b.namespace
     jidx_set = keys.JIDX_SET
-    writes = [Write((ns, jidx_set, f"{name}/{jid}"), [{"op": _WRITE, "bin": "tok", "val": t}], policy=_CREATE)
+    writes = [Write((ns, jidx_set, f"{name}/{jid}"),
+                    [{"op": _WRITE, "bin": "tok", "val": t}, {"op": _WRITE, "bin": "c", "val": created}], policy=_CREATE)
               for t, jid in pairs]
     codes = lists._batch_write(writes, "index job ids")
     if any(code not in (0, RECORD_EXISTS) for code in codes):
@@ -481,9 +494,11 @@ def commit_index(lists: JobLists, name: str, pairs: list[tuple[int, str]]) -> li
     if not clashes:
         return [t for t, _ in pairs]
     recs = b.batch_get(keys.JIDX_SET, [keys.jidx_name(name, jid) for _, jid in clashes])
-    owners = {jid: r.bins["tok"] for (_, jid), r in zip(clashes, recs, strict=True) if r is not None}
-    if len(owners) != len(clashes):
-        raise LoadAbandoned(f"list {name!r}: a job id index vanished while loading; run the load again")
+    owners = {}
+    for (t, jid), r in zip(clashes, recs, strict=True):
+        if r is None:
+            raise LoadAbandoned(f"list {name!r}: a job id index vanished while loading; run the load again")
+        owners[jid] = r.bins["tok"] if keys.indexed_here(r.bins, created) else stale_index(lists, name, created, t, jid, r)
     voids = [t for t, jid in clashes if owners[jid] != t]
     if voids:
         # Unpublished tokens: nobody can hold them, so overwriting is safe.
@@ -494,6 +509,27 @@ def commit_index(lists: JobLists, name: str, pairs: list[tuple[int, str]]) -> li
         void_bits(lists, name, voids)
     void_set = set(voids)
     return [t for t, _ in pairs if t not in void_set]
+
+
+def stale_index(lists: JobLists, name: str, created: int, token: int, jid: str, rec: Record) -> int:
+    """The token that owns `jid` once an index entry of another list of the same name
+    is replaced by ours (a compare-and-set: a concurrent loader or recovery that
+    replaced it first owns it). Retention deletes job records and keeps their
+    entries, so that a load repeated later adds nothing twice; a drop finds entries
+    through the job records, so these outlive it."""
+    key = keys.jidx_name(name, jid)
+    for _ in range(3):
+        try:
+            lists.backend.put(keys.JIDX_SET, key, {"tok": token, "c": created}, gen=rec.gen)
+            return token
+        except GenerationConflict:
+            again = lists.backend.get(keys.JIDX_SET, key)
+            if again is None:
+                break
+            if keys.indexed_here(again.bins, created):
+                return int(again.bins["tok"])
+            rec = again
+    raise LoadAbandoned(f"list {name!r}: the job id index of {jid!r} kept changing while loading; run the load again")
 
 
 def void_bits(lists: JobLists, name: str, tokens: list[int]) -> None:
@@ -551,7 +587,7 @@ def recover(lists: JobLists, name: str) -> int:
             if rec is not None and rec.bins.get("state") != "void"
         ]
         void_bits(lists, name, [t for t, rec in zip(tokens, recs, strict=True) if rec is None or rec.bins.get("state") == "void"])
-        real = commit_index(lists, name, present)
+        real = commit_index(lists, name, head["created"], present)
         real_set = set(real)
         # Held back as the dead loader's publish would have (a gate or their own
         # run_at): not counted reservable, nor handed out only to be refused.
@@ -562,14 +598,14 @@ def recover(lists: JobLists, name: str) -> int:
 
 
 def _sealed_again(
-    b: Backend, name: str, specs: Iterable[JobSpec], progress: Callable[[int], None] | None
+    b: Backend, name: str, created: int, specs: Iterable[JobSpec], progress: Callable[[int], None] | None
 ) -> LoadReport:
     """A sealed list takes no new job; loading what it already holds is a no-op."""
     n = new = 0
     for batch in _chunks(specs, SEALED_CHECK_BATCH):
-        recs = b.batch_get(keys.JIDX_SET, [keys.jidx_name(name, s.jid) for s in batch], bins=["tok"])
+        recs = b.batch_get(keys.JIDX_SET, [keys.jidx_name(name, s.jid) for s in batch], bins=keys.INDEX_BINS)
         n += len(batch)
-        new += sum(1 for r in recs if r is None)
+        new += sum(1 for r in recs if r is None or not keys.indexed_here(r.bins, created))
         if progress:
             progress(len(batch))
     if new:

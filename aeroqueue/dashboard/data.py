@@ -201,7 +201,13 @@ class Store:
         """The token of a job by its id (the load's job-id index), or None."""
         keys.check_list_name(name)
         rec = self.backend.get(keys.JIDX_SET, keys.jidx_name(name, jid))
-        return None if rec is None else int(rec.bins["tok"])
+        if rec is None:
+            return None
+        try:
+            created = self.lists.header(name)["created"]
+        except ListNotFound:
+            return None
+        return int(rec.bins["tok"]) if keys.indexed_here(rec.bins, created) else None
 
     # -- actions -------------------------------------------------------------------
 

@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 import threading
 import time
+import uuid
 
 import pytest
 from click.testing import CliRunner
 
 from aeroqueue import errors, keys
+from aeroqueue.backends.base import N_PARTITIONS
 from aeroqueue.cli import main
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
@@ -167,3 +169,46 @@ def test_cli_asks_first_and_exits_1_for_a_missing_list(store_url, lists, list_na
     out = cli(store_url, "drop", list_name, "--yes", "--json")
     assert out.exit_code == 0
     assert json.loads(out.output) == {"name": list_name, "jobs": 2, "index": 2, "id_chunks": 0, "bitmaps": 0}
+
+
+def _retain_all(backend, queue: Queue, jobs) -> None:
+    """What the sync's retention does to processed jobs a target holds: the mark of
+    their version, then the job records deleted (their index entries are kept)."""
+    from aeroqueue.sync.mark import mark, retain
+
+    names = [j.name for j in jobs]
+    queue.flush()
+    mark_bin = f"r{uuid.uuid4().hex[:8]}"  # this test's own target: retention spares every other job
+    versions = [backend.get(keys.JOB_SET, n).bins["done_at"] for n in names]
+    assert mark(backend, mark_bin, names, versions) == (len(names), 0)
+    assert retain(backend, mark_bin, 0, N_PARTITIONS, 0) == len(names)
+
+
+@pytest.mark.parametrize("mode", ["tokens", "ids"])
+def test_a_list_loaded_under_a_dropped_lists_name_after_retention_keeps_every_job(
+    registered, queue, lists, list_name, session, mode
+):
+    """Retention deletes job records and keeps their job-id index entries (a load
+    repeated later still adds nothing twice); a drop finds entries through the job
+    records, so these outlived it. A new list of the same name took them for its own:
+    its job 'b' was voided as a duplicate, and `find_job` answered with another job."""
+    lists.load(list_name, [JobSpec("a", {"v": 1}), JobSpec("b", {"v": 2})], mode=mode)
+    jobs = queue.reserve(list_name, session, 2)
+    assert queue.complete_many(jobs) == []
+    _retain_all(registered, queue, jobs)
+    again = lists.load(list_name, [JobSpec("a", {"v": 1}), JobSpec("b", {"v": 2})])
+    assert (again.loaded, again.skipped) == (0, 2), "retained jobs are still loaded: a repeat adds nothing"
+    lists.drop(list_name, grace_s=0)
+
+    report = lists.load(list_name, [JobSpec("b", {"v": 4}), JobSpec("c", {"v": 3})], mode=mode, seal=True)
+    assert (report.loaded, report.voided) == (2, 0)
+    assert lists.status(list_name).total == 2
+    assert lists.find_job(list_name, "b")["payload"] == {"v": 4}
+    with pytest.raises(errors.JobNotFound):
+        lists.find_job(list_name, "a")  # the dropped list's
+    got = queue.reserve(list_name, session, 5)
+    assert sorted((j.jid, j.payload["v"]) for j in got) == [("b", 4), ("c", 3)]
+    assert queue.complete_many(got) == []
+    assert lists.status(list_name).complete
+    # The same file again, into the sealed list: nothing new.
+    assert lists.load(list_name, [JobSpec("b", {"v": 4}), JobSpec("c", {"v": 3})]).already_sealed

@@ -166,7 +166,7 @@ def test_tokens_of_ids_another_loader_indexed_first_are_not_counted_as_reservabl
     pairs = [(start, "a0"), (start + 1, "a1"), (start + 2, "b0")]
     for t, jid in pairs:
         backend.put(keys.JOB_SET, keys.job_name(list_name, t), {"list": list_name, "token": t, "jid": jid, "state": "queued"})
-    real = load.commit_index(lists, list_name, pairs)
+    real = load.commit_index(lists, list_name, lists.header(list_name)["created"], pairs)
     assert real == [start + 2]
     load.finish_range(lists, list_name, "tokens", lists.header(list_name)["seq"] - 1, real)
     st = lists.status(list_name)
