@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from .. import keys
 from ..backends import Backend, open_backend
-from ..errors import AeroqueueError, BackendError, SyncError
+from ..errors import AeroqueueError, BackendError, ListNotFound, SyncError
 from ..lists import JobLists
 from .options import Counts, SyncOptions, SyncReport, ranges
 from .schema import (
@@ -241,7 +241,13 @@ def write_summaries(backend: Backend, sink: Sink, at_ms: int, only: tuple[str, .
     lists = JobLists(backend)
     rows = []
     for name in (only or lists.names()):
-        st = lists.status(name)
+        try:
+            st = lists.status(name)
+        except ListNotFound:
+            # Dropped while the run copied its jobs (or since it was named): nothing to
+            # summarise, and not this run's failure. Its last summary row stays.
+            log.info("list dropped during the sync: no summary", extra={"event": "sync_list_gone", "list": name})
+            continue
         rows.append((name, st.mode, st.total, st.done, st.dead, int(st.sealed), int(st.complete), st.completed_at, at_ms))
     try:
         sink.upsert(SUMMARY_TABLE, SUMMARY_COLUMNS, ("list",), rows)

@@ -458,3 +458,24 @@ def test_an_upsert_is_cut_into_statements_the_server_takes(mysql_db):
         sink.commit()
         assert [i for i, _ in refused] == [10] and "max_allowed_packet (300,000 bytes)" in refused[0][1]
         assert sink.execute(f"SELECT COUNT(*) FROM {JOBS_TABLE} WHERE token >= 100") == [(30,)]
+
+
+def test_summaries_skip_a_list_dropped_during_the_run(tmp_path, backend, list_name):
+    """A list named by `--list` (or listed when the run began) and dropped before the
+    summaries were written had failed the run after its jobs were copied and marked."""
+    from aeroqueue import udfs
+    from aeroqueue.lists import JobLists
+    from aeroqueue.loading import JobSpec
+    from aeroqueue.sync.job import write_summaries
+
+    udfs.register(backend)
+    lists = JobLists(backend)
+    kept, gone = list_name, f"{list_name}-gone"
+    for name in (kept, gone):
+        lists.load(name, [JobSpec("a", {})])
+    lists.drop(gone, grace_s=0)
+    with Sink(_sqlite(tmp_path)) as sink:
+        migrate(sink)
+        assert write_summaries(backend, sink, 1, (kept, gone)) == 1
+        assert [r[0] for r in sink.execute("SELECT list FROM aq_list_summary")] == [kept]
+    lists.drop(kept, grace_s=0)
