@@ -101,7 +101,8 @@ class LoadReport:
 
 def max_payload(backend: Backend) -> int:
     """The largest payload a job record can hold on this store."""
-    return backend.max_record_size() - RECORD_OVERHEAD
+    size = backend.max_record_size()
+    return size - min(RECORD_OVERHEAD, size // 4)
 
 
 def default_chunk(backend: Backend, mode: str) -> int:

@@ -43,9 +43,12 @@ from typing import IO, Any
 from .backends.sizes import bin_size
 from .errors import LoadError
 
-# What a job record holds besides its payload (bins, names, bookkeeping): the
-# payload may use the rest of max-record-size.
-RECORD_OVERHEAD = 4096
+# What a job record holds besides its payload, at most: its bins (id, names,
+# bookkeeping: about 1 KiB) and its failures (the last error and a history of 10,
+# each within transitions.ERROR_BYTES: 45 KiB). The payload may use the rest of
+# max-record-size: a job whose payload took it all could not record a failure. (A
+# store configured with records under 256 KiB keeps a quarter of them instead.)
+RECORD_OVERHEAD = 64 * 1024
 MAX_ID_BYTES = 200
 # The deepest JSON the sync's target stores: MariaDB's JSON functions (the CHECK
 # (JSON_VALID) on payload and result) refuse 32 levels of arrays or objects and

@@ -51,7 +51,7 @@ log = logging.getLogger("aeroqueue.transitions")
 
 RETRY_CAP = 20_000  # tokens kept in the list record's retry store (well under max-record-size)
 SCHED_CAP = 20_000  # tokens kept in the list record's schedule; the rest wait in their records for the sweeper
-ERROR_CHARS = 4000  # of each error (message and traceback) kept in a job's history
+ERROR_BYTES = 4000  # of each error (message and traceback, UTF-8) kept in a job's history
 BITMAP_BYTES = keys.BITS_PER_CHUNK // 8
 _GROW = bw.bit_resize("done", BITMAP_BYTES, resize_flags=aerospike.BIT_RESIZE_GROW_ONLY)
 
@@ -146,10 +146,13 @@ def error_text(text: str) -> str:
     """An error as kept in the job's history: its start and its end (the traceback's last lines).
     A NUL shows as \\x00: the Aerospike client would end the text there."""
     text = text.replace("\x00", "\\x00")
-    if len(text) <= ERROR_CHARS:
+    if len(text) <= ERROR_BYTES // 4 or len(data := text.encode("utf-8", "surrogatepass")) <= ERROR_BYTES:
         return text
-    half = ERROR_CHARS // 2
-    return f"{text[:half]}\n[... {len(text) - ERROR_CHARS} characters cut ...]\n{text[-half:]}"
+    # Cut by bytes (the record's size is bytes), at character boundaries.
+    half = ERROR_BYTES // 2
+    head = data[:half].decode("utf-8", "ignore")
+    tail = data[-half:].decode("utf-8", "ignore")
+    return f"{head}\n[... {len(text) - len(head) - len(tail)} characters cut ...]\n{tail}"
 
 
 class BitBuffer:

@@ -779,3 +779,28 @@ def test_acks_whose_batch_is_refused_whole_are_sent_alone_not_dropped(queue, lis
     for job in jobs:
         assert queue.backend.get(keys.JOB_SET, job.name).bins["state"] == "done", job.jid
     assert lists.status(list_name).done == 3
+
+
+def test_a_job_of_the_largest_payload_records_every_failure(queue, lists, list_name, session, registered):
+    """The loader leaves room beside the payload for the job's failures: the last
+    error and its history of ten, each cut to ERROR_BYTES. It had left 4 KiB, and a
+    job of the largest payload could not record one failure (RecordTooBig: the job
+    stayed claimed)."""
+    from aeroqueue.lists import max_payload
+    from aeroqueue.loading import payload_size
+
+    limit = max_payload(registered)
+    payload = "x" * (limit - payload_size(""))
+    assert payload_size(payload) == limit
+    lists.load(list_name, [JobSpec("big", payload)], max_attempts=12)
+    error = "é" * 10_000 + "\U0001F600" * 3000  # cut to ERROR_BYTES of UTF-8, multi-byte to the end
+    for attempt in range(1, 13):
+        [job] = queue.reserve(list_name, session, 1)
+        assert job.attempt == attempt
+        outcome = queue.fail(job, f"attempt {attempt}: {error}")
+        assert outcome == "dead" if attempt == 12 else outcome == "delayed"
+        if attempt < 12:
+            assert lists.kick(list_name, [job.token]) == 1  # no backoff wait
+    bins = registered.get(keys.JOB_SET, job.name).bins
+    assert bins["state"] == "dead" and len(bins["errs"]) == 10
+    assert len(bins["err"].encode()) <= transitions.ERROR_BYTES + 60 and bins["err"].startswith("attempt 12: é")
