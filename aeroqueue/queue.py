@@ -227,12 +227,27 @@ class Queue:
         reservation alone, once the acks went through, returns what was claimed
         (maybe nothing): the next reservation shows it again. Leased jobs' acks go
         first, in a batch of their own (they are not the UDF's to complete). A result
-        JSON cannot hold raises `ResultNotStorable` before anything is sent."""
+        JSON cannot hold raises `ResultNotStorable` before anything is sent. Results that
+        would make their records too big raise `RecordTooBig` once everything else is
+        done: its ``too_big`` holds those jobs, ``lost`` and ``reserved`` the rest."""
         results = _checked_results([r for _, r in done])
         done = [(j, r) for (j, _), r in zip(done, results, strict=True)]
         leased = [(j, r) for j, r in done if j.lease is not None]
-        lost = self.complete_many([j for j, _ in leased], [r for _, r in leased]) if leased else []
-        got, refused = self._reserve(list_name, session, count, [(j, r) for j, r in done if j.lease is None])
+        too_big = None
+        try:
+            lost = self.complete_many([j for j, _ in leased], [r for _, r in leased]) if leased else []
+        except RecordTooBig as e:  # the rest of the leased acks are decided: go on with the others
+            too_big, lost = e, list(getattr(e, "lost", []))
+        try:
+            got, refused = self._reserve(list_name, session, count, [(j, r) for j, r in done if j.lease is None])
+        except RecordTooBig as e:  # claimed acks too big too: one error names them all
+            if too_big is not None:
+                e.too_big = [*too_big.too_big, *getattr(e, "too_big", [])]  # type: ignore[attr-defined]
+                e.lost = [*lost, *getattr(e, "lost", [])]  # type: ignore[attr-defined]
+            raise
+        if too_big is not None:
+            too_big.lost, too_big.reserved = lost + refused, got  # type: ignore[attr-defined]
+            raise too_big
         return got, lost + refused
 
     def _reserve(
@@ -366,12 +381,26 @@ class Queue:
             answers = [self._claim_one(name, sess, rid, tlim, tokens[0])]
         else:
             jobs, answers = self._claim_many(name, sess, rid, tlim, tokens)
-        self._reschedule(name, answers)
+        try:
+            self._reschedule(name, answers)
+        except AeroqueueError as e:
+            # The delayed jobs the claims refused stay off the schedule, the sweeper's;
+            # the jobs claimed are handed out all the same.
+            log.warning("delayed jobs not scheduled", extra={"event": "reschedule_failed", "list": name, "error": str(e)})
         jobs += self._jobs(name, sess, rid, tlim, [a for a in answers if a and a.get("st") == "ok"])
+        too_big: list[Job] = []
         try:
             for (job, result), answer in zip(acks, acked, strict=True):
-                if not self._acked(job, result, answer):
-                    lost.append(job)
+                try:
+                    if not self._acked(job, result, answer):
+                        lost.append(job)
+                except RecordTooBig:
+                    too_big.append(job)  # the same result is as big next time: the others go on
+            if too_big:
+                err = RecordTooBig(f"acknowledging {len(too_big)} of {len(acks)} jobs: their records would exceed "
+                                   "the namespace's max-record-size; the others were acknowledged", code=13)
+                err.too_big, err.lost = too_big, lost  # type: ignore[attr-defined]
+                raise err
         except AeroqueueError as e:
             e.reserved = earlier + jobs
             e._from_ack = True  # type: ignore[attr-defined]
@@ -867,13 +896,13 @@ _rid_counter = itertools.count()
 def _checked_results(results: Sequence[Any]) -> list[Any]:
     """`checked_result` of each result, once per object: a result shared by a batch
     stays one object (`_one_lease` looks for that)."""
-    seen: dict[int, Any] = {}
+    seen: dict[int, tuple[Any, Any]] = {}  # id -> (the object, kept alive so its id is not reused; its value)
     out = []
     for r in results:
-        key = id(r)
-        if key not in seen:
-            seen[key] = checked_result(r)
-        out.append(seen[key])
+        known = seen.get(id(r))
+        if known is None:
+            known = seen[id(r)] = (r, checked_result(r))
+        out.append(known[1])
     return out
 
 

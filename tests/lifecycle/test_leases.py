@@ -827,3 +827,32 @@ def test_a_result_too_big_fails_its_own_ack_and_the_rest_are_counted(
     if lease:
         assert session.beat()
         assert leases_of(registered, session) == {}
+
+
+def test_complete_and_reserve_with_results_too_big_acknowledges_and_reserves_the_rest(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session
+) -> None:
+    """Too-big results among leased and claimed acks: every other ack is done and
+    counted, the new jobs are reserved, and one RecordTooBig names the too-big jobs.
+    The leased one had stopped the call before the claimed acks were sent, and a
+    claimed one had stopped the acks after it."""
+    load(lists, list_name, 60)
+    claimed = queue.reserve(list_name, session, 3)
+    leased = queue.reserve(list_name, session, 16, lease=True)
+    assert all(j.lease is None for j in claimed) and all(j.lease is not None for j in leased)
+    big = "x" * (2 << 20)
+    done = [(claimed[0], big), (claimed[1], 1), (claimed[2], 2), (leased[0], big)] + [(j, 3) for j in leased[1:]]
+    with pytest.raises(errors.RecordTooBig) as caught:
+        queue.complete_and_reserve(done, list_name, session, 2)
+    e = caught.value
+    assert {j.jid for j in e.too_big} == {claimed[0].jid, leased[0].jid}  # type: ignore[attr-defined]
+    assert e.lost == [] and len(e.reserved) == 2  # type: ignore[attr-defined]
+    for job, _ in done:
+        want = "done" if job not in (claimed[0], leased[0]) else ("claimed" if job is claimed[0] else "queued")
+        assert record(registered, job)["state"] == want, job.jid
+    queue.flush()
+    assert lists.status(list_name).done == 17
+    queue.complete_many([claimed[0], leased[0], *e.reserved])  # type: ignore[attr-defined]
+    queue.flush()
+    status = lists.status(list_name)
+    assert (status.done, status.in_flight) == (21, 0)
