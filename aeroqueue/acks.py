@@ -101,8 +101,11 @@ class AckBatcher:
             pending = self._pending
             pending.append((job, result, context))
             wake = len(pending) >= self.max_jobs
-            if len(pending) == 1 and self._due != -math.inf:
-                self._due = time.monotonic() + self.linger_s
+            if len(pending) == 1:
+                # The first pending ack wakes the thread (asleep until one comes), due
+                # after the linger, or at once while a flush has marked it so.
+                if self._due != -math.inf:
+                    self._due = time.monotonic() + self.linger_s
                 wake = True
             if by is None:
                 self._by.append(math.inf)

@@ -521,7 +521,9 @@ def stale_index(lists: JobLists, name: str, created: int, token: int, jid: str, 
     key = keys.jidx_name(name, jid)
     for _ in range(3):
         try:
-            lists.backend.put(keys.JIDX_SET, key, {"tok": token, "c": created}, gen=rec.gen)
+            # In doubt, sent again: one that landed meets its own generation, below.
+            retry_in_doubt(functools.partial(lists.backend.put, keys.JIDX_SET, key, {"tok": token, "c": created},
+                                             gen=rec.gen))
             return token
         except GenerationConflict:
             again = lists.backend.get(keys.JIDX_SET, key)

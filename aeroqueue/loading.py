@@ -239,8 +239,8 @@ def _read_csv(handle: Any, source: str, id_field: str, max_payload: int, strict:
         except csv.Error as e:
             msg = str(e)
             if "field larger than field limit" in msg:
-                raise LoadError(f"a field is over the {max_payload}-byte payload limit (max-record-size less the "
-                                "job's own bins)", source=source, line=last + 1) from None
+                raise LoadError(f"a field is over the {max_payload}-byte payload limit (max-record-size less room "
+                                "for the job's own bins and failures)", source=source, line=last + 1) from None
             # The error is in the row after the last good one (an unclosed quote runs
             # to the end of the file, where line_num points).
             raise LoadError(f"malformed CSV: {msg}", source=source, line=last + 1) from None
@@ -473,7 +473,7 @@ def _checked(spec: JobSpec, source: str, id_field: str, max_payload: int, measur
                         line=spec.line, field="payload") from None
     if size > max_payload:
         raise LoadError(
-            f"payload of {size} bytes is over the {max_payload}-byte limit (max-record-size less the job's own bins)",
+            f"payload of {size} bytes is over the {max_payload}-byte limit (max-record-size less room for the job's own bins and failures)",
             source=source,
             line=spec.line,
             field="payload",

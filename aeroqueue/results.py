@@ -42,19 +42,19 @@ def storable_result(value: Any, what: str = "the handler's result") -> Any:
 def checked_result(value: Any, what: str = "the result") -> Any:
     """`storable_result`, without its JSON round trip for a value already stored as it
     is (the worker's results have had it; most results are None or small maps)."""
-    return value if _plain(value) else storable_result(value, what)
+    return value if value is None or _plain(value) else storable_result(value, what)
 
 
 def _plain(value: Any) -> bool:
     """Whether `value` is stored exactly as it is: only JSON's own types, string keys,
-    ASCII strings without NUL, 64-bit integers, finite floats, within MAX_DEPTH. False
+    valid Unicode strings without NUL, 64-bit integers, finite floats, within MAX_DEPTH. False
     means "not known to be": `storable_result` then converts it or says why not."""
     stack = [(value, 1)]
     while stack:
         v, depth = stack.pop()
         kind = type(v)
         if kind is str:
-            if not v.isascii() or "\x00" in v:
+            if "\x00" in v or not (v.isascii() or _utf8(v)):
                 return False
         elif kind is int:
             if not INT64[0] <= v <= INT64[1]:
@@ -67,12 +67,21 @@ def _plain(value: Any) -> bool:
                 return False
             if kind is dict:
                 for k in v:
-                    if type(k) is not str or not k.isascii() or "\x00" in k:
+                    if type(k) is not str or "\x00" in k or not (k.isascii() or _utf8(k)):
                         return False
                 v = v.values()
             stack.extend((x, depth + 1) for x in v)
         elif v is not None and kind is not bool:
             return False
+    return True
+
+
+def _utf8(text: str) -> bool:
+    """Whether `text` is valid Unicode (no lone surrogate), as a store and MySQL need."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
     return True
 
 

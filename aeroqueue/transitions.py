@@ -146,10 +146,13 @@ def error_text(text: str) -> str:
     """An error as kept in the job's history: its start and its end (the traceback's last lines).
     A NUL shows as \\x00: the Aerospike client would end the text there."""
     text = text.replace("\x00", "\\x00")
-    if len(text) <= ERROR_BYTES // 4 or len(data := text.encode("utf-8", "surrogatepass")) <= ERROR_BYTES:
+    if not text.isascii():  # a lone surrogate (a file name's undecodable byte) as \udcxx: no client can send one
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    if len(text) <= ERROR_BYTES // 4 or len(data := text.encode("utf-8")) <= ERROR_BYTES:
         return text
-    # Cut by bytes (the record's size is bytes), at character boundaries.
-    half = ERROR_BYTES // 2
+    # Cut by bytes (the record's size is bytes), at character boundaries, leaving room
+    # for the marker.
+    half = (ERROR_BYTES - 50) // 2
     head = data[:half].decode("utf-8", "ignore")
     tail = data[-half:].decode("utf-8", "ignore")
     return f"{head}\n[... {len(text) - len(head) - len(tail)} characters cut ...]\n{tail}"

@@ -400,8 +400,13 @@ try:
         client.operate(key, [op.write("b", value)])
     elif call == "apply":
         client.apply(key, "aq_contract", "now", [value])
-    else:
+    elif call == "batch_apply":
         client.batch_apply([key], "aq_contract", "now", [value])
+    elif call == "batch_operate":
+        client.batch_operate([key], [op.write("b", value)])
+    else:
+        from aerospike_helpers.batch.records import Apply, BatchRecords, Write
+        client.batch_write(BatchRecords([Write(key, [op.write("b", value)]), Apply(key, "aq_contract", "now", [1])]))
     out = ["sent", None]
 except ex.AerospikeError as e:
     out = [type(e).__name__, e.code]
@@ -411,7 +416,7 @@ os._exit(0)
 """
 
 
-@pytest.mark.parametrize("call", ["operate", "apply", "batch_apply"])
+@pytest.mark.parametrize("call", ["operate", "apply", "batch_apply", "batch_operate", "batch_write"])
 @pytest.mark.parametrize(("value", "refused"), [
     ("(1, 2)", ["ClientError", -1]),
     ("{'k': {1}}", ["ClientError", -1]),

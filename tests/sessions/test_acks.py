@@ -176,6 +176,32 @@ def test_acks_added_after_a_flush_go_within_their_linger(registered, lists, queu
         assert acks.close(5.0)
 
 
+def test_acks_added_after_a_flush_that_timed_out_still_go(registered, lists, queue: Queue, list_name):
+    """A flush that gave up while a batch was on its way leaves the next batch marked
+    due at once: an ack added after it must still wake the sending thread."""
+    lists.load(list_name, [JobSpec(f"j{i}", {"n": i}) for i in range(2)], seal=True)
+    gate = threading.Event()
+
+    class HeldQueue(Queue):
+        def complete_many(self, *args, **kwargs):
+            gate.wait(30)
+            return super().complete_many(*args, **kwargs)
+
+    with Session.open(registered, heartbeat=False) as s:
+        first, second = queue.reserve(list_name, s, 2)
+        outcomes: list[str] = []
+        acks = AckBatcher(HeldQueue(registered), lambda job, outcome, _: outcomes.append(outcome), linger_s=0.05)
+        acks.add(first, None)
+        wait_for("the first batch to be on its way", lambda: acks.waiting() == 1 and not acks._pending, 5.0)
+        assert not acks.flush(0.1), "the flush gives up: the batch is held"
+        gate.set()
+        wait_for("the first ack to be sent", lambda: outcomes == ["done"], 5.0)
+        time.sleep(0.2)  # the sending thread is back to waiting for acks
+        acks.add(second, None)
+        wait_for("the ack added after the flush to be sent", lambda: outcomes == ["done", "done"], 5.0)
+        assert acks.close(5.0)
+
+
 def test_a_lost_session_sends_none_of_its_pending_acks(registered, lists, queue: Queue, list_name):
     lists.load(list_name, [JobSpec(f"j{i}", {"n": i}) for i in range(3)], seal=True)
     s = Session.open(registered, heartbeat=False)

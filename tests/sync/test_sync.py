@@ -125,7 +125,7 @@ def test_records_that_cannot_be_stored_go_to_rejects_and_the_run_goes_on(
     # Bytes: not JSON. aeroqueue stores no such result (ResultNotStorable); another
     # program may have.
     store.put(keys.JOB_SET, blob.name, {"result": bytearray(b"\x00\xff")})
-    # More than MySQL's TEXT holds: MySQL refuses it. (aeroqueue keeps 4,000 characters
+    # More than MySQL's TEXT holds: MySQL refuses it. (aeroqueue keeps 4,000 bytes
     # of an error; an older client, or another program, may have written more.)
     store.put(keys.JOB_SET, long_err.name, {"err": "x" * 70_000})
     bad = {blob.jid: "cannot be stored as JSON", long_err.jid: "Data too long for column 'error'"}

@@ -488,6 +488,8 @@ class EmbeddedClient:
         batch_pol = self._check_policy(policy_batch, {"expressions"}, "batch_operate")
         write_pol = self._check_policy(policy_batch_write, {"key", "exists"}, "batch_operate")
         pol = {**write_pol, **batch_pol}
+        for op in ops:  # the client refuses the whole call before sending, not each record
+            client_value(op.get("val"))
         # Parsed once for the batch, not once per record.
         if pol.get("expressions") is not None:
             pol["expressions"] = prepare(pol["expressions"])
@@ -527,6 +529,8 @@ class EmbeddedClient:
                 self._write_new(db, records, plain)
                 batch_records.result = _batch_status(records)
                 return batch_records
+            for br in records:  # the client refuses the whole call before sending, not each record
+                client_value(br.args if isinstance(br, Apply) else [op.get("val") for op in getattr(br, "ops", None) or []])
             for br in records:
                 if isinstance(br, Apply):
                     # A UDF per record, each with its own arguments, in one round trip.
