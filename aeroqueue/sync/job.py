@@ -292,6 +292,9 @@ def rows_to_copy(backend: Backend, options: SyncOptions) -> dict[str, int]:
                 held = {}  # no table yet: nothing held
     out = {}
     for name in names:
-        st = lists.status(name)
+        try:
+            st = lists.status(name)
+        except ListNotFound:
+            continue  # dropped since it was listed (or named): nothing of it to copy
         out[name] = max(0, st.done + st.dead - held.get(name, 0))
     return out

@@ -466,6 +466,7 @@ def test_summaries_skip_a_list_dropped_during_the_run(tmp_path, backend, list_na
     from aeroqueue import udfs
     from aeroqueue.lists import JobLists
     from aeroqueue.loading import JobSpec
+    from aeroqueue.sync import SyncOptions, rows_to_copy
     from aeroqueue.sync.job import write_summaries
 
     udfs.register(backend)
@@ -478,4 +479,6 @@ def test_summaries_skip_a_list_dropped_during_the_run(tmp_path, backend, list_na
         migrate(sink)
         assert write_summaries(backend, sink, 1, (kept, gone)) == 1
         assert [r[0] for r in sink.execute("SELECT list FROM aq_list_summary")] == [kept]
+    options = SyncOptions(store_url=f"embedded://{tmp_path / 'unused.db'}", target=_sqlite(tmp_path), lists=(kept, gone))
+    assert rows_to_copy(backend, options) == {kept: 0}  # the progress bar's count, before the run
     lists.drop(kept, grace_s=0)
