@@ -186,6 +186,20 @@ class AckBatcher:
             return
         try:
             refused = self.queue.complete_many([p[0] for p in batch], [p[1] for p in batch])
+        except RecordTooBig as e:
+            if not hasattr(e, "too_big"):  # not complete_many's account of the batch
+                for p in batch:
+                    self._send_one(p)
+                return
+            # Every other ack is decided (complete_many says which): only the too-big
+            # ones go alone, where each ends as its caller decides (`too_big`).
+            too_big, lost = {id(j) for j in e.too_big}, {id(j) for j in getattr(e, "lost", [])}
+            for p in batch:
+                if id(p[0]) in too_big:
+                    self._send_one(p)
+                else:
+                    self._report([p], "lost" if id(p[0]) in lost else "done")
+            return
         except AeroqueueError:
             # The batch as a whole failed (or one member raised on its own retry):
             # each ack again alone, so that one job's trouble is that job's only.

@@ -202,6 +202,30 @@ def test_acks_added_after_a_flush_that_timed_out_still_go(registered, lists, que
         assert acks.close(5.0)
 
 
+@pytest.mark.parametrize("lease", [False, True], ids=["claimed", "leased"])
+def test_a_result_too_big_in_a_batch_is_sent_alone_and_the_rest_reported_done(
+    registered, lists, queue: Queue, list_name, lease
+):
+    """complete_many names the too-big jobs once the others are decided: only those go
+    again alone (to the caller's too_big), not every ack of the batch."""
+    lists.load(list_name, [JobSpec(f"j{i}", {"n": i}) for i in range(16)], seal=True)
+    with Session.open(registered, heartbeat=False) as s:
+        jobs = queue.reserve(list_name, s, 16, lease=lease)
+        outcomes: dict[str, str] = {}
+        too_big: list[str] = []
+        acks = AckBatcher(queue, lambda job, outcome, _: outcomes.__setitem__(job.jid, outcome),
+                          linger_s=0.05, too_big=lambda job, why, _: too_big.append(job.jid))
+        completes = []
+        real_complete = queue.complete
+        queue.complete = lambda job, result=None: (completes.append(job.jid), real_complete(job, result))[1]
+        for i, job in enumerate(jobs):
+            acks.add(job, "x" * (2 << 20) if i == 3 else i)
+        assert acks.flush(20.0)
+        assert too_big == ["j3"] and completes == ["j3"]
+        assert outcomes == {j.jid: "done" for j in jobs if j.jid != "j3"}
+        assert acks.close(5.0)
+
+
 def test_a_lost_session_sends_none_of_its_pending_acks(registered, lists, queue: Queue, list_name):
     lists.load(list_name, [JobSpec(f"j{i}", {"n": i}) for i in range(3)], seal=True)
     s = Session.open(registered, heartbeat=False)
