@@ -1,16 +1,18 @@
-"""`make test`: the suite as two pytest processes side by side.
+"""`make test`: the suite as three pytest processes side by side.
 
 One runs the tests that use the shared real server (marked ``real_server`` by
-tests/conftest.py), one after another as they always ran; the other runs the
-rest, whose stores are their own. Most tests wait (on leases, heartbeats,
-processes) more than they compute: in one process the suite took 626 s here,
-its CPU time 270 s; as two, 360 s.
+tests/conftest.py), one after another as they always ran; the other two run
+the rest, whose stores are their own: the multi-node and sync tests (which
+wait on nodes, heartbeats and Spark far more than they compute) beside
+everything else. Most tests wait (on leases, heartbeats, processes) more than
+they compute: in one process the suite took 626 s here, its CPU time 270 s.
 
-The rest prints as it runs; the real-server tests' output goes to a file and
-is printed whole once both have ended (or the run is interrupted), so the two
-never interleave. The exit code is the first failing one (a half left empty by
-a selection is not a failure). Arguments go to both halves:
-``python -m tests.run -x -k acks``.
+The last group prints as it runs; the others' output goes to files and is
+printed whole once all have ended (or the run is interrupted), so they never
+interleave. The exit code is the first failing one (a group left empty by a
+selection is not a failure). Arguments go to every group:
+``python -m tests.run -x -k acks``; with a test path among them, the rest is
+not split (a path would otherwise run in two groups).
 """
 
 from __future__ import annotations
@@ -22,6 +24,21 @@ import time
 from pathlib import Path
 
 NO_TESTS = 5  # pytest's exit code when a selection leaves nothing to run
+
+# The rest's own processes: the multi-node and sync tests, and everything else.
+SPLIT = ("tests/multinode", "tests/sync")
+
+
+def groups(args: list[str]) -> list[tuple[str, list[str]]]:
+    """(name, pytest arguments) of each process; the last one prints as it runs."""
+    server = ("the real-server tests (-m real_server)", ["-m", "real_server"])
+    if any(not a.startswith("-") and Path(a.split("::")[0]).exists() for a in args):
+        return [server, ("the rest", ["-m", "not real_server"])]
+    return [
+        server,
+        ("the multi-node and sync tests", ["-m", "not real_server", *SPLIT]),
+        ("the rest", ["-m", "not real_server", *(f"--ignore={p}" for p in SPLIT)]),
+    ]
 
 
 def _end(proc: subprocess.Popen[bytes], *, stop: bool) -> None:
@@ -46,31 +63,38 @@ def main(args: list[str]) -> int:
         return 4  # pytest's code for a usage error
     base = [sys.executable, "-m", "pytest", "-q", "-rfE", "--durations=15", *args]
     started = time.monotonic()
+    plan = groups(args)
+    procs: list[tuple[str, subprocess.Popen[bytes], Path | None]] = []
     with tempfile.TemporaryDirectory(prefix="aeroqueue-tests-") as tmp:
-        log = Path(tmp) / "real_server.log"
-        with open(log, "wb") as f:
-            server = subprocess.Popen([*base, "-m", "real_server"], stdout=f, stderr=subprocess.STDOUT)
-        print(f"tests: the real-server tests run in pid {server.pid} (their output follows at the end); "
-              "the rest here", flush=True)
-        rest_proc = subprocess.Popen([*base, "-m", "not real_server"])
+        for i, (name, extra) in enumerate(plan):
+            if i < len(plan) - 1:
+                log = Path(tmp) / f"group{i}.log"
+                with open(log, "wb") as f:
+                    proc = subprocess.Popen([*base, *extra], stdout=f, stderr=subprocess.STDOUT)
+                print(f"tests: {name} run in pid {proc.pid} (their output follows at the end)", flush=True)
+            else:
+                print(f"tests: {name} here", flush=True)
+                log, proc = None, subprocess.Popen([*base, *extra])
+            procs.append((name, proc, log))
         try:
-            for proc in (rest_proc, server):
+            for _, proc, _ in reversed(procs):
                 proc.wait()
         except KeyboardInterrupt:
-            # Ctrl-C reached both halves too (one process group): let each print
+            # Ctrl-C reached every group too (one process group): let each print
             # its interrupted summary before the finally below ends it.
-            for proc in (rest_proc, server):
+            for _, proc, _ in procs:
                 _end(proc, stop=False)
         finally:
-            for proc in (rest_proc, server):  # anything else ended this run early
+            for _, proc, _ in procs:  # anything else ended this run early
                 _end(proc, stop=True)
-            print(f"\n===== the real-server tests (-m real_server): exit {server.returncode} =====", flush=True)
-            sys.stdout.buffer.write(log.read_bytes())
-            sys.stdout.flush()
-        rest = rest_proc.returncode
-    codes = [server.returncode, rest]
-    print(f"\ntests: real server exit {codes[0]}, the rest exit {codes[1]}, "
-          f"{time.monotonic() - started:.0f} s in all", flush=True)
+            for name, proc, log in procs:
+                if log is not None:
+                    print(f"\n===== {name}: exit {proc.returncode} =====", flush=True)
+                    sys.stdout.buffer.write(log.read_bytes())
+                    sys.stdout.flush()
+    codes = [proc.returncode for _, proc, _ in procs]
+    summary = ", ".join(f"{name} exit {code}" for (name, _, _), code in zip(procs, codes, strict=True))
+    print(f"\ntests: {summary}; {time.monotonic() - started:.0f} s in all", flush=True)
     failed = [code for code in codes if code not in (0, NO_TESTS)]
     if failed:
         return failed[0]
