@@ -218,6 +218,9 @@ class JobLists:
 
     def status(self, name: str) -> ListStatus:
         head, done, dead, finished, voids = self._progress(name)
+        # Delayed jobs whose time has come wait on the list record until the next take
+        # releases them: counted as that take will leave them (by this host's clock).
+        head = _released(head, time.time() * 1000)
         # Each job counted once: a token may also stand where it no longer waits. A
         # kick moves it to the retry store and out of the schedule, a delayed load's
         # range (into its skip), the token store ahead (into `timed`) or an unpopped
@@ -579,6 +582,38 @@ def _delayed(head: dict[str, Any], scheduled: int, finished: _Finished) -> tuple
     # kept their own skip may hold timed tokens behind `head`, which nothing skips any more.
     timed = sum(1 for t in (head.get("timed") or {}) if t >= head["head"])
     return delayed, sum(g["n"] for g in gates.values()) + timed
+
+
+def _released(head: dict[str, Any], now_ms: float) -> dict[str, Any]:
+    """The list record as a take at `now_ms` would leave what is due (aq_list_v1.lua:
+    `release_due`, and the gates a take passes): the schedule's due tokens pushed to
+    the retry store and its due ranges to `ready`; a due gate gone, its jobs with a
+    later run_at of their own (its skip) held by `timed` (token mode) as the walk
+    through it holds them. The record itself is not written: a read stays a read."""
+    sched = head.get("sched") or {}
+    gates = head.get("gates") or {}
+    due_keys = [due for due in sched if due <= now_ms]
+    open_gates = [start for start, g in gates.items() if g.get("due", 0) <= now_ms]
+    if not due_keys and not open_gates:
+        return head
+    head = dict(head)
+    retry, ready = list(head.get("retry") or []), list(head.get("ready") or [])
+    for due in sorted(due_keys):
+        for item in sched[due]:
+            if isinstance(item, list):
+                ready.append([item[0], item[1], item[3] if len(item) > 3 else None])
+            else:
+                retry.append(item)
+    head["sched"] = {due: items for due, items in sched.items() if due > now_ms}
+    head["retry"], head["ready"] = retry, ready
+    if open_gates:
+        head["gates"] = {start: g for start, g in gates.items() if start not in open_gates}
+        if head["mode"] == "tokens":
+            timed = dict(head.get("timed") or {})
+            for start in open_gates:
+                timed.update(gates[start].get("skip") or {})
+            head["timed"] = timed
+    return head
 
 
 def _ready(item: list[Any], finished: _Finished) -> int:

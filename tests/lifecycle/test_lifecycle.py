@@ -813,3 +813,25 @@ def test_results_from_a_generator_stay_with_their_own_jobs(queue, lists, list_na
     jobs = queue.reserve(list_name, session, 6)
     assert queue.complete_many(jobs, ((j.token, j.token) for j in jobs)) == []
     assert [registered.get(keys.JOB_SET, j.name).bins["result"] for j in jobs] == [[j.token, j.token] for j in jobs]
+
+
+@pytest.mark.parametrize("mode", ["tokens", "ids"])
+@pytest.mark.parametrize("how", ["run_at", "delay", "backoff"])
+def test_status_counts_delayed_jobs_whose_time_has_come_as_a_take_will(queue, lists, list_name, session, mode, how):
+    """Due jobs wait on the list record until a take releases them. Status counted them
+    delayed (and not reservable) until someone reserved, except a chunk's own run_at in
+    ID mode: now every kind is counted as the next take will leave it."""
+    run_at = time.time() + 1.0 if how == "run_at" else None
+    lists.load(list_name, specs(5, run_at=run_at), mode=mode, delay_s=1.0 if how == "delay" else 0.0,
+               backoff_s=0.5, backoff_max_s=0.5)
+    if how == "backoff":
+        jobs = queue.reserve(list_name, session, 5)
+        assert [queue.fail(j, "again later") for j in jobs] == ["delayed"] * 5
+    before = lists.status(list_name)
+    assert (before.delayed, before.reservable, before.in_flight) == (5, 0, 0)
+    time.sleep(1.2)
+    due = lists.status(list_name)
+    assert (due.delayed, due.reservable + due.retry_pending, due.in_flight) == (0, 5, 0), due
+    assert len(queue.reserve(list_name, session, 10)) == 5
+    after = lists.status(list_name)
+    assert (after.delayed, after.reservable, after.retry_pending, after.in_flight) == (0, 0, 0, 5), after
