@@ -55,8 +55,8 @@ def backend_urls(tmp: Path) -> list[tuple[str, str]]:
     return urls
 
 
-# `make test` runs the suite as two pytest processes side by side (tests/run.py):
-# `-m real_server` and `-m "not real_server"`. Every test that uses the shared
+# `make test` runs the suite as pytest processes side by side (tests/run.py):
+# `-m real_server`, and `-m "not real_server"` in two. Every test that uses the shared
 # real server is in the first, one after another as before: a reaper or sweep of
 # one test must never act on another test's expired claims while that test waits
 # to count them itself. The rest has stores of its own (embedded files, scratch
