@@ -194,11 +194,12 @@ class AckBatcher:
             # Every other ack is decided (complete_many says which): only the too-big
             # ones go alone, where each ends as its caller decides (`too_big`).
             too_big, lost = {id(j) for j in e.too_big}, {id(j) for j in getattr(e, "lost", [])}
+            for p in batch:  # the decided ones first: a failing callback below must not hold them back
+                if id(p[0]) not in too_big:
+                    self._report([p], "lost" if id(p[0]) in lost else "done")
             for p in batch:
                 if id(p[0]) in too_big:
                     self._send_one(p)
-                else:
-                    self._report([p], "lost" if id(p[0]) in lost else "done")
             return
         except AeroqueueError:
             # The batch as a whole failed (or one member raised on its own retry):
@@ -226,8 +227,13 @@ class AckBatcher:
             if self.too_big is None:
                 outcome = "failed"
             else:
-                self.too_big(job, f"the handler's result is too big to store ({e})", context)
-                return
+                try:
+                    self.too_big(job, f"the handler's result is too big to store ({e})", context)
+                except Exception:  # a bug in the callback must not stop the sending thread
+                    log.exception("too-big callback failed", extra={"event": "ack_callback_failed", "jid": job.jid})
+                    outcome = "failed"
+                else:
+                    return
         except AeroqueueError as e:
             log.error("acknowledgement failed", extra={"event": "ack_failed", "jid": job.jid, "error": str(e)})
             outcome = "failed"

@@ -240,9 +240,10 @@ class Queue:
             too_big, lost = e, list(getattr(e, "lost", []))
         try:
             got, refused = self._reserve(list_name, session, count, [(j, r) for j, r in done if j.lease is None])
-        except RecordTooBig as e:  # claimed acks too big too: one error names them all
-            if too_big is not None:
-                e.too_big = [*too_big.too_big, *getattr(e, "too_big", [])]  # type: ignore[attr-defined]
+        except AeroqueueError as e:
+            # One error accounts for every ack: the leased ones' (lost, too big) too.
+            if too_big is not None or lost:
+                e.too_big = [*getattr(too_big, "too_big", []), *getattr(e, "too_big", [])]  # type: ignore[attr-defined]
                 e.lost = [*lost, *getattr(e, "lost", [])]  # type: ignore[attr-defined]
             raise
         if too_big is not None:

@@ -856,3 +856,29 @@ def test_complete_and_reserve_with_results_too_big_acknowledges_and_reserves_the
     queue.flush()
     status = lists.status(list_name)
     assert (status.done, status.in_flight) == (21, 0)
+
+
+@pytest.mark.parametrize("raised", ["too big", "timeout"])
+def test_complete_and_reserve_accounts_for_leased_acks_when_the_rest_raises(
+    queue: Queue, lists: JobLists, list_name: str, session: Session, monkeypatch: pytest.MonkeyPatch, raised: str
+) -> None:
+    """The leased acks go first; when the claimed ones (with the reservation) then
+    raise, the error carries the leased acks' account too: a lost one had been
+    reported nowhere."""
+    load(lists, list_name, 40)
+    [claimed] = queue.reserve(list_name, session, 1)
+    leased = queue.reserve(list_name, session, 16, lease=True)
+    monkeypatch.setattr(queue, "complete_many", lambda jobs, results=None: [jobs[0]])  # its claim was lost
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        if raised == "timeout":
+            raise errors.BackendTimeout("injected")
+        e = errors.RecordTooBig("injected", code=13)
+        e.too_big, e.lost, e.reserved = [claimed], [], []  # type: ignore[attr-defined]
+        raise e
+
+    monkeypatch.setattr(queue, "_reserve", failing)
+    with pytest.raises(errors.BackendError) as caught:
+        queue.complete_and_reserve([(claimed, 1), *[(j, 2) for j in leased]], list_name, session, 2)
+    assert caught.value.lost == [leased[0]]  # type: ignore[attr-defined]
+    assert caught.value.too_big == ([claimed] if raised == "too big" else [])  # type: ignore[attr-defined]

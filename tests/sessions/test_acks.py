@@ -226,6 +226,28 @@ def test_a_result_too_big_in_a_batch_is_sent_alone_and_the_rest_reported_done(
         assert acks.close(5.0)
 
 
+def test_a_failing_too_big_callback_holds_back_no_other_ack(registered, lists, queue: Queue, list_name):
+    """The too-big callback is the caller's code: when it raises, the batch's other
+    acks are still reported, and the sending thread goes on to later ones."""
+    lists.load(list_name, [JobSpec(f"j{i}", {"n": i}) for i in range(5)], seal=True)
+    with Session.open(registered, heartbeat=False) as s:
+        jobs = queue.reserve(list_name, s, 5)
+        outcomes: dict[str, str] = {}
+
+        def broken(job, why, context):
+            raise RuntimeError("a bug in the caller's callback")
+
+        acks = AckBatcher(queue, lambda job, outcome, _: outcomes.__setitem__(job.jid, outcome),
+                          linger_s=0.05, too_big=broken)
+        for i, job in enumerate(jobs[:4]):
+            acks.add(job, "x" * (2 << 20) if i == 0 else i)
+        assert acks.flush(20.0)
+        assert outcomes == {"j0": "failed", "j1": "done", "j2": "done", "j3": "done"}
+        acks.add(jobs[4], None)
+        assert acks.flush(10.0) and outcomes["j4"] == "done"
+        assert acks.close(5.0)
+
+
 def test_a_lost_session_sends_none_of_its_pending_acks(registered, lists, queue: Queue, list_name):
     lists.load(list_name, [JobSpec(f"j{i}", {"n": i}) for i in range(3)], seal=True)
     s = Session.open(registered, heartbeat=False)
