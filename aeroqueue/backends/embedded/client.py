@@ -352,6 +352,7 @@ class EmbeddedClient:
         return 0
 
     def operate(self, key: tuple, list_: list, meta: dict | None = None, policy: dict | None = None) -> tuple:
+        _sendable(list_)
         k, m, results = self._operate(key, list_, meta, policy, "operate")
         out: dict[str, Any] = {}
         for name, value in results:
@@ -359,6 +360,7 @@ class EmbeddedClient:
         return k, m, out
 
     def operate_ordered(self, key: tuple, list_: list, meta: dict | None = None, policy: dict | None = None) -> tuple:
+        _sendable(list_)
         return self._operate(key, list_, meta, policy, "operate_ordered")
 
     def _operate(self, key: tuple, ops: list, meta: dict | None, policy: dict | None, call: str) -> tuple:
@@ -488,8 +490,7 @@ class EmbeddedClient:
         batch_pol = self._check_policy(policy_batch, {"expressions"}, "batch_operate")
         write_pol = self._check_policy(policy_batch_write, {"key", "exists"}, "batch_operate")
         pol = {**write_pol, **batch_pol}
-        for op in ops:  # the client refuses the whole call before sending, not each record
-            client_value(op.get("val"))
+        _sendable(ops)
         # Parsed once for the batch, not once per record.
         if pol.get("expressions") is not None:
             pol["expressions"] = prepare(pol["expressions"])
@@ -529,8 +530,11 @@ class EmbeddedClient:
                 self._write_new(db, records, plain)
                 batch_records.result = _batch_status(records)
                 return batch_records
-            for br in records:  # the client refuses the whole call before sending, not each record
-                client_value(br.args if isinstance(br, Apply) else [op.get("val") for op in getattr(br, "ops", None) or []])
+            for br in records:
+                if isinstance(br, Apply):
+                    client_value(br.args)
+                else:
+                    _sendable(getattr(br, "ops", None) or [])
             for br in records:
                 if isinstance(br, Apply):
                     # A UDF per record, each with its own arguments, in one round trip.
@@ -953,6 +957,13 @@ class EmbeddedQuery:
 
 
 _SCALARS = frozenset({str, int, float, bool, bytes})
+
+
+def _sendable(ops: list[dict]) -> None:
+    """`client_value` of each operation's value: the client refuses the whole call
+    before sending anything (a batch too, not record by record)."""
+    for op in ops:
+        client_value(op.get("val"))
 
 
 def _plain(v: Any) -> bool:

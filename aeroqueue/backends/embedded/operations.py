@@ -246,7 +246,7 @@ def _op_write(run: _Run, op: dict) -> None:
     if value is None:
         run.bins.pop(name, None)
     else:
-        run.bins[name] = _copy(client_value(value))
+        run.bins[name] = _copy(value)
     run.answer_nil(name)
 
 
