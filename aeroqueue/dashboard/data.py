@@ -19,7 +19,7 @@ from aerospike_helpers import expressions as xp
 
 from .. import keys
 from ..backends import Backend
-from ..errors import ListNotFound
+from ..errors import JobNotFound, ListNotFound
 from ..lists import JobLists, ListStatus
 
 DEAD_PAGE = 100  # dead jobs shown per list page
@@ -200,14 +200,10 @@ class Store:
     def token_of(self, name: str, jid: str) -> int | None:
         """The token of a job by its id (the load's job-id index), or None."""
         keys.check_list_name(name)
-        rec = self.backend.get(keys.JIDX_SET, keys.jidx_name(name, jid))
-        if rec is None:
-            return None
         try:
-            created = self.lists.header(name)["created"]
-        except ListNotFound:
+            return int(self.lists.find_job(name, jid)["token"])
+        except (ListNotFound, JobNotFound):
             return None
-        return int(rec.bins["tok"]) if keys.indexed_here(rec.bins, created) else None
 
     # -- actions -------------------------------------------------------------------
 
