@@ -136,8 +136,8 @@ class AckBatcher:
                 if left is not None and left <= 0:
                     return False
                 self._cond.wait(left)
-            # Nothing is left for the flush: later acks wait their linger again. Left at
-            # -inf, an add would not wake the thread, which then slept until close.
+            # Nothing is left for the flush: later acks wait their linger again (left
+            # at -inf, each would go at once, a round trip apiece).
             self._due = 0.0
         return True
 
