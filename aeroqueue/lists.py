@@ -260,6 +260,12 @@ class JobLists:
                             if when > now_ms and t in waiting and waits_here(t) and t not in retry_set and not finished(t))
                 reservable -= later
                 delayed += later
+            # The same holds in a due range a take stepped over (`ready`): its chunk sits
+            # behind the cursor, and the range hands the job out to be refused.
+            if head.get("ready"):
+                later = self._later_in_ready(name, head, finished)
+                reservable -= later
+                delayed += later
         else:
             lo, hi = head["head"], head["tail"]
 
@@ -332,6 +338,27 @@ class JobLists:
         tokens = [t for c in chunks if c is not None for t in (c.bins.get("ids") or [])]
         due = {t: when for c in chunks if c is not None for t, when in (c.bins.get("due") or {}).items()}
         return tokens, due
+
+    def _later_in_ready(self, name: str, head: dict[str, Any], finished: _Finished) -> int:
+        """ID mode: jobs of `ready` ranges with a later run_at of their own (not in the
+        range's skip, not finished). A range does not say which chunk it came from
+        (a chunk is one load range, stepped over whole), so this reads the `due` of
+        every chunk behind the cursor: O(chunks), only while a delayed load's range
+        is being served."""
+        chunks = self.backend.batch_get(
+            keys.IDS_SET, [keys.chunk_name(name, c) for c in range(head["cursor"])], bins=["due"]
+        )
+        due = {t: when for c in chunks if c is not None for t, when in (c.bins.get("due") or {}).items()}
+        if not due:
+            return 0
+        now_ms = time.time() * 1000
+        later = 0
+        for item in head["ready"]:
+            start, n = item[0], item[1]
+            skip = item[2] if len(item) > 2 and item[2] else {}
+            later += sum(1 for t, when in due.items()
+                         if when > now_ms and start <= t < start + n and t not in skip and not finished(t))
+        return later
 
     def _bits(self, name: str, alloc: int) -> tuple[int, int, _Finished, _Finished]:
         """Done and dead bits set, which tokens have either, and which are void (hold

@@ -499,6 +499,26 @@ def test_a_job_of_a_delayed_load_with_a_later_run_at_of_its_own(queue, lists, li
     assert not head.get("timed") and not head.get("gates") and not head.get("nsch")
 
 
+@pytest.mark.parametrize("mode", ["tokens", "ids"])
+def test_a_stepped_over_range_due_counts_its_later_run_at_delayed(queue, lists, list_name, session, mode):
+    """A take stepped over the delayed load's range; once the range is due, its job with
+    a later run_at of its own still waits: ID mode's ranges carry no skip (the claim
+    refuses the job), and status counted it reservable, one more than a take gives."""
+    later = time.time() + 4.0
+    jobs = [JobSpec("a", 0), JobSpec("b", 1, None, later), JobSpec("c", 2), JobSpec("d", 3)]
+    lists.load(list_name, jobs, mode=mode, delay_s=0.5, seal=True)
+    assert queue.reserve(list_name, session, 5) == []  # steps over the range, not due yet
+    assert counts(lists, list_name) == (4, 0, 4, 0, 0, 0, 0, False)
+    time.sleep(0.7)
+    assert counts(lists, list_name) == (4, 3, 1, 0, 0, 0, 0, False)  # due, as the next take leaves it
+    (a,) = queue.reserve(list_name, session, 1)
+    assert a.jid == "a"
+    assert counts(lists, list_name) == (4, 2, 1, 1, 0, 0, 0, False)  # the rest of the range, served
+    rest = queue.reserve(list_name, session, 5)
+    assert sorted(j.jid for j in rest) == ["c", "d"] and time.time() < later
+    assert counts(lists, list_name) == (4, 0, 1, 3, 0, 0, 0, False)
+
+
 def test_a_gate_due_before_the_token_store_reaches_it_still_skips_a_later_run_at(queue, lists, list_name, session):
     later = time.time() + 1.4
     lists.load(list_name, [JobSpec("a", 0), JobSpec("b", 1, None, later)], delay_s=0.4, seal=True)
