@@ -35,6 +35,7 @@ import pickle
 import random
 import signal
 import sys
+import sysconfig
 import threading
 import time
 import traceback
@@ -97,6 +98,17 @@ def load_handler(spec: str) -> Handler:
         module = importlib.import_module(module_name)
     except ImportError as e:
         raise ConfigError(f"handler {spec!r}: cannot import {module_name!r} ({e})") from None
+    except Exception as e:  # the handler's module itself failed (a missing setting, a typo): its error, not ours
+        where = ""
+        if not isinstance(e, SyntaxError):  # a SyntaxError's message names its file and line already
+            # The deepest frame of the handler's code: not importlib's, not the standard library's.
+            stdlib = sysconfig.get_paths()["stdlib"]
+            ours = [f for f in traceback.extract_tb(e.__traceback__)
+                    if not f.filename.startswith("<")
+                    and not (f.filename.startswith(stdlib) and "site-packages" not in f.filename)]
+            if ours:
+                where = f" ({os.path.relpath(ours[-1].filename)}, line {ours[-1].lineno})"
+        raise ConfigError(f"handler {spec!r}: importing {module_name!r} raised {type(e).__name__}: {e}{where}") from e
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ConfigError(f"handler {spec!r}: {module_name} has no function {attr!r}")

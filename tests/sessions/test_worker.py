@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 
 import pytest
 
@@ -150,6 +151,23 @@ def test_load_handler_errors():
     for bad in ("json", "json:", ":dumps", "no_such_module_x:f", "json:no_such_function"):
         with pytest.raises(errors.ConfigError):
             load_handler(bad)
+
+
+@pytest.mark.parametrize(("source", "line", "what"), [
+    ('import os\nTOKEN = os.environ["AQ_TEST_UNSET_VAR"]\ndef h(job):\n    return 1\n', 2, "KeyError"),
+    ("def h(job):\n    return 1\nLIMIT = 1 / 0\n", 3, "ZeroDivisionError"),
+])
+def test_a_handler_module_that_fails_to_import_is_named_with_its_file_and_line(tmp_path, monkeypatch, source, line,
+                                                                                 what):
+    """Its error, not aeroqueue's: it was reported as an internal error to report."""
+    module = f"aq_handler_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(errors.ConfigError) as got:
+        load_handler(f"{module}:h")
+    assert str(got.value) == f"handler '{module}:h': importing '{module}' raised {what}: " + (
+        "'AQ_TEST_UNSET_VAR'" if what == "KeyError" else "division by zero") + f" ({module}.py, line {line})"
 
 
 def test_worker_needs_a_list(registered):
