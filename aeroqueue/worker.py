@@ -895,6 +895,10 @@ class Worker:
             runner.stop_now()
 
 
+# Signals a handler process ignores: the worker's to act on (it drains).
+_CHILD_IGNORES = {signal.SIGINT, signal.SIGTERM}
+
+
 class _ChildRunner:
     """Runs one worker thread's handlers in a child process (``pool="process"``), one
     job at a time; kills the child when a job runs past its time limit, and starts
@@ -910,21 +914,41 @@ class _ChildRunner:
         """Start a child and wait until it has imported what it needs."""
         ctx = multiprocessing.get_context("spawn")
         parent, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_child_main, args=(self.handler, child), daemon=True, name="aeroqueue-handler")
-        self.proc.start()
+        self.proc = ctx.Process(target=_child_main, args=(self.handler, child, os.getpid()), daemon=True, name="aeroqueue-handler")
+        # The child ignores SIGINT and SIGTERM once it runs `_child_main`; before that
+        # (Python starting, imports: most of a second) a Ctrl-C or a SIGTERM to the
+        # process group would kill it mid-import. It starts with them blocked (a signal
+        # mask is inherited through fork and exec), and unblocks them once ignored.
+        # (The resource tracker first: starting it unblocks these signals in this thread.)
+        from multiprocessing import resource_tracker
+
+        resource_tracker.ensure_running()
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _CHILD_IGNORES)
+        try:
+            self.proc.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         child.close()
         self.conn = parent
         if not parent.poll(timeout_s):
             self.kill()
             raise ConfigError(f"a handler process did not start within {timeout_s:g} s")
-        parent.recv()  # ("ready",)
+        try:
+            parent.recv()  # ("ready",)
+        except (EOFError, OSError):
+            code = self.proc.exitcode if self.proc.join(5) is None else None
+            self.proc = None
+            raise ConfigError(f"a handler process died while starting (exit code {code})") from None
 
     def run(self, job: Job, deadline: Callable[[], float], touch: Callable[[Job, float | None], float]) -> tuple[bool | None, Any]:
         """(ok, value) as `run_handler` gives, or (None, None) when the job ran past
         `deadline()` (monotonic; it moves when the handler touches) and was killed."""
         if self.proc is None or not self.proc.is_alive():
             self.start()
-        self.conn.send(dataclasses.replace(job, toucher=None))
+        try:
+            self.conn.send(dataclasses.replace(job, toucher=None))
+        except OSError:  # it died since the check (BrokenPipeError): the job never reached it
+            return self._died()
         while True:
             remaining = deadline() - time.monotonic()
             if remaining <= 0:
@@ -944,13 +968,26 @@ class _ChildRunner:
                 return False, "the handler's process died"
             if msg[0] == "touch":
                 try:
-                    self.conn.send(("ok", touch(job, msg[1])))
+                    answer: tuple[Any, ...] = ("ok", touch(job, msg[1]))
                 except AeroqueueError as e:
-                    self.conn.send(("lost", str(e)))
+                    answer = ("lost", str(e))
                 except (TypeError, ValueError) as e:  # a bad argument: the handler's error, raised in it
-                    self.conn.send(("bad", type(e).__name__, str(e)))
+                    answer = ("bad", type(e).__name__, str(e))
+                try:
+                    self.conn.send(answer)
+                except OSError:  # it died while the touch was on its way (BrokenPipeError)
+                    return self._died()
                 continue
             return msg[1], msg[2]
+
+    def _died(self) -> tuple[bool, str]:
+        """The handler process is gone: its job fails as any handler death does."""
+        proc, self.proc = self.proc, None
+        code = None
+        if proc is not None:
+            proc.join(5)
+            code = proc.exitcode
+        return False, f"the handler's process died (exit code {code})"
 
     def stop_now(self) -> None:
         """Kill the handler process from another thread: the thread that owns this runner
@@ -975,14 +1012,26 @@ class _ChildRunner:
                 self.kill()
 
 
-def _child_main(handler: Handler, conn: Any) -> None:
+def _watch_parent(parent_pid: int) -> None:
+    """End this handler process once its worker is gone (SIGKILL, the OOM killer): its
+    session expires and the job runs again elsewhere, and this one would go on beside
+    it, for ever if it hangs (nobody is left to kill it at its time limit)."""
+    while os.getppid() == parent_pid:
+        time.sleep(0.5)
+    os._exit(1)
+
+
+def _child_main(handler: Handler, conn: Any, parent_pid: int | None = None) -> None:
     """A handler process: run the jobs the parent sends, send back each outcome."""
+    if parent_pid is not None:
+        threading.Thread(target=_watch_parent, args=(parent_pid,), name="aeroqueue-parent-watch", daemon=True).start()
     # Ctrl-C, and a SIGTERM sent to the process group (systemd's default, `kill --
     # -PGID`), reach the children too: the parent drains, and lets running jobs
     # finish up to its --drain-timeout; it ends a child itself (SIGKILL, or closing
     # the pipe).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _CHILD_IGNORES)  # blocked while it started (`_ChildRunner.start`)
     conn.send(("ready",))
 
     def touch(job: Job, seconds: float | None) -> None:

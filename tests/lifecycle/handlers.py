@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 
 from aeroqueue.queue import Job
@@ -32,4 +33,8 @@ def misbehave(job: Job) -> dict:
         raise KeyboardInterrupt
     elif how == "slow":
         time.sleep(job.payload["s"])
+    elif how == "die-mid-touch":  # asks for a touch, and dies (an OOM kill) before the answer
+        threading.Thread(target=job.touch, daemon=True).start()
+        time.sleep(0.3)
+        os._exit(9)
     return {"pid": os.getpid()}

@@ -11,13 +11,16 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from aeroqueue import keys
+from aeroqueue import keys, udfs
+from aeroqueue.backends import open_backend
 from aeroqueue.errors import ConfigError
+from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
-from aeroqueue.queue import Job, Retry
+from aeroqueue.queue import Job, Queue, Retry
 from aeroqueue.sessions import Session
 from aeroqueue.worker import EXIT_OK, Worker
 from tests.conftest import mark_reaping
@@ -108,6 +111,93 @@ def test_a_handler_that_misbehaves_fails_its_job_alone_in_either_pool(registered
     assert errors["touch"].startswith("ValueError: touch takes seconds more than 0 up to"), errors["touch"]
     assert "sys.exit(3)" in errors["exit"] and "KeyboardInterrupt" in errors["interrupt"], errors
     assert lists.status(list_name).done == 3
+
+
+def test_a_handler_process_dying_during_a_touch_fails_its_job_alone(registered, lists, list_name, monkeypatch):
+    """The handler process dies while the parent renews its claim: the answer found no
+    pipe (BrokenPipeError), which killed the worker thread, and with it the rest of
+    its jobs. That job fails as a handler process dying at any other moment does."""
+    lists.load(list_name, [JobSpec("die", {"how": "die-mid-touch"}), *(JobSpec(f"j{i}", {}) for i in range(3))],
+               backoff_s=0, max_attempts=1, seal=True)
+    touch = Queue.touch
+
+    def slow_touch(self, job, seconds=None):
+        time.sleep(1.0)  # a loaded store: the child is gone before the answer
+        return touch(self, job, seconds)
+
+    monkeypatch.setattr(Queue, "touch", slow_touch)
+    w = fast_worker(registered, misbehave, list_name, concurrency=1, batch=1, pool="process")
+    assert w.run(install_signals=False) == EXIT_OK
+    assert (w.counters.snapshot()["done"], w.counters.snapshot()["dead"]) == (3, 1)
+    bins = job_bins(registered, list_name, 0)
+    assert bins["state"] == "dead" and "the handler's process died (exit code 9)" in bins["err"], bins
+
+
+def _handler_processes(parent: int) -> list[int]:
+    kids = subprocess.run(["pgrep", "-P", str(parent)], capture_output=True, text=True).stdout.split()
+    return [int(p) for p in kids if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text(errors="replace")]
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _cli_worker(url: str, list_name: str, *extra: str, **popen: Any) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "aeroqueue", "--url", url, "worker", "--handler", "tests.lifecycle.handlers:misbehave",
+         "--list", list_name, "--pool", "process", *extra],
+        cwd=str(Path(__file__).resolve().parents[2]), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        **popen,
+    )
+
+
+# The two tests below are about processes, not the store: on an embedded file of their own.
+def test_handler_processes_do_not_outlive_a_killed_worker(tmp_path):
+    """SIGKILLed (the OOM killer), the worker's session expires and its job runs again
+    elsewhere: its handler process went on running the old attempt beside it, for
+    ever if it hung (nobody is left to kill it at its time limit)."""
+    url = f"embedded://{tmp_path / 'store.db'}"
+    lists = JobLists(open_backend(url))
+    udfs.register(lists.backend)
+    lists.load("L", [JobSpec("long", {"how": "slow", "s": 60})], seal=True)
+    proc = _cli_worker(url, "L")
+    kids: list[int] = []
+    try:
+        wait_for("the job running", lambda: job_bins(lists.backend, "L", 0)["state"] == "claimed")
+        kids = _handler_processes(proc.pid)
+        assert kids
+        proc.kill()
+        proc.wait()  # not its stderr's end: a handler process left running holds that open
+        wait_for("the handler processes gone", lambda: not any(_running(k) for k in kids), 5)
+    finally:
+        for k in kids:
+            if _running(k):
+                os.kill(k, signal.SIGKILL)
+        proc.kill()
+        proc.communicate()
+
+
+def test_ctrl_c_while_handler_processes_start_is_a_clean_drain(tmp_path):
+    """A Ctrl-C reaches the whole foreground group: a handler process still starting
+    (imports, most of a second) died of it with a traceback, and its worker thread
+    with an EOFError."""
+    url = f"embedded://{tmp_path / 'store.db'}"
+    lists = JobLists(open_backend(url))
+    udfs.register(lists.backend)
+    lists.create("L")
+    proc = _cli_worker(url, "L", "-c", "2", "--log-format", "text", start_new_session=True)
+    try:
+        wait_for("handler processes starting", lambda: _handler_processes(proc.pid), 30, step_s=0.01)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and "Fatal Python error" not in err, err
 
 
 def test_sigterm_to_the_process_group_drains_a_process_pool(registered, lists, list_name, store_url):
