@@ -230,7 +230,8 @@ class JobLists:
         retry_set = {t for t in head.get("retry") or [] if not finished(t)}
         retry = len(retry_set)
         scheduled = {t for items in (head.get("sched") or {}).values() for t in items if not isinstance(t, list)}
-        delayed, held_back = _delayed(head, sum(1 for t in scheduled if t not in retry_set and not finished(t)), finished)
+        delayed, held_back = _delayed(head, sum(1 for t in scheduled if t not in retry_set and not finished(t)), finished,
+                                      retry_set)
         base, cap = backoff_of(head)
         # Tokens a gate or `timed` holds back are subtracted by `held_back` already.
         gates = [(start, start + g["n"]) for start, g in (head.get("gates") or {}).items()]
@@ -281,7 +282,8 @@ class JobLists:
             # holds its voids back with the rest and counts only its real jobs.
             gone += outside_gates(voids)
             reservable = hi - lo - held_back - gone
-        reservable += sum(_ready(r, finished) - voids.within(r[0], r[0] + r[1]) for r in head.get("ready") or [])
+        reservable += sum(_ready(r, finished) - voids.within(r[0], r[0] + r[1])
+                          - _pending_in(r[0], r[1], r[2] if len(r) > 2 else None, retry_set) for r in head.get("ready") or [])
         total = head["total"]
         pending = len(head.get("pend") or {})
         sealed = head["sealed"] == 1
@@ -412,7 +414,11 @@ class JobLists:
         if tokens is None:
             tokens = [job["token"] for job in self.jobs(name, "dead")]
         else:
-            self.header(name)  # a clear error for a missing list
+            # A clear error for a missing list; a token the list never allocated holds
+            # no job: kicking it would write a bitmap chunk past the list's end, which
+            # nothing counts and `drop` never deletes.
+            alloc = self.header(name)["alloc"]
+            tokens = [t for t in tokens if 0 <= t < alloc]
         return transitions.kick(self.backend, name, list(tokens))
 
     # -- one job, by its own id --------------------------------------------------
@@ -589,7 +595,14 @@ def _finished_in(start: int, n: int, skip: dict[int, Any] | None, finished: _Fin
     return gone
 
 
-def _delayed(head: dict[str, Any], scheduled: int, finished: _Finished) -> tuple[int, int]:
+def _pending_in(start: int, n: int, skip: dict[int, Any] | None, retry: set[int]) -> int:
+    """Tokens of a range [start, start + n) that also wait in the retry store (`retry`:
+    not finished), but those in its skip: a kick pushes its job there before it takes
+    it out of the range (into the skip), so a kick cut short leaves it in both."""
+    return sum(1 for t in retry if start <= t < start + n and not (skip and t in skip))
+
+
+def _delayed(head: dict[str, Any], scheduled: int, finished: _Finished, retry: set[int] | None = None) -> tuple[int, int]:
     """(jobs waiting for their time, jobs of the token store held back by gates and
     timed jobs; ID mode: 0, status counts those in the chunks) from the list record's
     schedule, given how many of its single tokens still wait (`scheduled`: not
@@ -597,9 +610,12 @@ def _delayed(head: dict[str, Any], scheduled: int, finished: _Finished) -> tuple
     leaves out its jobs with a later run_at of their own (its `skip`), which sched
     holds, and neither a gate nor a sched range counts its finished jobs."""
     gates = head.get("gates") or {}
+    retry = retry or set()
     ranges = sum(item[2] - _finished_in(item[0], item[1], item[3] if len(item) > 3 else None, finished)
+                 - _pending_in(item[0], item[1], item[3] if len(item) > 3 else None, retry)
                  for items in (head.get("sched") or {}).values() for item in items if isinstance(item, list))
-    delayed = sum(g["real"] - _finished_in(start, g["n"], g.get("skip"), finished) for start, g in gates.items())
+    delayed = sum(g["real"] - _finished_in(start, g["n"], g.get("skip"), finished)
+                  - _pending_in(start, g["n"], g.get("skip"), retry) for start, g in gates.items())
     delayed += scheduled + ranges
     if head["mode"] == "ids":
         # What a gated chunk holds back is in the chunk itself (a kick takes its job

@@ -357,6 +357,21 @@ def test_a_job_held_back_by_a_delayed_load_and_buried_or_kicked_is_not_subtracte
     assert (st.reservable, st.in_flight, st.retry_pending, st.dead) == (0, 0, 2, 0)
 
 
+@pytest.mark.parametrize("mode", ["tokens", "ids"])
+def test_a_kick_cut_short_in_a_delayed_range_is_counted_once(registered, lists, list_name, mode):
+    """A kick pushes its job to the retry store, then takes it out of the delayed load's
+    range (`unschedule`): between the two, and for good if the kick dies there, status
+    counted it twice, pending and delayed (11 jobs of 10)."""
+    lists.load(list_name, [JobSpec(f"j{i}", {"i": i}) for i in range(10)], mode=mode, delay_s=60, seal=True)
+    token = int(lists.find_job(list_name, "j3")["token"])
+    # transitions.kick, cut short after its push (before `unschedule`)
+    transitions.set_bits(registered, list_name, [token], "dead", 0)
+    assert registered.udf(keys.JOB_SET, keys.job_name(list_name, token), keys.JOB_MOD, "kick") == "ok"
+    transitions.push_retry(registered, list_name, [token])
+    st = lists.status(list_name)
+    assert (st.retry_pending, st.delayed, st.reservable, st.in_flight) == (1, 9, 0, 0), st
+
+
 @pytest.mark.parametrize("late", ["fail", "bury"])
 def test_a_dead_bit_written_after_a_kick_does_not_count_the_kicked_job_dead(
         queue, lists, list_name, session, monkeypatch, late):
