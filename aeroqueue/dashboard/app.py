@@ -133,8 +133,12 @@ def create_app(
 
     @app.get("/lists/<name>/find")
     def find_job(name: str) -> Response:
-        jid = request.args.get("id", "").strip()
-        token = data.token_of(name, jid) if jid else None
+        # Ids loaded from JSON Lines or Python keep their blanks: the id as typed first,
+        # then without the blanks a paste may have brought along.
+        jid = request.args.get("id", "")
+        token = data.token_of(name, jid) if jid.strip() else None
+        if token is None and jid.strip() and jid.strip() != jid:
+            token = data.token_of(name, jid.strip())
         if token is None:
             flash(f"list {name!r} has no job with id {jid!r}", "error")
             return redirect(url_for("list_page", name=name))

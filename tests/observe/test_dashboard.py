@@ -109,6 +109,30 @@ def test_pages_show_the_store(app: Flask, registered: Backend, dead_list: tuple[
     assert client.get("/lists/bad name!").status_code == 404
 
 
+def test_kicking_a_token_the_list_does_not_have_writes_nothing(app: Flask, registered: Backend, list_name: str) -> None:
+    """The kick form's token is any integer: kicking one past the list's end wrote a
+    bitmap chunk there, which nothing counts and `drop` (below `alloc`) left behind."""
+    JobLists(registered).load(list_name, [JobSpec("a", {}), JobSpec("b", {})], seal=True)
+    client = app.test_client()
+    token = csrf(client, f"/lists/{list_name}")
+    for t in (70_000, 10**12):
+        assert client.post(f"/lists/{list_name}/jobs/{t}/kick", data={"csrf_token": token}).status_code in (302, 404)
+    JobLists(registered).drop(list_name, grace_s=0)
+    assert [k for k, _ in registered.scan(keys.DONE_SET) if k.startswith(f"{list_name}/")] == []
+
+
+def test_find_opens_the_job_with_exactly_that_id(app: Flask, registered: Backend, list_name: str) -> None:
+    """Ids loaded from JSON Lines or Python keep their blanks: the search stripped them,
+    so " a" opened job "a" and "b " was not found. Blanks a paste brings still match."""
+    lists = JobLists(registered)
+    lists.load(list_name, [("a", {"n": 1}), (" a", {"n": 2}), ("b ", {"n": 3})], seal=True)
+    client = app.test_client()
+    for jid, want in ((" a", " a"), ("b ", "b "), ("a", "a"), (" a ", "a")):
+        token = lists.find_job(list_name, want)["token"]
+        resp = client.get(f"/lists/{list_name}/find", query_string={"id": jid})
+        assert resp.headers["Location"].endswith(f"/lists/{list_name}/jobs/{token}"), (jid, resp.headers["Location"])
+
+
 def test_the_overview_shows_the_latest_dead_jobs_first(app: Flask, registered: Backend, list_name: str) -> None:
     """More than 50 dead jobs across lists: the overview keeps the 50 latest, not those
     of the lists first by name (on a shared store, the ones an operator came for)."""
