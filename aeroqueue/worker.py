@@ -475,7 +475,9 @@ class Worker:
                 log.warning("a timed-out handler returned: its result was discarded",
                             extra={"event": "late_result", "list": job.list, "token": job.token, "jid": job.jid})
                 return  # the watchdog replaced this thread
-            if outcome != "acking":  # else `_ack_outcome` counts it once the ack is sent
+            # "acking": `_ack_outcome` counts it once the ack is sent; "released": counted
+            # as released when it was given back (`_ack_failed`).
+            if outcome not in ("acking", "released"):
                 self.counters.add(_COUNTER_OF[outcome])
                 self.observer.outcome(job.list, outcome)
 
@@ -607,6 +609,8 @@ class Worker:
         if outcome == "failed":  # `acks` logged why
             assert self.session is not None
             outcome = self._ack_failed(job, self.session)
+        if outcome == "released":
+            return  # counted as released by `_release` (`_ack_failed`): once, as every reserved job
         self.counters.add(_COUNTER_OF[outcome])
         self.observer.outcome(job.list, outcome)
 
@@ -616,8 +620,8 @@ class Worker:
         stay held until this worker exits: a live session is never reaped."""
         if error is not None:
             log.error("acknowledgement failed", extra={"event": "ack_failed", "jid": job.jid, "error": str(error)})
-        self._release([job], session, refund=False)
-        return "unacked"
+        # Given back: counted as released there (once); else not ours any more: lost.
+        return "released" if self._release([job], session, refund=False) else "unacked"
 
     def _unack(self, name: str) -> None:
         with self._in_flight_lock:
@@ -637,7 +641,7 @@ class Worker:
             outcome = self._ack_failed(job, self.session, e)
         self._settle(job, outcome)
 
-    def _release(self, jobs: list[Job], session: Session, *, refund: bool = True, why: str | None = None) -> None:
+    def _release(self, jobs: list[Job], session: Session, *, refund: bool = True, why: str | None = None) -> int:
         """Give `jobs` back; this worker holds them no more. Each job's hold ends just
         before its own release, not after the loop: released, a job may be reserved
         again at once by another thread, which holds it under the same name, and a
@@ -645,7 +649,8 @@ class Worker:
         away, and the job ran twice)."""
         if session.lost or session.closed:
             self._unhold(jobs)
-            return  # not ours to give back any more, or given back when it closed
+            return 0  # not ours to give back any more, or given back when it closed
+        released = 0
         for job in jobs:
             self._unhold([job])
             try:
@@ -653,8 +658,10 @@ class Worker:
                 if self.queue.release(job, why, refund=refund) == "released":
                     self.counters.add("released")
                     self.observer.released(job.list)
+                    released += 1
             except AeroqueueError as e:
                 log.warning("release failed", extra={"event": "release_failed", "jid": job.jid, "error": str(e)})
+        return released
 
     def _maintain(self, session: Session) -> None:
         """Reap and sweep on their schedules until told to stop."""

@@ -19,6 +19,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from aeroqueue.backends import Backend
+from aeroqueue.errors import BackendTimeout
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.metrics import (
@@ -31,7 +32,7 @@ from aeroqueue.metrics import (
 )
 from aeroqueue.queue import Queue
 from aeroqueue.sessions import Session
-from aeroqueue.worker import DEFAULT_PREFETCH
+from aeroqueue.worker import DEFAULT_PREFETCH, Worker
 from tests.observe.conftest import free_port, spawn, stop
 
 pytestmark = pytest.mark.timeout(120)
@@ -152,6 +153,31 @@ def test_worker_metrics_count_each_outcome_by_list() -> None:
     assert value(s, "aeroqueue_worker_jobs_in_flight") == 3
     assert value(s, "aeroqueue_session_heartbeats_total", result="ok") == 1
     assert value(s, "aeroqueue_session_heartbeats_total", result="failed") == 1
+
+
+def test_a_failed_acknowledgement_is_counted_once(registered: Backend, list_name: str) -> None:
+    """An ack the store failed gives the job back: it was counted released and lost, so
+    a worker's outcomes added up to more than it reserved."""
+    JobLists(registered).load(list_name, [JobSpec(f"j{i}", {"i": i}) for i in range(3)], seal=True)
+    metrics = WorkerMetrics()
+    worker = Worker(registered, lambda job: "ok", [list_name], ack_linger_s=0, lease=False, until_complete=True,
+                    observer=metrics, interval_s=0.2, expiry_s=2)
+    complete, failed = worker.queue.complete, []
+
+    def complete_failing_once(job, result=None):  # the store fails before the ack lands
+        if not failed:
+            failed.append(job.jid)
+            raise BackendTimeout("injected: the acknowledgement timed out")
+        return complete(job, result)
+
+    worker.queue.complete = complete_failing_once  # type: ignore[method-assign]
+    assert worker.run(install_signals=False) == 0
+    counts = {s.name: s.value for f in text_string_to_metric_families(generate_latest(metrics.registry).decode())
+              for s in f.samples if s.labels.get("list") == list_name and s.name.endswith("_total")}
+    ended = {o: counts.get(f"aeroqueue_jobs_{o}_total", 0)
+             for o in ("completed", "failed", "snoozed", "dead", "timed_out", "released", "lost")}
+    assert failed and counts["aeroqueue_jobs_reserved_total"] == 4  # 3 jobs, one of them twice
+    assert ended == {**dict.fromkeys(ended, 0), "completed": 3, "released": 1}, ended
 
 
 def test_metric_names_follow_prometheus_conventions(registered: Backend, list_name: str) -> None:
