@@ -505,8 +505,12 @@ class Worker:
         took = time.monotonic() - started
         self.observer.handler_duration(job.list, took)
         self._handler_s = handler_pace(self._handler_s, took)
-        if id(job) in self._abandoned:
-            return "abandoned"
+        with self._in_flight_lock:
+            if id(job) in self._abandoned:
+                return "abandoned"
+            # Returned in time: the watchdog's no more. A slow ack past the limit is the
+            # server's to refuse (ClaimLost), not a handler that timed out.
+            self._runner_of.pop(job.name, None)
         if ok and self.acks is not None and not session.lost:
             # Sent with the next batch; held until then, so that no orphan check
             # gives back a claim whose ack is on its way.

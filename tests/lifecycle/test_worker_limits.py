@@ -70,6 +70,28 @@ def test_thread_pool_abandons_a_hung_handler_and_keeps_its_concurrency(registere
     assert (st.done, st.dead, st.complete) == (10, 1, True)
 
 
+def test_a_handler_that_returned_in_time_is_not_timed_out_while_its_ack_is_on_its_way(registered, lists, list_name):
+    """The watchdog checked only that the handler's job was still in flight: a slow ack
+    past the limit had it time the job out too, and the job ended twice in the counts
+    (timed out, and lost or done), the log saying its result was discarded."""
+    lists.load(list_name, [JobSpec("a", {})], timeout_s=1, backoff_s=0, seal=True)
+    w = fast_worker(registered, lambda job: "ok", list_name, concurrency=1, batch=1, ack_linger_s=0, lease=False)
+    complete, slow = w.queue.complete, []
+
+    def slow_complete(job, result=None):  # a store slow to answer the first ack, past the limit
+        if not slow:
+            slow.append(job.jid)
+            time.sleep(1.6)
+        return complete(job, result)
+
+    w.queue.complete = slow_complete  # type: ignore[method-assign]
+    assert w.run(install_signals=False) == EXIT_OK
+    snap = w.counters.snapshot()
+    ended = sum(snap.get(k, 0) for k in ("done", "lost", "timed_out", "retried", "dead", "unacked"))
+    assert slow and ended == snap["reserved"], snap
+    assert snap["timed_out"] == 0 and job_bins(registered, list_name, 0)["state"] == "done", snap
+
+
 def test_process_pool_kills_the_overdue_handler(registered, lists, list_name):
     jobs = [JobSpec("hang", {"hang": True, "n": 0}), *(JobSpec(f"j{i}", {"n": i}) for i in range(1, 6))]
     lists.load(list_name, jobs, timeout_s=1.5, backoff_s=0, max_attempts=1, seal=True)
