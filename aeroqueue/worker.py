@@ -416,7 +416,11 @@ class Worker:
         jobs: list[Job] = []  # reserved, not yet started (the watchdog may empty it)
         runner = _ChildRunner(self.handler) if self.pool == "process" else None
         if runner is not None:
-            runner.start()  # before any claim: a child's start-up must not eat a job's time limit
+            try:
+                runner.start()  # before any claim: a child's start-up must not eat a job's time limit
+            except AeroqueueError as e:  # this thread cannot run a handler: it ends, said in the log
+                log.error("a handler process could not start", extra={"event": "handler_start_failed", "error": str(e)})
+                return
             with self._in_flight_lock:
                 self._runners.add(runner)
         with self._in_flight_lock:

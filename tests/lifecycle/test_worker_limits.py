@@ -16,13 +16,14 @@ from typing import Any
 import pytest
 
 from aeroqueue import keys, udfs
+from aeroqueue import worker as worker_module
 from aeroqueue.backends import open_backend
 from aeroqueue.errors import ConfigError
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Job, Queue, Retry
 from aeroqueue.sessions import Session
-from aeroqueue.worker import EXIT_OK, Worker
+from aeroqueue.worker import EXIT_OK, EXIT_THREADS_DIED, Worker
 from tests.conftest import mark_reaping
 from tests.lifecycle.handlers import hang_or_double, misbehave
 from tests.waiting import wait_for
@@ -153,6 +154,24 @@ def test_a_handler_process_dying_during_a_touch_fails_its_job_alone(registered, 
     assert (w.counters.snapshot()["done"], w.counters.snapshot()["dead"]) == (3, 1)
     bins = job_bins(registered, list_name, 0)
     assert bins["state"] == "dead" and "the handler's process died (exit code 9)" in bins["err"], bins
+
+
+def test_a_handler_process_that_cannot_start_is_a_logged_error_not_a_traceback(registered, lists, list_name, caplog,
+                                                                                capfd, monkeypatch):
+    """A handler process that dies as it starts (an import only the parent can do, a
+    native library failing in a child): its thread ended with a traceback on stderr,
+    outside the worker's log."""
+    def dies_at_start(self, timeout_s: float = 120.0) -> None:
+        raise ConfigError("a handler process died while starting (exit code 3)")
+
+    monkeypatch.setattr(worker_module._ChildRunner, "start", dies_at_start)
+    lists.load(list_name, [JobSpec("a", {})], seal=True)
+    w = fast_worker(registered, misbehave, list_name, concurrency=1, pool="process")
+    assert w.run(install_signals=False) == EXIT_THREADS_DIED
+    assert "Traceback" not in capfd.readouterr().err
+    (failed,) = [r for r in caplog.records if getattr(r, "event", None) == "handler_start_failed"]
+    assert failed.error == "a handler process died while starting (exit code 3)"
+    assert job_bins(registered, list_name, 0)["state"] == "queued"  # it starts before any claim
 
 
 def _handler_processes(parent: int) -> list[int]:
