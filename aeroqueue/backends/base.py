@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import aerospike
 from aerospike import exception as aex
 from aerospike import predicates
+from aerospike_helpers import expressions as xp
 from aerospike_helpers.batch.records import Apply, BatchRecords, Write
 
 from .. import errors
@@ -396,6 +397,15 @@ class Backend:
         """
         where = f"{set_name}/partitions {begin}..{begin + count - 1}"
         policy: dict[str, Any] = {"partition_filter": {"begin": begin, "count": count}}
+        if bins and expression is None:
+            # The server leaves out a record that has none of the selected bins, yet
+            # counts it towards the page: the client takes such a short page for the
+            # scan's end, and the records after it were never read (a scan for the
+            # sessions holding leases found 14 of 30 among 3,000). Filtered out by an
+            # expression, a record does not count. With an expression of its own, the
+            # caller's records must each have one of `bins` (tests/contract).
+            has = [xp.BinExists(b) for b in bins]
+            expression = (has[0] if len(has) == 1 else xp.Or(*has)).compile()
         if expression is not None:
             policy["expressions"] = expression
         query = self._paged_query(set_name, bins, page_size)

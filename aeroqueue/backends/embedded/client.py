@@ -835,9 +835,12 @@ class EmbeddedClient:
                 if expr is not None and not matches(expr, self._view(row, sname, row.user_key, digest, now)):
                     continue
                 chosen = row.bins if not bins else {b: v for b, v in row.bins.items() if b in bins}
-                if bins and not chosen:
-                    continue  # none of the bins asked for: the server leaves the record out
                 key = (self.namespace, sname, row.user_key, bytearray(digest))
+                if bins and not chosen:
+                    # None of the bins asked for: the server leaves the record out, but
+                    # counts it towards a page's max_records (bins None: not handed over).
+                    yield part, key, self._meta(row, now), None
+                    continue
                 yield part, key, self._meta(row, now), _out_bins(chosen)
             if len(rows) < _SCAN_PAGE:
                 return
@@ -933,23 +936,36 @@ class EmbeddedQuery:
         it = self._client._scan(self._set, begin, count, pol.get("expressions"), self._bins, self._predicate, after)
         return pf is not None, it
 
+    def _page(self, it: Iterator[tuple[int, tuple, dict, dict]]) -> Iterator[tuple[int, tuple, dict, dict]]:
+        """The records a call hands over. The server honours `max_records` with or
+        without `paginate()` (seen on 8.1 with client 19.3): without it every call
+        starts from the beginning again; with it the next call resumes where this
+        one ended."""
+        limit = self.max_records if self.max_records > 0 else None
+        handed = 0
+        for scanned, (part, key, meta, bins) in enumerate(it, 1):
+            if bins is not None:
+                handed += 1
+                yield part, key, meta, bins
+            if limit is not None and scanned >= limit:
+                if self._paginate:
+                    self._resume = (part, bytes(key[3]))  # only once the page is handed over
+                    # The server stops at max_records counting the records it leaves out
+                    # (none of the selected bins); the client takes a page shorter than
+                    # max_records for the end of the query (seen on 8.1 with client 19.3):
+                    # the rest of the set is never read.
+                    if handed < limit:
+                        self._done = True
+                return
+        self._done = True
+
     def results(self, policy: dict | None = None, options: dict | None = None) -> list[tuple]:
         _, it = self._iterate(policy)
-        limit = self.max_records if self._paginate and self.max_records > 0 else None
-        out: list[tuple] = []
-        last: tuple[int, bytes] | None = None
-        for part, key, meta, bins in it:
-            out.append((key, meta, bins))
-            last = (part, bytes(key[3]))
-            if limit is not None and len(out) >= limit:
-                self._resume = last  # only once the page is handed over
-                return out
-        self._done = True
-        return out
+        return [(key, meta, bins) for _, key, meta, bins in self._page(it)]
 
     def foreach(self, callback: Callable[..., Any], policy: dict | None = None, options: dict | None = None) -> None:
         with_partition, it = self._iterate(policy)
-        for part, key, meta, bins in it:
+        for part, key, meta, bins in self._page(it):
             # With a partition filter the client calls back with the partition id too.
             stop = callback(part, (key, meta, bins)) if with_partition else callback((key, meta, bins))
             if stop is False:
