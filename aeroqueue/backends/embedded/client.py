@@ -799,9 +799,10 @@ class EmbeddedClient:
     def _scan(
         self, set_name: str | None, begin: int, count: int, expr: Any, bins: list[str] | None,
         predicate: tuple | None = None, after: tuple[int, bytes] | None = None,
-    ) -> Iterator[tuple[int, tuple, dict, dict]]:
+    ) -> Iterator[tuple[int, tuple, dict, dict | None]]:
         """Records of partitions [begin, begin+count) in (partition, digest) order,
-        after `after` (a resume point) when given. Streams: rows are read a page
+        after `after` (a resume point) when given; bins None for a record with none
+        of the `bins` asked for (left out, counted towards a page). Streams: rows are read a page
         at a time (keyset pagination), and no read transaction stays open while
         the caller handles them (it may write, as a reaper does)."""
         end = begin + count
@@ -918,7 +919,7 @@ class EmbeddedQuery:
         ``partition_status``, a new query resumes there (an opaque token here)."""
         return {"resume": self._resume, "done": self._done}
 
-    def _iterate(self, policy: dict | None) -> tuple[bool, Iterator[tuple[int, tuple, dict, dict]]]:
+    def _iterate(self, policy: dict | None) -> tuple[bool, Iterator[tuple[int, tuple, dict, dict | None]]]:
         pol = EmbeddedClient._check_policy(policy, {"partition_filter", "expressions"}, "query")
         pf = pol.get("partition_filter")
         begin, count = 0, N_PARTITIONS
@@ -936,7 +937,7 @@ class EmbeddedQuery:
         it = self._client._scan(self._set, begin, count, pol.get("expressions"), self._bins, self._predicate, after)
         return pf is not None, it
 
-    def _page(self, it: Iterator[tuple[int, tuple, dict, dict]]) -> Iterator[tuple[int, tuple, dict, dict]]:
+    def _page(self, it: Iterator[tuple[int, tuple, dict, dict | None]]) -> Iterator[tuple[int, tuple, dict, dict]]:
         """The records a call hands over. The server honours `max_records` with or
         without `paginate()` (seen on 8.1 with client 19.3): without it every call
         starts from the beginning again; with it the next call resumes where this
