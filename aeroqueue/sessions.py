@@ -313,17 +313,21 @@ def release_claims(backend: Backend, session_id: str, *, refund: bool, why: str)
     Idempotent: the release UDF only acts on a claim the session still holds."""
     released: dict[str, list[int]] = defaultdict(list)
     dead: dict[str, list[int]] = defaultdict(list)
-    for name, rec in backend.find(keys.JOB_SET, "sess", session_id, expression=_CLAIMED):
-        # One attempt when in doubt (deadline_s=0): the callers repeat the whole pass.
-        st = transitions.job_udf(backend, name, "release", session_id, 1 if refund else 0, why, "", deadline_s=0, busy_s=5.0)
-        if st == "released":
-            released[rec.bins["list"]].append(rec.bins["token"])
-        elif st == "dead":
-            dead[rec.bins["list"]].append(rec.bins["token"])
-    for list_name, tokens in dead.items():
-        transitions.set_dead_bits(backend, list_name, tokens)
-    for list_name, tokens in released.items():
-        push_retry(backend, list_name, tokens)
+    try:
+        for name, rec in backend.find(keys.JOB_SET, "sess", session_id, expression=_CLAIMED):
+            # One attempt when in doubt (deadline_s=0): the callers repeat the whole pass.
+            st = transitions.job_udf(backend, name, "release", session_id, 1 if refund else 0, why, "", deadline_s=0, busy_s=5.0)
+            if st == "released":
+                released[rec.bins["list"]].append(rec.bins["token"])
+            elif st == "dead":
+                dead[rec.bins["list"]].append(rec.bins["token"])
+    finally:
+        # Whatever cut the pass short, what it released is offered again now: a
+        # repeated pass no longer finds those jobs (their claim is gone from the index).
+        for list_name, tokens in dead.items():
+            transitions.set_dead_bits(backend, list_name, tokens)
+        for list_name, tokens in released.items():
+            push_retry(backend, list_name, tokens)
     return sum(len(t) for t in released.values()) + sum(len(t) for t in dead.values())
 
 
@@ -482,12 +486,26 @@ def recount_session(backend: Backend, session_id: str) -> int:
     job set, run when a session is reaped (rare); returns the bits it set."""
     finished = xp.And(
         xp.Eq(xp.StrBin("by"), session_id),
-        xp.Or(xp.Eq(xp.StrBin("state"), "done"), xp.Eq(xp.StrBin("state"), "dead")),
+        xp.Or(
+            xp.Eq(xp.StrBin("state"), "done"), xp.Eq(xp.StrBin("state"), "dead"),
+            # Given back by this session, or released by a reaper (or a close) of it
+            # that died or failed before it pushed them: queued, held by no one, maybe
+            # in no store. Offered again (a token twice in the retry store is
+            # harmless: a claim fences it; a job with `by` set is never leased).
+            xp.Eq(xp.StrBin("state"), "queued"),
+        ),
     ).compile()
     found: dict[tuple[str, str], list[int]] = defaultdict(list)
     for _, rec in backend.scan(keys.JOB_SET, expression=finished, bins=["list", "token", "state"]):
         found[(rec.bins["list"], rec.bins["state"])].append(rec.bins["token"])
-    return sum(_recount(backend, list_name, state, tokens) for (list_name, state), tokens in found.items())
+    for (list_name, state), tokens in found.items():
+        if state == "queued":
+            head = backend.get(keys.LIST_SET, list_name, bins=["retry"])
+            if head is not None:  # else dropped: nothing to offer
+                waiting = set(head.bins.get("retry") or [])
+                push_retry(backend, list_name, [t for t in tokens if t not in waiting])
+    return sum(_recount(backend, list_name, state, tokens) for (list_name, state), tokens in found.items()
+               if state != "queued")
 
 
 def _recount(backend: Backend, list_name: str, bitmap: str, tokens: list[int]) -> int:

@@ -4,8 +4,14 @@ same on a real cluster in tests/multinode)."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +22,7 @@ from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Queue
 from aeroqueue.sessions import Session, reap
 from aeroqueue.worker import EXIT_OK, Worker
+from tests.conftest import mark_reaping
 
 
 class _Coded(Exception):
@@ -105,3 +112,66 @@ def test_a_session_that_cannot_give_back_its_claims_at_close_is_left_to_the_reap
     with Session.open(backend, heartbeat=False) as other:
         [again] = queue.reserve("L", other)
     assert again.token == job.token
+
+
+def _states(backend, name: str, n: int) -> list[str]:
+    return [r.bins["state"] for r in backend.batch_get(keys.JOB_SET, [keys.job_name(name, t) for t in range(n)])]
+
+
+def test_a_reap_cut_short_by_a_lost_answer_is_resumed_with_every_job_offered_again(backend):
+    """design.md: a reap that dies half-way is resumed by the next one. The released
+    jobs were pushed to the retry store only after the whole pass: a release in doubt
+    ended it first, and the next pass no longer found them (their claim was gone)."""
+    lists, queue = JobLists(backend), Queue(backend)
+    lists.load("L", [JobSpec(f"j{i}", {"i": i}) for i in range(4)], seal=True)
+    dead = Session.open(backend, heartbeat=False)
+    assert len(queue.reserve("L", dead, 3)) == 3
+    mark_reaping(backend, dead.id)
+    backend.client.faults.add(op="apply", function="release", error="TimeoutError", skip=2, times=1)
+    with pytest.raises(errors.AeroqueueError):
+        reap(backend)
+    assert reap(backend).sessions == 1 and backend.get(keys.SESS_SET, dead.id) is None
+    assert _states(backend, "L", 4) == ["queued"] * 4
+    st = lists.status("L")
+    assert (st.retry_pending, st.reservable, st.in_flight) == (3, 1, 0), st
+    with Session.open(backend) as s:
+        assert sorted(j.jid for j in queue.reserve("L", s, 4)) == ["j0", "j1", "j2", "j3"]
+
+
+def test_a_close_whose_release_pass_is_repeated_offers_every_job_again(backend):
+    lists, queue = JobLists(backend), Queue(backend)
+    lists.load("L", [JobSpec(f"j{i}", {"i": i}) for i in range(4)], seal=True)
+    s = Session.open(backend, heartbeat=False)
+    assert len(queue.reserve("L", s, 3)) == 3
+    backend.client.faults.add(op="apply", function="release", error="TimeoutError", skip=2, times=1)
+    assert s.close() >= 1
+    st = lists.status("L")
+    assert (st.retry_pending, st.reservable, st.in_flight) == (3, 1, 0), st
+    with Session.open(backend) as s2:
+        assert sorted(j.jid for j in queue.reserve("L", s2, 4)) == ["j0", "j1", "j2", "j3"]
+
+
+def test_a_reaper_killed_mid_reap_leaves_no_job_for_the_sweep(tmp_path):
+    """A real SIGKILL: `aeroqueue reap` dies after releasing two of three claims, before
+    it pushed them; the next `aeroqueue reap` resumes it and offers every job again
+    (through its recount of the session's jobs)."""
+    url = f"embedded://{tmp_path / 'k.db'}"
+    backend = open_backend(url)
+    udfs.register(backend)
+    lists, queue = JobLists(backend), Queue(backend)
+    lists.load("L", [JobSpec(f"j{i}", {"i": i}) for i in range(4)], seal=True)
+    dead = Session.open(backend, heartbeat=False)
+    assert len(queue.reserve("L", dead, 3)) == 3
+    mark_reaping(backend, dead.id)
+    root = Path(__file__).resolve().parents[2]
+    crash = json.dumps([{"op": "apply", "function": "release", "crash": True, "skip": 2}])
+    cmd = [sys.executable, "-m", "aeroqueue", "--url", url, "reap"]
+    first = subprocess.run(cmd, env={**os.environ, "AEROQUEUE_EMBEDDED_FAULTS": crash}, cwd=root, capture_output=True)
+    assert first.returncode == -signal.SIGKILL, first
+    env = {k: v for k, v in os.environ.items() if k != "AEROQUEUE_EMBEDDED_FAULTS"}
+    second = subprocess.run([*cmd, "--json"], env=env, cwd=root, capture_output=True, text=True)
+    assert second.returncode == 0 and json.loads(second.stdout)["sessions"] == 1, second
+    st = lists.status("L")
+    assert (st.retry_pending, st.reservable, st.in_flight) == (3, 1, 0), st
+    with Session.open(backend) as s:
+        assert sorted(j.jid for j in queue.reserve("L", s, 4)) == ["j0", "j1", "j2", "j3"]
