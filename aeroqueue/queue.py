@@ -390,6 +390,7 @@ class Queue:
             log.warning("delayed jobs not scheduled", extra={"event": "reschedule_failed", "list": name, "error": str(e)})
         jobs += self._jobs(name, sess, rid, tlim, [a for a in answers if a and a.get("st") == "ok"])
         too_big: list[Job] = []
+        failed: AeroqueueError | None = None
         try:
             for (job, result), answer in zip(acks, acked, strict=True):
                 try:
@@ -397,6 +398,12 @@ class Queue:
                         lost.append(job)
                 except RecordTooBig:
                     too_big.append(job)  # the same result is as big next time: the others go on
+                except AeroqueueError as e:
+                    # The others are decided (and counted) all the same: one ack's
+                    # trouble must not leave acks that landed without their bits.
+                    failed = failed or e
+            if failed is not None:
+                raise failed
             if too_big:
                 err = RecordTooBig(f"acknowledging {len(too_big)} of {len(acks)} jobs: their records would exceed "
                                    "the namespace's max-record-size; the others were acknowledged", code=13)

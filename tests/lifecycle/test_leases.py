@@ -882,3 +882,24 @@ def test_complete_and_reserve_accounts_for_leased_acks_when_the_rest_raises(
         queue.complete_and_reserve([(claimed, 1), *[(j, 2) for j in leased]], list_name, session, 2)
     assert caught.value.lost == [leased[0]]  # type: ignore[attr-defined]
     assert caught.value.too_big == ([claimed] if raised == "too big" else [])  # type: ignore[attr-defined]
+
+
+def test_acks_that_landed_are_counted_when_another_ack_of_the_call_fails(faulty: Backend) -> None:
+    """complete_and_reserve stopped deciding its acks at the first that failed: those
+    after it landed, done in their records, and were never counted (no bits), and a
+    session that closes is never reaped to recount them."""
+    lists, queue = JobLists(faulty), Queue(faulty, busy_deadline_s=0.5)
+    lists.load("L", [JobSpec(f"j{i}", {"i": i}) for i in range(6)], seal=True)
+    with Session.open(faulty) as s:
+        jobs = queue.reserve("L", s, 3)
+        assert [j.token for j in jobs] == [0, 1, 2]
+        # Job 0's ack times out, in the batch and alone (a node down); jobs 1 and 2's land.
+        faulty.client.faults.add(op="batch_apply", key="L/0", function="complete", error="TimeoutError")
+        faulty.client.faults.add(op="apply", key="L/0", function="complete", error="TimeoutError", times=-1)
+        with pytest.raises(errors.BackendTimeout) as raised:
+            queue.complete_and_reserve([(j, {"ok": True}) for j in jobs], "L", s, 2)
+        assert len(raised.value.reserved) == 2  # type: ignore[attr-defined]
+        states = [r.bins["state"] for r in faulty.batch_get(keys.JOB_SET, [j.name for j in jobs])]
+        assert states == ["claimed", "done", "done"]
+        faulty.client.faults.clear()
+    assert JobLists(faulty).status("L").done == 2
