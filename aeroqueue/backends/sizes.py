@@ -40,7 +40,7 @@ def packed_size(value: Any) -> int:
         return 9
     if kind is str or kind is bytes or kind is bytearray:
         n = (_utf8_len(value) if kind is str else len(value)) + 1  # + the particle type
-        if kind is str and n < 32:
+        if n < 32:  # a blob too (server 8.1 packs it as msgpack str, with its particle type)
             return 1 + n
         return n + (2 if n < 256 else 3 if n < 65536 else 5)
     if kind is list or kind is tuple:

@@ -161,6 +161,32 @@ def test_a_paged_scan_selecting_a_bin_few_records_have_finds_every_one(backend: 
     assert sum(1 for _ in backend.scan(set_name, bins=["a", "z"], page_size=10)) == 60
 
 
+def test_a_value_repeated_by_reference_counts_each_time_towards_the_record_size(client, ns, set_name):
+    """`[s] * n` is 2 MB on the server whether its items are one object or many: the
+    embedded store sized records by an encoding that writes a repeated object once."""
+    s = "x" * 1000
+    same = [s] * 2000
+    with pytest.raises(ex.RecordTooBig):
+        client.put((ns, set_name, "p"), {"l": same})
+    with pytest.raises(ex.RecordTooBig):
+        client.operate((ns, set_name, "o"), [op.write("result", {"rows": [{"v": s}] * 2000})])
+    out = client.batch_write(BatchRecords([
+        Write((ns, set_name, "b"), [op.write("l", same)], policy={"exists": aerospike.POLICY_EXISTS_CREATE}),
+    ]))
+    assert out.batch_records[0].result == 13
+    for name in ("p", "o", "b"):
+        assert client.exists((ns, set_name, name))[1] is None
+
+
+def test_a_short_blob_in_a_list_takes_as_little_room_as_a_short_string(client, ns, set_name):
+    """The server packs a blob inside a list or map as it packs a string: a 2-byte blob
+    takes 4 bytes (the largest list of them it takes under 1 MiB: 262,127). The
+    embedded store counted 5 and refused a list of 250,000."""
+    blobs = [bytes((i % 256, 1)) for i in range(250_000)]  # distinct objects
+    client.put((ns, set_name, "l"), {"l": blobs})
+    assert len(client.get((ns, set_name, "l"))[2]["l"]) == 250_000
+
+
 def test_operate_increment_read_and_list_ops(client, ns, set_name):
     key = (ns, set_name, "op")
     _, meta, bins = client.operate(key, [op.increment("n", 5), op.read("n")])

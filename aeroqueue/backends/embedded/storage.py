@@ -124,10 +124,17 @@ def too_big(set_name: str, bins: dict[str, Any], user_key: Any, encoded: bytes, 
     return record_size(set_name, bins, user_key) > limit
 
 
+# marshal's version 2, the last without back-references: from version 3 on, an object
+# met a second time (the same string or dict in many places of a payload) is written
+# as a 5-byte reference, so the encoding of `[s] * n` is n times smaller than what the
+# server stores, and `too_big` took a 2 MB record for one far under 1 MiB.
+_MARSHAL_VERSION = 2
+
+
 def encode(value: Any) -> bytes:
     # marshal: fast, keeps int/float/str/bool/bytes/list/dict apart, and
     # unlike pickle never runs code when loading a file someone else wrote.
-    return marshal.dumps(value)
+    return marshal.dumps(value, _MARSHAL_VERSION)
 
 
 def decode(blob: bytes) -> Any:
