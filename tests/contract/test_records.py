@@ -187,6 +187,61 @@ def test_a_short_blob_in_a_list_takes_as_little_room_as_a_short_string(client, n
     assert len(client.get((ns, set_name, "l"))[2]["l"]) == 250_000
 
 
+# Each refusal in a process of its own (test_records.py, _SEND): the real client's heap
+# may be corrupt after it refuses a value.
+_REFUSE = """
+import json, os, sys
+import aerospike
+from aerospike import exception as ex
+from aerospike_helpers.batch.records import BatchRecords, Write
+from aerospike_helpers.operations import operations as op
+from aeroqueue.backends import open_backend
+url, set_name, case = sys.argv[1], sys.argv[2], sys.argv[3]
+backend = open_backend(url)
+client, ns = backend.client, backend.namespace
+key = (ns, set_name, "k")
+client.put(key, {"a": 1})
+create = {"exists": aerospike.POLICY_EXISTS_CREATE}
+try:
+    if case == "put":
+        client.put(key, {"a": "file \\udcff"})
+    elif case == "put map key":
+        client.put(key, {"a": {"\\udcff": 1}})
+    elif case == "apply":
+        client.apply(key, "aq_contract", "fail_with", ["\\udcff"])
+    elif case == "batch of creates":
+        client.batch_write(BatchRecords([
+            Write((ns, set_name, "n1"), [op.write("a", 1)], policy=create),
+            Write((ns, set_name, "n2"), [op.write("a", 2**63)], policy=create),
+        ]))
+    out = ["sent", None]
+except ex.AerospikeError as e:
+    out = [type(e).__name__, e.code]
+out += [client.get(key)[2], client.exists((ns, set_name, "n1"))[1] is None]
+print(json.dumps(out), flush=True)
+os._exit(0)
+"""
+
+
+@pytest.mark.parametrize(("case", "refused"), [
+    ("put", ["ClientError", -1]),
+    ("put map key", ["ClientError", -1]),
+    ("apply", ["ClientError", -1]),
+    ("batch of creates", ["ParamError", -2]),
+])
+def test_the_client_refuses_a_lone_surrogate_and_a_bad_batch_value_for_the_whole_call(
+    client, store_url, set_name, case, refused
+):
+    """A lone surrogate (a file name's undecodable byte) is not UTF-8: the client refuses
+    the call (ClientError -1), whatever the call; a value it cannot send fails a whole
+    batch_write of creates before anything is sent. The embedded store stored the
+    surrogate (put), raised a UnicodeEncodeError (apply), or wrote the rest of the batch."""
+    run = subprocess.run([sys.executable, "-c", _REFUSE, store_url, set_name, case],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads(run.stdout) == [*refused, {"a": 1}, True]
+
+
 def test_operate_increment_read_and_list_ops(client, ns, set_name):
     key = (ns, set_name, "op")
     _, meta, bins = client.operate(key, [op.increment("n", 5), op.read("n")])

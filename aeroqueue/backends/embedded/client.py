@@ -26,7 +26,7 @@ from .expressions import matches, prepare
 from .faults import Faults
 from .lua_runtime import LuaRuntime
 from .operations import I64 as _I64
-from .operations import client_value, run_operations, server_error
+from .operations import client_value, run_operations, server_error, utf8_text
 from .storage import Row, Storage, decode, encode, too_big
 from .types import MAX_BIN_NAME, NEVER_EXPIRE, RecordView, UdfFailure, key_ordered
 
@@ -634,11 +634,10 @@ class EmbeddedClient:
             if digest in taken:
                 br.result, br.record = 5, None
                 continue
-            try:
-                stored = {k: _store_plain(v) for k, v in bins.items()}
-            except aerospike.exception.AerospikeError as e:
-                br.result, br.record = e.code, None
-                continue
+            # A value the client cannot send (an integer past 64 bits, a lone surrogate)
+            # fails the whole call before anything is sent, as the client does: the
+            # transaction is rolled back.
+            stored = {k: _store_plain(v) for k, v in bins.items()}
             blob = encode(stored)
             if too_big(set_name, stored, user_key if send_key else None, blob, limit):
                 br.result, br.record = 13, None
@@ -983,12 +982,20 @@ def _sendable(ops: list[dict]) -> None:
         client_value(op.get("val"))
 
 
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _plain(v: Any) -> bool:
     """A scalar `_store_value` keeps as it is (a string with a NUL it cuts, an integer
     past 64 bits it refuses)."""
     kind = type(v)
     if kind is str:
-        return "\x00" not in v
+        return "\x00" not in v and (v.isascii() or _utf8(v))
     if kind is int:
         return -_I64 <= v < _I64
     return kind in _SCALARS
@@ -1015,6 +1022,8 @@ def _store_value(value: Any, *, cut: bool = True) -> Any:
     if isinstance(value, bytearray):
         return bytes(value)
     if isinstance(value, str):
+        if cut and not value.isascii():
+            utf8_text(value)  # from the client, which refuses a lone surrogate
         return value.partition("\x00")[0] if cut else value
     if isinstance(value, list):
         return [_store_value(v, cut=cut) for v in value]

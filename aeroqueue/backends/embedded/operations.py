@@ -125,6 +125,17 @@ def _copy(value: Any) -> Any:
 I64 = 1 << 63  # integers the client sends: -I64 <= n < I64
 
 
+def utf8_text(text: str) -> str:
+    """`text` if the client can send it: a lone surrogate (a file name's undecodable
+    byte, a JSON \\ud800 escape) is not UTF-8, and the client refuses the call with
+    ClientError -1 (client 19.3, observed)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise server_error("ClientError", -1, "Unicode value not encoded in utf-8.") from None
+    return text
+
+
 def client_value(value: Any) -> Any:
     """`value` (an operation's value, a UDF's argument) if the client can send it; else
     the client's own error, raised before anything is sent: an integer outside 64
@@ -138,6 +149,9 @@ def client_value(value: Any) -> Any:
         if kind is int:
             if not -I64 <= v < I64:
                 raise server_error("ParamError", -2, "integer value exceeds sys.maxsize")
+        elif kind is str:
+            if not v.isascii():
+                utf8_text(v)
         elif kind is list:
             stack.extend(v)
         elif kind is dict:
