@@ -242,6 +242,106 @@ def test_the_client_refuses_a_lone_surrogate_and_a_bad_batch_value_for_the_whole
     assert json.loads(run.stdout) == [*refused, {"a": 1}, True]
 
 
+def test_every_write_op_of_a_batch_answers_nil_so_a_read_before_it_is_overwritten(client, ns, set_name):
+    """The C client asks for respond-all-ops in batch writes: each write op answers
+    nil under its bin (a delete under ''), after the reads before it, so the bins of
+    a read-then-write come back None. The embedded store answered only the reads."""
+    key = (ns, set_name, "a")
+    client.put(key, {"n": 1, "s": "x"})
+    out = client.batch_operate([key], [op.read("n"), op.write("n", 2)])
+    assert out.batch_records[0].record[2] == {"n": None}
+    out = client.batch_write(BatchRecords([Write(key, [op.read("s"), op.write("s", "y"), op.write("w", 1)])]))
+    assert out.batch_records[0].record[2] == {"s": None, "w": None}
+    out = client.batch_operate([key], [op.delete(), op.write("n", 3)])
+    assert out.batch_records[0].record[2] == {"": None, "n": None}
+    out = client.batch_write(BatchRecords([
+        Write((ns, set_name, "new"), [op.write("a", 1)], policy={"exists": aerospike.POLICY_EXISTS_CREATE}),
+    ]))
+    assert out.batch_records[0].record[2] == {"a": None}
+    assert client.get(key)[2] == {"n": 3}
+
+
+def _paged(client, ns, set_name, page, bins=None):
+    query = client.query(ns, set_name)
+    if bins:
+        query.select(*bins)
+    query.max_records = page
+    query.paginate()
+    got = []
+    for _ in range(50):
+        got += [key[2] for key, _, _ in query.results({"partition_filter": {"begin": 0, "count": 4096}})]
+        if query.is_done():
+            return got
+    raise AssertionError("the query never ended")
+
+
+def test_a_paged_query_selecting_bins_counts_the_records_it_leaves_out_and_stops_early(client, ns, set_name):
+    """The server counts a record that has none of the selected bins towards the page's
+    max_records without sending it; the client takes the short page for the end of the
+    query. So a paged scan selecting bins that only some records have misses records
+    (aeroqueue: Backend.scan(set, bins=[...]) on more than a page of records)."""
+    names = [f"r{i}" for i in range(10)]
+    for name in names:
+        client.put((ns, set_name, name), {"i": 1}, policy={"key": aerospike.POLICY_KEY_SEND})
+    order = _paged(client, ns, set_name, 100)
+    assert sorted(order) == names
+    last = order[-1]  # the only record with the bin is the last one the scan reaches
+    client.put((ns, set_name, last), {"odd": 1})
+    assert _paged(client, ns, set_name, 100, ["odd"]) == [last]
+    assert _paged(client, ns, set_name, 3, ["odd"]) == []  # 3 counted, none sent: "done"
+
+
+def test_a_read_of_no_bins_is_refused_by_select_and_has_no_bins_item_in_a_batch(client, ns, set_name):
+    """`select(key, [])` is an invalid request (4) on the server; `batch_read(keys, [])`
+    answers each record as (key, meta), without a bins item (Backend.batch_get would
+    fail on record[2]). The embedded store answered an empty dict for both."""
+    key = (ns, set_name, "a")
+    client.put(key, {"a": 1})
+    with pytest.raises(ex.InvalidRequest):
+        client.select(key, [])
+    record = client.batch_read([key], []).batch_records[0].record
+    assert len(record) == 2 and record[1]["gen"] == 1
+
+
+def test_max_records_holds_without_paginate_and_in_foreach(client, ns, set_name):
+    """The server sends at most `max_records` records whether or not the query is
+    paginated, to `results` and to `foreach` alike; without `paginate()` each call
+    starts again from the beginning. The embedded store honoured it only in a
+    paginated `results`."""
+    for i in range(10):
+        client.put((ns, set_name, f"r{i}"), {"i": i})
+    query = client.query(ns, set_name)
+    query.max_records = 4
+    first = sorted(r[2]["i"] for r in query.results())
+    assert len(first) == 4
+    assert sorted(r[2]["i"] for r in query.results()) == first
+    got: list[int] = []
+    query = client.query(ns, set_name)
+    query.max_records = 4
+    query.paginate()
+    query.foreach(lambda r: got.append(r[2]["i"]))
+    assert len(got) == 4
+    query.foreach(lambda r: got.append(r[2]["i"]))
+    assert len(got) == 8 and len(set(got)) == 8
+
+
+def test_a_udf_that_creates_then_removes_a_record_fails_with_not_found(client, ns, set_name):
+    """On a missing record, create then remove in one UDF call: the server's delete
+    finds nothing and the call fails with RecordNotFound (2); the embedded store
+    answered remove's 0."""
+    key = (ns, set_name, "cr")
+    with pytest.raises(ex.RecordNotFound):
+        client.apply(key, "aq_contract", "create_then_remove", [])
+    assert client.exists(key)[1] is None
+
+
+def test_udfs_have_utf8_coroutine_os_date_and_G(client, ns, set_name):
+    """The server's Lua has the whole standard library; the embedded sandbox lacked the
+    harmless `utf8`, `coroutine`, `os.date`/`os.difftime` and `_G`, so a UDF using them
+    worked on the server and failed with 'attempt to index a nil value' here."""
+    assert client.apply((ns, set_name, "s"), "aq_contract", "stdlib", []) == [5, 7, "number", True]
+
+
 def test_operate_increment_read_and_list_ops(client, ns, set_name):
     key = (ns, set_name, "op")
     _, meta, bins = client.operate(key, [op.increment("n", 5), op.read("n")])

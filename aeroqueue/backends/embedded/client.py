@@ -320,6 +320,8 @@ class EmbeddedClient:
         return (k[0], k[1], shown, k[3]), self._meta(row, now), _out_bins(row.bins)
 
     def select(self, key: tuple, bins: list[str], policy: dict | None = None) -> tuple:
+        if not bins:
+            raise server_error("InvalidRequest", 4, "AEROSPIKE_ERR_REQUEST_INVALID")  # a read of no bin (seen on 8.1)
         k, row, now = self._read(key, policy, "select")
         return k, self._meta(row, now), {b: _out(v) for b, v in row.bins.items() if b in bins}
 
@@ -363,7 +365,12 @@ class EmbeddedClient:
         _sendable(list_)
         return self._operate(key, list_, meta, policy, "operate_ordered")
 
-    def _operate(self, key: tuple, ops: list, meta: dict | None, policy: dict | None, call: str) -> tuple:
+    def _operate(
+        self, key: tuple, ops: list, meta: dict | None, policy: dict | None, call: str, respond_all: bool = False
+    ) -> tuple:
+        """`respond_all`: every op but touch answers, nil when it has no value (the C
+        client asks for it in every batch write: a read before a write of the same bin
+        answers None there, seen on 8.1 with client 19.3)."""
         pol = self._check_policy(policy, {"gen", "key", "exists", "ttl", "expressions"}, call)
         ns, set_name, user_key, digest = self._key(key)
         self.faults.check(call, user_key, None, "before", ops)
@@ -378,7 +385,7 @@ class EmbeddedClient:
             view = self._view(old, set_name, user_key, digest, now)
             self._gen_check(meta, pol, old)
             self._filter(pol, view)
-            outcome = run_operations(view, ops)
+            outcome = run_operations(view, ops, respond_all_ops=respond_all)
             if old is None and not outcome.wrote:
                 raise _not_found()
             if old is not None and pol.get("exists") == aerospike.POLICY_EXISTS_CREATE and outcome.wrote:
@@ -422,8 +429,11 @@ class EmbeddedClient:
                 raise _udf_error(failure.message, module, function) from None
             row = old
             if outcome.action == "remove":
-                if old is not None:
-                    Storage.delete(db, ns, digest)
+                if old is None:
+                    # A record the UDF created and removed again: the server's delete
+                    # finds nothing to delete and the call fails (seen on 8.1).
+                    raise _not_found()
+                Storage.delete(db, ns, digest)
                 row = None
             elif outcome.action == "write":
                 bins = {k: _store_value(v, cut=False) for k, v in (outcome.bins or {}).items() if v is not None}
@@ -501,7 +511,7 @@ class EmbeddedClient:
             for key in keys:
                 br = BatchRecord(key)
                 try:
-                    k, m, results = self._operate(key, ops, meta, pol, "batch_operate")
+                    k, m, results = self._operate(key, ops, meta, pol, "batch_operate", respond_all=True)
                     br.key = k
                     br.result, br.record = 0, (k, m, dict(results))
                 except aerospike.exception.AerospikeError as e:
@@ -550,7 +560,7 @@ class EmbeddedClient:
                     )
                 try:
                     key, meta, results = self._operate(
-                        br.key, br.ops, br.meta, _filtered(br.policy, parent), "batch_write"
+                        br.key, br.ops, br.meta, _filtered(br.policy, parent), "batch_write", respond_all=True
                     )
                     bins: dict[str, Any] = {}
                     for name, value in results:
@@ -647,7 +657,8 @@ class EmbeddedClient:
             new_rows.append((ns, digest, set_name, (digest[0] | digest[1] << 8) & 4095, ukey, blob, 1, void_ms, now))
             if (ns, set_name) in with_sindex:
                 indexed.setdefault((ns, set_name), []).append((digest, stored))
-            br.result, br.record = 0, ((ns, set_name, user_key, bytearray(digest)), meta.copy(), {})
+            # Every write op answers nil in a batch (respond-all-ops).
+            br.result, br.record = 0, ((ns, set_name, user_key, bytearray(digest)), meta.copy(), dict.fromkeys(bins))
         db.executemany(
             "INSERT INTO records (ns, digest, set_name, part, ukey, bins, gen, void_ms, lut_ms) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -675,6 +686,8 @@ class EmbeddedClient:
                     pol["expressions"], self._view(row, set_name, user_key, digest, now)
                 ):
                     br.result = 27
+                elif bins is not None and not bins:
+                    br.record = (br.key, self._meta(row, now))  # no bins asked: metadata only, no bins item
                 else:
                     chosen = row.bins if bins is None else {b: v for b, v in row.bins.items() if b in bins}
                     br.record = (br.key, self._meta(row, now), _out_bins(chosen))

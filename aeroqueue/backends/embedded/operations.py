@@ -345,8 +345,9 @@ def _op_touch(run: _Run, op: dict) -> None:
 
 def _op_delete(run: _Run, op: dict) -> None:
     # delete() empties the record; it is removed at the end unless later ops
-    # add bins. It has no bin name, so it never answers.
+    # add bins. It has no bin name: with respond-all it answers under '' (seen on 8.1).
     run.bins.clear()
+    run.answer_nil("")
 
 
 # -- list ops ------------------------------------------------------------------------

@@ -1339,9 +1339,12 @@ end
 local function new_env()
   local m = copy(math)
   m.pow = nil
-  return {
+  local env = {
     string = copy(string), math = m, table = copy(table),
-    os = {time = os.time, clock = os.clock},
+    -- The server's UDF state has Lua's whole standard library (seen on 8.1); these
+    -- parts of it are safe for any UDF: no files, processes or loading of code.
+    utf8 = copy(utf8), coroutine = copy(coroutine),
+    os = {time = os.time, clock = os.clock, date = os.date, difftime = os.difftime},
     tostring = tostring, tonumber = tonumber, type = sb_type,
     pairs = pairs, ipairs = ipairs, next = sb_next, select = select,
     error = error, pcall = pcall, xpcall = xpcall, assert = assert,
@@ -1352,6 +1355,8 @@ local function new_env()
     record = copy(record), list = copy(list), map = copy(map), bytes = copy(bytes),
     aerospike = setmetatable({}, AEROSPIKE),
   }
+  env._G = env
+  return env
 end
 
 -- ---------------------------------------------------------------------------

@@ -77,3 +77,16 @@ function map_keys(rec, m)
   for k, _ in map.pairs(made) do list.append(out, k) end
   return out
 end
+
+-- create_then_remove(rec) -> aerospike:remove's answer after creating the record
+function create_then_remove(rec)
+  rec['a'] = 1
+  aerospike:create(rec)
+  return aerospike:remove(rec)
+end
+
+-- stdlib(rec) -> utf8.len('héllo'), a coroutine's yield, os.date's year, whether _G is there
+function stdlib(rec)
+  local co = coroutine.wrap(function() coroutine.yield(7) end)
+  return list{utf8.len('h\195\169llo'), co(), type(os.date('*t').year), _G ~= nil}
+end
