@@ -418,7 +418,7 @@ class Worker:
         if runner is not None:
             try:
                 runner.start()  # before any claim: a child's start-up must not eat a job's time limit
-            except AeroqueueError as e:  # this thread cannot run a handler: it ends, said in the log
+            except _StartFailed as e:  # this thread cannot run a handler: it ends, said in the log
                 log.error("a handler process could not start", extra={"event": "handler_start_failed", "error": str(e)})
                 return
             with self._in_flight_lock:
@@ -461,6 +461,15 @@ class Worker:
                 self._runner_of[job.name] = threading.current_thread()
             try:
                 outcome = self._run(job, session, runner)
+            except _StartFailed as e:
+                # Its handler process could not be started again (a deploy broke the
+                # module, say): the job never ran. Given back with its attempt, not
+                # failed one by one with every job after it; the thread ends.
+                log.error("a handler process could not start", extra={"event": "handler_start_failed", "error": str(e)})
+                with self._in_flight_lock:
+                    left, jobs[:] = list(jobs), []
+                self._release([job, *left], session, why=f"not started: {e}")
+                return
             except AeroqueueError as e:  # the store failed mid-acknowledgement
                 outcome = self._ack_failed(job, session, e)
             except BaseException:
@@ -914,6 +923,11 @@ class Worker:
 _CHILD_IGNORES = {signal.SIGINT, signal.SIGTERM}
 
 
+class _StartFailed(Exception):
+    """A handler process did not start (its module no longer imports, fork failed):
+    not a store error, so no job is acknowledged, failed or charged an attempt for it."""
+
+
 class _ChildRunner:
     """Runs one worker thread's handlers in a child process (``pool="process"``), one
     job at a time; kills the child when a job runs past its time limit, and starts
@@ -941,19 +955,23 @@ class _ChildRunner:
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _CHILD_IGNORES)
         try:
             self.proc.start()
+        except OSError as e:  # fork or exec refused (ENOMEM, EAGAIN)
+            self.proc = None
+            raise _StartFailed(f"a handler process could not be started: {e}") from None
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         child.close()
         self.conn = parent
         if not parent.poll(timeout_s):
             self.kill()
-            raise ConfigError(f"a handler process did not start within {timeout_s:g} s")
+            raise _StartFailed(f"a handler process did not start within {timeout_s:g} s")
         try:
             parent.recv()  # ("ready",)
         except (EOFError, OSError):
-            code = self.proc.exitcode if self.proc.join(5) is None else None
-            self.proc = None
-            raise ConfigError(f"a handler process died while starting (exit code {code})") from None
+            self.proc.join(5)
+            code = self.proc.exitcode
+            self.kill()  # if it lingers (a thread its imports started), it must not outlive this
+            raise _StartFailed(f"a handler process died while starting (exit code {code})") from None
 
     def run(self, job: Job, deadline: Callable[[], float], touch: Callable[[Job, float | None], float]) -> tuple[bool | None, Any]:
         """(ok, value) as `run_handler` gives, or (None, None) when the job ran past
@@ -968,7 +986,10 @@ class _ChildRunner:
             remaining = deadline() - time.monotonic()
             if remaining <= 0:
                 self.kill()
-                self.start()  # now: the thread's next job is claimed already
+                # Started again now (the thread's next job is claimed already); if it
+                # cannot be, the next `run` says so, and this job still timed out.
+                with contextlib.suppress(_StartFailed):
+                    self.start()
                 return None, None
             if not self.conn.poll(min(remaining, 0.25)):
                 if not self.proc.is_alive():

@@ -162,7 +162,7 @@ def test_a_handler_process_that_cannot_start_is_a_logged_error_not_a_traceback(r
     native library failing in a child): its thread ended with a traceback on stderr,
     outside the worker's log."""
     def dies_at_start(self, timeout_s: float = 120.0) -> None:
-        raise ConfigError("a handler process died while starting (exit code 3)")
+        raise worker_module._StartFailed("a handler process died while starting (exit code 3)")
 
     monkeypatch.setattr(worker_module._ChildRunner, "start", dies_at_start)
     lists.load(list_name, [JobSpec("a", {})], seal=True)
@@ -172,6 +172,24 @@ def test_a_handler_process_that_cannot_start_is_a_logged_error_not_a_traceback(r
     (failed,) = [r for r in caplog.records if getattr(r, "event", None) == "handler_start_failed"]
     assert failed.error == "a handler process died while starting (exit code 3)"
     assert job_bins(registered, list_name, 0)["state"] == "queued"  # it starts before any claim
+
+
+def test_a_handler_process_that_cannot_restart_charges_no_job(registered, lists, list_name, tmp_path, monkeypatch):
+    """A deploy breaks the handler's module while the worker runs: the next handler
+    process dies as it imports it. Taken for a failed acknowledgement, that failed
+    every job in turn, an attempt each, until the list was dead. The jobs go back
+    with their attempt, and the thread ends."""
+    monkeypatch.setenv("AQ_TEST_BROKEN_MARK", str(tmp_path / "broken"))
+    from tests.lifecycle.handlers_deploy import crash_then_break
+
+    lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(5)], backoff_s=0, max_attempts=2, seal=True)
+    w = fast_worker(registered, crash_then_break, list_name, concurrency=1, batch=1, pool="process")
+    assert w.run(install_signals=False) == EXIT_THREADS_DIED
+    bins = [job_bins(registered, list_name, t) for t in range(5)]
+    assert [b["state"] for b in bins] == ["queued"] * 5, bins
+    assert [b.get("att", 0) for b in bins].count(1) == 1, bins  # only the job whose process died
+    st = lists.status(list_name)
+    assert (st.dead, st.done, st.in_flight) == (0, 0, 0), st
 
 
 def _handler_processes(parent: int) -> list[int]:
