@@ -31,6 +31,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -482,30 +483,35 @@ def lease_of(
 
 def recount_session(backend: Backend, session_id: str) -> int:
     """Set the missing completion bits of the jobs a session finished: what a process
-    that died had not written yet (`transitions.BitBuffer`). One filtered scan of the
-    job set, run when a session is reaped (rare); returns the bits it set."""
+    that died had not written yet (`transitions.BitBuffer`); and offer again the jobs
+    it gave back that no store holds (a release pass of a reaper or a close of it,
+    cut short before its push: `release_claims`). One filtered scan of the job set,
+    run when a session is reaped (rare); returns the bits it set."""
     finished = xp.And(
         xp.Eq(xp.StrBin("by"), session_id),
-        xp.Or(
-            xp.Eq(xp.StrBin("state"), "done"), xp.Eq(xp.StrBin("state"), "dead"),
-            # Given back by this session, or released by a reaper (or a close) of it
-            # that died or failed before it pushed them: queued, held by no one, maybe
-            # in no store. Offered again (a token twice in the retry store is
-            # harmless: a claim fences it; a job with `by` set is never leased).
-            xp.Eq(xp.StrBin("state"), "queued"),
-        ),
+        xp.Or(xp.Eq(xp.StrBin("state"), "done"), xp.Eq(xp.StrBin("state"), "dead"), xp.Eq(xp.StrBin("state"), "queued")),
     ).compile()
-    found: dict[tuple[str, str], list[int]] = defaultdict(list)
-    for _, rec in backend.scan(keys.JOB_SET, expression=finished, bins=["list", "token", "state"]):
-        found[(rec.bins["list"], rec.bins["state"])].append(rec.bins["token"])
-    for (list_name, state), tokens in found.items():
-        if state == "queued":
-            head = backend.get(keys.LIST_SET, list_name, bins=["retry"])
-            if head is not None:  # else dropped: nothing to offer
-                waiting = set(head.bins.get("retry") or [])
-                push_retry(backend, list_name, [t for t in tokens if t not in waiting])
-    return sum(_recount(backend, list_name, state, tokens) for (list_name, state), tokens in found.items()
-               if state != "queued")
+    # The stores as they were before the scan (as `sweep` reads them): a job taken from
+    # one while the scan runs is held there, not mistaken for one no store holds.
+    lists = JobLists(backend)
+    heads: dict[str, dict[str, Any]] = {}
+    for name in lists.names():
+        with contextlib.suppress(ListNotFound):  # dropped meanwhile
+            heads[name] = lists.header(name)
+    found: dict[tuple[str, str], list[_Found]] = defaultdict(list)
+    for name, rec in backend.scan(keys.JOB_SET, expression=finished, bins=["list", "token", "state"]):
+        found[(rec.bins["list"], rec.bins["state"])].append(_Found(name, rec.gen, rec.bins))
+    for (list_name, state), jobs in found.items():
+        head = heads.get(list_name)
+        if state != "queued" or head is None:  # a list made or dropped since: not this reap's
+            continue
+        held = _held_by(head, lists.unpopped_ids(list_name, head) if head["mode"] == "ids" else [])
+        lost = [j for j in jobs if not held(j.bins["token"])]
+        # Fenced as the sweep's are: a job claimed since the scan read it is not offered.
+        room = max(0, transitions.RETRY_CAP - len(head.get("retry") or []))
+        push_retry(backend, list_name, _fence(backend, lost, room))
+    return sum(_recount(backend, list_name, state, [j.bins["token"] for j in jobs])
+               for (list_name, state), jobs in found.items() if state != "queued")
 
 
 def _recount(backend: Backend, list_name: str, bitmap: str, tokens: list[int]) -> int:

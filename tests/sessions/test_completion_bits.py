@@ -18,7 +18,8 @@ from aeroqueue import keys
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Queue
-from aeroqueue.sessions import reap
+from aeroqueue.sessions import Session, reap
+from tests.conftest import mark_reaping
 
 CHILD = textwrap.dedent(
     """
@@ -77,3 +78,34 @@ def test_bits_a_killed_process_never_wrote_are_counted_when_it_is_reaped(registe
         time.sleep(0.2)
     st = lists.status(list_name)
     assert (st.done, st.dead, st.in_flight, st.retry_pending) == (3, 0, 0, 1), "counted, and the 4th came back"
+
+
+def test_a_reap_does_not_offer_again_jobs_reserved_while_it_recounts(registered, lists, queue, list_name):
+    """The reap's recount offers again the jobs a cut-short release left in no store. It
+    read the retry store only after its scan of the job set: jobs the release had
+    pushed and a worker had claimed since were pushed a second time (counted retry
+    pending while in flight, and a second copy to fence)."""
+    lists.load(list_name, [JobSpec(f"j{i}", {"i": i}) for i in range(6)], seal=True)
+    dead = Session.open(registered, heartbeat=False)
+    assert len(queue.reserve(list_name, dead, 3)) == 3
+    mark_reaping(registered, dead.id)
+    live = Session.open(registered, heartbeat=False)
+    got: list = []
+    scan = registered.scan
+
+    def scan_while_reserving(set_name, **kw):  # another worker takes the released jobs meanwhile
+        out = list(scan(set_name, **kw))
+        if set_name == keys.JOB_SET and not got:
+            got.extend(queue.reserve(list_name, live, 3))
+        return iter(out)
+
+    registered.scan = scan_while_reserving  # type: ignore[method-assign]
+    try:
+        assert reap(registered).sessions >= 1
+    finally:
+        registered.scan = scan  # type: ignore[method-assign]
+    assert sorted(j.token for j in got) == [0, 1, 2]
+    assert not registered.get(keys.LIST_SET, list_name).bins.get("retry"), "claimed jobs pushed again"
+    st = lists.status(list_name)
+    assert (st.retry_pending, st.in_flight, st.reservable) == (0, 3, 3), st
+    live.close()
