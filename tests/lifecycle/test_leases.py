@@ -903,4 +903,3 @@ def test_acks_that_landed_are_counted_when_another_ack_of_the_call_fails(faulty:
         assert states == ["claimed", "done", "done"]
         faulty.client.faults.clear()
     assert JobLists(faulty).status("L").done == 2
-
