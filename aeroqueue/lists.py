@@ -264,7 +264,7 @@ class JobLists:
             # The same holds in a due range a take stepped over (`ready`): its chunk sits
             # behind the cursor, and the range hands the job out to be refused.
             if head.get("ready"):
-                later = self._later_in_ready(name, head, finished)
+                later = self._later_in_ready(name, head, finished, retry_set)
                 reservable -= later
                 delayed += later
         else:
@@ -341,12 +341,13 @@ class JobLists:
         due = {t: when for c in chunks if c is not None for t, when in (c.bins.get("due") or {}).items()}
         return tokens, due
 
-    def _later_in_ready(self, name: str, head: dict[str, Any], finished: _Finished) -> int:
+    def _later_in_ready(self, name: str, head: dict[str, Any], finished: _Finished, retry: set[int]) -> int:
         """ID mode: jobs of `ready` ranges with a later run_at of their own (not in the
         range's skip, not finished). A range does not say which chunk it came from
         (a chunk is one load range, stepped over whole), so this reads the `due` of
         every chunk behind the cursor: O(chunks), only while a delayed load's range
-        is being served."""
+        is being served. A job also pending in the retry store (a kick cut short) is
+        counted there, and `_pending_in` takes it off the range already."""
         chunks = self.backend.batch_get(
             keys.IDS_SET, [keys.chunk_name(name, c) for c in range(head["cursor"])], bins=["due"]
         )
@@ -359,7 +360,8 @@ class JobLists:
             start, n = item[0], item[1]
             skip = item[2] if len(item) > 2 and item[2] else {}
             later += sum(1 for t, when in due.items()
-                         if when > now_ms and start <= t < start + n and t not in skip and not finished(t))
+                         if when > now_ms and start <= t < start + n and t not in skip and t not in retry
+                         and not finished(t))
         return later
 
     def _bits(self, name: str, alloc: int) -> tuple[int, int, _Finished, _Finished]:
@@ -599,6 +601,8 @@ def _pending_in(start: int, n: int, skip: dict[int, Any] | None, retry: set[int]
     """Tokens of a range [start, start + n) that also wait in the retry store (`retry`:
     not finished), but those in its skip: a kick pushes its job there before it takes
     it out of the range (into the skip), so a kick cut short leaves it in both."""
+    if not retry:
+        return 0
     return sum(1 for t in retry if start <= t < start + n and not (skip and t in skip))
 
 

@@ -372,6 +372,28 @@ def test_a_kick_cut_short_in_a_delayed_range_is_counted_once(registered, lists, 
     assert (st.retry_pending, st.delayed, st.reservable, st.in_flight) == (1, 9, 0, 0), st
 
 
+@pytest.mark.parametrize("cut_short", [True, False])
+def test_a_kick_in_a_due_id_mode_range_of_a_job_with_a_later_run_at_is_counted_once(
+        registered, queue, lists, list_name, session, cut_short):
+    """A stepped-over range being served in ID mode; its job with a later run_at of its
+    own kicked (the kick cut short or not): counted pending, not also delayed."""
+    jobs = [JobSpec("a", 0), JobSpec("b", 1, None, time.time() + 30), JobSpec("c", 2), JobSpec("d", 3)]
+    lists.load(list_name, jobs, mode="ids", delay_s=0.5, seal=True)
+    assert queue.reserve(list_name, session, 5) == []  # steps over the range
+    time.sleep(0.7)
+    (a,) = queue.reserve(list_name, session, 1)  # the range is served: now in `ready`
+    assert a.jid == "a"
+    token = int(lists.find_job(list_name, "b")["token"])
+    if cut_short:  # transitions.kick, cut short after its push (before `unschedule`)
+        transitions.set_bits(registered, list_name, [token], "dead", 0)
+        assert registered.udf(keys.JOB_SET, keys.job_name(list_name, token), keys.JOB_MOD, "kick") == "ok"
+        transitions.push_retry(registered, list_name, [token])
+    else:
+        assert lists.kick(list_name, [token]) == 1
+    st = lists.status(list_name)
+    assert (st.retry_pending, st.reservable, st.delayed, st.in_flight) == (1, 2, 0, 1), st
+
+
 @pytest.mark.parametrize("late", ["fail", "bury"])
 def test_a_dead_bit_written_after_a_kick_does_not_count_the_kicked_job_dead(
         queue, lists, list_name, session, monkeypatch, late):
