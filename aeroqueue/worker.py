@@ -26,6 +26,7 @@ failed attempt that says it timed out.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import importlib
 import logging
@@ -1048,10 +1049,26 @@ class _ChildRunner:
                 self.kill()
 
 
-def _watch_parent(parent_pid: int) -> None:
+def _die_with_parent(parent_pid: int) -> None:
     """End this handler process once its worker is gone (SIGKILL, the OOM killer): its
     session expires and the job runs again elsewhere, and this one would go on beside
-    it, for ever if it hangs (nobody is left to kill it at its time limit)."""
+    it, for ever if it hangs (nobody is left to kill it at its time limit).
+
+    On Linux the kernel sends SIGKILL when the worker's thread that started this
+    process ends (PR_SET_PDEATHSIG; that thread owns it, and ends it first when it
+    stops): that holds even while a handler keeps the GIL in C code (a regular
+    expression gone exponential). A thread polling the parent's pid is the fallback
+    elsewhere, and for a worker that died before the request was made."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    threading.Thread(target=_watch_parent, args=(parent_pid,), name="aeroqueue-parent-watch", daemon=True).start()
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _watch_parent(parent_pid: int) -> None:
     while os.getppid() == parent_pid:
         time.sleep(0.5)
     os._exit(1)
@@ -1060,7 +1077,7 @@ def _watch_parent(parent_pid: int) -> None:
 def _child_main(handler: Handler, conn: Any, parent_pid: int | None = None) -> None:
     """A handler process: run the jobs the parent sends, send back each outcome."""
     if parent_pid is not None:
-        threading.Thread(target=_watch_parent, args=(parent_pid,), name="aeroqueue-parent-watch", daemon=True).start()
+        _die_with_parent(parent_pid)
     # Ctrl-C, and a SIGTERM sent to the process group (systemd's default, `kill --
     # -PGID`), reach the children too: the parent drains, and lets running jobs
     # finish up to its --drain-timeout; it ends a child itself (SIGKILL, or closing

@@ -4,6 +4,7 @@ importable by name, as a spawned process needs."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 import time
@@ -33,6 +34,8 @@ def misbehave(job: Job) -> dict:
         raise KeyboardInterrupt
     elif how == "slow":
         time.sleep(job.payload["s"])
+    elif how == "regex":  # exponential backtracking: holds the GIL for good
+        re.match(r"(a+)+$", "a" * 64 + "b")
     elif how == "die-mid-touch":  # asks for a touch, and dies (an OOM kill) before the answer
         threading.Thread(target=job.touch, daemon=True).start()
         time.sleep(0.3)

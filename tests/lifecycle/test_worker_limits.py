@@ -214,14 +214,16 @@ def _cli_worker(url: str, list_name: str, *extra: str, **popen: Any) -> subproce
 
 
 # The two tests below are about processes, not the store: on an embedded file of their own.
-def test_handler_processes_do_not_outlive_a_killed_worker(tmp_path):
+@pytest.mark.parametrize("how", ["slow", "regex"])
+def test_handler_processes_do_not_outlive_a_killed_worker(tmp_path, how):
     """SIGKILLed (the OOM killer), the worker's session expires and its job runs again
     elsewhere: its handler process went on running the old attempt beside it, for
-    ever if it hung (nobody is left to kill it at its time limit)."""
+    ever if it hung (nobody is left to kill it at its time limit), and a handler
+    holding the GIL (`regex`) keeps a polling thread from running."""
     url = f"embedded://{tmp_path / 'store.db'}"
     lists = JobLists(open_backend(url))
     udfs.register(lists.backend)
-    lists.load("L", [JobSpec("long", {"how": "slow", "s": 60})], seal=True)
+    lists.load("L", [JobSpec("long", {"how": how, "s": 60})], seal=True)
     proc = _cli_worker(url, "L")
     kids: list[int] = []
     try:
