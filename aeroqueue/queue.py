@@ -403,6 +403,8 @@ class Queue:
                     # trouble must not leave acks that landed without their bits.
                     failed = failed or e
             if failed is not None:
+                # Its account too: what else was refused or too big is not lost from sight.
+                failed.too_big, failed.lost = too_big, lost  # type: ignore[attr-defined]
                 raise failed
             if too_big:
                 err = RecordTooBig(f"acknowledging {len(too_big)} of {len(acks)} jobs: their records would exceed "

@@ -899,6 +899,7 @@ def test_acks_that_landed_are_counted_when_another_ack_of_the_call_fails(faulty:
         with pytest.raises(errors.BackendTimeout) as raised:
             queue.complete_and_reserve([(j, {"ok": True}) for j in jobs], "L", s, 2)
         assert len(raised.value.reserved) == 2  # type: ignore[attr-defined]
+        assert (raised.value.too_big, raised.value.lost) == ([], [])  # type: ignore[attr-defined]
         states = [r.bins["state"] for r in faulty.batch_get(keys.JOB_SET, [j.name for j in jobs])]
         assert states == ["claimed", "done", "done"]
         faulty.client.faults.clear()
