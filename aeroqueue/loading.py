@@ -134,6 +134,8 @@ def detect_format(path: Path, fmt: str | None) -> str:
 def spooled_stdin(stream: IO[bytes] | None = None) -> Iterator[Path]:
     """Standard input copied to a temporary file (removed afterwards): the load reads
     its input twice, to check it whole before writing, and a pipe reads once."""
+    if stream is None and sys.stdin is None:  # file descriptor 0 closed (`<&-`)
+        raise LoadError("standard input is closed: nothing to read", source="<stdin>")
     src = stream if stream is not None else sys.stdin.buffer
     with tempfile.TemporaryDirectory(prefix="aeroqueue-load-") as tmp:
         path = Path(tmp) / "stdin"
@@ -302,7 +304,16 @@ def _refuse_constant(name: str) -> Any:
     raise _BadValue(f"{name} is not a number MySQL's JSON (nor the sync) can store")
 
 
+# Digits of the longest integer within 64 bits (2^63 has 19). A longer one is refused
+# before int() reads it: past 4,300 digits int() raises a plain ValueError (CPython's
+# limit on text conversions), which no caller takes for a refused value.
+INT64_DIGITS = 19
+
+
 def _checked_int(text: str) -> int:
+    if len(text) - text.startswith("-") > INT64_DIGITS:  # JSON has no leading zeros
+        more = f"... ({len(text):,} digits)" if len(text) > 30 else ""
+        raise _BadValue(f"integer {text[:30]}{more} is outside the 64-bit range Aerospike and MySQL store")
     value = int(text)
     if not INT64[0] <= value <= INT64[1]:
         raise _BadValue(f"integer {text[:30]} is outside the 64-bit range Aerospike and MySQL store")
@@ -318,7 +329,10 @@ def _checked_float(text: str) -> float:
 
 def _loads(text: str, max_depth: int = MAX_DEPTH) -> Any:
     # The float hook costs about 0.2 us a number (measured: a regex to skip it cost more).
-    value = json.loads(text, parse_constant=_refuse_constant, parse_int=_checked_int, parse_float=_checked_float)
+    try:
+        value = json.loads(text, parse_constant=_refuse_constant, parse_int=_checked_int, parse_float=_checked_float)
+    except RecursionError:  # about 1,000 levels: Python's decoder gives up (not a ValueError)
+        raise _BadValue(f"JSON nested more than {MAX_DEPTH} deep ({_DEPTH_WHY})") from None
     if too_deep(value, text, max_depth):
         raise _BadValue(f"JSON nested more than {MAX_DEPTH} deep ({_DEPTH_WHY})")
     if "\\u0000" in text and holds_nul(value):  # JSON has no other way to spell one
@@ -434,12 +448,45 @@ def _given_twice(text: str, fields: tuple[str, ...]) -> str | None:
     return None
 
 
+def _lenient_int(text: str) -> float:
+    """An integer, or Infinity for one too long for int(): refused below all the same."""
+    return math.inf if len(text) > INT64_DIGITS + 1 else int(text)
+
+
+def _deep_field(text: str) -> str:
+    """The top-level field of a line too deep for Python's decoder: the key last
+    opened at the line's first level of nesting before the depth ran past MAX_DEPTH."""
+    depth, key, in_string, escaped, start = 0, "payload", False, False, 0
+    for i, c in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = False
+                if depth == 1:
+                    with contextlib.suppress(ValueError):
+                        last = json.loads(text[start:i + 1])
+                        if text[i + 1:].lstrip().startswith(":"):
+                            key = str(last)
+        elif c == '"':
+            in_string, start = True, i
+        elif c in "[{":
+            depth += 1
+            if depth > MAX_DEPTH + 1:
+                return key
+        elif c in "]}":
+            depth -= 1
+    return key
+
+
 def _bad_field(text: str) -> str:
     """The top-level field that holds a refused value (for the error message)."""
     try:
-        obj = json.loads(text)
-    except ValueError:
-        return "payload"
+        obj = json.loads(text, parse_int=_lenient_int)
+    except (ValueError, RecursionError):
+        return _deep_field(text)
     if not isinstance(obj, dict):
         return "payload"
     for k, v in obj.items():

@@ -241,6 +241,11 @@ def complete(obj: Context, list_name: str, token: int, session: str, result: str
         value = json.loads(result)
     except json.JSONDecodeError as e:
         raise click.BadParameter(f"not JSON: {e.msg}", param_hint="--result") from None
+    except RecursionError:  # about 1,000 levels deep: Python's decoder gives up
+        raise click.BadParameter("nested too deep (a result may nest 31 levels)", param_hint="--result") from None
+    except ValueError:  # an integer past int()'s 4,300 digits: far outside 64 bits
+        raise click.BadParameter("an integer is outside the 64-bit range a result may hold",
+                                 param_hint="--result") from None
     # Python's json reads NaN, Infinity, 1e999 and integers of any size; stored, they
     # would make `job show --json` and `export` print invalid JSON and the sync refuse
     # the row. The worker's rule for handler results, so both store the same values.

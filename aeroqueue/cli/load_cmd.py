@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import itertools
 import json
+import stat
 import sys
 import time
 from pathlib import Path
@@ -69,6 +71,37 @@ def _progress(enabled: bool) -> Progress:
     )
 
 
+def _is_pipe(file: Path) -> bool:
+    """The input can be read only once: a FIFO, a pipe or socket passed as /dev/fd/N."""
+    try:
+        mode = file.stat().st_mode
+    except OSError:
+        return False  # read_file says what is wrong with it
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+
+
+def _format_of(file: Path) -> str | None:
+    """The format its name tells (jobs.csv as a named pipe), else None: sniffed."""
+    suffix = file.suffix.lower()
+    return "csv" if suffix == ".csv" else "jsonl" if suffix in (".jsonl", ".ndjson", ".json") else None
+
+
+def _open_input(file: Path, source: str) -> Any:
+    try:
+        return file.open("rb")
+    except OSError as e:
+        raise LoadError(f"cannot read the file: {e.strerror or e}", source=source) from None
+
+
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    """What changes when a file is written: its size, modification time and inode."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None  # read_file says what is wrong with it
+    return st.st_size, st.st_mtime_ns, st.st_ino
+
+
 @click.command()
 @LIST_ARG
 @click.argument("file", type=click.Path(path_type=Path, dir_okay=False, allow_dash=True))
@@ -113,6 +146,14 @@ def load(
         if str(file) == STDIN:
             path, source = stack.enter_context(spooled_stdin()), "<stdin>"
             fmt = fmt or sniff_format(path)
+        elif _is_pipe(file):
+            # A named pipe or <(...) (/dev/fd/N) reads once: spooled as standard input
+            # is, or the write pass would find it empty (or block on the open).
+            source = str(file)
+            fmt = fmt or _format_of(file)
+            with _open_input(file, source) as stream:
+                path = stack.enter_context(spooled_stdin(stream))
+            fmt = fmt or sniff_format(path)
         else:
             path, source = file, str(file)
 
@@ -122,15 +163,21 @@ def load(
         progress = stack.enter_context(_progress(err_console.is_terminal and not as_json))
         t0 = time.perf_counter()
         checking = progress.add_task("checking", total=None)
+        before = _identity(path)
         n = validate(read, source, id_field, progress=lambda k: progress.update(checking, completed=k))
+        if _identity(path) != before:
+            raise LoadError("the file changed while it was checked (is it still being written?); run the load "
+                            "again once it is complete", source=source)
         progress.update(checking, total=n, completed=n)
         if n == 0:
             raise LoadError("no jobs in the input, so no list was created", source=source)
         t1 = time.perf_counter()
         note_new_list_options(JobLists(backend), list_name)
         writing = progress.add_task(f"loading into {list_name}", total=n)
+        # Only the rows the check saw: a line appended since (an exporter still writing
+        # the file) would be loaded unchecked, or stop the load half-way.
         report = JobLists(backend).load(
-            list_name, read(), mode=mode, seal=seal, chunk_size=chunk_size, max_attempts=max_attempts,
+            list_name, itertools.islice(read(), n), mode=mode, seal=seal, chunk_size=chunk_size, max_attempts=max_attempts,
             workers=workers, progress=lambda k: progress.advance(writing, k), timeout_s=timeout_s,
             backoff_s=backoff_s, backoff_max_s=backoff_max_s, delay_s=delay_s,
         )
