@@ -174,6 +174,13 @@ def _quiet_stdout() -> None:
     os.close(devnull)
 
 
+# click 8.2+ raises this (a UsageError whose message is the help) for a group given
+# no command; older click prints the help and exits itself.
+_NoArgsIsHelp: tuple[type[click.UsageError], ...] = tuple(
+    c for c in (getattr(click.exceptions, "NoArgsIsHelpError", None),) if c is not None
+)
+
+
 class AeroqueueGroup(click.Group):
     """Every error is one line on stderr: 1 for errors, 2 for usage errors, 130 on
     Ctrl-C; the traceback only with --verbose (given anywhere on the line). Output
@@ -221,6 +228,11 @@ class AeroqueueGroup(click.Group):
             return super().main(args, prog_name, complete_var, False, **extra)
         try:
             rv = super().main(args, prog_name, complete_var, False, **extra)
+        except _NoArgsIsHelp as e:
+            # `aeroqueue` or `aeroqueue job` alone: click answers with the help, as
+            # help (not flattened into one "error:" line), and wrong usage's status.
+            click.echo(e.format_message(), err=True)
+            sys.exit(e.exit_code)
         except click.UsageError as e:
             where = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
             click.echo(_one_line(f"error: {e.format_message()}{where}"), err=True)

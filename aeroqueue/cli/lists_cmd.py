@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 import click
@@ -162,7 +163,8 @@ def lists_cmd(obj: Context, as_json: bool) -> None:
     # A narrow terminal drops the least useful columns (never the name, which
     # wraps rather than being cut) until the table fits.
     natural = [max(len(row[i]) for row in [header, *cells]) for i in range(len(header))]
-    natural[0] = min(natural[0], 20)  # the name can wrap down to this
+    # The name can wrap down to 20, and its column is never under its min_width (8).
+    natural[0] = max(min(natural[0], 20), _NAME_MIN_WIDTH)
     shown = list(range(len(header)))
     for drop in _DROP_ORDER:
         # Each column: its text, a space either side, and one border line.
@@ -176,6 +178,7 @@ def lists_cmd(obj: Context, as_json: bool) -> None:
     console.print(table)
 
 
+_NAME_MIN_WIDTH = 8
 _DROP_ORDER = ("paused", "mode", "sealed", "retry pending", "delayed", "in flight", "reservable", "dead")
 
 
@@ -183,7 +186,7 @@ def _table(header: list[str], cells: list[list[str]], shown: list[int]) -> Table
     table = Table()
     for i in shown:
         if i == 0:
-            table.add_column(header[i], overflow="fold", min_width=8)
+            table.add_column(header[i], overflow="fold", min_width=_NAME_MIN_WIDTH)
         else:
             table.add_column(header[i], justify="left" if i == 1 else "right", no_wrap=True)
     for row in cells:
@@ -199,7 +202,14 @@ def _table(header: list[str], cells: list[list[str]], shown: list[int]) -> Table
 @click.pass_obj
 def export(obj: Context, list_name: str, state: str | None, output: Any) -> None:
     """Write LIST's job records as JSON Lines."""
-    n = JobLists(obj.backend()).export(list_name, output, state)
+    jl = JobLists(obj.backend())
+    jl.header(list_name)  # a missing list is an error before the file is touched
+    # click opens a "w" file lazily, at its first write: with no job to write it was
+    # never opened, so an earlier export's file kept its jobs. Open (truncate) it now.
+    opener = getattr(output, "open", None)  # click's LazyFile
+    if callable(opener):
+        opener()
+    n = jl.export(list_name, output, state)
     err_console.print(f"{n} job(s) exported", highlight=False)
 
 
@@ -230,10 +240,18 @@ def drop(obj: Context, list_name: str, yes: bool, as_json: bool) -> None:
         st = jl.status(list_name)  # a missing list is an error before anything is asked
         question = (f"Drop list {list_name!r} and all its records: {st.total:,} job(s), {st.done:,} done, "
                     f"{st.in_flight:,} in flight, {st.dead:,} dead? This cannot be undone.")
+        nobody = click.ClickException(f"list {list_name!r} not dropped: no confirmation (pass --yes to drop without asking)")
+        if sys.stdin is None:  # file descriptor 0 closed (`<&-`): input() would raise RuntimeError
+            raise nobody
         try:
             confirmed = click.confirm(question, default=False, err=True)
-        except click.Abort:  # standard input closed: nobody to ask
-            raise click.ClickException(f"list {list_name!r} not dropped: no confirmation (pass --yes to drop without asking)") from None
+        except click.Abort:  # standard input at its end: nobody to ask
+            raise nobody from None
+        finally:
+            if not sys.stdin.isatty():
+                # An answer from a pipe is not echoed: end the question's line, so
+                # that what follows (an error) is a line of its own.
+                click.echo(err=True)
         if not confirmed:
             raise click.ClickException(f"list {list_name!r} not dropped")
     report = jl.drop(list_name)
