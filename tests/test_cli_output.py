@@ -23,19 +23,25 @@ CLEAN = {"AEROQUEUE_URL": None, "AEROQUEUE_VERBOSE": None, "AEROQUEUE_CREATE": N
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
+def _a_loaded_list(tmp_path: Path) -> tuple[dict[str, str], list[str]]:
+    """A list 'L' of one job in a new embedded store: the environment and the command
+    line (without its subcommand) of an `aeroqueue` process on it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AEROQUEUE_")}
+    env["PYTHONPATH"] = str(ROOT)
+    jobs = tmp_path / "jobs.csv"
+    jobs.write_text("id\na1\n")
+    aq = [sys.executable, "-m", "aeroqueue", "--url", f"embedded://{tmp_path / 's.db'}"]
+    assert subprocess.run([*aq, "--create", "load", "L", str(jobs)], env=env, capture_output=True).returncode == 0
+    return env, aq
+
+
 # `aeroqueue drop LIST` answered from a pipe ("n", or standard input closed): the
 # error was glued to the question on one line ("... [y/N]: error: list 'L' not
 # dropped"), so the line that says what went wrong does not start with "error:"
 # (README: errors are one line on stderr).
 @pytest.mark.parametrize("answer", [b"n\n", b""])
 def test_a_drop_not_confirmed_says_so_on_a_line_of_its_own(tmp_path, answer):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AEROQUEUE_")}
-    env["PYTHONPATH"] = str(ROOT)
-    url = f"embedded://{tmp_path / 's.db'}"
-    jobs = tmp_path / "jobs.csv"
-    jobs.write_text("id\na1\n")
-    aq = [sys.executable, "-m", "aeroqueue", "--url", url]
-    assert subprocess.run([*aq, "--create", "load", "L", str(jobs)], env=env, capture_output=True).returncode == 0
+    env, aq = _a_loaded_list(tmp_path)
     out = subprocess.run([*aq, "drop", "L"], env=env, input=answer, capture_output=True, timeout=60)
     assert out.returncode == 1
     last = out.stderr.decode().splitlines()[-1]
@@ -46,13 +52,7 @@ def test_a_drop_with_standard_input_closed_is_no_confirmation_not_an_internal_er
     """README: "a question nobody can answer (standard input closed) ... leaves the
     list alone (status 1)". With file descriptor 0 closed (`<&-`, some daemons) it
     was "internal error, RuntimeError: input(): lost sys.stdin"."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AEROQUEUE_")}
-    env["PYTHONPATH"] = str(ROOT)
-    url = f"embedded://{tmp_path / 's.db'}"
-    jobs = tmp_path / "jobs.csv"
-    jobs.write_text("id\na1\n")
-    aq = [sys.executable, "-m", "aeroqueue", "--url", url]
-    assert subprocess.run([*aq, "--create", "load", "L", str(jobs)], env=env, capture_output=True).returncode == 0
+    env, aq = _a_loaded_list(tmp_path)
     out = subprocess.run(["/bin/sh", "-c", 'exec "$@" <&-', "sh", *aq, "drop", "L"], env=env, capture_output=True,
                          timeout=60)
     assert out.returncode == 1

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -213,6 +214,19 @@ def _cli_worker(url: str, list_name: str, *extra: str, **popen: Any) -> subproce
     )
 
 
+def _signal_group(proc: subprocess.Popen, sig: int, when: Callable[[], Any]) -> str:
+    """Once `when()` returns, `sig` to the worker's whole process group (a terminal's
+    Ctrl-C, systemd's stop); its stderr once it exited. Killed if it does not."""
+    try:
+        when()
+        os.killpg(proc.pid, sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return err
+
+
 # The two tests below are about processes, not the store: on an embedded file of their own.
 @pytest.mark.parametrize("how", ["slow", "regex"])
 def test_handler_processes_do_not_outlive_a_killed_worker(tmp_path, how):
@@ -250,13 +264,8 @@ def test_ctrl_c_while_handler_processes_start_is_a_clean_drain(tmp_path):
     udfs.register(lists.backend)
     lists.create("L")
     proc = _cli_worker(url, "L", "-c", "2", "--log-format", "text", start_new_session=True)
-    try:
-        wait_for("handler processes starting", lambda: _handler_processes(proc.pid), 30, step_s=0.01)
-        os.killpg(proc.pid, signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    err = _signal_group(proc, signal.SIGINT, lambda: wait_for(
+        "handler processes starting", lambda: _handler_processes(proc.pid), 30, step_s=0.01))
     assert proc.returncode == 0, err
     assert "Traceback" not in err and "Fatal Python error" not in err, err
 
@@ -270,19 +279,9 @@ def test_sigterm_to_the_process_group_drains_a_process_pool(registered, lists, l
     def claimed() -> list[dict]:
         return [b for b in (job_bins(registered, list_name, t) for t in range(2)) if b["state"] == "claimed"]
 
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "aeroqueue", "--url", store_url, "worker", "--handler", "tests.lifecycle.handlers:misbehave",
-         "--list", list_name, "-c", "2", "--batch", "1", "--pool", "process", "--drain-timeout", "30"],
-        cwd=str(Path(__file__).resolve().parents[2]), start_new_session=True,
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )
-    try:
-        running = wait_for("a job running", claimed)
-        os.killpg(proc.pid, signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    proc = _cli_worker(store_url, list_name, "-c", "2", "--batch", "1", "--drain-timeout", "30", start_new_session=True)
+    running: list[dict] = []
+    err = _signal_group(proc, signal.SIGTERM, lambda: running.extend(wait_for("a job running", claimed)))
     assert proc.returncode == 0, err
     for token in range(2):
         bins = job_bins(registered, list_name, token)

@@ -152,20 +152,28 @@ def _one_error(out) -> str:
     ("jobs.csv", f"id,payload\na,{HUGE}\n", "'payload'"),
 ])
 def test_an_integer_of_thousands_of_digits_is_refused_with_file_line_and_field(tmp_path, name, text, field):
+    path, line = _refused_load(tmp_path, name, text)
+    assert f"{path}, line " in line and f"field {field}" in line and "64-bit" in line, line
+
+
+def _refused_load(tmp_path: Path, name: str, text: str) -> tuple[Path, str]:
+    """Load `text` from a file `name`: refused with status 1 and one error line (returned),
+    no list created."""
     url = f"embedded://{tmp_path / 's.db'}"
     path = tmp_path / name
     path.write_text(text)
     out = CliRunner().invoke(main, ["--url", url, "--create", "load", "L", str(path)], env=CLEAN)
     assert out.exit_code == 1
     line = _one_error(out)
-    assert f"{path}, line " in line and f"field {field}" in line and "64-bit" in line, line
     status = CliRunner().invoke(main, ["--url", url, "status", "L"], env=CLEAN)
     assert status.exit_code == 1 and "no job list named 'L'" in status.stderr, "nothing was created"
+    return path, line
 
 
-def test_complete_with_a_result_of_thousands_of_digits_is_wrong_usage(tmp_path):
+@pytest.mark.parametrize("result", [HUGE, DEEP], ids=["thousands-of-digits", "nested-thousands-deep"])
+def test_complete_with_a_result_past_the_decoder_is_wrong_usage(tmp_path, result):
     url = f"embedded://{tmp_path / 's.db'}"
-    out = CliRunner().invoke(main, ["--url", url, "--create", "complete", "L", "0", "--session", "s", "--result", HUGE],
+    out = CliRunner().invoke(main, ["--url", url, "--create", "complete", "L", "0", "--session", "s", "--result", result],
                              env=CLEAN)
     assert out.exit_code == 2, out.output
     assert "--result" in _one_error(out)
@@ -181,18 +189,5 @@ def test_complete_with_a_result_of_thousands_of_digits_is_wrong_usage(tmp_path):
     ("jobs.csv", f"id,payload\na,{DEEP}\n"),
 ])
 def test_json_nested_thousands_deep_is_refused_with_file_line_and_field(tmp_path, name, text):
-    url = f"embedded://{tmp_path / 's.db'}"
-    path = tmp_path / name
-    path.write_text(text)
-    out = CliRunner().invoke(main, ["--url", url, "--create", "load", "L", str(path)], env=CLEAN)
-    assert out.exit_code == 1
-    line = _one_error(out)
+    path, line = _refused_load(tmp_path, name, text)
     assert f"{path}, line " in line and "field " in line and "nested more than 31 deep" in line, line
-
-
-def test_complete_with_a_result_nested_thousands_deep_is_wrong_usage(tmp_path):
-    url = f"embedded://{tmp_path / 's.db'}"
-    out = CliRunner().invoke(main, ["--url", url, "--create", "complete", "L", "0", "--session", "s", "--result", DEEP],
-                             env=CLEAN)
-    assert out.exit_code == 2, out.output
-    assert "--result" in _one_error(out)

@@ -995,20 +995,19 @@ def _sendable(ops: list[dict]) -> None:
         client_value(op.get("val"))
 
 
-def _utf8(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def _plain(v: Any) -> bool:
     """A scalar `_store_value` keeps as it is (a string with a NUL it cuts, an integer
     past 64 bits it refuses)."""
     kind = type(v)
     if kind is str:
-        return "\x00" not in v and (v.isascii() or _utf8(v))
+        if "\x00" in v:
+            return False
+        if not v.isascii():
+            try:
+                utf8_text(v)
+            except aerospike.exception.ClientError:
+                return False
+        return True
     if kind is int:
         return -_I64 <= v < _I64
     return kind in _SCALARS
