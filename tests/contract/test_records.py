@@ -261,36 +261,6 @@ def test_every_write_op_of_a_batch_answers_nil_so_a_read_before_it_is_overwritte
     assert client.get(key)[2] == {"n": 3}
 
 
-def _paged(client, ns, set_name, page, bins=None):
-    query = client.query(ns, set_name)
-    if bins:
-        query.select(*bins)
-    query.max_records = page
-    query.paginate()
-    got = []
-    for _ in range(50):
-        got += [key[2] for key, _, _ in query.results({"partition_filter": {"begin": 0, "count": 4096}})]
-        if query.is_done():
-            return got
-    raise AssertionError("the query never ended")
-
-
-def test_a_paged_query_selecting_bins_counts_the_records_it_leaves_out_and_stops_early(client, ns, set_name):
-    """The server counts a record that has none of the selected bins towards the page's
-    max_records without sending it; the client takes the short page for the end of the
-    query. So a paged scan selecting bins that only some records have misses records
-    (aeroqueue: Backend.scan(set, bins=[...]) on more than a page of records)."""
-    names = [f"r{i}" for i in range(10)]
-    for name in names:
-        client.put((ns, set_name, name), {"i": 1}, policy={"key": aerospike.POLICY_KEY_SEND})
-    order = _paged(client, ns, set_name, 100)
-    assert sorted(order) == names
-    last = order[-1]  # the only record with the bin is the last one the scan reaches
-    client.put((ns, set_name, last), {"odd": 1})
-    assert _paged(client, ns, set_name, 100, ["odd"]) == [last]
-    assert _paged(client, ns, set_name, 3, ["odd"]) == []  # 3 counted, none sent: "done"
-
-
 def test_a_read_of_no_bins_is_refused_by_select_and_has_no_bins_item_in_a_batch(client, ns, set_name):
     """`select(key, [])` is an invalid request (4) on the server; `batch_read(keys, [])`
     answers each record as (key, meta), without a bins item (Backend.batch_get would
