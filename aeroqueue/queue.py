@@ -407,10 +407,7 @@ class Queue:
                 failed.too_big, failed.lost = too_big, lost  # type: ignore[attr-defined]
                 raise failed
             if too_big:
-                err = RecordTooBig(f"acknowledging {len(too_big)} of {len(acks)} jobs: their records would exceed "
-                                   "the namespace's max-record-size; the others were acknowledged", code=13)
-                err.too_big, err.lost = too_big, lost  # type: ignore[attr-defined]
-                raise err
+                raise _too_big(too_big, len(acks), lost)
         except AeroqueueError as e:
             e.reserved = earlier + jobs
             e._from_ack = True  # type: ignore[attr-defined]
@@ -760,10 +757,7 @@ class Queue:
         if too_big:
             # Raised once every other ack is decided (and counted): the same result
             # is as big next time, so these jobs are the caller's to fail instead.
-            err = RecordTooBig(f"acknowledging {len(too_big)} of {len(jobs)} jobs: their records would exceed the "
-                               "namespace's max-record-size; the others were acknowledged", code=13)
-            err.too_big, err.lost = too_big, lost  # type: ignore[attr-defined]
-            raise err
+            raise _too_big(too_big, len(jobs), lost)
         return lost
 
     def _leased_codes(self, jobs: Sequence[Job], results: Sequence[Any]) -> list[int]:
@@ -901,6 +895,16 @@ class Queue:
 # A forked child (gunicorn's pre-fork workers) draws a prefix of its own.
 _RID_PREFIX = ""
 _rid_counter = itertools.count()
+
+
+def _too_big(too_big: list[Job], of: int, lost: list[Job]) -> RecordTooBig:
+    """The error for acks whose results would make their records too big, raised once
+    every other ack of the call is decided: ``too_big`` holds those jobs, ``lost``
+    the call's refused ones."""
+    err = RecordTooBig(f"acknowledging {len(too_big)} of {of} jobs: their records would exceed the namespace's "
+                       "max-record-size; the others were acknowledged", code=13)
+    err.too_big, err.lost = too_big, lost  # type: ignore[attr-defined]
+    return err
 
 
 def _checked_results(results: Sequence[Any]) -> list[Any]:
