@@ -127,12 +127,9 @@ class JobLists:
             mode = str(rec.bins["mode"]) if rec is not None else "tokens"
         if mode not in MODES:
             raise ListModeMismatch(f"unknown mode {mode!r}: use 'tokens' or 'ids'")
-        if not 1 <= max_attempts <= MAX_ATTEMPTS:
-            raise ConfigError(f"max_attempts must be from 1 to {MAX_ATTEMPTS:,}, not {max_attempts}")
-        opts = _policy_opts(timeout_s, backoff_s, backoff_max_s)
-        lo, hi = opts.get("bo", round(DEFAULT_BACKOFF_S * 1000)), opts.get("bo_max", round(DEFAULT_BACKOFF_MAX_S * 1000))
-        if rec is None and hi < lo:  # a new list's (an existing one keeps its own: the UDF ignores opts)
-            raise ConfigError(f"the backoff cap ({hi / 1000:g} s) would be below its base ({lo / 1000:g} s)")
+        # An existing list keeps its own policy (the UDF ignores opts): checked only as given.
+        opts = new_list_policy(max_attempts=max_attempts, timeout_s=timeout_s, backoff_s=backoff_s,
+                               backoff_max_s=backoff_max_s, new=rec is None)
         out = self._list_udf(name, "create", mode, max_attempts, opts)
         if out["st"] == "exists" and out["mode"] != mode:
             if asked is None:
@@ -534,6 +531,23 @@ def backoff_of(head: dict[str, Any]) -> tuple[int, int]:
     """A list record's backoff (base, cap) in ms; a list made before the bins existed
     has the defaults."""
     return int(head.get("bo", DEFAULT_BACKOFF_S * 1000)), int(head.get("bo_max", DEFAULT_BACKOFF_MAX_S * 1000))
+
+
+def new_list_policy(
+    *, max_attempts: int = DEFAULT_MAX_ATTEMPTS, timeout_s: float | None = None, backoff_s: float | None = None,
+    backoff_max_s: float | None = None, new: bool = True,
+) -> dict[str, int]:
+    """A list's policy as `create` takes it (None: the default), checked, as the list
+    record's tlim / bo / bo_max (ms); with `new`, also against the defaults of what was
+    not given. Raises `ConfigError` naming what is wrong: a loader calls it before it
+    reads a file, not after checking a million lines."""
+    if not 1 <= max_attempts <= MAX_ATTEMPTS:
+        raise ConfigError(f"max_attempts must be from 1 to {MAX_ATTEMPTS:,}, not {max_attempts}")
+    opts = _policy_opts(timeout_s, backoff_s, backoff_max_s)
+    lo, hi = opts.get("bo", round(DEFAULT_BACKOFF_S * 1000)), opts.get("bo_max", round(DEFAULT_BACKOFF_MAX_S * 1000))
+    if new and hi < lo:
+        raise ConfigError(f"the backoff cap ({hi / 1000:g} s) would be below its base ({lo / 1000:g} s)")
+    return opts
 
 
 def _policy_opts(timeout_s: float | None, backoff_s: float | None, backoff_max_s: float | None) -> dict[str, int]:

@@ -86,11 +86,18 @@ PREFETCH_HOLD_S = 0.02
 POOLS = ("thread", "process")
 
 
-def load_handler(spec: str) -> Handler:
-    """'package.module:function' -> the function."""
+def check_handler_spec(spec: str) -> tuple[str, str]:
+    """'package.module:function' -> (module, function), or a `ConfigError` when the
+    text cannot name a function (the CLI's usage error, before anything is imported)."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ConfigError(f"handler {spec!r} must be written package.module:function")
+    return module_name, attr
+
+
+def load_handler(spec: str) -> Handler:
+    """'package.module:function' -> the function."""
+    module_name, attr = check_handler_spec(spec)
     # Like celery and gunicorn: a handler module in the current directory is found
     # whether the worker started as `aeroqueue` or `python -m aeroqueue`.
     if os.getcwd() not in sys.path and "" not in sys.path:

@@ -204,8 +204,10 @@ def test_every_error_is_one_line_with_its_exit_status(tmp_path, args, code, says
          "more than twice the heartbeat interval"),
         (("reserve", "L", "--hold", "5", "--heartbeat", "2", "--expiry", "3"), 2, "more than twice"),
         # A new list's backoff base above the default cap.
-        (("create", "L", "--backoff", "7200"), 1, "the backoff cap (3600 s) would be below its base (7200 s)"),
-        (("load", "L", "JOBS", "--backoff", "7200"), 1, "below its base"),
+        (("create", "L", "--backoff", "7200"), 2, "the backoff cap (3600 s) would be below its base (7200 s)"),
+        (("load", "L", "JOBS", "--backoff", "7200"), 2, "below its base"),
+        (("load", "L", "JOBS", "--backoff", "10", "--backoff-max", "5"), 2, "the backoff cap (5 s) is below its base"),
+        (("worker", "--handler", "json", "--list", "L"), 2, "handler 'json' must be written package.module:function"),
         # A list name with a trailing newline (a regex `$` lets one through).
         (("create", "L\n"), 2, "invalid list name 'L\\n'"),
         (("status", "a b"), 2, "invalid list name 'a b'"),
@@ -425,6 +427,22 @@ def test_loading_into_an_existing_list_says_its_setup_options_change_nothing(rea
     assert cli("create", slow, "--backoff", "7200", "--backoff-max", "10000", url=ready_url).exit_code == 0
     more = cli("load", slow, str(jobs), "--backoff", "7200", url=ready_url)
     assert more.exit_code == 0 and "note:" in more.stderr, more.output
+
+
+def test_contradicting_list_options_are_refused_before_the_input_is_read(ready_url, list_name, tmp_path):
+    """--backoff above --backoff-max was refused (exit 1) only once the whole file had
+    been checked: minutes into a large load, and after any error in the file."""
+    jobs = tmp_path / "a.csv"
+    jobs.write_text("id,payload\na,{}\nb,{not json\n")
+    out = cli("load", list_name, str(jobs), "--backoff", "10", "--backoff-max", "5", url=ready_url)
+    assert out.exit_code == 2, out.output
+    assert "the backoff cap (5 s) is below its base (10 s)" in " ".join(out.stderr.split())
+    assert "line 3" not in out.stderr, "the input was read"
+    # Against the default cap (3600 s), for a new list only: an existing one keeps its own.
+    out = cli("load", list_name, str(jobs), "--backoff", "7200", url=ready_url)
+    assert out.exit_code == 2 and "would be below its base (7200 s)" in " ".join(out.stderr.split()), out.output
+    with pytest.raises(errors.ListNotFound):
+        JobLists(open_backend(ready_url)).header(list_name)
 
 
 def test_creating_a_list_that_exists_says_its_setup_options_change_nothing(ready_url, list_name):

@@ -23,9 +23,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from .. import udfs
 from ..backends import Backend, open_backend
 from ..config import ENV_URL, MAX_ATTEMPTS, MAX_SECONDS, may_create
-from ..errors import AeroqueueError, ListNotFound
+from ..errors import AeroqueueError, ConfigError, ListNotFound
 from ..keys import check_list_name
-from ..lists import DEFAULT_MAX_ATTEMPTS, JobLists
+from ..lists import DEFAULT_MAX_ATTEMPTS, JobLists, new_list_policy
 from ..sessions import check_timing
 
 T = TypeVar("T")
@@ -347,6 +347,25 @@ def check_session_timing(interval_s: float, expiry_s: float) -> None:
 # Options that set up a new list; an existing list keeps what it has.
 _NEW_LIST_ONLY = {"max_attempts": "--max-attempts", "timeout_s": "--timeout", "backoff_s": "--backoff",
                   "backoff_max_s": "--backoff-max"}
+
+
+def check_new_list_policy(
+    lists: JobLists, name: str, max_attempts: int, timeout_s: float | None, backoff_s: float | None,
+    backoff_max_s: float | None,
+) -> None:
+    """A new list's options, as wrong usage (exit 2) before anything is read or written:
+    a load refused them only once its whole file had been checked, minutes into a large
+    load. An existing list keeps its own policy: they are checked only as given."""
+    try:
+        lists.header(name)
+        new = False
+    except ListNotFound:
+        new = True
+    try:
+        new_list_policy(max_attempts=max_attempts, timeout_s=timeout_s, backoff_s=backoff_s,
+                        backoff_max_s=backoff_max_s, new=new)
+    except ConfigError as e:
+        raise click.UsageError(str(e)) from None
 
 
 def note_new_list_options(lists: JobLists, name: str, *, exists: bool | None = None) -> None:

@@ -21,6 +21,7 @@ from .context import (
     MODE_OPT,
     TIMEOUT_OPT,
     Context,
+    check_new_list_policy,
     err_console,
     note_new_list_options,
     option,
@@ -41,6 +42,7 @@ def create(
 ) -> None:
     """Create an empty job list (loading creates one too)."""
     lists = JobLists(obj.backend())
+    check_new_list_policy(lists, list_name, max_attempts, timeout_s, backoff_s, backoff_max_s)
     made = lists.create(
         list_name, mode=mode, max_attempts=max_attempts, timeout_s=timeout_s, backoff_s=backoff_s,
         backoff_max_s=backoff_max_s,

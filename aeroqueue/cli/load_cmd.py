@@ -37,6 +37,7 @@ from .context import (
     MODE_OPT,
     TIMEOUT_OPT,
     Context,
+    check_new_list_policy,
     err_console,
     note_new_list_options,
     option,
@@ -141,6 +142,7 @@ def load(
     """
     _few_malloc_arenas()
     backend = obj.backend()
+    check_new_list_policy(JobLists(backend), list_name, max_attempts, timeout_s, backoff_s, backoff_max_s)
     limit = max_payload(backend)
     with contextlib.ExitStack() as stack:
         if str(file) == STDIN:

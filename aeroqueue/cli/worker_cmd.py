@@ -19,7 +19,7 @@ from ..logs import configure_logging
 from ..selection import DEFAULT_BACKOFF_MAX_S, DEFAULT_REFRESH_S, parse_list
 from ..sessions import reap as reap_sessions
 from ..sessions import sweep as sweep_store
-from ..worker import DEFAULT_PREFETCH, PREFETCH_HOLD_S, PREFETCH_MAX
+from ..worker import DEFAULT_PREFETCH, PREFETCH_HOLD_S, PREFETCH_MAX, check_handler_spec
 from .context import (
     EXPIRY_OPT,
     HEARTBEAT_OPT,
@@ -34,7 +34,7 @@ from .context import (
 
 
 @click.command()
-@option("--handler", env="HANDLER", required=True, help="The function to run on each job: package.module:function.")
+@option("--handler", env="HANDLER", required=True, callback=usage_check(check_handler_spec), help="The function to run on each job: package.module:function.")
 @option("--list", "lists", env="LISTS", multiple=True, required=True, callback=usage_check(parse_list), metavar="LIST[=WEIGHT]",
         help="A list to work on, with an optional weight (default 1): repeat for several, and jobs are taken in "
              "proportion to the weights. A glob ('cust-*', quoted) follows every matching list, also those loaded "
