@@ -72,14 +72,21 @@ class JobSpec:
 RUN_AT = "run_at"  # the field (CSV column, JSON key) that delays one job
 
 
+def _shown(value: Any, width: int = 40) -> str:
+    """A value as an error quotes it: the start of a long one and its length, never a
+    whole column of digits or a JSON array (the message is one line on stderr)."""
+    text = repr(value)
+    return text if len(text) <= width else f"{text[:width]}... ({len(text):,} characters)"
+
+
 def _iso_seconds(text: str, source: str, line: int | None) -> float:
     try:
         when = datetime.fromisoformat(text)
     except ValueError:
-        raise LoadError(f"run_at {text[:40]!r} is neither ISO 8601 (2026-11-23T15:00:00+00:00) nor epoch seconds",
+        raise LoadError(f"run_at {_shown(text)} is neither ISO 8601 (2026-11-23T15:00:00+00:00) nor epoch seconds",
                         source=source, line=line, field=RUN_AT) from None
     if when.tzinfo is None:
-        raise LoadError(f"run_at {text[:40]!r} has no time zone (add Z or +hh:mm)", source=source, line=line,
+        raise LoadError(f"run_at {_shown(text)} has no time zone (add Z or +hh:mm)", source=source, line=line,
                         field=RUN_AT)
     return when.timestamp()
 
@@ -89,7 +96,7 @@ def parse_run_at(value: Any, source: str, line: int | None) -> float | None:
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
     if isinstance(value, bool):
-        raise LoadError(f"run_at must be ISO 8601 with a zone or epoch seconds, not {value!r}", source=source,
+        raise LoadError(f"run_at must be ISO 8601 with a zone or epoch seconds, not {_shown(value)}", source=source,
                         line=line, field=RUN_AT)
     if isinstance(value, (int, float)):
         seconds = float(value)
@@ -100,7 +107,7 @@ def parse_run_at(value: Any, source: str, line: int | None) -> float | None:
         except ValueError:
             seconds = _iso_seconds(text, source, line)
     if not 0 <= seconds < 1e11:  # NaN fails too
-        raise LoadError(f"run_at {value!r} is out of range", source=source, line=line, field=RUN_AT)
+        raise LoadError(f"run_at {_shown(value)} is out of range", source=source, line=line, field=RUN_AT)
     return seconds
 
 

@@ -43,6 +43,21 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize(("name", "content"), [
+    ("far.csv", "id,run_at\na,1\nb," + "9" * 5000 + "\n"),
+    ("array.jsonl", '{"id": "a", "run_at": [' + ", ".join(["1"] * 3000) + "]}\n"),
+    ("object.jsonl", '{"id": "a", "run_at": {"k": "' + "x" * 5000 + '"}}\n'),
+])
+def test_a_bad_run_at_is_quoted_short(tmp_path, name, content):
+    """An out-of-range run_at was quoted whole: 5,000 digits on one line of stderr."""
+    path = tmp_path / name
+    path.write_text(content)
+    with pytest.raises(LoadError, match=r"field 'run_at'") as e:
+        load_file(path)
+    assert len(str(e.value)) < 300, str(e.value)
+    assert " characters)" in str(e.value)
+
+
 @pytest.mark.parametrize(("payload", "says"), [
     ({1.5: "x"}, "map key 1.5 is a float"), ({"m": {True: 1}}, "map key True is a bool"),
     ({None: 1}, "map key None"), ({b"k": 1}, "map key b'k' is a bytes"),
