@@ -72,6 +72,7 @@ class ListStatus:
     timeout_s: float = DEFAULT_TIMEOUT_S
     backoff_s: float = DEFAULT_BACKOFF_S
     backoff_max_s: float = DEFAULT_BACKOFF_MAX_S
+    dropping: bool = False  # a drop started and did not finish: run it again
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -163,6 +164,9 @@ class JobLists:
         st = self._list_udf(keys.check_list_name(name), "set_flag", flag, value)
         if st == "missing":
             raise ListNotFound(f"no job list named {name!r}")
+        if st == "dropping":
+            raise ListError(f"list {name!r} is being dropped (a drop started and did not finish): "
+                            "run the drop again to finish it")
         if st != "ok":
             raise ListSealed(f"list {name!r}: cannot set {flag}={value} ({st})")
 
@@ -301,6 +305,7 @@ class JobLists:
             sealed=sealed,
             complete=complete,
             paused=head["paused"] == 1,
+            dropping=head.get("dropping") == 1,
             pending_ranges=pending,
             max_attempts=head["max_att"],
             created=head["created"],
@@ -462,10 +467,11 @@ class JobLists:
                 f"list {name!r} has a load in progress ({len(self._live_ranges(head))} range(s) allocated and not "
                 "published, their lease not run out): stop the loader, or wait for it, then drop again"
             )
-        # Sealed: no new range; paused: no new reservation. Neither is undone: the
-        # list is on its way out.
+        # Sealed: no new range; paused: no new reservation; dropping: not resumed
+        # (`pause`) if this drop stops half-way. None is undone: the list is on its way out.
         self._flag(name, "sealed", 1)
         self._flag(name, "paused", 1)
+        self._flag(name, "dropping", 1)
         head = self.header(name)
         # A load that allocated between the check and the seal: let its range land
         # (no new one can start now) so that its job records are deleted below.

@@ -659,12 +659,15 @@ function push_retry(rec, tokens, cap)
   return accepted
 end
 
--- set_flag(rec, name, value) -> 'ok' | 'missing' | 'bad flag'
---   sealed / paused. Sealing is final: unsealing is refused.
+-- set_flag(rec, name, value) -> 'ok' | 'missing' | 'bad flag' | 'sealed' | 'dropping'
+--   sealed / paused / dropping. Sealing is final: unsealing is refused. So is
+--   dropping (set by a drop before it deletes anything): a list a drop left
+--   half-deleted stays paused until a drop finishes it.
 function set_flag(rec, name, value)
   if not aerospike:exists(rec) then return 'missing' end
-  if name ~= 'sealed' and name ~= 'paused' then return 'bad flag' end
+  if name ~= 'sealed' and name ~= 'paused' and name ~= 'dropping' then return 'bad flag' end
   if name == 'sealed' and value == 0 and rec['sealed'] == 1 then return 'sealed' end
+  if value == 0 and rec['dropping'] == 1 and (name == 'paused' or name == 'dropping') then return 'dropping' end
   rec[name] = value
   aerospike:update(rec)
   return 'ok'

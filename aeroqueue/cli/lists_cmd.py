@@ -125,6 +125,8 @@ def status(obj: Context, list_name: str, as_json: bool) -> None:
         table.add_row(f.replace("_", " "), _cell(getattr(st, f)))
     if st.pending_ranges:
         table.add_row("loads in progress", str(st.pending_ranges))
+    if st.dropping:
+        table.add_row("dropping", "a drop did not finish: run it again")
     table.add_row("time limit", f"{st.timeout_s:g} s")
     table.add_row("backoff", f"{st.backoff_s:g} s doubling, up to {st.backoff_max_s:g} s")
     table.add_row("max attempts", str(st.max_attempts))

@@ -88,7 +88,8 @@ def test_a_load_in_progress_is_refused_and_nothing_changes(lists, list_name):
     assert (st.sealed, st.paused, st.total) == (False, False, 3)
 
 
-def test_an_interrupted_drop_finishes_when_run_again(registered, queue, lists, list_name, session, monkeypatch):
+def test_an_interrupted_drop_finishes_when_run_again(registered, store_url, queue, lists, list_name, session,
+                                                    monkeypatch):
     busy_list(queue, lists, session, list_name)
     real = JobLists._delete_all
     calls = []
@@ -104,8 +105,15 @@ def test_an_interrupted_drop_finishes_when_run_again(registered, queue, lists, l
         lists.drop(list_name, grace_s=0)
     monkeypatch.setattr(JobLists, "_delete_all", real)
     st = lists.status(list_name)  # still there, sealed and paused: nobody takes from it
-    assert st.paused and st.sealed
+    assert st.paused and st.sealed and st.dropping
     assert queue.reserve(list_name, session, 5) == []
+    # Not resumed half-deleted: its jobs' records are gone, it could never complete.
+    with pytest.raises(errors.ListError, match=r"is being dropped .* run the drop again"):
+        lists.pause(list_name, False)
+    out = CliRunner().invoke(main, ["--url", store_url, "pause", "--resume", list_name])
+    assert out.exit_code == 1 and "run the drop again" in out.output, out.output
+    assert "a drop did not finish" in CliRunner().invoke(main, ["--url", store_url, "status", list_name]).output
+    assert lists.status(list_name).paused and queue.reserve(list_name, session, 5) == []
     lists.drop(list_name, grace_s=0.1)
     assert leftovers(registered, list_name) == {}
 
