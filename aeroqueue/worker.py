@@ -645,7 +645,8 @@ class Worker:
         stay held until this worker exits: a live session is never reaped."""
         if error is not None:
             log.error("acknowledgement failed", extra={"event": "ack_failed", "jid": job.jid, "error": str(error)})
-        # Given back: counted as released there (once); else not ours any more: lost.
+        # Given back (or sent dead, its attempts spent): counted there, once; else not
+        # ours any more: lost.
         return "released" if self._release([job], session, refund=False) else "unacked"
 
     def _unack(self, name: str) -> None:
@@ -667,11 +668,13 @@ class Worker:
         self._settle(job, outcome)
 
     def _release(self, jobs: list[Job], session: Session, *, refund: bool = True, why: str | None = None) -> int:
-        """Give `jobs` back; this worker holds them no more. Each job's hold ends just
-        before its own release, not after the loop: released, a job may be reserved
-        again at once by another thread, which holds it under the same name, and a
-        late unhold would wipe that hold (the orphan check then gave the live claim
-        away, and the job ran twice)."""
+        """Give `jobs` back; this worker holds them no more. Returns how many it ended,
+        each counted here: released, or (without `refund`) dead, its last attempt spent;
+        a dead one was counted nowhere, and an ack that failed called it 'unacked'.
+        Each job's hold ends just before its own release, not after the loop: released,
+        a job may be reserved again at once by another thread, which holds it under the
+        same name, and a late unhold would wipe that hold (the orphan check then gave the
+        live claim away, and the job ran twice)."""
         if session.lost or session.closed:
             self._unhold(jobs)
             return 0  # not ours to give back any more, or given back when it closed
@@ -680,9 +683,14 @@ class Worker:
             self._unhold([job])
             try:
                 why = why or ("worker draining" if refund else "acknowledgement failed")
-                if self.queue.release(job, why, refund=refund) == "released":
+                st = self.queue.release(job, why, refund=refund)
+                if st == "released":
                     self.counters.add("released")
                     self.observer.released(job.list)
+                    released += 1
+                elif st == "dead":
+                    self.counters.add("dead")
+                    self.observer.outcome(job.list, "dead")
                     released += 1
             except AeroqueueError as e:
                 log.warning("release failed", extra={"event": "release_failed", "jid": job.jid, "error": str(e)})

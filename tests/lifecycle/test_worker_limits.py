@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from aeroqueue import keys, udfs
+from aeroqueue import errors, keys, udfs
 from aeroqueue import worker as worker_module
 from aeroqueue.backends import open_backend
 from aeroqueue.errors import ConfigError
@@ -564,3 +564,23 @@ def test_a_retry_already_due_runs_again_at_once():
     job runs again at once, as a failure it is not."""
     assert Retry(after=-0.25).after == 0.0
     assert Retry(after="1.5").after == 1.5  # as float() reads it, as before
+
+
+@pytest.mark.parametrize("linger", [0.0, 0.005], ids=["at-once", "batched"])
+def test_a_failed_ack_that_ends_a_job_dead_counts_it_dead(registered, lists, list_name, monkeypatch, linger):
+    """The store fails every acknowledgement; the worker gives each job back with its
+    attempt counted, and with one attempt allowed the release ends it dead. That was
+    counted 'unacked' (its claim lost), which it was not."""
+    lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(3)], max_attempts=1, seal=True)
+
+    def fails(*_: Any, **__: Any) -> Any:
+        raise errors.BackendTimeout("the store stopped answering")
+
+    monkeypatch.setattr(Queue, "complete", fails)
+    monkeypatch.setattr(Queue, "complete_many", fails)
+    w = fast_worker(registered, misbehave, list_name, concurrency=1, batch=1, ack_linger_s=linger)
+    assert w.run(install_signals=False) == EXIT_OK
+    snap = w.counters.snapshot()
+    assert (snap.get("dead", 0), snap.get("unacked", 0), snap.get("done", 0)) == (3, 0, 0), snap
+    assert [job_bins(registered, list_name, t)["state"] for t in range(3)] == ["dead"] * 3
+    assert lists.status(list_name).dead == 3
