@@ -382,7 +382,8 @@ def until_decided(
     is refused by the same filter as a job that changed. A 13 (the record would be
     too big) is decided too: returned with `too_big`, else `RecordTooBig` is raised
     once the others are decided. Raises `BackendTimeout` for what stayed undecided:
-    then nothing may be concluded."""
+    then nothing may be concluded of those; its ``codes`` holds the others' codes
+    (-1 for those in doubt)."""
     codes = [-1] * n
     todo, refused_once = list(range(n)), set()
     give_up = time.monotonic() + deadline_s
@@ -403,7 +404,10 @@ def until_decided(
                 unsure = True
         todo = again
         if todo and time.monotonic() >= give_up:
-            raise BackendTimeout(f"{what}: {len(todo)} of {n} stayed in doubt for {deadline_s:g} s")
+            err = BackendTimeout(f"{what}: {len(todo)} of {n} stayed in doubt for {deadline_s:g} s")
+            # What was decided (0: done) is decided all the same: the caller counts it.
+            err.codes = [-1 if i in todo else c for i, c in enumerate(codes)]  # type: ignore[attr-defined]
+            raise err
         if unsure:
             time.sleep(0.02)  # a busy key or a node going away: give it a moment
     if not too_big and 13 in codes:

@@ -46,6 +46,7 @@ from .backends import IN_DOUBT, Backend, BatchResult, retry_busy
 from .config import MAX_SECONDS
 from .errors import (
     AeroqueueError,
+    BackendTimeout,
     ClaimLost,
     JobNotFound,
     ListNotFound,
@@ -713,12 +714,16 @@ class Queue:
             tokens = [j.token for j in jobs]
             names = keys.job_names(list_name, tokens)
             backend = self.backend
-            codes = hotpath.until_decided(
-                lambda idx: hotpath.complete_leased_same(
-                    backend, [names[i] for i in idx], sess, rid, fence, results[0], backend.job_deadline()
-                ),
-                len(names), self.busy_deadline_s, f"acknowledging {len(names)} leased jobs", too_big=True,
-            )
+            try:
+                codes = hotpath.until_decided(
+                    lambda idx: hotpath.complete_leased_same(
+                        backend, [names[i] for i in idx], sess, rid, fence, results[0], backend.job_deadline()
+                    ),
+                    len(names), self.busy_deadline_s, f"acknowledging {len(names)} leased jobs", too_big=True,
+                )
+            except BackendTimeout as e:
+                self._landed(jobs, e)
+                raise
             if not any(codes):  # every one done
                 self.bits.add(list_name, tokens)
                 self._settle_tokens(rid, tokens)
@@ -768,10 +773,30 @@ class Queue:
         name = keys.job_name
         items = [(name(j.list, j.token), j.session, j.rid, j.lease, r) for j, r in zip(jobs, results, strict=True) if j.lease]
         backend = self.backend
-        return hotpath.until_decided(
-            lambda idx: hotpath.complete_leased(backend, [items[i] for i in idx], backend.job_deadline()),
-            len(items), self.busy_deadline_s, f"acknowledging {len(items)} leased jobs", too_big=True,
-        )
+        try:
+            return hotpath.until_decided(
+                lambda idx: hotpath.complete_leased(backend, [items[i] for i in idx], backend.job_deadline()),
+                len(items), self.busy_deadline_s, f"acknowledging {len(items)} leased jobs", too_big=True,
+            )
+        except BackendTimeout as e:
+            self._landed([j for j in jobs if j.lease], e)
+            raise
+
+    def _landed(self, jobs: Sequence[Job], err: BackendTimeout) -> None:
+        """Leased acks some of which stayed in doubt (`err`, from `hotpath.until_decided`):
+        those that landed are done all the same, so they are counted (their bits) and
+        settled before the error reaches the caller. Otherwise their bits waited for a
+        rare sweep (a session that closes is never reaped to recount them)."""
+        codes = getattr(err, "codes", None)
+        if codes is None:
+            return
+        landed = [j for j, code in zip(jobs, codes, strict=True) if code == 0]
+        by_list: dict[str, list[int]] = defaultdict(list)
+        for job in landed:
+            by_list[job.list].append(job.token)
+        for list_name, tokens in by_list.items():
+            self.bits.add(list_name, tokens)
+        self._settled(*landed)
 
     def _complete_codes(self, jobs: Sequence[Job], results: list[Any]) -> list[int]:
         """Each job's code from one batch of native acks (0: done), claims and leases

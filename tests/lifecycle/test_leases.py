@@ -904,3 +904,108 @@ def test_acks_that_landed_are_counted_when_another_ack_of_the_call_fails(faulty:
         assert states == ["claimed", "done", "done"]
         faulty.client.faults.clear()
     assert JobLists(faulty).status("L").done == 2
+
+
+def _drop_and_load_again(lists: JobLists, list_name: str, n: int) -> tuple[threading.Thread, list[BaseException]]:
+    """An operator drops the list and loads it again under the same name (other jobs,
+    same tokens), in a thread of its own."""
+    errors_seen: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            lists.drop(list_name, grace_s=0)
+            lists.load(list_name, [JobSpec(f"new{i}", {"new": i}, None, None) for i in range(n)])
+        except BaseException as e:  # reported by the test
+            errors_seen.append(e)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, errors_seen
+
+
+def _untouched(registered: Backend, list_name: str, n: int) -> list[dict[str, Any]]:
+    recs = [registered.get(keys.JOB_SET, keys.job_name(list_name, t)) for t in range(n)]
+    return [dict(r.bins) for r in recs if r is not None]
+
+
+def test_a_lease_on_a_dropped_list_never_acknowledges_the_list_loaded_again(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session
+) -> None:
+    """A lease's ack is fenced by the job record as the lease read it (queued, never
+    claimed, attempt 0): a list dropped and loaded again under the same name makes
+    records just like that. A handler that finishes after the drop must not mark the
+    new list's job of the same token done: that job would never run."""
+    load(lists, list_name, 4)
+    old = queue.reserve(list_name, session, 4, lease=True)
+    assert all(j.lease is not None for j in old)
+    thread, failed = _drop_and_load_again(lists, list_name, 4)
+    time.sleep(1.5)  # the handlers were slow: the drop (and the new load) went on meanwhile
+    queue.complete_many(old, ["old result"] * 4)
+    queue.flush()
+    thread.join(30)
+    assert not thread.is_alive() and not failed, failed
+    new = _untouched(registered, list_name, 4)
+    assert [(b["jid"], b["state"], b["att"], b.get("result")) for b in new] == [
+        (f"new{i}", "queued", 0, None) for i in range(4)
+    ], "the new list's jobs were acknowledged by the dropped list's lease"
+    st = lists.status(list_name)
+    assert (st.done, st.reservable) == (0, 4)
+
+
+def test_a_dead_sessions_lease_on_a_dropped_list_never_claims_the_list_loaded_again(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str
+) -> None:
+    """The reaper turns a dead session's leases into claims, fenced by the records as
+    the lease read them: on a list dropped and loaded again it must not claim (and
+    count an attempt of, and offer twice) the new list's jobs."""
+    load(lists, list_name, 4)
+    dead = Session.open(registered, interval_s=0.2, expiry_s=0.5, heartbeat=False)
+    assert len(queue.reserve(list_name, dead, 4, lease=True)) == 4
+    thread, failed = _drop_and_load_again(lists, list_name, 4)
+    time.sleep(1.5)
+    reap(registered)  # (on a shared server, other tests' dead sessions too)
+    thread.join(30)
+    assert not thread.is_alive() and not failed, failed
+    new = _untouched(registered, list_name, 4)
+    assert [(b["jid"], b["state"], b["att"], b.get("err")) for b in new] == [
+        (f"new{i}", "queued", 0, None) for i in range(4)
+    ], "the reaper claimed the new list's jobs for the dropped list's lease"
+    assert not lists.header(list_name).get("retry"), "the new jobs are in the token store: offered twice"
+
+
+def test_a_drop_forgets_leases_past_their_limit_and_waits_for_no_other(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session
+) -> None:
+    load(lists, list_name, 3, timeout_s=0.2)
+    assert len(queue.reserve(list_name, session, 3, lease=True)) == 3
+    time.sleep(0.2 + CLOCK_MARGIN_MS / 1000 + 0.1)  # no ack of the lease is admitted any more
+    started = time.monotonic()
+    assert lists.drop(list_name, grace_s=0, lease_wait_s=5).jobs == 3
+    assert time.monotonic() - started < 4
+    assert leases_of(registered, session) == {}
+
+
+@pytest.mark.parametrize("per_job", [False, True], ids=["shared-result", "result-each"])
+def test_leased_acks_that_landed_are_counted_when_another_stays_in_doubt(faulty: Backend, per_job: bool) -> None:
+    """A batch of leased acks one of which stays in doubt raises `BackendTimeout`; the
+    others landed, done in their records, and must be counted (their bits) and their
+    lease settled: a session that closes is never reaped to recount them, and until a
+    rare sweep the list showed them in flight, not done."""
+    lists, queue = JobLists(faulty), Queue(faulty, busy_deadline_s=0.5)
+    load(lists, "L", 5, seal=True)
+    with Session.open(faulty) as s:
+        jobs = queue.reserve("L", s, 5, lease=True)
+        assert all(j.lease is not None for j in jobs)
+        results = [{"ok": i} for i in range(5)] if per_job else [{"ok": True}] * 5
+        # Job 0's ack times out every time (a node down), in the batch and sent again
+        # alone (one result: the same operations); the other four land.
+        for op in ("batch_write", "batch_operate"):
+            faulty.client.faults.add(op=op, key="L/0", error="TimeoutError", times=-1)
+        with pytest.raises(errors.BackendTimeout):
+            queue.complete_many(jobs, results)
+        assert faulty.client.faults.fired >= 1
+        states = [r.bins["state"] for r in faulty.batch_get(keys.JOB_SET, [j.name for j in jobs])]
+        assert states == ["queued", "done", "done", "done", "done"]
+        faulty.client.faults.clear()
+    st = JobLists(faulty).status("L")
+    assert (st.done, st.in_flight) == (4, 0), st
