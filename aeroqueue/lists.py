@@ -449,7 +449,9 @@ class JobLists:
 
     # -- drop --------------------------------------------------------------------
 
-    def drop(self, name: str, *, grace_s: float = DROP_GRACE_S, load_wait_s: float = 10.0) -> DropReport:
+    def drop(
+        self, name: str, *, grace_s: float = DROP_GRACE_S, load_wait_s: float = 10.0, lease_wait_s: float = 10.0
+    ) -> DropReport:
         """Delete a list and every record it owns (design.md, Records): its job records,
         job-id index entries, ID store chunks, completion bitmaps, and last the list
         record itself (which holds the retry store and the load ranges).
@@ -460,18 +462,29 @@ class JobLists:
         list record goes last, so a drop that is interrupted (or fails) leaves the
         list sealed and paused, and running it again finishes it. A list missing
         raises `ListNotFound`; a load in progress (a range allocated, its lease not
-        run out) raises `ListError` before anything changes."""
+        run out) raises `ListError` before anything changes.
+
+        Leased jobs (`Queue.reserve(..., lease=True)`) are waited for, up to
+        `lease_wait_s`, before any job record is deleted: a lease's ack is fenced by
+        the job record's content as the lease read it (queued, attempts, last claim),
+        which a list loaded again under the same name recreates exactly, so a lease
+        still running after the drop would acknowledge (or its reaper claim) the new
+        list's job of the same token. Leases past their time limit are forgotten
+        here (no ack of theirs is admitted any more); others still held at the
+        deadline raise `ListError`, the list left sealed and paused: drop it again."""
+        from .sessions import LEASE_SETTLE_S  # sessions imports this module
+
         head = self.header(name)
         if self._live_ranges(head):
             raise ListError(
                 f"list {name!r} has a load in progress ({len(self._live_ranges(head))} range(s) allocated and not "
                 "published, their lease not run out): stop the loader, or wait for it, then drop again"
             )
-        # Sealed: no new range; paused: no new reservation; dropping: not resumed
-        # (`pause`) if this drop stops half-way. None is undone: the list is on its way out.
+        # Sealed: no new range; paused: no new reservation. Neither is undone: the
+        # list is on its way out.
         self._flag(name, "sealed", 1)
         self._flag(name, "paused", 1)
-        self._flag(name, "dropping", 1)
+        paused_at = time.monotonic()
         head = self.header(name)
         # A load that allocated between the check and the seal: let its range land
         # (no new one can start now) so that its job records are deleted below.
@@ -482,6 +495,11 @@ class JobLists:
                                 "drop again once it has finished")
             time.sleep(0.1)
             head = self.header(name)
+        # Leased jobs: acknowledged (or ended) before their records go.
+        self._await_leases(name, lease_wait_s)
+        # From here records go: a drop that stops half-way leaves a list that could never
+        # complete, which `pause` will not resume (only a drop finishes it).
+        self._flag(name, "dropping", 1)
         alloc, ranges = head["alloc"], head.get("seq", 0)
         jobs = index = 0
         for lo in range(0, alloc, PAGE):
@@ -496,6 +514,13 @@ class JobLists:
         id_chunks = self._delete_all(keys.IDS_SET, [keys.chunk_name(name, c) for c in range(ranges)])
         bitmap_names = [keys.chunk_name(name, c) for c in range(-(-alloc // keys.BITS_PER_CHUNK))]
         bitmaps = self._delete_all(keys.DONE_SET, bitmap_names)
+        # A reservation that took jobs just before the pause records its lease within
+        # LEASE_WINDOW_S of its take (or claims them instead): one that landed after the
+        # look above must end before the name can be loaded again, so the list record
+        # (sealed: it takes no new job) stays until then. Looked at once the jobs are
+        # gone, so that the list never looks complete meanwhile.
+        time.sleep(max(0.0, LEASE_SETTLE_S - (time.monotonic() - paused_at)))
+        self._await_leases(name, lease_wait_s)
         retry_in_doubt(lambda: self.backend.remove(keys.LIST_SET, name))
         # An ack that landed before its job was deleted sets its bit a moment later
         # (bit buffers, the fail path's dead bit): that would recreate a bitmap chunk,
@@ -505,6 +530,31 @@ class JobLists:
             transitions.flush_bits(self.backend)  # this process's own, if any
             bitmaps += self._delete_all(keys.DONE_SET, bitmap_names)
         return DropReport(name=name, jobs=jobs, index=index, id_chunks=id_chunks, bitmaps=bitmaps)
+
+    def _await_leases(self, name: str, wait_s: float) -> None:
+        """Wait until no session holds a lease on a job of list `name` that may still
+        be acknowledged: each ends acknowledged or claimed (settled, then forgotten with
+        its session's next heartbeat), reaped, or past its time limit (forgotten here)."""
+        from .sessions import CLOCK_MARGIN_MS  # sessions imports this module
+
+        deadline = time.monotonic() + wait_s
+        while True:
+            held = 0
+            cutoff = time.time() * 1000 - CLOCK_MARGIN_MS
+            for sid, rec in self.backend.scan(keys.SESS_SET, bins=["leases"]):
+                mine = {lid: e for lid, e in (rec.bins.get("leases") or {}).items() if e[0] == name}
+                over = [lid for lid, e in mine.items() if e[1] < cutoff]
+                if over:
+                    retry_in_doubt(functools.partial(self.backend.udf, keys.SESS_SET, sid, keys.SESS_MOD, "unlease", over))
+                held += sum(len(toks) for lid, e in mine.items() if lid not in over for _, _, toks in e[2])
+            if not held:
+                return
+            if time.monotonic() >= deadline:
+                raise ListError(
+                    f"list {name!r}: sessions still hold leases on {held} of its jobs (it is now sealed and paused); "
+                    "drop again once they are acknowledged or their time limit has passed"
+                )
+            time.sleep(0.2)
 
     @staticmethod
     def _live_ranges(head: dict[str, Any]) -> list[Any]:
