@@ -201,9 +201,14 @@ class AckBatcher:
                 if id(p[0]) in too_big:
                     self._send_one(p)
             return
-        except AeroqueueError:
+        except Exception as e:
             # The batch as a whole failed (or one member raised on its own retry):
-            # each ack again alone, so that one job's trouble is that job's only.
+            # each ack again alone, so that one job's trouble is that job's only. Any
+            # error, not only ours: one the store did not translate (sqlite3's "disk
+            # is full") killed this thread, and every ack after it waited for ever.
+            if not isinstance(e, AeroqueueError):
+                log.error("acknowledging a batch failed", exc_info=True,
+                          extra={"event": "ack_failed", "jobs": len(batch), "error": repr(e)})
             for p in batch:
                 self._send_one(p)
             return
@@ -234,8 +239,9 @@ class AckBatcher:
                     outcome = "failed"
                 else:
                     return
-        except AeroqueueError as e:
-            log.error("acknowledgement failed", extra={"event": "ack_failed", "jid": job.jid, "error": str(e)})
+        except Exception as e:  # the store's, or one it did not translate: this job's failure, not the thread's end
+            log.error("acknowledgement failed", exc_info=not isinstance(e, AeroqueueError),
+                      extra={"event": "ack_failed", "jid": job.jid, "error": str(e) or repr(e)})
             outcome = "failed"
         else:
             outcome = "done"

@@ -199,7 +199,8 @@ def run_handler(job: Job, handler: Handler, *, propagate: bool = True) -> tuple[
         return False, _failure_text(e)
 
 
-def acknowledge(queue: Queue, job: Job, ok: bool, value: Any, session: Session | None = None) -> str:
+def acknowledge(queue: Queue, job: Job, ok: bool, value: Any, session: Session | None = None, *,
+                _last: bool = False) -> str:
     """Acknowledge what the handler did: 'done', 'retry' (or 'delayed': after a backoff),
     'dead', 'snoozed' (it raised `Retry`), 'lost' (the claim was given away or ran past
     its time limit: the acknowledgement was refused) or 'unacked' (the session was lost
@@ -230,8 +231,18 @@ def acknowledge(queue: Queue, job: Job, ok: bool, value: Any, session: Session |
                     extra={"event": "claim_lost", "list": job.list, "token": job.token, "jid": job.jid})
         return "lost"
     except RecordTooBig as e:
-        # Retrying cannot help: the same result is as big next time.
-        return acknowledge(queue, job, False, f"the handler's result is too big to store ({e})", session)
+        if _last:
+            # Even a short failure does not fit the record: a store error, for the
+            # caller to handle as one (the worker gives the job back, its attempt counted).
+            raise
+        if ok or isinstance(value, Retry):
+            # Retrying cannot help: the same result is as big next time.
+            return acknowledge(queue, job, False, f"the handler's result is too big to store ({e})", session, _last=True)
+        # The failure itself did not fit (a huge message, or a record near the limit):
+        # recorded once more, cut to its first line, and no more.
+        first = value.split("\n", 1)[0][:500]
+        return acknowledge(queue, job, False, f"{first}\n(the error was too big to store in the job's record: cut)",
+                           session, _last=True)
     return "done"
 
 
@@ -393,21 +404,25 @@ class Worker:
         if install_signals and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous[sig] = signal.signal(sig, self.request_stop)
-        self.session = session = Session.open(
-            self.backend, interval_s=self.interval_s, expiry_s=self.expiry_s, on_beat=self.observer.heartbeat
-        )
-        if self.ack_linger_s > 0:
-            self.acks = AckBatcher(self.queue, self._ack_outcome, linger_s=self.ack_linger_s, lost=lambda: session.lost,
-                                   too_big=self._too_big)
-        log.info("worker started", extra={"event": "started", "session": session.id, "pid": os.getpid(), "lists": self.lists,
-                                          "concurrency": self.concurrency, "batch": self.batch or "auto",
-                                          "ack_linger_s": self.ack_linger_s})
-        for _ in range(self.concurrency):
-            self._start_thread()
         try:
-            self._maintain(session)
+            # Opening the session may fail (the store down at start): the signal
+            # handlers come back all the same, or the host would ignore SIGTERM for ever.
+            self.session = session = Session.open(
+                self.backend, interval_s=self.interval_s, expiry_s=self.expiry_s, on_beat=self.observer.heartbeat
+            )
+            try:
+                if self.ack_linger_s > 0:
+                    self.acks = AckBatcher(self.queue, self._ack_outcome, linger_s=self.ack_linger_s,
+                                           lost=lambda: session.lost, too_big=self._too_big)
+                log.info("worker started", extra={"event": "started", "session": session.id, "pid": os.getpid(),
+                                                  "lists": self.lists, "concurrency": self.concurrency,
+                                                  "batch": self.batch or "auto", "ack_linger_s": self.ack_linger_s})
+                for _ in range(self.concurrency):
+                    self._start_thread()
+                self._maintain(session)
+            finally:
+                code = self._drain(session)
         finally:
-            code = self._drain(session)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         return code
@@ -462,7 +477,10 @@ class Worker:
                     jobs.extend(got)
                     self._reserved_at.update((j.name, now) for j in got)
             with self._in_flight_lock:
-                if not jobs:
+                # Checked under the lock the drain takes its list of unstarted jobs
+                # with: a reservation that came back after the stop (it was on its
+                # way) starts nothing; the loop's top gives its jobs back.
+                if not jobs or self._stopping.is_set() or session.lost:
                     continue
                 job = jobs.pop(0)
                 self._in_flight[job.name] = job
@@ -513,6 +531,14 @@ class Worker:
                 self.queue.touch(job)
             except ClaimLost:
                 return "lost"
+            except AeroqueueError as e:
+                # The store failed: the job never started, so it goes back with its
+                # attempt refunded (not as a failed acknowledgement, its attempt
+                # counted: with one attempt allowed, it ended dead without running).
+                log.warning("renewing a prefetched job's claim failed: given back", extra={
+                    "event": "renew_failed", "list": job.list, "token": job.token, "jid": job.jid, "error": str(e)})
+                self._release([job], session, why=f"not started: renewing its claim failed ({e})")
+                return "released"
             reserved_at = started
         with self._in_flight_lock:
             self._deadlines[job.name] = reserved_at + job.timeout_s

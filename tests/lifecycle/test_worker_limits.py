@@ -584,3 +584,111 @@ def test_a_failed_ack_that_ends_a_job_dead_counts_it_dead(registered, lists, lis
     assert (snap.get("dead", 0), snap.get("unacked", 0), snap.get("done", 0)) == (3, 0, 0), snap
     assert [job_bins(registered, list_name, t)["state"] for t in range(3)] == ["dead"] * 3
     assert lists.status(list_name).dead == 3
+
+
+def test_jobs_reserved_as_the_drain_starts_are_given_back_not_started(registered, lists, list_name):
+    """A reservation on its way when the stop comes (SIGTERM mid round trip) returns
+    after the drain gave back the prefetched jobs: its jobs never started, and must go
+    back as those do, attempts refunded. The thread started the first of them anyway,
+    after the stop: the drain waited on it, and at the deadline gave it back as a job
+    that ran past it (its attempt counted: with max_attempts 1, dead)."""
+    lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(3)], seal=True)
+    started: list[str] = []
+    release = threading.Event()
+
+    def handler(job: Job) -> str:
+        started.append(job.jid)
+        release.wait(20)
+        return "ok"
+
+    w = fast_worker(registered, handler, list_name, until_complete=False, concurrency=1, batch=3, drain_timeout_s=0.5)
+    real_reserve = w.queue.reserve
+    asked = threading.Event()
+
+    def reserve(*args, **kwargs):
+        asked.set()
+        w._stopping.wait(20)  # the stop comes while the reservation is on its way
+        return real_reserve(*args, **kwargs)
+
+    w.queue.reserve = reserve
+    result: list[int] = []
+    t = threading.Thread(target=lambda: result.append(w.run(install_signals=False)))
+    t.start()
+    try:
+        assert asked.wait(10)
+        w.request_stop()
+        t.join(20)
+        assert not t.is_alive()
+    finally:
+        release.set()
+    assert result == [EXIT_OK]
+    assert started == [], "a handler started after the stop"
+    assert [(job_bins(registered, list_name, i)["state"], job_bins(registered, list_name, i)["att"]) for i in range(3)] \
+        == [("queued", 0)] * 3, "unstarted jobs go back with their attempts refunded"
+
+
+def test_a_failure_the_job_record_has_no_room_for_fails_that_job_not_the_worker(registered, lists, list_name):
+    """A handler's error goes into the job's record (`errs`): for a job whose record is
+    near the store's max-record-size, recording it is refused as too big. That was
+    taken for a result too big, and the job failed again with that message, refused
+    again, and so on: about a thousand round trips, then a RecursionError that killed
+    the worker's only thread (the worker exited 4, and the next worker met the same job)."""
+    lists.load(list_name, [JobSpec("big", {"s": "x" * 1048076})], max_attempts=2, seal=True)
+
+    def handler(job: Job) -> None:
+        raise ValueError("boom " * 400)
+
+    w = fast_worker(registered, handler, list_name, ack_linger_s=0)
+    fails: list[str] = []
+    real_fail = w.queue.fail
+    w.queue.fail = lambda job, error: (fails.append(error), real_fail(job, error))[1]
+    result: list[int] = []
+    t = threading.Thread(target=lambda: result.append(w.run(install_signals=False)))
+    t.start()
+    t.join(60)
+    if t.is_alive():
+        w.request_stop()
+        t.join(60)
+    assert result == [EXIT_OK], "the worker's thread died"
+    assert len(fails) <= 2 * 2, f"{len(fails)} attempts to record the failure"
+    assert all("result is too big" not in f for f in fails), "the handler returned no result: it raised"
+    assert job_bins(registered, list_name, 0)["state"] == "dead"
+
+
+def test_a_prefetched_job_whose_renewal_fails_is_given_back_uncharged(registered, lists, list_name):
+    """A prefetched job that waited a quarter of its limit is renewed (a touch) before
+    it starts. A store error on that touch (a timeout) was taken for a failed
+    acknowledgement: the job went back with its attempt counted, though its handler
+    never ran, and with one attempt allowed it ended dead without ever running."""
+    from aeroqueue.errors import BackendTimeout
+
+    lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(2)], timeout_s=2.0, max_attempts=1, seal=True)
+    ran: list[str] = []
+
+    def handler(job: Job) -> str:
+        ran.append(job.jid)
+        if job.jid == "j0":
+            time.sleep(0.8)  # j1 waits behind it for more than a quarter of its limit
+        return "ok"
+
+    w = fast_worker(registered, handler, list_name, until_complete=False, concurrency=1, batch=2)
+    real_touch = w.queue.touch
+    refused = [1]
+
+    def touch(job, seconds=None):
+        if refused[0]:
+            refused[0] -= 1
+            raise BackendTimeout("the store did not answer in time")
+        return real_touch(job, seconds)
+
+    w.queue.touch = touch
+    t = threading.Thread(target=w.run, kwargs={"install_signals": False})
+    t.start()
+    try:
+        wait_for("both jobs ended",
+                 lambda: all(job_bins(registered, list_name, i)["state"] in ("done", "dead") for i in range(2)), 20)
+    finally:
+        w.request_stop()
+        t.join(30)
+    assert refused == [0], "the renewal was tried"
+    assert [job_bins(registered, list_name, i)["state"] for i in range(2)] == ["done", "done"], ran

@@ -370,3 +370,45 @@ def test_an_ack_goes_before_its_claim_ends_whatever_the_linger(registered, lists
     snap = w.counters.snapshot()
     assert (snap["done"], snap["lost"], snap["dead"], snap["retried"]) == (10, 0, 0, 0), snap
     _audit_done_once(lists, list_name, 10)
+
+
+def test_an_unexpected_store_error_fails_its_acks_and_the_sending_thread_goes_on(registered, lists, queue: Queue, list_name):
+    """An error that is not an AeroqueueError out of the store (sqlite3's "database or
+    disk is full" at an embedded store's COMMIT is not translated, nor is a bug in a
+    client) killed the sending thread: the batch's acks were never reported, every
+    later ack waited for ever, and `flush()` without a timeout hung."""
+    import sqlite3
+
+    lists.load(list_name, [JobSpec(f"j{i}", {"n": i}) for i in range(4)], seal=True)
+    failures = [1]
+
+    class FaultyQueue(Queue):
+        def complete_many(self, *args, **kwargs):
+            if failures[0]:
+                failures[0] -= 1
+                raise sqlite3.OperationalError("database or disk is full")
+            return super().complete_many(*args, **kwargs)
+
+        def complete(self, job, result=None):
+            if failures[0]:
+                failures[0] -= 1
+                raise sqlite3.OperationalError("database or disk is full")
+            return super().complete(job, result)
+
+    with Session.open(registered, heartbeat=False) as s:
+        jobs = queue.reserve(list_name, s, 4)
+        outcomes: dict[str, str] = {}
+        acks = AckBatcher(FaultyQueue(registered), lambda job, outcome, _: outcomes.__setitem__(job.jid, outcome),
+                          linger_s=0.05)
+        for job in jobs[:2]:
+            acks.add(job, 1)
+        assert acks.flush(10.0), "the acks of the failed batch were never reported"
+        assert set(outcomes) == {"j0", "j1"} and set(outcomes.values()) <= {"done", "failed"}, outcomes
+        failures[0] = 1  # an ack sent alone fails the same way
+        acks.add(jobs[2], 1)
+        assert acks.flush(10.0), "the sending thread died"
+        for job in jobs[3:]:
+            acks.add(job, 1)
+        assert acks.flush(10.0), "the sending thread died"
+        assert outcomes["j3"] == "done"
+        assert acks.close(5.0)

@@ -221,3 +221,21 @@ def test_a_timed_out_threads_prefetched_jobs_go_back_without_taking_another_thre
     # Given back unstarted, they say why (a loaded machine's reaper may end the stuck
     # claim first, and a thread start the others before the watchdog's turn).
     assert all(e == f"not started: job {stuck[0]!r} ahead of it ran past its time limit" for e in given_back), given_back
+
+
+def test_a_worker_that_cannot_open_its_session_gives_the_signal_handlers_back(registered, list_name, monkeypatch):
+    """`run` installs its SIGTERM/SIGINT handlers, then opens its session: when the open
+    failed (the store down at start), the handlers stayed the dead worker's. A host
+    program that goes on (or retries) then ignored SIGTERM and Ctrl-C for ever: each
+    only set that worker's stop flag."""
+    import signal
+
+    def refuse(*args, **kwargs):
+        raise errors.BackendTimeout("the store did not answer")
+
+    monkeypatch.setattr(Session, "open", refuse)
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    w = fast_worker(registered, lambda job: None, list_name)
+    with pytest.raises(errors.BackendTimeout):
+        w.run()
+    assert {sig: signal.getsignal(sig) for sig in before} == before
