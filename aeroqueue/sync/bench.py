@@ -207,11 +207,19 @@ def scratch_targets(target_url: str | None, workdir: Path) -> Iterator[tuple[Tar
     """An empty target per path (`PATHS`): scratch databases on the MySQL server
     of `target_url` (dropped afterwards), or SQLite files in `workdir`."""
     base = parse_target(target_url) if target_url else None
-    if base is None or base.dialect != "mysql":
-        stem = Path(base.path) if base else workdir / "sync.db"
-        yield tuple(Target(dialect="sqlite", path=str(stem.with_suffix(f".{p}.db"))) for p in PATHS)
-        return
     tag = uuid.uuid4().hex[:10]
+    if base is None or base.dialect != "mysql":
+        # Files of this run's own (a run before may have left its own, and their
+        # rows would count here), removed afterwards like the scratch databases.
+        stem = Path(base.path) if base else workdir / "sync.db"
+        files = [stem.with_suffix(f".bench-{tag}.{p}.db") for p in PATHS]
+        try:
+            yield tuple(Target(dialect="sqlite", path=str(f)) for f in files)
+        finally:
+            for f in files:
+                for extra in ("", "-wal", "-shm", "-journal"):
+                    Path(str(f) + extra).unlink(missing_ok=True)
+        return
     # Generated names: safe identifiers (a database name cannot be a parameter).
     names = [f"aq_bench_{tag}_{p}" for p in PATHS]
     with Sink(base) as admin:

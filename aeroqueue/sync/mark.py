@@ -45,10 +45,27 @@ from ..errors import GenerationConflict, SyncError
 from .scan import PROCESSED, synced
 
 NOT_FOUND = 2
+RECORD_TOO_BIG = 13
 FILTERED_OUT = 27
 MARK_RETRIES = 3
 # How far apart the clocks of a cluster's nodes may be for the fast path to stay exact.
 CLUSTER_CLOCK_MARGIN_MS = 1000
+
+
+class Marked(tuple):
+    """(marked, vanished), and the records that cannot take a mark at all: a job
+    whose record is at the namespace's max-record-size (a result that just fit)
+    has no room for the mark bin (Aerospike code 13). Its row is committed; it
+    stays unmarked, so every run copies it again (an upsert: harmless) and
+    retention never deletes it. Retrying it, or failing the task for it, would
+    stop the rest of the task's range for good."""
+
+    too_big: tuple[str, ...]
+
+    def __new__(cls, marked: int, vanished: int, too_big: Sequence[str] = ()) -> Marked:
+        self = super().__new__(cls, (marked, vanished))
+        self.too_big = tuple(too_big)
+        return self
 
 
 @dataclass(frozen=True)
@@ -90,7 +107,7 @@ def _unchanged_since(clock: Clock, backend: Backend) -> Any:
 
 def mark_unchanged(
     backend: Backend, mark_bin: str, names: Sequence[str], versions: Sequence[Any], clock: Clock
-) -> tuple[int, int]:
+) -> Marked:
     """Mark committed jobs the fast way where they are unchanged since `clock`
     (taken before the scan that read them), the exact way (`mark`) for the rest;
     (marked, vanished)."""
@@ -105,18 +122,19 @@ def mark_unchanged(
                 rest_names.append(name)
                 rest_versions.append(version)
     if rest_names:
-        m, v = mark(backend, mark_bin, rest_names, rest_versions)
-        marked, vanished = marked + m, vanished + v
-    return marked, vanished
+        exact = mark(backend, mark_bin, rest_names, rest_versions)
+        return Marked(marked + exact[0], vanished + exact[1], exact.too_big)
+    return Marked(marked, vanished)
 
 
-def mark(backend: Backend, mark_bin: str, names: Sequence[str], versions: Sequence[Any]) -> tuple[int, int]:
-    """Mark committed jobs with the version each was read at; (marked, vanished).
-    A record that failed for another reason (a timeout, a busy key) is tried
-    again; one that keeps failing fails the task, whose retry copies it again
-    (harmless) and marks it."""
+def mark(backend: Backend, mark_bin: str, names: Sequence[str], versions: Sequence[Any]) -> Marked:
+    """Mark committed jobs with the version each was read at; (marked, vanished),
+    and those too big to take a mark (`Marked`). A record that failed for another
+    reason (a timeout, a busy key) is tried again; one that keeps failing fails
+    the task, whose retry copies it again (harmless) and marks it."""
     pending = list(zip(names, versions, strict=True))
     marked = vanished = 0
+    too_big: list[str] = []
     for attempt in range(MARK_RETRIES):
         codes = backend.batch_operate(
             keys.JOB_SET, [(n, [op.write(mark_bin, v)]) for n, v in pending], update_only=True
@@ -127,10 +145,12 @@ def mark(backend: Backend, mark_bin: str, names: Sequence[str], versions: Sequen
                 marked += 1
             elif code == NOT_FOUND:
                 vanished += 1
+            elif code == RECORD_TOO_BIG:
+                too_big.append(item[0])  # no room for the mark, now or on any retry
             else:
                 retry.append((item, code))
         if not retry:
-            return marked, vanished
+            return Marked(marked, vanished, too_big)
         pending = [item for item, _ in retry]
         time.sleep(0.05 * (attempt + 1))
     raise SyncError(

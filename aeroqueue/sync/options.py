@@ -90,6 +90,7 @@ class Counts:
     marked: int = 0  # records marked as held by the target
     vanished: int = 0  # copied, then gone from the store before marking (deleted): nothing to mark
     rejected: int = 0  # not copyable: in sync_rejects, left unsynced
+    unmarked: int = 0  # copied, but the record has no room for the mark: copied again by every run
     deleted: int = 0  # retention
     batches: int = 0
     tasks: int = 0
@@ -140,6 +141,9 @@ class SyncReport:
             f"({self.rows_per_s:,.0f} rows/s; {c.marked:,} marked, {c.rejected:,} rejected; "
             f"{self.lists:,} list summaries)"
         )
+        if c.unmarked:
+            text += (f"; {c.unmarked:,} copied job(s) could not be marked (their records are at the "
+                     "namespace's max-record-size): every run copies them again")
         if c.deleted:
             text += f"; deleted {c.deleted:,} synced job(s) past the grace period"
         return text

@@ -14,6 +14,7 @@ a record of its own (set ``aq_sync``) for the driver's progress bar.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import queue
 import threading
@@ -32,6 +33,8 @@ from .options import Counts, SyncFaults, SyncOptions
 from .scan import Batch, batches
 from .schema import JOB_COLUMNS, JOB_KEY, JOBS_TABLE, REJECT_COLUMNS, REJECTS_TABLE, reject_row
 from .write import Sink
+
+log = logging.getLogger(__name__)
 
 DEADLOCK_RETRIES = 3
 PAUSE_LIMIT_S = 60.0
@@ -153,9 +156,13 @@ class RangeSync:
             names, versions = [batch.names[i] for i in keep], [batch.versions[i] for i in keep]
         else:
             names, versions = batch.names, batch.versions
-        marked, vanished = mark_unchanged(self.backend, self.mark_bin, names, versions, self._clock)
-        self.counts.marked += marked
-        self.counts.vanished += vanished
+        marks = mark_unchanged(self.backend, self.mark_bin, names, versions, self._clock)
+        self.counts.marked += marks[0]
+        self.counts.vanished += marks[1]
+        if marks.too_big:
+            self.counts.unmarked += len(marks.too_big)
+            log.warning("%d copied job(s) could not be marked: their records are at the namespace's max-record-size "
+                        "(e.g. %s); every run copies them again", len(marks.too_big), marks.too_big[0])
         self.counts.mark_s += time.perf_counter() - t0
         self.per_list.update(batch.rows[i][0] for i in keep)
         self._report()

@@ -36,3 +36,13 @@ def test_bench_command_on_a_scratch_store_and_sqlite_files(spark):
     got = json.loads(out.output.strip().splitlines()[-1])
     assert got["jobs"] == got["plain_rows"] == got["spark_rows"] == got["floor_rows"] == 120
     assert got["plain_rows_per_s"] > 0 and got["spark_rows_per_s"] > 0 and got["floor_rows_per_s"] > 0
+
+
+def test_bench_into_sqlite_files_runs_again_and_leaves_no_files(spark, tmp_path):
+    """A SQLite target URL names where the benchmark's scratch files go: they are its
+    own, empty at the start of each run and gone at the end."""
+    target = f"sqlite://{tmp_path}/sync.db"
+    for _ in range(2):
+        result = run_bench(jobs=40, target_url=target, partitions=2, batch_size=15)
+        assert result.plain_rows == result.spark_rows == result.floor_rows == 40
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], "no scratch file is left behind"

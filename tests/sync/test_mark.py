@@ -84,3 +84,4 @@ def test_a_job_changed_after_the_clock_is_marked_with_the_version_read_or_not_at
     )
     assert jobs[touched][MARK] == jobs[touched]["done_at"]
     assert gone not in jobs, "update-only: a deleted job is not brought back"
+

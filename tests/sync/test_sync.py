@@ -228,3 +228,37 @@ def test_a_kicked_job_is_copied_again_once_it_finishes(store, store_url, mysql_d
         q.complete_many(jobs, [{"second": True}] * 3)
     sync_once(options(store_url, mysql_url), spark, store)
     assert_exactly_once(store, mysql_db, list_name)  # the three rows now say done
+
+
+def _fill_to_the_limit(store, name: str) -> int:
+    """The job's result grown to the largest the record takes (as a handler's result
+    that just fits: `complete` stores it); its length."""
+    from aeroqueue.errors import RecordTooBig
+
+    lo, hi = 1, store.max_record_size()
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        try:
+            store.put(keys.JOB_SET, name, {"result": "x" * mid})
+            lo = mid
+        except RecordTooBig:
+            hi = mid - 1
+    store.put(keys.JOB_SET, name, {"result": "x" * lo})
+    return lo
+
+
+def test_a_job_whose_record_has_no_room_for_the_mark_does_not_stop_the_others(
+    store, store_url, mysql_db, mysql_url, list_name, spark
+):
+    make_jobs(store, list_name, done=60)
+    full = keys.job_name(list_name, 7)
+    _fill_to_the_limit(store, full)
+    # One task, small batches: the range goes on after the batch that holds the full job.
+    report = sync_once(options(store_url, mysql_url, partitions=1, batch_size=5, lists=(list_name,)), spark, store)
+    assert_exactly_once(store, mysql_db, list_name)  # the full job too: its row was committed
+    marks = synced_marks(store, list_name, mysql_url)
+    assert set(marks) == set(processed(store, list_name)) - {"j7"}, "every job but the full one is marked"
+    assert report.counts.unmarked == 1
+    again = sync_once(options(store_url, mysql_url, partitions=1, batch_size=5, lists=(list_name,)), spark, store)
+    assert again.counts.copied == 1 and again.counts.unmarked == 1, "copied again (harmless), never marked"
+    assert_exactly_once(store, mysql_db, list_name)
