@@ -219,8 +219,15 @@ class JobLists:
 
     def status(self, name: str) -> ListStatus:
         head, done, dead, finished, voids = self._progress(name)
+        # About to be marked complete (and never swept again): its dead bits checked
+        # against the jobs first. A process killed between the two steps of
+        # `transitions.set_dead_bits` after a kick leaves the bit of a queued job.
+        if (is_complete(head, done, dead) and head.get("done_at") is None
+                and transitions.check_dead_bits(self.backend, name, self.dead_tokens(name, head["alloc"]))):
+            head, done, dead, finished, voids = self._progress(name)
         # Delayed jobs whose time has come wait on the list record until the next take
         # releases them: counted as that take will leave them (by this host's clock).
+        reopens = head.get("reopens", 0)  # kicks so far, read before the bits
         head = _released(head, time.time() * 1000)
         # Each job counted once: a token may also stand where it no longer waits. A
         # kick moves it to the retry store and out of the schedule, a delayed load's
@@ -289,9 +296,13 @@ class JobLists:
         pending = len(head.get("pend") or {})
         sealed = head["sealed"] == 1
         complete = is_complete(head, done, dead)
-        completed_at = head.get("done_at")
+        # A kick cut short before its `reopen` leaves the completion time of an
+        # incomplete list: not shown.
+        completed_at = head.get("done_at") if complete else None
         if complete and completed_at is None:
-            completed_at = self._list_udf(name, "mark_complete")
+            completed_at = self._list_udf(name, "mark_complete", reopens)
+            if completed_at == -1:  # kicked since the bits were read: maybe not complete now
+                return self.status(name)
         return ListStatus(
             name=name,
             mode=head["mode"],
@@ -366,6 +377,22 @@ class JobLists:
                          and not finished(t))
         return later
 
+    def dead_tokens(self, name: str, alloc: int) -> list[int]:
+        """The tokens whose dead bit is set (a done one's too: it is wrong)."""
+        per, width = keys.BITS_PER_CHUNK, keys.BITS_PER_CHUNK // 8
+        n_chunks = -(-alloc // per)
+        recs = self.backend.batch_get(keys.DONE_SET, [keys.chunk_name(name, c) for c in range(n_chunks)])
+        tokens = []
+        for chunk, rec in enumerate(recs):
+            if rec is None or not rec.bins.get("dead"):
+                continue
+            x = int.from_bytes(bytes(rec.bins["dead"]).ljust(width, b"\0"), "big")
+            while x:  # the set bits only: dead jobs are few
+                bit = x.bit_length() - 1
+                tokens.append(chunk * per + per - 1 - bit)
+                x ^= 1 << bit
+        return sorted(tokens)
+
     def _bits(self, name: str, alloc: int) -> tuple[int, int, _Finished, _Finished]:
         """Done and dead bits set, which tokens have either, and which are void (hold
         no job: load.void_bits). A retry store entry whose job finished is a
@@ -385,7 +412,10 @@ class JobLists:
             x = int.from_bytes(bytes(rec.bins.get("dead") or b"").ljust(width, b"\0"), "big")
             maps[chunk] = d | x
             done += d.bit_count()
-            dead += x.bit_count()
+            # Each job counted once: a done job whose dead bit is set too (a dead bit left
+            # by a process killed in `transitions.set_dead_bits`, its job kicked and
+            # done since) is done.
+            dead += (x & ~d).bit_count()
             if rec.bins.get("void"):
                 voids[chunk] = int.from_bytes(bytes(rec.bins["void"]).ljust(width, b"\0"), "big")
         return done, dead, _Finished(maps), _Finished(voids)

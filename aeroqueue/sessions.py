@@ -572,6 +572,12 @@ def sweep(backend: Backend, *, grace_ms: int = 60_000, stop: Callable[[], bool] 
         for bitmap in ("done", "dead")
         for list_name, jobs in found[bitmap].items()
     )
+    # And the other way: a dead bit whose job is not dead (a process killed between
+    # the two steps of `transitions.set_dead_bits`, after a kick) counts a waiting
+    # job as finished. Dead jobs are few: their records are read back.
+    for name in unfinished:
+        with contextlib.suppress(ListNotFound):  # dropped meanwhile
+            transitions.check_dead_bits(backend, name, lists.dead_tokens(name, heads[name]["alloc"]))
 
     # Claims whose session is gone (a reaper missed them, or a claim raced a reap).
     holders = sorted({j.bins.get("sess", "") for jobs in found["claimed"].values() for j in jobs})

@@ -85,15 +85,32 @@ def set_dead_bits(backend: Backend, list_name: str, tokens: list[int]) -> None:
     again. Left set, it would count a queued job as dead for good, and the list
     as complete while that job runs (a complete list is never swept). Should the
     job die again between the two steps, the bit is lost instead: the sweep's
-    recount sets it back, as it does for a worker that died before its bits."""
+    recount sets it back, as it does for a worker that died before its bits. A
+    process killed between the two steps leaves the bit: the sweep, and a status
+    about to mark the list complete, check every dead bit the same way
+    (`check_dead_bits`)."""
     for i in range(0, len(tokens), DEAD_CHECK_CHUNK):  # a sweep's recount may bring thousands
         part = tokens[i:i + DEAD_CHECK_CHUNK]
         set_bits(backend, list_name, part, "dead", 1)
+        check_dead_bits(backend, list_name, part)
+
+
+def check_dead_bits(backend: Backend, list_name: str, tokens: list[int]) -> int:
+    """The second step of `set_dead_bits`: clear the dead bits of those of `tokens`
+    whose job is not dead (kicked since; or it holds no job). Returns how many it
+    cleared. Also how a list about to be marked complete checks its dead bits
+    (`JobLists.status`): a process killed between the two steps of `set_dead_bits`
+    leaves a bit set, after a kick, on a job that is queued again."""
+    undone = 0
+    for i in range(0, len(tokens), DEAD_CHECK_CHUNK):
+        part = tokens[i:i + DEAD_CHECK_CHUNK]
         names = [keys.job_name(list_name, t) for t in part]
         recs = retry_in_doubt(functools.partial(backend.batch_get, keys.JOB_SET, names, bins=["state"]))
         undo = [t for t, rec in zip(part, recs, strict=True) if rec is None or rec.bins.get("state") != "dead"]
         if undo:
             set_bits(backend, list_name, undo, "dead", 0)
+            undone += len(undo)
+    return undone
 
 
 def _span_op(bitmap: str, bits: list[int], value: int) -> dict:

@@ -337,6 +337,30 @@ function unschedule(rec, tokens)
     end
     if timed ~= nil then rec['timed'] = timed end
   end
+  -- The retry store: a job that waited there already (buried there, or delayed and
+  -- released there by a take, before its kick) is in it twice now, counted as
+  -- waiting there while the claim of the other copy runs. One copy is kept, the
+  -- last (the kick's own push).
+  local retry = rec['retry']
+  if retry ~= nil and list.size(retry) > 1 then
+    local last = map()
+    local dups = 0
+    for i = list.size(retry), 1, -1 do
+      local t = retry[i]
+      if want[t] ~= nil then
+        if last[t] == nil then last[t] = i else dups = dups + 1 end
+      end
+    end
+    if dups > 0 then
+      local out = list()
+      for i = 1, list.size(retry) do
+        local t = retry[i]
+        if want[t] == nil or last[t] == i then list.append(out, t) end
+      end
+      rec['retry'] = out
+      moved = moved + dups
+    end
+  end
   if moved > 0 then aerospike:update(rec) end
   return moved
 end
@@ -353,13 +377,14 @@ function tune(rec, opts)
 end
 
 -- reopen(rec) -> 'ok' | 'missing'
---   A job of a complete list was kicked: the list is not complete any more.
+--   A job of a complete list was kicked: the list is not complete any more. Each
+--   kick counts (`reopens`), so that a status that saw the list complete before it
+--   does not mark it complete after it (mark_complete).
 function reopen(rec)
   if not aerospike:exists(rec) then return 'missing' end
-  if rec['done_at'] ~= nil then
-    rec['done_at'] = nil
-    aerospike:update(rec)
-  end
+  rec['done_at'] = nil
+  rec['reopens'] = (rec['reopens'] or 0) + 1
+  aerospike:update(rec)
   return 'ok'
 end
 
@@ -673,11 +698,14 @@ function set_flag(rec, name, value)
   return 'ok'
 end
 
--- mark_complete(rec) -> integer done_at
---   Records the first time the list was seen complete (server time).
-function mark_complete(rec)
+-- mark_complete(rec, reopens) -> integer done_at | -1
+--   Records the first time the list was seen complete (server time). `reopens`:
+--   the list record's count of kicks as the caller read it before it read the
+--   bits; a kick since (-1, nothing written) may have made the list incomplete.
+function mark_complete(rec, reopens)
   if not aerospike:exists(rec) then return 0 end
   local at = rec['done_at']
+  if at == nil and reopens ~= nil and (rec['reopens'] or 0) ~= reopens then return -1 end
   if at == nil then
     at = now()
     rec['done_at'] = at

@@ -3,11 +3,17 @@ operations. Every test runs on both backends (the store fixtures)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -895,3 +901,173 @@ def test_status_counts_delayed_jobs_whose_time_has_come_as_a_take_will(queue, li
     assert len(queue.reserve(list_name, session, 10)) == 5
     after = lists.status(list_name)
     assert (after.delayed, after.reservable, after.retry_pending, after.in_flight) == (0, 0, 0, 5), after
+
+
+# -- completion bits against the job records ---------------------------------------
+
+
+class _Killed(BaseException):
+    """The process stops here: nothing after this step runs (a SIGKILL)."""
+
+
+def test_a_dead_bit_left_by_a_process_killed_after_a_kick_never_completes_the_list_early(
+    queue, lists, list_name, session, monkeypatch
+):
+    """`set_dead_bits` sets the bit, then reads the job back and clears the bit if the
+    job is not dead any more (kicked meanwhile). A process killed between the two
+    steps, after an operator's kick landed between the fail and the bit, leaves a dead
+    bit on a queued job: the list said complete while that job still waited (and a
+    complete list is never swept, so nothing repaired it), and once the job was done
+    it counted twice (done + dead > total)."""
+    lists.load(list_name, specs(2), max_attempts=1, seal=True)
+    a, b = queue.reserve(list_name, session, 2)
+    real_set_bits = transitions.set_bits
+
+    def kicked_then_killed(backend, name, tokens, bitmap, value):
+        if bitmap == "dead" and value == 1:
+            monkeypatch.setattr(transitions, "set_bits", real_set_bits)
+            # The job went dead; before its worker writes the bit, an operator kicks it.
+            assert lists.kick_job(list_name, a.jid)
+            real_set_bits(backend, name, tokens, bitmap, value)
+            raise _Killed  # killed before the read-back
+        return real_set_bits(backend, name, tokens, bitmap, value)
+
+    monkeypatch.setattr(transitions, "set_bits", kicked_then_killed)
+    with pytest.raises(_Killed):
+        queue.fail(a, "boom")
+    assert lists.find_job(list_name, a.jid)["state"] == "queued"
+    queue.complete(b)
+    st = lists.status(list_name)
+    assert not st.complete, f"complete while {a.jid} waits in the queue: {st}"
+    assert (st.done, st.dead) == (1, 0)
+    (again,) = queue.reserve(list_name, session, 1)
+    assert again.jid == a.jid
+    queue.complete(again)
+    st = lists.status(list_name)
+    assert (st.done, st.dead, st.complete) == (2, 0, True), st
+
+
+def test_a_dead_bit_left_on_a_kicked_job_is_cleared_by_the_sweep(queue, lists, list_name, session, monkeypatch):
+    """The same wrong dead bit in a list that is not complete yet: status counted the
+    kicked job dead (not pending in the retry store, where it waits), and the sweep,
+    which recounts missing bits, never cleared a wrong one."""
+    lists.load(list_name, specs(3), max_attempts=1, seal=True)
+    a, b = queue.reserve(list_name, session, 2)
+    real_set_bits = transitions.set_bits
+
+    def kicked_then_killed(backend, name, tokens, bitmap, value):
+        if bitmap == "dead" and value == 1:
+            monkeypatch.setattr(transitions, "set_bits", real_set_bits)
+            assert lists.kick_job(list_name, a.jid)
+            real_set_bits(backend, name, tokens, bitmap, value)
+            raise _Killed
+        return real_set_bits(backend, name, tokens, bitmap, value)
+
+    monkeypatch.setattr(transitions, "set_bits", kicked_then_killed)
+    with pytest.raises(_Killed):
+        queue.fail(a, "boom")
+    queue.complete(b)
+    sweep(queue.backend, grace_ms=60_000)
+    assert_counts_are_the_records(lists, list_name)
+
+
+def test_a_job_kicked_while_it_waits_in_the_retry_store_is_counted_once_when_claimed(queue, lists, list_name, session):
+    """A kick pushes its job onto the retry store. One that waits there already (buried
+    there after a failure; or delayed, its time come, released there by a take) was
+    then in it twice: claimed from one copy, the other still counted it as waiting in
+    the retry store while it ran (and not in flight)."""
+    lists.load(list_name, specs(2), backoff_s=0, seal=True)
+    (a,) = queue.reserve(list_name, session, 1)
+    assert queue.fail(a, "x") == "retry"  # onto the retry store
+    assert lists.bury(list_name, a.jid) == "dead"  # and dead there
+    assert lists.kick_job(list_name, a.jid)
+    assert_counts_are_the_records(lists, list_name)
+    (again,) = queue.reserve(list_name, session, 1)
+    assert again.jid == a.jid
+    assert_counts_are_the_records(lists, list_name)
+    queue.complete(again)
+    assert_counts_are_the_records(lists, list_name)
+
+
+ROOT = Path(__file__).resolve().parents[2]
+_FAIL_THEN_DIE = """
+import os, signal, sys
+from aeroqueue import transitions
+from aeroqueue.backends import open_backend
+
+url, name, token, sess, rid = sys.argv[1:6]
+real_set_bits = transitions.set_bits
+
+def set_bits(backend, list_name, tokens, bitmap, value):
+    if bitmap == "dead" and value == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)  # the job is dead, its bit not written yet
+        real_set_bits(backend, list_name, tokens, bitmap, value)
+        os.kill(os.getpid(), signal.SIGKILL)  # before the read-back
+    return real_set_bits(backend, list_name, tokens, bitmap, value)
+
+transitions.set_bits = set_bits
+transitions.fail(open_backend(url), name, int(token), sess, "boom", rid=rid)
+"""
+
+
+def test_a_worker_killed_in_set_dead_bits_after_a_kick_leaves_the_list_incomplete(
+    store_url, queue, lists, list_name, session
+):
+    """The same, with a real process: stopped (SIGSTOP) after its fail made the job
+    dead, the job kicked meanwhile, then killed (SIGKILL) right after it set the bit."""
+    lists.load(list_name, specs(2), max_attempts=1, seal=True)
+    a, b = queue.reserve(list_name, session, 2)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _FAIL_THEN_DIE, store_url, list_name, str(a.token), a.session, a.rid],
+        cwd=str(ROOT), env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        _, status = os.waitpid(proc.pid, os.WUNTRACED)
+        assert os.WIFSTOPPED(status), (status, proc.stderr.read() if proc.stderr else "")
+        assert lists.find_job(list_name, a.jid)["state"] == "dead"
+        assert lists.kick_job(list_name, a.jid)
+        os.kill(proc.pid, signal.SIGCONT)
+        _, status = os.waitpid(proc.pid, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
+    finally:
+        if proc.poll() is None and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, ChildProcessError):
+                proc.kill()
+                os.waitpid(proc.pid, 0)
+    queue.complete(b)
+    st = lists.status(list_name)
+    assert not st.complete and (st.done, st.dead, st.retry_pending) == (1, 0, 1), st
+    (again,) = queue.reserve(list_name, session, 1)
+    queue.complete(again)
+    st = lists.status(list_name)
+    assert (st.done, st.dead, st.complete) == (2, 0, True), st
+
+
+def test_a_kick_while_status_marks_the_list_complete_leaves_no_completion_time(queue, lists, list_name, session, monkeypatch):
+    """status reads the bits, finds the list complete and marks it so (its completion
+    time) when it has none. A kick landing between the two (bits cleared, job queued,
+    completion time cleared: `reopen`) was followed by the mark: the list record kept
+    a completion time while a job waited, shown by status, and kept as the time the
+    list completed once it really did (and copied to MySQL by the sync)."""
+    lists.load(list_name, specs(1), max_attempts=1, seal=True)
+    (a,) = queue.reserve(list_name, session, 1)
+    assert queue.fail(a, "boom") == "dead"
+    real_udf = lists._list_udf
+
+    def kick_first(name, function, *args):
+        if function == "mark_complete":
+            monkeypatch.setattr(lists, "_list_udf", real_udf)
+            assert lists.kick_job(list_name, a.jid)  # an operator's kick, just now
+        return real_udf(name, function, *args)
+
+    monkeypatch.setattr(lists, "_list_udf", kick_first)
+    lists.status(list_name)  # saw it complete, before the kick
+    st = lists.status(list_name)
+    assert not st.complete
+    assert st.completed_at is None, f"incomplete, yet completed at {st.completed_at}"
+    (again,) = queue.reserve(list_name, session, 1)
+    time.sleep(0.01)
+    before = lists.find_job(list_name, a.jid)["claimed"]
+    queue.complete(again)
+    st = lists.status(list_name)
+    assert st.complete and st.completed_at >= before, (st.completed_at, before)
