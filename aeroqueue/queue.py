@@ -464,10 +464,10 @@ class Queue:
         fences them and the UDF decides. Each lease has its own id (a reservation that
         takes twice makes two), which claims made from it (`_adopt`, the reaper) carry
         as request id."""
-        if len(fresh) == len(tokens):  # the common case: all of them
-            others = []
-        else:
-            others = [t for t in tokens if t not in fresh]
+        # Split by content, not by count: under one request id a second pass may hold a
+        # retry-store token in place of a fresh one seen before, and only a claim fences it.
+        others = [t for t in tokens if t not in fresh]
+        if others:
             tokens = [t for t in tokens if t in fresh]
         try:
             recs = self.backend.batch_bins(keys.JOB_SET, keys.job_names(name, tokens), hotpath.LEASE_READS_LIST)

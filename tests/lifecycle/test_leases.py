@@ -495,6 +495,25 @@ def test_a_token_twice_in_the_retry_store_runs_once(
         assert queue.complete_many(got_a) == []
 
 
+def test_a_retry_token_in_place_of_a_fresh_one_is_claimed_not_leased(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str
+) -> None:
+    """`_lease` told the fresh tokens from the others by count alone: a pass holding a
+    retry-store token where a fresh one had been (seen before, under one request id)
+    has as many tokens as the fresh run, and the retry token was leased, unfenced."""
+    load(lists, list_name, 6)
+    with Session.open(registered, heartbeat=False) as s:
+        # Tokens 4 and 5 are the "fresh run"; 5 was seen, token 0 came from the retry store.
+        jobs = queue._lease(list_name, s, "rid-x", 60_000, int(time.time() * 1000), [0, 4], range(4, 6),
+                            time.monotonic())
+        by_token = {j.token: j for j in jobs}
+        assert sorted(by_token) == [0, 4]
+        assert by_token[0].lease is None, "the retry store's token is claimed, so the claim fences it"
+        assert by_token[4].lease is not None
+        assert lists.find_job(list_name, by_token[0].jid)["state"] == "claimed"
+        assert queue.complete_many(jobs) == []
+
+
 def test_a_refused_late_ack_leaves_the_job_to_the_reaper(
     registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session
 ) -> None:
