@@ -367,6 +367,9 @@ class Worker:
         self._thread_state = threading.local()  # .asked: when this thread's last reserve was sent
         self._acking: dict[str, int] = {}  # jobs whose ack waits in `acks` (name -> how many)
         self._orphans: set[str] = set()  # claims of our session no thread held at the last check
+        # Jobs that never started whose release failed: an orphan check gives them back
+        # refunded, not with the attempt counted (with one attempt allowed, dead unrun).
+        self._unstarted: set[str] = set()
         self._runners: set[_ChildRunner] = set()  # --pool process: the threads' handler processes
         self._warned: set[str] = set()  # what `_warn_once` said already
         self._threads: list[threading.Thread] = []
@@ -501,8 +504,10 @@ class Worker:
             except BaseException:
                 # The thread is dying (SystemExit or KeyboardInterrupt from a
                 # handler...): give its jobs back rather than hold them under a
-                # session that stays alive.
-                self._release([job, *jobs], session, refund=False)
+                # session that stays alive: the one it ran with its attempt counted,
+                # the prefetched ones behind it (never started) refunded.
+                self._release([job], session, refund=False)
+                self._release(list(jobs), session)
                 raise
             finally:
                 with self._in_flight_lock:
@@ -538,7 +543,9 @@ class Worker:
                 log.warning("renewing a prefetched job's claim failed: given back", extra={
                     "event": "renew_failed", "list": job.list, "token": job.token, "jid": job.jid, "error": str(e)})
                 self._release([job], session, why=f"not started: renewing its claim failed ({e})")
-                return "released"
+                # Counted where it is given back: here, or (the release failed too) by the
+                # orphan check, refunded; lost with the session, it was never ours to give.
+                return "unacked" if session.lost else "released"
             reserved_at = started
         with self._in_flight_lock:
             self._deadlines[job.name] = reserved_at + job.timeout_s
@@ -720,6 +727,9 @@ class Worker:
                     released += 1
             except AeroqueueError as e:
                 log.warning("release failed", extra={"event": "release_failed", "jid": job.jid, "error": str(e)})
+                if refund:
+                    with self._in_flight_lock:
+                        self._unstarted.add(job.name)
         return released
 
     def _maintain(self, session: Session) -> None:
@@ -882,6 +892,8 @@ class Worker:
         held = dict(session.held())
         with self._in_flight_lock:
             orphans = set(held) - self._held - self._acking.keys()
+            self._unstarted &= held.keys()  # given back since by someone else: forgotten
+            unstarted = set(self._unstarted)
         ripe, self._orphans = orphans & self._orphans, orphans - self._orphans
         for name in sorted(ripe):
             bins = held[name]
@@ -889,7 +901,8 @@ class Worker:
                       attempt=bins.get("att", 0), session=session.id)
             log.warning("orphaned claim released", extra={"event": "orphan_released", "list": job.list,
                                                           "token": job.token, "jid": job.jid})
-            self._release([job], session, refund=False)
+            self._release([job], session, refund=name in unstarted,
+                          why="not started: an earlier release failed" if name in unstarted else None)
 
     def _drain(self, session: Session) -> int:
         self._stopping.set()

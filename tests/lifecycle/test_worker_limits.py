@@ -692,3 +692,47 @@ def test_a_prefetched_job_whose_renewal_fails_is_given_back_uncharged(registered
         t.join(30)
     assert refused == [0], "the renewal was tried"
     assert [job_bins(registered, list_name, i)["state"] for i in range(2)] == ["done", "done"], ran
+
+
+def test_a_renewal_failure_whose_release_fails_too_never_charges_the_job(registered, lists, list_name):
+    """The store that failed a prefetched job's renewal fails its refunded release too
+    (it is down): the orphan check gave the job back later with its attempt counted,
+    and with one attempt allowed it ended dead without running."""
+    lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(2)], timeout_s=2.0, max_attempts=1, seal=True)
+    ran: list[str] = []
+
+    def handler(job: Job) -> str:
+        ran.append(job.jid)
+        if job.jid == "j0":
+            time.sleep(0.8)  # j1 waits in the prefetch past a quarter of its limit
+        return "ok"
+
+    w = fast_worker(registered, handler, list_name, until_complete=False, concurrency=1, batch=2)
+    real_touch, real_release = w.queue.touch, w.queue.release
+    refused, release_refused = [1], [1]
+
+    def touch(job: Job, seconds: float | None = None) -> float:
+        if refused[0]:
+            refused[0] -= 1
+            raise errors.BackendTimeout("the store did not answer in time")
+        return real_touch(job, seconds)
+
+    def release(job: Job, why: str = "released", *, refund: bool = True) -> str:
+        if release_refused[0]:
+            release_refused[0] -= 1
+            raise errors.BackendTimeout("the store did not answer in time")
+        return real_release(job, why, refund=refund)
+
+    w.queue.touch, w.queue.release = touch, release  # type: ignore[method-assign]
+    t = threading.Thread(target=w.run, kwargs={"install_signals": False})
+    t.start()
+    try:
+        wait_for("both jobs ended",
+                 lambda: all(job_bins(registered, list_name, i)["state"] in ("done", "dead") for i in range(2)), 20)
+    finally:
+        w.request_stop()
+        t.join(30)
+    assert refused == [0] and release_refused == [0], "the renewal and its release were both refused"
+    states = [job_bins(registered, list_name, i)["state"] for i in range(2)]
+    assert states == ["done", "done"], (states, ran, w.counters.snapshot())
+    assert sorted(ran) == ["j0", "j1"]
