@@ -28,6 +28,12 @@ ENV_CREATE = "AEROQUEUE_CREATE"  # as --create: a named embedded store file may 
 # The longest time limit, backoff, delay or grace accepted: ten years. Longer is a
 # mistake, and past about 2^63 ms it no longer fits a record's integer.
 MAX_SECONDS = 10 * 365 * 86_400
+# How far apart this host's clock and the server's may be (the fast sync mark assumes
+# the same): a lease is judged past its limit only this long after it by our clock.
+CLOCK_MARGIN_MS = 1000
+# How long after reading the stores' heads a sweep (or a drop) reads the sessions'
+# leases: a reservation that took jobs before that has recorded its lease by then.
+LEASE_SETTLE_S = 1.0
 MAX_ATTEMPTS = 1_000_000  # the most attempts a list may give a job
 DEFAULT_NAMESPACE = "test"
 DEFAULT_PORT = 3000

@@ -52,8 +52,9 @@ def jidx_name(list_name: str, jid: str) -> str:
 
 
 # A job-id index entry: its job's token, and the `created` stamp of the list that
-# indexed it. Entries a dropped list left behind (its jobs deleted by the sync's
-# retention first, whose index entries the drop cannot find) carry another stamp.
+# indexed it; also the list's name (bin "l"), by which a drop finds the entries of
+# jobs the sync's retention deleted (it finds the others through the job records).
+# Entries a dropped list left behind (written before the "l" bin) carry another stamp.
 INDEX_BINS = ["tok", "c"]
 
 

@@ -14,13 +14,14 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from aerospike_helpers import expressions as exp
 from aerospike_helpers.batch.records import Write
 from aerospike_helpers.operations import operations as op
 
 from . import keys, transitions
 from . import load as _load
 from .backends import Backend, retry_in_doubt
-from .config import MAX_ATTEMPTS, MAX_SECONDS
+from .config import CLOCK_MARGIN_MS, LEASE_SETTLE_S, MAX_ATTEMPTS, MAX_SECONDS
 from .errors import ConfigError, JobNotFound, ListError, ListModeMismatch, ListNotFound, ListSealed
 from .load import DEFAULT_CHUNK, DEFAULT_LEASE_MS, LoadReport, max_payload
 
@@ -502,8 +503,6 @@ class JobLists:
         list's job of the same token. Leases past their time limit are forgotten
         here (no ack of theirs is admitted any more); others still held at the
         deadline raise `ListError`, the list left sealed and paused: drop it again."""
-        from .sessions import LEASE_SETTLE_S  # sessions imports this module
-
         head = self.header(name)
         if self._live_ranges(head):
             raise ListError(
@@ -541,6 +540,11 @@ class JobLists:
             jids = sorted({str(r.bins["jid"]) for _, r in present if r.bins.get("jid") is not None})
             index += self._delete_all(keys.JIDX_SET, [keys.jidx_name(name, j) for j in jids])
             jobs += self._delete_all(keys.JOB_SET, [n for n, _ in present])
+        if jobs < alloc:
+            # Tokens without a job record: the sync's retention deleted them (keeping
+            # their index entries, so that a repeated load adds nothing twice), or a
+            # load died before writing them. Their entries are found by the list's name.
+            index += self._delete_all(keys.JIDX_SET, self._index_names(name))
         id_chunks = self._delete_all(keys.IDS_SET, [keys.chunk_name(name, c) for c in range(ranges)])
         bitmap_names = [keys.chunk_name(name, c) for c in range(-(-alloc // keys.BITS_PER_CHUNK))]
         bitmaps = self._delete_all(keys.DONE_SET, bitmap_names)
@@ -564,9 +568,9 @@ class JobLists:
     def _await_leases(self, name: str, wait_s: float) -> None:
         """Wait until no session holds a lease on a job of list `name` that may still
         be acknowledged: each ends acknowledged or claimed (settled, then forgotten with
-        its session's next heartbeat), reaped, or past its time limit (forgotten here)."""
-        from .sessions import CLOCK_MARGIN_MS  # sessions imports this module
-
+        its session's next heartbeat), reaped, or past its time limit (forgotten here).
+        A dead session's lease waits for a reaper (`sessions.reap`: the CLI's drop runs
+        one first); with none running it holds the drop until its time limit."""
         deadline = time.monotonic() + wait_s
         while True:
             held = 0
@@ -582,7 +586,8 @@ class JobLists:
             if time.monotonic() >= deadline:
                 raise ListError(
                     f"list {name!r}: sessions still hold leases on {held} of its jobs (it is now sealed and paused); "
-                    "drop again once they are acknowledged or their time limit has passed"
+                    "drop again once they are acknowledged or their time limit has passed (if their workers died, "
+                    "`aeroqueue reap` ends their leases now)"
                 )
             time.sleep(0.2)
 
@@ -592,6 +597,12 @@ class JobLists:
         # Lease expiry is the server's clock; a few seconds of skew only make the
         # check stricter or looser by that much, and the seal settles the rest.
         return [r for r in (head.get("pend") or {}).values() if r.get("real") is None and r.get("exp", 0) > now_ms]
+
+    def _index_names(self, name: str) -> list[str]:
+        """The job-id index entries of list `name` still in the store, found by a scan
+        of the index set filtered on their "l" bin (entries written before it have none)."""
+        only = exp.Eq(exp.StrBin("l"), name).compile()
+        return [n for n, _ in self.backend.scan(keys.JIDX_SET, expression=only, bins=["l"])]
 
     def _delete_all(self, set_name: str, names: list[str]) -> int:
         """Delete records (batch deletes, PAGE at a time, repeated while in doubt);

@@ -484,7 +484,8 @@ def commit_index(lists: JobLists, name: str, created: int, pairs: list[tuple[int
     ns = b.namespace
     jidx_set = keys.JIDX_SET
     writes = [Write((ns, jidx_set, f"{name}/{jid}"),
-                    [{"op": _WRITE, "bin": "tok", "val": t}, {"op": _WRITE, "bin": "c", "val": created}], policy=_CREATE)
+                    [{"op": _WRITE, "bin": "tok", "val": t}, {"op": _WRITE, "bin": "c", "val": created},
+                     {"op": _WRITE, "bin": "l", "val": name}], policy=_CREATE)
               for t, jid in pairs]
     codes = lists._batch_write(writes, "index job ids")
     if any(code not in (0, RECORD_EXISTS) for code in codes):
@@ -516,13 +517,14 @@ def stale_index(lists: JobLists, name: str, created: int, token: int, jid: str, 
     """The token that owns `jid` once an index entry of another list of the same name
     is replaced by ours (a compare-and-set: a concurrent loader or recovery that
     replaced it first owns it). Retention deletes job records and keeps their
-    entries, so that a load repeated later adds nothing twice; a drop finds entries
-    through the job records, so these outlive it."""
+    entries, so that a load repeated later adds nothing twice; entries written
+    before they carried their list's name (bin "l") cannot be found by a drop once
+    their job records are gone, so these outlive it."""
     key = keys.jidx_name(name, jid)
     for _ in range(3):
         try:
             # In doubt, sent again: one that landed meets its own generation, below.
-            retry_in_doubt(functools.partial(lists.backend.put, keys.JIDX_SET, key, {"tok": token, "c": created},
+            retry_in_doubt(functools.partial(lists.backend.put, keys.JIDX_SET, key, {"tok": token, "c": created, "l": name},
                                              gen=rec.gen))
             return token
         except GenerationConflict:

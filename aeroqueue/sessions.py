@@ -48,7 +48,7 @@ from aerospike_helpers.operations import expression_operations as eo
 
 from . import hotpath, keys, transitions
 from .backends import IN_DOUBT, Backend, retry_in_doubt
-from .config import MAX_SECONDS
+from .config import CLOCK_MARGIN_MS, LEASE_SETTLE_S, MAX_SECONDS
 from .errors import (
     BackendError,
     BackendTimeout,
@@ -63,12 +63,7 @@ from .transitions import flush_bits, push_retry, set_bits
 log = logging.getLogger("aeroqueue.sessions")
 
 DEFAULT_INTERVAL_S = 1.0
-# How far apart this host's clock and the server's may be (the fast sync mark assumes
-# the same): a lease is judged past its limit only this long after it by our clock.
-CLOCK_MARGIN_MS = 1000
-# How long after reading the stores' heads a sweep reads the sessions' leases: a
-# reservation that took jobs before the heads were read has recorded its lease by then.
-LEASE_SETTLE_S = 1.0
+# CLOCK_MARGIN_MS and LEASE_SETTLE_S live in `config`: a drop (`lists`) waits on them too.
 # How long after its take a reservation may still record its lease: well inside the
 # sweep's wait. Later (a busy session record, an answer in doubt) it claims the jobs.
 LEASE_WINDOW_S = LEASE_SETTLE_S / 2
@@ -577,7 +572,11 @@ def sweep(backend: Backend, *, grace_ms: int = 60_000, stop: Callable[[], bool] 
     # job as finished. Dead jobs are few: their records are read back.
     for name in unfinished:
         with contextlib.suppress(ListNotFound):  # dropped meanwhile
-            transitions.check_dead_bits(backend, name, lists.dead_tokens(name, heads[name]["alloc"]))
+            # The jobs the scan found dead need no second read.
+            seen_dead = {j.bins["token"] for j in found["dead"].get(name, ())}
+            suspect = [t for t in lists.dead_tokens(name, heads[name]["alloc"]) if t not in seen_dead]
+            if suspect:
+                transitions.check_dead_bits(backend, name, suspect)
 
     # Claims whose session is gone (a reaper missed them, or a claim raced a reap).
     holders = sorted({j.bins.get("sess", "") for jobs in found["claimed"].values() for j in jobs})

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from ..errors import ListNotFound
 from ..lists import JobLists
+from ..sessions import reap
 from .context import (
     BACKOFF_MAX_OPT,
     BACKOFF_OPT,
@@ -258,6 +259,9 @@ def drop(obj: Context, list_name: str, yes: bool, as_json: bool) -> None:
                 click.echo(err=True)
         if not confirmed:
             raise click.ClickException(f"list {list_name!r} not dropped")
+    # Expired sessions first: with every worker dead nobody reaps, and a dead session's
+    # lease on the list would hold the drop until its time limit (minutes).
+    reap(jl.backend)
     report = jl.drop(list_name)
     if as_json:
         click.echo(json.dumps(report.as_dict()))

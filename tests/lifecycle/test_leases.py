@@ -5,15 +5,18 @@ runs past the limit. Every test runs on both backends and audits job by job."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from datetime import datetime
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
 from aeroqueue import errors, hotpath, keys, sessions, transitions, udfs
 from aeroqueue.backends import Backend, open_backend
+from aeroqueue.cli import main
 from aeroqueue.cli.job_cmd import job_view
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
@@ -1028,3 +1031,21 @@ def test_leased_acks_that_landed_are_counted_when_another_stays_in_doubt(faulty:
         faulty.client.faults.clear()
     st = JobLists(faulty).status("L")
     assert (st.done, st.in_flight) == (4, 0), st
+
+
+def test_a_drop_with_no_reaper_running_ends_a_dead_sessions_lease(
+    registered: Backend, store_url: str, queue: Queue, lists: JobLists, list_name: str
+) -> None:
+    """Every worker died (nobody reaps), and the operator drops the list: the dead
+    session's lease held the drop until the lease's time limit (5 minutes by default),
+    then failed it. `JobLists.drop` says how to end it; the CLI's drop reaps first."""
+    load(lists, list_name, 4)
+    dead = Session.open(registered, interval_s=0.2, expiry_s=0.5, heartbeat=False)
+    assert len(queue.reserve(list_name, dead, 4, lease=True)) == 4
+    time.sleep(1.0)  # the session is expired: any reaper would end it
+    with pytest.raises(errors.ListError, match=r"sessions still hold leases on 4 .* `aeroqueue reap` ends"):
+        lists.drop(list_name, grace_s=0, lease_wait_s=0.5)
+    out = CliRunner().invoke(main, ["--url", store_url, "drop", "--yes", "--json", list_name])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout)["jobs"] == 4
+    assert registered.get(keys.SESS_SET, dead.id) is None, "reaped"

@@ -85,3 +85,24 @@ def test_a_job_changed_after_the_clock_is_marked_with_the_version_read_or_not_at
     assert jobs[touched][MARK] == jobs[touched]["done_at"]
     assert gone not in jobs, "update-only: a deleted job is not brought back"
 
+
+def test_a_list_dropped_after_retention_leaves_no_job_id_index_behind(registered, list_name):
+    """Retention deletes a job's record; `drop` found a list's job-id index entries
+    (aq_jidx) only through its job records: those of the jobs retention took were
+    left behind for good, one record per job ever processed. A list whose name
+    starts the same keeps its own."""
+    from aeroqueue.sync.mark import mark, retain
+
+    make_jobs(registered, list_name, done=6, dead=2, queued=2)
+    make_jobs(registered, f"{list_name}-b", done=1, queued=1)
+    processed = [j for j in JobLists(registered).jobs(list_name) if "done_at" in j]
+    names, versions = [keys.job_name(list_name, j["token"]) for j in processed], [j["done_at"] for j in processed]
+    assert mark(registered, MARK, names, versions) == (8, 0)
+    assert sum(retain(registered, MARK, begin, 1024, 0) for begin in range(0, 4096, 1024)) >= 8
+    assert sorted(j["jid"] for j in JobLists(registered).jobs(list_name)) == ["j8", "j9"]
+    report = JobLists(registered).drop(list_name, grace_s=0)
+    assert (report.jobs, report.index) == (2, 10), report
+    left = [j for j in (f"j{i}" for i in range(10)) if registered.get(keys.JIDX_SET, keys.jidx_name(list_name, j))]
+    assert left == [], "the dropped list's job-id index entries are gone"
+    assert all(registered.get(keys.JIDX_SET, keys.jidx_name(f"{list_name}-b", j)) for j in ("j0", "j1"))
+    JobLists(registered).drop(f"{list_name}-b", grace_s=0)
