@@ -910,6 +910,23 @@ class _Killed(BaseException):
     """The process stops here: nothing after this step runs (a SIGKILL)."""
 
 
+def _killed_after_a_kicked_dead_bit(monkeypatch, lists, list_name: str, jid: str) -> None:
+    """The next dead bit written: the job went dead and, before its worker writes the
+    bit, an operator kicks it; the worker sets the bit and is killed before the
+    read-back (`_Killed` out of the fail)."""
+    real_set_bits = transitions.set_bits
+
+    def kicked_then_killed(backend, name, tokens, bitmap, value):
+        if bitmap == "dead" and value == 1:
+            monkeypatch.setattr(transitions, "set_bits", real_set_bits)
+            assert lists.kick_job(list_name, jid)
+            real_set_bits(backend, name, tokens, bitmap, value)
+            raise _Killed
+        return real_set_bits(backend, name, tokens, bitmap, value)
+
+    monkeypatch.setattr(transitions, "set_bits", kicked_then_killed)
+
+
 def test_a_dead_bit_left_by_a_process_killed_after_a_kick_never_completes_the_list_early(
     queue, lists, list_name, session, monkeypatch
 ):
@@ -921,18 +938,7 @@ def test_a_dead_bit_left_by_a_process_killed_after_a_kick_never_completes_the_li
     it counted twice (done + dead > total)."""
     lists.load(list_name, specs(2), max_attempts=1, seal=True)
     a, b = queue.reserve(list_name, session, 2)
-    real_set_bits = transitions.set_bits
-
-    def kicked_then_killed(backend, name, tokens, bitmap, value):
-        if bitmap == "dead" and value == 1:
-            monkeypatch.setattr(transitions, "set_bits", real_set_bits)
-            # The job went dead; before its worker writes the bit, an operator kicks it.
-            assert lists.kick_job(list_name, a.jid)
-            real_set_bits(backend, name, tokens, bitmap, value)
-            raise _Killed  # killed before the read-back
-        return real_set_bits(backend, name, tokens, bitmap, value)
-
-    monkeypatch.setattr(transitions, "set_bits", kicked_then_killed)
+    _killed_after_a_kicked_dead_bit(monkeypatch, lists, list_name, a.jid)
     with pytest.raises(_Killed):
         queue.fail(a, "boom")
     assert lists.find_job(list_name, a.jid)["state"] == "queued"
@@ -953,17 +959,7 @@ def test_a_dead_bit_left_on_a_kicked_job_is_cleared_by_the_sweep(queue, lists, l
     which recounts missing bits, never cleared a wrong one."""
     lists.load(list_name, specs(3), max_attempts=1, seal=True)
     a, b = queue.reserve(list_name, session, 2)
-    real_set_bits = transitions.set_bits
-
-    def kicked_then_killed(backend, name, tokens, bitmap, value):
-        if bitmap == "dead" and value == 1:
-            monkeypatch.setattr(transitions, "set_bits", real_set_bits)
-            assert lists.kick_job(list_name, a.jid)
-            real_set_bits(backend, name, tokens, bitmap, value)
-            raise _Killed
-        return real_set_bits(backend, name, tokens, bitmap, value)
-
-    monkeypatch.setattr(transitions, "set_bits", kicked_then_killed)
+    _killed_after_a_kicked_dead_bit(monkeypatch, lists, list_name, a.jid)
     with pytest.raises(_Killed):
         queue.fail(a, "boom")
     queue.complete(b)
