@@ -544,7 +544,7 @@ class JobLists:
             # Tokens without a job record: the sync's retention deleted them (keeping
             # their index entries, so that a repeated load adds nothing twice), or a
             # load died before writing them. Their entries are found by the list's name.
-            index += self._delete_all(keys.JIDX_SET, self._index_names(name))
+            index += self._delete_index_of(name)
         id_chunks = self._delete_all(keys.IDS_SET, [keys.chunk_name(name, c) for c in range(ranges)])
         bitmap_names = [keys.chunk_name(name, c) for c in range(-(-alloc // keys.BITS_PER_CHUNK))]
         bitmaps = self._delete_all(keys.DONE_SET, bitmap_names)
@@ -598,11 +598,19 @@ class JobLists:
         # check stricter or looser by that much, and the seal settles the rest.
         return [r for r in (head.get("pend") or {}).values() if r.get("real") is None and r.get("exp", 0) > now_ms]
 
-    def _index_names(self, name: str) -> list[str]:
-        """The job-id index entries of list `name` still in the store, found by a scan
-        of the index set filtered on their "l" bin (entries written before it have none)."""
+    def _delete_index_of(self, name: str) -> int:
+        """Delete the job-id index entries of list `name` still in the store, found by a
+        scan of the index set filtered on their "l" bin (entries written before it have
+        none), a PAGE at a time: a million of them are not held at once. Returns how
+        many existed."""
         only = exp.Eq(exp.StrBin("l"), name).compile()
-        return [n for n, _ in self.backend.scan(keys.JIDX_SET, expression=only, bins=["l"])]
+        deleted, page = 0, []
+        for n, _ in self.backend.scan(keys.JIDX_SET, expression=only, bins=["l"]):
+            page.append(n)
+            if len(page) == PAGE:
+                deleted += self._delete_all(keys.JIDX_SET, page)
+                page = []
+        return deleted + self._delete_all(keys.JIDX_SET, page)
 
     def _delete_all(self, set_name: str, names: list[str]) -> int:
         """Delete records (batch deletes, PAGE at a time, repeated while in doubt);

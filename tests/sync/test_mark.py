@@ -86,12 +86,16 @@ def test_a_job_changed_after_the_clock_is_marked_with_the_version_read_or_not_at
     assert gone not in jobs, "update-only: a deleted job is not brought back"
 
 
-def test_a_list_dropped_after_retention_leaves_no_job_id_index_behind(registered, list_name):
+def test_a_list_dropped_after_retention_leaves_no_job_id_index_behind(registered, list_name, monkeypatch):
     """Retention deletes a job's record; `drop` found a list's job-id index entries
     (aq_jidx) only through its job records: those of the jobs retention took were
     left behind for good, one record per job ever processed. A list whose name
-    starts the same keeps its own."""
+    starts the same keeps its own. (Pages of 3: the deletes interleave with the scan
+    that finds the entries.)"""
+    from aeroqueue import lists as lists_module
     from aeroqueue.sync.mark import mark, retain
+
+    monkeypatch.setattr(lists_module, "PAGE", 3)
 
     make_jobs(registered, list_name, done=6, dead=2, queued=2)
     make_jobs(registered, f"{list_name}-b", done=1, queued=1)
