@@ -380,14 +380,10 @@ class JobLists:
 
     def dead_tokens(self, name: str, alloc: int) -> list[int]:
         """The tokens whose dead bit is set (a done one's too: it is wrong)."""
-        per, width = keys.BITS_PER_CHUNK, keys.BITS_PER_CHUNK // 8
-        n_chunks = -(-alloc // per)
-        recs = self.backend.batch_get(keys.DONE_SET, [keys.chunk_name(name, c) for c in range(n_chunks)])
+        per = keys.BITS_PER_CHUNK
         tokens = []
-        for chunk, rec in enumerate(recs):
-            if rec is None or not rec.bins.get("dead"):
-                continue
-            x = int.from_bytes(bytes(rec.bins["dead"]).ljust(width, b"\0"), "big")
+        for chunk, rec in enumerate(self._bitmaps(name, alloc)):
+            x = _chunk_bits(rec, "dead")
             while x:  # the set bits only: dead jobs are few
                 bit = x.bit_length() - 1
                 tokens.append(chunk * per + per - 1 - bit)
@@ -400,17 +396,13 @@ class JobLists:
         duplicate, pending nothing: a release or requeue repeated after a lost answer
         pushes a token twice (rather than strand it), the job runs once, and a take
         skips the second entry."""
-        n_chunks = -(-alloc // keys.BITS_PER_CHUNK)
-        recs = self.backend.batch_get(keys.DONE_SET, [keys.chunk_name(name, c) for c in range(n_chunks)])
         done = dead = 0
         maps: dict[int, int] = {}
         voids: dict[int, int] = {}
-        width = keys.BITS_PER_CHUNK // 8
-        for chunk, rec in enumerate(recs):
+        for chunk, rec in enumerate(self._bitmaps(name, alloc)):
             if rec is None:
                 continue
-            d = int.from_bytes(bytes(rec.bins.get("done") or b"").ljust(width, b"\0"), "big")
-            x = int.from_bytes(bytes(rec.bins.get("dead") or b"").ljust(width, b"\0"), "big")
+            d, x = _chunk_bits(rec, "done"), _chunk_bits(rec, "dead")
             maps[chunk] = d | x
             done += d.bit_count()
             # Each job counted once: a done job whose dead bit is set too (a dead bit left
@@ -418,8 +410,13 @@ class JobLists:
             # done since) is done.
             dead += (x & ~d).bit_count()
             if rec.bins.get("void"):
-                voids[chunk] = int.from_bytes(bytes(rec.bins["void"]).ljust(width, b"\0"), "big")
+                voids[chunk] = _chunk_bits(rec, "void")
         return done, dead, _Finished(maps), _Finished(voids)
+
+    def _bitmaps(self, name: str, alloc: int) -> list[Any]:
+        """The completion bitmap records of a list's `alloc` tokens, one a chunk (None: no bit set yet)."""
+        n_chunks = -(-alloc // keys.BITS_PER_CHUNK)
+        return self.backend.batch_get(keys.DONE_SET, [keys.chunk_name(name, c) for c in range(n_chunks)])
 
     # -- walking a list ----------------------------------------------------------
 
@@ -653,6 +650,13 @@ def new_list_policy(
     if new and hi < lo:
         raise ConfigError(f"the backoff cap ({hi / 1000:g} s) would be below its base ({lo / 1000:g} s)")
     return opts
+
+
+def _chunk_bits(rec: Any, bitmap: str) -> int:
+    """One bitmap of a chunk record as an int, the chunk's first token the highest bit
+    (0 for no record or no such bin)."""
+    raw = rec.bins.get(bitmap) if rec is not None else None
+    return int.from_bytes(bytes(raw or b"").ljust(keys.BITS_PER_CHUNK // 8, b"\0"), "big")
 
 
 def _policy_opts(timeout_s: float | None, backoff_s: float | None, backoff_max_s: float | None) -> dict[str, int]:

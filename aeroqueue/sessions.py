@@ -500,7 +500,7 @@ def recount_session(backend: Backend, session_id: str) -> int:
         head = heads.get(list_name)
         if state != "queued" or head is None:  # a list made or dropped since: not this reap's
             continue
-        held = _held_by(head, lists.unpopped_ids(list_name, head) if head["mode"] == "ids" else [])
+        held = _held_by(lists, list_name, head)
         lost = [j for j in jobs if not held(j.bins["token"])]
         # Fenced as the sweep's are: a job claimed since the scan read it is not offered.
         room = max(0, transitions.RETRY_CAP - len(head.get("retry") or []))
@@ -619,17 +619,18 @@ def sweep(backend: Backend, *, grace_ms: int = 60_000, stop: Callable[[], bool] 
     overdue_before = time.time() * 1000 - grace_ms
     for list_name, jobs in found["delayed"].items():
         head = heads[list_name]
-        held = _held_by(head, lists.unpopped_ids(list_name, head) if head["mode"] == "ids" else [])
+        held = _held_by(lists, list_name, head)
         late = [j for j in jobs if j.bins.get("due", 0) < overdue_before and not held(j.bins["token"])]
         requeued += offer(list_name, late)
     return SweepReport(requeued, orphans, recounted, ranges)
 
 
-def _held_by(head: dict[str, Any], unpopped: list[int]) -> Callable[[int], bool]:
+def _held_by(lists: JobLists, list_name: str, head: dict[str, Any]) -> Callable[[int], bool]:
     """Whether the list record (as `head` read it) still holds a token where a take
     will hand it out: the retry store, the schedule (tokens and ranges), gates, due
     ranges (`ready`), timed jobs, and the token store's [head, tail) or, in ID mode,
-    the chunks not popped yet (`unpopped`). See aq_list_v1.lua's header."""
+    the chunks not popped yet (read here). See aq_list_v1.lua's header."""
+    unpopped = lists.unpopped_ids(list_name, head) if head["mode"] == "ids" else []
     singles = set(head.get("retry") or []) | set(head.get("timed") or {}) | set(unpopped)
     ranges: list[tuple[int, int]] = []
     for items in (head.get("sched") or {}).values():
