@@ -26,7 +26,12 @@ from aeroqueue.lists import JobLists
 from aeroqueue.queue import Queue
 from aeroqueue.sessions import Session
 
-REAL_URL = os.environ.get("AEROQUEUE_TEST_URL")
+# One server URL, or several separated by blanks (separate servers, for
+# tests/run.py to split the real-server tests among): pytest alone uses the first.
+REAL_URL = next(iter(os.environ.get("AEROQUEUE_TEST_URL", "").split()), None)
+# "i/n" (set by tests/run.py): this process runs the i-th of n parts of the
+# real-server tests, each part on a server of its own.
+SHARD = os.environ.get("AEROQUEUE_TEST_SHARD")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 
@@ -56,18 +61,30 @@ def backend_urls(tmp: Path) -> list[tuple[str, str]]:
 
 
 # `make test` runs the suite as pytest processes side by side (tests/run.py):
-# `-m real_server`, and `-m "not real_server"` in two. Every test that uses the shared
-# real server is in the first, one after another as before: a reaper or sweep of
-# one test must never act on another test's expired claims while that test waits
-# to count them itself. The rest has stores of its own (embedded files, scratch
-# databases, the multi-node cluster in its network namespace).
+# `-m real_server`, and `-m "not real_server"` in two. The tests that use a real
+# server run one after another on it: a reaper or sweep of one test must never act
+# on another test's expired claims while that test waits to count them itself.
+# Given several servers (CI starts two), they are split into one process per
+# server (AEROQUEUE_TEST_SHARD). The rest has stores of its own (embedded files,
+# scratch databases, the multi-node cluster in its network namespace).
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    on_server: list[pytest.Item] = []
     for item in items:
         params = getattr(item, "callspec", None)
-        on_server = params is not None and params.params.get("store_url") == "aerospike"
-        if on_server or "real_url" in getattr(item, "fixturenames", ()):
+        if (params is not None and params.params.get("store_url") == "aerospike") or "real_url" in getattr(
+            item, "fixturenames", ()
+        ):
             item.add_marker(pytest.mark.real_server)
+            on_server.append(item)
+    if SHARD:
+        # Every n-th test from the i-th on: neighbours in a file are alike in
+        # what they wait for, so the parts come out near equal in time.
+        part, parts = (int(x) for x in SHARD.split("/"))
+        others = {id(item) for k, item in enumerate(on_server) if k % parts != part}
+        if others:
+            config.hook.pytest_deselected(items=[item for item in items if id(item) in others])
+            items[:] = [item for item in items if id(item) not in others]
 
 
 @pytest.fixture(scope="session")

@@ -1,11 +1,14 @@
-"""`make test`: the suite as three pytest processes side by side.
+"""`make test`: the suite as pytest processes side by side.
 
-One runs the tests that use the shared real server (marked ``real_server`` by
-tests/conftest.py), one after another as they always ran; the other two run
-the rest, whose stores are their own: the multi-node and sync tests (which
-wait on nodes, heartbeats and Spark far more than they compute) beside
-everything else. Most tests wait (on leases, heartbeats, processes) more than
-they compute: in one process the suite took 626 s here, its CPU time 270 s.
+The tests that use a real server (marked ``real_server`` by tests/conftest.py)
+run one after another on it, since a reaper or sweep of one test must not act
+on another's expired claims. ``AEROQUEUE_TEST_URL`` may name several separate
+servers, separated by blanks (.ci/run starts two nodes): the real-server tests
+are then split into one process per server (``AEROQUEUE_TEST_SHARD=i/n``).
+Alone, on one server, they took 393 s here, 36% of it CPU time: they wait on
+leases, heartbeats and processes far more than they compute. The rest, whose
+stores are their own, runs as two more processes: the multi-node and sync tests
+(which wait on nodes, heartbeats and Spark) beside everything else.
 
 The last group prints as it runs; the others' output goes to files and is
 printed whole once all have ended (or the run is interrupted), so they never
@@ -17,6 +20,7 @@ not split (a path would otherwise run in two groups).
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -29,15 +33,25 @@ NO_TESTS = 5  # pytest's exit code when a selection leaves nothing to run
 SPLIT = ("tests/multinode", "tests/sync")
 
 
-def groups(args: list[str]) -> list[tuple[str, list[str]]]:
-    """(name, pytest arguments) of each process; the last one prints as it runs."""
-    server = ("the real-server tests (-m real_server)", ["-m", "real_server"])
+Group = tuple[str, list[str], dict[str, str]]  # name, pytest arguments, environment
+
+
+def groups(args: list[str], servers: list[str]) -> list[Group]:
+    """The processes to start, given the real servers' URLs; the last one prints as it runs."""
+    env = dict(os.environ)
+    plan: list[Group] = []
+    if len(servers) <= 1:
+        plan.append(("the real-server tests (-m real_server)", ["-m", "real_server"], env))
+    for i, url in enumerate(servers if len(servers) > 1 else []):
+        name = f"the real-server tests, part {i + 1} of {len(servers)} (-m real_server, {url})"
+        part = {**env, "AEROQUEUE_TEST_URL": url, "AEROQUEUE_TEST_SHARD": f"{i}/{len(servers)}"}
+        plan.append((name, ["-m", "real_server"], part))
     if any(not a.startswith("-") and Path(a.split("::")[0]).exists() for a in args):
-        return [server, ("the rest", ["-m", "not real_server"])]
+        return [*plan, ("the rest", ["-m", "not real_server"], env)]
     return [
-        server,
-        ("the multi-node and sync tests", ["-m", "not real_server", *SPLIT]),
-        ("the rest", ["-m", "not real_server", *(f"--ignore={p}" for p in SPLIT)]),
+        *plan,
+        ("the multi-node and sync tests", ["-m", "not real_server", *SPLIT], env),
+        ("the rest", ["-m", "not real_server", *(f"--ignore={p}" for p in SPLIT)], env),
     ]
 
 
@@ -63,18 +77,18 @@ def main(args: list[str]) -> int:
         return 4  # pytest's code for a usage error
     base = [sys.executable, "-m", "pytest", "-q", "-rfE", "--durations=15", *args]
     started = time.monotonic()
-    plan = groups(args)
+    plan = groups(args, os.environ.get("AEROQUEUE_TEST_URL", "").split())
     procs: list[tuple[str, subprocess.Popen[bytes], Path | None]] = []
     with tempfile.TemporaryDirectory(prefix="aeroqueue-tests-") as tmp:
-        for i, (name, extra) in enumerate(plan):
+        for i, (name, extra, env) in enumerate(plan):
             if i < len(plan) - 1:
                 log = Path(tmp) / f"group{i}.log"
                 with open(log, "wb") as f:
-                    proc = subprocess.Popen([*base, *extra], stdout=f, stderr=subprocess.STDOUT)
+                    proc = subprocess.Popen([*base, *extra], stdout=f, stderr=subprocess.STDOUT, env=env)
                 print(f"tests: {name} run in pid {proc.pid} (their output follows at the end)", flush=True)
             else:
                 print(f"tests: {name} here", flush=True)
-                log, proc = None, subprocess.Popen([*base, *extra])
+                log, proc = None, subprocess.Popen([*base, *extra], env=env)
             procs.append((name, proc, log))
         try:
             for _, proc, _ in reversed(procs):
