@@ -69,16 +69,17 @@ def spark_home() -> Path:
 
 
 class SparkCluster:
-    """A standalone master and one worker on 127.0.0.1, started with `spark-class`."""
-
-    MASTER_PORT = 7077
+    """A standalone master and one worker on 127.0.0.1, started with `spark-class`,
+    on free ports: two test processes (tests/run.py's real-server parts) may each
+    run one."""
 
     def __init__(self, root: Path, cores: int = 2) -> None:
         self.root = root
         self.cores = cores
+        self.master_port = free_port()
         self.ui_port = free_port()
         self.procs: list[subprocess.Popen] = []
-        self.url = f"spark://127.0.0.1:{self.MASTER_PORT}"
+        self.url = f"spark://127.0.0.1:{self.master_port}"
 
     def _env(self) -> dict[str, str]:
         return {**os.environ, "SPARK_HOME": str(spark_home()), "SPARK_LOCAL_IP": "127.0.0.1",
@@ -97,8 +98,8 @@ class SparkCluster:
 
     def start(self) -> None:
         self._start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                    "--port", str(self.MASTER_PORT), "--webui-port", str(self.ui_port))
-        wait_for("the Spark master listening", lambda: port_open("127.0.0.1", self.MASTER_PORT), 90, step_s=0.2)
+                    "--port", str(self.master_port), "--webui-port", str(self.ui_port))
+        wait_for("the Spark master listening", lambda: port_open("127.0.0.1", self.master_port), 90, step_s=0.2)
         self.worker = self._start(
             "worker", "org.apache.spark.deploy.worker.Worker", self.url, "--host", "127.0.0.1",
             "--cores", str(self.cores), "--memory", "1g", "--webui-port", str(free_port()),
