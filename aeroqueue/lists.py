@@ -18,10 +18,10 @@ from aerospike_helpers import expressions as exp
 from aerospike_helpers.batch.records import Write
 from aerospike_helpers.operations import operations as op
 
-from . import keys, transitions
+from . import keys, lease_entries, transitions
 from . import load as _load
 from .backends import Backend, retry_in_doubt
-from .config import CLOCK_MARGIN_MS, LEASE_SETTLE_S, MAX_ATTEMPTS, MAX_SECONDS
+from .config import LEASE_SETTLE_S, MAX_ATTEMPTS, MAX_SECONDS
 from .errors import ConfigError, JobNotFound, ListError, ListModeMismatch, ListNotFound, ListSealed
 from .load import DEFAULT_CHUNK, DEFAULT_LEASE_MS, LoadReport, max_payload
 
@@ -571,13 +571,15 @@ class JobLists:
         deadline = time.monotonic() + wait_s
         while True:
             held = 0
-            cutoff = time.time() * 1000 - CLOCK_MARGIN_MS
-            for sid, rec in self.backend.scan(keys.SESS_SET, bins=["leases"]):
-                mine = {lid: e for lid, e in (rec.bins.get("leases") or {}).items() if e[0] == name}
-                over = [lid for lid, e in mine.items() if e[1] < cutoff]
+            cutoff = lease_entries.cutoff_ms()
+            for sid, leases in lease_entries.scan(self.backend):
+                mine = lease_entries.on_list(leases, name)
+                over = lease_entries.overdue(mine, cutoff)
                 if over:
-                    retry_in_doubt(functools.partial(self.backend.udf, keys.SESS_SET, sid, keys.SESS_MOD, "unlease", over))
-                held += sum(len(toks) for lid, e in mine.items() if lid not in over for _, _, toks in e[2])
+                    retry_in_doubt(
+                        functools.partial(self.backend.udf, keys.SESS_SET, sid, keys.SESS_MOD, "unlease", list(over))
+                    )
+                held += sum(len(list(lease_entries.tokens(e))) for lid, e in mine.items() if lid not in over)
             if not held:
                 return
             if time.monotonic() >= deadline:

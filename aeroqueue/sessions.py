@@ -46,9 +46,9 @@ from typing import Any
 from aerospike_helpers import expressions as xp
 from aerospike_helpers.operations import expression_operations as eo
 
-from . import hotpath, keys, transitions
+from . import hotpath, keys, lease_entries, transitions
 from .backends import IN_DOUBT, Backend, retry_in_doubt
-from .config import CLOCK_MARGIN_MS, LEASE_SETTLE_S, MAX_SECONDS
+from .config import LEASE_SETTLE_S, MAX_SECONDS
 from .errors import (
     BackendError,
     BackendTimeout,
@@ -63,7 +63,8 @@ from .transitions import flush_bits, push_retry, set_bits
 log = logging.getLogger("aeroqueue.sessions")
 
 DEFAULT_INTERVAL_S = 1.0
-# CLOCK_MARGIN_MS and LEASE_SETTLE_S live in `config`: a drop (`lists`) waits on them too.
+# LEASE_SETTLE_S lives in `config`: a drop (`lists`) waits on it too; the lease
+# entries, and when one is past its limit, are read in `lease_entries` for both.
 # How long after its take a reservation may still record its lease: well inside the
 # sweep's wait. Later (a busy session record, an answer in doubt) it claims the jobs.
 LEASE_WINDOW_S = LEASE_SETTLE_S / 2
@@ -379,10 +380,7 @@ def expire_overdue(backend: Backend, session_id: str, leases: dict[str, Any] | N
     session record's, as a scan read them). One index query on the session's claims;
     returns how many it ended."""
     if leases:
-        # Past the limit by this host's clock, with the margin the project allows
-        # between clocks: an ack the server still admits lands first, or not at all.
-        cutoff = time.time() * 1000 - CLOCK_MARGIN_MS
-        claim_leases(backend, session_id, {lid: e for lid, e in leases.items() if e[1] < cutoff})
+        claim_leases(backend, session_id, lease_entries.overdue(leases, lease_entries.cutoff_ms()))
     lists = JobLists(backend)
     policies: dict[str, tuple[int, int]] = {}
     ended = 0
@@ -424,7 +422,7 @@ def claim_leases(backend: Backend, session_id: str, leases: dict[str, Any] | Non
     fence). Idempotent; returns the jobs claimed."""
     if leases is None:
         rec = backend.get(keys.SESS_SET, session_id, bins=["leases"])
-        leases = (rec.bins.get("leases") if rec is not None else None) or {}
+        leases = lease_entries.of_record(rec.bins) if rec is not None else {}
     claimed = 0
     for lid, (list_name, _until, groups) in leases.items():
         for att, at, tokens in groups:
@@ -455,11 +453,10 @@ def lease_holder(backend: Backend, list_name: str, token: int) -> str | None:
 
 
 def _leased(backend: Backend) -> Iterator[tuple[str, str, int]]:
-    for sid, rec in backend.scan(keys.SESS_SET, bins=["leases"]):
-        for list_name, _until, groups in (rec.bins.get("leases") or {}).values():
-            for _, _, tokens in groups:
-                for token in tokens:
-                    yield sid, list_name, token
+    for sid, leases in lease_entries.scan(backend):
+        for entry in leases.values():
+            for token in lease_entries.tokens(entry):
+                yield sid, entry[0], token
 
 
 def lease_of(
@@ -468,7 +465,7 @@ def lease_of(
     """The lease session `session_id` holds job `token` of `list_name` under, as its
     id and fence (att and claimed as read, the lease's end: `Job.lease`), or None."""
     rec = backend.get(keys.SESS_SET, session_id, bins=["leases"])
-    for lid, (name, until, groups) in ((rec.bins.get("leases") if rec else None) or {}).items():
+    for lid, (name, until, groups) in (lease_entries.of_record(rec.bins) if rec else {}).items():
         if name == list_name:
             for att, claimed, tokens in groups:
                 if token in tokens:

@@ -21,10 +21,11 @@ from click.testing import CliRunner, Result
 from aeroqueue import errors, keys, udfs
 from aeroqueue.backends import open_backend
 from aeroqueue.cli import main
+from aeroqueue.config import CLOCK_MARGIN_MS
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Queue
-from aeroqueue.sessions import CLOCK_MARGIN_MS, Session, reap
+from aeroqueue.sessions import Session, reap
 
 # Environment variables that would change what these commands do, removed for each run.
 CLEAN = {"AEROQUEUE_URL": None, "AEROQUEUE_VERBOSE": None, "AEROQUEUE_CREATE": None, "AEROQUEUE_JSON": None,

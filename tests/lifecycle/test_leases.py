@@ -18,11 +18,11 @@ from aeroqueue import errors, hotpath, keys, sessions, transitions, udfs
 from aeroqueue.backends import Backend, open_backend
 from aeroqueue.cli import main
 from aeroqueue.cli.job_cmd import job_view
+from aeroqueue.config import CLOCK_MARGIN_MS
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Job, Queue
 from aeroqueue.sessions import (
-    CLOCK_MARGIN_MS,
     LEASE_SETTLE_S,
     Session,
     SweepReport,

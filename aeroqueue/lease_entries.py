@@ -1,0 +1,57 @@
+"""The leases a session record holds: jobs the session took without a claim on
+their records (`Queue.reserve(..., lease=True)`), in its `leases` bin
+(aq_sess_v1.lua):
+
+    {lease id: [list name, until (server ms), [[att, claimed, [token, ...]], ...]]}
+
+Read here for the sessions (the reaper, an operator's questions) and for a drop
+(`lists`, which waits for the leases on its list), so that both decode an entry,
+and judge a lease past its limit, the same way.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from . import keys
+from .backends import Backend
+from .config import CLOCK_MARGIN_MS
+
+Entry = list[Any]  # [list name, until, groups]
+Leases = dict[str, Entry]  # lease id -> entry
+
+
+def cutoff_ms() -> float:
+    """A lease whose end is before this (server ms) is past its limit: this host's
+    clock less the margin the project allows between clocks, so that an ack the
+    server still admits lands first, or not at all."""
+    return time.time() * 1000 - CLOCK_MARGIN_MS
+
+
+def overdue(leases: Leases, cutoff: float) -> Leases:
+    """The leases of `leases` past their limit by `cutoff` (`cutoff_ms`)."""
+    return {lid: e for lid, e in leases.items() if e[1] < cutoff}
+
+
+def on_list(leases: Leases, list_name: str) -> Leases:
+    return {lid: e for lid, e in leases.items() if e[0] == list_name}
+
+
+def tokens(entry: Entry) -> Iterator[int]:
+    """The tokens (jobs of its list) a lease holds."""
+    for _att, _claimed, toks in entry[2]:
+        yield from toks
+
+
+def of_record(bins: dict[str, Any]) -> Leases:
+    """The leases of a session record's bins (none when it holds none)."""
+    return bins.get("leases") or {}
+
+
+def scan(backend: Backend) -> Iterator[tuple[str, Leases]]:
+    """(session id, its leases) of every session record: a scan, for a drop or an
+    operator's question, not a hot path."""
+    for sid, rec in backend.scan(keys.SESS_SET, bins=["leases"]):
+        yield sid, of_record(rec.bins)
