@@ -14,7 +14,12 @@ SESS_SET = "aq_sess"  # "<session id>": heartbeat session
 DONE_SET = "aq_done"  # "<list>/<chunk>": completion bitmaps (bins done, dead; void: tokens that hold no job)
 JIDX_SET = "aq_jidx"  # "<list>/<jid>": job id -> token, the commit point of a load
 LOCK_SET = "aq_lock"  # "<name>": a lease (owner, host, pid, ttl_ms); a sync's is "sync:<target>"
-SYNC_SET = "aq_sync"  # "<run>/<partition>": a running sync task's progress (lists: copied per list)
+SYNC_SET = "aq_sync"  # "<run>/<partition>": a running sync task's progress (lists: copied per list); "clock/<id>"
+# The time to live of every aq_sync record: each is removed by the process that
+# wrote it (the clock at once, progress at the run's end), and one killed in
+# between would otherwise leave it for ever. A task's progress is rewritten
+# after each batch, so a running task's never expires.
+SYNC_TTL_S = 86_400
 
 LIST_MOD = "aq_list_v1"
 JOB_MOD = "aq_job_v1"

@@ -88,7 +88,7 @@ def server_clock(backend: Backend) -> Clock:
     (and removed). Every record written after this call has a later one."""
     name = f"clock/{uuid.uuid4().hex}"
     nodes = _nodes(backend)
-    backend.put(keys.SYNC_SET, name, {"at": 1})
+    backend.put(keys.SYNC_SET, name, {"at": 1}, ttl=keys.SYNC_TTL_S)
     try:
         got = backend.operate(keys.SYNC_SET, name, [eop.expression_read("lut", exp.LastUpdateTime().compile())])
         return Clock(int(got.bins["lut"]), nodes)

@@ -213,7 +213,10 @@ class RangeSync:
             return
         # Progress is a courtesy: never fail a task for it.
         with contextlib.suppress(BackendError):
-            self.backend.put(keys.SYNC_SET, self._report_as, {"lists": dict(self.per_list), "attempt": self.attempt})
+            self.backend.put(
+                keys.SYNC_SET, self._report_as, {"lists": dict(self.per_list), "attempt": self.attempt},
+                ttl=keys.SYNC_TTL_S,
+            )
 
 
 def _task_attempt() -> int:

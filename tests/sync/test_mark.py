@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import time
+import uuid
 
 import pytest
 
@@ -110,3 +111,30 @@ def test_a_list_dropped_after_retention_leaves_no_job_id_index_behind(registered
     assert left == [], "the dropped list's job-id index entries are gone"
     assert all(registered.get(keys.JIDX_SET, keys.jidx_name(f"{list_name}-b", j)) for j in ("j0", "j1"))
     JobLists(registered).drop(f"{list_name}-b", grace_s=0)
+
+
+def test_the_records_a_killed_sync_would_leave_behind_expire(registered, list_name, monkeypatch):
+    """The clock record (removed right after its read) and a task's progress record
+    (removed by the driver when the run ends) outlive a process killed in between:
+    both carry a time to live, so they do not stay for ever."""
+    from aeroqueue.sync import SyncOptions, parse_target
+    from aeroqueue.sync.task import RangeSync, progress_name
+
+    removed: list[str] = []
+    monkeypatch.setattr(registered, "remove", lambda set_name, name, **kw: removed.append(name))  # killed before it
+    server_clock(registered)
+    assert len(removed) == 1 and removed[0].startswith("clock/")
+    run = f"t{uuid.uuid4().hex[:12]}"
+    task = RangeSync(
+        SyncOptions(store_url="embedded:///unused.db", target=parse_target("mysql://root@127.0.0.1:3306/test"), run_id=run),
+        registered, sink=None, synced_at=0,  # type: ignore[arg-type]  # the report needs no sink
+    )
+    task._report_as = progress_name(run, 0)
+    task.per_list[list_name] = 3
+    task._report()
+    for name in (removed[0], progress_name(run, 0)):
+        rec = registered.get(keys.SYNC_SET, name)
+        assert rec is not None and rec.ttl is not None and 0 < rec.ttl <= keys.SYNC_TTL_S, (name, rec)
+    monkeypatch.undo()
+    for name in (removed[0], progress_name(run, 0)):
+        registered.remove(keys.SYNC_SET, name)
