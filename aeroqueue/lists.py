@@ -79,6 +79,14 @@ class ListStatus:
         return asdict(self)
 
 
+def check_bury_reason(why: str) -> str:
+    """A bury's reason is the dead job's last error, what an operator reads later: it
+    must say something."""
+    if not why.strip():
+        raise ConfigError("the reason for a bury is empty: it is the dead job's last error; say why it is buried")
+    return why
+
+
 class JobLists:
     """Job lists in one store."""
 
@@ -471,7 +479,9 @@ class JobLists:
 
     def bury(self, name: str, jid: str, why: str = "buried by an operator") -> str:
         """Send one job to dead by hand (a claim on it is lost: its ack will be refused).
-        Returns the job's state afterwards: 'dead', or 'done' (left alone)."""
+        Returns the job's state afterwards: 'dead', or 'done' (left alone). `why` is
+        the dead job's last error: blank raises `ConfigError`."""
+        check_bury_reason(why)
         job = self.find_job(name, jid)
         return transitions.bury(self.backend, name, job["token"], why)
 

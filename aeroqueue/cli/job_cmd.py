@@ -10,8 +10,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..lists import JobLists
-from .context import JSON_OPT, LIST_ARG, Context, option, server_time
+from ..lists import JobLists, check_bury_reason
+from .context import JSON_OPT, LIST_ARG, Context, option, server_time, usage_check
 
 JOB_ID_ARG = click.argument("job_id", metavar="ID")
 # What `job show` prints of a record, in this order (JSON keys; the table says them in words).
@@ -97,7 +97,8 @@ def kick(obj: Context, list_name: str, job_id: str) -> None:
 @job.command()
 @LIST_ARG
 @JOB_ID_ARG
-@option("--reason", env="BURY_REASON", default="buried by an operator", help="Recorded in the job's error history.")
+@option("--reason", env="BURY_REASON", default="buried by an operator", callback=usage_check(check_bury_reason),
+        help="Recorded in the job's error history (not blank).")
 @click.pass_obj
 def bury(obj: Context, list_name: str, job_id: str, reason: str) -> None:
     """Send one job of LIST to dead by hand (queued, delayed or claimed: a worker holding

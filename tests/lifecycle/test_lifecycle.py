@@ -709,6 +709,12 @@ def test_cli_job_show_kick_bury(store_url, lists, list_name, cli):
     out = cli("job", "show", list_name, "job-1", "--json")
     view = json.loads(out)
     assert (view["id"], view["state"], view["attempts"], view["errors"]) == ("job-1", "queued", 0, [])
+    for blank in ("", "  "):
+        said = cli("job", "bury", list_name, "job-1", "--reason", blank, code=2)
+        assert "--reason" in said and "reason for a bury is empty" in said
+    with pytest.raises(errors.ConfigError, match="reason for a bury is empty"):
+        lists.bury(list_name, "job-1", " ")
+    assert json.loads(cli("job", "show", list_name, "job-1", "--json"))["state"] == "queued", "nothing buried"
     cli("job", "bury", list_name, "job-1", "--reason", "operator says no")
     view = json.loads(cli("job", "show", list_name, "job-1", "--json"))
     assert view["state"] == "dead" and view["errors"][0]["error"] == "operator says no"
