@@ -15,9 +15,9 @@ from aeroqueue.queue import Job
 def hang_or_double(job: Job) -> dict:
     if job.payload.get("hang"):
         time.sleep(60)
-    if job.payload.get("touch"):
-        for _ in range(3):
-            time.sleep(0.4)
+    if job.payload.get("touch"):  # 2 s of work, touched every 0.5 s
+        for _ in range(4):
+            time.sleep(0.5)
             job.touch()
     return {"double": job.payload["n"] * 2, "pid": os.getpid()}
 
