@@ -45,6 +45,7 @@ from typing import Any
 
 from aerospike_helpers import expressions as xp
 from aerospike_helpers.operations import expression_operations as eo
+from aerospike_helpers.operations import operations as op
 
 from . import hotpath, keys, lease_entries, transitions
 from .backends import IN_DOUBT, Backend, retry_in_doubt
@@ -310,10 +311,12 @@ def release_claims(backend: Backend, session_id: str, *, refund: bool, why: str)
     Idempotent: the release UDF only acts on a claim the session still holds."""
     released: dict[str, list[int]] = defaultdict(list)
     dead: dict[str, list[int]] = defaultdict(list)
+    tx = transitions.reaper_tx()  # another reaper's pass releasing the same claims offers none of them again
     try:
         for name, rec in backend.find(keys.JOB_SET, "sess", session_id, expression=_CLAIMED):
             # One attempt when in doubt (deadline_s=0): the callers repeat the whole pass.
-            st = transitions.job_udf(backend, name, "release", session_id, 1 if refund else 0, why, "", deadline_s=0, busy_s=5.0)
+            st = transitions.job_udf(backend, name, "release", session_id, 1 if refund else 0, why, "", deadline_s=0,
+                                     busy_s=5.0, tx=tx)
             if st == "released":
                 released[rec.bins["list"]].append(rec.bins["token"])
             elif st == "dead":
@@ -324,8 +327,34 @@ def release_claims(backend: Backend, session_id: str, *, refund: bool, why: str)
         for list_name, tokens in dead.items():
             transitions.set_dead_bits(backend, list_name, tokens)
         for list_name, tokens in released.items():
-            push_retry(backend, list_name, tokens)
+            push_retry(backend, list_name, _offer(backend, list_name, tokens, tx))
     return sum(len(t) for t in released.values()) + sum(len(t) for t in dead.values())
+
+
+def _offer(backend: Backend, list_name: str, tokens: list[int], tx: str) -> list[int]:
+    """Of the jobs the release pass `tx` released, those it offers again: each marked
+    offered by it (`off`), unless another reaper offered it first. A reaper that takes
+    up a half-done reap (the session 'reaping') recounts the session's jobs
+    (`recount_session`) while the pass that released them may not have pushed them
+    yet: each would offer them, and the job would wait twice in the retry store. The
+    mark and the recount's fence (`_fence`, which marks too, under a generation check)
+    let one of them offer it. A job this pass did not end last (`tx`) is not its to
+    offer; one no `tx` was written on (a job module older than `tx`) is, as before.
+    Repeated after a lost answer, the mark answers as it did."""
+    names = keys.job_names(list_name, tokens)
+    mine = xp.And(
+        xp.Or(xp.Not(xp.BinExists("tx")), xp.Eq(xp.StrBin("tx"), tx)),
+        xp.Or(xp.Not(xp.BinExists("off")), xp.Eq(xp.StrBin("off"), tx)),
+    ).compile()
+    codes = retry_in_doubt(
+        lambda: backend.batch_same_codes(keys.JOB_SET, names, [op.write("off", tx)], expression=mine)
+    )
+    # 27: offered by another reaper, or ended again since; 2: gone (a drop).
+    failed = sorted({code for code in codes if code not in (0, 2, 27)})
+    if failed:
+        log.warning("release: the offer of %d released jobs failed (codes %s); the sweep offers them",
+                    sum(code in failed for code in codes), failed)
+    return [t for t, code in zip(tokens, codes, strict=True) if code == 0]
 
 
 @dataclass(frozen=True)
@@ -384,6 +413,7 @@ def expire_overdue(backend: Backend, session_id: str, leases: dict[str, Any] | N
     lists = JobLists(backend)
     policies: dict[str, tuple[int, int]] = {}
     ended = 0
+    tx = transitions.reaper_tx()  # another reaper ending the same claims at once offers none of them again
     for _, rec in backend.find(keys.JOB_SET, "sess", session_id, expression=_OVERDUE):
         bins = rec.bins
         name = bins["list"]
@@ -397,7 +427,7 @@ def expire_overdue(backend: Backend, session_id: str, leases: dict[str, Any] | N
         limit = "its lease's time limit" if tl < 0 else f"its time limit of {tl / 1000:g} s"
         why = f"timed out: not acknowledged within {limit} (session {session_id} still alive)"
         delay = transitions.backoff_ms(bins.get("att", 1), *policies[name])
-        st = transitions.expire(backend, bins["list"], bins["token"], session_id, why, delay_ms=delay)
+        st = transitions.expire(backend, bins["list"], bins["token"], session_id, why, delay_ms=delay, tx=tx)
         if st in ("retry", "delayed", "dead"):
             ended += 1
             # The job named in the message too: a command that sets no log handler (`aeroqueue reap`)
@@ -491,14 +521,17 @@ def recount_session(backend: Backend, session_id: str) -> int:
         with contextlib.suppress(ListNotFound):  # dropped meanwhile
             heads[name] = lists.header(name)
     found: dict[tuple[str, str], list[_Found]] = defaultdict(list)
-    for name, rec in backend.scan(keys.JOB_SET, expression=finished, bins=["list", "token", "state"]):
+    for name, rec in backend.scan(keys.JOB_SET, expression=finished, bins=["list", "token", "state", "off"]):
         found[(rec.bins["list"], rec.bins["state"])].append(_Found(name, rec.gen, rec.bins))
     for (list_name, state), jobs in found.items():
         head = heads.get(list_name)
         if state != "queued" or head is None:  # a list made or dropped since: not this reap's
             continue
         held = _held_by(lists, list_name, head)
-        lost = [j for j in jobs if not held(j.bins["token"])]
+        # One already offered (`off`: by the pass that released it, maybe pushing it as
+        # this runs, or by another recount) is not offered twice: should its offerer
+        # have died before the push, the sweep finds it.
+        lost = [j for j in jobs if not held(j.bins["token"]) and j.bins.get("off") is None]
         # Fenced as the sweep's are: a job claimed since the scan read it is not offered.
         room = max(0, transitions.RETRY_CAP - len(head.get("retry") or []))
         push_retry(backend, list_name, _fence(backend, lost, room))
@@ -652,8 +685,9 @@ class _Found:
     bins: dict[str, Any]
 
 
-# The fence's write: when a sweeper last offered the job again (server ms).
-_SWEPT = [eo.expression_write("swept", hotpath.SERVER_NOW_COMPILED)]
+# The fence's write: when a sweeper last offered the job again (server ms), and that
+# it was offered: a release pass that has not offered it yet then leaves it (`_offer`).
+_SWEPT = [eo.expression_write("swept", hotpath.SERVER_NOW_COMPILED), op.write("off", "sweep")]
 FENCE_BATCH = 5000  # job records fenced a batch call
 
 

@@ -35,6 +35,7 @@ import functools
 import logging
 import random
 import threading
+import uuid
 import weakref
 from collections import defaultdict
 from collections.abc import Iterable
@@ -294,17 +295,21 @@ def is_stale(answer: Any) -> bool:
 
 
 def job_udf(
-    backend: Backend, job_name: str, function: str, *args: Any, deadline_s: float = 5.0, busy_s: float | None = None
+    backend: Backend, job_name: str, function: str, *args: Any, deadline_s: float = 5.0, busy_s: float | None = None,
+    tx: str | None = None,
 ) -> Any:
     """A job UDF that makes or ends a claim, given every argument up to its request id:
     sent with a fresh `Backend.job_deadline` each time, and repeated while its answer
     is in doubt (a timeout, a node lost, or 'stale': refused, nothing done) until
     `deadline_s`. A repeat answers as the first did, so repeating is safe. A busy key
-    is retried for `busy_s` (default: `deadline_s`)."""
+    is retried for `busy_s` (default: `deadline_s`). `tx`: a reaper's id for an expire
+    or release (`reaper_tx`), after the deadline, so that a list module that takes none
+    ignores it."""
+    extra = () if tx is None else (tx,)
 
     def once() -> Any:
         answer = backend.udf(
-            keys.JOB_SET, job_name, keys.JOB_MOD, function, *args, backend.job_deadline(),
+            keys.JOB_SET, job_name, keys.JOB_MOD, function, *args, backend.job_deadline(), *extra,
             deadline_s=deadline_s if busy_s is None else busy_s,
         )
         if is_stale(answer):
@@ -316,6 +321,16 @@ def job_udf(
         return answer
 
     return retry_in_doubt(once, deadline_s=deadline_s)
+
+
+def reaper_tx() -> str:
+    """An id for one reaper's calls that end claims of a session it does not own. Two
+    reapers (every worker runs one) may end the same claim at once, with the same
+    error: under one session and error, the job UDF would answer the second as a
+    repeat of the first, and each would offer the job again, leaving it twice in the
+    retry store (counted waiting while it runs) or on the schedule. Under its own id,
+    only a repeat of the call that ended the claim answers as that call did."""
+    return uuid.uuid4().hex
 
 
 def after_fail(backend: Backend, list_name: str, token: int, outcome: str, delay_ms: int = 0) -> None:
@@ -330,7 +345,8 @@ def after_fail(backend: Backend, list_name: str, token: int, outcome: str, delay
 
 
 def _transition(
-    backend: Backend, list_name: str, token: int, function: str, *args: Any, delay_ms: int = 0, deadline_s: float = 5.0
+    backend: Backend, list_name: str, token: int, function: str, *args: Any, delay_ms: int = 0, deadline_s: float = 5.0,
+    tx: str | None = None,
 ) -> str:
     """One job UDF that ends a claim (or buries a job), then its follow-up. Repeated
     while its answer is in doubt, for `deadline_s`: a repeat answers as the first did,
@@ -339,7 +355,7 @@ def _transition(
     if function == "bury":  # an operator's decision: no claim, no deadline
         st = str(retry_in_doubt(lambda: backend.udf(keys.JOB_SET, name, keys.JOB_MOD, function, *args), deadline_s=deadline_s))
     else:
-        st = str(job_udf(backend, name, function, *args, deadline_s=deadline_s))
+        st = str(job_udf(backend, name, function, *args, deadline_s=deadline_s, tx=tx))
     after_fail(backend, list_name, token, st, delay_ms)
     return st
 
@@ -370,14 +386,14 @@ def fail(
 
 def expire(
     backend: Backend, list_name: str, token: int, session_id: str, why: str, *, delay_ms: int = 0, rid: str = "",
-    deadline_s: float = 5.0,
+    deadline_s: float = 5.0, tx: str | None = None,
 ) -> str:
     """A claim past its time limit ends as a failed attempt (error `why`): 'retry',
     'delayed', 'dead'; 'early' (not past it by the server's clock), 'lost' or
-    'missing' change nothing."""
+    'missing' change nothing. `tx`: a reaper's id (`reaper_tx`)."""
     return _transition(
         backend, list_name, token, "expire", session_id, int(delay_ms), why, rid, delay_ms=delay_ms,
-        deadline_s=deadline_s,
+        deadline_s=deadline_s, tx=tx,
     )
 
 

@@ -32,6 +32,9 @@
 --   err      string    the last failure
 --   errs     list      the last 10 failures, oldest first: map{at, err}
 --   synced   integer   server ms when the sync copied it to MySQL (absent: not yet)
+--   tx       string    the id a reaper gave the call (expire, release) that ended the
+--                      last claim, when it gave one: its repeat is told from the same
+--                      call made by another reaper (see `repeated`)
 --   snz      string    the request id of the last claim that ended snoozed: a snooze
 --                      repeated after a lost answer is told from one after a fail
 --   kicked   integer   server ms of the last kick. A kicked job is pushed onto the
@@ -41,6 +44,9 @@
 --                      `_lease`), so that its two copies are fenced by one claim
 --   swept    integer   server ms when a sweeper last offered it again, written
 --                      natively (aeroqueue/sessions.py, `_fence`) under a generation check
+--   off      string    who offered it again since its last claim ended (the release
+--                      pass's `tx`, or 'sweep'), written natively (aeroqueue/sessions.py,
+--                      `_offer` and `_fence`); cleared when a claim ends
 --
 -- States (README, "The life of a job"): queued -> claimed -> done;
 -- claimed -> queued | delayed (fail or time limit with attempts left: delayed
@@ -95,12 +101,15 @@ end
 
 -- Ends `sess`'s claim as a failed attempt (fail, time limit, release): the job
 -- goes dead when `dead`, else back to waiting, answering `queued_status` (or
--- 'delayed' when a backoff applies). The session moves to `by`, so a retried
--- call is recognised.
-local function end_claim(rec, sess, why, dead, queued_status, delay_ms)
+-- 'delayed' when a backoff applies). The session moves to `by`, and the call's
+-- id ('' for none) to `tx`, so a retried call is recognised; nobody has offered
+-- the job again yet (`off`).
+local function end_claim(rec, sess, why, dead, queued_status, delay_ms, tx)
   local t = now()
   add_err(rec, t, why)
   unclaim(rec, sess)
+  rec['tx'] = tx or ''
+  rec['off'] = nil
   if dead then
     rec['state'] = 'dead'
     rec['done_at'] = t
@@ -125,9 +134,14 @@ local function holds(rec, sess, rid)
 end
 
 -- An answer that repeats a transition already made by `sess` (its first answer
--- was lost): the outcome it had, or nil.
-local function repeated(rec, sess, why, queued_status, rid)
+-- was lost): the outcome it had, or nil. Reapers end the claims of a session
+-- they do not own, and two of them (every worker runs one) may end the same
+-- claim at once, with the same error: each gives its call an id (`tx`), so that
+-- only a repeat of the call that made the transition answers as it did. The
+-- other answers 'lost' or 'not held', and does not offer the job a second time.
+local function repeated(rec, sess, why, queued_status, rid, tx)
   if rec['by'] ~= sess or rec['err'] ~= why or not same_claim(rec, rid) then return nil end
+  if tx ~= nil and rec['tx'] ~= tx then return nil end
   local state = rec['state']
   if state == 'dead' then return 'dead' end
   if state == 'delayed' then return 'delayed' end
@@ -225,32 +239,33 @@ function fail(rec, sess, err, delay_ms, rid, deadline)
   return end_claim(rec, sess, err, rec['att'] >= rec['max_att'], 'retry', delay_ms)
 end
 
--- expire(rec, sess, delay_ms, why, rid, deadline) -> 'retry' | 'delayed' | 'dead' | 'early' | 'lost' | 'missing' | 'stale'
+-- expire(rec, sess, delay_ms, why, rid, deadline, tx) -> 'retry' | 'delayed' | 'dead' | 'early' | 'lost' | 'missing' | 'stale'
 --   A claim of `sess` past its time limit ends as a failed attempt whose error
 --   is `why` (the reaper, or the worker that stopped waiting for the handler).
 --   'early': the limit has not run out by the server's clock; nothing changes.
-function expire(rec, sess, delay_ms, why, rid, deadline)
+--   `tx` (nil: none): the reaper's id for this call (see `repeated`).
+function expire(rec, sess, delay_ms, why, rid, deadline, tx)
   if stale(deadline) then return 'stale' end
   if not aerospike:exists(rec) then return 'missing' end
-  if not holds(rec, sess, rid) then return repeated(rec, sess, why, 'retry', rid) or 'lost' end
+  if not holds(rec, sess, rid) then return repeated(rec, sess, why, 'retry', rid, tx) or 'lost' end
   if not late(rec, now()) then return 'early' end
-  return end_claim(rec, sess, why, rec['att'] >= rec['max_att'], 'retry', delay_ms)
+  return end_claim(rec, sess, why, rec['att'] >= rec['max_att'], 'retry', delay_ms, tx)
 end
 
--- release(rec, sess, refund, why, rid, deadline) -> 'released' | 'dead' | 'not held' | 'missing' | 'stale'
+-- release(rec, sess, refund, why, rid, deadline, tx) -> 'released' | 'dead' | 'not held' | 'missing' | 'stale'
 --   claimed by `sess` -> queued (a session closing or reaped gives its jobs
 --   back). refund = 1 returns the attempt (a graceful release); a reaped
 --   session's claim keeps it, so a job that kills its worker every time
 --   ends dead instead of looping. A retried release that already took effect
---   answers the same, so the caller redoes its follow-up.
-function release(rec, sess, refund, why, rid, deadline)
+--   answers the same, so the caller redoes its follow-up. `tx`: as for expire.
+function release(rec, sess, refund, why, rid, deadline, tx)
   if stale(deadline) then return 'stale' end
   if not aerospike:exists(rec) then return 'missing' end
-  if not holds(rec, sess, rid) then return repeated(rec, sess, why, 'released', rid) or 'not held' end
+  if not holds(rec, sess, rid) then return repeated(rec, sess, why, 'released', rid, tx) or 'not held' end
   local att = rec['att']
   if refund == 1 and att > 0 then att = att - 1 end
   rec['att'] = att
-  return end_claim(rec, sess, why, refund ~= 1 and att >= rec['max_att'], 'released', 0)
+  return end_claim(rec, sess, why, refund ~= 1 and att >= rec['max_att'], 'released', 0, tx)
 end
 
 -- snooze(rec, sess, delay_ms, rid, deadline) -> 'delayed' | 'lost' | 'late' | 'missing' | 'stale'

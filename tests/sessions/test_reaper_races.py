@@ -1,0 +1,169 @@
+"""Reapers racing each other on every store: every worker runs one, and so does
+`aeroqueue reap`, so two often end the same claims at once. Each job they give
+back must wait once in the retry store (counted waiting once, and offered once),
+and every job must be done exactly once in the end."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from aeroqueue import keys
+from aeroqueue.backends import Backend, open_backend
+from aeroqueue.lists import JobLists
+from aeroqueue.loading import JobSpec
+from aeroqueue.queue import Queue
+from aeroqueue.sessions import ReapReport, Session, reap
+from tests.conftest import mark_reaping
+
+N = 30
+
+
+def _at_once(*passes: Callable[[], ReapReport]) -> list[ReapReport]:
+    """Run each pass in a thread of its own, all let go at the same moment."""
+    start = threading.Barrier(len(passes))
+    out: list[Any] = [None] * len(passes)
+
+    def run(i: int) -> None:
+        start.wait()
+        try:
+            out[i] = passes[i]()
+        except BaseException as e:  # reported by the assertion below
+            out[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(passes))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert all(isinstance(r, ReapReport) for r in out), out
+    return out
+
+
+def _states(backend: Backend, list_name: str) -> Counter[str]:
+    recs = backend.batch_get(keys.JOB_SET, keys.job_names(list_name, list(range(N))))
+    return Counter(r.bins["state"] for r in recs)
+
+
+def _waits_once(lists: JobLists, list_name: str) -> None:
+    """Every job is queued, and in the retry store exactly once; status counts each once."""
+    retry = Counter(lists.header(list_name)["retry"])
+    assert sorted(retry) == list(range(N)) and set(retry.values()) == {1}, \
+        f"retry store: {sorted(t for t, n in retry.items() if n > 1)} twice, {N - len(retry)} missing"
+    st = lists.status(list_name)
+    assert (st.retry_pending, st.in_flight, st.reservable, st.delayed) == (N, 0, 0, 0), st
+
+
+def _reserve_all(queue: Queue, session: Session, list_name: str) -> list[int]:
+    tokens: list[int] = []
+    give_up = time.monotonic() + 30
+    while len(tokens) < N and time.monotonic() < give_up:
+        tokens += [j.token for j in queue.reserve(list_name, session, N - len(tokens))]
+    assert sorted(tokens) == list(range(N)), "a job handed out twice, or not at all"
+    return tokens
+
+
+def _drain(queue: Queue, lists: JobLists, backend: Backend, list_name: str) -> None:
+    """Every job handed out once more and done, once; the list complete."""
+    with Session.open(backend) as worker:
+        for job in queue.reserve(list_name, worker, N):
+            queue.complete(job, None)
+        assert queue.reserve(list_name, worker, N) == [], "a job offered again after it was done"
+    st = lists.status(list_name)
+    assert (st.done, st.complete, st.retry_pending, st.in_flight) == (N, True, 0, 0), st
+    assert _states(backend, list_name) == {"done": N}
+
+
+def test_two_reapers_ending_the_same_overdue_claims_offer_each_job_once(registered, lists, queue, store_url, list_name):
+    """The claims of a live session past their time limit, ended by two reapers at
+    once (`expire_overdue`). Each call has the same session and error: the job UDF
+    answered the second as a repeat of the first, and both pushed the job. Round
+    after round the retry store held each job twice, `status` counted the copy left
+    behind as waiting while the job ran again (in flight 70 of 100), and the reports
+    counted every timeout twice."""
+    lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(N)], timeout_s=0.3, backoff_s=0, max_attempts=10,
+               seal=True)
+    reapers = [open_backend(store_url) for _ in range(2)]
+    holder = Session.open(registered, interval_s=0.2, expiry_s=30)  # alive all along
+    try:
+        for _ in range(3):
+            _reserve_all(queue, holder, list_name)
+            st = lists.status(list_name)
+            assert (st.in_flight, st.retry_pending) == (N, 0), st
+            time.sleep(0.5)  # past the time limit
+            reports = _at_once(*(lambda b=b: reap(b) for b in reapers))
+            assert sum(r.timed_out for r in reports) == N, reports
+            assert _states(registered, list_name) == {"queued": N}
+            _waits_once(lists, list_name)
+    finally:
+        holder.close(release=False)
+        for b in reapers:
+            b.close()
+    _drain(queue, lists, registered, list_name)
+
+
+def test_two_reapers_taking_up_the_same_dead_session_offer_each_job_once(registered, lists, queue, store_url, list_name):
+    """A dead session already 'reaping' (a reaper took it, or died half-way) is reaped
+    by every reaper that finds it so: two at once each release its claims (its leases
+    turned into claims first), and each offered again every claim the other had
+    released, under the same session and error."""
+    reapers = [open_backend(store_url) for _ in range(2)]
+    try:
+        for r in range(3):
+            name = f"{list_name}-{r}"
+            lists.load(name, [JobSpec(f"j{i}", {}) for i in range(N)], backoff_s=0, max_attempts=10, seal=True)
+            dead = Session.open(registered, heartbeat=False)
+            held = queue.reserve(name, dead, N // 2) + queue.reserve(name, dead, N - N // 2, lease=True)
+            assert len(held) == N and any(j.lease is not None for j in held)
+            mark_reaping(registered, dead.id)
+            _at_once(*(lambda b=b: reap(b) for b in reapers))
+            assert registered.get(keys.SESS_SET, dead.id) is None
+            assert _states(registered, name) == {"queued": N}
+            _waits_once(lists, name)
+            _drain(queue, lists, registered, name)
+    finally:
+        for b in reapers:
+            b.close()
+
+
+def test_a_reaper_recounting_while_another_has_yet_to_push_offers_each_job_once(
+    registered, lists, queue, store_url, list_name, monkeypatch,
+):
+    """Reaper A released a dead session's claims and has not pushed them yet (its
+    pass ends with the push) when reaper B takes up the same reap: B's release pass
+    finds no claim, and its recount finds the session's jobs queued and in no store,
+    so it offers them. Then A pushed them too: each job waited twice."""
+    lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(N)], backoff_s=0, max_attempts=10, seal=True)
+    dead = Session.open(registered, heartbeat=False)
+    assert len(queue.reserve(list_name, dead, N)) == N
+    mark_reaping(registered, dead.id)
+    a, b = (open_backend(store_url) for _ in range(2))
+    b_done = threading.Event()
+    find = a.find
+
+    def find_then_wait(set_name: str, *args: Any, **kwargs: Any) -> Any:
+        yield from find(set_name, *args, **kwargs)
+        if (set_name, *args[:2]) == (keys.JOB_SET, "sess", dead.id) and not b_done.is_set():
+            assert b_done.wait(60), "reaper B never finished"  # A's pass is over; its push is next
+
+    monkeypatch.setattr(a, "find", find_then_wait)
+
+    def reap_b() -> ReapReport:
+        time.sleep(0.5)  # A's release pass first: it is 30 jobs, a few ms
+        try:
+            return reap(b)
+        finally:
+            b_done.set()
+
+    try:
+        _at_once(lambda: reap(a), reap_b)
+    finally:
+        a.close()
+        b.close()
+    assert registered.get(keys.SESS_SET, dead.id) is None
+    assert _states(registered, list_name) == {"queued": N}
+    _waits_once(lists, list_name)
+    _drain(queue, lists, registered, list_name)
