@@ -466,7 +466,7 @@ class Worker:
             if self._stopping.is_set() or session.lost:
                 with self._in_flight_lock:
                     left, jobs[:] = list(jobs), []
-                self._release(left, session)
+                self._release_unstarted(left, session)
                 return
             if not jobs:
                 got = self._reserve_any(session)
@@ -513,12 +513,15 @@ class Worker:
                 with self._in_flight_lock:
                     abandoned = id(job) in self._abandoned
                     self._abandoned.discard(id(job))
-                    if not abandoned:  # else the watchdog cleared it (a new claim may use the name)
+                    # Unless the watchdog cleared it (a new claim may use the name); the
+                    # drain, giving it back at its deadline, leaves that to this thread.
+                    if self._in_flight.get(job.name) is job:
                         self._forget(job.name)
             if abandoned:
-                log.warning("a timed-out handler returned: its result was discarded",
+                # Given up past its time limit, at the drain deadline, or with the session.
+                log.warning("a handler returned after its job was given up: its result was discarded",
                             extra={"event": "late_result", "list": job.list, "token": job.token, "jid": job.jid})
-                return  # the watchdog replaced this thread
+                return  # the watchdog replaced this thread, or the worker stopped
             # "acking": `_ack_outcome` counts it once the ack is sent; "released": counted
             # as released when it was given back (`_ack_failed`).
             if outcome not in ("acking", "released"):
@@ -553,6 +556,9 @@ class Worker:
             ok, value = runner.run(job, lambda: self._deadlines.get(job.name, 0.0), self.queue.touch)
             if ok is None:  # killed past the time limit
                 self.observer.handler_duration(job.list, time.monotonic() - started)
+                with self._in_flight_lock:
+                    if id(job) in self._abandoned:  # given back at the drain deadline already
+                        return "abandoned"
                 return self._timed_out(job)
         else:
             ok, value = run_handler(job, self.handler)
@@ -731,6 +737,21 @@ class Worker:
                     with self._in_flight_lock:
                         self._unstarted.add(job.name)
         return released
+
+    def _release_unstarted(self, jobs: list[Job], session: Session) -> None:
+        """Give back jobs that never started, their attempts refunded. With the session
+        lost they are not ours to give back: they end unacked, so that each reserved
+        job is counted once (`_release` counts nothing then)."""
+        if jobs and session.lost:
+            self._unhold(jobs)
+            self._count_unacked(jobs)
+            return
+        self._release(jobs, session)
+
+    def _count_unacked(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            self.counters.add("unacked")
+            self.observer.outcome(job.list, "unacked")
 
     def _maintain(self, session: Session) -> None:
         """Reap and sweep on their schedules until told to stop."""
@@ -913,7 +934,7 @@ class Worker:
             unstarted = [j for jobs in self._prefetched.values() for j in jobs]
             for jobs in self._prefetched.values():
                 jobs[:] = []
-        self._release(unstarted, session)
+        self._release_unstarted(unstarted, session)
         # A lost session's handlers are not waited for: their acks would not be sent,
         # and the reaper has given their jobs to others already.
         while time.monotonic() < deadline and not session.lost:
@@ -940,6 +961,13 @@ class Worker:
             except AeroqueueError as e:
                 log.warning("last heartbeat failed", extra={"event": "heartbeat_failed", "error": str(e)})
         if session.lost:
+            # The handlers still running are not waited for: their jobs end here, unacked
+            # (their threads discard what comes back, as at the drain deadline), not
+            # after the last count was logged, or never, the process gone by then.
+            with self._in_flight_lock:
+                running = [job for name, job in self._in_flight.items() if name in self._runner_of]
+                self._abandoned.update(id(job) for job in running)
+            self._count_unacked(running)
             # Handler processes ignore SIGTERM, which is how Python ends daemonic
             # children at exit: it would wait for a hung one for ever.
             self._stop_runners()
@@ -947,7 +975,13 @@ class Worker:
             log.error("exiting: session lost", extra={"event": "stopped", "session": session.id, **self.counters.snapshot()})
             return EXIT_SESSION_LOST
         with self._in_flight_lock:
-            stuck = list(self._in_flight.values())
+            # Only jobs whose handler still runs: one that returned is its thread's to
+            # acknowledge. Their threads discard whatever the handlers return (`_run`):
+            # given back here and counted released, a handler process that died of
+            # `_stop_runners` below had its job failed too (refused: counted lost),
+            # and a thread's late return counted it unacked: one job, two outcomes.
+            stuck = [job for name, job in self._in_flight.items() if name in self._runner_of]
+            self._abandoned.update(id(job) for job in stuck)
         if stuck:
             # Past the deadline: give these back now; their handlers' late acks will be
             # refused. Their attempt counts (they ran), so a job that always hangs ends.

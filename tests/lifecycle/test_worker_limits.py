@@ -378,9 +378,47 @@ def test_draining_does_not_refund_a_job_running_at_the_deadline(registered, list
         thread.join(10)
         assert not thread.is_alive()
     assert registered.round_trips == trips
-    assert w.counters.snapshot()["unacked"] == 1
+    _assert_counted_once_as_released(w)
     rec = job_bins(registered, list_name, 0)
     assert rec["state"] == "queued" and rec["att"] == 1  # the attempt counts: a job that always hangs ends
+
+
+_OUTCOMES = ("done", "retried", "dead", "snoozed", "timed_out", "lost", "unacked", "released")
+
+
+def _assert_counted_once_as_released(w: Worker) -> None:
+    """The one job reserved was given back at the drain deadline: that is its outcome,
+    and its only one (it was also counted unacked, or lost, when its handler ended)."""
+    snap = w.counters.snapshot()
+    counted = {k: snap[k] for k in _OUTCOMES if snap[k]}
+    assert sum(counted.values()) == snap["reserved"] == 1, f"one job, counted as {counted}"
+    assert snap["released"] == 1, f"one job, counted as {counted}"
+
+
+def test_a_process_pool_job_given_back_at_the_drain_deadline_ends_once(registered, lists, list_name):
+    """Past the drain deadline the worker gives the job back (counted released) and
+    kills its handler process; the thread that ran it then failed the job as 'the
+    handler's process died': a store call for a claim given back already, refused,
+    and the job counted lost as well (or unacked, had the session closed first)."""
+    lists.load(list_name, [JobSpec("long", {"how": "slow", "s": 60})], seal=True, backoff_s=0)
+    w = fast_worker(registered, misbehave, list_name, until_complete=False, pool="process", drain_timeout_s=0.5)
+    t = threading.Thread(target=w.run, kwargs={"install_signals": False})
+    t.start()
+    try:
+        wait_for("the handler running", lambda: job_bins(registered, list_name, 0)["state"] == "claimed", 60)
+        time.sleep(0.5)  # a child process is given the job after its claim
+    finally:
+        w.request_stop()
+        t.join(30)
+    assert not t.is_alive()
+    for thread in w._threads:
+        thread.join(10)
+        assert not thread.is_alive()
+    _assert_counted_once_as_released(w)
+    rec = job_bins(registered, list_name, 0)
+    assert (rec["state"], rec["att"]) == ("queued", 1), rec
+    assert "drain deadline passed" in rec["err"] and "process died" not in rec["err"], rec["err"]
+    assert not [p for p in multiprocessing.active_children() if p.name == "aeroqueue-handler"]
 
 
 def test_failures_back_off_in_the_worker(registered, lists, list_name):
@@ -514,9 +552,12 @@ def test_a_worker_whose_session_is_lost_stops_without_waiting_for_its_handlers(r
     """A lost session's handlers are not waited for (their acks would be refused, and
     the reaper has given their jobs to others): the worker exits 3 at once. With
     --pool process it waited for ever: its hung handler process ignores SIGTERM,
-    which is how Python ends daemonic children at exit; now it is killed."""
-    lists.load(list_name, [JobSpec("hang", {"how": "slow", "s": 60})], seal=True)
-    w = fast_worker(registered, misbehave, list_name, until_complete=False, pool=pool, drain_timeout_s=30)
+    which is how Python ends daemonic children at exit; now it is killed. Its jobs
+    end unacked as it stops, each once: the running one was counted only when its
+    handler came back (after the worker's last count, or never: the process gone),
+    and the ones prefetched behind it never."""
+    lists.load(list_name, [JobSpec(f"hang{i}", {"how": "slow", "s": 60}) for i in range(3)], seal=True)
+    w = fast_worker(registered, misbehave, list_name, until_complete=False, pool=pool, drain_timeout_s=30, batch=3)
     result: list[int] = []
     t = threading.Thread(target=lambda: result.append(w.run(install_signals=False)))
     t.start()
@@ -533,7 +574,14 @@ def test_a_worker_whose_session_is_lost_stops_without_waiting_for_its_handlers(r
         if t.is_alive():
             w.request_stop()
     assert result == [3]
+    snap = w.counters.snapshot()
+    assert (snap["reserved"], snap["unacked"]) == (3, 3), snap
     wait_for("no handler process left", lambda: not multiprocessing.active_children(), 10)
+    if pool == "process":  # its thread ends once its handler process is killed: it counts nothing more
+        for thread in w._threads:
+            thread.join(10)
+    counted = {k: v for k, v in w.counters.snapshot().items() if v and k in _OUTCOMES}
+    assert counted == {"unacked": 3}, f"three jobs, counted as {counted}"
 
 
 def test_until_complete_stops_soon_after_the_last_job_whatever_the_expiry(registered, lists, list_name):
