@@ -116,7 +116,7 @@ class JobLists:
 
     def header(self, name: str) -> dict[str, Any]:
         rec = self.backend.get(keys.LIST_SET, keys.check_list_name(name))
-        if rec is None:
+        if rec is None or is_tombstone(rec.bins):
             raise ListNotFound(f"no job list named {name!r}")
         return rec.bins
 
@@ -131,16 +131,27 @@ class JobLists:
         (None: the defaults) apply to a new list only; an existing list keeps its own
         (`tune` changes them)."""
         keys.check_list_name(name)
-        rec = self.backend.get(keys.LIST_SET, name, bins=["mode"])
         asked = mode
-        if mode is None:
-            mode = str(rec.bins["mode"]) if rec is not None else "tokens"
-        if mode not in MODES:
-            raise ListModeMismatch(f"unknown mode {mode!r}: use 'tokens' or 'ids'")
-        # An existing list keeps its own policy (the UDF ignores opts): checked only as given.
-        opts = new_list_policy(max_attempts=max_attempts, timeout_s=timeout_s, backoff_s=backoff_s,
-                               backoff_max_s=backoff_max_s, new=rec is None)
-        out = self._list_udf(name, "create", mode, max_attempts, opts)
+        for _ in range(CREATE_TRIES):
+            rec = self.backend.get(keys.LIST_SET, name, bins=["mode", *TOMBSTONE_BINS])
+            clean = None
+            if rec is not None and is_tombstone(rec.bins):
+                # A dropped list: first what a node that missed its drop brought back.
+                self._clear_tombstone(name, rec.bins)
+                clean, rec = rec.bins[DROPPED], None
+            mode = asked
+            if mode is None:
+                mode = str(rec.bins["mode"]) if rec is not None else "tokens"
+            if mode not in MODES:
+                raise ListModeMismatch(f"unknown mode {mode!r}: use 'tokens' or 'ids'")
+            # An existing list keeps its own policy (the UDF ignores opts): checked only as given.
+            opts = new_list_policy(max_attempts=max_attempts, timeout_s=timeout_s, backoff_s=backoff_s,
+                                   backoff_max_s=backoff_max_s, new=rec is None)
+            out = self._list_udf(name, "create", mode, max_attempts, opts, clean)
+            if out["st"] != "dropped":  # else dropped since the read: clean what that drop names
+                break
+        else:
+            raise ListError(f"list {name!r} was dropped {CREATE_TRIES} times while it was being created")
         if out["st"] == "exists" and out["mode"] != mode:
             if asked is None:
                 return False  # made since the read, by a loader that asked for its mode: no mode was asked here
@@ -180,7 +191,8 @@ class JobLists:
             raise ListSealed(f"list {name!r}: cannot set {flag}={value} ({st})")
 
     def names(self) -> list[str]:
-        return sorted(name for name, _ in self.backend.scan(keys.LIST_SET, bins=["mode"]))
+        return sorted(name for name, rec in self.backend.scan(keys.LIST_SET, bins=["mode", DROPPED])
+                      if not is_tombstone(rec.bins))
 
     # -- load --------------------------------------------------------------------
 
@@ -509,7 +521,22 @@ class JobLists:
         still running after the drop would acknowledge (or its reaper claim) the new
         list's job of the same token. Leases past their time limit are forgotten
         here (no ack of theirs is admitted any more); others still held at the
-        deadline raise `ListError`, the list left sealed and paused: drop it again."""
+        deadline raise `ListError`, the list left sealed and paused: drop it again.
+
+        The list record is not deleted but made a tombstone (aq_list_v1.lua,
+        `tombstone`), which every reader takes for a missing list: a node that missed
+        the drop (frozen, cut off) brings its copies of the list's records back when
+        it rejoins, and the tombstone, written after them, wins over its copy of the
+        list record. The job records, index entries, chunks and bitmaps it brings
+        back are deleted by the next drop of the name (which then raises
+        `ListNotFound`) or the next create or load of it."""
+        rec = self.backend.get(keys.LIST_SET, keys.check_list_name(name))
+        if rec is not None and is_tombstone(rec.bins):
+            gone = self._clear_tombstone(name, rec.bins)
+            found = gone.jobs + gone.index + gone.id_chunks + gone.bitmaps
+            raise ListNotFound(f"no job list named {name!r}" + (
+                f" (dropped; {found:,} of its records, brought back by a node that missed the drop, deleted now)"
+                if found else ""))
         head = self.header(name)
         if self._live_ranges(head):
             raise ListError(
@@ -537,24 +564,8 @@ class JobLists:
         # complete, which `pause` will not resume (only a drop finishes it).
         self._flag(name, "dropping", 1)
         alloc, ranges = head["alloc"], head.get("seq", 0)
-        jobs = index = 0
-        for lo in range(0, alloc, PAGE):
-            names = [keys.job_name(name, t) for t in range(lo, min(lo + PAGE, alloc))]
-            recs = retry_in_doubt(functools.partial(self.backend.batch_get, keys.JOB_SET, names, bins=["jid"]))
-            present = [(n, r) for n, r in zip(names, recs, strict=True) if r is not None]
-            # The index entries first: they are found through the job records, so a
-            # drop interrupted here finds them again next time.
-            jids = sorted({str(r.bins["jid"]) for _, r in present if r.bins.get("jid") is not None})
-            index += self._delete_all(keys.JIDX_SET, [keys.jidx_name(name, j) for j in jids])
-            jobs += self._delete_all(keys.JOB_SET, [n for n, _ in present])
-        if jobs < alloc:
-            # Tokens without a job record: the sync's retention deleted them (keeping
-            # their index entries, so that a repeated load adds nothing twice), or a
-            # load died before writing them. Their entries are found by the list's name.
-            index += self._delete_index_of(name)
-        id_chunks = self._delete_all(keys.IDS_SET, [keys.chunk_name(name, c) for c in range(ranges)])
+        jobs, index, id_chunks, bitmaps = self._delete_owned(name, alloc, ranges)
         bitmap_names = [keys.chunk_name(name, c) for c in range(-(-alloc // keys.BITS_PER_CHUNK))]
-        bitmaps = self._delete_all(keys.DONE_SET, bitmap_names)
         # A reservation that took jobs just before the pause records its lease within
         # LEASE_WINDOW_S of its take (or claims them instead): one that landed after the
         # look above must end before the name can be loaded again, so the list record
@@ -562,7 +573,12 @@ class JobLists:
         # gone, so that the list never looks complete meanwhile.
         time.sleep(max(0.0, LEASE_SETTLE_S - (time.monotonic() - paused_at)))
         self._await_leases(name, lease_wait_s)
-        retry_in_doubt(lambda: self.backend.remove(keys.LIST_SET, name))
+        # A tombstone, not a delete: Community Edition's deletes leave nothing that
+        # would stop a rejoining node's copy of the list record from coming back.
+        # Its generation is past that copy's: the seal, pause and dropping flags and
+        # the tombstone are four writes made since, and a node cut off mid-write holds
+        # at most one its replica missed.
+        self._list_udf(name, "tombstone")
         # An ack that landed before its job was deleted sets its bit a moment later
         # (bit buffers, the fail path's dead bit): that would recreate a bitmap chunk,
         # and a list loaded later under the same name would count it.
@@ -607,29 +623,71 @@ class JobLists:
         # check stricter or looser by that much, and the seal settles the rest.
         return [r for r in (head.get("pend") or {}).values() if r.get("real") is None and r.get("exp", 0) > now_ms]
 
-    def _delete_index_of(self, name: str) -> int:
-        """Delete the job-id index entries of list `name` still in the store, found by a
-        scan of the index set filtered on their "l" bin (entries written before it have
-        none), a PAGE at a time: a million of them are not held at once. Returns how
-        many existed."""
-        only = exp.Eq(exp.StrBin("l"), name).compile()
+    def _delete_owned(self, name: str, alloc: int, ranges: int, before: int | None = None) -> tuple[int, int, int, int]:
+        """Delete the records list `name` owns, given its `alloc` and load `ranges`: job
+        records, job-id index entries, ID store chunks, bitmaps. With `before` (server
+        ms), only records last written before it. Returns how many of each existed
+        (deleted, with `before`)."""
+        only = None if before is None else exp.LT(exp.LastUpdateTime(), before * 1_000_000).compile()
+        jobs = index = 0
+        for lo in range(0, alloc, PAGE):
+            names = [keys.job_name(name, t) for t in range(lo, min(lo + PAGE, alloc))]
+            recs = retry_in_doubt(functools.partial(self.backend.batch_get, keys.JOB_SET, names, bins=["jid"]))
+            present = [(n, r) for n, r in zip(names, recs, strict=True) if r is not None]
+            # The index entries first: they are found through the job records, so a
+            # drop interrupted here finds them again next time.
+            jids = sorted({str(r.bins["jid"]) for _, r in present if r.bins.get("jid") is not None})
+            index += self._delete_all(keys.JIDX_SET, [keys.jidx_name(name, j) for j in jids], only=only)
+            jobs += self._delete_all(keys.JOB_SET, [n for n, _ in present], only=only)
+        if jobs < alloc or before is not None:
+            # Tokens without a job record: the sync's retention deleted them (keeping
+            # their index entries, so that a repeated load adds nothing twice), or a
+            # load died before writing them. Their entries are found by the list's name,
+            # as are those a rejoining node brought back without their job record.
+            index += self._delete_index_of(name, before)
+        id_chunks = self._delete_all(keys.IDS_SET, [keys.chunk_name(name, c) for c in range(ranges)], only=only)
+        bitmap_names = [keys.chunk_name(name, c) for c in range(-(-alloc // keys.BITS_PER_CHUNK))]
+        bitmaps = self._delete_all(keys.DONE_SET, bitmap_names, only=only)
+        return jobs, index, id_chunks, bitmaps
+
+    def _clear_tombstone(self, name: str, bins: dict[str, Any]) -> DropReport:
+        """Delete what the tombstone of a dropped list names (its tokens, its ranges, its
+        index entries by name) and was written before the drop: the records a node that
+        missed the drop brought back when it rejoined. Records written since belong to
+        a list loaded again under the name (a create running beside this one)."""
+        jobs, index, id_chunks, bitmaps = self._delete_owned(
+            name, int(bins.get("alloc") or 0), int(bins.get("seq") or 0), before=int(bins[DROPPED]))
+        return DropReport(name=name, jobs=jobs, index=index, id_chunks=id_chunks, bitmaps=bitmaps)
+
+    def _delete_index_of(self, name: str, before: int | None = None) -> int:
+        """Delete the job-id index entries of list `name` still in the store (with
+        `before`, server ms: only those last written before it), found by a scan of the
+        index set filtered on their "l" bin (entries written before it have none), a
+        PAGE at a time: a million of them are not held at once. Returns how many
+        existed."""
+        mine = exp.Eq(exp.StrBin("l"), name)
+        old = None if before is None else exp.LT(exp.LastUpdateTime(), before * 1_000_000)
+        only = (mine if old is None else exp.And(mine, old)).compile()
+        kept = None if old is None else old.compile()
         deleted, page = 0, []
         for n, _ in self.backend.scan(keys.JIDX_SET, expression=only, bins=["l"]):
             page.append(n)
             if len(page) == PAGE:
-                deleted += self._delete_all(keys.JIDX_SET, page)
+                deleted += self._delete_all(keys.JIDX_SET, page, only=kept)
                 page = []
-        return deleted + self._delete_all(keys.JIDX_SET, page)
+        return deleted + self._delete_all(keys.JIDX_SET, page, only=kept)
 
-    def _delete_all(self, set_name: str, names: list[str]) -> int:
-        """Delete records (batch deletes, PAGE at a time, repeated while in doubt);
-        returns how many existed."""
+    def _delete_all(self, set_name: str, names: list[str], *, only: Any = None) -> int:
+        """Delete records (batch deletes, PAGE at a time, repeated while in doubt), with
+        `only` (a compiled filter expression) those it lets through; returns how many
+        existed (and were deleted)."""
         deleted = 0
+        policy = {"expressions": only} if only is not None else None
         for lo in range(0, len(names), PAGE):
             page = names[lo : lo + PAGE]
-            writes = [Write(self.backend.key(set_name, n), [op.delete()]) for n in page]
+            writes = [Write(self.backend.key(set_name, n), [op.delete()], policy=policy) for n in page]
             codes = self._batch_write(writes, f"drop {set_name}")
-            failed = [c for c in codes if c not in (0, NOT_FOUND)]
+            failed = [c for c in codes if c not in (0, NOT_FOUND, FILTERED_OUT)]
             if failed:
                 raise ListError(f"deleting {len(failed)} record(s) of {set_name} failed (Aerospike codes "
                                 f"{sorted(set(failed))}); the list is sealed and paused: drop it again")
@@ -639,6 +697,17 @@ class JobLists:
 
 
 NOT_FOUND = 2  # a batch delete of a record already gone
+FILTERED_OUT = 27  # a batch delete its filter refused (a record written since the drop)
+CREATE_TRIES = 5  # a create that finds its tombstone replaced by another that often gives up
+# A dropped list's record (aq_list_v1.lua, tombstone): the server ms of the drop, and
+# what finds the records it owned (its tokens, its ranges).
+DROPPED = "dropped"
+TOMBSTONE_BINS = [DROPPED, "alloc", "seq"]
+
+
+def is_tombstone(bins: dict[str, Any]) -> bool:
+    """Whether a list record's bins are a dropped list's tombstone: a missing list."""
+    return bins.get(DROPPED) is not None
 
 
 def backoff_of(head: dict[str, Any]) -> tuple[int, int]:

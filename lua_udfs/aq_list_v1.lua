@@ -21,6 +21,8 @@
 --   tlim     integer            a claim's time limit, ms (handed to claim by take)
 --   bo       integer            backoff base, ms: attempt n waits up to bo*2^(n-1)
 --   bo_max   integer            backoff cap, ms
+--   dropped  integer            server ms of the drop: the record is a tombstone (see
+--                               `tombstone`), a missing list to every function here
 -- The schedule (delayed jobs; design.md has no such records: they live here):
 --   sched    map due -> list    jobs waiting for server ms `due`: tokens, and
 --                               ranges list{start, n, real[, skip]} of a delayed
@@ -63,6 +65,11 @@ local function now()
 end
 
 local TUNABLE = {tlim = true, bo = true, bo_max = true}
+
+-- A list record that is not a tombstone (a dropped list: see `tombstone`).
+local function live(rec)
+  return aerospike:exists(rec) and rec['dropped'] == nil
+end
 
 -- -- the schedule ---------------------------------------------------------------
 
@@ -221,7 +228,7 @@ end
 --   delay_ms from now by the server's clock, up to `cap` tokens in sched; the
 --   caller leaves the rest in their records (state delayed) for the sweeper.
 function schedule(rec, tokens, delay_ms, cap)
-  if not aerospike:exists(rec) then return 0 end
+  if not live(rec) then return 0 end
   local t = now()
   local due = t + delay_ms
   local accepted = 0
@@ -242,7 +249,7 @@ end
 --   token mode, the token store ahead (into timed, which take skips). Returns how
 --   many tokens moved. O(entries in sched + gates) a token: an operator's kick.
 function unschedule(rec, tokens)
-  if not aerospike:exists(rec) then return 0 end
+  if not live(rec) then return 0 end
   local want = map()
   for t in list.iterator(tokens) do want[t] = 1 end
   local moved = 0
@@ -368,7 +375,7 @@ end
 -- tune(rec, opts) -> 'ok' | 'missing'
 --   Sets tlim, bo, bo_max (ms) from map opts; other keys are ignored.
 function tune(rec, opts)
-  if not aerospike:exists(rec) then return 'missing' end
+  if not live(rec) then return 'missing' end
   for k, v in map.pairs(opts) do
     if TUNABLE[k] then rec[k] = v end
   end
@@ -381,19 +388,29 @@ end
 --   kick counts (`reopens`), so that a status that saw the list complete before it
 --   does not mark it complete after it (mark_complete).
 function reopen(rec)
-  if not aerospike:exists(rec) then return 'missing' end
+  if not live(rec) then return 'missing' end
   rec['done_at'] = nil
   rec['reopens'] = (rec['reopens'] or 0) + 1
   aerospike:update(rec)
   return 'ok'
 end
 
--- create(rec, mode, max_att, opts) -> map{st='created'|'exists', mode, max_att}
+-- create(rec, mode, max_att, opts, clean) -> map{st='created'|'exists', mode, max_att}
+--                                         | map{st='dropped', dropped, alloc, seq}
 --   Creates the list if missing; never changes an existing one. opts: map of
---   tlim, bo, bo_max (ms).
-function create(rec, mode, max_att, opts)
+--   tlim, bo, bo_max (ms). Over a tombstone only once the caller has deleted what
+--   it names (`clean`: the tombstone's `dropped`, as the caller read it); else it
+--   answers the tombstone, for the caller to clean. The new list record carries on
+--   the tombstone's generation.
+function create(rec, mode, max_att, opts, clean)
   if aerospike:exists(rec) then
-    return map{st = 'exists', mode = rec['mode'], max_att = rec['max_att']}
+    if rec['dropped'] == nil then
+      return map{st = 'exists', mode = rec['mode'], max_att = rec['max_att']}
+    end
+    if clean ~= rec['dropped'] then
+      return map{st = 'dropped', dropped = rec['dropped'], alloc = rec['alloc'], seq = rec['seq']}
+    end
+    rec['dropped'] = nil
   end
   rec['mode'] = mode
   rec['max_att'] = max_att
@@ -417,8 +434,28 @@ function create(rec, mode, max_att, opts)
   rec['cursor'] = 0
   rec['pend'] = map()
   rec['retry'] = list()
-  aerospike:create(rec)
+  if aerospike:exists(rec) then aerospike:update(rec) else aerospike:create(rec) end
   return map{st = 'created', mode = mode, max_att = max_att}
+end
+
+-- tombstone(rec) -> 'ok' | 'missing'
+--   The last step of a drop, instead of deleting the record. Community Edition
+--   deletes leave nothing behind, so a node that missed the drop (frozen, cut off)
+--   would bring its copy of the list record back when it rejoins, and with it the
+--   list. A tombstone is a write: migrations keep the copy with the higher
+--   generation (conflict-resolution-policy generation, the default), and the drop's
+--   writes put it past any copy from before the drop. It keeps what a later drop or
+--   create needs to find the records such a node brings back (`alloc`: the tokens,
+--   `seq`: the ranges, i.e. the ID-store chunks) and `dropped`, the server ms of
+--   the drop; every other bin goes.
+function tombstone(rec)
+  if not live(rec) then return 'missing' end
+  for _, b in ipairs(record.bin_names(rec)) do
+    if b ~= 'alloc' and b ~= 'seq' then rec[b] = nil end
+  end
+  rec['dropped'] = now()
+  aerospike:update(rec)
+  return 'ok'
 end
 
 -- alloc(rec, n, lease_ms, rid) -> map{st='ok', seq, start, now} | map{st='missing'|'sealed'}
@@ -431,7 +468,7 @@ end
 --   publish. Not once the range's lease ran out or a recovery published it:
 --   then the repeat gets a new range, as a loader that came late would.
 function alloc(rec, n, lease_ms, rid)
-  if not aerospike:exists(rec) then return map{st = 'missing'} end
+  if not live(rec) then return map{st = 'missing'} end
   local pend = rec['pend']
   local t = now()
   if rid ~= nil then
@@ -462,7 +499,7 @@ end
 --   range that is already published answers 'ok' and changes nothing.
 --   'gone': the range is unknown.
 function publish(rec, seq, real, due, timed, cap)
-  if not aerospike:exists(rec) then return map{st = 'gone'} end
+  if not live(rec) then return map{st = 'gone'} end
   if seq < rec['pubs'] then return map{st = 'ok', tail = rec['tail'], total = rec['total']} end
   local pend = rec['pend']
   local r = pend[seq]
@@ -504,7 +541,7 @@ end
 -- Sets the lease end of the unpublished ranges `seqs` (nil: all of them) to
 -- what end_of(exp) answers (nil: left as it is). Answers how many it moved.
 local function move_leases(rec, seqs, end_of)
-  if not aerospike:exists(rec) then return 0 end
+  if not live(rec) then return 0 end
   local pend = rec['pend']
   if seqs == nil then
     seqs = list()
@@ -549,7 +586,7 @@ end
 --   Ranges whose loader missed its lease: recovery finishes them.
 function expired(rec)
   local out = list()
-  if not aerospike:exists(rec) then return out end
+  if not live(rec) then return out end
   local t = now()
   for seq, r in map.pairs(rec['pend']) do
     if r['real'] == nil and r['exp'] <= t then
@@ -570,7 +607,7 @@ end
 --   tlim: the list's time limit, for the claims; now: the server ms of the take
 --   (a lease's time limit runs from it).
 function take(rec, k)
-  if not aerospike:exists(rec) then return map{st = 'missing'} end
+  if not live(rec) then return map{st = 'missing'} end
   if rec['paused'] == 1 then return map{st = 'paused'} end
   local t = now()
   local changed = release_due(rec, t)
@@ -652,7 +689,7 @@ end
 --   ID mode: chunk `seen` was found empty; move the cursor past it, never
 --   back and never past the published chunks, and past gated chunks not due.
 function advance(rec, seen)
-  if not aerospike:exists(rec) then return -1 end
+  if not live(rec) then return -1 end
   local cursor = rec['cursor']
   if seen >= cursor and seen < rec['pubs'] then
     cursor = seen + 1
@@ -668,7 +705,7 @@ end
 --   Jobs that came back go to the retry store, up to `cap` entries (the
 --   record-size limit); the caller leaves the rest queued for the sweeper.
 function push_retry(rec, tokens, cap)
-  if not aerospike:exists(rec) then return 0 end
+  if not live(rec) then return 0 end
   local retry = rec['retry']
   local room = cap - list.size(retry)
   local accepted = 0
@@ -689,7 +726,7 @@ end
 --   dropping (set by a drop before it deletes anything): a list a drop left
 --   half-deleted stays paused until a drop finishes it.
 function set_flag(rec, name, value)
-  if not aerospike:exists(rec) then return 'missing' end
+  if not live(rec) then return 'missing' end
   if name ~= 'sealed' and name ~= 'paused' and name ~= 'dropping' then return 'bad flag' end
   if name == 'sealed' and value == 0 and rec['sealed'] == 1 then return 'sealed' end
   if value == 0 and rec['dropping'] == 1 and (name == 'paused' or name == 'dropping') then return 'dropping' end
@@ -703,7 +740,7 @@ end
 --   the list record's count of kicks as the caller read it before it read the
 --   bits; a kick since (-1, nothing written) may have made the list incomplete.
 function mark_complete(rec, reopens)
-  if not aerospike:exists(rec) then return 0 end
+  if not live(rec) then return 0 end
   local at = rec['done_at']
   if at == nil and reopens ~= nil and (rec['reopens'] or 0) ~= reopens then return -1 end
   if at == nil then

@@ -30,10 +30,13 @@ def specs(n: int, prefix: str = "job-") -> list[JobSpec]:
 
 def leftovers(backend, name: str) -> dict[str, list[str]]:
     """Every record of any aeroqueue set that belongs to list `name`, by scanning the sets:
-    by record name, and job records by their `list` bin."""
+    by record name, and job records by their `list` bin. The drop's tombstone (its list
+    record, a missing list to every reader) is not one."""
     found: dict[str, list[str]] = {}
     for set_name in SETS:
         for rec_name, rec in backend.scan(set_name):
+            if set_name == keys.LIST_SET and rec.bins.get("dropped") is not None:
+                continue
             if rec_name == name or str(rec_name).startswith(name + "/") or rec.bins.get("list") == name:
                 found.setdefault(set_name, []).append(rec_name)
     return found
@@ -64,6 +67,8 @@ def test_drop_leaves_nothing_of_the_list_and_spares_its_neighbours(registered, q
     assert (report.jobs, report.index, report.bitmaps) == (30, 30, 1)
     assert report.id_chunks == (1 if mode == "ids" else 0)
     assert leftovers(registered, list_name) == {}
+    # The list record is a tombstone: what finds the list's records again, nothing else.
+    assert set(registered.get(keys.LIST_SET, list_name).bins) == {"dropped", "alloc", "seq"}
     assert list_name not in lists.names()
     st = lists.status(neighbour)
     assert (st.total, st.reservable) == (7, 7)
@@ -94,11 +99,11 @@ def test_an_interrupted_drop_finishes_when_run_again(registered, store_url, queu
     real = JobLists._delete_all
     calls = []
 
-    def dies_on_the_second(self, set_name, names):
+    def dies_on_the_second(self, set_name, names, **kw):
         calls.append(set_name)
         if len(calls) == 2:
             raise errors.BackendTimeout("the store stopped answering")
-        return real(self, set_name, names)
+        return real(self, set_name, names, **kw)
 
     monkeypatch.setattr(JobLists, "_delete_all", dies_on_the_second)
     with pytest.raises(errors.BackendTimeout):
@@ -116,6 +121,88 @@ def test_an_interrupted_drop_finishes_when_run_again(registered, store_url, queu
     assert lists.status(list_name).paused and queue.reserve(list_name, session, 5) == []
     lists.drop(list_name, grace_s=0.1)
     assert leftovers(registered, list_name) == {}
+
+
+def drop_missing_half(lists: JobLists, name: str, monkeypatch) -> None:
+    """A drop that misses half of the list's records, as one that ran while a node was
+    cut off (frozen, partitioned) misses the copies that node brings back when it
+    rejoins: Community Edition's deletes leave nothing behind to stop them. Those
+    records are older than the drop, as the rejoining node's copies are."""
+    real = JobLists._delete_all
+
+    def misses_half(self, set_name, names, **kw):
+        return real(self, set_name, names[::2], **kw)
+
+    with monkeypatch.context() as m:
+        m.setattr(JobLists, "_delete_all", misses_half)
+        lists.drop(name, grace_s=0)
+
+
+@pytest.mark.parametrize("mode", ["tokens", "ids"])
+def test_a_dropped_list_whose_records_came_back_stays_dropped_and_its_name_loads_clean(
+    registered, queue, lists, list_name, session, mode, monkeypatch
+):
+    """What a node that missed the drop brings back (job records, index entries, done
+    and dead bits, ID chunks) is no list: every reader takes the tombstone for a
+    missing list, and a load of the name first deletes those records, so the new
+    list is its jobs only. Before the tombstone the list record came back with them:
+    the list reappeared with part of its jobs, and a new load of its name ran into
+    the old job records (create-only) and index entries (its jobs voided)."""
+    busy_list(queue, lists, session, list_name, mode)
+    drop_missing_half(lists, list_name, monkeypatch)
+    back = leftovers(registered, list_name)
+    assert set(back) >= {keys.JOB_SET, keys.JIDX_SET}, back
+    with pytest.raises(errors.ListNotFound):
+        lists.status(list_name)
+    with pytest.raises(errors.ListNotFound):
+        lists.header(list_name)
+    assert list_name not in lists.names()
+    with pytest.raises(errors.ListNotFound):
+        queue.reserve(list_name, session, 5)
+    with pytest.raises(errors.ListNotFound):
+        lists.pause(list_name, False)
+
+    # Ids the dropped list had too, and new ones.
+    report = lists.load(list_name, specs(20, prefix="job-"), mode=mode, seal=True)
+    assert (report.loaded, report.skipped, report.voided) == (20, 0, 0)
+    st = lists.status(list_name)
+    assert (st.total, st.reservable, st.done, st.dead, st.retry_pending, st.in_flight) == (20, 20, 0, 0, 0, 0)
+    left = leftovers(registered, list_name)
+    assert sorted(left[keys.JOB_SET]) == sorted(keys.job_name(list_name, t) for t in range(20))
+    assert len(left[keys.JIDX_SET]) == 20 and set(left) <= {keys.LIST_SET, keys.JOB_SET, keys.JIDX_SET, keys.IDS_SET}
+    got = queue.reserve(list_name, session, 30)
+    assert sorted(j.jid for j in got) == sorted(f"job-{i}" for i in range(20))
+    assert all(j.attempt == 1 for j in got)
+    assert queue.complete_many(got) == []
+    assert lists.status(list_name).complete
+
+
+def test_dropping_a_dropped_list_again_deletes_what_came_back(registered, queue, lists, list_name, session,
+                                                             monkeypatch):
+    busy_list(queue, lists, session, list_name)
+    drop_missing_half(lists, list_name, monkeypatch)
+    assert leftovers(registered, list_name)
+    with pytest.raises(errors.ListNotFound, match=f"no job list named '{list_name}' .*deleted now"):
+        lists.drop(list_name, grace_s=0)
+    assert leftovers(registered, list_name) == {}
+    with pytest.raises(errors.ListNotFound, match=f"^no job list named '{list_name}'$"):
+        lists.drop(list_name, grace_s=0)
+
+
+def test_a_create_beside_a_tombstones_cleaning_keeps_its_records(registered, queue, lists, list_name, session,
+                                                                monkeypatch):
+    """Two loads of a dropped list's name at once: one may still be deleting what the
+    tombstone names while the other has created the list and loaded it. Only records
+    written before the drop go (the tombstone's time): the new list's stay."""
+    busy_list(queue, lists, session, list_name)
+    drop_missing_half(lists, list_name, monkeypatch)
+    tomb = registered.get(keys.LIST_SET, list_name).bins
+    lists.load(list_name, specs(20), seal=True)
+    late = lists._clear_tombstone(list_name, tomb)  # the slower loader's cleaning, from the tombstone it read
+    assert (late.jobs, late.index, late.id_chunks, late.bitmaps) == (0, 0, 0, 0)
+    st = lists.status(list_name)
+    assert (st.total, st.reservable) == (20, 20)
+    assert len(queue.reserve(list_name, session, 30)) == 20
 
 
 def test_a_worker_holding_claims_on_a_dropped_list_carries_on(registered, lists, list_name):

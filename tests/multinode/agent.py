@@ -5,6 +5,8 @@
     python -m tests.multinode.agent load URL LIST N [LEASE_MS]  load N jobs; the report, or the error
     python -m tests.multinode.agent nodes URL            the nodes the client sees
     python -m tests.multinode.agent frozen-write URL PID N SIGSTOP asd PID, write until a timeout
+    python -m tests.multinode.agent work URL LIST K      reserve K jobs and complete them
+    python -m tests.multinode.agent gone URL LIST N      how a dropped list looks, and what of it is left
 """
 
 from __future__ import annotations
@@ -14,10 +16,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from aerospike_helpers import expressions as exp
+
 from aeroqueue import keys
 from aeroqueue.backends import open_backend
-from aeroqueue.errors import AeroqueueError
+from aeroqueue.errors import AeroqueueError, ListNotFound
 from aeroqueue.lists import JobLists
+from aeroqueue.queue import Queue
 
 
 def audit(url: str, name: str, n: int) -> dict[str, Any]:
@@ -91,6 +96,44 @@ def frozen_write(url: str, pid: int, n: int) -> dict[str, Any]:
     return {"error": None}
 
 
+def work(url: str, name: str, k: int) -> dict[str, Any]:
+    """Reserve k jobs and complete them (their done bits written before it answers)."""
+    from aeroqueue import transitions
+    from aeroqueue.sessions import Session
+
+    backend = open_backend(url)
+    queue = Queue(backend)
+    with Session.open(backend) as session:
+        jobs = queue.reserve(name, session, count=k)
+        lost = queue.complete_many(jobs)
+    transitions.flush_bits(backend)
+    return {"done": len(jobs) - len(lost)}
+
+
+def gone(url: str, name: str, n: int) -> dict[str, Any]:
+    """What a client sees of a dropped list (status, header, the list of names, a
+    reservation), and what of its N jobs' records is still in the store."""
+    backend = open_backend(url)
+    lists = JobLists(backend)
+    out: dict[str, Any] = {}
+    for what, call in (("status", lambda: lists.status(name).as_dict()), ("header", lambda: lists.header(name))):
+        try:
+            out[what] = call()
+        except ListNotFound:
+            out[what] = "ListNotFound"
+    out["listed"] = name in lists.names()
+    try:
+        out["reserved"] = [job.jid for job in Queue(backend).reserve(name, "probe", count=10)]
+    except ListNotFound:
+        out["reserved"] = "ListNotFound"
+    names = [keys.job_name(name, t) for t in range(n)]
+    out["job_records"] = sum(rec is not None for rec in backend.batch_get(keys.JOB_SET, names))
+    only = exp.Eq(exp.StrBin("l"), name).compile()
+    out["index_entries"] = sum(1 for _ in backend.scan(keys.JIDX_SET, expression=only, bins=["l"]))
+    out["bitmaps"] = sum(rec is not None for rec in backend.batch_get(keys.DONE_SET, [keys.chunk_name(name, 0)]))
+    return out
+
+
 def main(argv: list[str]) -> None:
     cmd, *args = argv
     if cmd == "audit":
@@ -101,6 +144,10 @@ def main(argv: list[str]) -> None:
         out = load(args[0], args[1], int(args[2]), *(int(a) for a in args[3:4]), *args[4:5])
     elif cmd == "frozen-write":
         out = frozen_write(args[0], int(args[1]), int(args[2]))
+    elif cmd == "work":
+        out = work(args[0], args[1], int(args[2]))
+    elif cmd == "gone":
+        out = gone(args[0], args[1], int(args[2]))
     elif cmd == "nodes":
         out = nodes(args[0])
     else:
