@@ -134,6 +134,28 @@ def test_a_dead_session_is_still_reaped_only_later_by_the_hold(url):
     assert time.time_ns() // 1_000_000 >= opened + held_ms + EXPIRY_S * 1000, "not before its credited expiry"
 
 
+def test_a_write_that_times_out_behind_a_stopped_writer_names_the_store_the_holder_and_the_way_out(url, monkeypatch):
+    """Every command and worker of the store stalls, and their errors are all the user
+    sees: each must say which store, which process, and what to do. It said
+    "embedded store locked for 60 s", naming none of them."""
+    from aeroqueue import errors
+    from aeroqueue.backends.embedded import storage
+
+    backend = open_backend(url)
+    writer = StoppedWriter(url)
+    monkeypatch.setattr(storage, "BUSY_TIMEOUT_S", 0.5)
+    try:
+        with pytest.raises(errors.BackendTimeout) as e:
+            backend.put("s", "k", {"a": 1})
+    finally:
+        writer.resume()
+    path = url.removeprefix("embedded://")
+    assert f"embedded store {path} locked for 0 s by process {writer.proc.pid}:" in str(e.value)
+    assert "continue it (fg, kill -CONT) or end it" in str(e.value)
+    backend.put("s", "k", {"a": 1})  # free again
+    assert backend.get("s", "k").bins == {"a": 1}
+
+
 def test_only_long_holds_are_reported_and_a_failing_report_does_not_fail_the_write(tmp_path):
     clock = ManualClock()
     client = EmbeddedClient(str(tmp_path / "s.db"), clock=clock)

@@ -27,6 +27,11 @@ under contention a write could wait far longer than the writes ahead of it
 took (batch p99 of seconds with 4 processes). A blocked ``flock`` wakes as
 soon as the holder lets go. SQLite's own lock still guards the file; with the
 kernel lock held, ``BEGIN IMMEDIATE`` finds it free.
+
+A store stays usable in a child forked while it is open (``multiprocessing``'s
+default on Linux): a fork waits for the writes under way in its other threads,
+and the child opens a connection and a lock file of its own and drops what it
+inherited (``_before_fork``, ``Storage._forked``).
 """
 
 from __future__ import annotations
@@ -38,8 +43,9 @@ import os
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -188,6 +194,53 @@ def _indexed(kind: str, value: Any) -> Any:
     return None
 
 
+def _lock_holders(lock_path: str) -> list[int]:
+    """The processes that hold the kernel lock on `lock_path`, as /proc/locks
+    (Linux) lists them; none where it cannot say."""
+    try:
+        st = os.stat(lock_path)
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    # "3: FLOCK  ADVISORY  WRITE 1234 fe:00:2212577 0 EOF"; a waiter's line has "->" after the number.
+    return [
+        int(parts[4]) for parts in map(str.split, lines)
+        if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5] == inode and parts[4].isdigit()
+    ]
+
+
+_OPEN: weakref.WeakSet[Storage] = weakref.WeakSet()
+_HELD_AT_FORK: list[Storage] = []
+
+
+def _before_fork() -> None:
+    # A fork waits for the writes under way in other threads: SQLite keeps the
+    # locks of a process's connections in process-wide state, which a child copies;
+    # a connection in the middle of a write at the fork would hold the store's
+    # write lock there for ever (every write of the child timing out), and the Lua
+    # state its UDF call left halfway would be unusable.
+    _HELD_AT_FORK[:] = list(_OPEN)
+    for storage in _HELD_AT_FORK:
+        storage._write_lock.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    for storage in _HELD_AT_FORK:
+        storage._write_lock.release()
+    _HELD_AT_FORK.clear()
+
+
+def _after_fork_in_child() -> None:
+    _HELD_AT_FORK.clear()
+    for storage in list(_OPEN):
+        storage._forked()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
+
+
 class Storage:
     """The SQLite file (or a private in-memory database) behind an EmbeddedClient."""
 
@@ -209,6 +262,7 @@ class Storage:
         self._shared: sqlite3.Connection | None = None
         self._lock_fd: int | None = None
         self._lock_pid: int | None = None
+        _OPEN.add(self)
         if self.memory:
             self._shared = self._connect()
         else:
@@ -333,6 +387,20 @@ class Storage:
                 "long hold not credited", extra={"event": "hold_not_credited", "held_ms": held, "error": str(e)}
             )
 
+    def _forked(self) -> None:
+        """In a forked child, which has only the thread that forked."""
+        # The parent's thread lock, held for the fork (_before_fork), by a thread the
+        # child does not have.
+        self._write_lock = threading.RLock()
+        if self._lock_fd is not None:
+            # The inherited descriptor shares the parent's lock: left open here, it
+            # would keep the store locked after the parent died inside a write (a
+            # SIGKILL), for as long as this child lives. Closing this copy leaves a
+            # lock the parent holds alone.
+            with suppress(OSError):
+                os.close(self._lock_fd)
+            self._lock_fd = None
+
     def _lock_fd_here(self) -> int:
         # An open file description must not cross fork(): a child opens its own.
         if self._lock_fd is None or self._lock_pid != os.getpid():
@@ -374,7 +442,17 @@ class Storage:
             abandoned = True
         from .operations import server_error
 
-        raise server_error("TimeoutError", 9, f"AEROSPIKE_ERR_TIMEOUT (embedded store locked for {BUSY_TIMEOUT_S:.0f} s)")
+        raise server_error("TimeoutError", 9, f"AEROSPIKE_ERR_TIMEOUT ({self._locked_for_too_long()})")
+
+    def _locked_for_too_long(self) -> str:
+        """Why a write timed out, and what to do: the error reaches a user whose
+        commands and workers all stall, and names neither the store nor the process."""
+        holders = _lock_holders(self.path + ".lock")
+        by = f" by process {', '.join(map(str, holders))}" if holders else ""
+        return (
+            f"embedded store {self.path} locked for {BUSY_TIMEOUT_S:.0f} s{by}: a process stopped or stuck "
+            "inside a write holds it (Ctrl-Z, SIGSTOP, a debugger); continue it (fg, kill -CONT) or end it"
+        )
 
     def _unlock_file(self, locked: bool) -> None:
         if locked and self._lock_fd is not None:
