@@ -89,6 +89,13 @@ class RecordTooBig(BackendError):
     """The record would exceed the namespace's max-record-size."""
 
 
+class StoreFull(BackendError):
+    """The store is out of space and refused the write (Aerospike code 8: a node at
+    stop-writes; the embedded store: its disk full); nothing of it was written."""
+
+    hint = "make room (drop lists no longer needed; for the embedded store, free disk space), then repeat: aeroqueue's operations are safe to repeat"
+
+
 class RecordBusy(BackendError):
     """Too many operations are queued on one hot key (Aerospike code 14); retry with backoff."""
 

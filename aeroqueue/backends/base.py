@@ -54,6 +54,7 @@ _BY_CODE: dict[int, type[errors.BackendError]] = {
     2: errors.RecordNotFound,
     3: errors.GenerationConflict,
     5: errors.RecordExists,
+    8: errors.StoreFull,
     9: errors.BackendTimeout,
     13: errors.RecordTooBig,
     14: errors.RecordBusy,

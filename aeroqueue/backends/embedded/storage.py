@@ -194,6 +194,15 @@ def _indexed(kind: str, value: Any) -> Any:
     return None
 
 
+# SQLite's primary result codes for a write the file system refused.
+_SQLITE_IOERR, _SQLITE_FULL = 10, 13
+
+
+def _out_of_space(e: sqlite3.Error) -> bool:
+    code = getattr(e, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF in (_SQLITE_IOERR, _SQLITE_FULL)
+
+
 def _lock_holders(lock_path: str) -> list[int]:
     """The processes that hold the kernel lock on `lock_path`, as /proc/locks
     (Linux) lists them; none where it cannot say."""
@@ -364,11 +373,21 @@ class Storage:
                 try:
                     yield db
                     self._report_hold(since)
-                except BaseException:
-                    db.execute("ROLLBACK")
+                except BaseException as e:
+                    with suppress(sqlite3.Error):  # SQLite may have rolled back itself (a full disk)
+                        db.execute("ROLLBACK")
+                    if isinstance(e, sqlite3.Error) and _out_of_space(e):
+                        raise self._full(e) from None
                     raise
                 else:
-                    db.execute("COMMIT")
+                    try:
+                        db.execute("COMMIT")
+                    except sqlite3.Error as e:
+                        with suppress(sqlite3.Error):
+                            db.execute("ROLLBACK")
+                        if _out_of_space(e):
+                            raise self._full(e) from None
+                        raise
                 finally:
                     db.index_defs = None  # type: ignore[attr-defined]  # only valid under the lock
                     self._unlock_file(locked)
@@ -443,6 +462,18 @@ class Storage:
         from .operations import server_error
 
         raise server_error("TimeoutError", 9, f"AEROSPIKE_ERR_TIMEOUT ({self._locked_for_too_long()})")
+
+    def _full(self, e: sqlite3.Error) -> Exception:
+        """A write the file system refused (no space, a file size limit, an I/O
+        error): nothing of it was written. Raised as a server out of space answers
+        (ServerFull, code 8: stop-writes), naming the store and what to do."""
+        from .operations import server_error
+
+        return server_error(
+            "ServerFull", 8,
+            f"AEROSPIKE_ERR_SERVER_FULL (embedded store {self.path}: the file system refused the write ({e}); "
+            "nothing of it was written)",
+        )
 
     def _locked_for_too_long(self) -> str:
         """Why a write timed out, and what to do: the error reaches a user whose

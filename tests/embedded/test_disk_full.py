@@ -1,0 +1,68 @@
+"""The embedded store on a full disk: a write the file system refuses is an error
+that says so, names the store and what to do (as a server at stop-writes answers:
+code 8), and leaves nothing half-written: the same load run again, with room,
+loads every job once.
+
+The disk fills for real, for one process: `aeroqueue load` runs under a file
+size limit (RLIMIT_FSIZE, with SIGXFSZ ignored, so that a write past it fails
+with EFBIG instead of killing the process), which SQLite reports as it does a
+full disk."""
+
+from __future__ import annotations
+
+import json
+import resource
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+from aeroqueue.backends import open_backend
+from aeroqueue.lists import JobLists
+
+N = 5000
+
+
+def _limited(max_bytes: int):  # type: ignore[no-untyped-def]
+    def apply() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (max_bytes, max_bytes))
+
+    return apply
+
+
+def _aq(url: str, *args: str, max_bytes: int | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "aeroqueue", "--url", url, *args], capture_output=True, text=True, timeout=120,
+        preexec_fn=_limited(max_bytes) if max_bytes else None,
+    )
+
+
+def test_a_load_onto_a_full_disk_says_so_and_a_rerun_with_room_loads_each_job_once(tmp_path: Path) -> None:
+    store = tmp_path / "store.db"
+    url = f"embedded://{store}"
+    assert _aq(url, "--create", "init").returncode == 0
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text("".join(json.dumps({"id": f"j{i}", "payload": {"text": "x" * 200, "i": i}}) + "\n"
+                            for i in range(N)))
+    # Room for the store as it is and a little more: a fraction of the jobs.
+    room = max(p.stat().st_size for p in tmp_path.glob("store.db*")) + 200_000
+    full = _aq(url, "load", "big", str(jobs), max_bytes=room)
+    assert full.returncode == 1, (full.returncode, full.stderr[-2000:])
+    said = full.stderr
+    assert "internal error" not in said and "Traceback" not in said, said[-2000:]
+    assert f"embedded store {store}" in said and "the file system refused the write" in said, said
+    assert "make room" in said, said
+
+    rerun = _aq(url, "load", "big", str(jobs))
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    backend = open_backend(url)
+    try:
+        lists = JobLists(backend)
+        st = lists.status("big")
+        assert (st.total, st.reservable) == (N, N), st
+        ids = Counter(j["jid"] for j in lists.jobs("big"))
+        assert ids == Counter({f"j{i}": 1 for i in range(N)}), "each job id loaded exactly once"
+    finally:
+        backend.close()
