@@ -208,7 +208,7 @@ class _Renewer:
             if not seqs:
                 continue
             try:
-                loader.lists._list_udf(loader.name, "renew", seqs, loader.lease_ms)
+                loader.lists._list_udf(loader.name, "renew", seqs, loader.lease_ms, loader.created)
             except Exception as e:  # the next turn tries again; the thread must live
                 log.warning("load lease not renewed", extra={"event": "load_renew_failed", "list": loader.name,
                                                              "ranges": len(seqs), "error": str(e)})
@@ -325,7 +325,7 @@ class _RangeLoader:
                 self._turns.wait_for(lambda: self._turn == i)
                 if not new:
                     return 0, len(batch), 0
-                got = self.lists._list_udf(name, "alloc", len(new), self.lease_ms, uuid.uuid4().hex)
+                got = self.lists._list_udf(name, "alloc", len(new), self.lease_ms, uuid.uuid4().hex, self.created)
         finally:
             # Whatever happened to this range, the next one may allocate now (range i
             # only ever waits for ranges before it, which started first: no deadlock).
@@ -335,7 +335,7 @@ class _RangeLoader:
         if got["st"] == "sealed":
             raise ListSealed(f"list {name!r} was sealed during the load")
         if got["st"] != "ok":
-            raise ListNotFound(f"no job list named {name!r}")
+            raise ListNotFound(f"no job list named {name!r}: it was dropped during the load")
         seq = got["seq"]
         with self._turns:
             self._flying.add(seq)
@@ -422,7 +422,7 @@ class _RangeLoader:
         real = commit_index(self.lists, name, self.created, list(zip(tokens, [s.jid for s in new], strict=True)))
         real_set = set(real)
         finish_range(self.lists, name, self.mode, seq, real, gate=gate,
-                     timed={t: due for t, due in timed.items() if t in real_set})
+                     timed={t: due for t, due in timed.items() if t in real_set}, created=self.created)
         return len(real), len(batch) - len(new)
 
 
@@ -496,6 +496,8 @@ def commit_index(lists: JobLists, name: str, created: int, pairs: list[tuple[int
     if not clashes:
         return [t for t, _ in pairs]
     recs = b.batch_get(keys.JIDX_SET, [keys.jidx_name(name, jid) for _, jid in clashes])
+    if any(r is not None and not keys.indexed_here(r.bins, created) for r in recs):
+        _check_same_list(lists, name, created)
     owners = {}
     for (t, jid), r in zip(clashes, recs, strict=True):
         if r is None:
@@ -511,6 +513,17 @@ def commit_index(lists: JobLists, name: str, created: int, pairs: list[tuple[int
         void_bits(lists, name, voids)
     void_set = set(voids)
     return [t for t, _ in pairs if t not in void_set]
+
+
+def _check_same_list(lists: JobLists, name: str, created: int) -> None:
+    """Before an index entry of another list of this name is replaced (`stale_index`):
+    the list is still the one this load (or recovery) read. A loader stopped past its
+    lease while its list was dropped and made again would otherwise take the new
+    list's entries for a dropped list's, and replace them with its own."""
+    rec = lists.backend.get(keys.LIST_SET, name, bins=["created"])
+    if rec is None or rec.bins.get("created") != created:
+        raise LoadAbandoned(f"list {name!r} was dropped during the load{' and made again' if rec else ''}: "
+                            "nothing more of this load is written into it")
 
 
 def stale_index(lists: JobLists, name: str, created: int, token: int, jid: str, rec: Record) -> int:
@@ -547,17 +560,21 @@ def void_bits(lists: JobLists, name: str, tokens: list[int]) -> None:
 
 def finish_range(
     lists: JobLists, name: str, mode: str, seq: int, real: list[int], *, gate: int = 0, timed: dict[int, int] | None = None,
-    recovered: bool = False,
+    recovered: bool = False, created: int | None = None,
 ) -> None:
     """Publish a written range. `gate` (server ms) holds the whole range back until
     then; `timed` holds single jobs back (token -> server ms). A recovered range
     has no gate: each of its delayed jobs is timed by the due its record holds
-    (the job record is what decides; its claim refuses it until then)."""
+    (the job record is what decides; its claim refuses it until then). `created`:
+    the list the range was allocated in; range `seq` of another list of this name
+    (made since a drop) is refused."""
     if mode == "ids":
         # `due`: its jobs' own run_at, for status only (the claim decides when they run).
         chunk: dict[str, Any] = {"ids": real, "due": timed} if timed else {"ids": real}
         try:
-            lists.backend.put(keys.IDS_SET, keys.chunk_name(name, seq), chunk, create_only=True)
+            # Create-only: repeated after a lost answer, a put that landed answers RecordExists.
+            retry_in_doubt(functools.partial(
+                lists.backend.put, keys.IDS_SET, keys.chunk_name(name, seq), chunk, create_only=True))
         except RecordExists:
             # The same chunk, written by the loader (it died before publishing, or
             # this is its repeated call) or by a recovery. A recovery's `due` holds
@@ -567,9 +584,9 @@ def finish_range(
             if recovered and timed:
                 retry_in_doubt(functools.partial(
                     lists.backend.operate, keys.IDS_SET, keys.chunk_name(name, seq), [op.write("due", timed)]))
-    out = lists._list_udf(name, "publish", seq, len(real), gate, timed or {}, transitions.SCHED_CAP)
+    out = lists._list_udf(name, "publish", seq, len(real), gate, timed or {}, transitions.SCHED_CAP, created)
     if out["st"] != "ok":
-        raise LoadAbandoned(f"list {name!r}: range {seq} is unknown to the list record")
+        raise LoadAbandoned(f"list {name!r}: range {seq} is unknown to the list record (was the list dropped?)")
 
 
 def recover(lists: JobLists, name: str) -> int:
@@ -598,7 +615,7 @@ def recover(lists: JobLists, name: str) -> int:
         # run_at): not counted reservable, nor handed out only to be refused.
         timed = {t: rec.bins["due"] for t, rec in zip(tokens, recs, strict=True)
                  if t in real_set and rec is not None and rec.bins.get("state") == "delayed" and rec.bins.get("due")}
-        finish_range(lists, name, head["mode"], r["seq"], real, timed=timed, recovered=True)
+        finish_range(lists, name, head["mode"], r["seq"], real, timed=timed, recovered=True, created=head["created"])
     return len(ranges)
 
 

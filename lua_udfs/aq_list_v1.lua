@@ -458,7 +458,15 @@ function tombstone(rec)
   return 'ok'
 end
 
--- alloc(rec, n, lease_ms, rid) -> map{st='ok', seq, start, now} | map{st='missing'|'sealed'}
+-- The list a loader read (its `created`, nil: any) is not this record's: it was
+-- dropped, and maybe made again under its name, while the loader was stopped past
+-- its lease (a drop waits only for live leases). Ranges, and their numbers, are
+-- then the new list's: the loader must not allocate, publish nor renew any.
+local function replaced(rec, created)
+  return created ~= nil and rec['created'] ~= created
+end
+
+-- alloc(rec, n, lease_ms, rid, created) -> map{st='ok', seq, start, now} | map{st='missing'|'sealed'}
 --   Reserves tokens [start, start+n) for one loader. The range must be
 --   published within lease_ms, or `expired` offers it to recovery. `now`: the
 --   server's clock, from which a delayed load counts its delay. `rid` (a string,
@@ -467,8 +475,9 @@ end
 --   `now` of the first call, instead of making a second one that nobody would
 --   publish. Not once the range's lease ran out or a recovery published it:
 --   then the repeat gets a new range, as a loader that came late would.
-function alloc(rec, n, lease_ms, rid)
-  if not live(rec) then return map{st = 'missing'} end
+--   `created` (or nil): the list the loader read; another one is 'missing'.
+function alloc(rec, n, lease_ms, rid, created)
+  if not live(rec) or replaced(rec, created) then return map{st = 'missing'} end
   local pend = rec['pend']
   local t = now()
   if rid ~= nil then
@@ -497,9 +506,10 @@ end
 --   until due (token mode; in ID mode every one of them does: see the header).
 --   Both take effect as the range is published. Idempotent: publishing a
 --   range that is already published answers 'ok' and changes nothing.
---   'gone': the range is unknown.
-function publish(rec, seq, real, due, timed, cap)
-  if not live(rec) then return map{st = 'gone'} end
+--   'gone': the range is unknown, or the list is not the one `created` (or nil)
+--   says: range `seq` of a list made since under its name is not this loader's.
+function publish(rec, seq, real, due, timed, cap, created)
+  if not live(rec) or replaced(rec, created) then return map{st = 'gone'} end
   if seq < rec['pubs'] then return map{st = 'ok', tail = rec['tail'], total = rec['total']} end
   local pend = rec['pend']
   local r = pend[seq]
@@ -564,12 +574,14 @@ local function move_leases(rec, seqs, end_of)
   return n
 end
 
--- renew(rec, seqs, lease_ms) -> integer
+-- renew(rec, seqs, lease_ms, created) -> integer
 --   A live loader keeps its ranges still in flight (sequence numbers `seqs`)
 --   leased for lease_ms more, so a lease can be short: a dead loader's ranges
 --   go to recovery soon, and a slow one is not cut off. Not a range whose lease
---   ran out: a recovery may be finishing it already. Answers how many it renewed.
-function renew(rec, seqs, lease_ms)
+--   ran out: a recovery may be finishing it already. Nor those of a list other
+--   than `created` (or nil): another loader's. Answers how many it renewed.
+function renew(rec, seqs, lease_ms, created)
+  if aerospike:exists(rec) and replaced(rec, created) then return 0 end
   local t = now()
   return move_leases(rec, seqs, function(exp) if exp > t then return t + lease_ms end end)
 end

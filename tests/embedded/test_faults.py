@@ -143,3 +143,28 @@ def test_a_store_locked_by_a_stopped_process_is_a_clear_timeout_when_opened(tmp_
     b = open_backend(f"embedded://{path}")  # free again: it opens
     b.put("s", "k", {"a": 1})
     assert b.get("s", "k").bins == {"a": 1}
+
+
+def test_a_load_whose_id_chunk_answer_was_lost_goes_on(tmp_path):
+    """ID mode: the put of a range's ID-store chunk took effect but its answer was lost
+    (a timeout, a node lost; a loader stopped past the client's time limit saw one on a
+    server). It is create-only, so it is safe to repeat (the repeat answers
+    RecordExists): the load goes on, as it does after every other step of a range.
+    It failed the whole load, its range left for a later load to recover."""
+    from aeroqueue import udfs
+    from aeroqueue.lists import JobLists
+    from aeroqueue.loading import JobSpec
+    from aeroqueue.queue import Queue
+    from aeroqueue.sessions import Session
+
+    b = open_backend(f"embedded://{tmp_path / 's.db'}")
+    udfs.register(b)
+    lists = JobLists(b)
+    b.client.faults.add(op="put", key="l/1", error="TimeoutError", when="after")
+    report = lists.load("l", [JobSpec(f"j{i}", {"i": i}) for i in range(30)], mode="ids", seal=True, chunk_size=10)
+    assert b.client.faults.fired == 1, "the second chunk's answer was lost"
+    assert (report.loaded, report.skipped) == (30, 0)
+    st = lists.status("l")
+    assert (st.total, st.reservable, st.pending_ranges) == (30, 30, 0)
+    with Session.open(b, heartbeat=False) as s:
+        assert sorted(j.jid for j in Queue(b).reserve("l", s, 40)) == sorted(f"j{i}" for i in range(30))

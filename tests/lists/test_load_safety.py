@@ -254,3 +254,73 @@ def test_default_range_sizes_follow_the_store_and_the_mode(env, list_name):
     lists.load(f"{list_name}-ids", specs(2500), mode="ids")
     assert lists.header(f"{list_name}-ids")["seq"] == 3
     assert len(drain_all(queue, f"{list_name}-ids", session)) == 2500
+
+
+# A loader that stops itself (SIGSTOP, as Ctrl-Z does) once it has allocated its fifth
+# range and before it writes any of it: outside any write, so an embedded store is not
+# held meanwhile.
+_STOPPING_LOADER = """
+import json, os, signal, sys
+from aeroqueue import load
+from aeroqueue.backends import open_backend
+from aeroqueue.lists import JobLists
+from aeroqueue.loading import JobSpec
+write_range = load._RangeLoader._write_range
+def stop_at_fifth(self, batch, new, got):
+    if got["seq"] == 4:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    return write_range(self, batch, new, got)
+load._RangeLoader._write_range = stop_at_fifth
+b = open_backend(sys.argv[1])
+jobs = (JobSpec(f"k{i}", {"v": 1}) for i in range(int(sys.argv[3])))
+try:
+    JobLists(b).load(sys.argv[2], jobs, chunk_size=50, workers=1, lease_ms=500)
+except Exception as e:
+    print(json.dumps({"err": type(e).__name__, "msg": str(e)}))
+else:
+    print(json.dumps({"ok": True}))
+"""
+
+
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+@pytest.mark.slow
+def test_a_loader_resumed_after_its_list_was_dropped_and_loaded_again_adds_nothing_to_the_new_list(env, list_name):
+    """A loader stopped past its lease, its list dropped (nothing stops a drop then) and
+    loaded again from a changed file, then resumed: it took the new list for its own,
+    loaded the rest of its old file into it (1,800 of 2,000 jobs twice, with the old
+    payload) and replaced the new list's job-id index entries with its own (a reload
+    of the new file added 1,850 again)."""
+    backend, lists, queue, session = env
+    n = 2000
+    proc = subprocess.Popen([sys.executable, "-c", _STOPPING_LOADER, str(backend.url), list_name, str(n)],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not _stopped(proc.pid):
+            assert proc.poll() is None and time.monotonic() < deadline, "the loader never stopped"
+            time.sleep(0.01)
+        time.sleep(1.0)  # past its lease: the drop no longer waits for it
+        lists.drop(list_name, grace_s=0)
+        report = lists.load(list_name, (JobSpec(f"k{i}", {"v": 2}) for i in range(n)), chunk_size=50)
+        assert (report.loaded, report.voided) == (n, 0)
+        os.kill(proc.pid, signal.SIGCONT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    lists.recover(list_name)
+    st = lists.status(list_name)
+    assert (st.total, st.reservable, st.pending_ranges) == (n, n, 0)
+    jobs = drain_all(queue, list_name, session)
+    assert Counter(j.jid for j in jobs) == Counter(f"k{i}" for i in range(n)), "every job of the new list exactly once"
+    assert all(j.payload == {"v": 2} for j in jobs), "the new file's payloads"
+    assert all(lists.find_job(list_name, f"k{i}")["payload"] == {"v": 2} for i in range(0, n, 97))
+    again = lists.load(list_name, (JobSpec(f"k{i}", {"v": 2}) for i in range(n)), chunk_size=50)
+    assert (again.loaded, again.skipped) == (0, n), "the new list's index is its own: a reload adds nothing"
+    assert lists.status(list_name).total == n
+    assert '"err"' in out, f"the old loader must fail, not load into the new list: {out}"
