@@ -15,7 +15,8 @@ DONE_SET = "aq_done"  # "<list>/<chunk>": completion bitmaps (bins done, dead; v
 JIDX_SET = "aq_jidx"  # "<list>/<jid>": job id -> token, the commit point of a load
 LOCK_SET = "aq_lock"  # "<name>": a lease (owner, host, pid, ttl_ms); a sync's is "sync:<target>"
 SYNC_SET = "aq_sync"  # "<run>/<partition>": a running sync task's progress (lists: copied per list); "clock/<id>"
-# The time to live of every aq_sync record: each is removed by the process that
+# The time to live of every aq_sync record (none in a namespace that refuses TTLs:
+# nsup-period 0, `sync.mark.put_sync_record`): each is removed by the process that
 # wrote it (the clock at once, progress at the run's end), and one killed in
 # between would otherwise leave it for ever. A task's progress is rewritten
 # after each batch, so a running task's never expires.

@@ -32,6 +32,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -427,7 +428,10 @@ def expire_overdue(backend: Backend, session_id: str, leases: dict[str, Any] | N
         limit = "its lease's time limit" if tl < 0 else f"its time limit of {tl / 1000:g} s"
         why = f"timed out: not acknowledged within {limit} (session {session_id} still alive)"
         delay = transitions.backoff_ms(bins.get("att", 1), *policies[name])
-        st = transitions.expire(backend, bins["list"], bins["token"], session_id, why, delay_ms=delay, tx=tx)
+        # Offered as a release pass offers (`_offer`): a reaper that takes the session up
+        # if it dies now recounts its jobs, and would offer this one too before our push.
+        st = transitions.expire(backend, name, bins["token"], session_id, why, delay_ms=delay, tx=tx,
+                                offer=functools.partial(_offer, backend, name, tx=tx))
         if st in ("retry", "delayed", "dead"):
             ended += 1
             # The job named in the message too: a command that sets no log handler (`aeroqueue reap`)

@@ -38,7 +38,7 @@ import threading
 import uuid
 import weakref
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import aerospike
@@ -333,20 +333,23 @@ def reaper_tx() -> str:
     return uuid.uuid4().hex
 
 
-def after_fail(backend: Backend, list_name: str, token: int, outcome: str, delay_ms: int = 0) -> None:
+def after_fail(
+    backend: Backend, list_name: str, token: int, outcome: str, delay_ms: int = 0,
+    offer: Callable[[list[int]], list[int]] | None = None,
+) -> None:
     """Follow-up of a fail, expire, snooze or release: dead bit, back onto the retry
-    store, or onto the schedule (`delayed`)."""
+    store (what `offer` lets through, if given), or onto the schedule (`delayed`)."""
     if outcome == "dead":
         set_dead_bits(backend, list_name, [token])
     elif outcome in ("retry", "released"):
-        push_retry(backend, list_name, [token])
+        push_retry(backend, list_name, [token] if offer is None else offer([token]))
     elif outcome == "delayed":
         schedule(backend, list_name, [token], delay_ms)
 
 
 def _transition(
     backend: Backend, list_name: str, token: int, function: str, *args: Any, delay_ms: int = 0, deadline_s: float = 5.0,
-    tx: str | None = None,
+    tx: str | None = None, offer: Callable[[list[int]], list[int]] | None = None,
 ) -> str:
     """One job UDF that ends a claim (or buries a job), then its follow-up. Repeated
     while its answer is in doubt, for `deadline_s`: a repeat answers as the first did,
@@ -356,7 +359,7 @@ def _transition(
         st = str(retry_in_doubt(lambda: backend.udf(keys.JOB_SET, name, keys.JOB_MOD, function, *args), deadline_s=deadline_s))
     else:
         st = str(job_udf(backend, name, function, *args, deadline_s=deadline_s, tx=tx))
-    after_fail(backend, list_name, token, st, delay_ms)
+    after_fail(backend, list_name, token, st, delay_ms, offer)
     return st
 
 
@@ -386,14 +389,15 @@ def fail(
 
 def expire(
     backend: Backend, list_name: str, token: int, session_id: str, why: str, *, delay_ms: int = 0, rid: str = "",
-    deadline_s: float = 5.0, tx: str | None = None,
+    deadline_s: float = 5.0, tx: str | None = None, offer: Callable[[list[int]], list[int]] | None = None,
 ) -> str:
     """A claim past its time limit ends as a failed attempt (error `why`): 'retry',
     'delayed', 'dead'; 'early' (not past it by the server's clock), 'lost' or
-    'missing' change nothing. `tx`: a reaper's id (`reaper_tx`)."""
+    'missing' change nothing. `tx`: a reaper's id (`reaper_tx`); `offer`: which of
+    the job's token it may push onto the retry store (`sessions._offer`)."""
     return _transition(
         backend, list_name, token, "expire", session_id, int(delay_ms), why, rid, delay_ms=delay_ms,
-        deadline_s=deadline_s, tx=tx,
+        deadline_s=deadline_s, tx=tx, offer=offer,
     )
 
 

@@ -41,7 +41,7 @@ from aerospike_helpers.operations import operations as op
 
 from .. import keys
 from ..backends import Backend
-from ..errors import GenerationConflict, SyncError
+from ..errors import BackendError, GenerationConflict, SyncError
 from .scan import PROCESSED, synced
 
 NOT_FOUND = 2
@@ -83,12 +83,27 @@ def _nodes(backend: Backend) -> tuple[str, ...]:
     return tuple(sorted(n["node_name"] for n in backend.client.get_node_names()))
 
 
+FORBIDDEN = 22  # a write with a time to live, in a namespace whose nsup-period is 0
+
+
+def put_sync_record(backend: Backend, name: str, bins: dict[str, Any]) -> None:
+    """Write an aq_sync record with its time to live (`keys.SYNC_TTL_S`). A namespace
+    without nsup-period (Aerospike's default) refuses any TTL: there it is written
+    without one, as it always was, rather than fail a sync that needs no TTL."""
+    try:
+        backend.put(keys.SYNC_SET, name, bins, ttl=keys.SYNC_TTL_S)
+    except BackendError as e:
+        if e.code != FORBIDDEN:
+            raise
+        backend.put(keys.SYNC_SET, name, bins)
+
+
 def server_clock(backend: Backend) -> Clock:
     """The store's now: the last-update time of a record written for the purpose
     (and removed). Every record written after this call has a later one."""
     name = f"clock/{uuid.uuid4().hex}"
     nodes = _nodes(backend)
-    backend.put(keys.SYNC_SET, name, {"at": 1}, ttl=keys.SYNC_TTL_S)
+    put_sync_record(backend, name, {"at": 1})
     try:
         got = backend.operate(keys.SYNC_SET, name, [eop.expression_read("lut", exp.LastUpdateTime().compile())])
         return Clock(int(got.bins["lut"]), nodes)

@@ -25,10 +25,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .. import keys
 from ..backends import Backend, open_backend
 from ..errors import BackendError, SyncError
-from .mark import Clock, mark_unchanged, retain, server_clock
+from .mark import Clock, mark_unchanged, put_sync_record, retain, server_clock
 from .options import Counts, SyncFaults, SyncOptions
 from .scan import Batch, batches
 from .schema import JOB_COLUMNS, JOB_KEY, JOBS_TABLE, REJECT_COLUMNS, REJECTS_TABLE, reject_row
@@ -213,10 +212,7 @@ class RangeSync:
             return
         # Progress is a courtesy: never fail a task for it.
         with contextlib.suppress(BackendError):
-            self.backend.put(
-                keys.SYNC_SET, self._report_as, {"lists": dict(self.per_list), "attempt": self.attempt},
-                ttl=keys.SYNC_TTL_S,
-            )
+            put_sync_record(self.backend, self._report_as, {"lists": dict(self.per_list), "attempt": self.attempt})
 
 
 def _task_attempt() -> int:

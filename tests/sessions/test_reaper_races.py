@@ -16,7 +16,7 @@ from aeroqueue.backends import Backend, open_backend
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Queue
-from aeroqueue.sessions import ReapReport, Session, reap
+from aeroqueue.sessions import ReapReport, Session, expire_overdue, reap
 from tests.conftest import mark_reaping
 
 N = 30
@@ -164,6 +164,50 @@ def test_a_reaper_recounting_while_another_has_yet_to_push_offers_each_job_once(
         a.close()
         b.close()
     assert registered.get(keys.SESS_SET, dead.id) is None
+    assert _states(registered, list_name) == {"queued": N}
+    _waits_once(lists, list_name)
+    _drain(queue, lists, registered, list_name)
+
+
+def test_a_reaper_recounting_while_another_has_yet_to_push_an_overdue_claim_offers_it_once(
+    registered, lists, queue, store_url, list_name, monkeypatch,
+):
+    """Reaper A ends a live session's claims past their time limit (`expire_overdue`)
+    and the session dies meanwhile: reaper B reaps it, and its recount finds a job A
+    ended and has yet to push, queued and in no store, so it offers it; then A pushed
+    it too, and the job waited twice. A's expire offers as a release pass does:
+    marked first (`off`), so that one of them offers it."""
+    lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(N)], timeout_s=0.3, backoff_s=0, max_attempts=10,
+               seal=True)
+    holder = Session.open(registered, heartbeat=False)
+    assert len(queue.reserve(list_name, holder, N)) == N
+    time.sleep(0.5)  # past the time limit
+    a, b = (open_backend(store_url) for _ in range(2))
+    a_ended, b_done = threading.Event(), threading.Event()
+    udf = a.udf
+
+    def push_after_b(set_name: str, name: str, module: str, function: str, *args: Any, **kwargs: Any) -> Any:
+        if (set_name, function) == (keys.LIST_SET, "push_retry") and not b_done.is_set():
+            a_ended.set()  # a claim ended, its job not pushed yet
+            assert b_done.wait(60), "reaper B never finished"
+        return udf(set_name, name, module, function, *args, **kwargs)
+
+    monkeypatch.setattr(a, "udf", push_after_b)
+
+    def reap_b() -> ReapReport:
+        try:
+            assert a_ended.wait(60), "reaper A never ended a claim"
+            mark_reaping(registered, holder.id)  # the session died: B takes it up
+            return reap(b)
+        finally:
+            b_done.set()
+
+    try:
+        _at_once(lambda: ReapReport(0, 0, expire_overdue(a, holder.id)), reap_b)
+    finally:
+        a.close()
+        b.close()
+    assert registered.get(keys.SESS_SET, holder.id) is None
     assert _states(registered, list_name) == {"queued": N}
     _waits_once(lists, list_name)
     _drain(queue, lists, registered, list_name)

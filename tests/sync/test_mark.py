@@ -138,3 +138,36 @@ def test_the_records_a_killed_sync_would_leave_behind_expire(registered, list_na
     monkeypatch.undo()
     for name in (removed[0], progress_name(run, 0)):
         registered.remove(keys.SYNC_SET, name)
+
+
+def test_a_namespace_that_refuses_ttls_still_syncs(registered, list_name, monkeypatch):
+    """A namespace without `nsup-period` (Aerospike's default: 0) refuses any write with
+    a time to live (FORBIDDEN, code 22), which the sync's own records carry. Seen on
+    the real server set so (`set-config ... nsup-period=0`, `allow-ttl-without-nsup=
+    false`): every sync task failed at its clock. Written without one there, as before
+    the time to live: the sync needs no nsup-period, only retention is said to."""
+    from aeroqueue.errors import BackendError
+    from aeroqueue.sync import SyncOptions, parse_target
+    from aeroqueue.sync.task import RangeSync, progress_name
+
+    put = registered.put
+
+    def refuses_ttls(set_name, name, bins, **kw):  # type: ignore[no-untyped-def]
+        if kw.get("ttl"):  # as the server answers (`backends.wrap`)
+            raise BackendError(f"put on {set_name}/{name} failed: AEROSPIKE_ERR_FAIL_FORBIDDEN (Aerospike code 22)",
+                               operation="put", key=f"{set_name}/{name}", code=22)
+        return put(set_name, name, bins, **kw)
+
+    monkeypatch.setattr(registered, "put", refuses_ttls)
+    assert server_clock(registered).ns > 0
+    run = f"t{uuid.uuid4().hex[:12]}"
+    task = RangeSync(
+        SyncOptions(store_url="embedded:///unused.db", target=parse_target("mysql://root@127.0.0.1:3306/test"), run_id=run),
+        registered, sink=None, synced_at=0,  # type: ignore[arg-type]  # the report needs no sink
+    )
+    task._report_as = progress_name(run, 0)
+    task.per_list[list_name] = 3
+    task._report()
+    rec = registered.get(keys.SYNC_SET, progress_name(run, 0))
+    assert rec is not None and rec.bins["lists"] == {list_name: 3}, "the progress report was dropped"
+    registered.remove(keys.SYNC_SET, progress_name(run, 0))
