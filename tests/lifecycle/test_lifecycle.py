@@ -584,7 +584,9 @@ def test_a_gate_due_before_the_token_store_reaches_it_still_skips_a_later_run_at
 @pytest.mark.parametrize("mode", ["tokens", "ids"])
 def test_run_at_per_job(queue, lists, list_name, session, mode):
     """In ID mode such a job waits in its chunk, where status counted it reservable."""
-    soon = time.time() + 0.8
+    # Far enough ahead that a loaded machine (a CI run, 0.8 s was too little once)
+    # loads, counts and reserves before it.
+    soon = time.time() + 3
     jobs = [JobSpec("now", 1), JobSpec("later", 2, None, soon), JobSpec("past", 3, None, time.time() - 60)]
     lists.load(list_name, jobs, mode=mode)
     st = lists.status(list_name)
@@ -593,7 +595,7 @@ def test_run_at_per_job(queue, lists, list_name, session, mode):
     assert sorted(j.jid for j in first) == ["now", "past"]
     st = lists.status(list_name)
     assert (st.delayed, st.reservable, st.in_flight) == (1, 0, 2)
-    (later,) = wait_for("the later job due", lambda: queue.reserve(list_name, session, 5), 5)
+    (later,) = wait_for("the later job due", lambda: queue.reserve(list_name, session, 5), 10)
     assert later.jid == "later" and time.time() >= soon - 0.2  # clocks of one machine
 
 
