@@ -689,8 +689,12 @@ class JobLists:
             codes = self._batch_write(writes, f"drop {set_name}")
             failed = [c for c in codes if c not in (0, NOT_FOUND, FILTERED_OUT)]
             if failed:
+                # Filtered (`only`): cleaning a dropped list's leftovers, before a create or
+                # load of its name, or a drop of it again; else a drop under way.
+                then = ("repeat the command: a load, create or drop of the name deletes them first"
+                        if only is not None else "the list is sealed and paused: drop it again")
                 raise ListError(f"deleting {len(failed)} record(s) of {set_name} failed (Aerospike codes "
-                                f"{sorted(set(failed))}); the list is sealed and paused: drop it again")
+                                f"{sorted(set(failed))}); {then}")
             deleted += sum(1 for c in codes if c == 0)
         return deleted
 
