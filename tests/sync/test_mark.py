@@ -117,26 +117,16 @@ def test_the_records_a_killed_sync_would_leave_behind_expire(registered, list_na
     """The clock record (removed right after its read) and a task's progress record
     (removed by the driver when the run ends) outlive a process killed in between:
     both carry a time to live, so they do not stay for ever."""
-    from aeroqueue.sync import SyncOptions, parse_target
-    from aeroqueue.sync.task import RangeSync, progress_name
-
     removed: list[str] = []
     monkeypatch.setattr(registered, "remove", lambda set_name, name, **kw: removed.append(name))  # killed before it
     server_clock(registered)
     assert len(removed) == 1 and removed[0].startswith("clock/")
-    run = f"t{uuid.uuid4().hex[:12]}"
-    task = RangeSync(
-        SyncOptions(store_url="embedded:///unused.db", target=parse_target("mysql://root@127.0.0.1:3306/test"), run_id=run),
-        registered, sink=None, synced_at=0,  # type: ignore[arg-type]  # the report needs no sink
-    )
-    task._report_as = progress_name(run, 0)
-    task.per_list[list_name] = 3
-    task._report()
-    for name in (removed[0], progress_name(run, 0)):
+    progress = _report_progress(registered, list_name, 3)
+    for name in (removed[0], progress):
         rec = registered.get(keys.SYNC_SET, name)
         assert rec is not None and rec.ttl is not None and 0 < rec.ttl <= keys.SYNC_TTL_S, (name, rec)
     monkeypatch.undo()
-    for name in (removed[0], progress_name(run, 0)):
+    for name in (removed[0], progress):
         registered.remove(keys.SYNC_SET, name)
 
 
@@ -147,8 +137,6 @@ def test_a_namespace_that_refuses_ttls_still_syncs(registered, list_name, monkey
     false`): every sync task failed at its clock. Written without one there, as before
     the time to live: the sync needs no nsup-period, only retention is said to."""
     from aeroqueue.errors import BackendError
-    from aeroqueue.sync import SyncOptions, parse_target
-    from aeroqueue.sync.task import RangeSync, progress_name
 
     put = registered.put
 
@@ -160,14 +148,24 @@ def test_a_namespace_that_refuses_ttls_still_syncs(registered, list_name, monkey
 
     monkeypatch.setattr(registered, "put", refuses_ttls)
     assert server_clock(registered).ns > 0
+    progress = _report_progress(registered, list_name, 3)
+    rec = registered.get(keys.SYNC_SET, progress)
+    assert rec is not None and rec.bins["lists"] == {list_name: 3}, "the progress report was dropped"
+    registered.remove(keys.SYNC_SET, progress)
+
+
+def _report_progress(backend, list_name: str, copied: int) -> str:  # type: ignore[no-untyped-def]
+    """A sync task's progress report (its first), as a task of a run of its own makes
+    it; the name of the record it wrote."""
+    from aeroqueue.sync import SyncOptions, parse_target
+    from aeroqueue.sync.task import RangeSync, progress_name
+
     run = f"t{uuid.uuid4().hex[:12]}"
     task = RangeSync(
         SyncOptions(store_url="embedded:///unused.db", target=parse_target("mysql://root@127.0.0.1:3306/test"), run_id=run),
-        registered, sink=None, synced_at=0,  # type: ignore[arg-type]  # the report needs no sink
+        backend, sink=None, synced_at=0,  # type: ignore[arg-type]  # the report needs no sink
     )
     task._report_as = progress_name(run, 0)
-    task.per_list[list_name] = 3
+    task.per_list[list_name] = copied
     task._report()
-    rec = registered.get(keys.SYNC_SET, progress_name(run, 0))
-    assert rec is not None and rec.bins["lists"] == {list_name: 3}, "the progress report was dropped"
-    registered.remove(keys.SYNC_SET, progress_name(run, 0))
+    return task._report_as
