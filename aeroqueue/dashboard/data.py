@@ -26,6 +26,10 @@ DEAD_PAGE = 100  # dead jobs shown per list page
 DEAD_CHUNKS_READ = 4  # dead bitmap chunks (8 KiB each) read a call while looking for dead jobs
 # Bins that may hold a job's earlier errors (newest last), besides `err` (the last one).
 HISTORY_BINS = ("errs", "errors", "err_hist")
+# What a dead job's row shows (_macros.html, dead_row): never the payload or the result,
+# which may fill the record; the overview and each list page re-read up to 100 of
+# these every few seconds per open page.
+DEAD_ROW_BINS = ["state", "jid", "att", "max_att", "done_at", "err", *HISTORY_BINS]
 
 _CLAIMED = xp.Eq(xp.StrBin("state"), "claimed").compile()
 
@@ -183,7 +187,7 @@ class Store:
         """Up to `limit` dead jobs of a list, in token order, found from its dead bitmap."""
         head = self.lists.header(name)
         tokens = dead_tokens(self.backend, name, head["alloc"], limit)
-        recs = self.backend.batch_get(keys.JOB_SET, [keys.job_name(name, t) for t in tokens])
+        recs = self.backend.batch_get(keys.JOB_SET, [keys.job_name(name, t) for t in tokens], bins=DEAD_ROW_BINS)
         return [
             JobView(name, t, rec.bins, error_history(rec.bins))
             for t, rec in zip(tokens, recs, strict=True)

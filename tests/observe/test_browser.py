@@ -4,7 +4,9 @@ Policy lets every asset load (they ship in the package). On every backend."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -103,3 +105,40 @@ def test_kick_a_dead_job_from_the_browser(
         browser.get("about:blank")  # before the server goes: the page's refresh would fail
 
     assert not severe, f"the browser reported errors (a CSP violation?): {severe}"
+
+
+def test_a_slow_store_gets_one_refresh_at_a_time(browser: Any, registered: Backend) -> None:
+    """A frozen node holds a scan for 30 s: the page must not stack a refresh on the
+    next while one is still waiting (each holds a server thread and a store call)."""
+    app = create_app(registered, secret_key="browser-test", refresh_s=0.3)
+    inner, lock, release = app.wsgi_app, threading.Lock(), threading.Event()
+    pages = {"now": 0, "most": 0, "seen": 0}
+
+    def slow(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ["PATH_INFO"].startswith("/static/"):
+            return inner(environ, start_response)
+        with lock:
+            pages["seen"] += 1
+            pages["now"] += 1
+            pages["most"] = max(pages["most"], pages["now"])
+            first = pages["seen"] == 1
+        try:
+            if not first:
+                release.wait(2.0)  # the store answering slowly, as a refresh finds it
+            return inner(environ, start_response)
+        finally:
+            with lock:
+                pages["now"] -= 1
+
+    app.wsgi_app = slow  # type: ignore[method-assign]
+    browser.get("about:blank")
+    with serving(app) as base:
+        browser.get(f"{base}/")
+        time.sleep(3.5)  # a dozen ticks of the refresh timer, a second answer or so
+        browser.get("about:blank")
+        release.set()
+        deadline = time.monotonic() + 10
+        while pages["now"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert pages["seen"] >= 2, "the page never refreshed"
+    assert pages["most"] == 1, f"{pages['most']} page requests at once from one open page"

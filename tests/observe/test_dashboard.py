@@ -289,6 +289,30 @@ def test_dead_jobs_are_looked_for_only_as_far_as_needed(
     assert len(read) == 16, "all of them, once each"
 
 
+def test_dead_job_rows_read_no_payload(
+    app: Flask, registered: Backend, dead_list: tuple[str, Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A payload may fill its record: a list page of 100 dead jobs with 500 KB payloads
+    read 50 MB from the store, again at each refresh, to show none of it."""
+    name, _ = dead_list
+    read: list[dict[str, Any]] = []
+    batch_get = Backend.batch_get
+
+    def seen(self: Backend, set_name: str, names: list[str], bins: list[str] | None = None) -> list[Any]:
+        recs = batch_get(self, set_name, names, bins)
+        if set_name == keys.JOB_SET:
+            read.extend(rec.bins for rec in recs if rec is not None)
+        return recs
+
+    monkeypatch.setattr(Backend, "batch_get", seen)
+    client = app.test_client()
+    for path in ("/", f"/lists/{name}"):
+        page = text(client.get(path))
+        assert "job-6" in page and "ValueError: <bad> input 6" in page and "1/1" in page, path
+    assert read, "the dead jobs were read"
+    assert not [b for b in read if "payload" in b], "a dead job's row read its payload"
+
+
 def test_error_history_bins_are_shown(app: Flask, registered: Backend, dead_list: tuple[str, Session]) -> None:
     name, _ = dead_list
     # A job record carrying an error history (another feature writes one): shown oldest first.

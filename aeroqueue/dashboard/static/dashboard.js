@@ -16,8 +16,14 @@
     return sel && !sel.isCollapsed;
   }
 
+  // One refresh at a time: while the store is slow to answer (a frozen node holds a
+  // scan for 30 s) the timer would otherwise stack a request every few seconds,
+  // each holding a server thread, and an older answer could land after a newer one.
+  let pending = false;
+
   async function refresh() {
-    if (document.hidden || busy()) return;
+    if (pending || document.hidden || busy()) return;
+    pending = true;
     try {
       const resp = await fetch(window.location.href, { headers: { Accept: "text/html" }, cache: "no-store" });
       if (!resp.ok) return;
@@ -26,6 +32,8 @@
       if (fresh && !busy()) live.innerHTML = fresh.innerHTML;
     } catch (e) {
       // The dashboard or the store is unreachable for a moment: keep what is shown.
+    } finally {
+      pending = false;
     }
   }
 
