@@ -201,11 +201,12 @@ class StoreCollector(Collector):
         paused = GaugeMetricFamily("aeroqueue_list_paused", "1 while reservations from the list are paused.", labels=["list"])
         sealed = GaugeMetricFamily("aeroqueue_list_sealed", "1 once loading into the list is finished.", labels=["list"])
         n = 0
+        read_all = True  # every read of this scrape answered
         try:
             names = list(self.names())
         except AeroqueueError as e:
             self._error("cannot list the job lists", e)
-            names = []
+            names, read_all = [], False
         for name in names:
             try:
                 st = self.lists.status(name)
@@ -220,6 +221,7 @@ class StoreCollector(Collector):
                 continue
             except AeroqueueError as e:
                 self._error(f"cannot read list {name!r}", e)
+                read_all = False
                 continue
             n += 1
             total.add_metric([name], st.total)
@@ -231,6 +233,12 @@ class StoreCollector(Collector):
             sealed.add_metric([name], 1 if st.sealed else 0)
         yield from (total, by_state, ratio, complete, paused, sealed)
         yield GaugeMetricFamily("aeroqueue_lists", "Job lists exported.", value=n)
+        # A list the store could not answer for has no series this scrape: an alert on
+        # its dead jobs would quietly resolve during an outage. This says so.
+        yield GaugeMetricFamily(
+            "aeroqueue_store_up", "1 if this scrape read every list from the store, 0 if a read failed "
+            "(the lists it could not read have no series: alert on this).", value=1 if read_all else 0,
+        )
         with self._lock:
             errors = self._errors
         yield CounterMetricFamily("aeroqueue_exporter_errors", "Store reads that failed during scrapes.", value=errors)

@@ -290,6 +290,7 @@ def test_exporter_skips_a_list_that_vanished(registered: Backend, list_name: str
     assert value(samples, "aeroqueue_list_jobs", list=list_name) == 1
     assert value(samples, "aeroqueue_list_jobs", list=f"{list_name}-gone") is None
     assert value(samples, "aeroqueue_exporter_errors_total") == 0
+    assert value(samples, "aeroqueue_store_up") == 1, "a list not found is not a failed read"
     missing = [r for r in caplog.records if getattr(r, "event", "") == "list_missing"]
     assert [r.list for r in missing] == [f"{list_name}-gone"], "said once, not each scrape"
     assert list(collector.collect())  # a collector on its own works too
@@ -323,3 +324,29 @@ def test_metrics_command_serves_the_gauges_over_http(registered: Backend, store_
     finally:
         code = stop(proc)
     assert code == 0, log.read_text()[-3000:]
+
+
+@pytest.mark.parametrize("fails", ["names", "status"])
+def test_a_store_that_cannot_be_read_says_so_in_store_up(
+    registered: Backend, list_name: str, monkeypatch: pytest.MonkeyPatch, fails: str,
+) -> None:
+    """While the store cannot be read, the lists it could not answer for have no
+    series: an alert on their dead jobs would quietly resolve during the outage.
+    `aeroqueue_store_up` 0 says the scrape is not the store's whole truth."""
+    JobLists(registered).load(list_name, [JobSpec("x", 1)])
+    down = BackendTimeout("scan of aq_list failed: timed out", operation="scan", key="aq_list")
+    names: Any = lambda: [list_name]  # noqa: E731
+    registry = store_registry(registered, names)
+    assert value(parse(generate_latest(registry).decode()), "aeroqueue_store_up") == 1
+    if fails == "names":
+        def unreadable() -> list[str]:
+            raise down
+        registry = store_registry(registered, unreadable)
+    else:
+        def timed_out(*args: Any, **kw: Any) -> Any:
+            raise down
+        monkeypatch.setattr(JobLists, "status", timed_out)
+    samples = parse(generate_latest(registry).decode())
+    assert value(samples, "aeroqueue_list_jobs", list=list_name) is None
+    assert value(samples, "aeroqueue_store_up") == 0
+    assert value(samples, "aeroqueue_exporter_errors_total") == 1
