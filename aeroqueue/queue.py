@@ -331,7 +331,10 @@ class Queue:
             return [], 0, None, range(0)
         retry, start, n = out["retry"], out["start"], out["n"]
         tokens = list(range(start, start + n)) if not retry else [*retry, *range(start, start + n)]
-        if len(tokens) < k and self._mode(name) == "ids":
+        # The take's own word first: a list dropped and loaded again under its name in the
+        # other mode would be served by the mode cached for the first (ID mode: never
+        # popped, its jobs never handed out). A list module older than that: the cache.
+        if len(tokens) < k and (out.get("mode") or self._mode(name)) == "ids":
             tokens += self._pop_ids(name, k - len(tokens), out["cursor"], out["pubs"])
         return tokens, out.get("tlim") or 300_000, out.get("now"), range(start, start + n)
 

@@ -539,6 +539,11 @@ class Worker:
                 self.queue.touch(job)
             except ClaimLost:
                 return "lost"
+            except JobNotFound:
+                # Its list was dropped while the job waited: nothing to run, nothing to give back.
+                log.warning("job gone (its list was dropped): not started", extra={
+                    "event": "claim_lost", "list": job.list, "token": job.token, "jid": job.jid})
+                return "lost"
             except AeroqueueError as e:
                 # The store failed: the job never started, so it goes back with its
                 # attempt refunded (not as a failed acknowledgement, its attempt
@@ -684,8 +689,8 @@ class Worker:
         stay held until this worker exits: a live session is never reaped."""
         if error is not None:
             log.error("acknowledgement failed", extra={"event": "ack_failed", "jid": job.jid, "error": str(error)})
-        # Given back (or sent dead, its attempts spent): counted there, once; else not
-        # ours any more: lost.
+        # Given back (or sent dead, its attempts spent, or gone with its dropped list):
+        # counted there, once; else not ours any more: lost.
         return "released" if self._release([job], session, refund=False) else "unacked"
 
     def _unack(self, name: str) -> None:
@@ -709,7 +714,8 @@ class Worker:
     def _release(self, jobs: list[Job], session: Session, *, refund: bool = True, why: str | None = None) -> int:
         """Give `jobs` back; this worker holds them no more. Returns how many it ended,
         each counted here: released, or (without `refund`) dead, its last attempt spent;
-        a dead one was counted nowhere, and an ack that failed called it 'unacked'.
+        a dead one was counted nowhere, and an ack that failed called it 'unacked'; or
+        lost, gone with its dropped list.
         Each job's hold ends just before its own release, not after the loop: released,
         a job may be reserved again at once by another thread, which holds it under the
         same name, and a late unhold would wipe that hold (the orphan check then gave the
@@ -730,6 +736,15 @@ class Worker:
                 elif st == "dead":
                     self.counters.add("dead")
                     self.observer.outcome(job.list, "dead")
+                    released += 1
+                elif st == "missing":
+                    # Its list was dropped: the job is gone, as an ack of it is refused ('lost').
+                    # Uncounted, a prefetched job of a dropped list given back at the drain
+                    # was reserved and never accounted for.
+                    log.warning("job gone (its list was dropped): nothing to give back", extra={
+                        "event": "claim_lost", "list": job.list, "token": job.token, "jid": job.jid})
+                    self.counters.add("lost")
+                    self.observer.outcome(job.list, "lost")
                     released += 1
             except AeroqueueError as e:
                 log.warning("release failed", extra={"event": "release_failed", "jid": job.jid, "error": str(e)})
@@ -802,8 +817,11 @@ class Worker:
         for job in waiting:
             try:
                 self.queue.touch(job)
-            except ClaimLost:
-                continue  # its thread finds out when it starts it
+            except (ClaimLost, JobNotFound):
+                # Its thread finds out when it starts it. Not a maintenance failure: a job
+                # of a dropped list waiting behind a long handler would skip the reaps and
+                # the --until-complete checks at every tick until then.
+                continue
             with self._in_flight_lock:
                 if job.name in self._reserved_at:
                     self._reserved_at[job.name] = time.monotonic()

@@ -608,7 +608,7 @@ function expired(rec)
   return out
 end
 
--- take(rec, k) -> map{st='ok', retry=list, start, n, cursor, pubs, tlim, now}
+-- take(rec, k) -> map{st='ok', retry=list, start, n, cursor, pubs, tlim, now, mode}
 --                 | map{st='missing'|'paused'}
 --   The reservation step: up to k tokens from the retry store first (with
 --   whatever sched has due), then due ranges of delayed loads, then the token
@@ -617,7 +617,9 @@ end
 --   the token store is not used: the caller pops the rest from chunk `cursor`,
 --   which has stepped over gated chunks not due yet (as `advance` does).
 --   tlim: the list's time limit, for the claims; now: the server ms of the take
---   (a lease's time limit runs from it).
+--   (a lease's time limit runs from it). mode: the list's own, for the caller to
+--   pop the ID store by: a list dropped and loaded again under its name may have
+--   another mode than the caller saw before.
 function take(rec, k)
   if not live(rec) then return map{st = 'missing'} end
   if rec['paused'] == 1 then return map{st = 'paused'} end
@@ -694,7 +696,8 @@ function take(rec, k)
   end
   if changed then aerospike:update(rec) end
   return map{st = 'ok', retry = got, start = start, n = n,
-             cursor = rec['cursor'], pubs = rec['pubs'], tlim = rec['tlim'] or 300000, now = t}
+             cursor = rec['cursor'], pubs = rec['pubs'], tlim = rec['tlim'] or 300000, now = t,
+             mode = rec['mode']}
 end
 
 -- advance(rec, seen) -> integer cursor
