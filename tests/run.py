@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from aeroqueue.config import mask_url
+
 NO_TESTS = 5  # pytest's exit code when a selection leaves nothing to run
 
 # The rest's own processes: the multi-node and sync tests, and everything else.
@@ -39,13 +41,14 @@ Group = tuple[str, list[str], dict[str, str]]  # name, pytest arguments, environ
 def groups(args: list[str], servers: list[str]) -> list[Group]:
     """The processes to start, given the real servers' URLs; the last one prints as it runs."""
     env = dict(os.environ)
-    plan: list[Group] = []
     if len(servers) <= 1:
-        plan.append(("the real-server tests (-m real_server)", ["-m", "real_server"], env))
-    for i, url in enumerate(servers if len(servers) > 1 else []):
-        name = f"the real-server tests, part {i + 1} of {len(servers)} (-m real_server, {url})"
-        part = {**env, "AEROQUEUE_TEST_URL": url, "AEROQUEUE_TEST_SHARD": f"{i}/{len(servers)}"}
-        plan.append((name, ["-m", "real_server"], part))
+        plan: list[Group] = [("the real-server tests (-m real_server)", ["-m", "real_server"], env)]
+    else:
+        plan = [
+            (f"the real-server tests, part {i + 1} of {len(servers)} (-m real_server, {mask_url(url)})",
+             ["-m", "real_server"], {**env, "AEROQUEUE_TEST_URL": url, "AEROQUEUE_TEST_SHARD": f"{i}/{len(servers)}"})
+            for i, url in enumerate(servers)
+        ]
     if any(not a.startswith("-") and Path(a.split("::")[0]).exists() for a in args):
         return [*plan, ("the rest", ["-m", "not real_server"], env)]
     return [
