@@ -521,8 +521,9 @@ def _check_same_list(lists: JobLists, name: str, created: int) -> None:
     lease while its list was dropped and made again would otherwise take the new
     list's entries for a dropped list's, and replace them with its own."""
     rec = lists.backend.get(keys.LIST_SET, name, bins=["created"])
-    if rec is None or rec.bins.get("created") != created:
-        raise LoadAbandoned(f"list {name!r} was dropped during the load{' and made again' if rec else ''}: "
+    now = rec.bins.get("created") if rec is not None else None  # a dropped list's tombstone has none
+    if now != created:
+        raise LoadAbandoned(f"list {name!r} was dropped during the load{' and made again' if now else ''}: "
                             "nothing more of this load is written into it")
 
 
