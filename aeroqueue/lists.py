@@ -435,8 +435,7 @@ class JobLists:
 
     def _bitmaps(self, name: str, alloc: int) -> list[Any]:
         """The completion bitmap records of a list's `alloc` tokens, one a chunk (None: no bit set yet)."""
-        n_chunks = -(-alloc // keys.BITS_PER_CHUNK)
-        return self.backend.batch_get(keys.DONE_SET, [keys.chunk_name(name, c) for c in range(n_chunks)])
+        return self.backend.batch_get(keys.DONE_SET, _bitmap_names(name, alloc))
 
     # -- walking a list ----------------------------------------------------------
 
@@ -565,7 +564,6 @@ class JobLists:
         self._flag(name, "dropping", 1)
         alloc, ranges = head["alloc"], head.get("seq", 0)
         jobs, index, id_chunks, bitmaps = self._delete_owned(name, alloc, ranges)
-        bitmap_names = [keys.chunk_name(name, c) for c in range(-(-alloc // keys.BITS_PER_CHUNK))]
         # A reservation that took jobs just before the pause records its lease within
         # LEASE_WINDOW_S of its take (or claims them instead): one that landed after the
         # look above must end before the name can be loaded again, so the list record
@@ -585,7 +583,7 @@ class JobLists:
         if grace_s > 0:
             time.sleep(grace_s)
             transitions.flush_bits(self.backend)  # this process's own, if any
-            bitmaps += self._delete_all(keys.DONE_SET, bitmap_names)
+            bitmaps += self._delete_all(keys.DONE_SET, _bitmap_names(name, alloc))
         return DropReport(name=name, jobs=jobs, index=index, id_chunks=id_chunks, bitmaps=bitmaps)
 
     def _await_leases(self, name: str, wait_s: float) -> None:
@@ -646,8 +644,7 @@ class JobLists:
             # as are those a rejoining node brought back without their job record.
             index += self._delete_index_of(name, before)
         id_chunks = self._delete_all(keys.IDS_SET, [keys.chunk_name(name, c) for c in range(ranges)], only=only)
-        bitmap_names = [keys.chunk_name(name, c) for c in range(-(-alloc // keys.BITS_PER_CHUNK))]
-        bitmaps = self._delete_all(keys.DONE_SET, bitmap_names, only=only)
+        bitmaps = self._delete_all(keys.DONE_SET, _bitmap_names(name, alloc), only=only)
         return jobs, index, id_chunks, bitmaps
 
     def _clear_tombstone(self, name: str, bins: dict[str, Any]) -> DropReport:
@@ -735,6 +732,11 @@ def new_list_policy(
     if new and hi < lo:
         raise ConfigError(f"the backoff cap ({hi / 1000:g} s) would be below its base ({lo / 1000:g} s)")
     return opts
+
+
+def _bitmap_names(name: str, alloc: int) -> list[str]:
+    """The completion bitmap records that hold a list's `alloc` tokens, one a chunk."""
+    return [keys.chunk_name(name, c) for c in range(-(-alloc // keys.BITS_PER_CHUNK))]
 
 
 def _chunk_bits(rec: Any, bitmap: str) -> int:
