@@ -333,7 +333,15 @@ class _RangeLoader:
                 self._turn = max(self._turn, i + 1)
                 self._turns.notify_all()
         if got["st"] == "sealed":
-            raise ListSealed(f"list {name!r} was sealed during the load")
+            # Another loader of the same jobs may have sealed the list after this one
+            # read its header: a batch that list already holds is loaded, not refused.
+            missing = _not_indexed(b, name, self.created, batch)
+            if not missing:
+                return 0, len(batch), 0
+            raise ListSealed(
+                f"list {name!r} was sealed during the load: {missing:,} of the {len(batch):,} jobs of load range "
+                f"{i + 1} are not in it and cannot be added"
+            )
         if got["st"] != "ok":
             raise ListNotFound(f"no job list named {name!r}: it was dropped during the load")
         seq = got["seq"]
@@ -626,14 +634,19 @@ def _sealed_again(
     """A sealed list takes no new job; loading what it already holds is a no-op."""
     n = new = 0
     for batch in _chunks(specs, SEALED_CHECK_BATCH):
-        recs = b.batch_get(keys.JIDX_SET, [keys.jidx_name(name, s.jid) for s in batch], bins=keys.INDEX_BINS)
         n += len(batch)
-        new += sum(1 for r in recs if r is None or not keys.indexed_here(r.bins, created))
+        new += _not_indexed(b, name, created, batch)
         if progress:
             progress(len(batch))
     if new:
         raise ListSealed(f"list {name!r} is sealed: {new:,} of these {n:,} jobs are not in it and cannot be added")
     return LoadReport(loaded=0, skipped=n, voided=0, already_sealed=True)
+
+
+def _not_indexed(b: Backend, name: str, created: int, batch: list[JobSpec]) -> int:
+    """How many jobs of `batch` the list made at `created` does not hold."""
+    recs = b.batch_get(keys.JIDX_SET, [keys.jidx_name(name, s.jid) for s in batch], bins=keys.INDEX_BINS)
+    return sum(1 for r in recs if r is None or not keys.indexed_here(r.bins, created))
 
 
 def _specs(jobs: Iterable[Any], limit: int) -> Iterable[JobSpec]:

@@ -324,3 +324,43 @@ def test_a_loader_resumed_after_its_list_was_dropped_and_loaded_again_adds_nothi
     assert (again.loaded, again.skipped) == (0, n), "the new list's index is its own: a reload adds nothing"
     assert lists.status(list_name).total == n
     assert '"err"' in out, f"the old loader must fail, not load into the new list: {out}"
+
+
+
+def _loses_the_seal_race(backend, lists: JobLists, name: str, winner: list[JobSpec]) -> tuple[JobLists, list]:
+    """A JobLists whose first range allocation comes just after another loader has
+    loaded `winner` into `name` and sealed it; and that loader's report, once it ran."""
+    late = JobLists(backend)
+    real_udf = late._list_udf
+    won: list[load.LoadReport] = []
+
+    def udf(list_name, function, *args):
+        if function == "alloc" and not won:
+            won.append(lists.load(name, winner, seal=True, chunk_size=10))
+        return real_udf(list_name, function, *args)
+
+    late._list_udf = udf  # type: ignore[method-assign]
+    return late, won
+
+
+def test_two_sealing_loads_of_the_same_jobs_at_once_both_succeed(env, list_name):
+    """Two `load --seal` of one file at once: the one that finds the list sealed
+    between reading its header and allocating a range finds its jobs there, and
+    succeeds as a rerun would; a job the sealed list lacks is still refused."""
+    backend, lists, queue, session = env
+    lists.create(list_name)
+    late, won = _loses_the_seal_race(backend, lists, list_name, specs(40))
+    report = late.load(list_name, specs(40), seal=True, chunk_size=10)
+    assert (won[0].loaded, won[0].skipped) == (40, 0)
+    assert (report.loaded, report.skipped, report.voided) == (0, 40, 0)
+    st = lists.status(list_name)
+    assert (st.total, st.reservable, st.pending_ranges, st.sealed) == (40, 40, 0, True)
+    jobs = drain_all(queue, list_name, session)
+    assert sorted(j.jid for j in jobs) == sorted(s.jid for s in specs(40)), "each job once"
+
+    other = f"{list_name}-b"
+    lists.create(other)
+    late, won = _loses_the_seal_race(backend, lists, other, specs(40))
+    with pytest.raises(errors.ListSealed, match=r"sealed during the load: 1 of the 10 jobs of load range 1 are not"):
+        late.load(other, [*specs(9), JobSpec("extra", {})], seal=True, chunk_size=10)
+    assert lists.status(other).total == 40
