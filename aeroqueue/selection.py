@@ -153,6 +153,11 @@ class ListSelector:
         self._matched: set[str] = set()  # pattern matches at the last refresh
         self._next_refresh = 0.0  # the first pick reads the store's lists
         self._refreshing = False
+        # Reads of the store's lists, numbered as they start: a read that lands after
+        # a later-started one has, is stale (the maintenance thread's `refresh` and a
+        # picking thread's may overlap) and must not hide a list the later one found.
+        self._reads_started = 0
+        self._read_landed = 0
         self._resolve(set())
 
     @property
@@ -191,10 +196,15 @@ class ListSelector:
         """Read the store's lists now (patterns only); returns the followed lists."""
         if self.has_patterns:
             assert self._names is not None
+            with self._lock:
+                self._reads_started += 1
+                read = self._reads_started
             found = set(self._names())
             with self._lock:
-                self._resolve(found)
-                self._next_refresh = self._clock() + self.refresh_s
+                if read > self._read_landed:
+                    self._read_landed = read
+                    self._resolve(found)
+                    self._next_refresh = self._clock() + self.refresh_s
         return self.followed()
 
     def _maybe_refresh(self) -> None:

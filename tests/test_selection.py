@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import threading
 from collections import Counter
 
 import pytest
@@ -134,6 +135,36 @@ def test_patterns_follow_lists_that_appear_and_go():
     sel.pick()
     assert sel.followed() == ["cust-b", "vip"]
     assert sel.pattern_matches() == {"cust-*": ["cust-b"]}
+
+
+def test_an_older_read_of_the_lists_landing_last_does_not_hide_a_newer_find():
+    """Two threads refresh at once (the worker's maintenance thread calls `refresh`
+    while a picking thread's is under way): the read that started first and came
+    back last saw the store before `cust-b` was loaded, and must not undo the later
+    read that saw it."""
+    store = ["cust-a"]
+    first_reading, first_may_answer = threading.Event(), threading.Event()
+    calls = 0
+
+    def names() -> list[str]:
+        nonlocal calls
+        calls += 1
+        seen = list(store)
+        if calls == 1:  # the first read holds its (old) answer until the second landed
+            first_reading.set()
+            assert first_may_answer.wait(10)
+        return seen
+
+    sel, _ = selector("cust-*", names=names)
+    slow = threading.Thread(target=sel.refresh)
+    slow.start()
+    assert first_reading.wait(10)
+    store.append("cust-b")
+    assert sel.refresh() == ["cust-a", "cust-b"]
+    first_may_answer.set()
+    slow.join(10)
+    assert sel.followed() == ["cust-a", "cust-b"]
+    assert sel.pattern_matches() == {"cust-*": ["cust-a", "cust-b"]}
 
 
 def test_a_named_list_keeps_its_weight_over_a_pattern_match():
