@@ -609,7 +609,7 @@ class Worker:
         except ListNotFound as e:
             # Nothing to do until someone loads it (or, for a pattern's match, it was
             # dropped and the next refresh forgets it): say so once, not every poll.
-            self._warn_once(str(e), "list not found", {"event": "list_missing", "error": str(e)})
+            self._warn_once(f"missing:{name}", "list not found", {"event": "list_missing", "error": str(e)})
         except AeroqueueError as e:
             log.warning("reserve failed", extra={"event": "reserve_failed", "list": name, "error": str(e)})
         finally:
@@ -620,6 +620,8 @@ class Worker:
             (self.selector.got if jobs else self.selector.empty)(name)
         if not jobs:
             return []
+        if self._warned:  # it is there again: should it go missing again, say so again
+            self._warned.discard(f"missing:{name}")
         self._hold(jobs)
         self.counters.add("reserved", len(jobs))
         self.observer.reserved(jobs[0].list, len(jobs))
@@ -900,8 +902,9 @@ class Worker:
                 # Not loaded yet, or dropped (a new load may bring it back): it is not
                 # complete. Said once, as a reservation says it, not once a second.
                 complete = False
-                self._warn_once(str(e), "list not found", {"event": "list_missing", "error": str(e)})
+                self._warn_once(f"missing:{name}", "list not found", {"event": "list_missing", "error": str(e)})
                 continue
+            self._warned.discard(f"missing:{name}")
             if is_complete(head, done, dead) and lists.status(name).complete:
                 continue
             complete = False

@@ -84,3 +84,37 @@ def test_a_missing_list_is_reported_once_not_every_poll(tmp_path, caplog):
     missing = [r for r in caplog.records if getattr(r, "event", "") == "list_missing"]
     assert len(missing) == 1 and "nope" in missing[0].error
     assert w.counters.snapshot()["done"] == 1, "the other list was served"
+
+
+def test_a_list_missing_again_after_it_came_back_is_reported_again(tmp_path, caplog):
+    """Once per absence, not once per name ever: dropped, loaded and dropped again,
+    the list's second absence is said too."""
+    import threading
+
+    from tests.waiting import wait_for
+
+    backend = open_backend(f"embedded://{tmp_path / 's.db'}")
+    udfs.register(backend)
+    lists = JobLists(backend)
+    ran: list[str] = []
+    w = Worker(backend, lambda job: ran.append(job.jid), ["later"], concurrency=1, interval_s=0.1, expiry_s=1.0,
+               idle_s=0.01, until_complete=False, idle_max_s=0.05)
+
+    def missing() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if getattr(r, "event", "") == "list_missing"]
+
+    with caplog.at_level(logging.WARNING, logger="aeroqueue.worker"):
+        t = threading.Thread(target=w.run, kwargs={"install_signals": False})
+        t.start()
+        try:
+            wait_for("the first absence said", lambda: len(missing()) == 1, 10)
+            lists.load("later", [JobSpec("a", {})], seal=True)
+            wait_for("the job run", lambda: ran == ["a"], 10)
+            wait_for("its ack", lambda: w.counters.snapshot()["done"] == 1, 10)
+            lists.drop("later", grace_s=0)
+            wait_for("the second absence said", lambda: len(missing()) == 2, 10)
+        finally:
+            w.request_stop()
+            t.join(10)
+    assert not t.is_alive()
+    assert all("later" in r.error for r in missing())
