@@ -17,15 +17,25 @@ Names follow Prometheus' conventions: a common ``aeroqueue_`` prefix, base
 units (seconds, ratios), ``_total`` for counters only. Histograms carry no
 list label: one series set per worker, whatever number of lists it follows.
 Each source has its own registry, so several can live in one process (tests).
+
+Both are served by `serve`, which answers only requests whose Host header names
+the server by a loopback name, its address or a trusted name (aeroqueue.hosts:
+DNS rebinding), and the exporter reads the store within bounds
+(`Backend.bounded_reads`): a frozen or unreachable store costs a scrape about
+one read's time limit, and the scrape still answers, with `aeroqueue_store_up` 0.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from socketserver import ThreadingMixIn
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import (
     CollectorRegistry,
@@ -33,14 +43,15 @@ from prometheus_client import (
     Gauge,
     Histogram,
     ProcessCollector,
-    start_http_server,
+    make_wsgi_app,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from . import keys
 from .backends import Backend
-from .errors import AeroqueueError, ConfigError, ListNotFound
+from .errors import AeroqueueError, BackendTimeout, ClusterChanging, ConfigError, ListNotFound
+from .hosts import TrustedHosts
 from .lists import JobLists, ListStatus
 from .observe import WorkerObserver
 
@@ -179,9 +190,10 @@ def completion(st: ListStatus) -> float:
 
 
 class StoreCollector(Collector):
-    """Per-list gauges, read from the store at each scrape."""
+    """Per-list gauges, read from the store at each scrape (within `Backend.bounded_reads`)."""
 
     def __init__(self, backend: Backend, names: Callable[[], Iterable[str]]) -> None:
+        self.backend = backend
         self.lists = JobLists(backend)
         self.names = names
         self._errors = 0
@@ -202,25 +214,17 @@ class StoreCollector(Collector):
         sealed = GaugeMetricFamily("aeroqueue_list_sealed", "1 once loading into the list is finished.", labels=["list"])
         n = 0
         read_all = True  # every read of this scrape answered
-        try:
-            names = list(self.names())
-        except AeroqueueError as e:
-            self._error("cannot list the job lists", e)
-            names, read_all = [], False
-        for name in names:
+        # Within time limits: a frozen or unreachable store costs a scrape one read's
+        # limit (a scan's, when the lists are discovered), not 30 s, and it still answers.
+        with self.backend.bounded_reads():
             try:
-                st = self.lists.status(name)
-            except ListNotFound:
-                # Named but not loaded (a typo?), or dropped since it was discovered:
-                # no series for it, and a word once, not one each scrape.
-                with self._lock:
-                    new = name not in self._missing
-                    self._missing.add(name)
-                if new:
-                    log.warning("list not found: no series for it", extra={"event": "list_missing", "list": name})
-                continue
+                names = list(self.names())
             except AeroqueueError as e:
-                self._error(f"cannot read list {name!r}", e)
+                self._error("cannot list the job lists", e)
+                names, read_all = [], False
+            statuses = self._statuses(names)
+        for name, st in statuses:
+            if st is None:
                 read_all = False
                 continue
             n += 1
@@ -247,6 +251,32 @@ class StoreCollector(Collector):
             value=time.monotonic() - started,
         )
 
+    def _statuses(self, names: list[str]) -> list[tuple[str, ListStatus | None]]:
+        """Each list's status, None for those not read. Once the store has not answered
+        in time (a frozen or unreachable node), the lists after it are not read either:
+        each would wait as long, one after another, for the same answer."""
+        out: list[tuple[str, ListStatus | None]] = []
+        for i, name in enumerate(names):
+            try:
+                out.append((name, self.lists.status(name)))
+            except ListNotFound:
+                # Named but not loaded (a typo?), or dropped since it was discovered:
+                # no series for it, and a word once, not one each scrape.
+                with self._lock:
+                    new = name not in self._missing
+                    self._missing.add(name)
+                if new:
+                    log.warning("list not found: no series for it", extra={"event": "list_missing", "list": name})
+            except (BackendTimeout, ClusterChanging) as e:
+                rest = len(names) - i - 1
+                self._error(f"cannot read list {name!r}" + (f"; {rest} more not read this scrape" if rest else ""), e)
+                out.extend((other, None) for other in names[i:])
+                break
+            except AeroqueueError as e:
+                self._error(f"cannot read list {name!r}", e)
+                out.append((name, None))
+        return out
+
     def _error(self, what: str, e: Exception) -> None:
         with self._lock:
             self._errors += 1
@@ -259,12 +289,61 @@ def store_registry(backend: Backend, names: Callable[[], Iterable[str]]) -> Coll
     return registry
 
 
-def serve(registry: CollectorRegistry, port: int, host: str = "127.0.0.1") -> Any:
+def serve(
+    registry: CollectorRegistry, port: int, host: str = "127.0.0.1", trusted_hosts: Iterable[str] = (),
+    *, option: str = "--trusted-host",
+) -> Any:
     """Serve /metrics from `registry` in a daemon thread; returns the HTTP server
-    (`server_port` is the port bound, useful with port 0; `shutdown()` stops it)."""
+    (`server_port` is the port bound, useful with port 0; `shutdown()` stops it).
+
+    Requests whose Host header names none of a loopback name, `host` (unless a
+    wildcard), `trusted_hosts` and the address the request came in at get 400
+    (aeroqueue.hosts); `option` is the one that adds a name, for the answer to say."""
+    trusted = TrustedHosts(trusted_hosts, bound=host, option=option)
+    metrics_app = make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        host_header = environ.get("HTTP_HOST", "")
+        if not trusted.allows(host_header, environ.get(_LOCAL_ADDRESS)):
+            body = (trusted.refusal(host_header, "this metrics port") + "\n").encode()
+            start_response("400 Bad Request", [("Content-Type", "text/plain; charset=utf-8"),
+                                               ("Content-Length", str(len(body)))])
+            return [body]
+        result: Iterable[bytes] = metrics_app(environ, start_response)
+        return result
+
     try:
-        server, _thread = start_http_server(port, addr=host, registry=registry)
+        # What prometheus_client's start_http_server does, with the check in front:
+        # the address family the host asks for, a thread per request.
+        family, _, _, _, address = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+
+        class Server(_ThreadingServer):
+            address_family = family
+
+        server = make_server(str(address[0]), port, app, Server, handler_class=_Handler)
     except OSError as e:
         # "[Errno 98] Address already in use" named neither the address nor the port.
         raise ConfigError(f"cannot serve metrics on {host}:{port}: {e.strerror or e}") from None
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return server
+
+
+_LOCAL_ADDRESS = "aeroqueue.local_address"
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a scrape in progress does not hold up the process's exit
+
+
+class _Handler(WSGIRequestHandler):
+    """Quiet (no line per scrape on stderr), and telling the app the server's address
+    of the connection: with a wildcard bind, the address a scraper reached it at."""
+
+    def get_environ(self) -> dict[str, Any]:
+        environ: dict[str, Any] = super().get_environ()
+        with contextlib.suppress(OSError, IndexError):
+            environ[_LOCAL_ADDRESS] = str(self.connection.getsockname()[0])
+        return environ
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass

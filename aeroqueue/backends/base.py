@@ -14,6 +14,8 @@ import logging
 import random
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -39,6 +41,12 @@ _UPDATE_ONLY = {"exists": aerospike.POLICY_EXISTS_UPDATE}
 _UNCHANGED = {"exists": aerospike.POLICY_EXISTS_UPDATE, "gen": aerospike.POLICY_GEN_EQ}
 # The client's default total timeout of one command (write, apply, batch), ms.
 CLIENT_TIMEOUT_MS = 1000
+# What `Backend.bounded_reads` allows a scan page or an index query. A scan of a small
+# set (the lists, the sessions) walks the whole namespace's index on each node (no
+# set index by default): 0.19 s over 2M records on one node, so this allows some 50M
+# records a node; a frozen node answers a page never (30 s: the client's default
+# socket timeout, when no total timeout is set, as for scans).
+BOUNDED_SCAN_MS = 5000
 # Allowance for the clocks of client and server disagreeing (NTP keeps them within
 # milliseconds), added to a job transition's deadline (`Backend.job_deadline`).
 CLOCK_MARGIN_MS = 500
@@ -85,6 +93,16 @@ class BatchResult:
     code: int
 
 
+@dataclass(frozen=True)
+class _ReadBounds:
+    record_ms: int  # a single or batch read (its total_timeout)
+    scan_ms: int  # a scan page or an index query
+
+
+# Set by `Backend.bounded_reads` for the reads of its block, in this thread (context).
+_READ_BOUNDS: ContextVar[_ReadBounds | None] = ContextVar("aeroqueue_read_bounds", default=None)
+
+
 def _record(meta: dict | None, bins: dict | None) -> Record:
     meta = meta or {}
     ttl = meta.get("ttl")
@@ -104,6 +122,7 @@ class Backend:
         self._on_close: list[Callable[[], None]] = []
         self._max_record_size: int | None = None
         self._guard_ms: int | None = None  # what `job_deadline` adds to now; 0: no deadline
+        self._read_ms: int | None = None  # a record read's limit in `bounded_reads`
 
     def on_close(self, fn: Callable[[], None]) -> None:
         """Run `fn` before the connection closes (writes a layer above still owes)."""
@@ -152,6 +171,31 @@ class Backend:
     def key(self, set_name: str, name: str) -> tuple[str, str, str]:
         return (self.namespace, set_name, name)
 
+    @contextmanager
+    def bounded_reads(self, *, scan_ms: int = BOUNDED_SCAN_MS) -> Iterator[None]:
+        """Within the block (this thread only), reads give up after a time limit, and
+        `retry_in_doubt` does not repeat a step past it: for those who only look (the
+        dashboard, the metrics exporter), whose caller is waiting and who read again
+        soon. A frozen or unreachable node otherwise holds a scan for the client's
+        socket timeout (30 s) and a step retried in doubt for 5 s more.
+
+        A record or batch read gets the URL's total_timeout (the client's default,
+        1 s, when it sets none or 0: no limit); a scan page or an index query
+        `scan_ms`, as a total_timeout only: a short socket_timeout would fail a
+        healthy scan, whose socket stays silent while the server walks a big
+        namespace for the few records of a small set. Writes keep their policies,
+        and other threads' reads theirs (the sync's scans are never bounded). The
+        embedded store accepts the policies and has nothing to wait for on a read."""
+        if self._read_ms is None:
+            # The embedded store's URL takes none of the client's options (and waits on no read).
+            options = {} if self.is_embedded else self.url.client_options()
+            self._read_ms = int(options.get("total_timeout") or CLIENT_TIMEOUT_MS)
+        token = _READ_BOUNDS.set(_ReadBounds(self._read_ms, max(scan_ms, self._read_ms)))
+        try:
+            yield
+        finally:
+            _READ_BOUNDS.reset(token)
+
     def _call(self, operation: str, set_name: str, name: str, fn: Callable[[], T]) -> T:
         self.round_trips += 1
         try:
@@ -166,11 +210,13 @@ class Backend:
         key = self.key(set_name, name)
 
         def read() -> Record | None:
+            bounds = _READ_BOUNDS.get()
+            policy = {"total_timeout": bounds.record_ms} if bounds is not None else None
             try:
                 if bins is None:
-                    _, meta, got = self.client.get(key)
+                    _, meta, got = self.client.get(key, policy)
                 else:
-                    _, meta, got = self.client.select(key, bins)
+                    _, meta, got = self.client.select(key, bins, policy)
             except aex.RecordNotFound:
                 return None
             return _record(meta, got)
@@ -344,9 +390,11 @@ class Backend:
         if not names:
             return []
         ns = self.namespace  # `key`, inline: once a record on the batch path
+        bounds = _READ_BOUNDS.get()
         self.round_trips += 1
         try:
-            out = self.client.batch_read([(ns, set_name, n) for n in names], bins)
+            out = self.client.batch_read(
+                [(ns, set_name, n) for n in names], bins, {"total_timeout": bounds.record_ms} if bounds is not None else None)
         except aex.AerospikeError as e:
             raise wrap(e, "batch_read", f"{set_name}/[{len(names)} keys]") from e
         return out.batch_records
@@ -414,6 +462,11 @@ class Backend:
 
         def page() -> list[tuple]:
             nonlocal query
+            bounds = _READ_BOUNDS.get()
+            if bounds is not None:
+                policy["total_timeout"] = bounds.scan_ms
+            else:
+                policy.pop("total_timeout", None)
             self.round_trips += 1
             try:
                 return list(query.results(policy))
@@ -576,9 +629,14 @@ class Backend:
         """Records whose `bin_name` equals `value`, through its secondary index: the
         cost follows the matches, not the size of the set. Repeated, like `scan`,
         while partitions in migration refuse it."""
-        policy = {"expressions": expression} if expression is not None else {}
+        policy: dict[str, Any] = {"expressions": expression} if expression is not None else {}
 
         def once() -> list[tuple[str, Record]]:
+            bounds = _READ_BOUNDS.get()
+            if bounds is not None:
+                policy["total_timeout"] = bounds.scan_ms
+            else:
+                policy.pop("total_timeout", None)
             query = self.client.query(self.namespace, set_name)
             if bins:
                 query.select(*bins)
@@ -647,7 +705,11 @@ def retry_in_doubt(fn: Callable[[], T], *, deadline_s: float = 5.0, pause_s: flo
     first time did), again while it fails with an `IN_DOUBT` error, until `deadline_s`
     has passed; then the last error reaches the caller. A node that dies takes the
     cluster about 1.5 s to drop and the client about 1 s more to learn: the default
-    deadline outlasts both."""
+    deadline outlasts both. Inside `Backend.bounded_reads`, no longer than a read's
+    time limit: a step that timed out is not repeated there."""
+    bounds = _READ_BOUNDS.get()
+    if bounds is not None:
+        deadline_s = min(deadline_s, bounds.record_ms / 1000)
     give_up = time.monotonic() + deadline_s
     attempt = 0
     while True:

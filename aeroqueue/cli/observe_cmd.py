@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from ..errors import ConfigError
+from ..hosts import is_wildcard
 from ..keys import check_list_name
 from .context import Context, err_console, option, seconds, usage_check
 
@@ -21,6 +22,12 @@ METRICS_PORT = 9420
 DASHBOARD_PORT = 8420
 
 HOST_HELP = "Address to bind. Nothing here asks for a login: bind another address only behind a proxy that does."
+METRICS_TRUSTED_HELP = (
+    "A host name Prometheus (or a proxy) may reach the metrics by (repeatable; env: space-separated), such as the "
+    "name in a scrape target. Ports, case and a trailing dot are ignored. Loopback names, the bound address and, "
+    "with a wildcard bind (0.0.0.0, ::), the address a request came in at are always served; any other Host is "
+    "refused (400), so that no other site's page can read the metrics by DNS rebinding."
+)
 
 
 @click.command()
@@ -30,8 +37,11 @@ HOST_HELP = "Address to bind. Nothing here asks for a login: bind another addres
         help="Export only this list (repeatable; env: space-separated): no scan at all. Default: every list.")
 @option("--discover-every", env="METRICS_DISCOVER_EVERY", type=seconds(1), default=60.0,
         help="Without --list: seconds between scans of the list set for new lists (never one per scrape).")
+@option("--trusted-host", "trusted_hosts", env="METRICS_TRUSTED_HOSTS", multiple=True, help=METRICS_TRUSTED_HELP)
 @click.pass_obj
-def metrics(obj: Context, port: int, host: str, lists: tuple[str, ...], discover_every: float) -> None:
+def metrics(
+    obj: Context, port: int, host: str, lists: tuple[str, ...], discover_every: float, trusted_hosts: tuple[str, ...],
+) -> None:
     """Export every list's counts to Prometheus: total, queued, delayed, claimed, done,
     dead and completion, read from the store at each scrape (a few reads per list:
     its header and completion bitmaps, never a scan of its jobs)."""
@@ -40,7 +50,7 @@ def metrics(obj: Context, port: int, host: str, lists: tuple[str, ...], discover
     stop = _stop_on_signals()
     backend = obj.backend()
     registry = store_registry(backend, ListNames(backend, lists, discover_every_s=discover_every))
-    server = serve(registry, port, host)
+    server = serve(registry, port, host, trusted_hosts)
     err_console.print(f"serving metrics on http://{host}:{server.server_port}/metrics", highlight=False)
     _serve_until(stop, server)
 
@@ -51,8 +61,9 @@ def metrics(obj: Context, port: int, host: str, lists: tuple[str, ...], discover
 @option("--read-only", env="DASHBOARD_READ_ONLY", is_flag=True, help="Show, but offer no actions (pause, resume, kick), and refuse them.")
 @option("--trusted-host", "trusted_hosts", env="DASHBOARD_TRUSTED_HOSTS", multiple=True,
         help="A host name requests may reach the dashboard by (repeatable; env: space-separated): the name of a "
-             "proxy in front of it. Ports, case and a trailing dot are ignored. Loopback names and the --host address are "
-             "always served; any other Host is refused, so that no other site's page can reach it by DNS rebinding.")
+             "proxy in front of it. Ports, case and a trailing dot are ignored. Loopback names, the --host address and, "
+             "with a wildcard --host (0.0.0.0, ::), the address a request came in at are always served; any other Host "
+             "is refused, so that no other site's page can reach it by DNS rebinding.")
 @click.pass_obj
 def dashboard(obj: Context, port: int, host: str, read_only: bool, trusted_hosts: tuple[str, ...]) -> None:
     """Serve the web dashboard: lists with progress and counts, live sessions, dead
@@ -69,7 +80,7 @@ def dashboard(obj: Context, port: int, host: str, read_only: bool, trusted_hosts
         raise ConfigError(f"the dashboard needs Flask and Flask-WTF ({e.name} is missing): pip install 'aeroqueue[dashboard]'") from None
     stop = _stop_on_signals()
     # The bound address itself is a name it is reached by (a wildcard is not).
-    bound = () if host in ("0.0.0.0", "::", "") else (host,)
+    bound = () if is_wildcard(host) else (host,)
     app = create_app(obj.backend(), read_only=read_only, trusted_hosts=(*bound, *trusted_hosts))
     server = make_server(host, port, app, threaded=True)
     threading.Thread(target=server.serve_forever, name="dashboard", daemon=True).start()

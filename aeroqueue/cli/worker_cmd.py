@@ -31,6 +31,7 @@ from .context import (
     seconds,
     usage_check,
 )
+from .observe_cmd import METRICS_TRUSTED_HELP
 
 
 @click.command()
@@ -69,6 +70,8 @@ from .context import (
 @option("--metrics-port", env="WORKER_METRICS_PORT", type=click.IntRange(0, 65535), default=None,
         help="Serve this worker's Prometheus metrics on /metrics at this port (default: none).")
 @option("--metrics-host", env="METRICS_HOST", default="127.0.0.1", help="Address the metrics port binds.")
+@option("--metrics-trusted-host", "metrics_trusted_hosts", env="METRICS_TRUSTED_HOSTS", multiple=True,
+        help=METRICS_TRUSTED_HELP)
 @option("--log-format", env="LOG_FORMAT", type=click.Choice(["json", "text"]), default="json", help="Log lines as JSON objects or plain text.")
 @option("--log-level", env="LOG_LEVEL", type=click.Choice(["debug", "info", "warning", "error"]), default=None,
         help="Lowest level logged. Default: info, or warning on a terminal, where live counters show the progress.")
@@ -77,7 +80,8 @@ def worker(
     obj: Context, handler: str, lists: tuple[str, ...], refresh_lists: float, idle_max: float, concurrency: int,
     batch: int | None, ack_linger: float, lease: bool, interval_s: float, expiry_s: float, pool: str, drain_timeout: float, sweep_every: float,
     sweep_grace: float, until_complete: bool,
-    metrics_port: int | None, metrics_host: str, log_format: str, log_level: str | None,
+    metrics_port: int | None, metrics_host: str, metrics_trusted_hosts: tuple[str, ...], log_format: str,
+    log_level: str | None,
 ) -> None:
     """Run HANDLER on jobs reserved from the lists, under a heartbeat session.
 
@@ -112,7 +116,7 @@ def worker(
         from ..metrics import serve
 
         observer.bind(lambda: w.in_flight)
-        server = serve(observer.registry, metrics_port, metrics_host)
+        server = serve(observer.registry, metrics_port, metrics_host, metrics_trusted_hosts, option="--metrics-trusted-host")
         logging.getLogger("aeroqueue.worker").info(
             "serving metrics", extra={"event": "metrics", "url": f"http://{metrics_host}:{server.server_port}/metrics"})
     if live:

@@ -26,14 +26,11 @@ from werkzeug.wrappers import Response
 from ..backends import Backend, open_backend
 from ..config import may_create
 from ..errors import AeroqueueError, ListNotFound
+from ..hosts import TrustedHosts
 from ..keys import InvalidName
 from .data import Store, format_ms, now_ms
 
 ENV_SECRET = "AEROQUEUE_DASHBOARD_SECRET"
-# The names a request's Host header may give: a page of another site whose name
-# resolves to 127.0.0.1 (DNS rebinding) would be same-origin with the dashboard,
-# able to read its CSRF token and post actions. Port and case are ignored.
-LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 REFRESH_S = 5.0  # the pages re-read the store this often (dashboard.js); 0: never
 
 CSP = "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
@@ -49,9 +46,11 @@ def create_app(
     it is read from AEROQUEUE_DASHBOARD_SECRET, else made up for this process
     (set it when several processes serve the dashboard behind one address).
 
-    Requests must name the dashboard by a loopback name or one of `trusted_hosts`
-    (the names a proxy in front of it is reached by) in their Host header; any
-    other gets 400."""
+    Requests must name the dashboard by a loopback name, one of `trusted_hosts`
+    (the names a proxy in front of it is reached by) or the address they came in
+    at (when the WSGI server tells it) in their Host header; any other gets 400:
+    a page of another site whose name resolves to the dashboard's address (DNS
+    rebinding) could otherwise read its CSRF token and post actions (aeroqueue.hosts)."""
     # A store named by URL must exist, as for the CLI (config.may_create): a typo in
     # AEROQUEUE_URL is an error, not a dashboard of a new empty store.
     backend = store if isinstance(store, Backend) else open_backend(store, create=may_create(store))
@@ -64,14 +63,13 @@ def create_app(
         AEROQUEUE_READ_ONLY=read_only,
     )
     CSRFProtect(app)
-    trusted = {_host_name(h) for h in (*LOOPBACK_HOSTS, *trusted_hosts) if h.strip()}
+    trusted = TrustedHosts(trusted_hosts)
 
     @app.before_request
     def _trusted_host() -> None:
         host = request.headers.get("Host", "")
-        if _host_name(host) not in trusted:
-            abort(400, f"this dashboard is not served as {host[:100]!r}: start it with --trusted-host NAME "
-                       "for a name a proxy reaches it by")
+        if not trusted.allows(host, _local_address(request.environ)):
+            abort(400, trusted.refusal(host, "this dashboard"))
     data = Store(backend)
     app.extensions["aeroqueue"] = data
 
@@ -192,18 +190,14 @@ def create_app(
     return app
 
 
-def _host_name(host: str) -> str:
-    """A Host header's (or a trusted name's) name: without its port, brackets, case
-    and the trailing dot of a fully qualified name ('[::1]:8420' -> '::1',
-    'Proxy.Example.:443' -> 'proxy.example')."""
-    host = host.strip()
-    if host.startswith("["):
-        name = host[1:].partition("]")[0]
-    elif host.count(":") > 1:
-        name = host  # a bare IPv6 address, as a trusted name may be given
-    else:
-        name = host.partition(":")[0]
-    return name.lower().removesuffix(".")
+def _local_address(environ: dict[str, Any]) -> str | None:
+    """The server's address of the request's connection, where Werkzeug's server (the
+    `dashboard` command's) hands over the socket; other WSGI servers do not say."""
+    sock = environ.get("werkzeug.socket")
+    try:
+        return str(sock.getsockname()[0]) if sock is not None else None
+    except (OSError, AttributeError, IndexError, TypeError):
+        return None
 
 
 def back(default: str) -> Response:

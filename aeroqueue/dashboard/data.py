@@ -6,6 +6,10 @@ bitmap (one bit per job) and only those job records are read; sessions are
 the (small) session set, and each session's claims come from the secondary
 index on ``sess``. Kicking every dead job of a list walks the list's job
 records (`JobLists.kick`): an operator's action, not a page view.
+
+The page views' reads are bounded in time (`Backend.bounded_reads`): a frozen or
+unreachable store makes a page a quick error (503), not a 30 s wait. The actions
+are not: a kick's walk of a big list may take longer than a page view's scan.
 """
 
 from __future__ import annotations
@@ -159,18 +163,24 @@ class Store:
 
     def list_rows(self) -> list[ListRow]:
         rows = []
-        for name in self.lists.names():
-            try:
-                rows.append(self.list_row(name))
-            except ListNotFound:
-                continue  # dropped meanwhile
+        with self.backend.bounded_reads():
+            for name in self.lists.names():
+                try:
+                    rows.append(self.list_row(name))
+                except ListNotFound:
+                    continue  # dropped meanwhile
         return rows
 
     def list_row(self, name: str) -> ListRow:
-        st = self.lists.status(name)
+        with self.backend.bounded_reads():
+            st = self.lists.status(name)
         return ListRow(st, queued=st.reservable + st.retry_pending, delayed=st.delayed, claimed=st.in_flight)
 
     def sessions(self) -> list[SessionRow]:
+        with self.backend.bounded_reads():
+            return self._sessions()
+
+    def _sessions(self) -> list[SessionRow]:
         rows = []
         for sid, rec in self.backend.scan(keys.SESS_SET):
             b = rec.bins
@@ -185,9 +195,10 @@ class Store:
 
     def dead_jobs(self, name: str, limit: int = DEAD_PAGE) -> list[JobView]:
         """Up to `limit` dead jobs of a list, in token order, found from its dead bitmap."""
-        head = self.lists.header(name)
-        tokens = dead_tokens(self.backend, name, head["alloc"], limit)
-        recs = self.backend.batch_get(keys.JOB_SET, [keys.job_name(name, t) for t in tokens], bins=DEAD_ROW_BINS)
+        with self.backend.bounded_reads():
+            head = self.lists.header(name)
+            tokens = dead_tokens(self.backend, name, head["alloc"], limit)
+            recs = self.backend.batch_get(keys.JOB_SET, [keys.job_name(name, t) for t in tokens], bins=DEAD_ROW_BINS)
         return [
             JobView(name, t, rec.bins, error_history(rec.bins))
             for t, rec in zip(tokens, recs, strict=True)
@@ -196,7 +207,8 @@ class Store:
 
     def job(self, name: str, token: int) -> JobView | None:
         keys.check_list_name(name)
-        rec = self.backend.get(keys.JOB_SET, keys.job_name(name, token))
+        with self.backend.bounded_reads():
+            rec = self.backend.get(keys.JOB_SET, keys.job_name(name, token))
         if rec is None or rec.bins.get("state") == "void":
             return None
         return JobView(name, token, rec.bins, error_history(rec.bins))
@@ -205,7 +217,8 @@ class Store:
         """The token of a job by its id (the load's job-id index), or None."""
         keys.check_list_name(name)
         try:
-            return int(self.lists.find_job(name, jid)["token"])
+            with self.backend.bounded_reads():
+                return int(self.lists.find_job(name, jid)["token"])
         except (ListNotFound, JobNotFound):
             return None
 

@@ -7,6 +7,9 @@
     python -m tests.multinode.agent frozen-write URL PID N SIGSTOP asd PID, write until a timeout
     python -m tests.multinode.agent work URL LIST K      reserve K jobs and complete them
     python -m tests.multinode.agent gone URL LIST N      how a dropped list looks, and what of it is left
+    python -m tests.multinode.agent http [stop=PID] URL[|HOST] ...
+                                                         GET the URLs (Host: HOST) at once when served, with the asd
+                                                         PID stopped meanwhile if given: status, body, seconds each
 """
 
 from __future__ import annotations
@@ -134,6 +137,56 @@ def gone(url: str, name: str, n: int) -> dict[str, Any]:
     return out
 
 
+def http(specs: list[str]) -> dict[str, Any]:
+    """GET each of `specs` ('URL' or 'URL|HOST', HOST sent as the Host header), each
+    retried while nothing listens yet (a server starting), and how long each answer
+    took; all at once, each in a thread of its own. With a first spec 'stop=PID', the
+    asd PID is stopped (SIGSTOP) for the requests, and resumed after them whatever happens."""
+    import os
+    import signal
+    from concurrent.futures import ThreadPoolExecutor
+
+    stopped = int(specs.pop(0).removeprefix("stop=")) if specs and specs[0].startswith("stop=") else None
+    if stopped is not None:
+        os.kill(stopped, signal.SIGSTOP)
+    try:
+        with ThreadPoolExecutor(max(1, len(specs))) as pool:
+            return {"answers": list(pool.map(lambda spec: _get(*spec.split("|", 1)), specs))}
+    finally:
+        if stopped is not None:
+            os.kill(stopped, signal.SIGCONT)
+
+
+def _get(url: str, host: str | None = None, wait_s: float = 60.0) -> dict[str, Any]:
+    import http.client
+    import time
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    give_up = time.monotonic() + wait_s
+    while True:
+        conn = http.client.HTTPConnection(parts.hostname or "", parts.port or 80, timeout=120)
+        try:
+            conn.connect()
+        except ConnectionRefusedError:
+            conn.close()
+            if time.monotonic() > give_up:
+                raise
+            time.sleep(0.05)
+            continue
+        break
+    try:
+        started = time.monotonic()
+        conn.putrequest("GET", parts.path or "/", skip_host=True)
+        conn.putheader("Host", host or parts.netloc)
+        conn.endheaders()
+        resp = conn.getresponse()
+        body = resp.read().decode(errors="replace")
+        return {"status": resp.status, "seconds": time.monotonic() - started, "body": body}
+    finally:
+        conn.close()
+
+
 def main(argv: list[str]) -> None:
     cmd, *args = argv
     if cmd == "audit":
@@ -150,6 +203,8 @@ def main(argv: list[str]) -> None:
         out = gone(args[0], args[1], int(args[2]))
     elif cmd == "nodes":
         out = nodes(args[0])
+    elif cmd == "http":
+        out = http(args)
     else:
         raise SystemExit(f"unknown command {cmd!r}")
     print(json.dumps(out))

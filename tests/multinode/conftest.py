@@ -101,6 +101,11 @@ def _wait_for_modules(cluster: Cluster, timeout_s: float = 30.0) -> None:
 
 
 @pytest.fixture
+def cluster1(clusters: Callable[[int], Cluster]) -> Cluster:
+    return clusters(1)
+
+
+@pytest.fixture
 def cluster2(clusters: Callable[[int], Cluster]) -> Cluster:
     return clusters(2)
 

@@ -191,6 +191,23 @@ def test_a_request_naming_another_host_is_refused(registered: Backend, dead_list
         assert client.get("/", headers={"Host": refused}).status_code == 400, refused
 
 
+def test_a_wildcard_bound_dashboard_serves_the_address_a_request_came_in_at(registered: Backend) -> None:
+    """With --host 0.0.0.0 the dashboard is reached at one of the machine's addresses,
+    which no page can make a browser send as the Host: Werkzeug's server hands over
+    the connection, whose address is served; another is not."""
+
+    class Connection:
+        def getsockname(self) -> tuple[str, int]:
+            return ("10.0.0.5", 8420)
+
+    client = create_app(registered, secret_key="s").test_client()
+    came_in = {"werkzeug.socket": Connection()}
+    assert client.get("/", headers={"Host": "10.0.0.5:8420"}, environ_base=came_in).status_code == 200
+    assert client.get("/", headers={"Host": "10.0.0.6:8420"}, environ_base=came_in).status_code == 400
+    assert client.get("/", headers={"Host": "rebind.example"}, environ_base=came_in).status_code == 400
+    assert client.get("/", headers={"Host": "10.0.0.5:8420"}).status_code == 400, "no connection known: names only"
+
+
 def test_pause_resume_and_kick(app: Flask, registered: Backend, dead_list: tuple[str, Session]) -> None:
     name, _ = dead_list
     lists = JobLists(registered)

@@ -4,6 +4,7 @@ metric the Grafana dashboard queries is one aeroqueue exports."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import shlex
@@ -17,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from aeroqueue import udfs
 from aeroqueue.backends import open_backend
+from aeroqueue.hosts import TrustedHosts
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.metrics import ListNames, WorkerMetrics, store_registry
@@ -71,12 +73,19 @@ def test_prometheus_scrapes_what_the_stack_serves(services: dict[str, Any]) -> N
     assert option_value(exporter, "--host") == "0.0.0.0", "the exporter must listen beyond its container's loopback"
     targets = [t for sc in jobs["aeroqueue-lists"]["static_configs"] for t in sc["targets"]]
     assert targets == [f"aeroqueue-metrics:{option_value(exporter, '--port')}"]
+    # Prometheus sends the target as the Host header: the exporter must be told to
+    # trust the service's name, or it answers 400 (aeroqueue.hosts).
+    trusted = [value for flag, value in itertools.pairwise(exporter) if flag == "--trusted-host"]
+    assert TrustedHosts(trusted, bound=option_value(exporter, "--host")).allows(targets[0]), (
+        f"the exporter refuses the Host {targets[0]!r} Prometheus sends: add --trusted-host")
 
     worker = argv(services["aeroqueue-worker"])
     port = option_value(worker, "--metrics-port")
     assert port and option_value(worker, "--metrics-host") == "0.0.0.0"
     (sd,) = jobs["aeroqueue-workers"]["dns_sd_configs"]
-    assert sd["names"] == ["aeroqueue-worker"] and str(sd["port"]) == port
+    # Found by their A records, the workers are scraped at their own addresses, which a
+    # wildcard bind serves as the Host (the address the request came in at).
+    assert sd["names"] == ["aeroqueue-worker"] and str(sd["port"]) == port and sd["type"] == "A"
     assert port in [str(p) for p in services["aeroqueue-worker"].get("expose", [])]
 
 

@@ -4,9 +4,11 @@ audited against the store job by job; the exporter's per-list gauges against
 
 from __future__ import annotations
 
+import http.client
 import logging
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -15,11 +17,13 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from aeroqueue import keys
 from aeroqueue.backends import Backend
 from aeroqueue.errors import BackendTimeout
+from aeroqueue.hosts import TrustedHosts, host_name, is_wildcard
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.metrics import (
@@ -27,6 +31,7 @@ from aeroqueue.metrics import (
     StoreCollector,
     WorkerMetrics,
     completion,
+    serve,
     state_counts,
     store_registry,
 )
@@ -350,3 +355,160 @@ def test_a_store_that_cannot_be_read_says_so_in_store_up(
     assert value(samples, "aeroqueue_list_jobs", list=list_name) is None
     assert value(samples, "aeroqueue_store_up") == 0
     assert value(samples, "aeroqueue_exporter_errors_total") == 1
+
+
+class ReadSpy:
+    """A backend's client that notes each read's total_timeout (None: the client's
+    configured policy) and the thread that made it."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.seen: list[tuple[str, str, int | None]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    def note(self, call: str, policy: dict[str, Any] | None) -> None:
+        self.seen.append((call, threading.current_thread().name, (policy or {}).get("total_timeout")))
+
+    def get(self, key: Any, policy: dict[str, Any] | None = None) -> Any:
+        self.note("get", policy)
+        return self._client.get(key, policy)
+
+    def select(self, key: Any, bins: list[str], policy: dict[str, Any] | None = None) -> Any:
+        self.note("select", policy)
+        return self._client.select(key, bins, policy)
+
+    def batch_read(self, keys_: list[Any], bins: list[str] | None = None, policy: dict[str, Any] | None = None) -> Any:
+        self.note("batch_read", policy)
+        return self._client.batch_read(keys_, bins, policy)
+
+    def query(self, namespace: str, set_name: str) -> Any:
+        spy, query = self, self._client.query(namespace, set_name)
+
+        class Query:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(query, name)
+
+            def __setattr__(self, name: str, value: Any) -> None:
+                setattr(query, name, value)
+
+            def results(self, policy: dict[str, Any] | None = None, *more: Any) -> Any:
+                spy.note("query", policy)
+                return query.results(policy, *more)
+
+        return Query()
+
+
+def test_a_scrapes_reads_have_time_limits_and_other_threads_reads_do_not(
+    registered: Backend, list_name: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A scrape reads the store within `Backend.bounded_reads`: a record read within
+    the URL's total_timeout (the client's 1 s here), the scan that discovers the lists
+    within 5 s, where the client's default waits 30 s for a frozen node. Reads made
+    meanwhile by another thread (the sync's scans, in a process that also serves
+    metrics) keep their own policies."""
+    JobLists(registered).load(list_name, [JobSpec("x", 1)])
+    spy = ReadSpy(registered.client)
+    monkeypatch.setattr(registered, "client", spy)
+    me = threading.current_thread().name
+    samples = parse(generate_latest(store_registry(registered, ListNames(registered))).decode())
+    assert value(samples, "aeroqueue_list_jobs", list=list_name) == 1 and value(samples, "aeroqueue_store_up") == 1
+    scrape = set(spy.seen)
+    assert {call for call, _, _ in scrape} >= {"get", "batch_read", "query"}, scrape
+    assert scrape == {(call, me, 5000 if call == "query" else 1000) for call, _, _ in scrape}
+    spy.seen.clear()
+    with registered.bounded_reads():
+        other = threading.Thread(name="sync", target=lambda: (
+            list(registered.scan(keys.LIST_SET)), registered.get(keys.LIST_SET, list_name),
+            registered.batch_get(keys.LIST_SET, [list_name])))
+        other.start()
+        other.join()
+    registered.get(keys.LIST_SET, list_name)  # after the block
+    assert set(spy.seen) == {("query", "sync", None), ("get", "sync", None), ("batch_read", "sync", None),
+                             ("get", me, None)}
+
+
+# -- the Host header (DNS rebinding) ----------------------------------------------------------
+
+
+def get_as(port: int, host: str, *, address: str = "127.0.0.1", path: str = "/metrics") -> tuple[int, str]:
+    """GET `path` from `address`:`port` with `host` as the Host header, whatever the address."""
+    conn = http.client.HTTPConnection(address, port, timeout=10)
+    try:
+        conn.putrequest("GET", path, skip_host=True)
+        conn.putheader("Host", host)
+        conn.endheaders()
+        resp = conn.getresponse()
+        return resp.status, resp.read().decode()
+    finally:
+        conn.close()
+
+
+def test_both_metrics_commands_refuse_a_host_they_are_not_known_by(
+    registered: Backend, store_url: str, list_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A page of rebind.example, once that name resolves to 127.0.0.1, is same-origin
+    with the metrics port for the browser: it could read the list names and counts.
+    The exporter and a worker's metrics port answer 400 to a Host that names none of
+    a loopback name, a trusted one (option or environment) or their address."""
+    JobLists(registered).load(list_name, [JobSpec("x", 1)], seal=True)
+    exporter_port, worker_port = free_port(), free_port()
+    exporter_log, worker_log = tmp_path / "exporter.log", tmp_path / "worker.log"
+    exporter = spawn(["--url", store_url, "metrics", "--port", str(exporter_port), "--list", list_name,
+                      "--trusted-host", "Prom.Example.", "--trusted-host", "[fd00::5]:9420"], exporter_log)
+    monkeypatch.setenv("AEROQUEUE_METRICS_TRUSTED_HOSTS", "prom.example  [fd00::5]")
+    worker = spawn(["--url", store_url, "worker", "--handler", "tests.observe.handlers:scripted", "--list", list_name,
+                    "--heartbeat", "0.2", "--expiry", "2", "--metrics-port", str(worker_port), "--log-format", "json"],
+                   worker_log)
+    try:
+        for port, proc, log, option in ((exporter_port, exporter, exporter_log, "--trusted-host"),
+                                        (worker_port, worker, worker_log, "--metrics-trusted-host")):
+            wait_for(f"http://127.0.0.1:{port}/metrics", proc, log)
+            for host in (f"localhost:{port}", "127.0.0.1", f"[::1]:{port}", "LOCALHOST.", f"prom.example:{port}",
+                         "PROM.EXAMPLE", "[FD00:0::5]:80"):
+                status, body = get_as(port, host)
+                assert status == 200 and "aeroqueue_" in body, (port, host, status)
+            for host in (f"rebind.example:{port}", "prom.example.rebind.example", "127.0.0.1.nip.io", "[fd00::6]", ""):
+                status, body = get_as(port, host)
+                assert status == 400, (port, host, status)
+                assert option in body and "aeroqueue_" not in body and list_name not in body, (port, host, body)
+    finally:
+        codes = stop(exporter), stop(worker)
+    assert codes == (0, 0), exporter_log.read_text()[-2000:] + worker_log.read_text()[-2000:]
+
+
+def test_the_bound_address_is_a_name_the_metrics_are_served_as() -> None:
+    """Bound to another address than loopback, the server is scraped as that address
+    (Prometheus sends its target as the Host): that address is trusted, no other."""
+    server = serve(CollectorRegistry(), 0, "127.0.0.2")
+    try:
+        port = server.server_port
+        assert get_as(port, f"127.0.0.2:{port}", address="127.0.0.2")[0] == 200
+        assert get_as(port, f"localhost:{port}", address="127.0.0.2")[0] == 200
+        status, body = get_as(port, f"127.0.0.3:{port}", address="127.0.0.2")
+        assert status == 400 and "--trusted-host" in body
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_trusted_hosts_rule() -> None:
+    """One rule for the dashboard and the metrics ports (aeroqueue.hosts)."""
+    assert host_name("[::1]:8420") == "::1" and host_name("Proxy.Example.:443") == "proxy.example"
+    assert host_name("[0:0::1]") == host_name("::1") == "::1"
+    assert host_name("::ffff:10.0.0.5") == "10.0.0.5", "a dual-stack socket's IPv4 address"
+    assert [is_wildcard(a) for a in ("0.0.0.0", "::", "", "[::]", "127.0.0.1", "10.0.0.5", "host.example")] == [
+        True, True, True, True, False, False, False]
+    # Bound to a wildcard, the address a request came in at is served, as Prometheus
+    # scrapes it (a pod's address found by service discovery); a page cannot make a
+    # browser send the server's address as the Host, only a name of its own.
+    wildcard = TrustedHosts(["prom.example"], bound="0.0.0.0")
+    assert wildcard.allows("10.0.0.5:9420", "10.0.0.5")
+    assert wildcard.allows("10.0.0.5:9420", "::ffff:10.0.0.5")
+    assert not wildcard.allows("10.0.0.6:9420", "10.0.0.5"), "another address: a NAT or a proxy, to be trusted by name"
+    assert not wildcard.allows("10.0.0.5:9420"), "the connection's address unknown: names only"
+    assert not wildcard.allows("0.0.0.0:9420", "10.0.0.5") and not wildcard.allows("", "10.0.0.5")
+    assert wildcard.allows("Prom.Example:9420") and wildcard.allows("[::1]:9420") and not wildcard.allows("rebind.example")
+    bound = TrustedHosts(bound="10.0.0.5")
+    assert bound.allows("10.0.0.5:9420") and not bound.allows("10.0.0.6")
