@@ -361,6 +361,8 @@ class Worker:
         self.observer = observer or NULL_OBSERVER
         self.session: Session | None = None
         self._stopping = threading.Event()
+        # A stop asked by SIGTERM/SIGINT (`on_signal`) that the main thread has not acted on yet.
+        self._signalled = False
         self._in_flight: dict[str, Job] = {}
         self._in_flight_lock = threading.Lock()
         self._held: set[str] = set()  # every job a thread reserved and has not finished with
@@ -385,10 +387,27 @@ class Worker:
         self.queue.on_touch(self._touched)
 
     def request_stop(self, *_: Any) -> None:
-        """Drain: finish what is in flight, take nothing new."""
+        """Drain: finish what is in flight, take nothing new. From any thread, but not
+        as a signal handler: install `on_signal` for that."""
         if not self._stopping.is_set():
             log.info("draining", extra={"event": "draining"})
         self._stopping.set()
+
+    def on_signal(self, signum: int, frame: Any = None) -> None:
+        """SIGTERM/SIGINT's handler: `request_stop`, made by the main thread at the next
+        tick of its loop (0.2 s at most, and a reap or sweep under way ends early).
+
+        Python runs a signal handler on the main thread between two of its bytecodes,
+        and that thread may then be inside `_stopping.set()` or `.wait()`, holding the
+        Event's lock, which is not reentrant: `request_stop` there waited for that lock
+        for ever, and the worker never exited (the chaos test's SIGTERM as the worker
+        began its drain on its own). A handler that only assigns takes no lock, and
+        logs nothing either (a write to stderr interrupted there is not reentrant)."""
+        self._signalled = True
+
+    def _stop_asked(self) -> bool:
+        """Asked to stop, though perhaps not acted on yet: a long reap or sweep ends early."""
+        return self._signalled or self._stopping.is_set()
 
     @property
     def in_flight(self) -> int:
@@ -406,7 +425,7 @@ class Worker:
         previous = {}
         if install_signals and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
-                previous[sig] = signal.signal(sig, self.request_stop)
+                previous[sig] = signal.signal(sig, self.on_signal)
         try:
             # Opening the session may fail (the store down at start): the signal
             # handlers come back all the same, or the host would ignore SIGTERM for ever.
@@ -777,6 +796,9 @@ class Worker:
         next_sweep = time.monotonic() + self.sweep_every_s * random.uniform(0.5, 1.0)
         lists = JobLists(self.backend)
         while not self._stopping.wait(min(0.2, self.reap_every_s)):
+            if self._signalled:
+                self.request_stop()
+                return
             if session.lost:
                 log.error("session lost: stopping", extra={"event": "session_lost", "session": session.id})
                 return
@@ -790,13 +812,13 @@ class Worker:
                     self._watch(session)
                 self._renew_prefetched()
                 if now >= next_reap:
-                    report = reap(self.backend, stop=lambda: session.lost or self._stopping.is_set())
+                    report = reap(self.backend, stop=lambda: session.lost or self._stop_asked())
                     if report.sessions:
                         self.counters.add("reaped", report.sessions)
                     self._release_orphans(session)
                     next_reap = now + self.reap_every_s * random.uniform(0.8, 1.2)
                 if now >= next_sweep:
-                    sweep(self.backend, grace_ms=self.sweep_grace_ms, stop=lambda: session.lost or self._stopping.is_set())
+                    sweep(self.backend, grace_ms=self.sweep_grace_ms, stop=lambda: session.lost or self._stop_asked())
                     next_sweep = now + self.sweep_every_s * random.uniform(0.8, 1.2)
                 if self.until_complete and now >= next_check:
                     # At most a second after the last job: not the reap interval (half

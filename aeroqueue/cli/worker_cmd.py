@@ -110,7 +110,7 @@ def worker(
     # For the life of the process, not just of run(): a SIGTERM arriving while a
     # finished worker exits must not kill it with the default action.
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, w.request_stop)
+        signal.signal(sig, w.on_signal)
     # After the handlers: a scraper that sees the port up may signal the worker at once.
     if observer is not None and metrics_port is not None:
         from ..metrics import serve

@@ -1,0 +1,71 @@
+"""A worker whose main thread takes SIGTERM while it holds its stop Event's lock, as
+when the signal lands inside that Event's wait() or set(): Python runs the handler
+on the main thread between two of its bytecodes, wherever that thread is. The worker
+must still drain and exit 0; a handler that sets the Event waits for a lock its own
+thread holds, for ever.
+
+    python -m tests.sessions.signal_tripwire cli|api URL LIST
+
+cli: the worker command (its handlers installed for the life of the process);
+api: `Worker.run()` (which installs them itself). Prints "tripwire fired" when the
+signal was raised there, so that a test cannot pass without it.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from typing import Any
+
+from aeroqueue import worker as worker_module
+from aeroqueue.queue import Job
+
+
+def handle(job: Job) -> None:
+    return None
+
+
+def arm(w: worker_module.Worker) -> None:
+    """The main thread's first wait on the stop Event raises SIGTERM under the Event's lock."""
+    event = w._stopping
+    plain_wait = event.wait
+    fired = False
+
+    def wait(timeout: float | None = None) -> bool:
+        nonlocal fired
+        if not fired and threading.current_thread() is threading.main_thread():
+            fired = True
+            with event._cond:  # the Event's own lock, held as inside its wait() or set()
+                signal.raise_signal(signal.SIGTERM)  # the Python handler runs before this returns
+            print("tripwire fired", flush=True)
+        return plain_wait(timeout)
+
+    event.wait = wait  # type: ignore[method-assign]
+
+
+def main() -> None:
+    how, url, list_name = sys.argv[1:4]
+    if how == "cli":
+        init = worker_module.Worker.__init__
+
+        def armed_init(self: worker_module.Worker, *args: Any, **kwargs: Any) -> None:
+            init(self, *args, **kwargs)
+            arm(self)
+
+        worker_module.Worker.__init__ = armed_init  # type: ignore[method-assign]
+        from aeroqueue.cli import main as cli
+
+        sys.argv = ["aeroqueue", "--url", url, "worker", "--handler", "tests.sessions.signal_tripwire:handle", "--list", list_name,
+                    "--heartbeat", "0.1", "--expiry", "1", "--log-format", "json"]
+        cli()
+    else:
+        from aeroqueue.backends import open_backend
+
+        w = worker_module.Worker(open_backend(url), handle, [list_name], interval_s=0.1, expiry_s=1.0)
+        arm(w)
+        sys.exit(w.run())
+
+
+if __name__ == "__main__":
+    main()
