@@ -24,6 +24,7 @@ from ..lists import JobLists
 from ..queue import Job, Queue
 from ..results import ResultNotStorable, storable_result
 from ..sessions import Session, lease_holder, lease_of
+from ..stopping import Stop
 from .context import (
     EXPIRY_OPT,
     HEARTBEAT_OPT,
@@ -126,11 +127,11 @@ def _check_alive(backend: Backend, session_id: str) -> None:
 def _hold(backend: Backend, sess: Session, jobs: list[Job], hold_s: float, *, heartbeat: bool) -> None:
     """Wait until every job is acknowledged, the time is up, a signal comes, or the session is lost.
     With `heartbeat`, beat the (borrowed) session here; an own session beats in its thread."""
-    stop = threading.Event()
+    stop = Stop()
     previous: dict[signal.Signals, Any] = {}
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
-            previous[sig] = signal.signal(sig, lambda *_: stop.set())
+            previous[sig] = signal.signal(sig, stop.on_signal)
     names = [j.name for j in jobs]
     err_console.print(
         f"holding {len(jobs)} job(s) under session {sess.id} for up to {hold_s:g} s: acknowledge each with "

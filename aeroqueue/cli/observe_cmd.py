@@ -16,6 +16,7 @@ import click
 from ..errors import ConfigError
 from ..hosts import is_wildcard
 from ..keys import check_list_name
+from ..stopping import Stop
 from .context import Context, err_console, option, seconds, usage_check
 
 METRICS_PORT = 9420
@@ -90,16 +91,16 @@ def dashboard(obj: Context, port: int, host: str, read_only: bool, trusted_hosts
     _serve_until(stop, server)
 
 
-def _stop_on_signals() -> threading.Event:
-    """An event SIGTERM/SIGINT set: installed before anything is served, so a signal
+def _stop_on_signals() -> Stop:
+    """A stop SIGTERM/SIGINT ask for: installed before anything is served, so a signal
     that comes early still ends the command cleanly."""
-    stop = threading.Event()
+    stop = Stop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, stop.on_signal)
     return stop
 
 
-def _serve_until(stop: threading.Event, server: Any) -> None:
+def _serve_until(stop: Stop, server: Any) -> None:
     """Wait for the signal, then stop the server (it serves from its own thread)."""
     while not stop.wait(1.0):
         pass

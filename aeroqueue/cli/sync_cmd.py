@@ -257,7 +257,7 @@ def sync(
                 log.error("%s", r.rejects_note)
 
         scheduler = Scheduler(backend, every, one_run, lease_s=lease_s, lock=target.lease_name)
-        previous = signal.signal(signal.SIGTERM, lambda *_: scheduler.stop.set())
+        previous = signal.signal(signal.SIGTERM, scheduler.stop.on_signal)
         try:
             scheduler.run()
         except KeyboardInterrupt:

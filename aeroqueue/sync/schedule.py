@@ -39,6 +39,7 @@ from ..errors import (
     RecordNotFound,
     SyncError,
 )
+from ..stopping import Stop
 from .job import run_sync
 from .options import SyncOptions, SyncReport
 
@@ -208,7 +209,7 @@ class Scheduler:
         self.every_s = every_s
         self.run_once = run
         self.lease = Lease(backend, lock, ttl_s=lease_s)
-        self.stop = threading.Event()
+        self.stop = Stop()  # set by code, or by a signal handler (`Stop.on_signal`)
         self.on_error = on_error or (lambda e: log.error("sync run failed: %s", e))
         self.runs = 0
 

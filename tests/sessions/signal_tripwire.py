@@ -5,10 +5,14 @@ must still drain and exit 0; a handler that sets the Event waits for a lock its 
 thread holds, for ever.
 
     python -m tests.sessions.signal_tripwire cli|api URL LIST
+    python -m tests.sessions.signal_tripwire command ARGS...
 
 cli: the worker command (its handlers installed for the life of the process);
-api: `Worker.run()` (which installs them itself). Prints "tripwire fired" when the
-signal was raised there, so that a test cannot pass without it.
+api: `Worker.run()` (which installs them itself); command: any other command that
+waits for a signal (`aeroqueue ARGS...`), through `aeroqueue.stopping.Stop`: its
+first wait on the main thread takes SIGTERM under the Stop's event lock. Prints
+"tripwire fired" when the signal was raised there, so that a test cannot pass
+without it.
 """
 
 from __future__ import annotations
@@ -44,7 +48,33 @@ def arm(w: worker_module.Worker) -> None:
     event.wait = wait  # type: ignore[method-assign]
 
 
+def arm_stops() -> None:
+    """Every `Stop`'s first wait on the main thread raises SIGTERM under its event's lock."""
+    from aeroqueue import stopping
+
+    plain_wait = stopping.Stop.wait
+    fired = False
+
+    def wait(self: stopping.Stop, timeout: float | None = None) -> bool:
+        nonlocal fired
+        if not fired and threading.current_thread() is threading.main_thread():
+            fired = True
+            with self._event._cond:
+                signal.raise_signal(signal.SIGTERM)
+            print("tripwire fired", flush=True)
+        return plain_wait(self, timeout)
+
+    stopping.Stop.wait = wait  # type: ignore[method-assign]
+
+
 def main() -> None:
+    if sys.argv[1] == "command":
+        arm_stops()
+        from aeroqueue.cli import main as cli
+
+        sys.argv = ["aeroqueue", *sys.argv[2:]]
+        cli()
+        return
     how, url, list_name = sys.argv[1:4]
     if how == "cli":
         init = worker_module.Worker.__init__
