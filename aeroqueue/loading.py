@@ -286,8 +286,9 @@ def _json_cell(text: str, source: str, line: int) -> Any:
     try:
         value = _loads(text)
     except json.JSONDecodeError as e:
-        raise LoadError(f"the payload column holds JSON: {e.msg} at column {e.colno}", source=source, line=line,
-                        field="payload") from None
+        # A cell may span lines: its own offset, not a column of the file's line (nor a CSV column).
+        raise LoadError(f"the payload column holds JSON: {e.msg} at character {e.pos + 1} of the cell", source=source,
+                        line=line, field="payload") from None
     except _BadValue as e:
         raise LoadError(str(e), source=source, line=line, field="payload") from None
     return value
@@ -396,7 +397,9 @@ def _read_jsonl(handle: Any, source: str, id_field: str, max_payload: int, stric
             # One level more for the line's own object: its payload field may take them all.
             obj = _loads(text, MAX_DEPTH + 1)
         except json.JSONDecodeError as e:
-            raise LoadError(f"malformed JSON: {e.msg} at column {e.colno}", source=source, line=line) from None
+            # The decoder counts the line's own newline as a line 2: a line cut short was "at column 1".
+            column = min(e.pos, len(text.rstrip("\r\n"))) + 1
+            raise LoadError(f"malformed JSON: {e.msg} at column {column}", source=source, line=line) from None
         except _BadValue as e:
             raise LoadError(str(e), source=source, line=line, field=_bad_field(text)) from None
         if not isinstance(obj, dict):

@@ -178,7 +178,7 @@ def test_load_reserve_complete_status_end_to_end(tmp_path):
     st = json.loads(run("status", "customers", "--json", url=url).output)
     assert st == {"name": "customers", "mode": "tokens", "total": 12, "reservable": 9, "delayed": 0, "in_flight": 0,
                   "retry_pending": 0, "done": 3, "dead": 0, "sealed": True, "paused": False, "complete": False,
-                  "timeout_s": 300, "backoff_s": 1, "backoff_max_s": 3600, "max_attempts": 5}
+                  "timeout_s": 300, "backoff_s": 1, "backoff_max_s": 3600, "max_attempts": 5, "dropping": False}
     table = run("status", "customers", url=url).output
     assert "reservable" in table and "9" in table
     listed = json.loads(run("lists", "--json", url=url).output)

@@ -579,7 +579,11 @@ def test_reserve_releases_what_is_left_when_it_ends(ready_url, list_name, end):
         assert proc.wait(30) == 0
     finally:
         proc.kill()
-    assert "released 1 job(s)" in (proc.stderr.read() if proc.stderr else "")
+    err = proc.stderr.read() if proc.stderr else ""
+    assert "released 1 job(s)" in err
+    # The command to acknowledge with, on one line to copy (it was cut at 80 columns, mid-command).
+    ack = f"`aeroqueue complete {list_name} TOKEN --session {jobs[0]['session']}`"
+    assert any(ack in line for line in err.splitlines()), err
     rec = backend.get(keys.JOB_SET, keys.job_name(list_name, jobs[1]["token"])).bins
     assert rec["state"] == "queued" and rec["att"] == 0, "back at once, its attempt refunded"
     st = JobLists(backend).status(list_name)
@@ -645,7 +649,7 @@ def test_status_json_has_paused(ready_url, list_name):
 
 
 STATUS_KEYS = {"name", "mode", "total", "reservable", "delayed", "in_flight", "retry_pending", "done", "dead", "sealed",
-               "paused", "complete", "timeout_s", "backoff_s", "backoff_max_s", "max_attempts"}
+               "paused", "complete", "timeout_s", "backoff_s", "backoff_max_s", "max_attempts", "dropping"}
 
 
 def test_json_shapes_are_the_documented_ones(ready_url, list_name):
@@ -684,8 +688,8 @@ def test_bench_uses_a_scratch_store_unless_told_and_shows_progress(tmp_path):
     assert not xdg.exists(), "the user's default store is not touched"
 
 
-@pytest.mark.parametrize("mode", ["tokens", "ids"])
-def test_bench_on_a_given_store_deletes_everything_it_made(ready_url, mode):
+@pytest.mark.parametrize("mode", [None, "tokens", "ids"])
+def test_bench_on_a_given_store_deletes_everything_it_made(ready_url, mode, tmp_path):
     backend = open_backend(ready_url)
     sets = (keys.LIST_SET, keys.JOB_SET, keys.JIDX_SET, keys.DONE_SET, keys.IDS_SET)
 
@@ -694,9 +698,14 @@ def test_bench_on_a_given_store_deletes_everything_it_made(ready_url, mode):
         return {**counts, "sessions": sum(1 for _ in backend.scan(keys.SESS_SET))}
 
     before = bench_records()
-    out = cli("bench", "--sizes", "150,300", "--sample", "10", "--batch", "5", "--mode", mode, url=ready_url)
+    figures = tmp_path / "bench.json"
+    out = cli("bench", "--sizes", "150,300", "--sample", "10", "--batch", "5", "--json-out", str(figures),
+              *(["--mode", mode] if mode else []), url=ready_url)
     assert out.exit_code == 0, out.output
     assert "its lists are deleted at the end" in out.stderr
+    # Without --mode its lists are token stores, and the table and the figures say so (not "None mode").
+    assert f"({mode or 'tokens'} mode)" in out.stdout, out.stdout
+    assert json.loads(figures.read_text())["mode"] == (mode or "tokens")
     assert bench_records() == before
     assert not [n for n in JobLists(backend).names() if n.startswith("bench-")]
     assert udfs.status(backend) and all(s.state == "ok" for s in udfs.status(backend))

@@ -56,6 +56,7 @@ def bench(obj: Context, sizes: str, sample: int, batch: int, mode: str, json_out
         Console().print(table)
         return
 
+    mode = mode or "tokens"  # its lists are new: without --mode they are token stores, so the table says
     with progress_bar() as progress:
         rows = benchmark.run(obj.url, size_list, sample=sample, batch=batch, mode=mode, progress=progress, create=obj.create)
     table = Table(title=f"aeroqueue reserve + complete ({mode} mode) on {where}")

@@ -136,7 +136,7 @@ def _hold(backend: Backend, sess: Session, jobs: list[Job], hold_s: float, *, he
     err_console.print(
         f"holding {len(jobs)} job(s) under session {sess.id} for up to {hold_s:g} s: acknowledge each with "
         f"`aeroqueue complete {jobs[0].list} TOKEN --session {sess.id}` (or `fail`); Ctrl-C releases them",
-        highlight=False,
+        highlight=False, soft_wrap=True,  # one line: a command cut in two does not paste
     )
     try:
         deadline = time.monotonic() + hold_s

@@ -101,7 +101,9 @@ POLICY_FIELDS = ("timeout_s", "backoff_s", "backoff_max_s", "max_attempts")
 
 def status_json(st: Any) -> dict[str, Any]:
     """The documented JSON shape of one list (`status --json`, each row of `lists --json`)."""
-    return {"name": st.name, "mode": st.mode, **{f: getattr(st, f) for f in (*STATUS_FIELDS, *POLICY_FIELDS)}}
+    # `dropping`: a drop that did not finish (README, "Dropping a list"); scripts must see it as the table does.
+    return {"name": st.name, "mode": st.mode, **{f: getattr(st, f) for f in (*STATUS_FIELDS, *POLICY_FIELDS)},
+            "dropping": st.dropping}
 
 
 def _cell(value: Any) -> str:

@@ -26,6 +26,11 @@ CASES = [
     ("emptyid.csv", "id,x\n1,a\n ,b\n", ["emptyid.csv", "line 3", "field 'id'", "empty job id"]),
     ("dup.csv", "id,x\n1,a\n2,b\n1,c\n", ["dup.csv", "line 4", "field 'id'", "duplicate job id '1'", "first at line 2"]),
     ("bad.jsonl", '{"id": 1}\n{"id": 2,\n', ["bad.jsonl", "line 2", "malformed JSON"]),
+    # A line cut short: the decoder placed it at "column 1" of a line 2 (the line's own newline).
+    ("cut.jsonl", '{"id": 1}\n{"id": 2, "x": 1\n', ["cut.jsonl", "line 2", "malformed JSON", "at column 17"]),
+    ("cut-crlf.jsonl", '{"id": 1}\r\n{"id": 2, "x": 1\r\n', ["cut-crlf.jsonl", "line 2", "at column 17"]),
+    ("colon.jsonl", '{"id": 1}\n{"id": 2, "x" 1}\n', ["colon.jsonl", "line 2", "Expecting ':'", "at column 15"]),
+    ("cell.csv", 'id,payload\n1,"{""a"": }"\n', ["cell.csv", "line 2", "field 'payload'", "at character 7 of the cell"]),
     ("noid.jsonl", '{"id": 1}\n{"payload": 2}\n', ["noid.jsonl", "line 2", "field 'id'", "missing job id"]),
     ("notobj.jsonl", '{"id": 1}\n[1, 2]\n', ["notobj.jsonl", "line 2", "expected a JSON object"]),
     ("big.jsonl", '{"id": 1}\n{"id": 2, "payload": "' + "x" * 20_000 + '"}\n', ["big.jsonl", "line 2", "field 'payload'", "over the 10000-byte limit"]),

@@ -118,6 +118,10 @@ def test_an_interrupted_drop_finishes_when_run_again(registered, store_url, queu
     out = CliRunner().invoke(main, ["--url", store_url, "pause", "--resume", list_name])
     assert out.exit_code == 1 and "run the drop again" in out.output, out.output
     assert "a drop did not finish" in CliRunner().invoke(main, ["--url", store_url, "status", list_name]).output
+    as_json = CliRunner().invoke(main, ["--url", store_url, "status", list_name, "--json"])
+    assert as_json.exit_code == 0 and json.loads(as_json.output)["dropping"] is True, as_json.output
+    listed = json.loads(CliRunner().invoke(main, ["--url", store_url, "lists", "--json"]).output)
+    assert [row["dropping"] for row in listed if row["name"] == list_name] == [True]
     assert lists.status(list_name).paused and queue.reserve(list_name, session, 5) == []
     lists.drop(list_name, grace_s=0.1)
     assert leftovers(registered, list_name) == {}
