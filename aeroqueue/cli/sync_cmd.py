@@ -13,6 +13,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -127,6 +128,23 @@ def _log_to_stderr() -> None:
         log.setLevel(logging.INFO)
 
 
+def _plain_interrupts(verbose: bool) -> None:
+    """Ctrl-C during a run ends the command with one line, as it ends every other.
+
+    PySpark's own SIGINT handler calls the JVM (cancelAllJobs) from inside the
+    handler, mostly while the main thread is in the middle of a call on the same
+    py4j socket: 'reentrant call' tracebacks, several of them. The default handler
+    raises KeyboardInterrupt instead, and the command's `finally` stops the context,
+    which cancels its jobs. py4j logs the interrupted call with the root logger's
+    `logging.exception`, which, with no handler there, prints a traceback:
+    unless --verbose, the root logger gets one that keeps them."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    root = logging.getLogger()
+    if not verbose and not root.handlers:
+        root.addHandler(logging.NullHandler())
+
+
 def _no_target(lists: JobLists, store: str, only: tuple[str, ...]) -> SyncError:
     """No --mysql: say what a run would copy, and how to point it somewhere."""
     names = list(only) or lists.names()
@@ -237,7 +255,9 @@ def sync(
     def report(r: SyncReport) -> None:
         click.echo(json.dumps(r.as_dict()) if as_json else str(r))
 
-    spark, created = spark_session(master, verbose=verbose_requested(click.get_current_context()))
+    verbose = verbose_requested(click.get_current_context())
+    spark, created = spark_session(master, verbose=verbose)
+    _plain_interrupts(verbose)
     try:
         if every is None:
             if not as_json and err_console.is_terminal:
@@ -264,6 +284,12 @@ def sync(
             scheduler.stop.set()
         finally:
             signal.signal(signal.SIGTERM, previous)
+    except KeyboardInterrupt:
+        if created and not verbose:
+            # The tasks still running fail as the context stops under them, and Spark
+            # logs each failure, with its stack: what Ctrl-C asked for, not news.
+            spark.sparkContext.setLogLevel("OFF")
+        raise
     finally:
         if created:
             spark.stop()

@@ -4,7 +4,13 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 import uuid
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -141,3 +147,45 @@ def test_progress_reports_rows_copied_per_list(store, store_url, list_name, mysq
     assert all(s.get(list_name, 0) <= 33 for s in seen)
     if store.is_embedded:  # on a shared server, a driver another test killed may have left its own
         assert list(store.scan(keys.SYNC_SET)) == [], "progress records are removed"
+
+
+def _group_runs(pgid: int, needle: bytes) -> bool:
+    """Whether a process of group `pgid` has `needle` in its command line."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[3]) == pgid and needle in (stat.parent / "cmdline").read_bytes():
+                return True
+        except (OSError, ValueError, IndexError):
+            continue
+    return False
+
+
+def test_ctrl_c_during_a_run_ends_it_with_one_line_and_a_rerun_copies_each_job_once(
+    registered, java, store_url, list_name, mysql_db, mysql_url
+):
+    """Ctrl-C reaches the whole process group (the terminal's doing): the command, its
+    JVM and the Python workers of its tasks. PySpark's own SIGINT handler called the
+    JVM from inside the handler while the main thread was in a call on the same
+    socket: a run interrupted mid-task printed 'reentrant call' tracebacks."""
+    make_jobs(registered, list_name, done=3000)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "aeroqueue", "--url", store_url, "sync", "--mysql", mysql_url, "--list", list_name,
+         "--partitions", "4", "--batch-size", "10"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not _group_runs(proc.pid, b"pyspark.daemon") and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None, "the run ended before its tasks were seen: nothing was interrupted"
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "reentrant" not in err, err[-3000:]
+    assert err.rstrip().splitlines()[-1] == "error: interrupted", err[-3000:]
+    again = _sync(store_url, "--mysql", mysql_url, "--list", list_name, "--json")
+    assert again.exit_code == 0, again.output
+    assert_exactly_once(registered, mysql_db, list_name)
