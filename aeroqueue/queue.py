@@ -834,7 +834,7 @@ class Queue:
         self._adopt(job, _ms(job.timeout_s), in_time=True)
         st = transitions.fail(
             self.backend, job.list, job.token, job.session, error, delay_ms=self.backoff_ms(job.list, job.attempt),
-            rid=job.rid, deadline_s=self.busy_deadline_s,
+            rid=job.rid, deadline_s=self.busy_deadline_s, holder=True,
         )
         self._check(job, st)
         return st
@@ -856,7 +856,7 @@ class Queue:
         self._adopt(job, PAST_LIMIT)  # the caller judged it past its limit: so is the claim's
         return transitions.expire(
             self.backend, job.list, job.token, job.session, why, delay_ms=self.backoff_ms(job.list, job.attempt),
-            rid=job.rid, deadline_s=self.busy_deadline_s,
+            rid=job.rid, deadline_s=self.busy_deadline_s, holder=True,
         )
 
     def touch(self, job: Job, seconds: float | None = None) -> float:
@@ -895,7 +895,7 @@ class Queue:
         self._adopt(job, _ms(job.timeout_s))
         return transitions.release(
             self.backend, job.list, job.token, job.session, refund=refund, why=why, rid=job.rid,
-            deadline_s=self.busy_deadline_s,
+            deadline_s=self.busy_deadline_s, holder=True,
         )
 
     def flush(self) -> None:

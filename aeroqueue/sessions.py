@@ -533,8 +533,9 @@ def recount_session(backend: Backend, session_id: str) -> int:
             continue
         held = _held_by(lists, list_name, head)
         # One already offered (`off`: by the pass that released it, maybe pushing it as
-        # this runs, or by another recount) is not offered twice: should its offerer
-        # have died before the push, the sweep finds it.
+        # this runs, by another recount, or by its holder, whose own fail, expire or
+        # release marked it: `transitions.holder_mark`) is not offered twice: should its
+        # offerer have died before the push, the sweep finds it.
         lost = [j for j in jobs if not held(j.bins["token"]) and j.bins.get("off") is None]
         # Fenced as the sweep's are: a job claimed since the scan read it is not offered.
         room = max(0, transitions.RETRY_CAP - len(head.get("retry") or []))

@@ -296,16 +296,19 @@ def is_stale(answer: Any) -> bool:
 
 def job_udf(
     backend: Backend, job_name: str, function: str, *args: Any, deadline_s: float = 5.0, busy_s: float | None = None,
-    tx: str | None = None,
+    tx: str | None = None, off: str | None = None,
 ) -> Any:
     """A job UDF that makes or ends a claim, given every argument up to its request id:
     sent with a fresh `Backend.job_deadline` each time, and repeated while its answer
     is in doubt (a timeout, a node lost, or 'stale': refused, nothing done) until
     `deadline_s`. A repeat answers as the first did, so repeating is safe. A busy key
-    is retried for `busy_s` (default: `deadline_s`). `tx`: a reaper's id for an expire
-    or release (`reaper_tx`), after the deadline, so that a list module that takes none
-    ignores it."""
-    extra = () if tx is None else (tx,)
+    is retried for `busy_s` (default: `deadline_s`). `tx`: the id of a fail, expire or
+    release (`reaper_tx`, `holder_mark`), and `off` (with a `tx`): the mark it leaves on
+    the job, which the caller offers itself right after (aq_job_v1.lua, `end_claim`);
+    both after the deadline, so that a job module that takes neither ignores them."""
+    if off is not None and tx is None:
+        raise ValueError(f"{keys.JOB_MOD}.{function}: an offer mark (off) needs the call's id (tx)")
+    extra = () if tx is None else (tx,) if off is None else (tx, off)
 
     def once() -> Any:
         answer = backend.udf(
@@ -333,6 +336,31 @@ def reaper_tx() -> str:
     return uuid.uuid4().hex
 
 
+# The `off` mark of a job its holder's own fail, expire or release ended: the holder
+# offers it itself (`holder_mark`). Short: it is written on the job's record, which
+# may be near the store's max-record-size, on every such failure.
+HOLDER_OFF = "own"
+
+
+def holder_mark(holder: bool, rid: str) -> tuple[str | None, str | None]:
+    """The `tx` and `off` of a holder's own fail, expire or release (none for another's).
+
+    The holder pushes the job right after the transition, and a paused holder (SIGSTOP,
+    a long GC pause, a VM migration) may do so only after its session was reaped: the
+    reaper's recount (`sessions.recount_session`) found the job queued, ended by the
+    session and in no store, and offered it as well, so it waited twice in the retry
+    store. Marked offered in the transition's own write (`off`), it is left to the
+    holder, at no extra round trip; should the holder die before its push, the sweep
+    finds the job, as it finds one a reaper's pass left unpushed.
+
+    Its id is the claim's request id: the same for every repeat of the call (so a
+    repeat after a lost answer still answers as the first did, and the holder pushes
+    the job nobody else offers), unique to the reservation in any process (the UDF
+    checks the session apart), and never a reaper's: a reaper's call with the same
+    error is not taken for the holder's repeat."""
+    return (rid, HOLDER_OFF) if holder else (None, None)
+
+
 def after_fail(
     backend: Backend, list_name: str, token: int, outcome: str, delay_ms: int = 0,
     offer: Callable[[list[int]], list[int]] | None = None,
@@ -349,55 +377,67 @@ def after_fail(
 
 def _transition(
     backend: Backend, list_name: str, token: int, function: str, *args: Any, delay_ms: int = 0, deadline_s: float = 5.0,
-    tx: str | None = None, offer: Callable[[list[int]], list[int]] | None = None,
+    tx: str | None = None, off: str | None = None, offer: Callable[[list[int]], list[int]] | None = None,
 ) -> str:
     """One job UDF that ends a claim (or buries a job), then its follow-up. Repeated
     while its answer is in doubt, for `deadline_s`: a repeat answers as the first did,
-    and the follow-up is idempotent."""
+    and the follow-up is idempotent. `tx`, `off`: as `job_udf` takes them."""
     name = keys.job_name(list_name, token)
     if function == "bury":  # an operator's decision: no claim, no deadline
         st = str(retry_in_doubt(lambda: backend.udf(keys.JOB_SET, name, keys.JOB_MOD, function, *args), deadline_s=deadline_s))
     else:
-        st = str(job_udf(backend, name, function, *args, deadline_s=deadline_s, tx=tx))
+        st = str(job_udf(backend, name, function, *args, deadline_s=deadline_s, tx=tx, off=off))
     after_fail(backend, list_name, token, st, delay_ms, offer)
     return st
 
 
 def release(
     backend: Backend, list_name: str, token: int, session_id: str, *, refund: bool, why: str, rid: str = "",
-    deadline_s: float = 5.0,
+    deadline_s: float = 5.0, holder: bool = False,
 ) -> str:
     """claimed by `session_id` -> queued (or dead when attempts are used up and the
-    attempt is not refunded); 'released', 'dead', 'not held' or 'missing'."""
+    attempt is not refunded); 'released', 'dead', 'not held' or 'missing'. `holder`:
+    the call is the claim's holder's own (`holder_mark`)."""
+    tx, off = holder_mark(holder, rid)
     return _transition(
-        backend, list_name, token, "release", session_id, 1 if refund else 0, why, rid, deadline_s=deadline_s
+        backend, list_name, token, "release", session_id, 1 if refund else 0, why, rid, deadline_s=deadline_s,
+        tx=tx, off=off,
     )
 
 
 def fail(
     backend: Backend, list_name: str, token: int, session_id: str, error: str, *, delay_ms: int = 0, rid: str = "",
-    deadline_s: float = 5.0,
+    deadline_s: float = 5.0, holder: bool = False,
 ) -> str:
     """claimed by `session_id` (under request id `rid`, when given) -> queued while
     attempts remain ('retry'), or delayed for `delay_ms` (its backoff: 'delayed'), else
-    'dead'; 'lost', 'late' (past its time limit) or 'missing' change nothing."""
+    'dead'; 'lost', 'late' (past its time limit) or 'missing' change nothing.
+    `holder`: the call is the claim's holder's own (`holder_mark`)."""
+    tx, off = holder_mark(holder, rid)
     return _transition(
         backend, list_name, token, "fail", session_id, error_text(error), int(delay_ms), rid, delay_ms=delay_ms,
-        deadline_s=deadline_s,
+        deadline_s=deadline_s, tx=tx, off=off,
     )
 
 
 def expire(
     backend: Backend, list_name: str, token: int, session_id: str, why: str, *, delay_ms: int = 0, rid: str = "",
     deadline_s: float = 5.0, tx: str | None = None, offer: Callable[[list[int]], list[int]] | None = None,
+    holder: bool = False,
 ) -> str:
     """A claim past its time limit ends as a failed attempt (error `why`): 'retry',
     'delayed', 'dead'; 'early' (not past it by the server's clock), 'lost' or
     'missing' change nothing. `tx`: a reaper's id (`reaper_tx`); `offer`: which of
-    the job's token it may push onto the retry store (`sessions._offer`)."""
+    the job's token it may push onto the retry store (`sessions._offer`). `holder`
+    (instead): the call is the claim's holder's own (`holder_mark`)."""
+    off = None
+    if holder:
+        if tx is not None or offer is not None:
+            raise ValueError("expire: a holder's call carries its own id and offers the job itself (no tx, no offer)")
+        tx, off = holder_mark(holder, rid)
     return _transition(
         backend, list_name, token, "expire", session_id, int(delay_ms), why, rid, delay_ms=delay_ms,
-        deadline_s=deadline_s, tx=tx, offer=offer,
+        deadline_s=deadline_s, tx=tx, off=off, offer=offer,
     )
 
 

@@ -83,6 +83,9 @@ PREFETCH_MAX = 100
 # least once a reap interval): not on every tick.
 UNTIL_COMPLETE_CHECK_S = 1.0
 PREFETCH_HOLD_S = 0.02
+# How long a worker whose session was lost waits for acknowledgements under way: a
+# transition's call and its push, each repeated up to 5 s while in doubt.
+LOST_ACK_WAIT_S = 10.0
 POOLS = ("thread", "process")
 
 
@@ -583,6 +586,9 @@ class Worker:
                 with self._in_flight_lock:
                     if id(job) in self._abandoned:  # given back at the drain deadline already
                         return "abandoned"
+                    # No handler runs any more: what follows is an acknowledgement, which
+                    # a worker whose session is lost lets finish (`_await_acks`).
+                    self._runner_of.pop(job.name, None)
                 return self._timed_out(job)
         else:
             ok, value = run_handler(job, self.handler)
@@ -850,6 +856,15 @@ class Worker:
                 if job.name in self._reserved_at:
                     self._reserved_at[job.name] = time.monotonic()
 
+    def _await_acks(self, give_up: float) -> None:
+        """Wait, until `give_up` (monotonic), for the threads acknowledging a job: in
+        flight, its handler returned."""
+        while time.monotonic() < give_up:
+            with self._in_flight_lock:
+                if all(name in self._runner_of for name in self._in_flight):
+                    return
+            time.sleep(0.01)
+
     def _forget(self, name: str) -> None:
         """A job's claim is over for this worker (call with the lock held)."""
         self._in_flight.pop(name, None)
@@ -1004,6 +1019,11 @@ class Worker:
             except AeroqueueError as e:
                 log.warning("last heartbeat failed", extra={"event": "heartbeat_failed", "error": str(e)})
         if session.lost:
+            # An acknowledgement under way (sent before the session was known lost) may
+            # have ended its claim and not offered the job yet: its thread is the only
+            # one that will, the transition having marked the job offered
+            # (`transitions.holder_mark`: a reaper's recount leaves it). It is let finish.
+            self._await_acks(time.monotonic() + LOST_ACK_WAIT_S)
             # The handlers still running are not waited for: their jobs end here, unacked
             # (their threads discard what comes back, as at the drain deadline), not
             # after the last count was logged, or never, the process gone by then.

@@ -32,9 +32,10 @@
 --   err      string    the last failure
 --   errs     list      the last 10 failures, oldest first: map{at, err}
 --   synced   integer   server ms when the sync copied it to MySQL (absent: not yet)
---   tx       string    the id a reaper gave the call (expire, release) that ended the
---                      last claim, when it gave one: its repeat is told from the same
---                      call made by another reaper (see `repeated`)
+--   tx       string    the id the call (fail, expire, release) that ended the last
+--                      claim gave, when it gave one (a reaper's for its pass, a holder's
+--                      the claim's request id): its repeat is told from the same call
+--                      made by another (see `repeated`)
 --   snz      string    the request id of the last claim that ended snoozed: a snooze
 --                      repeated after a lost answer is told from one after a fail
 --   kicked   integer   server ms of the last kick. A kicked job is pushed onto the
@@ -44,9 +45,11 @@
 --                      `_lease`), so that its two copies are fenced by one claim
 --   swept    integer   server ms when a sweeper last offered it again, written
 --                      natively (aeroqueue/sessions.py, `_fence`) under a generation check
---   off      string    who offered it again since its last claim ended (the release
---                      pass's `tx`, or 'sweep'), written natively (aeroqueue/sessions.py,
---                      `_offer` and `_fence`); cleared when a claim ends
+--   off      string    who offered it again since its last claim ended: the call that
+--                      ended it, when it offers the job itself right after ('own': a
+--                      holder's own fail, expire or release, its `off` argument), or,
+--                      written natively afterwards, the release pass's `tx` or 'sweep'
+--                      (aeroqueue/sessions.py, `_offer` and `_fence`)
 --
 -- States (README, "The life of a job"): queued -> claimed -> done;
 -- claimed -> queued | delayed (fail or time limit with attempts left: delayed
@@ -102,14 +105,16 @@ end
 -- Ends `sess`'s claim as a failed attempt (fail, time limit, release): the job
 -- goes dead when `dead`, else back to waiting, answering `queued_status` (or
 -- 'delayed' when a backoff applies). The session moves to `by`, and the call's
--- id ('' for none) to `tx`, so a retried call is recognised; nobody has offered
--- the job again yet (`off`).
-local function end_claim(rec, sess, why, dead, queued_status, delay_ms, tx)
+-- id ('' for none) to `tx`, so a retried call is recognised. `off`: the mark of
+-- a caller that offers the job itself right after (a holder: a marking write of
+-- its own would cost its every failure a round trip), so that a reaper recounting
+-- the session, reaped meanwhile, leaves the job to it. nil: not offered yet.
+local function end_claim(rec, sess, why, dead, queued_status, delay_ms, tx, off)
   local t = now()
   add_err(rec, t, why)
   unclaim(rec, sess)
   rec['tx'] = tx or ''
-  rec['off'] = nil
+  rec['off'] = off
   if dead then
     rec['state'] = 'dead'
     rec['done_at'] = t
@@ -139,6 +144,8 @@ end
 -- claim at once, with the same error: each gives its call an id (`tx`), so that
 -- only a repeat of the call that made the transition answers as it did. The
 -- other answers 'lost' or 'not held', and does not offer the job a second time.
+-- The holder's own call gives one too, its claim's request id (the same for every
+-- repeat of it): a reaper's call with the same error is not taken for its repeat.
 local function repeated(rec, sess, why, queued_status, rid, tx)
   if rec['by'] ~= sess or rec['err'] ~= why or not same_claim(rec, rid) then return nil end
   if tx ~= nil and rec['tx'] ~= tx then return nil end
@@ -224,48 +231,49 @@ function complete(rec, sess, results, rid, deadline)
   return 'ok'
 end
 
--- fail(rec, sess, err, delay_ms, rid, deadline) -> 'retry' | 'delayed' | 'dead' | 'lost' | 'late' | 'missing' | 'stale'
+-- fail(rec, sess, err, delay_ms, rid, deadline, tx, off) -> 'retry' | 'delayed' | 'dead' | 'lost' | 'late' | 'missing' | 'stale'
 --   claimed by `sess` -> waiting again while attempts remain: 'delayed' for
 --   delay_ms (the backoff) when it is positive, else 'retry' (the caller
 --   offers it again), or 'dead' (the caller sets its dead bit). The error joins
 --   the job's history. A retried fail that already took effect answers the same,
 --   so the caller redoes its (idempotent) follow-up. 'late': the time limit ran
---   out first; the reaper records that failure instead.
-function fail(rec, sess, err, delay_ms, rid, deadline)
+--   out first; the reaper records that failure instead. `tx`, `off` (nil: none):
+--   the call's id (see `repeated`) and its mark (see `end_claim`).
+function fail(rec, sess, err, delay_ms, rid, deadline, tx, off)
   if stale(deadline) then return 'stale' end
   if not aerospike:exists(rec) then return 'missing' end
-  if not holds(rec, sess, rid) then return repeated(rec, sess, err, 'retry', rid) or 'lost' end
+  if not holds(rec, sess, rid) then return repeated(rec, sess, err, 'retry', rid, tx) or 'lost' end
   if late(rec, now()) then return 'late' end
-  return end_claim(rec, sess, err, rec['att'] >= rec['max_att'], 'retry', delay_ms)
+  return end_claim(rec, sess, err, rec['att'] >= rec['max_att'], 'retry', delay_ms, tx, off)
 end
 
--- expire(rec, sess, delay_ms, why, rid, deadline, tx) -> 'retry' | 'delayed' | 'dead' | 'early' | 'lost' | 'missing' | 'stale'
+-- expire(rec, sess, delay_ms, why, rid, deadline, tx, off) -> 'retry' | 'delayed' | 'dead' | 'early' | 'lost' | 'missing' | 'stale'
 --   A claim of `sess` past its time limit ends as a failed attempt whose error
 --   is `why` (the reaper, or the worker that stopped waiting for the handler).
 --   'early': the limit has not run out by the server's clock; nothing changes.
---   `tx` (nil: none): the reaper's id for this call (see `repeated`).
-function expire(rec, sess, delay_ms, why, rid, deadline, tx)
+--   `tx`, `off` (nil: none): the call's id (see `repeated`) and its mark (see `end_claim`).
+function expire(rec, sess, delay_ms, why, rid, deadline, tx, off)
   if stale(deadline) then return 'stale' end
   if not aerospike:exists(rec) then return 'missing' end
   if not holds(rec, sess, rid) then return repeated(rec, sess, why, 'retry', rid, tx) or 'lost' end
   if not late(rec, now()) then return 'early' end
-  return end_claim(rec, sess, why, rec['att'] >= rec['max_att'], 'retry', delay_ms, tx)
+  return end_claim(rec, sess, why, rec['att'] >= rec['max_att'], 'retry', delay_ms, tx, off)
 end
 
--- release(rec, sess, refund, why, rid, deadline, tx) -> 'released' | 'dead' | 'not held' | 'missing' | 'stale'
+-- release(rec, sess, refund, why, rid, deadline, tx, off) -> 'released' | 'dead' | 'not held' | 'missing' | 'stale'
 --   claimed by `sess` -> queued (a session closing or reaped gives its jobs
 --   back). refund = 1 returns the attempt (a graceful release); a reaped
 --   session's claim keeps it, so a job that kills its worker every time
 --   ends dead instead of looping. A retried release that already took effect
---   answers the same, so the caller redoes its follow-up. `tx`: as for expire.
-function release(rec, sess, refund, why, rid, deadline, tx)
+--   answers the same, so the caller redoes its follow-up. `tx`, `off`: as for expire.
+function release(rec, sess, refund, why, rid, deadline, tx, off)
   if stale(deadline) then return 'stale' end
   if not aerospike:exists(rec) then return 'missing' end
   if not holds(rec, sess, rid) then return repeated(rec, sess, why, 'released', rid, tx) or 'not held' end
   local att = rec['att']
   if refund == 1 and att > 0 then att = att - 1 end
   rec['att'] = att
-  return end_claim(rec, sess, why, refund ~= 1 and att >= rec['max_att'], 'released', 0, tx)
+  return end_claim(rec, sess, why, refund ~= 1 and att >= rec['max_att'], 'released', 0, tx, off)
 end
 
 -- snooze(rec, sess, delay_ms, rid, deadline) -> 'delayed' | 'lost' | 'late' | 'missing' | 'stale'

@@ -1,7 +1,8 @@
 """Reapers racing each other on every store: every worker runs one, and so does
-`aeroqueue reap`, so two often end the same claims at once. Each job they give
-back must wait once in the retry store (counted waiting once, and offered once),
-and every job must be done exactly once in the end."""
+`aeroqueue reap`, so two often end the same claims at once; and racing a holder
+that ends its own claims as its session is reaped. Each job they give back must
+wait once in the retry store (counted waiting once, and offered once), and every
+job must be done exactly once in the end."""
 
 from __future__ import annotations
 
@@ -11,12 +12,16 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from aeroqueue import keys
 from aeroqueue.backends import Backend, open_backend
+from aeroqueue.errors import ClaimLost
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
-from aeroqueue.queue import Queue
+from aeroqueue.queue import Job, Queue
 from aeroqueue.sessions import ReapReport, Session, expire_overdue, reap
+from aeroqueue.worker import EXIT_SESSION_LOST, Worker
 from tests.conftest import mark_reaping
 
 N = 30
@@ -208,3 +213,142 @@ def test_a_reaper_recounting_while_another_has_yet_to_push_an_overdue_claim_offe
     assert registered.get(keys.SESS_SET, holder.id) is None
     _waits_once(lists, list_name)
     _drain(queue, lists, registered, list_name)
+
+
+def _end(queue: Queue, job: Job, how: str) -> str:
+    """The holder's own end of its claim, as a worker makes it."""
+    if how == "fail":
+        return queue.fail(job, "boom")
+    if how == "expire":
+        return queue.expire(job)
+    return queue.release(job, "worker draining")
+
+
+@pytest.mark.parametrize("how", ["fail", "expire", "release"])
+def test_a_holder_ending_its_claim_while_its_session_is_reaped_offers_the_job_once(
+    registered, lists, queue, store_url, list_name, monkeypatch, how,
+):
+    """A holder's own fail, expire (its handler ran past the limit) or release lands,
+    and the holder stops (SIGSTOP, a GC pause) before its push, past its session's
+    expiry: a reaper takes the session up, finds the job no longer claimed, and its
+    recount finds it queued, ended by the session and in no store, so it offers it.
+    Then the holder resumed and pushed it too: the job waited twice, and ran while
+    its copy was counted waiting. Marked offered in the transition itself, it is
+    left to the holder."""
+    lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(N)], timeout_s=0.3, backoff_s=0, max_attempts=10,
+               seal=True)
+    holder_backend, reaper = open_backend(store_url), open_backend(store_url)
+    holder = Session.open(holder_backend, heartbeat=False)
+    mine = Queue(holder_backend)
+    jobs = mine.reserve(list_name, holder, N)
+    assert len(jobs) == N
+    if how == "expire":
+        time.sleep(0.5)  # past the time limit
+    ended, reaped = threading.Event(), threading.Event()
+    udf = holder_backend.udf
+
+    def push_after_reap(set_name: str, name: str, module: str, function: str, *args: Any, **kwargs: Any) -> Any:
+        if (set_name, function) == (keys.LIST_SET, "push_retry") and not reaped.is_set():
+            ended.set()  # the holder's transition landed; its push is next
+            assert reaped.wait(60), "the reaper never finished"
+        return udf(set_name, name, module, function, *args, **kwargs)
+
+    monkeypatch.setattr(holder_backend, "udf", push_after_reap)
+    outcomes: list[str] = []
+
+    def hold() -> ReapReport:
+        for job in jobs:
+            try:
+                outcomes.append(_end(mine, job, how))
+            except ClaimLost:
+                outcomes.append("lost")
+        return ReapReport(0, 0)
+
+    def reap_it() -> ReapReport:
+        try:
+            assert ended.wait(60), "the holder never ended a claim"
+            mark_reaping(registered, holder.id)  # past its expiry: a reaper takes it
+            return reap(reaper)
+        finally:
+            reaped.set()
+
+    try:
+        reports = _at_once(hold, reap_it)
+    finally:
+        holder_backend.close()
+        reaper.close()
+    # The first job ended by its holder, the others released by the reaper.
+    assert outcomes[0] in ("retry", "released") and set(outcomes[1:]) <= {"lost", "not held"}, outcomes
+    assert reports[1].released >= N - 1, reports  # more: others' sessions left on a shared server
+    assert registered.get(keys.SESS_SET, holder.id) is None
+    _waits_once(lists, list_name)
+    _drain(queue, lists, registered, list_name)
+
+
+def test_a_holder_releasing_with_a_reapers_words_is_not_taken_for_its_repeat(registered, lists, queue, list_name):
+    """A reaper released a session's claims ('session expired', the attempt kept); the
+    holder, resumed, releases one the same way. The job UDF took that for a repeat of
+    its own call (same session, error and claim) and answered 'released': the holder
+    pushed the job the reaper had pushed already. The holder's call has an id of its
+    own: only its own repeat answers so."""
+    lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(N)], backoff_s=0, max_attempts=10, seal=True)
+    holder = Session.open(registered, heartbeat=False)
+    jobs = queue.reserve(list_name, holder, N)
+    assert len(jobs) == N
+    mark_reaping(registered, holder.id)
+    assert reap(registered).released == N
+    assert {queue.release(job, "session expired", refund=False) for job in jobs} == {"not held"}
+    _waits_once(lists, list_name)
+    _drain(queue, lists, registered, list_name)
+
+
+def test_a_worker_whose_session_is_lost_mid_acknowledgement_offers_the_job_before_it_exits(
+    registered, lists, store_url, list_name, monkeypatch,
+):
+    """A worker's failure of a job landed, and before its push the session was reaped
+    (the process was stopped past its expiry). The reaper's recount leaves the job to
+    its holder (marked offered with the failure), but the worker, finding its session
+    lost, exited without waiting for the thread that was acknowledging: the process
+    ended before the push, and the job waited in no store, for a sweep."""
+    lists.load(list_name, [JobSpec("j0", {})], backoff_s=0, max_attempts=10, seal=True)
+    mine, reaper = open_backend(store_url), open_backend(store_url)
+
+    def handler(job: Job) -> None:
+        raise RuntimeError("boom")
+
+    w = Worker(mine, handler, [list_name], interval_s=0.1, expiry_s=1.0, idle_s=0.05, reap_every_s=60,
+               ack_linger_s=0)
+    go = threading.Event()  # the worker waits for acknowledgements under way, or is gone
+    reaped: list[ReapReport] = []
+    udf = mine.udf
+
+    def reaped_before_push(set_name: str, name: str, module: str, function: str, *args: Any, **kwargs: Any) -> Any:
+        # This list's: the worker's own reaper may push others' jobs (a shared server).
+        if (set_name, name, function) == (keys.LIST_SET, list_name, "push_retry") and not reaped:
+            assert w.session is not None
+            mark_reaping(registered, w.session.id)  # stopped past its expiry: a reaper takes it
+            reaped.append(reap(reaper))
+            assert go.wait(60), "the worker never stopped"
+        return udf(set_name, name, module, function, *args, **kwargs)
+
+    monkeypatch.setattr(mine, "udf", reaped_before_push)
+    await_acks = getattr(w, "_await_acks", None)
+
+    def awaiting(give_up: float) -> None:
+        go.set()
+        if await_acks is not None:
+            await_acks(give_up)
+
+    monkeypatch.setattr(w, "_await_acks", awaiting, raising=False)  # absent: nothing waited for
+    try:
+        assert w.run(install_signals=False) == EXIT_SESSION_LOST
+        retry = lists.header(list_name).get("retry") or []
+    finally:
+        go.set()
+        reaper.close()
+        mine.close()
+    assert reaped, "the worker's failure was never pushed"
+    assert w.session is not None and registered.get(keys.SESS_SET, w.session.id) is None
+    assert retry == [0], f"retry store {retry} as the worker exited"
+    bins = registered.get(keys.JOB_SET, keys.job_name(list_name, 0)).bins
+    assert (bins["state"], bins["att"]) == ("queued", 1), bins
