@@ -254,8 +254,8 @@ class JobLists:
         # kick moves it to the retry store and out of the schedule, a delayed load's
         # range (into its skip), the token store ahead (into `timed`) or an unpopped
         # ID-mode chunk (transitions._unchunk); a kick cut short may leave it in both
-        # for a while. A repeated push leaves it twice in the retry store; a bury
-        # leaves it where it was, finished.
+        # for a while. A push repeated after a lost answer adds no token the store
+        # holds, but one taken in between again; a bury leaves it where it was, finished.
         retry_set = {t for t in head.get("retry") or [] if not finished(t)}
         retry = len(retry_set)
         scheduled = {t for items in (head.get("sched") or {}).values() for t in items if not isinstance(t, list)}
@@ -413,9 +413,9 @@ class JobLists:
     def _bits(self, name: str, alloc: int) -> tuple[int, int, _Finished, _Finished]:
         """Done and dead bits set, which tokens have either, and which are void (hold
         no job: load.void_bits). A retry store entry whose job finished is a
-        duplicate, pending nothing: a release or requeue repeated after a lost answer
-        pushes a token twice (rather than strand it), the job runs once, and a take
-        skips the second entry."""
+        duplicate, pending nothing: a release or requeue repeated after a lost answer,
+        its first push taken meanwhile, pushes a token twice (rather than strand it),
+        the job runs once, and a take skips the second entry."""
         done = dead = 0
         maps: dict[int, int] = {}
         voids: dict[int, int] = {}

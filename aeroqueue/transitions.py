@@ -13,9 +13,9 @@ here and nowhere else:
 - ``kick``: the ``dead`` bit cleared, then back onto the retry store and off
   the schedule, and the list's completion time cleared.
 
-Every follow-up is idempotent (a bit set twice counts once; a token twice in
-the retry store is claimed once), so a transition whose answer was lost is
-simply repeated.
+Every follow-up is idempotent (a bit set twice counts once; a push repeated
+after a lost answer adds no token the store holds already), so a transition
+whose answer was lost is simply repeated.
 
 Completion bits are written in bulk: a bitmap chunk is an 8 KiB record, and
 rewriting it for every job cost as much server time as the job's own claim.
@@ -132,11 +132,17 @@ def push_retry(backend: Backend, list_name: str, tokens: list[int]) -> int:
     Returns how many fit; the rest stay queued for the sweeper to find."""
     if not tokens:
         return 0
-    # Repeated after a lost answer it may push a token twice: harmless (see above).
-    accepted: int = retry_in_doubt(
-        lambda: backend.udf(keys.LIST_SET, list_name, keys.LIST_MOD, "push_retry", tokens, RETRY_CAP)
-    )
-    return accepted
+    # A repeat after a lost answer says so: the first push may have landed, and a
+    # token twice in the store would count its job waiting while it runs.
+    calls = 0
+
+    def push() -> int:
+        nonlocal calls
+        calls += 1
+        again = (1,) if calls > 1 else ()
+        return int(backend.udf(keys.LIST_SET, list_name, keys.LIST_MOD, "push_retry", tokens, RETRY_CAP, *again))
+
+    return retry_in_doubt(push)
 
 
 def schedule(backend: Backend, list_name: str, tokens: list[int], delay_ms: int) -> int:

@@ -716,17 +716,28 @@ function advance(rec, seen)
   return cursor
 end
 
--- push_retry(rec, tokens, cap) -> integer accepted
+-- push_retry(rec, tokens, cap, again) -> integer accepted
 --   Jobs that came back go to the retry store, up to `cap` entries (the
 --   record-size limit); the caller leaves the rest queued for the sweeper.
-function push_retry(rec, tokens, cap)
+--   again = 1: a repeat of a push whose answer was lost, which may have landed:
+--   a token already in the store is not added twice (counted waiting twice while
+--   its one job runs). Only then, as that costs a pass over the whole store.
+function push_retry(rec, tokens, cap, again)
   if not live(rec) then return 0 end
   local retry = rec['retry']
+  local present = nil
+  if again == 1 then
+    present = map()
+    for t in list.iterator(retry) do present[t] = 1 end
+  end
   local room = cap - list.size(retry)
   local accepted = 0
   for t in list.iterator(tokens) do
     if accepted >= room then break end
-    list.append(retry, t)
+    if present == nil or present[t] == nil then
+      list.append(retry, t)
+      if present ~= nil then present[t] = 1 end
+    end
     accepted = accepted + 1
   end
   if accepted > 0 then

@@ -364,3 +364,33 @@ def test_a_python_payload_with_tuples_and_integer_keys_loads_on_either_store(que
     lists.load(list_name, [("j", {"t": (1, (2, 3)), 7: "seven"})])
     (job,) = queue.reserve(list_name, session, 1)
     assert job.payload == {7: "seven", "t": [1, [2, 3]]}
+
+
+def test_a_failure_whose_push_answer_was_lost_waits_once(queue, lists, list_name, session, registered):
+    """The push onto the retry store landed, its answer did not, and it was repeated:
+    the job is in the store once, not counted waiting twice while it runs again."""
+    lists.load(list_name, specs(2), max_attempts=3, backoff_s=0)
+    [job] = queue.reserve(list_name, session)
+    real_apply = registered.apply
+    lost = []
+
+    def apply(set_name, name, module, function, *args):
+        answer = real_apply(set_name, name, module, function, *args)
+        if function == "push_retry" and not lost:
+            lost.append(answer)
+            raise errors.BackendTimeout("push_retry: the answer was lost")
+        return answer
+
+    registered.apply = apply
+    try:
+        assert queue.fail(job, "boom") == "retry"
+    finally:
+        del registered.apply
+    assert lost == [1], "the first push landed, and its answer was lost"
+    assert lists.header(list_name)["retry"] == [job.token]
+    st = lists.status(list_name)
+    assert (st.retry_pending, st.in_flight) == (1, 0)
+    again = queue.reserve(list_name, session, 5)
+    assert sorted(j.jid for j in again) == ["job-0", "job-1"]
+    st = lists.status(list_name)
+    assert (st.retry_pending, st.reservable, st.in_flight) == (0, 0, 2), "nothing left waiting for a running job"
