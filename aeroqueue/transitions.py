@@ -150,11 +150,18 @@ def schedule(backend: Backend, list_name: str, tokens: list[int], delay_ms: int)
     Returns how many fit; the rest stay delayed in their records for the sweeper."""
     if not tokens:
         return 0
-    # Repeated after a lost answer it may schedule a token twice: harmless, as above.
-    accepted: int = retry_in_doubt(
-        lambda: backend.udf(keys.LIST_SET, list_name, keys.LIST_MOD, "schedule", tokens, max(0, int(delay_ms)), SCHED_CAP)
-    )
-    return accepted
+    # A repeat after a lost answer says so, as `push_retry`'s does.
+    calls = 0
+
+    def put() -> int:
+        nonlocal calls
+        calls += 1
+        again = (1,) if calls > 1 else ()
+        return int(backend.udf(
+            keys.LIST_SET, list_name, keys.LIST_MOD, "schedule", tokens, max(0, int(delay_ms)), SCHED_CAP, *again
+        ))
+
+    return retry_in_doubt(put)
 
 
 def backoff_ms(attempt: int, base_ms: int, cap_ms: int, rng: random.Random | None = None) -> int:

@@ -223,18 +223,41 @@ local function pass_gates_ids(rec, cursor, t)
   return cursor, changed
 end
 
--- schedule(rec, tokens, delay_ms, cap) -> integer accepted
+-- Tokens in the schedule or the retry store: what a repeated offer must not add again.
+local function offered(rec)
+  local present = map()
+  local sched = rec['sched']
+  if sched ~= nil then
+    for _, items in map.pairs(sched) do
+      for item in list.iterator(items) do
+        if type(item) == 'number' then present[item] = 1 end
+      end
+    end
+  end
+  local retry = rec['retry']
+  if retry ~= nil then
+    for t in list.iterator(retry) do present[t] = 1 end
+  end
+  return present
+end
+
+-- schedule(rec, tokens, delay_ms, cap, again) -> integer accepted
 --   Jobs that wait (a backoff, a snooze, a delayed job found early) come back
 --   delay_ms from now by the server's clock, up to `cap` tokens in sched; the
 --   caller leaves the rest in their records (state delayed) for the sweeper.
-function schedule(rec, tokens, delay_ms, cap)
+--   again = 1: a repeat of a call whose answer was lost, which may have landed
+--   (and, due since, moved to the retry store): a token found in either is not
+--   added twice. Only then, as that costs a pass over both.
+function schedule(rec, tokens, delay_ms, cap, again)
   if not live(rec) then return 0 end
   local t = now()
   local due = t + delay_ms
+  local present = nil
+  if again == 1 then present = offered(rec) end
   local accepted = 0
   for tok in list.iterator(tokens) do
     if (rec['nsch'] or 0) >= cap then break end
-    sched_add(rec, due, tok, 1, t)
+    if present == nil or present[tok] == nil then sched_add(rec, due, tok, 1, t) end
     accepted = accepted + 1
   end
   if accepted > 0 then aerospike:update(rec) end
@@ -727,6 +750,8 @@ function push_retry(rec, tokens, cap, again)
   local retry = rec['retry']
   local present = nil
   if again == 1 then
+    -- The retry store only: a kick pushes a token the schedule holds, then takes
+    -- it off the schedule; skipped for being there, it would be left in neither.
     present = map()
     for t in list.iterator(retry) do present[t] = 1 end
   end

@@ -13,6 +13,7 @@ from aeroqueue import errors, keys
 from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Queue
 from aeroqueue.sessions import Session
+from tests.waiting import wait_for
 
 
 def specs(n: int, start: int = 0) -> list[JobSpec]:
@@ -366,22 +367,29 @@ def test_a_python_payload_with_tuples_and_integer_keys_loads_on_either_store(que
     assert job.payload == {7: "seven", "t": [1, [2, 3]]}
 
 
+def _first_answer_lost(backend, function: str) -> list:
+    """`backend`'s first call of list UDF `function` takes effect and its answer is
+    lost (BackendTimeout); returns the list that collects that answer."""
+    real_apply = backend.apply
+    lost: list = []
+
+    def apply(set_name, name, module, fn, *args):
+        answer = real_apply(set_name, name, module, fn, *args)
+        if fn == function and not lost:
+            lost.append(answer)
+            raise errors.BackendTimeout(f"{function}: the answer was lost")
+        return answer
+
+    backend.apply = apply
+    return lost
+
+
 def test_a_failure_whose_push_answer_was_lost_waits_once(queue, lists, list_name, session, registered):
     """The push onto the retry store landed, its answer did not, and it was repeated:
     the job is in the store once, not counted waiting twice while it runs again."""
     lists.load(list_name, specs(2), max_attempts=3, backoff_s=0)
     [job] = queue.reserve(list_name, session)
-    real_apply = registered.apply
-    lost = []
-
-    def apply(set_name, name, module, function, *args):
-        answer = real_apply(set_name, name, module, function, *args)
-        if function == "push_retry" and not lost:
-            lost.append(answer)
-            raise errors.BackendTimeout("push_retry: the answer was lost")
-        return answer
-
-    registered.apply = apply
+    lost = _first_answer_lost(registered, "push_retry")
     try:
         assert queue.fail(job, "boom") == "retry"
     finally:
@@ -394,3 +402,22 @@ def test_a_failure_whose_push_answer_was_lost_waits_once(queue, lists, list_name
     assert sorted(j.jid for j in again) == ["job-0", "job-1"]
     st = lists.status(list_name)
     assert (st.retry_pending, st.reservable, st.in_flight) == (0, 0, 2), "nothing left waiting for a running job"
+
+
+def test_a_backoff_whose_schedule_answer_was_lost_is_scheduled_once(queue, lists, list_name, session, registered):
+    lists.load(list_name, specs(1), max_attempts=3, backoff_s=0.3, backoff_max_s=0.3)
+    [job] = queue.reserve(list_name, session)
+    lost = _first_answer_lost(registered, "schedule")
+    try:
+        assert queue.fail(job, "boom") == "delayed"
+    finally:
+        del registered.apply
+    assert lost == [1], "the first call landed, and its answer was lost"
+    head = lists.header(list_name)
+    scheduled = [t for items in head["sched"].values() for t in items if not isinstance(t, list)]
+    assert scheduled == [job.token] and head["nsch"] == 1
+    [again] = wait_for("the job back after its backoff", lambda: queue.reserve(list_name, session, 5), 10)
+    assert again.attempt == 2
+    assert lists.header(list_name)["retry"] == [], "no second copy came due behind it"
+    st = lists.status(list_name)
+    assert (st.delayed, st.retry_pending, st.in_flight) == (0, 0, 1)
