@@ -627,8 +627,10 @@ class Worker:
             self._stopping.wait(self.selector.wait_s())
             return []
         jobs: list[Job] = []
+        found = False  # the list answered (jobs or none): it is there
         try:
             jobs = self._reserve(session, name)
+            found = True
         except SessionLost:
             pass
         except ListNotFound as e:
@@ -643,10 +645,10 @@ class Worker:
             # pause on an empty answer: the selector skips that list for a while, and
             # the next pick goes to another list at once, or waits when none is ready.
             (self.selector.got if jobs else self.selector.empty)(name)
+        if found and self._warned:  # there again, if empty: should it go missing again, say so again
+            self._warned.discard(f"missing:{name}")
         if not jobs:
             return []
-        if self._warned:  # it is there again: should it go missing again, say so again
-            self._warned.discard(f"missing:{name}")
         self._hold(jobs)
         self.counters.add("reserved", len(jobs))
         self.observer.reserved(jobs[0].list, len(jobs))

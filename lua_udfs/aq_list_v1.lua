@@ -756,16 +756,18 @@ function push_retry(rec, tokens, cap, again)
     for t in list.iterator(retry) do present[t] = 1 end
   end
   local room = cap - list.size(retry)
-  local accepted = 0
+  local accepted, added = 0, 0
   for t in list.iterator(tokens) do
-    if accepted >= room then break end
+    -- One the first push left there fits, whatever the room left: it takes none.
     if present == nil or present[t] == nil then
+      if added >= room then break end
       list.append(retry, t)
+      added = added + 1
       if present ~= nil then present[t] = 1 end
     end
     accepted = accepted + 1
   end
-  if accepted > 0 then
+  if added > 0 then
     rec['retry'] = retry
     aerospike:update(rec)
   end

@@ -183,7 +183,8 @@ class Backend:
         1 s, when it sets none or 0: no limit); a scan page or an index query
         `scan_ms`, as a total_timeout only: a short socket_timeout would fail a
         healthy scan, whose socket stays silent while the server walks a big
-        namespace for the few records of a small set. Writes keep their policies,
+        namespace for the few records of a small set. Writes keep their policies
+        (a write's in-doubt repeats inside the block stop at the read limit too),
         and other threads' reads theirs (the sync's scans are never bounded). The
         embedded store accepts the policies and has nothing to wait for on a read."""
         if self._read_ms is None:

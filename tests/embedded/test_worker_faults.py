@@ -118,3 +118,44 @@ def test_a_list_missing_again_after_it_came_back_is_reported_again(tmp_path, cap
             t.join(10)
     assert not t.is_alive()
     assert all("later" in r.error for r in missing())
+
+
+def test_a_list_missing_again_after_it_came_back_empty_is_reported_again(tmp_path, caplog):
+    """Back with no job to take (created empty, or emptied by other workers) it is
+    there all the same: dropped again, its second absence is said too."""
+    import threading
+
+    from tests.waiting import wait_for
+
+    backend = open_backend(f"embedded://{tmp_path / 's.db'}")
+    udfs.register(backend)
+    lists = JobLists(backend)
+    w = Worker(backend, lambda job: None, ["later"], concurrency=1, interval_s=0.1, expiry_s=1.0,
+               idle_s=0.01, until_complete=False, idle_max_s=0.05)
+    answered: list[int] = []  # reservations the list answered (no job: it is empty)
+    reserve = w._reserve
+
+    def counted(session, name):
+        jobs = reserve(session, name)
+        answered.append(len(jobs))
+        return jobs
+
+    w._reserve = counted  # type: ignore[method-assign]
+
+    def missing() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if getattr(r, "event", "") == "list_missing"]
+
+    with caplog.at_level(logging.WARNING, logger="aeroqueue.worker"):
+        t = threading.Thread(target=w.run, kwargs={"install_signals": False})
+        t.start()
+        try:
+            wait_for("the first absence said", lambda: len(missing()) == 1, 10)
+            lists.create("later")
+            wait_for("the empty list polled", lambda: answered.count(0) >= 1, 10)
+            lists.drop("later", grace_s=0)
+            wait_for("the second absence said", lambda: len(missing()) == 2, 10)
+        finally:
+            w.request_stop()
+            t.join(10)
+    assert not t.is_alive()
+    assert all("later" in r.error for r in missing())

@@ -421,3 +421,17 @@ def test_a_backoff_whose_schedule_answer_was_lost_is_scheduled_once(queue, lists
     assert lists.header(list_name)["retry"] == [], "no second copy came due behind it"
     st = lists.status(list_name)
     assert (st.delayed, st.retry_pending, st.in_flight) == (0, 0, 1)
+
+
+def test_a_push_repeated_into_a_full_retry_store_counts_the_tokens_it_finds_there(lists, list_name, registered):
+    """The first push filled the store and its answer was lost: the repeat finds its
+    tokens there and answers they fit (the sweep counts them offered), adding none."""
+    lists.load(list_name, specs(3))
+
+    def push(tokens: list[int], *again: int) -> int:
+        return int(registered.udf(keys.LIST_SET, list_name, keys.LIST_MOD, "push_retry", tokens, 2, *again))
+
+    assert push([0, 1]) == 2
+    assert push([0, 1], 1) == 2
+    assert push([1, 2], 1) == 1, "one there already; the other finds no room"
+    assert lists.header(list_name)["retry"] == [0, 1]

@@ -178,6 +178,7 @@ def test_ctrl_c_during_a_run_ends_it_with_one_line_and_a_rerun_copies_each_job_o
         while not _group_runs(proc.pid, b"pyspark.daemon") and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert proc.poll() is None, "the run ended before its tasks were seen: nothing was interrupted"
+        assert _group_runs(proc.pid, b"pyspark.daemon"), "no task of the run was seen within 120 s"
         os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=120)
     finally:
