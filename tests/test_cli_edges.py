@@ -184,6 +184,17 @@ def test_every_error_is_one_line_with_its_exit_status(tmp_path, args, code, says
     assert says in one_error_line(out, code)
 
 
+def test_session_timing_that_does_not_fit_names_where_each_value_came_from(tmp_path):
+    """A value read from AEROQUEUE_EXPIRY or AEROQUEUE_HEARTBEAT is named so: the user
+    who typed no --expiry would look for it on the command line in vain."""
+    url = f"embedded://{tmp_path}/s.db"
+    open_backend(url).close()
+    out = cli("reserve", "L", "--hold", "5", "--expiry", "3", url=url, AEROQUEUE_HEARTBEAT="2")
+    assert one_error_line(out, 2).startswith("error: --expiry and --heartbeat (AEROQUEUE_HEARTBEAT): session expiry")
+    out = cli("worker", "--handler", "json:dumps", "--list", "L", url=url, AEROQUEUE_HEARTBEAT="2", AEROQUEUE_EXPIRY="3")
+    assert one_error_line(out, 2).startswith("error: --expiry (AEROQUEUE_EXPIRY) and --heartbeat (AEROQUEUE_HEARTBEAT):")
+
+
 @pytest.mark.parametrize(
     ("args", "code", "says"),
     [

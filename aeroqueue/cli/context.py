@@ -337,11 +337,21 @@ EXPIRY_OPT = option("--expiry", "expiry_s", env="EXPIRY", type=seconds(0.05), de
 
 
 def check_session_timing(interval_s: float, expiry_s: float) -> None:
-    """--heartbeat and --expiry that do not fit together: a usage error (exit 2)."""
+    """--heartbeat and --expiry that do not fit together: a usage error (exit 2),
+    naming where each value came from (an option, or its environment variable)."""
     try:
         check_timing(interval_s, expiry_s)
     except AeroqueueError as e:
-        raise click.UsageError(f"--expiry and --heartbeat: {e}") from None
+        said = " and ".join(_given_as(name, flag, env) for name, flag, env in
+                            (("expiry_s", "--expiry", "EXPIRY"), ("interval_s", "--heartbeat", "HEARTBEAT")))
+        raise click.UsageError(f"{said}: {e}") from None
+
+
+def _given_as(name: str, flag: str, env: str) -> str:
+    """The option as the user gave it: a value read from its variable is named so."""
+    ctx = click.get_current_context(silent=True)
+    source = ctx.get_parameter_source(name) if ctx is not None else None
+    return f"{flag} (AEROQUEUE_{env})" if source is click.core.ParameterSource.ENVIRONMENT else flag
 
 
 # Options that set up a new list; an existing list keeps what it has.
