@@ -211,6 +211,7 @@ def test_session_timing_that_does_not_fit_names_where_each_value_came_from(tmp_p
         (("sync", "--every", "0"), 2, "'0' is not more than 0"),
         (("sync", "--lease", "0s"), 2, "'0s' is not more than 0"),
         (("sync", "--delete-after", "99999999999d"), 2, "more than ten years"),
+        (("sync", "--mysql", "mysql://root:pw@:3306/db"), 2, "target URL 'mysql://root:***@:3306/db': no host"),
         (("worker", "--handler", "json:dumps", "--list", "L", "--drain-timeout", "nan"), 2, "'nan' is not a number"),
         (("worker", "--handler", "json:dumps", "--list", "L", "--heartbeat", "2", "--expiry", "3"), 2,
          "more than twice the heartbeat interval"),

@@ -43,7 +43,7 @@ from ..sync import (
 )
 from ..sync.bench import DEFAULT_JOBS, BenchResult, run_bench
 from ..sync.target import ENV_MYSQL_PWD, ENV_PASSWORD
-from .context import Context, err_console, option, progress_bar, verbose_requested
+from .context import Context, err_console, option, progress_bar, usage_check, verbose_requested
 
 log = logging.getLogger("aeroqueue.sync")
 
@@ -190,6 +190,8 @@ class SyncProgress:
 @click.command("sync")
 @option(
     "--mysql", "target_url", env="MYSQL", metavar="URL", default=None,
+    # A malformed URL is wrong usage (exit 2), said before the store is opened.
+    callback=usage_check(lambda url: url is None or parse_target(url)),
     help=(
         "Where processed jobs are copied: mysql://user[:password]@host:3306/db (the password may instead come "
         f"from {ENV_PASSWORD} or {ENV_MYSQL_PWD}), or sqlite:///path/sync.db. Required, except for the store "
