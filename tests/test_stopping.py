@@ -9,13 +9,10 @@ with its first wait armed to take SIGTERM at that moment
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import threading
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -25,8 +22,7 @@ from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.stopping import Stop
 from aeroqueue.sync import Scheduler
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.sessions import signal_tripwire
 
 
 @pytest.fixture
@@ -35,19 +31,8 @@ def ready_store_url(registered, store_url: str) -> str:
     return store_url
 
 
-def _tripwired(url: str, *args: str) -> tuple[subprocess.CompletedProcess[str], str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.sessions.signal_tripwire", "command", "--url", url, *args], cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        pytest.fail(f"`aeroqueue {' '.join(args)}` never ended after its SIGTERM\n{err[-2000:]}")
-    assert "tripwire fired" in out, f"the command's wait never took the signal under its lock\n{err[-2000:]}"
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), out
+def _tripwired(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return signal_tripwire.run("command", "--url", url, *args, what=f"`aeroqueue {' '.join(args)}`")
 
 
 @pytest.mark.parametrize("command", [
@@ -55,7 +40,7 @@ def _tripwired(url: str, *args: str) -> tuple[subprocess.CompletedProcess[str], 
     ("dashboard", "--port", "0"),
 ])
 def test_a_server_command_stops_on_a_signal_inside_its_wait(ready_store_url, command):
-    done, _ = _tripwired(ready_store_url, *command)
+    done = _tripwired(ready_store_url, *command)
     assert done.returncode == 0, done.stderr[-2000:]
 
 
@@ -63,7 +48,8 @@ def test_reserve_hold_releases_its_jobs_on_a_signal_inside_its_wait(ready_store_
     backend = open_backend(ready_store_url)
     name = f"t-{uuid.uuid4().hex[:12]}"
     JobLists(backend).load(name, [JobSpec("c0", {})])
-    done, out = _tripwired(ready_store_url, "reserve", name, "--hold", "60")
+    done = _tripwired(ready_store_url, "reserve", name, "--hold", "60")
+    out = done.stdout
     assert done.returncode == 0, done.stderr[-2000:]
     [job] = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert "released 1 job(s)" in done.stderr

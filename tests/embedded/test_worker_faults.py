@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 
+import pytest
+
 from aeroqueue import keys, udfs
 from aeroqueue.backends import open_backend
 from aeroqueue.lists import JobLists
@@ -86,9 +88,11 @@ def test_a_missing_list_is_reported_once_not_every_poll(tmp_path, caplog):
     assert w.counters.snapshot()["done"] == 1, "the other list was served"
 
 
-def test_a_list_missing_again_after_it_came_back_is_reported_again(tmp_path, caplog):
-    """Once per absence, not once per name ever: dropped, loaded and dropped again,
-    the list's second absence is said too."""
+@pytest.mark.parametrize("back", ["with-a-job", "empty"])
+def test_a_list_missing_again_after_it_came_back_is_reported_again(tmp_path, caplog, back):
+    """Once per absence, not once per name ever: dropped, made again and dropped again,
+    the list's second absence is said too; also when it came back with no job to
+    take (created empty, or emptied by other workers): it was there all the same."""
     import threading
 
     from tests.waiting import wait_for
@@ -99,40 +103,7 @@ def test_a_list_missing_again_after_it_came_back_is_reported_again(tmp_path, cap
     ran: list[str] = []
     w = Worker(backend, lambda job: ran.append(job.jid), ["later"], concurrency=1, interval_s=0.1, expiry_s=1.0,
                idle_s=0.01, until_complete=False, idle_max_s=0.05)
-
-    def missing() -> list[logging.LogRecord]:
-        return [r for r in caplog.records if getattr(r, "event", "") == "list_missing"]
-
-    with caplog.at_level(logging.WARNING, logger="aeroqueue.worker"):
-        t = threading.Thread(target=w.run, kwargs={"install_signals": False})
-        t.start()
-        try:
-            wait_for("the first absence said", lambda: len(missing()) == 1, 10)
-            lists.load("later", [JobSpec("a", {})], seal=True)
-            wait_for("the job run", lambda: ran == ["a"], 10)
-            wait_for("its ack", lambda: w.counters.snapshot()["done"] == 1, 10)
-            lists.drop("later", grace_s=0)
-            wait_for("the second absence said", lambda: len(missing()) == 2, 10)
-        finally:
-            w.request_stop()
-            t.join(10)
-    assert not t.is_alive()
-    assert all("later" in r.error for r in missing())
-
-
-def test_a_list_missing_again_after_it_came_back_empty_is_reported_again(tmp_path, caplog):
-    """Back with no job to take (created empty, or emptied by other workers) it is
-    there all the same: dropped again, its second absence is said too."""
-    import threading
-
-    from tests.waiting import wait_for
-
-    backend = open_backend(f"embedded://{tmp_path / 's.db'}")
-    udfs.register(backend)
-    lists = JobLists(backend)
-    w = Worker(backend, lambda job: None, ["later"], concurrency=1, interval_s=0.1, expiry_s=1.0,
-               idle_s=0.01, until_complete=False, idle_max_s=0.05)
-    answered: list[int] = []  # reservations the list answered (no job: it is empty)
+    answered: list[int] = []  # jobs of each reservation the list answered
     reserve = w._reserve
 
     def counted(session, name):
@@ -150,8 +121,13 @@ def test_a_list_missing_again_after_it_came_back_empty_is_reported_again(tmp_pat
         t.start()
         try:
             wait_for("the first absence said", lambda: len(missing()) == 1, 10)
-            lists.create("later")
-            wait_for("the empty list polled", lambda: answered.count(0) >= 1, 10)
+            if back == "empty":
+                lists.create("later")
+                wait_for("the empty list polled", lambda: answered.count(0) >= 1, 10)
+            else:
+                lists.load("later", [JobSpec("a", {})], seal=True)
+                wait_for("the job run", lambda: ran == ["a"], 10)
+                wait_for("its ack", lambda: w.counters.snapshot()["done"] == 1, 10)
             lists.drop("later", grace_s=0)
             wait_for("the second absence said", lambda: len(missing()) == 2, 10)
         finally:

@@ -17,13 +17,39 @@ without it.
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 from aeroqueue import worker as worker_module
 from aeroqueue.queue import Job
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(*args: str, what: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+    """This module run as a process with `args` (for a test): the test fails if it
+    does not end within `timeout_s` of its SIGTERM (`what` it is, in the message), or
+    if the signal was never raised under the lock."""
+    import pytest
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.sessions.signal_tripwire", *args], cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"{what} never ended after its SIGTERM: its handler waits for a lock its own thread holds"
+                    f"\n{err[-2000:]}")
+    assert "tripwire fired" in out, f"the signal was never raised under the lock\n{err[-2000:]}"
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def handle(job: Job) -> None:

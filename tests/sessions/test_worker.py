@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -19,8 +15,7 @@ from aeroqueue.queue import Job, Queue
 from aeroqueue.sessions import Session
 from aeroqueue.worker import EXIT_OK, EXIT_SESSION_LOST, Worker, load_handler, process_one, run_job
 from tests.conftest import mark_reaping
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.sessions import signal_tripwire
 
 
 def fast_worker(backend, handler, list_name, **kw) -> Worker:
@@ -258,19 +253,9 @@ def test_sigterm_while_the_main_thread_holds_the_stop_events_lock_drains(registe
     its own (`_stopping.set()`) as the test's SIGTERM came never exited. Here the
     signal is raised at that moment on purpose (tests/sessions/signal_tripwire.py)."""
     lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(5)], seal=True)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.sessions.signal_tripwire", how, store_url, list_name], cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        pytest.fail(f"the worker never exited after its SIGTERM ({how}): its handler waits for a lock its own "
-                    f"thread holds\n{err[-2000:]}")
-    assert "tripwire fired" in out, f"the signal was never raised under the lock\n{err[-2000:]}"
-    assert proc.returncode == EXIT_OK, err[-2000:]
+    done = signal_tripwire.run(how, store_url, list_name, what=f"the worker ({how})")
+    assert done.returncode == EXIT_OK, done.stderr[-2000:]
+    err = done.stderr
     if how == "cli":
         events = [json.loads(line).get("event") for line in err.splitlines() if line.startswith("{")]
         assert "draining" in events and events[-1] == "stopped", events
