@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -367,9 +369,10 @@ def test_a_python_payload_with_tuples_and_integer_keys_loads_on_either_store(que
     assert job.payload == {7: "seven", "t": [1, [2, 3]]}
 
 
-def _first_answer_lost(backend, function: str) -> list:
-    """`backend`'s first call of list UDF `function` takes effect and its answer is
-    lost (BackendTimeout); returns the list that collects that answer."""
+@contextlib.contextmanager
+def _first_answer_lost(backend, function: str) -> Iterator[list]:
+    """Within the block, `backend`'s first call of list UDF `function` takes effect and
+    its answer is lost (BackendTimeout); yields the list that collects that answer."""
     real_apply = backend.apply
     lost: list = []
 
@@ -381,7 +384,11 @@ def _first_answer_lost(backend, function: str) -> list:
         return answer
 
     backend.apply = apply
-    return lost
+    try:
+        yield lost
+    finally:
+        del backend.apply
+    assert lost == [1], "the first call landed, and its answer was lost"
 
 
 def test_a_failure_whose_push_answer_was_lost_waits_once(queue, lists, list_name, session, registered):
@@ -389,12 +396,8 @@ def test_a_failure_whose_push_answer_was_lost_waits_once(queue, lists, list_name
     the job is in the store once, not counted waiting twice while it runs again."""
     lists.load(list_name, specs(2), max_attempts=3, backoff_s=0)
     [job] = queue.reserve(list_name, session)
-    lost = _first_answer_lost(registered, "push_retry")
-    try:
+    with _first_answer_lost(registered, "push_retry"):
         assert queue.fail(job, "boom") == "retry"
-    finally:
-        del registered.apply
-    assert lost == [1], "the first push landed, and its answer was lost"
     assert lists.header(list_name)["retry"] == [job.token]
     st = lists.status(list_name)
     assert (st.retry_pending, st.in_flight) == (1, 0)
@@ -407,12 +410,8 @@ def test_a_failure_whose_push_answer_was_lost_waits_once(queue, lists, list_name
 def test_a_backoff_whose_schedule_answer_was_lost_is_scheduled_once(queue, lists, list_name, session, registered):
     lists.load(list_name, specs(1), max_attempts=3, backoff_s=0.3, backoff_max_s=0.3)
     [job] = queue.reserve(list_name, session)
-    lost = _first_answer_lost(registered, "schedule")
-    try:
+    with _first_answer_lost(registered, "schedule"):
         assert queue.fail(job, "boom") == "delayed"
-    finally:
-        del registered.apply
-    assert lost == [1], "the first call landed, and its answer was lost"
     head = lists.header(list_name)
     scheduled = [t for items in head["sched"].values() for t in items if not isinstance(t, list)]
     assert scheduled == [job.token] and head["nsch"] == 1
