@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from aerospike import exception as ex
+from aerospike_helpers.operations import operations as op
 
 from aeroqueue import errors
 from aeroqueue.backends import Backend
@@ -124,3 +125,19 @@ def test_maps_are_walked_and_returned_in_key_order(client, ns, set_name):
     bins = client.get((ns, set_name, "m"))[2]
     assert list(bins["p"]) == [-3, 10, "L", "a", "z"]
     assert list(bins["p"]["a"]) == ["b", "y"] and list(bins["p"]["L"][0]) == ["c", "q"]
+
+
+def test_a_nil_in_a_list_or_map_constructor_leaves_no_slot(client, ns, set_name):
+    """list{1, nil, 3} is a list of two on the server (aq_list_v1 builds list{item[1],
+    item[2], item[4]} from schedule entries that may lack an item), and map{x = nil}
+    has no key x."""
+    got = client.apply((ns, set_name, "h"), MODULE, "holes", [])
+    assert got == {"a": [1, 3], "c": [2], "m": {"y": 1}}
+
+
+def test_writing_nil_to_the_last_bin_deletes_the_record(client, ns, set_name):
+    """A record left without bins by an operate is gone, on both stores."""
+    key = (ns, set_name, "one")
+    client.put(key, {"a": 1})
+    client.operate(key, [op.write("a", None)])
+    assert client.exists(key)[1] is None

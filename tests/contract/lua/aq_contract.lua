@@ -90,3 +90,9 @@ function stdlib(rec)
   local co = coroutine.wrap(function() coroutine.yield(7) end)
   return list{utf8.len('h\195\169llo'), co(), type(os.date('*t').year), _G ~= nil}
 end
+
+-- holes(rec) -> list{1, nil, 3} and list{nil, 2} as the server builds them (aq_list_v1's
+-- list{item[1], item[2], item[4]} meets a missing item), and a map with a nil value
+function holes(rec)
+  return map{a = list{1, nil, 3}, c = list{nil, 2}, m = map{x = nil, y = 1}}
+end
