@@ -316,11 +316,7 @@ class _RangeLoader:
     def load_range(self, i: int, batch: list[JobSpec]) -> tuple[int, int, int]:
         b, name = self.b, self.name
         try:
-            new = batch
-            if self.check_index:
-                indexed = b.batch_get(keys.JIDX_SET, [keys.jidx_name(name, s.jid) for s in batch], bins=keys.INDEX_BINS)
-                new = [s for s, rec in zip(batch, indexed, strict=True)
-                       if rec is None or not keys.indexed_here(rec.bins, self.created)]
+            new = _not_indexed(b, name, self.created, batch) if self.check_index else batch
             with self._turns:
                 self._turns.wait_for(lambda: self._turn == i)
                 if not new:
@@ -335,7 +331,7 @@ class _RangeLoader:
         if got["st"] == "sealed":
             # Another loader of the same jobs may have sealed the list after this one
             # read its header: a batch that list already holds is loaded, not refused.
-            missing = _not_indexed(b, name, self.created, batch)
+            missing = len(_not_indexed(b, name, self.created, batch))
             if not missing:
                 return 0, len(batch), 0
             raise ListSealed(
@@ -635,7 +631,7 @@ def _sealed_again(
     n = new = 0
     for batch in _chunks(specs, SEALED_CHECK_BATCH):
         n += len(batch)
-        new += _not_indexed(b, name, created, batch)
+        new += len(_not_indexed(b, name, created, batch))
         if progress:
             progress(len(batch))
     if new:
@@ -643,10 +639,10 @@ def _sealed_again(
     return LoadReport(loaded=0, skipped=n, voided=0, already_sealed=True)
 
 
-def _not_indexed(b: Backend, name: str, created: int, batch: list[JobSpec]) -> int:
-    """How many jobs of `batch` the list made at `created` does not hold."""
+def _not_indexed(b: Backend, name: str, created: int, batch: list[JobSpec]) -> list[JobSpec]:
+    """The jobs of `batch` the list made at `created` does not hold (by its job-id index)."""
     recs = b.batch_get(keys.JIDX_SET, [keys.jidx_name(name, s.jid) for s in batch], bins=keys.INDEX_BINS)
-    return sum(1 for r in recs if r is None or not keys.indexed_here(r.bins, created))
+    return [s for s, r in zip(batch, recs, strict=True) if r is None or not keys.indexed_here(r.bins, created)]
 
 
 def _specs(jobs: Iterable[Any], limit: int) -> Iterable[JobSpec]:

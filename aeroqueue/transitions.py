@@ -132,17 +132,7 @@ def push_retry(backend: Backend, list_name: str, tokens: list[int]) -> int:
     Returns how many fit; the rest stay queued for the sweeper to find."""
     if not tokens:
         return 0
-    # A repeat after a lost answer says so: the first push may have landed, and a
-    # token twice in the store would count its job waiting while it runs.
-    calls = 0
-
-    def push() -> int:
-        nonlocal calls
-        calls += 1
-        again = (1,) if calls > 1 else ()
-        return int(backend.udf(keys.LIST_SET, list_name, keys.LIST_MOD, "push_retry", tokens, RETRY_CAP, *again))
-
-    return retry_in_doubt(push)
+    return _offer_udf(backend, list_name, "push_retry", tokens, RETRY_CAP)
 
 
 def schedule(backend: Backend, list_name: str, tokens: list[int], delay_ms: int) -> int:
@@ -150,18 +140,23 @@ def schedule(backend: Backend, list_name: str, tokens: list[int], delay_ms: int)
     Returns how many fit; the rest stay delayed in their records for the sweeper."""
     if not tokens:
         return 0
-    # A repeat after a lost answer says so, as `push_retry`'s does.
+    return _offer_udf(backend, list_name, "schedule", tokens, max(0, int(delay_ms)), SCHED_CAP)
+
+
+def _offer_udf(backend: Backend, list_name: str, function: str, *args: Any) -> int:
+    """A list UDF that offers tokens (`push_retry`, `schedule`), repeated while its
+    answer is in doubt. A repeat says so (a trailing `again`, which an older module
+    ignores): the first call may have landed, and a token added twice would count
+    its job waiting while it runs. How many tokens it took."""
     calls = 0
 
-    def put() -> int:
+    def once() -> int:
         nonlocal calls
         calls += 1
         again = (1,) if calls > 1 else ()
-        return int(backend.udf(
-            keys.LIST_SET, list_name, keys.LIST_MOD, "schedule", tokens, max(0, int(delay_ms)), SCHED_CAP, *again
-        ))
+        return int(backend.udf(keys.LIST_SET, list_name, keys.LIST_MOD, function, *args, *again))
 
-    return retry_in_doubt(put)
+    return retry_in_doubt(once)
 
 
 def backoff_ms(attempt: int, base_ms: int, cap_ms: int, rng: random.Random | None = None) -> int:

@@ -223,11 +223,12 @@ local function pass_gates_ids(rec, cursor, t)
   return cursor, changed
 end
 
--- Tokens in the schedule or the retry store: what a repeated offer must not add again.
-local function offered(rec)
+-- Tokens in the retry store, and in the schedule too when `sched_too`: what a
+-- repeated offer must not add again.
+local function offered(rec, sched_too)
   local present = map()
   local sched = rec['sched']
-  if sched ~= nil then
+  if sched_too and sched ~= nil then
     for _, items in map.pairs(sched) do
       for item in list.iterator(items) do
         if type(item) == 'number' then present[item] = 1 end
@@ -253,7 +254,7 @@ function schedule(rec, tokens, delay_ms, cap, again)
   local t = now()
   local due = t + delay_ms
   local present = nil
-  if again == 1 then present = offered(rec) end
+  if again == 1 then present = offered(rec, true) end
   local accepted = 0
   for tok in list.iterator(tokens) do
     if (rec['nsch'] or 0) >= cap then break end
@@ -749,12 +750,9 @@ function push_retry(rec, tokens, cap, again)
   if not live(rec) then return 0 end
   local retry = rec['retry']
   local present = nil
-  if again == 1 then
-    -- The retry store only: a kick pushes a token the schedule holds, then takes
-    -- it off the schedule; skipped for being there, it would be left in neither.
-    present = map()
-    for t in list.iterator(retry) do present[t] = 1 end
-  end
+  -- The retry store only: a kick pushes a token the schedule holds, then takes
+  -- it off the schedule; skipped for being there, it would be left in neither.
+  if again == 1 then present = offered(rec, false) end
   local room = cap - list.size(retry)
   local accepted, added = 0, 0
   for t in list.iterator(tokens) do
