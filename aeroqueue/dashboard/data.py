@@ -15,9 +15,11 @@ are not: a kick's walk of a big list may take longer than a page view's scan.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from aerospike_helpers import expressions as xp
 
@@ -34,6 +36,8 @@ HISTORY_BINS = ("errs", "errors", "err_hist")
 # which may fill the record; the overview and each list page re-read up to 100 of
 # these every few seconds per open page.
 DEAD_ROW_BINS = ["state", "jid", "att", "max_att", "done_at", "err", *HISTORY_BINS]
+
+T = TypeVar("T")
 
 _CLAIMED = xp.Eq(xp.StrBin("state"), "claimed").compile()
 
@@ -152,6 +156,17 @@ def error_history(bins: dict[str, Any]) -> list[ErrorEntry]:
     return out
 
 
+def _bounded(read: Callable[..., T]) -> Callable[..., T]:
+    """A page view's read of the `Store`, made within `Backend.bounded_reads`."""
+
+    @functools.wraps(read)
+    def bounded(self: Store, *args: Any, **kwargs: Any) -> T:
+        with self.backend.bounded_reads():
+            return read(self, *args, **kwargs)
+
+    return bounded
+
+
 class Store:
     """The dashboard's reads and the operator's actions, on one backend."""
 
@@ -161,26 +176,23 @@ class Store:
 
     # -- reads ---------------------------------------------------------------------
 
+    @_bounded
     def list_rows(self) -> list[ListRow]:
         rows = []
-        with self.backend.bounded_reads():
-            for name in self.lists.names():
-                try:
-                    rows.append(self.list_row(name))
-                except ListNotFound:
-                    continue  # dropped meanwhile
+        for name in self.lists.names():
+            try:
+                rows.append(self.list_row(name))
+            except ListNotFound:
+                continue  # dropped meanwhile
         return rows
 
+    @_bounded
     def list_row(self, name: str) -> ListRow:
-        with self.backend.bounded_reads():
-            st = self.lists.status(name)
+        st = self.lists.status(name)
         return ListRow(st, queued=st.reservable + st.retry_pending, delayed=st.delayed, claimed=st.in_flight)
 
+    @_bounded
     def sessions(self) -> list[SessionRow]:
-        with self.backend.bounded_reads():
-            return self._sessions()
-
-    def _sessions(self) -> list[SessionRow]:
         rows = []
         for sid, rec in self.backend.scan(keys.SESS_SET):
             b = rec.bins
@@ -193,32 +205,32 @@ class Store:
             ))
         return sorted(rows, key=lambda r: (r.host, r.started or 0, r.id))
 
+    @_bounded
     def dead_jobs(self, name: str, limit: int = DEAD_PAGE) -> list[JobView]:
         """Up to `limit` dead jobs of a list, in token order, found from its dead bitmap."""
-        with self.backend.bounded_reads():
-            head = self.lists.header(name)
-            tokens = dead_tokens(self.backend, name, head["alloc"], limit)
-            recs = self.backend.batch_get(keys.JOB_SET, [keys.job_name(name, t) for t in tokens], bins=DEAD_ROW_BINS)
+        head = self.lists.header(name)
+        tokens = dead_tokens(self.backend, name, head["alloc"], limit)
+        recs = self.backend.batch_get(keys.JOB_SET, [keys.job_name(name, t) for t in tokens], bins=DEAD_ROW_BINS)
         return [
             JobView(name, t, rec.bins, error_history(rec.bins))
             for t, rec in zip(tokens, recs, strict=True)
             if rec is not None and rec.bins.get("state") == "dead"  # a bit may lag a kick
         ]
 
+    @_bounded
     def job(self, name: str, token: int) -> JobView | None:
         keys.check_list_name(name)
-        with self.backend.bounded_reads():
-            rec = self.backend.get(keys.JOB_SET, keys.job_name(name, token))
+        rec = self.backend.get(keys.JOB_SET, keys.job_name(name, token))
         if rec is None or rec.bins.get("state") == "void":
             return None
         return JobView(name, token, rec.bins, error_history(rec.bins))
 
+    @_bounded
     def token_of(self, name: str, jid: str) -> int | None:
         """The token of a job by its id (the load's job-id index), or None."""
         keys.check_list_name(name)
         try:
-            with self.backend.bounded_reads():
-                return int(self.lists.find_job(name, jid)["token"])
+            return int(self.lists.find_job(name, jid)["token"])
         except (ListNotFound, JobNotFound):
             return None
 
