@@ -151,25 +151,50 @@ class WorkerMetrics(WorkerObserver):
 # -- the store exporter -----------------------------------------------------------------
 
 
+class DiscoveryFailed(AeroqueueError):
+    """The scan of the list set failed: the lists found before are still exported."""
+
+    def __init__(self, cause: AeroqueueError, names: list[str], *, fresh: bool) -> None:
+        super().__init__(str(cause))
+        self.names = names  # the lists the last scan that answered found
+        self.fresh = fresh  # this call's own scan failed (False: a failure not yet retried)
+
+
 class ListNames:
     """The lists to export: the ones named, or those found by a scan of the list set
-    at most every `discover_every_s` (the scan is the only costly read)."""
+    at most every `discover_every_s` (the scan is the only costly read).
 
-    def __init__(self, backend: Backend, names: Sequence[str] = (), *, discover_every_s: float = 60.0) -> None:
+    A scan that fails is retried after `retry_s` at most, not at every scrape: on a
+    frozen node each attempt waits out the scan's time limit. Until one answers,
+    each call raises `DiscoveryFailed` with the lists found before."""
+
+    def __init__(
+        self, backend: Backend, names: Sequence[str] = (), *, discover_every_s: float = 60.0, retry_s: float = 30.0,
+    ) -> None:
         self.lists = JobLists(backend)
         self.fixed = [keys.check_list_name(n) for n in names]  # a bad name now, not a failed read each scrape
         self.discover_every_s = discover_every_s
+        self.retry_s = min(retry_s, discover_every_s)
         self._found: list[str] = []
         self._at = float("-inf")
+        self._failed: AeroqueueError | None = None
         self._lock = threading.Lock()
 
     def __call__(self) -> list[str]:
         if self.fixed:
             return self.fixed
         with self._lock:  # concurrent scrapes share one discovery
-            if time.monotonic() - self._at >= self.discover_every_s:
+            wait = self.discover_every_s if self._failed is None else self.retry_s
+            if time.monotonic() - self._at < wait:
+                if self._failed is not None:
+                    raise DiscoveryFailed(self._failed, list(self._found), fresh=False)
+                return list(self._found)
+            try:
                 self._found = self.lists.names()
-                self._at = time.monotonic()
+            except AeroqueueError as e:
+                self._failed, self._at = e, time.monotonic()
+                raise DiscoveryFailed(e, list(self._found), fresh=True) from e
+            self._failed, self._at = None, time.monotonic()
             return list(self._found)
 
 
@@ -219,6 +244,12 @@ class StoreCollector(Collector):
         with self.backend.bounded_reads():
             try:
                 names = list(self.names())
+            except DiscoveryFailed as e:
+                # The lists found before are still read: a list set that cannot be
+                # scanned (one node frozen) is no reason to stop exporting the rest.
+                if e.fresh:
+                    self._error("cannot list the job lists; exporting the lists found before", e)
+                names, read_all = e.names, False
             except AeroqueueError as e:
                 self._error("cannot list the job lists", e)
                 names, read_all = [], False

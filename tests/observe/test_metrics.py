@@ -357,6 +357,50 @@ def test_a_store_that_cannot_be_read_says_so_in_store_up(
     assert value(samples, "aeroqueue_exporter_errors_total") == 1
 
 
+def test_a_failed_discovery_keeps_the_lists_found_before_and_is_not_retried_each_scrape(
+    registered: Backend, list_name: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A scan of the list set that fails (a frozen node: each attempt waits out the
+    scan's 5 s limit) is retried after `retry_s`, not at every scrape, and the lists
+    found before are still exported meanwhile, with `aeroqueue_store_up` 0 until a
+    scan answers again."""
+    JobLists(registered).load(list_name, [JobSpec("x", 1)])
+    clock = [1000.0]
+    monkeypatch.setattr("aeroqueue.metrics.time.monotonic", lambda: clock[0])
+    names = ListNames(registered, discover_every_s=60, retry_s=10)
+    registry = store_registry(registered, names)
+    samples = parse(generate_latest(registry).decode())
+    assert value(samples, "aeroqueue_list_jobs", list=list_name) == 1
+    assert value(samples, "aeroqueue_store_up") == 1
+
+    scans: list[str] = []
+    real_scan = registered.scan
+
+    def frozen(set_name: str, **kw: Any) -> Any:
+        scans.append(set_name)
+        raise BackendTimeout("scan of aq_list failed: timed out", operation="scan", key=set_name)
+
+    monkeypatch.setattr(registered, "scan", frozen)
+    for step in (60.0, 1.0, 8.0):  # a discovery due, then two scrapes inside the retry delay
+        clock[0] += step
+        samples = parse(generate_latest(registry).decode())
+        assert value(samples, "aeroqueue_list_jobs", list=list_name) == 1, "the list found before is still read"
+        assert value(samples, "aeroqueue_store_up") == 0, "the list set is not known to be whole"
+    assert len(scans) == 1, f"one scan attempt inside the retry delay, not {len(scans)}"
+    assert value(samples, "aeroqueue_exporter_errors_total") == 1, "the failure counted once, not once a scrape"
+
+    clock[0] += 2.0  # past the retry delay: scanned again, still failing
+    generate_latest(registry)
+    assert len(scans) == 2
+    monkeypatch.setattr(registered, "scan", real_scan)
+    clock[0] += 10.0  # the next retry answers: whole again, new lists included
+    other = f"{list_name}-new"
+    JobLists(registered).load(other, [JobSpec("y", 2), JobSpec("z", 3)])
+    samples = parse(generate_latest(registry).decode())
+    assert value(samples, "aeroqueue_store_up") == 1
+    assert value(samples, "aeroqueue_list_jobs", list=other) == 2
+
+
 class ReadSpy:
     """A backend's client that notes each read's total_timeout (None: the client's
     configured policy) and the thread that made it."""
