@@ -22,7 +22,9 @@ Both are served by `serve`, which answers only requests whose Host header names
 the server by a loopback name, its address or a trusted name (aeroqueue.hosts:
 DNS rebinding), and the exporter reads the store within bounds
 (`Backend.bounded_reads`): a frozen or unreachable store costs a scrape about
-one read's time limit, and the scrape still answers, with `aeroqueue_store_up` 0.
+one read's time limit and a short budget for the other lists (a frozen node of
+several holds only some lists), and the scrape still answers, with
+`aeroqueue_store_up` 0.
 """
 
 from __future__ import annotations
@@ -63,6 +65,11 @@ HANDLER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 RESERVE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
 STATES = ("queued", "delayed", "claimed", "done", "dead")
+# After a read of a scrape timed out: each further list's reads get this limit (a
+# healthy node answers them in milliseconds), and the scrape stops reading lists
+# after the budget (the lists of a frozen node each wait out the limit).
+AFTER_TIMEOUT_MS = 100
+AFTER_TIMEOUT_BUDGET_S = 2.0
 
 
 class WorkerMetrics(WorkerObserver):
@@ -283,13 +290,29 @@ class StoreCollector(Collector):
         )
 
     def _statuses(self, names: list[str]) -> list[tuple[str, ListStatus | None]]:
-        """Each list's status, None for those not read. Once the store has not answered
-        in time (a frozen or unreachable node), the lists after it are not read either:
-        each would wait as long, one after another, for the same answer."""
+        """Each list's status, None for those not read.
+
+        Once a read has not answered in time (a frozen or unreachable node), the
+        lists after it are read with a short limit (`AFTER_TIMEOUT_MS`), within
+        `AFTER_TIMEOUT_BUDGET_S` in all: those of healthy nodes still answer in
+        milliseconds (a list's records live on the node its name hashes to, so one
+        frozen node of several holds only some lists), and those of the frozen node
+        cost a scrape no more than the budget, however many there are."""
         out: list[tuple[str, ListStatus | None]] = []
+        budget_end: float | None = None  # set by the first read that timed out
+        unread = 0
         for i, name in enumerate(names):
+            if budget_end is not None and time.monotonic() >= budget_end:
+                out.extend((other, None) for other in names[i:])
+                unread += len(names) - i
+                break
             try:
-                out.append((name, self.lists.status(name)))
+                if budget_end is None:
+                    st = self.lists.status(name)
+                else:
+                    with self.backend.bounded_reads(record_ms=AFTER_TIMEOUT_MS):
+                        st = self.lists.status(name)
+                out.append((name, st))
             except ListNotFound:
                 # Named but not loaded (a typo?), or dropped since it was discovered:
                 # no series for it, and a word once, not one each scrape.
@@ -299,18 +322,27 @@ class StoreCollector(Collector):
                 if new:
                     log.warning("list not found: no series for it", extra={"event": "list_missing", "list": name})
             except (BackendTimeout, ClusterChanging) as e:
-                rest = len(names) - i - 1
-                self._error(f"cannot read list {name!r}" + (f"; {rest} more not read this scrape" if rest else ""), e)
-                out.extend((other, None) for other in names[i:])
-                break
+                if budget_end is None:
+                    budget_end = time.monotonic() + AFTER_TIMEOUT_BUDGET_S
+                    self._error(f"cannot read list {name!r}; the other lists get {AFTER_TIMEOUT_MS} ms each", e)
+                else:
+                    self._count_error()
+                out.append((name, None))
+                unread += 1
             except AeroqueueError as e:
                 self._error(f"cannot read list {name!r}", e)
                 out.append((name, None))
+        if unread > 1:
+            log.warning(f"{unread} of {len(names)} lists not read this scrape",
+                        extra={"event": "scrape_incomplete", "unread": unread})
         return out
 
-    def _error(self, what: str, e: Exception) -> None:
+    def _count_error(self) -> None:
         with self._lock:
             self._errors += 1
+
+    def _error(self, what: str, e: Exception) -> None:
+        self._count_error()
         log.warning(what, extra={"event": "scrape_failed", "error": str(e)})
 
 

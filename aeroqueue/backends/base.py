@@ -172,7 +172,7 @@ class Backend:
         return (self.namespace, set_name, name)
 
     @contextmanager
-    def bounded_reads(self, *, scan_ms: int = BOUNDED_SCAN_MS) -> Iterator[None]:
+    def bounded_reads(self, *, scan_ms: int = BOUNDED_SCAN_MS, record_ms: int | None = None) -> Iterator[None]:
         """Within the block (this thread only), reads give up after a time limit, and
         `retry_in_doubt` does not repeat a step past it: for those who only look (the
         dashboard, the metrics exporter), whose caller is waiting and who read again
@@ -186,12 +186,14 @@ class Backend:
         namespace for the few records of a small set. Writes keep their policies
         (a write's in-doubt repeats inside the block stop at the read limit too),
         and other threads' reads theirs (the sync's scans are never bounded). The
-        embedded store accepts the policies and has nothing to wait for on a read."""
+        embedded store accepts the policies and has nothing to wait for on a read.
+        `record_ms` sets a record read's limit instead of the URL's."""
         if self._read_ms is None:
             # The embedded store's URL takes none of the client's options (and waits on no read).
             options = {} if self.is_embedded else self.url.client_options()
             self._read_ms = int(options.get("total_timeout") or CLIENT_TIMEOUT_MS)
-        token = _READ_BOUNDS.set(_ReadBounds(self._read_ms, max(scan_ms, self._read_ms)))
+        read_ms = self._read_ms if record_ms is None else record_ms
+        token = _READ_BOUNDS.set(_ReadBounds(read_ms, max(scan_ms, read_ms)))
         try:
             yield
         finally:

@@ -27,6 +27,7 @@ from aeroqueue.hosts import TrustedHosts, host_name, is_wildcard
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.metrics import (
+    AFTER_TIMEOUT_MS,
     ListNames,
     StoreCollector,
     WorkerMetrics,
@@ -399,6 +400,40 @@ def test_a_failed_discovery_keeps_the_lists_found_before_and_is_not_retried_each
     samples = parse(generate_latest(registry).decode())
     assert value(samples, "aeroqueue_store_up") == 1
     assert value(samples, "aeroqueue_list_jobs", list=other) == 2
+
+
+def test_lists_after_a_timed_out_one_are_read_with_a_short_limit_within_a_budget(
+    registered: Backend, list_name: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One frozen node of several holds only the lists whose names hash to it: a
+    scrape that stopped at the first list that timed out exported nothing of the
+    healthy nodes' lists after it. They are read on, each read within 100 ms, until
+    the budget is spent; the lists not read have no series, and store_up says so."""
+    names = [f"{list_name}-{i}" for i in range(4)]
+    for i, name in enumerate(names):
+        JobLists(registered).load(name, [JobSpec(f"j{k}", k) for k in range(i + 1)])
+    frozen = names[1]
+    real_status = JobLists.status
+
+    def status(self: JobLists, name: str, *args: Any, **kw: Any) -> Any:
+        if name == frozen:
+            raise BackendTimeout(f"read of aq_list/{name} failed: timed out", operation="get", key=name)
+        return real_status(self, name, *args, **kw)
+
+    monkeypatch.setattr(JobLists, "status", status)
+    spy = ReadSpy(registered.client)
+    monkeypatch.setattr(registered, "client", spy)
+    registry = store_registry(registered, lambda: names)
+    samples = parse(generate_latest(registry).decode())
+    assert [value(samples, "aeroqueue_list_jobs", list=n) for n in names] == [1, None, 3, 4]
+    assert value(samples, "aeroqueue_store_up") == 0
+    limits = [ms for call, _, ms in spy.seen if call in ("get", "batch_read")]
+    assert limits[0] == 1000 and limits[-1] == AFTER_TIMEOUT_MS, limits
+
+    monkeypatch.setattr("aeroqueue.metrics.AFTER_TIMEOUT_BUDGET_S", 0.0)  # spent at once: nothing more is read
+    samples = parse(generate_latest(registry).decode())
+    assert [value(samples, "aeroqueue_list_jobs", list=n) for n in names] == [1, None, None, None]
+    assert value(samples, "aeroqueue_store_up") == 0
 
 
 class ReadSpy:
