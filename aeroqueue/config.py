@@ -245,6 +245,7 @@ def _split_host_port(text: str, part: str) -> tuple[str, int]:
 # What an embedded URL takes after '?': the namespace its records are kept under, and
 # the record size it refuses past (a server's max-record-size, for tests of loading).
 EMBEDDED_OPTIONS = ("max_record_size", "namespace")
+MAX_RECORD_SIZE_LIMIT = 8 * 1024 * 1024  # the largest max-record-size a server takes
 
 
 def _parse_embedded(text: str, rest: str, options: tuple[tuple[str, str], ...]) -> StoreURL:
@@ -260,6 +261,11 @@ def _parse_embedded(text: str, rest: str, options: tuple[tuple[str, str], ...]) 
     namespace = dict(options).get("namespace", DEFAULT_NAMESPACE)
     if not _NAMESPACE.match(namespace):
         raise InvalidURL(f"store URL {_safe(text)!r}: namespace {namespace!r} is not a valid Aerospike namespace")
+    size = dict(options).get("max_record_size")
+    # Refused here, not at the first write: 0 made every write fail with a bare RECORD_TOO_BIG.
+    if size is not None and not (re.fullmatch(r"[0-9]{1,9}", size) and 0 < int(size) <= MAX_RECORD_SIZE_LIMIT):
+        raise InvalidURL(f"store URL {_safe(text)!r}: option max_record_size={size!r} is not valid; it takes "
+                         f"a number of bytes from 1 to {MAX_RECORD_SIZE_LIMIT}, as a server's max-record-size")
     if rest == MEMORY:
         return StoreURL(scheme="embedded", namespace=namespace, path=MEMORY, options=options)
     if not rest.startswith("/") or rest == "/":

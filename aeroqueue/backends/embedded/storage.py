@@ -250,6 +250,48 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
 
 
+class _LockWaiter:
+    """A helper thread that waits in flock(LOCK_EX) on a lock file's descriptor, and
+    hands the lock to the writer that claims it, or lets it go if none does: the
+    writer that started it may have timed out, and so may the next ones."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._cond = threading.Condition()
+        self._wanted = False  # a writer waits in claim()
+        self._granted = False  # the lock is that writer's
+        self._done = False  # the flock returned (or failed): granted, or let go
+        threading.Thread(target=self._wait, name="aeroqueue-store-lock", daemon=True).start()
+
+    def _wait(self) -> None:
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+        except OSError:
+            with self._cond:  # the descriptor closed under it (Storage.close): nothing held
+                self._done = True
+                self._cond.notify_all()
+            return
+        with self._cond:
+            self._done = True
+            if self._wanted:
+                self._granted = True
+                self._cond.notify_all()
+            else:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def claim(self, timeout_s: float) -> bool | None:
+        """True: the lock is the caller's. False: not granted within `timeout_s` (the
+        flock stays queued, for a next claim). None: this waiter is over without
+        the lock; flock anew."""
+        with self._cond:
+            self._wanted = True
+            self._cond.wait_for(lambda: self._done, timeout_s)
+            self._wanted = False
+            if self._granted:
+                return True
+            return None if self._done else False
+
+
 class Storage:
     """The SQLite file (or a private in-memory database) behind an EmbeddedClient."""
 
@@ -266,11 +308,14 @@ class Storage:
         self.memory = path == ":memory:"
         self._local = threading.local()
         # One writer per process at a time: threads queue on this lock instead of
-        # spinning in SQLite's busy handler; processes still queue in SQLite.
+        # spinning in SQLite's busy handler; processes queue on the lock file (_lock_file).
         self._write_lock = threading.RLock()
         self._shared: sqlite3.Connection | None = None
         self._lock_fd: int | None = None
         self._lock_pid: int | None = None
+        # The helper thread waiting in flock on _lock_fd, if any (_lock_file); read
+        # and set only under the thread lock.
+        self._lock_waiter: _LockWaiter | None = None
         _OPEN.add(self)
         if self.memory:
             self._shared = self._connect()
@@ -411,6 +456,7 @@ class Storage:
         # The parent's thread lock, held for the fork (_before_fork), by a thread the
         # child does not have.
         self._write_lock = threading.RLock()
+        self._lock_waiter = None  # its thread, and the flock it waits in, stayed in the parent
         if self._lock_fd is not None:
             # The inherited descriptor shares the parent's lock: left open here, it
             # would keep the store locked after the parent died inside a write (a
@@ -433,35 +479,32 @@ class Storage:
         if self.memory:
             return False
         fd = self._lock_fd_here()
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            pass
-        # Wait in the kernel's queue, in a helper thread, so the wait can time out
-        # (a process stopped inside a write must not hang every writer forever).
-        got = threading.Event()
-        guard = threading.Lock()
-        abandoned = False
-
-        def wait() -> None:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            with guard:
-                if abandoned:
-                    fcntl.flock(fd, fcntl.LOCK_UN)
-                else:
-                    got.set()
-
-        threading.Thread(target=wait, name="aeroqueue-store-lock", daemon=True).start()
-        if got.wait(BUSY_TIMEOUT_S):
-            return True
-        with guard:
-            if got.is_set():
+        while True:
+            waiter = self._lock_waiter
+            if waiter is None:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    return True
+                except BlockingIOError:
+                    pass
+                # Wait in the kernel's queue, in a helper thread, so the wait can time
+                # out (a process stopped inside a write must not hang every writer forever).
+                waiter = self._lock_waiter = _LockWaiter(fd)
+            # else the flock of a write that timed out is still queued: flock locks
+            # belong to the open file description, which every thread here shares, so
+            # a flock of ours would be granted as soon as that one is, and that one
+            # lets the lock go with nobody to take it, in the middle of our write.
+            # Its grant is ours instead.
+            got = waiter.claim(BUSY_TIMEOUT_S)
+            if got is None:  # it got the lock and let it go before we asked: ask again
+                self._lock_waiter = None
+                continue
+            if got:
+                self._lock_waiter = None
                 return True
-            abandoned = True
-        from .operations import server_error
+            from .operations import server_error
 
-        raise server_error("TimeoutError", 9, f"AEROSPIKE_ERR_TIMEOUT ({self._locked_for_too_long()})")
+            raise server_error("TimeoutError", 9, f"AEROSPIKE_ERR_TIMEOUT ({self._locked_for_too_long()})")
 
     def _full(self, e: sqlite3.Error) -> Exception:
         """A write the file system refused (no space, a file size limit, an I/O
