@@ -69,7 +69,7 @@ Handler = Callable[[Job], Any]
 # (an error before work started, wrong usage).
 EXIT_OK = 0  # stopped as asked (SIGTERM/SIGINT, drained) or every list complete
 EXIT_SESSION_LOST = 3  # its session expired or was reaped: it stopped acknowledging
-EXIT_THREADS_DIED = 4  # every handler thread died (a bug in the worker, not a handler)
+EXIT_THREADS_DIED = 4  # every handler thread died (handler processes that cannot start; else a bug in the worker)
 # Jobs a worker thread reserves at a time: a reservation is two round trips
 # (take, then one batch of claims). The jobs wait claimed in the thread's hands,
 # as with Celery's prefetch. Unless --prefetch fixes it, the worker sizes it to
@@ -1082,6 +1082,18 @@ class _StartFailed(Exception):
     not a store error, so no job is acknowledged, failed or charged an attempt for it."""
 
 
+class _KilledStarting(_StartFailed):
+    """A handler process was killed by a signal while it started (the OOM killer, an
+    operator's `kill -9`): something from outside, unlike a module that no longer imports."""
+
+
+# Starts of one handler process tried in a row when each is killed by a signal. The
+# thread ending at the first one cost the worker that much of its concurrency for
+# good, and its last thread exited it with status 4, a bug's; a module that no longer
+# imports exits instead, and is not tried again (each try would fail alike).
+START_TRIES = 3
+
+
 class _ChildRunner:
     """Runs one worker thread's handlers in a child process (``pool="process"``), one
     job at a time; kills the child when a job runs past its time limit, and starts
@@ -1092,9 +1104,22 @@ class _ChildRunner:
         self.handler = handler
         self.proc: Any = None
         self.conn: Any = None
+        self.stopped = False  # `stop_now` was called: the worker is stopping, nothing is started again
 
     def start(self, timeout_s: float = 120.0) -> None:
-        """Start a child and wait until it has imported what it needs."""
+        """Start a child and wait until it has imported what it needs; one killed by a
+        signal meanwhile is started again, up to `START_TRIES` in a row."""
+        for tries in range(1, START_TRIES + 1):
+            try:
+                self._start_once(timeout_s)
+                return
+            except _KilledStarting as e:
+                if tries == START_TRIES or self.stopped:
+                    raise
+                log.warning("a handler process was killed while starting: starting another", extra={
+                    "event": "handler_start_retried", "error": str(e), "try": tries})
+
+    def _start_once(self, timeout_s: float) -> None:
         ctx = multiprocessing.get_context("spawn")
         parent, child = ctx.Pipe()
         self.proc = ctx.Process(target=_child_main, args=(self.handler, child, os.getpid()), daemon=True, name="aeroqueue-handler")
@@ -1125,7 +1150,8 @@ class _ChildRunner:
             self.proc.join(5)
             code = self.proc.exitcode
             self.kill()  # if it lingers (a thread its imports started), it must not outlive this
-            raise _StartFailed(f"a handler process died while starting (exit code {code})") from None
+            failed = _KilledStarting if code is not None and code < 0 else _StartFailed
+            raise failed(f"a handler process died while starting (exit code {code})") from None
 
     def run(self, job: Job, deadline: Callable[[], float], touch: Callable[[Job, float | None], float]) -> tuple[bool | None, Any]:
         """(ok, value) as `run_handler` gives, or (None, None) when the job ran past
@@ -1182,6 +1208,7 @@ class _ChildRunner:
     def stop_now(self) -> None:
         """Kill the handler process from another thread: the thread that owns this runner
         finds it dead at its next poll (its job fails as 'the handler's process died')."""
+        self.stopped = True
         proc = self.proc
         if proc is not None:
             with contextlib.suppress(OSError):

@@ -88,7 +88,7 @@ def worker(
     Drains on SIGTERM/SIGINT (in-flight jobs finish up to --drain-timeout, the
     rest are released). Exit status: 0 stopped as asked or every list complete
     (--until-complete), 1 an error before work started, 3 its session was lost,
-    4 every handler thread died.
+    4 every handler thread died (with --pool process: handlers that cannot start).
     """
     from ..worker import Worker, load_handler
 

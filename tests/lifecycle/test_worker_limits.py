@@ -195,6 +195,48 @@ def test_a_handler_process_that_cannot_restart_charges_no_job(registered, lists,
     assert (st.dead, st.done, st.in_flight) == (0, 0, 0), st
 
 
+def test_a_handler_process_killed_while_starting_is_started_again(registered, lists, list_name, store_url, tmp_path):
+    """The OOM killer (or an operator's kill -9) ends a handler process while it starts
+    (imports: most of a second). Its worker thread ended for good, as for a module that
+    no longer imports: the worker lost that much of its concurrency, and one of a single
+    thread exited 4 ("a bug in aeroqueue") with its jobs undone. The process is started
+    again (twice in a row here), and every job is done, once."""
+    lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(5)], seal=True)
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "aeroqueue", "--url", store_url, "worker", "--handler",
+         "tests.lifecycle.handlers_slow_start:quick", "--list", list_name, "--pool", "process", "-c", "1",
+         "--until-complete", "--log-format", "json"],
+        cwd=str(Path(__file__).resolve().parents[2]), env={**os.environ, "AQ_TEST_START_GATE": str(gate)},
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    killed: list[int] = []
+
+    def starting() -> int | None:
+        assert proc.poll() is None, f"the worker exited {proc.returncode}: {proc.communicate()[1]}"
+        pids = [int(f.name.split("-")[1]) for f in gate.glob("starting-*")]
+        return next((p for p in pids if p not in killed), None)
+
+    try:
+        for _ in range(worker_module.START_TRIES - 1):
+            pid = wait_for("a handler process starting", starting)
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        wait_for("a handler process started again", starting)
+        (gate / "go").touch()
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == EXIT_OK, err
+    assert err.count('"handler_start_retried"') == len(killed), err
+    for token in range(5):
+        bins = job_bins(registered, list_name, token)
+        assert (bins["state"], bins["att"]) == ("done", 1), bins  # none failed, none ran twice
+
+
 def _handler_processes(parent: int) -> list[int]:
     kids = subprocess.run(["pgrep", "-P", str(parent)], capture_output=True, text=True).stdout.split()
     return [int(p) for p in kids if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text(errors="replace")]
