@@ -158,3 +158,33 @@ def test_a_timed_out_writers_late_lock_is_let_go_when_no_write_wants_it(tmp_path
     finally:
         other.close()
         store.close()
+
+
+def test_a_store_closed_while_a_timed_out_flock_waits_leaves_the_descriptor_to_it(tmp_path, monkeypatch):
+    """The store closes while a timed-out write's flock is still queued: the waiter
+    closes the descriptor once its flock returns (which lets the lock go), rather
+    than unlocking a descriptor number the store closed, by then another file's or
+    none (an exception in the lock's thread)."""
+    path = str(tmp_path / "s.db")
+    store = Storage(path)
+    other = OtherProcess(path + ".lock")
+    monkeypatch.setattr(storage, "BUSY_TIMEOUT_S", 0.2)
+    failures: list[BaseException] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: failures.append(args.exc_value))
+    waiters: list[threading.Thread] = []
+    try:
+        assert other("lock") == "locked"
+        with pytest.raises(Exception, match="locked for 0 s"), store.write():
+            pass
+        waiters = [t for t in threading.enumerate() if t.name == "aeroqueue-store-lock"]
+        assert waiters, "the timed-out write's flock is queued in a thread"
+        store.close()
+        assert other("unlock") == "unlocked"
+        for t in waiters:
+            t.join(10)
+            assert not t.is_alive()
+        assert not failures, failures
+        assert other("try") == "got", "the store's lock let go"
+    finally:
+        other.close()
+        store.close()

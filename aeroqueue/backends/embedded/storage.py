@@ -261,23 +261,42 @@ class _LockWaiter:
         self._wanted = False  # a writer waits in claim()
         self._granted = False  # the lock is that writer's
         self._done = False  # the flock returned (or failed): granted, or let go
+        self._owns_fd = False  # the store closed: the descriptor is this waiter's to close
         threading.Thread(target=self._wait, name="aeroqueue-store-lock", daemon=True).start()
 
     def _wait(self) -> None:
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX)
         except OSError:
-            with self._cond:  # the descriptor closed under it (Storage.close): nothing held
+            with self._cond:
                 self._done = True
                 self._cond.notify_all()
+                self._close_if_owned()
             return
         with self._cond:
             self._done = True
             if self._wanted:
                 self._granted = True
                 self._cond.notify_all()
+            elif self._owns_fd:
+                self._close_if_owned()  # closing the last descriptor lets the lock go
             else:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def _close_if_owned(self) -> None:
+        if self._owns_fd:
+            with suppress(OSError):
+                os.close(self._fd)
+
+    def take_fd(self) -> bool:
+        """The store closes: True if this waiter still waits in flock and will close the
+        descriptor itself once that returns. Closed now, its number could be given to
+        another file meanwhile, which the waiter's unlock would then act on."""
+        with self._cond:
+            if self._done:
+                return False
+            self._owns_fd = True
+            return True
 
     def claim(self, timeout_s: float) -> bool | None:
         """True: the lock is the caller's. False: not granted within `timeout_s` (the
@@ -543,7 +562,9 @@ class Storage:
 
     def close(self) -> None:
         if self._lock_fd is not None and self._lock_pid == os.getpid():
-            os.close(self._lock_fd)
+            waiter, self._lock_waiter = self._lock_waiter, None
+            if waiter is None or not waiter.take_fd():
+                os.close(self._lock_fd)
             self._lock_fd = None
         db = getattr(self._local, "db", None)
         if db is not None and getattr(self._local, "pid", None) == os.getpid():
