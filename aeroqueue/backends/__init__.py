@@ -34,10 +34,8 @@ def open_backend(url: str | StoreURL | None = None, *, create: bool = True, **em
             # A new user's first command: nobody typed this path, so no typo to catch.
             default_store_path().parent.mkdir(parents=True, exist_ok=True)
 
-        max_size = parsed.option("max_record_size")
+        max_size = parsed.option("max_record_size")  # checked where the URL was parsed
         if max_size is not None:
-            if not max_size.isdigit():
-                raise ConfigError(f"store URL option max_record_size={max_size!r} is not a number of bytes")
             embedded_options.setdefault("max_record_size", int(max_size))
         try:
             embedded = EmbeddedClient(
