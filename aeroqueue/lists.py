@@ -626,7 +626,7 @@ class JobLists:
         records, job-id index entries, ID store chunks, bitmaps. With `before` (server
         ms), only records last written before it. Returns how many of each existed
         (deleted, with `before`)."""
-        only = None if before is None else exp.LT(exp.LastUpdateTime(), before * 1_000_000).compile()
+        only = None if before is None else _before(before).compile()
         jobs = index = 0
         for lo in range(0, alloc, PAGE):
             names = [keys.job_name(name, t) for t in range(lo, min(lo + PAGE, alloc))]
@@ -663,7 +663,7 @@ class JobLists:
         PAGE at a time: a million of them are not held at once. Returns how many
         existed."""
         mine = exp.Eq(exp.StrBin("l"), name)
-        old = None if before is None else exp.LT(exp.LastUpdateTime(), before * 1_000_000)
+        old = None if before is None else _before(before)
         only = (mine if old is None else exp.And(mine, old)).compile()
         kept = None if old is None else old.compile()
         deleted, page = 0, []
@@ -704,6 +704,15 @@ CREATE_TRIES = 5  # a create that finds its tombstone replaced by another that o
 # what finds the records it owned (its tokens, its ranges).
 DROPPED = "dropped"
 TOMBSTONE_BINS = [DROPPED, "alloc", "seq"]
+
+
+def _before(dropped: int) -> Any:
+    """A filter: records of a list of this name dropped at `dropped` (server ms), or
+    before: last written before the drop, or stamped (bin "c", job records and index
+    entries) by a list made before it, which a loader stopped past its lease and
+    killed once it resumed may have written after the drop."""
+    return exp.Or(exp.LT(exp.LastUpdateTime(), dropped * 1_000_000),
+                  exp.And(exp.BinExists("c"), exp.LT(exp.IntBin("c"), dropped)))
 
 
 def is_tombstone(bins: dict[str, Any]) -> bool:

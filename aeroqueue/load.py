@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import aerospike
+from aerospike_helpers import expressions as exp
 from aerospike_helpers.batch.records import BatchRecords, Write
 from aerospike_helpers.operations import operations as op
 
@@ -344,7 +345,13 @@ class _RangeLoader:
         with self._turns:
             self._flying.add(seq)
         try:
-            real, skipped = self._write_range(batch, new, got)
+            try:
+                real, skipped = self._write_range(batch, new, got)
+            except (LoadAbandoned, ListNotFound) as e:
+                # Whatever failed, a list dropped (or dropped and made again) under the
+                # load is the cause to report, and what this range wrote is taken back.
+                self._fence(got, new, cause=e)
+                raise
         finally:
             with self._turns:
                 self._flying.discard(seq)
@@ -352,18 +359,71 @@ class _RangeLoader:
             self.published[seq] = real
         return real, skipped, len(new) - real
 
+    def _gone(self) -> str | None:
+        """Why this load may write no more into its list (None: it may). A loader
+        stopped past its lease (SIGSTOP, a long pause) is not waited for by a drop:
+        its list may be dropped, or being dropped, or dropped and made again under
+        its name, by the time it writes."""
+        rec = self.b.get(keys.LIST_SET, self.name, bins=["created", "dropping"])
+        now = rec.bins.get("created") if rec is not None else None  # a tombstone has none
+        if now != self.created:
+            return "was dropped during the load" + (" and made again" if now is not None else "")
+        if rec is not None and rec.bins.get("dropping") == 1:
+            return "is being dropped"
+        return None
+
+    def _fence(self, got: dict[str, Any], new: list[JobSpec], cause: BaseException | None = None) -> None:
+        """Raise `LoadAbandoned` if the list is no longer this load's, after deleting
+        whatever this range may have written: its job records, index entries and
+        ID-store chunk, stamped with the list's `created` (bin "c"), so that a list made since under
+        the name, whose records carry its own stamp, loses nothing."""
+        why = self._gone()
+        if why is None:
+            return
+        name, seq, start = self.name, got["seq"], got["start"]
+        mine = exp.Eq(exp.IntBin("c"), self.created).compile()
+        self.lists._delete_all(keys.JOB_SET, [keys.job_name(name, t) for t in range(start, start + len(new))], only=mine)
+        self.lists._delete_all(keys.JIDX_SET, [keys.jidx_name(name, s.jid) for s in new], only=mine)
+        if self.mode == "ids":
+            self.lists._delete_all(keys.IDS_SET, [keys.chunk_name(name, seq)], only=mine)
+        raise LoadAbandoned(
+            f"list {name!r} {why}: this load stops, and what it wrote of load range {seq} "
+            f"({len(new):,} jobs) is deleted; run it again to load the list anew"
+        ) from cause
+
+    def _own_writes(self, start: int, exists: list[int], new: list[JobSpec], codes: list[int]) -> list[int]:
+        """Of the range's job writes `exists` (positions in `new`) answered
+        RecordExists (the range starts at token `start`), mark those that hold our job as written (code 0): our own
+        write, repeated after a lost answer. Returns those written by another list
+        of this name (stamped with another `created`)."""
+        if not exists:
+            return []
+        b, name = self.b, self.name
+        recs = retry_in_doubt(lambda: b.batch_get(keys.JOB_SET, [keys.job_name(name, start + i) for i in exists]))
+        foreign = []
+        for i, rec in zip(exists, recs, strict=True):
+            if rec is not None and not keys.indexed_here(rec.bins, self.created):
+                foreign.append(i)
+            elif rec is not None and rec.bins.get("state") != "void" and rec.bins.get("jid") == new[i].jid:
+                codes[i] = 0
+        return foreign
+
     def _write_range(self, batch: list[JobSpec], new: list[JobSpec], got: dict[str, Any]) -> tuple[int, int]:
         """Steps 3-6 for the range `alloc` answered (`got`): its real jobs, and the
         batch's jobs skipped as already loaded."""
         b, name = self.b, self.name
         seq, start = got["seq"], got["start"]
         ns = b.namespace
+        self._fence(got, new)
         # Delays count from the server's clock (alloc's `now`), never the loader's.
         now_ms = got.get("now", 0)
         gate = now_ms + self.delay_ms if self.delay_ms > 0 else 0
         # The bins every job of the range shares: one operation dict each, reused
         # (the client only reads them).
-        same = [op.write("list", name), op.write("att", 0), op.write("max_att", self.max_att)]
+        # "c": the list's `created`, as on its index entries: which list of the name wrote
+        # the record (a fenced loader deletes its own, a later list replaces them).
+        same = [op.write("list", name), op.write("att", 0), op.write("max_att", self.max_att),
+                op.write("c", self.created)]
         queued = [op.write("state", "queued")]
         timed: dict[int, int] = {}  # token -> due, for jobs with a run_at of their own
 
@@ -395,16 +455,23 @@ class _RangeLoader:
         # RecordExists is this load's own write when it was repeated after a lost
         # answer (by the client, or by batch_write): the record then holds our job.
         exists = [i for i, code in enumerate(codes) if code == RECORD_EXISTS]
-        if exists:
-            recs = retry_in_doubt(lambda: b.batch_get(keys.JOB_SET, [keys.job_name(name, tokens[i]) for i in exists]))
-            for i, rec in zip(exists, recs, strict=True):
-                if rec is not None and rec.bins.get("state") != "void" and rec.bins.get("jid") == new[i].jid:
-                    codes[i] = 0
-            if any(codes[i] == RECORD_EXISTS for i in exists):
-                raise LoadAbandoned(
-                    f"list {name!r}: load range {seq} outlived its lease ({self.lease_ms / 1000:g} s) and was finished "
-                    "by a recovery before its jobs were written; run the load again"
-                )
+        foreign = self._own_writes(start, exists, new, codes)
+        if foreign:
+            # Left by a loader of a dropped list of this name (fenced out, and killed
+            # before it took its writes back): not ours, unless ours is the list that
+            # was dropped (then `_fence` raises). Replaced, once.
+            self._fence(got, new)
+            self.lists._delete_all(keys.JOB_SET, [keys.job_name(name, tokens[i]) for i in foreign],
+                                   only=exp.NE(exp.IntBin("c"), self.created).compile())
+            for i, code in zip(foreign, self.lists._batch_write([job_writes[i] for i in foreign], "write jobs"),
+                               strict=True):
+                codes[i] = code
+            self._own_writes(start, [i for i in foreign if codes[i] == RECORD_EXISTS], new, codes)
+        if RECORD_EXISTS in codes:
+            raise LoadAbandoned(
+                f"list {name!r}: load range {seq} outlived its lease ({self.lease_ms / 1000:g} s) and was finished "
+                "by a recovery before its jobs were written; run the load again"
+            )
         big = [i for i, code in enumerate(codes) if code == RECORD_TOO_BIG]
         if big:
             # Not a passing trouble of the cluster: this job can never be stored as it is.
@@ -422,11 +489,15 @@ class _RangeLoader:
                 "run the load again once the cluster is healthy (the range stays pending: "
                 f"a later load or `aeroqueue sweep` finishes it after its lease of {self.lease_ms / 1000:g} s)"
             )
-        # 4. the index: the commit point of each job.
+        # 4. the index: the commit point of each job. Not into a list dropped meanwhile.
+        self._fence(got, new)
         real = commit_index(self.lists, name, self.created, list(zip(tokens, [s.jid for s in new], strict=True)))
         real_set = set(real)
         finish_range(self.lists, name, self.mode, seq, real, gate=gate,
                      timed={t: due for t, due in timed.items() if t in real_set}, created=self.created)
+        # A drop that started while this loader was stopped past its lease deleted the
+        # list's records before these landed: published or not, they go with it.
+        self._fence(got, new)
         return len(real), len(batch) - len(new)
 
 
@@ -576,10 +647,22 @@ def finish_range(
     if mode == "ids":
         # `due`: its jobs' own run_at, for status only (the claim decides when they run).
         chunk: dict[str, Any] = {"ids": real, "due": timed} if timed else {"ids": real}
+        if created is not None:
+            chunk["c"] = created  # which list of the name wrote it, as on its job records
+        put = functools.partial(lists.backend.put, keys.IDS_SET, keys.chunk_name(name, seq), chunk, create_only=True)
         try:
             # Create-only: repeated after a lost answer, a put that landed answers RecordExists.
-            retry_in_doubt(functools.partial(
-                lists.backend.put, keys.IDS_SET, keys.chunk_name(name, seq), chunk, create_only=True))
+            try:
+                retry_in_doubt(put)
+            except RecordExists:
+                old = lists.backend.get(keys.IDS_SET, keys.chunk_name(name, seq), bins=["c"])
+                if created is None or old is None or keys.indexed_here(old.bins, created):
+                    raise
+                # Left by a loader of a dropped list of this name, fenced out and killed
+                # before it took it back: replaced.
+                lists._delete_all(keys.IDS_SET, [keys.chunk_name(name, seq)],
+                                  only=exp.NE(exp.IntBin("c"), created).compile())
+                retry_in_doubt(put)
         except RecordExists:
             # The same chunk, written by the loader (it died before publishing, or
             # this is its repeated call) or by a recovery. A recovery's `due` holds
@@ -602,6 +685,15 @@ def recover(lists: JobLists, name: str) -> int:
     for r in ranges:
         tokens = list(range(r["start"], r["start"] + r["n"]))
         recs = b.batch_get(keys.JOB_SET, [keys.job_name(name, t) for t in tokens])
+        foreign = [t for t, rec in zip(tokens, recs, strict=True) if rec is not None
+                   and not keys.indexed_here(rec.bins, head["created"])]
+        if foreign:
+            # Left by a loader of a dropped list of this name (fenced out, killed before it
+            # took them back): never this list's jobs. Deleted, then voided like unwritten ones.
+            lists._delete_all(keys.JOB_SET, [keys.job_name(name, t) for t in foreign],
+                              only=exp.NE(exp.IntBin("c"), head["created"]).compile())
+            gone = set(foreign)
+            recs = [None if t in gone else rec for t, rec in zip(tokens, recs, strict=True)]
         missing = [t for t, rec in zip(tokens, recs, strict=True) if rec is None]
         if missing:
             writes = [Write(b.key(keys.JOB_SET, keys.job_name(name, t)), [op.write("state", "void")], policy=_CREATE)

@@ -4,6 +4,7 @@
 --   ids   list   the chunk's remaining entries (job tokens), popped from the front
 --   due   map    token -> server ms: the chunk's jobs with a later run_at of their
 --                own (only for counting them delayed; their claim decides)
+--   c     int    the list's `created`: which list of the name wrote the chunk
 --
 -- A list in ID mode writes one chunk per load range, before the range is
 -- published; chunks hold at most the configured chunk size, so no record

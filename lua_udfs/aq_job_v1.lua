@@ -26,6 +26,9 @@
 --                      repeated acknowledgement is recognised)
 --   att      integer   claims so far (a snooze and a graceful release give one back)
 --   max_att  integer   attempts before the job goes dead
+--   c        integer   the list's `created` when the load wrote it: which list of
+--                      the name it belongs to (a list dropped and made again, a
+--                      loader stopped past its lease); absent on older records
 --   claimed  integer   server ms of the last claim
 --   done_at  integer   server ms of completion or death
 --   result   any       complete()'s result

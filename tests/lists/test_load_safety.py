@@ -364,3 +364,105 @@ def test_two_sealing_loads_of_the_same_jobs_at_once_both_succeed(env, list_name)
     with pytest.raises(errors.ListSealed, match=r"sealed during the load: 1 of the 10 jobs of load range 1 are not"):
         late.load(other, [*specs(9), JobSpec("extra", {})], seal=True, chunk_size=10)
     assert lists.status(other).total == 40
+
+
+def _records_of(backend, name: str) -> dict[str, list]:
+    """Every job record and job-id index entry of list `name` in the store (bins)."""
+    prefix = f"{name}/"
+    return {s: [rec.bins for n, rec in backend.scan(s) if n.startswith(prefix)] for s in (keys.JOB_SET, keys.JIDX_SET)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("then", ["dropped", "made again"])
+def test_a_loader_resumed_after_a_drop_leaves_nothing_behind(env, list_name, then):
+    """A loader stopped past its lease (a drop does not wait for it) between allocating
+    a range and writing it, resumed after the drop: it wrote that range's 50 job records
+    and index entries into the dropped list, which no drop could delete any more (they
+    were written after it). Under a list made again from a smaller file, the next load
+    of a bigger one met them on its tokens: it failed, and a recovery of its ranges
+    served the dropped list's jobs instead of its own."""
+    backend, lists, queue, session = env
+    proc = subprocess.Popen([sys.executable, "-c", _STOPPING_LOADER, str(backend.url), list_name, "2000"],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not _stopped(proc.pid):
+            assert proc.poll() is None and time.monotonic() < deadline, "the loader never stopped"
+            time.sleep(0.01)
+        time.sleep(1.0)  # past its lease: the drop no longer waits for it
+        lists.drop(list_name, grace_s=0)
+        if then == "made again":
+            assert lists.load(list_name, (JobSpec(f"n{i}", {"v": 2}) for i in range(100)), chunk_size=50).loaded == 100
+        os.kill(proc.pid, signal.SIGCONT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    left = _records_of(backend, list_name)
+    if then == "dropped":
+        assert left == {keys.JOB_SET: [], keys.JIDX_SET: []}, "the fenced loader takes back what it wrote"
+        assert '"err": "LoadAbandoned"' in out and "dropped during the load" in out, out
+        with pytest.raises(errors.ListNotFound):
+            lists.drop(list_name, grace_s=0)
+        return
+    assert sorted(r["jid"] for r in left[keys.JOB_SET]) == sorted(f"n{i}" for i in range(100)), "only the new list's jobs"
+    assert sorted(r["tok"] for r in left[keys.JIDX_SET]) == list(range(100))
+    assert '"err": "LoadAbandoned"' in out and "dropped during the load and made again" in out, out
+    # The new list grows over the tokens the old loader held: every job its own.
+    report = lists.load(list_name, (JobSpec(f"m{i}", {"v": 3}) for i in range(400)), chunk_size=50)
+    assert (report.loaded, report.voided) == (400, 0)
+    st = lists.status(list_name)
+    assert (st.total, st.reservable, st.pending_ranges) == (500, 500, 0)
+    jobs = drain_all(queue, list_name, session)
+    assert Counter(j.jid for j in jobs) == Counter([*(f"n{i}" for i in range(100)), *(f"m{i}" for i in range(400))])
+    assert all(j.payload == {"v": 2 if j.jid[0] == "n" else 3} for j in jobs)
+    lists.drop(list_name, grace_s=0)
+    assert _records_of(backend, list_name) == {keys.JOB_SET: [], keys.JIDX_SET: []}
+
+
+def _leave_a_fenced_loaders_range(backend, name: str, created: int, start: int, seq: int, mode: str) -> None:
+    """What a loader of a list of `name` made at `created` leaves when it is fenced out
+    (its list dropped while it was stopped past its lease) and killed before it takes
+    its writes back: 50 job records from token `start`, their index entries and, in ID
+    mode, the chunk of range `seq`, stamped with its list's `created`."""
+    for i in range(50):
+        jid = f"old{i}"
+        backend.put(keys.JOB_SET, keys.job_name(name, start + i), {
+            "token": start + i, "jid": jid, "payload": {"v": 0}, "list": name, "att": 0, "max_att": 5,
+            "state": "queued", "c": created})
+        backend.put(keys.JIDX_SET, keys.jidx_name(name, jid), {"tok": start + i, "c": created, "l": name})
+    if mode == "ids":
+        backend.put(keys.IDS_SET, keys.chunk_name(name, seq), {"ids": list(range(start, start + 50)), "c": created})
+
+
+@pytest.mark.parametrize("mode", ["tokens", "ids"])
+def test_what_a_killed_fenced_loader_left_is_never_taken_for_a_later_lists_jobs(env, list_name, mode):
+    """A loader fenced out of a dropped list can be killed before it deletes what it
+    wrote. Those records carry the dropped list's stamp: a drop of the name deletes
+    them, and a later list of the name that meets them on its tokens (a load, or a
+    recovery of a dead loader's range) replaces them instead of serving them, or
+    failing on them."""
+    backend, lists, queue, session = env
+    lists.load(list_name, (JobSpec(f"n{i}", {"v": 2}) for i in range(50)), mode=mode, chunk_size=50)
+    dropped_created = lists.header(list_name)["created"]
+    lists.drop(list_name, grace_s=0)
+    _leave_a_fenced_loaders_range(backend, list_name, dropped_created, 0, 0, mode)
+    with pytest.raises(errors.ListNotFound):
+        lists.drop(list_name, grace_s=0)
+    assert _records_of(backend, list_name) == {keys.JOB_SET: [], keys.JIDX_SET: []}, "written after the drop, but stamped by the dropped list: deleted by a drop of its name"
+    assert not [n for n, _ in backend.scan(keys.IDS_SET) if n.startswith(f"{list_name}/")]
+
+    # A list made again: its load meets them on range 1, a recovery on range 2.
+    lists.load(list_name, (JobSpec(f"n{i}", {"v": 2}) for i in range(50)), mode=mode, chunk_size=50)
+    _leave_a_fenced_loaders_range(backend, list_name, dropped_created, 50, 1, mode)
+    report = lists.load(list_name, (JobSpec(f"m{i}", {"v": 3}) for i in range(50)), chunk_size=50)
+    assert (report.loaded, report.voided) == (50, 0)
+    got = lists._list_udf(list_name, "alloc", 50, 0, "dead loader", lists.header(list_name)["created"])
+    _leave_a_fenced_loaders_range(backend, list_name, dropped_created, got["start"], got["seq"], mode)
+    assert lists.recover(list_name) == 1
+    st = lists.status(list_name)
+    assert (st.total, st.reservable, st.pending_ranges) == (100, 100, 0)
+    jobs = drain_all(queue, list_name, session)
+    assert Counter(j.jid for j in jobs) == Counter([*(f"n{i}" for i in range(50)), *(f"m{i}" for i in range(50))])
+    assert all(j.payload == {"v": 2 if j.jid[0] == "n" else 3} for j in jobs)
