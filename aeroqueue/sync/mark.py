@@ -41,7 +41,7 @@ from aerospike_helpers.operations import operations as op
 
 from .. import keys
 from ..backends import Backend
-from ..errors import BackendError, GenerationConflict, SyncError
+from ..errors import BackendError, FilteredOut, GenerationConflict, RecordNotFound, SyncError
 from .scan import PROCESSED, synced
 
 NOT_FOUND = 2
@@ -179,15 +179,18 @@ def retain(backend: Backend, mark_bin: str, begin: int, count: int, grace_ms: in
     (by the server's clock: the record's last update is the mark or later).
 
     The delete is checked against the generation the scan read, so a job
-    changed in between (kicked) is never deleted. Jobs the target does not hold
-    (rejects, newer versions) are never deleted. Returns how many went.
+    changed in between (kicked) is never deleted, and the scan's filter is asked
+    again by the delete itself: a list dropped and loaded again under its name
+    recreates its job records under the same names with generations from 1, so
+    a new job can have the very generation the scan read. Jobs the target does
+    not hold (rejects, newer versions) are never deleted. Returns how many went.
     """
     old = exp.And(PROCESSED, synced(mark_bin), exp.GE(exp.SinceUpdateTime(), grace_ms)).compile()
     deleted = 0
     for name, rec in backend.scan(keys.JOB_SET, begin=begin, count=count, expression=old, bins=["state"]):
         try:
-            if backend.remove(keys.JOB_SET, name, gen=rec.gen):
-                deleted += 1
-        except GenerationConflict:
-            pass  # changed since the scan: keep it
+            backend.operate(keys.JOB_SET, name, [op.delete()], gen=rec.gen, expression=old)
+            deleted += 1
+        except (GenerationConflict, FilteredOut, RecordNotFound):
+            pass  # changed since the scan (or gone): keep it
     return deleted

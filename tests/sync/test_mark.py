@@ -13,6 +13,7 @@ import pytest
 
 from aeroqueue import keys
 from aeroqueue.lists import JobLists
+from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Queue
 from aeroqueue.sessions import Session
 from aeroqueue.sync.mark import mark_unchanged, server_clock
@@ -169,3 +170,45 @@ def _report_progress(backend, list_name: str, copied: int) -> str:  # type: igno
     task.per_list[list_name] = copied
     task._report()
     return task._report_as
+
+
+def test_retention_never_deletes_a_job_of_the_list_loaded_again_under_the_name(registered, list_name, monkeypatch):
+    """Retention's delete was fenced only by the generation its scan read. A list
+    dropped and loaded again under its name recreates job records under the same
+    names, their generations starting again at 1: a new job that had reached the
+    generation the scan read (load, claim, touch, acknowledgement: four writes, as
+    the old job's load, claim, acknowledgement and mark) was deleted unsynced, lost
+    to MySQL and to the store. Here the drop and the new job's life happen between
+    retention's scan and its delete, as they can while a sync task is paused there."""
+    from aeroqueue.sync.mark import mark, retain
+
+    make_jobs(registered, list_name, done=1)
+    name = keys.job_name(list_name, 0)
+    old = registered.get(keys.JOB_SET, name)
+    assert mark(registered, MARK, [name], [old.bins["done_at"]]) == (1, 0)
+    read_gen = registered.get(keys.JOB_SET, name).gen
+    scan = registered.scan
+    reloaded: list[int] = []
+
+    def scan_then_reload(*args, **kw):  # type: ignore[no-untyped-def]
+        found = list(scan(*args, **kw))
+        if not reloaded and any(n == name for n, _ in found):
+            lists = JobLists(registered)
+            lists.drop(list_name, grace_s=0)
+            lists.load(list_name, [JobSpec("j0", {"again": True})], max_attempts=1)
+            q = Queue(registered)
+            with Session.open(registered) as s:
+                (job,) = q.reserve(list_name, s, 1)
+                q.touch(job)
+                q.complete(job, {"new": True})
+            reloaded.append(registered.get(keys.JOB_SET, name).gen)
+        return iter(found)
+
+    monkeypatch.setattr(registered, "scan", scan_then_reload)
+    for begin in range(0, 4096, 1024):
+        retain(registered, MARK, begin, 1024, 0)
+    assert reloaded == [read_gen], "the new job had the generation the scan read"
+    new = registered.get(keys.JOB_SET, name)
+    assert new is not None, "the new list's job, never copied, is still in the store"
+    assert (new.bins["state"], new.bins["result"], MARK in new.bins) == ("done", {"new": True}, False)
+    JobLists(registered).drop(list_name, grace_s=0)
