@@ -194,8 +194,10 @@ class Queue:
         sess = session if isinstance(session, str) else session.claim_id()
         backend = self.backend
         try:
-            out = backend.apply(keys.LIST_SET, name, keys.LIST_MOD, "take", 1)
+            out = backend.apply(keys.LIST_SET, name, keys.LIST_MOD, "take", 1, backend.job_deadline())
         except RecordBusy:
+            return self._reserve(name, sess, 1, [])[0]
+        if out["st"] == "stale":  # nothing was taken: the loop's take repeats it
             return self._reserve(name, sess, 1, [])[0]
         if out["st"] != "ok" or out["retry"] or out["n"] != 1:
             return self._reserve(name, sess, 1, [], first=self._tokens(name, 1, out)[:2])[0]
@@ -317,7 +319,7 @@ class Queue:
         """Tokens to claim, the list's time limit (ms) for their claims, the take's
         server ms (None from a list module older than leases), and the fresh tokens
         among them (`_tokens`)."""
-        return self._tokens(name, k, self._udf(keys.LIST_SET, name, keys.LIST_MOD, "take", k))
+        return self._tokens(name, k, transitions.list_udf(self.backend, name, "take", k, deadline_s=self.busy_deadline_s))
 
     def _tokens(self, name: str, k: int, out: dict[str, Any]) -> tuple[list[int], int, int | None, range]:
         """A `take` answer's tokens (up to `k`, topped up from the ID store), time limit,
@@ -351,7 +353,7 @@ class Queue:
             got.extend(self._udf(keys.IDS_SET, keys.chunk_name(name, cursor), keys.IDS_MOD, "pop", k - len(got)))
             if len(got) < k:
                 seen = cursor
-                cursor = self._udf(keys.LIST_SET, name, keys.LIST_MOD, "advance", seen)
+                cursor = transitions.list_udf(self.backend, name, "advance", seen, deadline_s=self.busy_deadline_s)
                 if cursor <= seen:  # the list record is gone
                     break
         return got

@@ -35,6 +35,7 @@ import functools
 import logging
 import random
 import threading
+import time
 import uuid
 import weakref
 from collections import defaultdict
@@ -153,10 +154,39 @@ def _offer_udf(backend: Backend, list_name: str, function: str, *args: Any) -> i
     def once() -> int:
         nonlocal calls
         calls += 1
-        again = (1,) if calls > 1 else ()
-        return int(backend.udf(keys.LIST_SET, list_name, keys.LIST_MOD, function, *args, *again))
+        answer = backend.udf(keys.LIST_SET, list_name, keys.LIST_MOD, function, *args, int(calls > 1),
+                             backend.job_deadline())
+        if is_stale(answer):
+            raise _stale_list_call(function, list_name)
+        return int(answer)
 
     return retry_in_doubt(once)
+
+
+def list_udf(backend: Backend, list_name: str, function: str, *args: Any, deadline_s: float = 5.0) -> Any:
+    """A list UDF a worker sends (`take`, `advance`) with a fresh `Backend.job_deadline`
+    as its last argument, repeated while the server refuses it as run past that
+    deadline ('stale': nothing was done), until `deadline_s`; then `StaleRequest`. A
+    lost answer is not repeated here: a take may have landed (the sweep finds its
+    tokens). The deadline keeps a frozen node's late run of the call from rolling
+    the list record back (aq_list_v1.lua, header)."""
+    give_up = time.monotonic() + deadline_s
+    while True:
+        answer = backend.udf(keys.LIST_SET, list_name, keys.LIST_MOD, function, *args, backend.job_deadline(),
+                             deadline_s=deadline_s)
+        if not is_stale(answer):
+            return answer
+        if time.monotonic() >= give_up:
+            raise _stale_list_call(function, list_name)
+        time.sleep(0.01)
+
+
+def _stale_list_call(function: str, list_name: str) -> StaleRequest:
+    return StaleRequest(
+        f"{keys.LIST_MOD}.{function} on {keys.LIST_SET}/{list_name}: the server ran it after the deadline this "
+        "client gave it, and refused it (nothing was done)",
+        operation=f"{keys.LIST_MOD}.{function}", key=list_name,
+    )
 
 
 def backoff_ms(attempt: int, base_ms: int, cap_ms: int, rng: random.Random | None = None) -> int:
@@ -298,7 +328,7 @@ def flush_bits(backend: Backend) -> None:
 
 
 def is_stale(answer: Any) -> bool:
-    """Whether a job UDF's answer says it ran past its deadline and did nothing."""
+    """Whether a job or list UDF's answer says it ran past its deadline and did nothing."""
     return answer == "stale" or (isinstance(answer, dict) and answer.get("st") == "stale")
 
 

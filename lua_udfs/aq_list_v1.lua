@@ -59,12 +59,26 @@
 --
 -- Every function returns a status value rather than raising, so that it
 -- reports the same way through apply and batch_apply.
+--
+-- The calls workers make (take, advance, push_retry, schedule) take a last
+-- argument `deadline` and answer 'stale' (map{st='stale'} for take), changing
+-- nothing, when the server runs them past it, as aq_job_v1's transitions do (see
+-- `stale` there): a frozen node that resumes runs the calls that waited in its
+-- sockets on its stale copy of this record, and its replica write replaces the
+-- newer copy the cluster made meanwhile. The whole record goes back: `head` too,
+-- and the token store hands out again tokens already handed out. A claim refuses
+-- a job that is not queued, but a leased job's record stays queued while it runs:
+-- it would run twice. nil (older clients, the embedded store): no such limit.
 
 local function now()
   return aerospike:get_current_time()
 end
 
 local TUNABLE = {tlim = true, bo = true, bo_max = true}
+
+local function stale(deadline)
+  return deadline ~= nil and now() > deadline
+end
 
 -- A list record that is not a tombstone (a dropped list: see `tombstone`).
 local function live(rec)
@@ -242,14 +256,15 @@ local function offered(rec, sched_too)
   return present
 end
 
--- schedule(rec, tokens, delay_ms, cap, again) -> integer accepted
+-- schedule(rec, tokens, delay_ms, cap, again, deadline) -> integer accepted | 'stale'
 --   Jobs that wait (a backoff, a snooze, a delayed job found early) come back
 --   delay_ms from now by the server's clock, up to `cap` tokens in sched; the
 --   caller leaves the rest in their records (state delayed) for the sweeper.
 --   again = 1: a repeat of a call whose answer was lost, which may have landed
 --   (and, due since, moved to the retry store): a token found in either is not
 --   added twice. Only then, as that costs a pass over both.
-function schedule(rec, tokens, delay_ms, cap, again)
+function schedule(rec, tokens, delay_ms, cap, again, deadline)
+  if stale(deadline) then return 'stale' end
   if not live(rec) then return 0 end
   local t = now()
   local due = t + delay_ms
@@ -632,8 +647,8 @@ function expired(rec)
   return out
 end
 
--- take(rec, k) -> map{st='ok', retry=list, start, n, cursor, pubs, tlim, now, mode}
---                 | map{st='missing'|'paused'}
+-- take(rec, k, deadline) -> map{st='ok', retry=list, start, n, cursor, pubs, tlim, now, mode}
+--                 | map{st='missing'|'paused'|'stale'}
 --   The reservation step: up to k tokens from the retry store first (with
 --   whatever sched has due), then due ranges of delayed loads, then the token
 --   store ([start, start+n), never past tail, stepping over gates and timed
@@ -644,7 +659,8 @@ end
 --   (a lease's time limit runs from it). mode: the list's own, for the caller to
 --   pop the ID store by: a list dropped and loaded again under its name may have
 --   another mode than the caller saw before.
-function take(rec, k)
+function take(rec, k, deadline)
+  if stale(deadline) then return map{st = 'stale'} end
   if not live(rec) then return map{st = 'missing'} end
   if rec['paused'] == 1 then return map{st = 'paused'} end
   local t = now()
@@ -724,10 +740,11 @@ function take(rec, k)
              mode = rec['mode']}
 end
 
--- advance(rec, seen) -> integer cursor
+-- advance(rec, seen, deadline) -> integer cursor | 'stale'
 --   ID mode: chunk `seen` was found empty; move the cursor past it, never
 --   back and never past the published chunks, and past gated chunks not due.
-function advance(rec, seen)
+function advance(rec, seen, deadline)
+  if stale(deadline) then return 'stale' end
   if not live(rec) then return -1 end
   local cursor = rec['cursor']
   if seen >= cursor and seen < rec['pubs'] then
@@ -740,13 +757,14 @@ function advance(rec, seen)
   return cursor
 end
 
--- push_retry(rec, tokens, cap, again) -> integer accepted
+-- push_retry(rec, tokens, cap, again, deadline) -> integer accepted | 'stale'
 --   Jobs that came back go to the retry store, up to `cap` entries (the
 --   record-size limit); the caller leaves the rest queued for the sweeper.
 --   again = 1: a repeat of a push whose answer was lost, which may have landed:
 --   a token already in the store is not added twice (counted waiting twice while
 --   its one job runs). Only then, as that costs a pass over the whole store.
-function push_retry(rec, tokens, cap, again)
+function push_retry(rec, tokens, cap, again, deadline)
+  if stale(deadline) then return 'stale' end
   if not live(rec) then return 0 end
   local retry = rec['retry']
   local present = nil

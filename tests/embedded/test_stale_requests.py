@@ -1,5 +1,5 @@
-"""Job transitions carry a deadline: a call the server runs after its sender gave up
-on it changes nothing ('stale'). On a cluster, a node frozen past the heartbeat
+"""Job transitions, and the list calls workers make, carry a deadline: a call the
+server runs after its sender gave up on it changes nothing ('stale'). On a cluster, a node frozen past the heartbeat
 timeout runs, when it resumes, the calls that waited in its sockets, on its stale
 copy, and Aerospike CE lets that stale result replace the newer record the rest of
 the cluster made meanwhile (tests/multinode/test_replay.py shows it on a real
@@ -93,14 +93,14 @@ def test_a_refused_transition_is_sent_again_with_a_new_deadline(backend, monkeyp
     given: list[int | None] = []
 
     def deadline() -> int | None:
-        given.append(PAST if len(given) < 2 else FUTURE)
+        given.append(PAST if len(given) in (1, 2) else FUTURE)  # the take's passes, the claim's does not
         return given[-1]
 
     monkeypatch.setattr(backend, "job_deadline", deadline)
     with Session.open(backend, heartbeat=False) as s:
         [job] = queue.reserve("L", s)  # claimed after two refusals
         queue.complete(job, "ok")
-    assert given[:3] == [PAST, PAST, FUTURE] and len(given) == 4
+    assert given == [FUTURE, PAST, PAST, FUTURE, FUTURE]  # take, claim (three times), complete
     assert _job(backend, job.token).bins["state"] == "done"
 
 
@@ -113,3 +113,70 @@ def test_a_transition_refused_until_the_end_says_why(backend, monkeypatch):
             queue.complete(job, "ok")
         monkeypatch.undo()
         assert _job(backend, job.token).bins["state"] == "claimed", "nothing was done"
+
+
+def _list(backend: Backend, name: str = "L"):
+    return backend.get(keys.LIST_SET, name)
+
+
+def _list_call(backend: Backend, function: str, *args, name: str = "L"):
+    return backend.apply(keys.LIST_SET, name, keys.LIST_MOD, function, *args)
+
+
+LIST_CALLS = [  # the list calls workers make, with their arguments before the deadline
+    ("take", ("L", 2)),
+    ("advance", ("I", 0)),
+    ("push_retry", ("L", [0], 1000, 0)),
+    ("schedule", ("L", [1], 1000, 1000, 0)),
+]
+
+
+@pytest.mark.parametrize(("function", "args"), LIST_CALLS, ids=[f for f, _ in LIST_CALLS])
+def test_a_list_call_past_its_deadline_changes_nothing(backend, function, args):
+    """Run late by a frozen node that resumed, a list call would replace the list record
+    the cluster made meanwhile with its stale copy: `head` goes back, and the token
+    store hands out again what it handed out, which a leased job (its record stays
+    queued while it runs) would run twice."""
+    JobLists(backend).load("I", [JobSpec(f"i{i}", {}) for i in range(3)], mode="ids", seal=True)
+    name, *rest = args
+    before = _list(backend, name)
+    assert _list_call(backend, function, *rest, PAST, name=name) in ("stale", {"st": "stale"})
+    after = _list(backend, name)
+    assert (after.gen, after.bins) == (before.gen, before.bins), f"{function} past its deadline wrote"
+    # Before its deadline (or with none: older clients) it acts as ever.
+    assert _list_call(backend, function, *rest, FUTURE, name=name) not in ("stale", {"st": "stale"})
+    assert _list(backend, name).gen == before.gen + 1, f"{function} before its deadline wrote nothing"
+
+
+@pytest.mark.parametrize("count", [1, 3], ids=["one job", "a batch"])
+def test_a_refused_take_is_sent_again_with_a_new_deadline(backend, monkeypatch, count):
+    queue = Queue(backend, busy_deadline_s=2.0)
+    given: list[int | None] = []
+
+    def deadline() -> int | None:
+        given.append(PAST if len(given) < 2 else FUTURE)
+        return given[-1]
+
+    monkeypatch.setattr(backend, "job_deadline", deadline)
+    with Session.open(backend, heartbeat=False) as s:
+        jobs = queue.reserve("L", s, count)
+    assert len(jobs) == count and given[:3] == [PAST, PAST, FUTURE]
+    assert _list(backend).bins["head"] == count, "one take landed"
+
+
+def test_a_refused_push_is_sent_again_and_one_refused_until_the_end_says_why(backend, monkeypatch):
+    from aeroqueue import transitions
+
+    given: list[int | None] = []
+
+    def deadline() -> int | None:
+        given.append(PAST if len(given) < 2 else FUTURE)
+        return given[-1]
+
+    monkeypatch.setattr(backend, "job_deadline", deadline)
+    assert transitions.push_retry(backend, "L", [2]) == 1
+    assert given == [PAST, PAST, FUTURE] and _list(backend).bins["retry"] == [2], "pushed once"
+    monkeypatch.setattr(backend, "job_deadline", lambda: PAST)
+    with pytest.raises(errors.StaleRequest, match=r"push_retry on aq_list/L: the server ran it after the deadline"):
+        transitions.push_retry(backend, "L", [1])
+    assert _list(backend).bins["retry"] == [2], "nothing was done"

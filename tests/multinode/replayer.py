@@ -5,17 +5,21 @@
 Three lists of N jobs, "guarded", "native" and "bare", loaded by the test. One command per
 line on stdin, one JSON answer per line on stdout:
 
-    claim   (all nodes up) claim every job of both lists under session A
+    claim   (all nodes up) claim every job of both lists under session A; load the
+            take lists (TAKE_LISTS: 4 jobs each, none taken)
     stale   (node 0 frozen, dropped by the others) one attempt each, all at once:
             complete every job under A, result 'stale';
             "guarded" through the UDF with its deadline (`Backend.job_deadline`),
             "native" as the native operation (hotpath) with its deadline, "bare"
             through the UDF without one, as before deadlines existed. The tokens whose call failed (in doubt: their
-            master is the frozen node), by list
+            master is the frozen node), by list. Also one `take` of 1 on each take list,
+            "tg*" with its deadline, "tb*" without: under "takes", the lists whose take failed
     live    through a new client seeded with LIVE_URL (the live nodes: it never sends
             to the frozen one), for each of those jobs still claimed by A: release it
-            (A gave up), claim it under B, complete it under B, result 'live'
-    read    every job's (state, completed by A or B, result, generation), by list
+            (A gave up), claim it under B, complete it under B, result 'live'; on each
+            take list whose take failed, take 2 (its head, as the live nodes left it)
+    read    every job's (state, completed by A or B, result, generation), by list;
+            under "heads", each take list's head
 """
 
 from __future__ import annotations
@@ -32,10 +36,14 @@ from aeroqueue import hotpath, keys, transitions
 from aeroqueue.backends import Backend, client_config, open_backend, retry_in_doubt
 from aeroqueue.config import parse_url
 from aeroqueue.errors import AeroqueueError
+from aeroqueue.lists import JobLists
+from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Job, Queue
 from aeroqueue.sessions import Session
 
 LISTS = ("guarded", "native", "bare")
+# One list record each, a third of them with the frozen node as their master.
+TAKE_LISTS = [f"tg{i}" for i in range(15)] + [f"tb{i}" for i in range(15)]
 
 
 def main(url: str, live_url: str, n: int) -> None:
@@ -58,6 +66,8 @@ def main(url: str, live_url: str, n: int) -> None:
             for name in LISTS:
                 while len(jobs[name]) < n:
                     jobs[name].update((job.token, job) for job in queue.reserve(name, a, n - len(jobs[name])))
+            for name in TAKE_LISTS:
+                JobLists(backend).load(name, [JobSpec(f"{name}-{i}", i) for i in range(4)], seal=True)
             out = "ok"
         elif cmd == "stale":
             def complete(job: Job) -> bool:
@@ -72,14 +82,25 @@ def main(url: str, live_url: str, n: int) -> None:
                 except AeroqueueError:
                     return False
 
+            def take(name: str) -> bool:
+                try:
+                    deadline = backend.job_deadline() if name.startswith("tg") else None
+                    backend.apply(keys.LIST_SET, name, keys.LIST_MOD, "take", 1, deadline)
+                    return True
+                except AeroqueueError:
+                    return False
+
             every = [job for name in LISTS for job in jobs[name].values()]
-            with ThreadPoolExecutor(len(every)) as pool:
+            with ThreadPoolExecutor(len(every) + len(TAKE_LISTS)) as pool:
+                took = pool.map(take, TAKE_LISTS)
                 landed = list(pool.map(complete, every))
+                took_ok = list(took)
             in_doubt = {name: [] for name in LISTS}
             for job, ok in zip(every, landed, strict=True):
                 if not ok:
                     in_doubt[job.list].append(job.token)
-            out = in_doubt
+            takes = [name for name, ok in zip(TAKE_LISTS, took_ok, strict=True) if not ok]
+            out = {**in_doubt, "takes": takes}
         elif cmd == "live":
             live = open_backend(live_url)
             queue = Queue(live, busy_deadline_s=30)
@@ -99,7 +120,13 @@ def main(url: str, live_url: str, n: int) -> None:
                     assert st == "ok", st
                     moved[name].append(token)
             b_id = b.id
-            out = {"moved": moved}
+            heads = {}
+            for name in takes:
+                got = retry_in_doubt(lambda name=name, live=live: live.apply(
+                    keys.LIST_SET, name, keys.LIST_MOD, "take", 2, live.job_deadline()), deadline_s=30)
+                assert got["st"] == "ok", got
+                heads[name] = got["start"] + got["n"]
+            out = {"moved": moved, "heads": heads}
         elif cmd == "read":
             assert live is not None
             out = {}
@@ -109,6 +136,8 @@ def main(url: str, live_url: str, n: int) -> None:
                     rec = retry_in_doubt(lambda job=job, live=live: live.get(keys.JOB_SET, job.name), deadline_s=30)
                     by = {a.id: "A", b_id: "B"}.get(rec.bins.get("by"), rec.bins.get("by"))
                     out[name][token] = [rec.bins["state"], by, rec.bins.get("result"), rec.gen]
+            out["heads"] = {name: retry_in_doubt(lambda name=name, live=live: live.get(keys.LIST_SET, name),
+                                                 deadline_s=30).bins["head"] for name in TAKE_LISTS}
         else:
             raise SystemExit(f"unknown command {cmd!r}")
         print(json.dumps(out), flush=True)

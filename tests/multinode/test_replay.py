@@ -29,6 +29,13 @@ native operation with the deadline in its filter (aeroqueue/hotpath.py): nothing
 is undone. The "bare" list is the control: if nothing there was undone, nothing
 was replayed, and the others prove nothing.
 
+The same for the list record: a `take` sent to the frozen node, then takes made
+on the live nodes; replayed, the take puts the list record back as the frozen
+node had it, `head` included, and the token store hands out again what it handed
+out (a leased job, whose record stays queued while it runs, then runs twice).
+Takes with the deadline ("tg*" lists) roll nothing back; those without ("tb*",
+the control) do.
+
 The deadline covers calls older than the timeout plus the margin when the node
 resumes; so the test resumes the node that long after the last call it got.
 Calls sent to the frozen node were not replayed at all (in these runs) when it
@@ -96,7 +103,8 @@ def test_a_resumed_node_does_not_undo_an_acknowledged_completion(cluster3: Clust
             cluster3.wait_stable([1, 2], timeout_s=30)  # the others dropped it; the replayer's client never learns it
             in_doubt = client.ask("stale")
             sent = time.monotonic()
-            moved = client.ask("live")["moved"]
+            live = client.ask("live")
+            moved, took = live["moved"], live["heads"]
             time.sleep(max(0.0, sent + (TIMEOUT_MS + CLOCK_MARGIN_MS) / 1000 + 0.4 - time.monotonic()))
         finally:
             cluster3.signal(0, signal.SIGCONT)
@@ -113,6 +121,16 @@ def test_a_resumed_node_does_not_undo_an_acknowledged_completion(cluster3: Clust
     print(f"\nreplay: completions in doubt {[len(in_doubt[n]) for n in LISTS]}, completed again "
           f"elsewhere {[len(moved[n]) for n in LISTS]}, undone by the resumed node "
           f"{[len(undone[n]) for n in LISTS]} ({', '.join(LISTS)})")
+    # The list record: a take sent to the frozen node, the live nodes' takes after it;
+    # replayed, the take would put the record back as the frozen node had it, `head`
+    # included, and the token store would hand out again what it handed out.
+    heads = final["heads"]
+    rolled_back = {kind: [name for name in in_doubt["takes"] if name.startswith(kind) and heads[name] < took[name]]
+                   for kind in ("tg", "tb")}
+    print(f"list records: takes in doubt {len(in_doubt['takes'])}, rolled back by the resumed node: "
+          f"{len(rolled_back['tg'])} with a deadline, {len(rolled_back['tb'])} without")
+    assert rolled_back["tb"], "the control: no replayed take without a deadline rolled a list record back"
+    assert not rolled_back["tg"], f"list records rolled back despite the take's deadline: {rolled_back['tg']}"
     assert all(moved[n] for n in LISTS), f"no completion went to the frozen node: {in_doubt}"
     assert undone["bare"], "the control: no replay undid a completion without a deadline, so this run shows nothing"
     assert not undone["guarded"] and not undone["native"], (
