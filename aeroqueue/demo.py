@@ -170,13 +170,19 @@ def main(root: Path = ROOT) -> None:
     table.add_row("throughput", f"{total / elapsed:,.0f} jobs/s end to end")
     console.print(table)
     console.print(f"store:       {url}\n             aeroqueue --url {url} status {next(iter(LISTS))}", soft_wrap=True)
+    _show_target(console, target)
+
+
+def _show_target(console: Console, target: str) -> None:
+    """Where the rows went and how to look, as str(Target) shows it: the URL may come
+    from AEROQUEUE_DEMO_MYSQL with a password in it."""
     query = "select state, count(*) from aq_jobs group by state"
-    if target.startswith("sqlite://"):
-        look = f"sqlite3 {target[len('sqlite://'):]} '{query}'"
+    t = parse_target(target)
+    if t.dialect == "sqlite":
+        look = f"sqlite3 {t.path} '{query}'"
     else:
-        t = parse_target(target)
         look = f"mariadb -h {t.host} -P {t.port} -u {t.user} {t.database} -e '{query}'"
-    console.print(f"sync target: {target}\n             {look}", soft_wrap=True)
+    console.print(f"sync target: {t}\n             {look}", soft_wrap=True)
 
 
 def _run_workers(
@@ -228,9 +234,11 @@ def _choose_target(root: Path) -> tuple[str, str]:
 def _sync(console: Console, url: str, target: str) -> tuple[int | None, str]:
     if shutil.which("java") is None:
         return None, "skipped: Java 17 is needed for Spark"
-    cmd = [sys.executable, "-m", "aeroqueue", "--url", url, "sync", "--mysql", target, "--master", "local[2]", "--json"]
+    # The target through the environment (`sync --mysql` reads AEROQUEUE_MYSQL), not the
+    # command line, which any user of the machine can read (ps) while Spark runs.
+    cmd = [sys.executable, "-m", "aeroqueue", "--url", url, "sync", "--master", "local[2]", "--json"]
     with console.status("running the Spark sync (local mode)..."):
-        out = subprocess.run(cmd, capture_output=True, text=True)
+        out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "AEROQUEUE_MYSQL": target})
     if out.returncode != 0:
         console.print(f"[red]sync failed[/]: {out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode}")
         return None, "sync failed"

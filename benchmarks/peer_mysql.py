@@ -17,6 +17,8 @@ import uuid
 from typing import Any, cast
 from urllib.parse import unquote, urlsplit
 
+from aeroqueue.config import mask_url
+
 from .harness import Peer, PeerInfo, PeerUnavailable, Prepared, Worker, check_states, with_retry
 
 DEFAULT_URL = "mysql://root@127.0.0.1:3306/test"
@@ -63,10 +65,7 @@ def connect_args(url: str) -> dict[str, Any]:
 
 
 def _mask(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password:
-        return url.replace(f":{parts.password}@", ":***@")
-    return url
+    return mask_url(url)  # however malformed: urlsplit finds no password in mysql//u:pw@h/db
 
 
 def _own_table(prepared: Prepared) -> str:

@@ -31,6 +31,8 @@ from typing import Any
 
 import click
 
+from aeroqueue.config import mask_url
+
 from . import report as rpt
 from .harness import Peer, PeerUnavailable, RunRow, mode_name, run, run_sizes
 from .peer_aeroqueue import AeroqueuePeer
@@ -73,16 +75,22 @@ class Options:
     redis_url: str = REDIS_URL
     beanstalkd_bin: str = "beanstalkd"
     beanstalkd_binlog: bool = True
-    command: str = field(default_factory=lambda: masked(shlex.join(["python", "-m", "benchmarks.peers", *sys.argv[1:]])))
+    command: str = field(default_factory=lambda: masked(["python", "-m", "benchmarks.peers", *sys.argv[1:]]))
 
     def jobs_for(self, batch: int) -> int:
         """Jobs a run of this batch size loads: `batch_jobs` for the batch runs, if given."""
         return self.jobs if batch == 1 else self.batch_jobs or self.jobs
 
 
-def masked(text: str) -> str:
-    """Passwords out of URLs and DSNs (user:password@host), for anything printed or saved."""
-    return re.sub(r"(://[^:/@\s]+):[^@\s]*@", r"\1:***@", text)
+_DSN_PASSWORD = re.compile(r"(?i)(\bpassword\s*=\s*)('[^']*'|\S+)")  # PostgreSQL's key=value DSNs
+
+
+def masked(argv: list[str]) -> str:
+    """A command line for the report (printed and saved), every password in it masked.
+    Argument by argument, as `aeroqueue.config.mask_url` masks one URL given whole: a
+    password holding a blank, or a URL typed wrongly (mysql//...), is masked whole too,
+    which a pattern run over the joined line missed."""
+    return shlex.join(_DSN_PASSWORD.sub(r"\1***", mask_url(arg)) for arg in argv)
 
 
 def make_peers(options: Options) -> list[Peer]:
@@ -352,7 +360,7 @@ def peers_command(
     # What the user typed, for the report: `python -m benchmarks.peers ...`, or the
     # host CLI's own command line when it runs this one (`aeroqueue bench --peers`).
     program = ["python", "-m", "benchmarks.peers"] if ctx.parent is None else [Path(sys.argv[0]).name]
-    command = shlex.join([*program, *sys.argv[1:]])
+    command = masked([*program, *sys.argv[1:]])
     options = Options(
         url=url,
         jobs=jobs,
@@ -372,7 +380,7 @@ def peers_command(
         redis_url=redis_url,
         beanstalkd_bin=beanstalkd_bin,
         beanstalkd_binlog=beanstalkd_binlog,
-        command=masked(command),
+        command=command,
     )
     if png_out:  # fail before minutes of measuring, not after
         try:

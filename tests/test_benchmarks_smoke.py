@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 from array import array
 from pathlib import Path
 from typing import Any
@@ -96,6 +99,31 @@ def test_harness_report_and_exactly_once(tmp_path: Path) -> None:
     assert "| client CPU us/job | machine CPU us/job |" in text
     if png:
         assert (tmp_path / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_report_and_the_output_hold_no_password(tmp_path: Path) -> None:
+    """The real command in its own process (the report quotes its command line):
+    passwords in a URL typed wrongly, with a blank in them, or in a key=value DSN."""
+    secret = "S3cr3t-peers-XYZ"
+    out = tmp_path / "report.json"
+    args = [
+        "--jobs", str(JOBS), "--clients", "2", "--batch", str(BATCH), "--peers", "mysql",
+        "--mysql-url", f"mysql//u:{secret}@127.0.0.1:3306/db",  # ':' forgotten: the peer is skipped
+        "--redis-url", f"redis://u:{secret} x@127.0.0.1:6379/0",
+        "--postgres-dsn", f"host=127.0.0.1 password={secret}",
+        "--json", str(out), "--markdown", str(tmp_path / "report.md"), "--timeout", "60", "--settle", "0",
+    ]
+    env = {k: v for k, v in os.environ.items() if k != "AEROQUEUE_URL"}
+    done = subprocess.run([sys.executable, "-m", "benchmarks.peers", *args], capture_output=True, text=True,
+                          timeout=240, env=env, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())
+    assert "--mysql-url 'mysql//u:***@127.0.0.1:3306/db'" in report["command"], report["command"]
+    assert "password=***" in report["command"]
+    [mysql] = [p for p in report["peers"] if p["name"] == "mysql"]
+    assert mysql["status"] == "skipped" and "mysql//u:***@" in mysql["reason"]
+    for text in (done.stdout, done.stderr, out.read_text(), (tmp_path / "report.md").read_text()):
+        assert secret not in text
 
 
 def test_audit_catches_a_job_acked_twice_and_one_never_acked() -> None:

@@ -253,6 +253,52 @@ def test_an_unexpected_error_is_one_line_too(tmp_path, monkeypatch):
     assert "Traceback" in cli("--create", "lists", "--verbose", url=url).stderr
 
 
+SECRET = "S3cr3t-edges-XYZ"
+MYSQL_WITH_PASSWORD = f"mysql://u:{SECRET}@127.0.0.1:3306/db"
+STORE_WITH_PASSWORD = f"aerospike://u:{SECRET}@127.0.0.1:3000/test"
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        # --mysql forgotten: click quotes the argument it did not expect.
+        (("sync", MYSQL_WITH_PASSWORD), "unexpected extra argument (mysql://u:***@127.0.0.1:3306/db)"),
+        (("sync-bench", MYSQL_WITH_PASSWORD), "unexpected extra argument (mysql://u:***@"),
+        # --url forgotten, before or after the command.
+        ((STORE_WITH_PASSWORD, "lists"), "No such command 'aerospike://u:***@127.0.0.1:3000/test'"),
+        (("lists", STORE_WITH_PASSWORD), "unexpected extra argument (aerospike://u:***@"),
+        # A URL where a list name or another option's value goes.
+        (("status", STORE_WITH_PASSWORD), "invalid list name 'aerospike://u:***@"),
+        (("sync", "--every", MYSQL_WITH_PASSWORD), "'mysql://u:***@127.0.0.1:3306/db' is not a duration"),
+        (("sync", "--partitions", MYSQL_WITH_PASSWORD), "'mysql://u:***@"),
+        # A blank in the password: masked whole, as the argument it came in.
+        (("sync", f"mysql://u:pa {SECRET}@h/db"), "unexpected extra argument (mysql://u:***@h/db)"),
+        (("sync", f"--every=mysql://u:pa {SECRET}@h/db"), "'mysql://u:***@h/db' is not a duration"),
+    ],
+)
+def test_a_usage_error_quoting_a_url_masks_its_password(tmp_path, args, says):
+    """The real command in a process of its own: click's usage errors quote the value
+    they refused, and a URL typed in the wrong place is still a password on a screen."""
+    env = {k: v for k, v in os.environ.items() if k not in CLEAN}
+    out = subprocess.run([sys.executable, "-m", "aeroqueue", *args], capture_output=True, text=True, timeout=60,
+                         env={**env, "XDG_DATA_HOME": str(tmp_path)}, cwd=tmp_path)
+    assert out.returncode == 2, out.stderr
+    assert says in out.stderr and out.stderr.count("\n") == 1, out.stderr
+    assert SECRET not in out.stdout + out.stderr
+
+
+def test_an_unexpected_error_quoting_a_url_masks_its_password_traceback_too(tmp_path, monkeypatch):
+    def broken(*_: object) -> list[str]:
+        raise TypeError(f"a bug near {MYSQL_WITH_PASSWORD}")
+
+    monkeypatch.setattr(JobLists, "names", broken)
+    url = f"embedded://{tmp_path}/s.db"
+    line = one_error_line(cli("--create", "lists", url=url), 1)
+    assert "TypeError: a bug near mysql://u:***@127.0.0.1:3306/db" in line
+    loud = cli("--create", "lists", "--verbose", url=url)
+    assert "Traceback" in loud.stderr and "mysql://u:***@" in loud.stderr and SECRET not in loud.output
+
+
 @pytest.mark.parametrize(
     "argv",
     [

@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from .. import udfs
 from ..backends import Backend, open_backend
-from ..config import ENV_URL, MAX_ATTEMPTS, MAX_SECONDS, may_create
+from ..config import ENV_URL, MAX_ATTEMPTS, MAX_SECONDS, mask_passwords, mask_url, may_create
 from ..errors import AeroqueueError, ConfigError, ListNotFound
 from ..keys import check_list_name
 from ..lists import DEFAULT_MAX_ATTEMPTS, JobLists, new_list_policy
@@ -145,6 +145,19 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+def _say_error(text: str, argv: Sequence[str] = ()) -> None:
+    """An error line (or traceback) on stderr, any user:password@ in it masked: click's
+    usage errors quote the value they refused, which is a store or MySQL URL when one
+    lands in the wrong place (`aeroqueue sync mysql://u:pw@h/db`, --mysql forgotten).
+    Each argument quoted whole is masked as one URL (`mask_url`), so that a password
+    holding a blank, which the pattern of `mask_passwords` stops at, goes whole too."""
+    for arg in argv:
+        for value in {arg, arg.partition("=")[2]}:  # --every=URL: click quotes the value
+            if value and (shown := mask_url(value)) != value:
+                text = text.replace(value, shown)
+    click.echo(mask_passwords(text), err=True, nl=False)
+
+
 def _stdout_fd() -> int | None:
     """Standard output's file descriptor; None when it is not a real file (a test runner's)."""
     try:
@@ -207,7 +220,7 @@ class AeroqueueGroup(click.Group):
         """One line on stderr for `e` (the traceback first with --verbose), exit 1."""
         verbose = bool(ctx.meta.get(_VERBOSE) or (ctx.obj and ctx.obj.verbose))
         if verbose:
-            click.echo(traceback.format_exc(), err=True, nl=False)
+            _say_error(traceback.format_exc())
         if isinstance(e, AeroqueueError):
             line = f"error: {e}" + (f" ({e.hint})" if e.hint else "")
         elif isinstance(e, OSError):
@@ -217,7 +230,7 @@ class AeroqueueGroup(click.Group):
                 "" if verbose else " (run with --verbose for the traceback, and please report it)"
             )
         # One line, never wrapped, so scripts and people can both read it.
-        click.echo(_one_line(line), err=True)
+        _say_error(_one_line(line) + "\n")
         ctx.exit(EXIT_ERROR)
 
     def main(
@@ -226,6 +239,7 @@ class AeroqueueGroup(click.Group):
     ) -> Any:
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, False, **extra)
+        argv = list(args) if args is not None else sys.argv[1:]
         try:
             rv = super().main(args, prog_name, complete_var, False, **extra)
         except _NoArgsIsHelp as e:
@@ -235,10 +249,10 @@ class AeroqueueGroup(click.Group):
             sys.exit(e.exit_code)
         except click.UsageError as e:
             where = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
-            click.echo(_one_line(f"error: {e.format_message()}{where}"), err=True)
+            _say_error(_one_line(f"error: {e.format_message()}{where}") + "\n", argv)
             sys.exit(e.exit_code)
         except click.ClickException as e:
-            click.echo(_one_line(f"error: {e.format_message()}"), err=True)
+            _say_error(_one_line(f"error: {e.format_message()}") + "\n", argv)
             sys.exit(e.exit_code)
         except click.Abort:
             click.echo("error: interrupted", err=True)

@@ -3,14 +3,17 @@ not in Spark's own logging (the whole spark-submit entry script runs in a child 
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from rich.console import Console
 
 from aeroqueue.cli.context import Context
 from aeroqueue.cli.sync_cmd import sync as sync_command
@@ -60,3 +63,34 @@ def test_wrong_password_error_and_logs_hold_no_password(registered, store_url, m
     assert "Access denied" in message and f"mysql://{user}:***@" in message
     for text in (out.output, message, caplog.text):
         assert wrong not in text and password not in text
+
+
+def test_the_demo_shows_and_passes_its_target_without_the_password(registered, store_url, mysql_db, mysql_user,
+                                                                   list_name, monkeypatch):
+    """`make demo` with AEROQUEUE_DEMO_MYSQL holding a password: its summary printed the
+    URL as given, and its sync's command line (which ps shows anyone) held it too."""
+    if not registered.is_embedded:
+        pytest.skip("the demo runs on an embedded store")
+    from aeroqueue import demo
+
+    user, password = mysql_user
+    target = f"mysql://{user}:{password}@127.0.0.1:3306/{mysql_db}"
+    make_jobs(registered, list_name, done=2)
+    monkeypatch.setattr(demo, "LISTS", {list_name: ("tokens", 2)})  # the rows `_sync` counts
+    children: list[tuple[list[str], dict[str, str]]] = []
+    real_run = subprocess.run
+
+    def recorded(cmd: list[str], **kw: Any) -> Any:
+        children.append((list(cmd), dict(kw.get("env") or os.environ)))
+        return real_run(cmd, **kw)
+
+    monkeypatch.setattr(demo.subprocess, "run", recorded)
+    shown = io.StringIO()
+    console = Console(file=shown, width=200)
+    rows, note = demo._sync(console, store_url, target)
+    demo._show_target(console, target)
+    assert (rows, note) == (2, ""), shown.getvalue()
+    assert f"sync target: mysql://{user}:***@127.0.0.1:3306/{mysql_db}" in shown.getvalue()
+    assert password not in shown.getvalue()
+    [(cmd, env)] = children
+    assert password not in " ".join(cmd) and env["AEROQUEUE_MYSQL"] == target
