@@ -7,6 +7,7 @@ run starts.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -128,6 +129,18 @@ def _log_to_stderr() -> None:
         log.setLevel(logging.INFO)
 
 
+# Ctrl-C reached this process during the run. It reaches the JVM too, whose end
+# the main thread, blocked in a py4j call, may see first (when the signal landed on
+# another thread, the call is not interrupted): a Spark failure then, not Ctrl-C.
+_sigint_seen = False
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    global _sigint_seen
+    _sigint_seen = True
+    raise KeyboardInterrupt
+
+
 def _plain_interrupts(verbose: bool) -> None:
     """Ctrl-C during a run ends the command with one line, as it ends every other.
 
@@ -138,8 +151,10 @@ def _plain_interrupts(verbose: bool) -> None:
     which cancels its jobs. py4j logs the interrupted call with the root logger's
     `logging.exception`, which, with no handler there, prints a traceback:
     unless --verbose, the root logger gets one that keeps them."""
+    global _sigint_seen
+    _sigint_seen = False
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, _on_sigint)
     root = logging.getLogger()
     if not verbose and not root.handlers:
         root.addHandler(logging.NullHandler())
@@ -259,8 +274,8 @@ def sync(
 
     verbose = verbose_requested(click.get_current_context())
     spark, created = spark_session(master, verbose=verbose)
-    _plain_interrupts(verbose)
-    try:
+
+    def work() -> None:
         if every is None:
             if not as_json and err_console.is_terminal:
                 with SyncProgress(rows_to_copy(backend, options)) as bar:
@@ -286,15 +301,29 @@ def sync(
             scheduler.stop.set()
         finally:
             signal.signal(signal.SIGTERM, previous)
+
+    _plain_interrupts(verbose)
+    try:
+        try:
+            work()
+        except Exception:
+            if _sigint_seen:  # the JVM's end, seen first: Ctrl-C all the same
+                raise KeyboardInterrupt from None
+            raise
     except KeyboardInterrupt:
         if created and not verbose:
             # The tasks still running fail as the context stops under them, and Spark
             # logs each failure, with its stack: what Ctrl-C asked for, not news.
-            spark.sparkContext.setLogLevel("OFF")
+            # (The JVM, which Ctrl-C reaches too, may be gone already.)
+            with contextlib.suppress(Exception):
+                spark.sparkContext.setLogLevel("OFF")
         raise
     finally:
         if created:
-            spark.stop()
+            try:
+                spark.stop()
+            except Exception as e:  # its JVM gone (Ctrl-C, killed): whatever the run said stands
+                log.debug("stopping Spark failed: %s", e)
 
 
 def print_bench(r: BenchResult, console: Console | None = None) -> None:
