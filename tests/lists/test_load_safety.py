@@ -4,6 +4,7 @@ re-run adds nothing twice, a failed range is left for recovery."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -11,6 +12,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 
 import pytest
 
@@ -287,6 +289,25 @@ def _stopped(pid: int) -> bool:
         return f.read().rsplit(")", 1)[1].split()[0] == "T"
 
 
+@contextlib.contextmanager
+def _loader_stopped_past_its_lease(backend, list_name: str, n: int) -> Iterator[subprocess.Popen[str]]:
+    """A loader of `n` jobs (_STOPPING_LOADER) stopped mid-load, past its lease once
+    this yields (a drop no longer waits for it); killed at the end if still running."""
+    proc = subprocess.Popen([sys.executable, "-c", _STOPPING_LOADER, str(backend.url), list_name, str(n)],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not _stopped(proc.pid):
+            assert proc.poll() is None and time.monotonic() < deadline, "the loader never stopped"
+            time.sleep(0.01)
+        time.sleep(1.0)  # past its lease
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 @pytest.mark.slow
 def test_a_loader_resumed_after_its_list_was_dropped_and_loaded_again_adds_nothing_to_the_new_list(env, list_name):
     """A loader stopped past its lease, its list dropped (nothing stops a drop then) and
@@ -296,23 +317,12 @@ def test_a_loader_resumed_after_its_list_was_dropped_and_loaded_again_adds_nothi
     of the new file added 1,850 again)."""
     backend, lists, queue, session = env
     n = 2000
-    proc = subprocess.Popen([sys.executable, "-c", _STOPPING_LOADER, str(backend.url), list_name, str(n)],
-                            stdout=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 60
-        while not _stopped(proc.pid):
-            assert proc.poll() is None and time.monotonic() < deadline, "the loader never stopped"
-            time.sleep(0.01)
-        time.sleep(1.0)  # past its lease: the drop no longer waits for it
+    with _loader_stopped_past_its_lease(backend, list_name, n) as proc:
         lists.drop(list_name, grace_s=0)
         report = lists.load(list_name, (JobSpec(f"k{i}", {"v": 2}) for i in range(n)), chunk_size=50)
         assert (report.loaded, report.voided) == (n, 0)
         os.kill(proc.pid, signal.SIGCONT)
         out, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
     lists.recover(list_name)
     st = lists.status(list_name)
     assert (st.total, st.reservable, st.pending_ranges) == (n, n, 0)
@@ -382,23 +392,12 @@ def test_a_loader_resumed_after_a_drop_leaves_nothing_behind(env, list_name, the
     of a bigger one met them on its tokens: it failed, and a recovery of its ranges
     served the dropped list's jobs instead of its own."""
     backend, lists, queue, session = env
-    proc = subprocess.Popen([sys.executable, "-c", _STOPPING_LOADER, str(backend.url), list_name, "2000"],
-                            stdout=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 60
-        while not _stopped(proc.pid):
-            assert proc.poll() is None and time.monotonic() < deadline, "the loader never stopped"
-            time.sleep(0.01)
-        time.sleep(1.0)  # past its lease: the drop no longer waits for it
+    with _loader_stopped_past_its_lease(backend, list_name, 2000) as proc:
         lists.drop(list_name, grace_s=0)
         if then == "made again":
             assert lists.load(list_name, (JobSpec(f"n{i}", {"v": 2}) for i in range(100)), chunk_size=50).loaded == 100
         os.kill(proc.pid, signal.SIGCONT)
         out, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
     left = _records_of(backend, list_name)
     if then == "dropped":
         assert left == {keys.JOB_SET: [], keys.JIDX_SET: []}, "the fenced loader takes back what it wrote"
