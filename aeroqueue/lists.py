@@ -99,15 +99,13 @@ class JobLists:
     # -- small helpers ---------------------------------------------------------
 
     def _list_udf(self, name: str, function: str, *args: Any) -> Any:
-        def call() -> Any:
-            return self.backend.udf(keys.LIST_SET, name, keys.LIST_MOD, function, *args)
-
+        """A list UDF given every argument but its deadline (`transitions.list_once`)."""
         # Every list call here is safe to repeat after a lost answer (a node died
         # mid-call), alloc only with the range's id (aq_list_v1.lua, alloc): without
         # one, a repeat would allocate a second range.
         if function == "alloc" and (len(args) < 3 or args[2] is None):
-            return call()
-        return retry_in_doubt(call)
+            return transitions.list_once(self.backend, name, function, *args)
+        return transitions.list_write(self.backend, name, function, *args)
 
     def _batch_write(self, writes: list[Any], what: str) -> list[int]:
         """Each write's result code, writes answered in doubt repeated for `write_retry_s`

@@ -154,13 +154,25 @@ def _offer_udf(backend: Backend, list_name: str, function: str, *args: Any) -> i
     def once() -> int:
         nonlocal calls
         calls += 1
-        answer = backend.udf(keys.LIST_SET, list_name, keys.LIST_MOD, function, *args, int(calls > 1),
-                             backend.job_deadline())
-        if is_stale(answer):
-            raise _stale_list_call(function, list_name)
-        return int(answer)
+        return int(list_once(backend, list_name, function, *args, int(calls > 1)))
 
     return retry_in_doubt(once)
+
+
+def list_once(backend: Backend, list_name: str, function: str, *args: Any) -> Any:
+    """One call of a list UDF that writes, given every argument but its deadline, which
+    it gets (`Backend.job_deadline`; aq_list_v1.lua, header); `StaleRequest` if the
+    server refused it as run past it (nothing was done: safe to repeat)."""
+    answer = backend.udf(keys.LIST_SET, list_name, keys.LIST_MOD, function, *args, backend.job_deadline())
+    if is_stale(answer):
+        raise stale_list_call(function, list_name)
+    return answer
+
+
+def list_write(backend: Backend, list_name: str, function: str, *args: Any) -> Any:
+    """`list_once`, repeated while its answer is in doubt or refused as stale: for the
+    calls that are safe to repeat (a repeat answers as the first did)."""
+    return retry_in_doubt(lambda: list_once(backend, list_name, function, *args))
 
 
 def list_udf(backend: Backend, list_name: str, function: str, *args: Any, deadline_s: float = 5.0) -> Any:
@@ -177,11 +189,12 @@ def list_udf(backend: Backend, list_name: str, function: str, *args: Any, deadli
         if not is_stale(answer):
             return answer
         if time.monotonic() >= give_up:
-            raise _stale_list_call(function, list_name)
+            raise stale_list_call(function, list_name)
         time.sleep(0.01)
 
 
-def _stale_list_call(function: str, list_name: str) -> StaleRequest:
+def stale_list_call(function: str, list_name: str) -> StaleRequest:
+    """The error of a list UDF the server refused as run past its deadline, to the end."""
     return StaleRequest(
         f"{keys.LIST_MOD}.{function} on {keys.LIST_SET}/{list_name}: the server ran it after the deadline this "
         "client gave it, and refused it (nothing was done)",
@@ -537,9 +550,9 @@ def kick(backend: Backend, list_name: str, tokens: list[int]) -> int:
         # places (offered twice, a claim fences the second), never in neither.
         for i in range(0, len(kicked), UNSCHEDULE_CHUNK):
             part = kicked[i:i + UNSCHEDULE_CHUNK]
-            retry_in_doubt(functools.partial(backend.udf, keys.LIST_SET, list_name, keys.LIST_MOD, "unschedule", part))
+            list_write(backend, list_name, "unschedule", part)
         _unchunk(backend, list_name, kicked)
         # A complete list is not complete any more: its completion time goes.
-        retry_in_doubt(lambda: backend.udf(keys.LIST_SET, list_name, keys.LIST_MOD, "reopen"))
+        list_write(backend, list_name, "reopen")
     return len(kicked)
 

@@ -60,10 +60,10 @@
 -- Every function returns a status value rather than raising, so that it
 -- reports the same way through apply and batch_apply.
 --
--- The calls workers make (take, advance, push_retry, schedule) take a last
--- argument `deadline` and answer 'stale' (map{st='stale'} for take), changing
--- nothing, when the server runs them past it, as aq_job_v1's transitions do (see
--- `stale` there): a frozen node that resumes runs the calls that waited in its
+-- Every function that writes (but `credit`, for the embedded store alone) takes a
+-- last argument `deadline` and answers 'stale' (map{st='stale'} where it answers a
+-- map), changing nothing, when the server runs it past it, as aq_job_v1's
+-- transitions do (see `stale` there): a frozen node that resumes runs the calls that waited in its
 -- sockets on its stale copy of this record, and its replica write replaces the
 -- newer copy the cluster made meanwhile. The whole record goes back: `head` too,
 -- and the token store hands out again tokens already handed out. A claim refuses
@@ -280,14 +280,15 @@ function schedule(rec, tokens, delay_ms, cap, again, deadline)
   return accepted
 end
 
--- unschedule(rec, tokens) -> integer moved
+-- unschedule(rec, tokens, deadline) -> integer moved | 'stale'
 --   Kicked jobs now wait in the retry store: each leaves every other place the
 --   list record keeps it, or it would be counted twice (delayed, or reservable,
 --   while it runs) and offered again: sched (a single token: removed), a delayed
 --   load's range, gated, scheduled or ready (into its skip, out of its real), and,
 --   token mode, the token store ahead (into timed, which take skips). Returns how
 --   many tokens moved. O(entries in sched + gates) a token: an operator's kick.
-function unschedule(rec, tokens)
+function unschedule(rec, tokens, deadline)
+  if stale(deadline) then return 'stale' end
   if not live(rec) then return 0 end
   local want = map()
   for t in list.iterator(tokens) do want[t] = 1 end
@@ -411,9 +412,10 @@ function unschedule(rec, tokens)
   return moved
 end
 
--- tune(rec, opts) -> 'ok' | 'missing'
+-- tune(rec, opts, deadline) -> 'ok' | 'missing' | 'stale'
 --   Sets tlim, bo, bo_max (ms) from map opts; other keys are ignored.
-function tune(rec, opts)
+function tune(rec, opts, deadline)
+  if stale(deadline) then return 'stale' end
   if not live(rec) then return 'missing' end
   for k, v in map.pairs(opts) do
     if TUNABLE[k] then rec[k] = v end
@@ -422,11 +424,12 @@ function tune(rec, opts)
   return 'ok'
 end
 
--- reopen(rec) -> 'ok' | 'missing'
+-- reopen(rec, deadline) -> 'ok' | 'missing' | 'stale'
 --   A job of a complete list was kicked: the list is not complete any more. Each
 --   kick counts (`reopens`), so that a status that saw the list complete before it
 --   does not mark it complete after it (mark_complete).
-function reopen(rec)
+function reopen(rec, deadline)
+  if stale(deadline) then return 'stale' end
   if not live(rec) then return 'missing' end
   rec['done_at'] = nil
   rec['reopens'] = (rec['reopens'] or 0) + 1
@@ -434,14 +437,15 @@ function reopen(rec)
   return 'ok'
 end
 
--- create(rec, mode, max_att, opts, clean) -> map{st='created'|'exists', mode, max_att}
+-- create(rec, mode, max_att, opts, clean, deadline) -> map{st='created'|'exists'|'stale', mode, max_att}
 --                                         | map{st='dropped', dropped, alloc, seq}
 --   Creates the list if missing; never changes an existing one. opts: map of
 --   tlim, bo, bo_max (ms). Over a tombstone only once the caller has deleted what
 --   it names (`clean`: the tombstone's `dropped`, as the caller read it); else it
 --   answers the tombstone, for the caller to clean. The new list record carries on
 --   the tombstone's generation.
-function create(rec, mode, max_att, opts, clean)
+function create(rec, mode, max_att, opts, clean, deadline)
+  if stale(deadline) then return map{st = 'stale'} end
   if aerospike:exists(rec) then
     if rec['dropped'] == nil then
       return map{st = 'exists', mode = rec['mode'], max_att = rec['max_att']}
@@ -477,7 +481,7 @@ function create(rec, mode, max_att, opts, clean)
   return map{st = 'created', mode = mode, max_att = max_att}
 end
 
--- tombstone(rec) -> 'ok' | 'missing'
+-- tombstone(rec, deadline) -> 'ok' | 'missing' | 'stale'
 --   The last step of a drop, instead of deleting the record. Community Edition
 --   deletes leave nothing behind, so a node that missed the drop (frozen, cut off)
 --   would bring its copy of the list record back when it rejoins, and with it the
@@ -487,7 +491,8 @@ end
 --   create needs to find the records such a node brings back (`alloc`: the tokens,
 --   `seq`: the ranges, i.e. the ID-store chunks) and `dropped`, the server ms of
 --   the drop; every other bin goes.
-function tombstone(rec)
+function tombstone(rec, deadline)
+  if stale(deadline) then return 'stale' end
   if not live(rec) then return 'missing' end
   for _, b in ipairs(record.bin_names(rec)) do
     if b ~= 'alloc' and b ~= 'seq' then rec[b] = nil end
@@ -505,7 +510,7 @@ local function replaced(rec, created)
   return created ~= nil and rec['created'] ~= created
 end
 
--- alloc(rec, n, lease_ms, rid, created) -> map{st='ok', seq, start, now} | map{st='missing'|'sealed'}
+-- alloc(rec, n, lease_ms, rid, created, deadline) -> map{st='ok', seq, start, now} | map{st='missing'|'sealed'|'stale'}
 --   Reserves tokens [start, start+n) for one loader. The range must be
 --   published within lease_ms, or `expired` offers it to recovery. `now`: the
 --   server's clock, from which a delayed load counts its delay. `rid` (a string,
@@ -515,7 +520,8 @@ end
 --   publish. Not once the range's lease ran out or a recovery published it:
 --   then the repeat gets a new range, as a loader that came late would.
 --   `created` (or nil): the list the loader read; another one is 'missing'.
-function alloc(rec, n, lease_ms, rid, created)
+function alloc(rec, n, lease_ms, rid, created, deadline)
+  if stale(deadline) then return map{st = 'stale'} end
   if not live(rec) or replaced(rec, created) then return map{st = 'missing'} end
   local pend = rec['pend']
   local t = now()
@@ -536,7 +542,7 @@ function alloc(rec, n, lease_ms, rid, created)
   return map{st = 'ok', seq = seq, start = start, now = t}
 end
 
--- publish(rec, seq, real, due, timed, cap) -> map{st='ok'|'gone', tail, total}
+-- publish(rec, seq, real, due, timed, cap, created, deadline) -> map{st='ok'|'gone'|'stale', tail, total}
 --   Marks range `seq` written, with `real` non-void jobs, and moves `tail`
 --   over every consecutive written range. `due` (server ms, 0: none) delays
 --   the whole range (a gate); `timed` (map token -> due, or nil) delays some
@@ -547,7 +553,8 @@ end
 --   range that is already published answers 'ok' and changes nothing.
 --   'gone': the range is unknown, or the list is not the one `created` (or nil)
 --   says: range `seq` of a list made since under its name is not this loader's.
-function publish(rec, seq, real, due, timed, cap, created)
+function publish(rec, seq, real, due, timed, cap, created, deadline)
+  if stale(deadline) then return map{st = 'stale'} end
   if not live(rec) or replaced(rec, created) then return map{st = 'gone'} end
   if seq < rec['pubs'] then return map{st = 'ok', tail = rec['tail'], total = rec['total']} end
   local pend = rec['pend']
@@ -613,13 +620,14 @@ local function move_leases(rec, seqs, end_of)
   return n
 end
 
--- renew(rec, seqs, lease_ms, created) -> integer
+-- renew(rec, seqs, lease_ms, created, deadline) -> integer | 'stale'
 --   A live loader keeps its ranges still in flight (sequence numbers `seqs`)
 --   leased for lease_ms more, so a lease can be short: a dead loader's ranges
 --   go to recovery soon, and a slow one is not cut off. Not a range whose lease
 --   ran out: a recovery may be finishing it already. Nor those of a list other
 --   than `created` (or nil): another loader's. Answers how many it renewed.
-function renew(rec, seqs, lease_ms, created)
+function renew(rec, seqs, lease_ms, created, deadline)
+  if stale(deadline) then return 'stale' end
   if aerospike:exists(rec) and replaced(rec, created) then return 0 end
   local t = now()
   return move_leases(rec, seqs, function(exp) if exp > t then return t + lease_ms end end)
@@ -790,11 +798,12 @@ function push_retry(rec, tokens, cap, again, deadline)
   return accepted
 end
 
--- set_flag(rec, name, value) -> 'ok' | 'missing' | 'bad flag' | 'sealed' | 'dropping'
+-- set_flag(rec, name, value, deadline) -> 'ok' | 'missing' | 'bad flag' | 'sealed' | 'dropping' | 'stale'
 --   sealed / paused / dropping. Sealing is final: unsealing is refused. So is
 --   dropping (set by a drop before it deletes anything): a list a drop left
 --   half-deleted stays paused until a drop finishes it.
-function set_flag(rec, name, value)
+function set_flag(rec, name, value, deadline)
+  if stale(deadline) then return 'stale' end
   if not live(rec) then return 'missing' end
   if name ~= 'sealed' and name ~= 'paused' and name ~= 'dropping' then return 'bad flag' end
   if name == 'sealed' and value == 0 and rec['sealed'] == 1 then return 'sealed' end
@@ -804,11 +813,12 @@ function set_flag(rec, name, value)
   return 'ok'
 end
 
--- mark_complete(rec, reopens) -> integer done_at | -1
+-- mark_complete(rec, reopens, deadline) -> integer done_at | -1 | 'stale'
 --   Records the first time the list was seen complete (server time). `reopens`:
 --   the list record's count of kicks as the caller read it before it read the
 --   bits; a kick since (-1, nothing written) may have made the list incomplete.
-function mark_complete(rec, reopens)
+function mark_complete(rec, reopens, deadline)
+  if stale(deadline) then return 'stale' end
   if not live(rec) then return 0 end
   local at = rec['done_at']
   if at == nil and reopens ~= nil and (rec['reopens'] or 0) ~= reopens then return -1 end

@@ -123,11 +123,19 @@ def _list_call(backend: Backend, function: str, *args, name: str = "L"):
     return backend.apply(keys.LIST_SET, name, keys.LIST_MOD, function, *args)
 
 
-LIST_CALLS = [  # the list calls workers make, with their arguments before the deadline
+LIST_CALLS = [  # every list call that writes, with its arguments before the deadline
     ("take", ("L", 2)),
     ("advance", ("I", 0)),
     ("push_retry", ("L", [0], 1000, 0)),
     ("schedule", ("L", [1], 1000, 1000, 0)),
+    ("unschedule", ("L", [1])),
+    ("reopen", ("L",)),
+    ("tune", ("L", {"tlim": 5000})),
+    ("set_flag", ("L", "paused", 1)),
+    ("mark_complete", ("L", 0)),
+    ("tombstone", ("L",)),
+    ("create", ("N", "tokens", 3, {}, 0)),
+    ("alloc", ("O", 5, 60_000, "rid", None)),
 ]
 
 
@@ -138,14 +146,17 @@ def test_a_list_call_past_its_deadline_changes_nothing(backend, function, args):
     store hands out again what it handed out, which a leased job (its record stays
     queued while it runs) would run twice."""
     JobLists(backend).load("I", [JobSpec(f"i{i}", {}) for i in range(3)], mode="ids", seal=True)
+    JobLists(backend).create("O")
+    if function == "schedule" or function == "unschedule":
+        _list_call(backend, "schedule", [1], 1000, 1000, 0, FUTURE)
     name, *rest = args
     before = _list(backend, name)
     assert _list_call(backend, function, *rest, PAST, name=name) in ("stale", {"st": "stale"})
     after = _list(backend, name)
-    assert (after.gen, after.bins) == (before.gen, before.bins), f"{function} past its deadline wrote"
+    assert (after and (after.gen, after.bins)) == (before and (before.gen, before.bins)), f"{function} past its deadline wrote"
     # Before its deadline (or with none: older clients) it acts as ever.
     assert _list_call(backend, function, *rest, FUTURE, name=name) not in ("stale", {"st": "stale"})
-    assert _list(backend, name).gen == before.gen + 1, f"{function} before its deadline wrote nothing"
+    assert _list(backend, name).gen == (before.gen if before else 0) + 1, f"{function} before its deadline wrote nothing"
 
 
 @pytest.mark.parametrize("count", [1, 3], ids=["one job", "a batch"])
