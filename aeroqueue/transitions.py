@@ -159,11 +159,30 @@ def _offer_udf(backend: Backend, list_name: str, function: str, *args: Any) -> i
     return retry_in_doubt(once)
 
 
+# Each list UDF's arguments before its deadline (aq_list_v1.lua). A call may leave
+# trailing optional ones out: they are given as nil, so that the deadline lands in
+# its own place, never in theirs. Reads (expired) and the embedded store's credit
+# take no deadline.
+_LIST_ARGS = {
+    "take": 1, "advance": 1, "push_retry": 3, "schedule": 4, "unschedule": 1, "reopen": 0, "alloc": 4,
+    "renew": 3, "publish": 6, "create": 4, "tune": 1, "set_flag": 2, "mark_complete": 1, "tombstone": 0,
+}
+
+
+def _with_deadline(backend: Backend, function: str, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    n = _LIST_ARGS.get(function)
+    if n is None:
+        return args
+    if len(args) > n:
+        raise TypeError(f"{keys.LIST_MOD}.{function} takes {n} argument(s) before its deadline, not {len(args)}")
+    return (*args, *(None,) * (n - len(args)), backend.job_deadline())
+
+
 def list_once(backend: Backend, list_name: str, function: str, *args: Any) -> Any:
-    """One call of a list UDF that writes, given every argument but its deadline, which
-    it gets (`Backend.job_deadline`; aq_list_v1.lua, header); `StaleRequest` if the
-    server refused it as run past it (nothing was done: safe to repeat)."""
-    answer = backend.udf(keys.LIST_SET, list_name, keys.LIST_MOD, function, *args, backend.job_deadline())
+    """One call of a list UDF, given its arguments but the deadline, which it gets
+    (`Backend.job_deadline`; aq_list_v1.lua, header); `StaleRequest` if the server
+    refused it as run past it (nothing was done: safe to repeat)."""
+    answer = backend.udf(keys.LIST_SET, list_name, keys.LIST_MOD, function, *_with_deadline(backend, function, args))
     if is_stale(answer):
         raise stale_list_call(function, list_name)
     return answer
@@ -184,7 +203,7 @@ def list_udf(backend: Backend, list_name: str, function: str, *args: Any, deadli
     the list record back (aq_list_v1.lua, header)."""
     give_up = time.monotonic() + deadline_s
     while True:
-        answer = backend.udf(keys.LIST_SET, list_name, keys.LIST_MOD, function, *args, backend.job_deadline(),
+        answer = backend.udf(keys.LIST_SET, list_name, keys.LIST_MOD, function, *_with_deadline(backend, function, args),
                              deadline_s=deadline_s)
         if not is_stale(answer):
             return answer

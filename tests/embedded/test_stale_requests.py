@@ -191,3 +191,18 @@ def test_a_refused_push_is_sent_again_and_one_refused_until_the_end_says_why(bac
     with pytest.raises(errors.StaleRequest, match=r"push_retry on aq_list/L: the server ran it after the deadline"):
         transitions.push_retry(backend, "L", [1])
     assert _list(backend).bins["retry"] == [2], "nothing was done"
+
+
+def test_a_list_call_that_leaves_optional_arguments_out_gets_its_deadline_in_its_own_place(backend, monkeypatch):
+    """alloc's `created` is optional: given after the arguments a caller gave, the
+    deadline would land in it, and the list would look made again ('missing')."""
+    lists = JobLists(backend)
+    lists.create("P")
+    monkeypatch.setattr(backend, "job_deadline", lambda: FUTURE)
+    got = lists._list_udf("P", "alloc", 5, 60_000, "rid")  # no `created`
+    assert got["st"] == "ok" and got["start"] == 0
+    monkeypatch.setattr(backend, "job_deadline", lambda: PAST)
+    with pytest.raises(errors.StaleRequest, match="alloc on aq_list/P"):
+        lists._list_udf("P", "alloc", 5, 60_000, "rid2")
+    with pytest.raises(TypeError, match="takes 4 argument"):
+        lists._list_udf("P", "alloc", 5, 60_000, "rid", None, "one too many")
