@@ -83,6 +83,20 @@ def default_command_logging() -> None:
     root.addHandler(handler)
 
 
+def command_info(name: str) -> None:
+    """Info lines of logger `name` (and its children) too, through the handler
+    `default_command_logging` installs, in its format: a second handler of their
+    own printed each line twice. Leaves alone a process where anyone else
+    configured logging."""
+    pkg = logging.getLogger("aeroqueue")
+    if logging.getLogger().handlers or any(not isinstance(h, _Stderr) for h in pkg.handlers):
+        return
+    default_command_logging()  # called in-process, without the command line's start
+    for handler in pkg.handlers:
+        handler.setLevel(logging.INFO)
+    logging.getLogger(name).setLevel(logging.INFO)
+
+
 def configure_logging(fmt: str, level: str = "info", *, live: bool = False) -> None:
     handler: logging.Handler
     if live:  # print above the live counters instead of through them

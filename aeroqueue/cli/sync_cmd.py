@@ -13,20 +13,23 @@ import logging
 import os
 import re
 import signal
-import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
+from ..backends import Backend
 from ..backends.base import N_PARTITIONS
 from ..config import ENV_URL, MAX_SECONDS, default_store_path, parse_url
 from ..errors import ListNotFound, SyncError
 from ..lists import JobLists
+from ..logs import command_info
+from ..stopping import Stop
 from ..sync import (
     DEFAULT_BATCH,
     DEFAULT_LEASE_S,
@@ -45,6 +48,9 @@ from ..sync import (
 from ..sync.bench import DEFAULT_JOBS, BenchResult, run_bench
 from ..sync.target import ENV_MYSQL_PWD, ENV_PASSWORD
 from .context import Context, err_console, option, progress_bar, usage_check, verbose_requested
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger("aeroqueue.sync")
 
@@ -120,13 +126,32 @@ def store_url_text(url: str | None) -> str:
     return url or os.environ.get(ENV_URL) or f"embedded://{default_store_path()}"
 
 
-def _log_to_stderr() -> None:
-    # Only when nothing else configured logging (a test runner, an embedding app).
-    if not logging.getLogger().handlers and not log.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-        log.addHandler(handler)
-        log.setLevel(logging.INFO)
+@contextlib.contextmanager
+def _cancelled_on(stop: Stop, spark: SparkSession, *, quiet: bool) -> Iterator[None]:
+    """The Spark jobs of the block are cancelled once `stop` is set (SIGTERM): a
+    stop does not wait for a long run. What the cancelled tasks committed is marked;
+    the rest is the next run's (rows are upserts). With `quiet`, Spark logs nothing
+    from then on: the tasks failing as they are cancelled, and as the context stops
+    under the last of them, is what the stop asked for, not news."""
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            if stop.wait(0.2):
+                if not done.is_set():
+                    with contextlib.suppress(Exception):  # the context stopping, or stopped
+                        if quiet:
+                            spark.sparkContext.setLogLevel("OFF")
+                        spark.sparkContext.cancelAllJobs()
+                return
+
+    watcher = threading.Thread(target=watch, name="aeroqueue-sync-stop", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
 
 
 # Ctrl-C reached this process during the run. It reaches the JVM too, whose end
@@ -261,7 +286,7 @@ def sync(
         store_url=text, target=target, partitions=partitions, batch_size=batch_size, delete_after_s=delete_after,
         resync=resync, lists=only, since_ms=since,
     )
-    _log_to_stderr()
+    command_info(log.name)
     if every is None:
         from ..sync import Sink, migrate
 
@@ -273,6 +298,24 @@ def sync(
         click.echo(json.dumps(r.as_dict()) if as_json else str(r))
 
     verbose = verbose_requested(click.get_current_context())
+    # On a schedule, SIGTERM (a service's stop) asks for a stop from the start on:
+    # during the JVM's start-up too, which then completes (a JVM started here
+    # ignores SIGTERM: `spark_session`) and no run starts. It stays handled until
+    # the context is stopped, so a second one cannot kill the command half-way.
+    stop = Stop()
+    handled = every is not None and threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, stop.on_signal) if handled else None
+    try:
+        _sync_with_spark(backend, options, target, master, every, lease_s, as_json, verbose, stop, report)
+    finally:
+        if handled:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _sync_with_spark(
+    backend: Backend, options: SyncOptions, target: Target, master: str | None, every: float | None, lease_s: float,
+    as_json: bool, verbose: bool, stop: Stop, report: Callable[[SyncReport], None],
+) -> None:
     spark, created = spark_session(master, verbose=verbose)
 
     def work() -> None:
@@ -288,19 +331,17 @@ def sync(
             return
 
         def one_run() -> None:
-            r = run_sync(options, spark, backend)
+            with _cancelled_on(stop, spark, quiet=created and not verbose):
+                r = run_sync(options, spark, backend)
             report(r)
             if r.counts.rejected:
                 log.error("%s", r.rejects_note)
 
-        scheduler = Scheduler(backend, every, one_run, lease_s=lease_s, lock=target.lease_name)
-        previous = signal.signal(signal.SIGTERM, scheduler.stop.on_signal)
+        scheduler = Scheduler(backend, every, one_run, lease_s=lease_s, lock=target.lease_name, stop=stop)
         try:
             scheduler.run()
         except KeyboardInterrupt:
             scheduler.stop.set()
-        finally:
-            signal.signal(signal.SIGTERM, previous)
 
     _plain_interrupts(verbose)
     try:
@@ -320,6 +361,9 @@ def sync(
         raise
     finally:
         if created:
+            if stop.is_set() and not verbose:  # as in `_cancelled_on`
+                with contextlib.suppress(Exception):
+                    spark.sparkContext.setLogLevel("OFF")
             try:
                 spark.stop()
             except Exception as e:  # its JVM gone (Ctrl-C, killed): whatever the run said stands

@@ -18,14 +18,16 @@ import functools
 import logging
 import os
 import re
+import signal
 import sys
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import keys
 from ..backends import Backend, open_backend
@@ -85,7 +87,8 @@ def spark_session(
     With no master: the one spark-submit was given, else ``local[*]``. In
     local mode the Python workers run this interpreter, so they import the
     same aeroqueue and its dependencies. Unless `verbose`, Spark logs errors
-    only (for a JVM started here, from its first line on).
+    only (for a JVM started here, from its first line on). A JVM started here
+    ignores SIGTERM (`_jvm_ignores_sigterm`).
     """
     try:
         from pyspark import SparkContext
@@ -105,10 +108,53 @@ def spark_session(
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         if not verbose:
             builder = builder.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{_quiet_log4j2()}")
-    spark = builder.getOrCreate()
+    if created and not under_submit:
+        with _jvm_ignores_sigterm():
+            spark = builder.getOrCreate()
+    else:
+        spark = builder.getOrCreate()
     if created:
         spark.sparkContext.setLogLevel("WARN" if verbose else "ERROR")
     return spark, created
+
+
+@contextmanager
+def _jvm_ignores_sigterm() -> Iterator[None]:
+    """The JVM PySpark launches, and the processes it starts, ignore SIGTERM.
+
+    A service manager stops a service by sending SIGTERM to all its processes at
+    once (systemd's KillMode=control-group; a kill of the process group does the
+    same). The JVM then ran its shutdown hooks under the running job: its tasks
+    failed, Spark logged each with its stack, the driver's accumulator server
+    printed a traceback, and the run ended as a failure. Ignoring it, the JVM
+    lives on until this driver, which handles SIGTERM, stops the context, and it
+    exits when the driver's end closes its stdin. An ignored signal stays ignored
+    across exec, and Java does not install a handler over it.
+    PySpark sets `preexec_fn` itself (to ignore SIGINT): its Popen is wrapped to
+    add ours."""
+    from pyspark import java_gateway
+
+    popen = getattr(java_gateway, "Popen", None)
+    if popen is None:  # a PySpark that launches its JVM otherwise: it gets SIGTERM, as before
+        yield
+        return
+
+    def launch(*args: Any, **kwargs: Any) -> Any:
+        theirs = kwargs.get("preexec_fn")
+
+        def preexec() -> None:
+            if theirs is not None:
+                theirs()
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+        kwargs["preexec_fn"] = preexec
+        return popen(*args, **kwargs)
+
+    java_gateway.Popen = launch  # type: ignore[assignment,misc]
+    try:
+        yield
+    finally:
+        java_gateway.Popen = popen  # type: ignore[misc]
 
 
 _TASK_ERROR = re.compile(r"SyncError: ([^\n]+)")

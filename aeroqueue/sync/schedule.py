@@ -202,6 +202,7 @@ class Scheduler:
         lease_s: float = DEFAULT_LEASE_S,
         on_error: Callable[[Exception], None] | None = None,
         lock: str = SYNC_LOCK,
+        stop: Stop | None = None,
     ) -> None:
         if every_s <= 0:
             raise SyncError(f"the schedule interval must be more than 0 seconds, not {every_s}")
@@ -209,9 +210,15 @@ class Scheduler:
         self.every_s = every_s
         self.run_once = run
         self.lease = Lease(backend, lock, ttl_s=lease_s)
-        self.stop = Stop()  # set by code, or by a signal handler (`Stop.on_signal`)
-        self.on_error = on_error or (lambda e: log.error("sync run failed: %s", e))
+        self.stop = stop or Stop()  # set by code, or by a signal handler (`Stop.on_signal`)
+        self.on_error = on_error or self._run_failed
         self.runs = 0
+
+    def _run_failed(self, e: Exception) -> None:
+        if self.stop.is_set():  # a run the stop cut short: what was asked for, not news
+            log.debug("sync run stopped: %s", e)
+        else:
+            log.error("sync run failed: %s", e)
 
     def run(self, max_runs: int | None = None) -> int:
         """Run until `stop` is set (or `max_runs` runs); returns how many ran."""

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -18,7 +19,7 @@ from click.testing import CliRunner
 from aeroqueue import keys
 from aeroqueue.cli import main
 from aeroqueue.config import parse_url
-from aeroqueue.sync import remember_demo_target, run_sync, sync_once
+from aeroqueue.sync import parse_target, remember_demo_target, run_sync, sync_once
 from aeroqueue.sync.scan import to_copy
 
 from .helpers import (
@@ -211,3 +212,93 @@ def test_ctrl_c_during_a_run_ends_it_with_one_line_and_a_rerun_copies_each_job_o
     again = _sync(store_url, "--mysql", mysql_url, "--list", list_name, "--json")
     assert again.exit_code == 0, again.output
     assert_exactly_once(registered, mysql_db, list_name)
+
+
+@pytest.mark.parametrize("when", ["during a run", "between runs"])
+def test_sigterm_to_the_whole_group_stops_a_schedule_cleanly_and_a_rerun_copies_each_job_once(
+    registered, java, store_url, list_name, mysql_db, mysql_url, when
+):
+    """A service manager stops `sync --every` with SIGTERM to all its processes at
+    once (systemd's KillMode=control-group): the command, its JVM and the Python
+    workers of its tasks. The JVM ran its shutdown hooks under the running job: the
+    run failed, logged as a failure with Spark's stacks and a traceback of PySpark's
+    accumulator server. It now ignores SIGTERM, the command cancels the run, stops
+    Spark, releases its lease and exits 0. A run's error line was printed twice
+    (ERROR and error): once now, in the usual format."""
+    rejects = list_name + "-r"
+    make_jobs(registered, list_name, done=3000)
+    make_jobs(registered, rejects, done=3)
+    registered.put(keys.JOB_SET, keys.job_name(rejects, 1), {"result": bytearray(b"\x01")})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "aeroqueue", "--url", store_url, "sync", "--mysql", mysql_url, "--list", list_name,
+         "--list", rejects, "--partitions", "4", "--batch-size", "10", "--json",
+         "--every", "1s" if when == "during a run" else "1h"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    reported = threading.Event()
+    out: list[str] = []
+
+    def read_stdout() -> None:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            out.append(line)
+            reported.set()
+
+    reader = threading.Thread(target=read_stdout, daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 120
+        if when == "during a run":
+            while not _group_runs(proc.pid, b"pyspark.daemon") and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not reported.is_set() and proc.poll() is None, "the first run ended before its tasks were seen"
+            assert _group_runs(proc.pid, b"pyspark.daemon"), "no task of the run was seen within 120 s"
+        else:
+            assert reported.wait(120) and proc.poll() is None, "no run was reported within 120 s"
+        os.killpg(proc.pid, signal.SIGTERM)
+        err = proc.stderr.read()  # type: ignore[union-attr]
+        proc.wait(timeout=120)
+        reader.join(10)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err[-3000:]
+    for noise in ("Traceback", "Exception", " ERROR ", "sync run failed", "EOFError"):
+        assert noise not in err, err[-3000:]
+    note = "error 1 job(s) could not be copied: their reasons are in table sync_rejects"
+    assert err.count("could not be copied") == (1 if when == "between runs" else 0), err[-3000:]
+    if when == "between runs":
+        assert note in err, err[-3000:]
+        assert json.loads(out[0])["copied"] == 3002
+    assert registered.get(keys.LOCK_SET, parse_target(mysql_url).lease_name) is None, "the lease is released"
+    again = _sync(store_url, "--mysql", mysql_url, "--list", list_name, "--json")
+    assert again.exit_code == 0, again.output
+    assert_exactly_once(registered, mysql_db, list_name)
+
+
+def test_sigterm_to_the_group_while_the_jvm_starts_stops_the_schedule_with_status_0(
+    registered, java, store_url, list_name, mysql_url
+):
+    """The SIGTERM handler came only after the JVM's start-up (seconds): a service
+    stopped then ended killed by the signal (status -15). Now the handler is there
+    before the JVM starts; the JVM, which ignores SIGTERM, finishes starting, and
+    the command stops it with no run (or ends the run just begun)."""
+    make_jobs(registered, list_name, done=10)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "aeroqueue", "--url", store_url, "sync", "--mysql", mysql_url, "--list", list_name,
+         "--partitions", "4", "--json", "--every", "1h"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while (not _group_runs(proc.pid, b"org.apache.spark.deploy.SparkSubmit") and proc.poll() is None
+               and time.monotonic() < deadline):
+            time.sleep(0.02)
+        assert proc.poll() is None and _group_runs(proc.pid, b"org.apache.spark.deploy.SparkSubmit"), "no JVM seen"
+        os.killpg(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err[-3000:]
+    assert "Traceback" not in err and " ERROR " not in err, err[-3000:]
+    assert registered.get(keys.LOCK_SET, parse_target(mysql_url).lease_name) is None, "no lease left held"
