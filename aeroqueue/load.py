@@ -349,8 +349,10 @@ class _RangeLoader:
                 real, skipped = self._write_range(batch, new, got)
             except (LoadAbandoned, ListNotFound) as e:
                 # Whatever failed, a list dropped (or dropped and made again) under the
-                # load is the cause to report, and what this range wrote is taken back.
-                self._fence(got, new, cause=e)
+                # load is the cause to report, and what this range wrote is taken back
+                # (unless a check of `_fence` failed it: then it is taken back already).
+                if not getattr(e, "_fenced", False):
+                    self._fence(got, new, cause=e)
                 raise
         finally:
             with self._turns:
@@ -364,7 +366,9 @@ class _RangeLoader:
         stopped past its lease (SIGSTOP, a long pause) is not waited for by a drop:
         its list may be dropped, or being dropped, or dropped and made again under
         its name, by the time it writes."""
-        rec = self.b.get(keys.LIST_SET, self.name, bins=["created", "dropping"])
+        # Repeated while in doubt: three checks a range, one timeout (a cluster changing)
+        # would fail the load, the last check's after its range was published.
+        rec = retry_in_doubt(lambda: self.b.get(keys.LIST_SET, self.name, bins=["created", "dropping"]))
         now = rec.bins.get("created") if rec is not None else None  # a tombstone has none
         if now != self.created:
             return "was dropped during the load" + (" and made again" if now is not None else "")
@@ -386,10 +390,12 @@ class _RangeLoader:
         self.lists._delete_all(keys.JIDX_SET, [keys.jidx_name(name, s.jid) for s in new], only=mine)
         if self.mode == "ids":
             self.lists._delete_all(keys.IDS_SET, [keys.chunk_name(name, seq)], only=mine)
-        raise LoadAbandoned(
+        fenced = LoadAbandoned(
             f"list {name!r} {why}: this load stops, and what it wrote of load range {seq} "
             f"({len(new):,} jobs) is deleted; run it again to load the list anew"
-        ) from cause
+        )
+        fenced._fenced = True  # type: ignore[attr-defined]  # load_range: taken back already
+        raise fenced from cause
 
     def _own_writes(self, start: int, exists: list[int], new: list[JobSpec], codes: list[int]) -> list[int]:
         """Of the range's job writes `exists` (positions in `new`) answered

@@ -46,7 +46,7 @@ import aerospike
 from aerospike_helpers.operations import bitwise_operations as bw
 
 from . import keys
-from .backends import Backend, retry_in_doubt
+from .backends import FRESH_DEADLINE, Backend, retry_in_doubt
 from .errors import AeroqueueError, StaleRequest
 
 log = logging.getLogger("aeroqueue.transitions")
@@ -169,20 +169,20 @@ _LIST_ARGS = {
 }
 
 
-def _with_deadline(backend: Backend, function: str, args: tuple[Any, ...]) -> tuple[Any, ...]:
+def _with_deadline(function: str, args: tuple[Any, ...]) -> tuple[Any, ...]:
     n = _LIST_ARGS.get(function)
     if n is None:
         return args
     if len(args) > n:
         raise TypeError(f"{keys.LIST_MOD}.{function} takes {n} argument(s) before its deadline, not {len(args)}")
-    return (*args, *(None,) * (n - len(args)), backend.job_deadline())
+    return (*args, *(None,) * (n - len(args)), FRESH_DEADLINE)
 
 
 def list_once(backend: Backend, list_name: str, function: str, *args: Any) -> Any:
     """One call of a list UDF, given its arguments but the deadline, which it gets
     (`Backend.job_deadline`; aq_list_v1.lua, header); `StaleRequest` if the server
     refused it as run past it (nothing was done: safe to repeat)."""
-    answer = backend.udf(keys.LIST_SET, list_name, keys.LIST_MOD, function, *_with_deadline(backend, function, args))
+    answer = backend.udf(keys.LIST_SET, list_name, keys.LIST_MOD, function, *_with_deadline(function, args))
     if is_stale(answer):
         raise stale_list_call(function, list_name)
     return answer
@@ -203,7 +203,7 @@ def list_udf(backend: Backend, list_name: str, function: str, *args: Any, deadli
     the list record back (aq_list_v1.lua, header)."""
     give_up = time.monotonic() + deadline_s
     while True:
-        answer = backend.udf(keys.LIST_SET, list_name, keys.LIST_MOD, function, *_with_deadline(backend, function, args),
+        answer = backend.udf(keys.LIST_SET, list_name, keys.LIST_MOD, function, *_with_deadline(function, args),
                              deadline_s=deadline_s)
         if not is_stale(answer):
             return answer
@@ -382,7 +382,7 @@ def job_udf(
 
     def once() -> Any:
         answer = backend.udf(
-            keys.JOB_SET, job_name, keys.JOB_MOD, function, *args, backend.job_deadline(), *extra,
+            keys.JOB_SET, job_name, keys.JOB_MOD, function, *args, FRESH_DEADLINE, *extra,
             deadline_s=deadline_s if busy_s is None else busy_s,
         )
         if is_stale(answer):

@@ -8,11 +8,20 @@ from typing import Any
 
 from ..config import StoreURL, default_store_path, resolve_url
 from ..errors import BackendError, ConfigError
-from .base import IN_DOUBT, Backend, BatchResult, Record, retry_busy, retry_in_doubt, wrap
+from .base import (
+    FRESH_DEADLINE,
+    IN_DOUBT,
+    Backend,
+    BatchResult,
+    Record,
+    retry_busy,
+    retry_in_doubt,
+    wrap,
+)
 from .holds import credit_hold
 
 __all__ = [
-    "IN_DOUBT", "Backend", "BatchResult", "Record", "client_config", "open_backend", "retry_busy", "retry_in_doubt", "wrap",
+    "FRESH_DEADLINE", "IN_DOUBT", "Backend", "BatchResult", "Record", "client_config", "open_backend", "retry_busy", "retry_in_doubt", "wrap",
 ]
 
 

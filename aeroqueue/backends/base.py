@@ -99,6 +99,16 @@ class _ReadBounds:
     scan_ms: int  # a scan page or an index query
 
 
+class _FreshDeadline:
+    """Stands, among `Backend.udf`'s arguments, for `Backend.job_deadline()` taken at each attempt."""
+
+    def __repr__(self) -> str:
+        return "FRESH_DEADLINE"
+
+
+FRESH_DEADLINE = _FreshDeadline()
+
+
 # Set by `Backend.bounded_reads` for the reads of its block, in this thread (context).
 _READ_BOUNDS: ContextVar[_ReadBounds | None] = ContextVar("aeroqueue_read_bounds", default=None)
 
@@ -318,7 +328,15 @@ class Backend:
             raise wrap(e, f"{module}.{function}", f"{set_name}/{name}") from e
 
     def udf(self, set_name: str, name: str, module: str, function: str, *args: Any, deadline_s: float = 5.0) -> Any:
-        """`apply`, retrying RecordBusy (a hot key) with jittered backoff until `deadline_s`."""
+        """`apply`, retrying RecordBusy (a hot key) with jittered backoff until `deadline_s`.
+        `FRESH_DEADLINE` among the arguments is `job_deadline()`, taken at each attempt:
+        one taken once would run out while the retries go on, and each later be refused."""
+        if any(a is FRESH_DEADLINE for a in args):
+            def attempt() -> Any:
+                deadline = self.job_deadline()
+                return self.apply(set_name, name, module, function, *(deadline if a is FRESH_DEADLINE else a for a in args))
+
+            return retry_busy(attempt, deadline_s=deadline_s)
         return retry_busy(lambda: self.apply(set_name, name, module, function, *args), deadline_s=deadline_s)
 
     # -- batches ---------------------------------------------------------------

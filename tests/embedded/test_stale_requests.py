@@ -206,3 +206,23 @@ def test_a_list_call_that_leaves_optional_arguments_out_gets_its_deadline_in_its
         lists._list_udf("P", "alloc", 5, 60_000, "rid2")
     with pytest.raises(TypeError, match="takes 4 argument"):
         lists._list_udf("P", "alloc", 5, 60_000, "rid", None, "one too many")
+
+
+def test_a_busy_key_is_retried_with_a_fresh_deadline_each_time(backend, monkeypatch):
+    """A hot list record answers KEY_BUSY for a while: retried with the deadline
+    taken once, every retry after it ran out would be refused ('stale')."""
+    from aeroqueue import transitions
+
+    deadlines: list[int] = []
+    monkeypatch.setattr(backend, "job_deadline", lambda: deadlines.append(FUTURE + len(deadlines)) or deadlines[-1])
+    real_apply, seen = backend.apply, []
+
+    def busy_twice(*args):
+        seen.append(args[-1])
+        if len(seen) <= 2:
+            raise errors.RecordBusy("hot key", operation="apply", key=args[1])
+        return real_apply(*args)
+
+    monkeypatch.setattr(backend, "apply", busy_twice)
+    assert transitions.push_retry(backend, "L", [2]) == 1
+    assert seen == deadlines == [FUTURE, FUTURE + 1, FUTURE + 2], "a deadline of its own for each attempt"

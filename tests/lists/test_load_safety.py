@@ -465,3 +465,21 @@ def test_what_a_killed_fenced_loader_left_is_never_taken_for_a_later_lists_jobs(
     jobs = drain_all(queue, list_name, session)
     assert Counter(j.jid for j in jobs) == Counter([*(f"n{i}" for i in range(50)), *(f"m{i}" for i in range(50))])
     assert all(j.payload == {"v": 2 if j.jid[0] == "n" else 3} for j in jobs)
+
+
+@pytest.mark.parametrize("check", [1, 2, 3], ids=["before the job writes", "before the index", "after publishing"])
+def test_a_fence_check_that_times_out_is_asked_again_not_a_failed_load(tmp_path, check):
+    """Each range reads its list record three times (`_RangeLoader._fence`): a read that
+    timed out once (a node leaving, a cluster changing) failed the whole load, the third
+    after its range was already published."""
+    backend = open_backend(f"embedded://{tmp_path / 'f.db'}")
+    udfs.register(backend)
+    lists = JobLists(backend)
+    # The list record's reads with bins: create's, then the range's three checks.
+    backend.client.faults.add(op="select", key="F", error="TimeoutError", times=1, skip=check)
+    report = lists.load("F", (JobSpec(f"j{i}", {}) for i in range(10)), chunk_size=10)
+    assert backend.client.faults.fired == 1
+    assert (report.loaded, report.voided) == (10, 0)
+    st = lists.status("F")
+    assert (st.total, st.reservable, st.pending_ranges) == (10, 10, 0)
+    backend.close()

@@ -27,7 +27,6 @@ from aeroqueue.hosts import TrustedHosts, host_name, is_wildcard
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.metrics import (
-    AFTER_TIMEOUT_MS,
     ListNames,
     StoreCollector,
     WorkerMetrics,
@@ -421,6 +420,9 @@ def test_lists_after_a_timed_out_one_are_read_with_a_short_limit_within_a_budget
         return real_status(self, name, *args, **kw)
 
     monkeypatch.setattr(JobLists, "status", status)
+    # The short limit, made long enough for a loaded machine's healthy reads: what is
+    # checked is that the later reads get it, not how fast they are.
+    monkeypatch.setattr("aeroqueue.metrics.AFTER_TIMEOUT_MS", 1500)
     spy = ReadSpy(registered.client)
     monkeypatch.setattr(registered, "client", spy)
     registry = store_registry(registered, lambda: names)
@@ -428,7 +430,7 @@ def test_lists_after_a_timed_out_one_are_read_with_a_short_limit_within_a_budget
     assert [value(samples, "aeroqueue_list_jobs", list=n) for n in names] == [1, None, 3, 4]
     assert value(samples, "aeroqueue_store_up") == 0
     limits = [ms for call, _, ms in spy.seen if call in ("get", "batch_read")]
-    assert limits[0] == 1000 and limits[-1] == AFTER_TIMEOUT_MS, limits
+    assert limits[0] == 1000 and limits[-1] == 1500, limits
 
     monkeypatch.setattr("aeroqueue.metrics.AFTER_TIMEOUT_BUDGET_S", 0.0)  # spent at once: nothing more is read
     samples = parse(generate_latest(registry).decode())
