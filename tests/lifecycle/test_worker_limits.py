@@ -755,13 +755,15 @@ def test_a_prefetched_job_whose_renewal_fails_is_given_back_uncharged(registered
     never ran, and with one attempt allowed it ended dead without ever running. When
     the store fails the refunded release too (it is down), the orphan check gave the
     job back later with its attempt counted: dead without running all the same."""
-    lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(2)], timeout_s=2.0, max_attempts=1, seal=True)
+    # A limit roomy enough for a loaded machine: j1's claim must not run out (and be
+    # charged by the reaper) while the refused renewal and release play out.
+    lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(2)], timeout_s=6.0, max_attempts=1, seal=True)
     ran: list[str] = []
 
     def handler(job: Job) -> str:
         ran.append(job.jid)
         if job.jid == "j0":
-            time.sleep(0.8)  # j1 waits behind it for more than a quarter of its limit
+            time.sleep(2.0)  # j1 waits behind it for more than a quarter of its limit
         return "ok"
 
     w = fast_worker(registered, handler, list_name, until_complete=False, concurrency=1, batch=2)

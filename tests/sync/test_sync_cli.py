@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from aeroqueue import keys
+from aeroqueue.backends import Backend
 from aeroqueue.cli import main
 from aeroqueue.config import parse_url
 from aeroqueue.sync import parse_target, remember_demo_target, run_sync, sync_once
@@ -150,6 +151,13 @@ def test_progress_reports_rows_copied_per_list(store, store_url, list_name, mysq
         assert list(store.scan(keys.SYNC_SET)) == [], "progress records are removed"
 
 
+def _spark_only(registered: Backend) -> None:
+    """A test of the command, its JVM and signals: the same whatever the store, and each
+    costs a JVM's start (half a minute on a loaded machine), so it runs on one store."""
+    if not registered.is_embedded:
+        pytest.skip("signals and the JVM: the same on every store (run on the embedded one)")
+
+
 def _group_pids(pgid: int, needle: bytes) -> list[int]:
     """The processes of group `pgid` with `needle` in their command line."""
     found = []
@@ -182,6 +190,8 @@ def test_ctrl_c_during_a_run_ends_it_with_one_line_and_a_rerun_copies_each_job_o
     empty", "Connection refused") in place of the interrupt: status 1 (seen in a full
     test run). The JVM is stopped for the interrupt and killed after it, so that this
     order is certain."""
+    if how != "group":
+        _spark_only(registered)
     make_jobs(registered, list_name, done=3000)
     proc = subprocess.Popen(
         [sys.executable, "-m", "aeroqueue", "--url", store_url, "sync", "--mysql", mysql_url, "--list", list_name,
@@ -225,6 +235,7 @@ def test_sigterm_to_the_whole_group_stops_a_schedule_cleanly_and_a_rerun_copies_
     accumulator server. It now ignores SIGTERM, the command cancels the run, stops
     Spark, releases its lease and exits 0. A run's error line was printed twice
     (ERROR and error): once now, in the usual format."""
+    _spark_only(registered)
     rejects = list_name + "-r"
     make_jobs(registered, list_name, done=3000)
     make_jobs(registered, rejects, done=3)
@@ -282,6 +293,7 @@ def test_sigterm_to_the_group_while_the_jvm_starts_stops_the_schedule_with_statu
     stopped then ended killed by the signal (status -15). Now the handler is there
     before the JVM starts; the JVM, which ignores SIGTERM, finishes starting, and
     the command stops it with no run (or ends the run just begun)."""
+    _spark_only(registered)
     make_jobs(registered, list_name, done=10)
     proc = subprocess.Popen(
         [sys.executable, "-m", "aeroqueue", "--url", store_url, "sync", "--mysql", mysql_url, "--list", list_name,
