@@ -385,7 +385,7 @@ class _RangeLoader:
         if why is None:
             return
         name, seq, start = self.name, got["seq"], got["start"]
-        mine = exp.Eq(exp.IntBin("c"), self.created).compile()
+        mine = _stamped(self.created)
         self.lists._delete_all(keys.JOB_SET, [keys.job_name(name, t) for t in range(start, start + len(new))], only=mine)
         self.lists._delete_all(keys.JIDX_SET, [keys.jidx_name(name, s.jid) for s in new], only=mine)
         if self.mode == "ids":
@@ -467,8 +467,8 @@ class _RangeLoader:
             # before it took its writes back): not ours, unless ours is the list that
             # was dropped (then `_fence` raises). Replaced, once.
             self._fence(got, new)
-            self.lists._delete_all(keys.JOB_SET, [keys.job_name(name, tokens[i]) for i in foreign],
-                                   only=exp.NE(exp.IntBin("c"), self.created).compile())
+            _delete_left_by_another(self.lists, keys.JOB_SET, [keys.job_name(name, tokens[i]) for i in foreign],
+                                    self.created)
             for i, code in zip(foreign, self.lists._batch_write([job_writes[i] for i in foreign], "write jobs"),
                                strict=True):
                 codes[i] = code
@@ -666,8 +666,7 @@ def finish_range(
                     raise
                 # Left by a loader of a dropped list of this name, fenced out and killed
                 # before it took it back: replaced.
-                lists._delete_all(keys.IDS_SET, [keys.chunk_name(name, seq)],
-                                  only=exp.NE(exp.IntBin("c"), created).compile())
+                _delete_left_by_another(lists, keys.IDS_SET, [keys.chunk_name(name, seq)], created)
                 retry_in_doubt(put)
         except RecordExists:
             # The same chunk, written by the loader (it died before publishing, or
@@ -696,8 +695,7 @@ def recover(lists: JobLists, name: str) -> int:
         if foreign:
             # Left by a loader of a dropped list of this name (fenced out, killed before it
             # took them back): never this list's jobs. Deleted, then voided like unwritten ones.
-            lists._delete_all(keys.JOB_SET, [keys.job_name(name, t) for t in foreign],
-                              only=exp.NE(exp.IntBin("c"), head["created"]).compile())
+            _delete_left_by_another(lists, keys.JOB_SET, [keys.job_name(name, t) for t in foreign], head["created"])
             gone = set(foreign)
             recs = [None if t in gone else rec for t, rec in zip(tokens, recs, strict=True)]
         missing = [t for t, rec in zip(tokens, recs, strict=True) if rec is None]
@@ -735,6 +733,19 @@ def _sealed_again(
     if new:
         raise ListSealed(f"list {name!r} is sealed: {new:,} of these {n:,} jobs are not in it and cannot be added")
     return LoadReport(loaded=0, skipped=n, voided=0, already_sealed=True)
+
+
+def _stamped(created: int, *, mine: bool = True) -> list[tuple]:
+    """A filter on a record's list stamp (bin "c"): written by the list of the name made
+    at `created` (`mine`), or by another list of the name."""
+    c = exp.IntBin("c")
+    return (exp.Eq(c, created) if mine else exp.NE(c, created)).compile()
+
+
+def _delete_left_by_another(lists: JobLists, set_name: str, names: list[str], created: int) -> None:
+    """Delete those of the records `names` that another list of the name wrote: a loader
+    of a dropped list, fenced out and killed before it took its writes back."""
+    lists._delete_all(set_name, names, only=_stamped(created, mine=False))
 
 
 def _not_indexed(b: Backend, name: str, created: int, batch: list[JobSpec]) -> list[JobSpec]:

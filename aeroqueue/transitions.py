@@ -178,11 +178,13 @@ def _with_deadline(function: str, args: tuple[Any, ...]) -> tuple[Any, ...]:
     return (*args, *(None,) * (n - len(args)), FRESH_DEADLINE)
 
 
-def list_once(backend: Backend, list_name: str, function: str, *args: Any) -> Any:
+def list_once(backend: Backend, list_name: str, function: str, *args: Any, busy_s: float = 5.0) -> Any:
     """One call of a list UDF, given its arguments but the deadline, which it gets
-    (`Backend.job_deadline`; aq_list_v1.lua, header); `StaleRequest` if the server
-    refused it as run past it (nothing was done: safe to repeat)."""
-    answer = backend.udf(keys.LIST_SET, list_name, keys.LIST_MOD, function, *_with_deadline(function, args))
+    (`Backend.job_deadline`; aq_list_v1.lua, header), a busy key retried for `busy_s`;
+    `StaleRequest` if the server refused it as run past it (nothing was done: safe to
+    repeat)."""
+    answer = backend.udf(keys.LIST_SET, list_name, keys.LIST_MOD, function, *_with_deadline(function, args),
+                         deadline_s=busy_s)
     if is_stale(answer):
         raise stale_list_call(function, list_name)
     return answer
@@ -203,13 +205,12 @@ def list_udf(backend: Backend, list_name: str, function: str, *args: Any, deadli
     the list record back (aq_list_v1.lua, header)."""
     give_up = time.monotonic() + deadline_s
     while True:
-        answer = backend.udf(keys.LIST_SET, list_name, keys.LIST_MOD, function, *_with_deadline(function, args),
-                             deadline_s=deadline_s)
-        if not is_stale(answer):
-            return answer
-        if time.monotonic() >= give_up:
-            raise stale_list_call(function, list_name)
-        time.sleep(0.01)
+        try:
+            return list_once(backend, list_name, function, *args, busy_s=deadline_s)
+        except StaleRequest:
+            if time.monotonic() >= give_up:
+                raise
+            time.sleep(0.01)
 
 
 def stale_list_call(function: str, list_name: str) -> StaleRequest:

@@ -139,9 +139,9 @@ def _cancelled_on(stop: Stop, spark: SparkSession, *, quiet: bool) -> Iterator[N
         while not done.is_set():
             if stop.wait(0.2):
                 if not done.is_set():
+                    if quiet:
+                        _silence(spark)
                     with contextlib.suppress(Exception):  # the context stopping, or stopped
-                        if quiet:
-                            spark.sparkContext.setLogLevel("OFF")
                         spark.sparkContext.cancelAllJobs()
                 return
 
@@ -152,6 +152,14 @@ def _cancelled_on(stop: Stop, spark: SparkSession, *, quiet: bool) -> Iterator[N
     finally:
         done.set()
         watcher.join()
+
+
+def _silence(spark: SparkSession) -> None:
+    """Spark logs nothing more: its tasks failing as a stop or Ctrl-C cancels them is
+    what was asked for, not news. Its JVM (which Ctrl-C and kills reach too) may be
+    gone already."""
+    with contextlib.suppress(Exception):
+        spark.sparkContext.setLogLevel("OFF")
 
 
 # Ctrl-C reached this process during the run. It reaches the JVM too, whose end
@@ -171,8 +179,9 @@ def _plain_interrupts(verbose: bool) -> None:
 
     PySpark's own SIGINT handler calls the JVM (cancelAllJobs) from inside the
     handler, mostly while the main thread is in the middle of a call on the same
-    py4j socket: 'reentrant call' tracebacks, several of them. The default handler
-    raises KeyboardInterrupt instead, and the command's `finally` stops the context,
+    py4j socket: 'reentrant call' tracebacks, several of them. Ours (`_on_sigint`)
+    raises KeyboardInterrupt instead, as the default one does, and notes that Ctrl-C
+    came; the command's `finally` stops the context,
     which cancels its jobs. py4j logs the interrupted call with the root logger's
     `logging.exception`, which, with no handler there, prints a traceback:
     unless --verbose, the root logger gets one that keeps them."""
@@ -355,15 +364,12 @@ def _sync_with_spark(
         if created and not verbose:
             # The tasks still running fail as the context stops under them, and Spark
             # logs each failure, with its stack: what Ctrl-C asked for, not news.
-            # (The JVM, which Ctrl-C reaches too, may be gone already.)
-            with contextlib.suppress(Exception):
-                spark.sparkContext.setLogLevel("OFF")
+            _silence(spark)
         raise
     finally:
         if created:
             if stop.is_set() and not verbose:  # as in `_cancelled_on`
-                with contextlib.suppress(Exception):
-                    spark.sparkContext.setLogLevel("OFF")
+                _silence(spark)
             try:
                 spark.stop()
             except Exception as e:  # its JVM gone (Ctrl-C, killed): whatever the run said stands
