@@ -223,3 +223,7 @@ class SessionLost(AeroqueueError):
 
 class SyncError(AeroqueueError):
     """The sync to MySQL failed; rows it had committed are marked synced, the next run copies the rest."""
+
+
+class Terminated(AeroqueueError):
+    """Stopped by SIGTERM before it finished."""

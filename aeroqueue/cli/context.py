@@ -23,7 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from .. import udfs
 from ..backends import Backend, open_backend
 from ..config import ENV_URL, MAX_ATTEMPTS, MAX_SECONDS, mask_passwords, mask_url, may_create
-from ..errors import AeroqueueError, ConfigError, ListNotFound
+from ..errors import AeroqueueError, ConfigError, ListNotFound, Terminated
 from ..keys import check_list_name
 from ..lists import DEFAULT_MAX_ATTEMPTS, JobLists, new_list_policy
 from ..sessions import check_timing
@@ -40,6 +40,7 @@ EXIT_ERROR = 1  # what went wrong is one line on stderr
 EXIT_USAGE = 2  # a wrong option or argument
 EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
 EXIT_PIPE = 141  # whoever read the output stopped (`| head`), as shells report SIGPIPE
+EXIT_TERMINATED = 143  # a command that handles SIGTERM stopped short by it, as shells report it
 
 _VERBOSE = "aeroqueue.verbose"
 
@@ -196,7 +197,7 @@ _NoArgsIsHelp: tuple[type[click.UsageError], ...] = tuple(
 
 class AeroqueueGroup(click.Group):
     """Every error is one line on stderr: 1 for errors, 2 for usage errors, 130 on
-    Ctrl-C; the traceback only with --verbose (given anywhere on the line). Output
+    Ctrl-C, 143 for a SIGTERM that cut a command short (`Terminated`); the traceback only with --verbose (given anywhere on the line). Output
     cut short by its reader (`| head`) is not an error: nothing is said, status 141."""
 
     def add_command(self, cmd: click.Command, name: str | None = None) -> None:
@@ -231,7 +232,7 @@ class AeroqueueGroup(click.Group):
             )
         # One line, never wrapped, so scripts and people can both read it.
         _say_error(_one_line(line) + "\n")
-        ctx.exit(EXIT_ERROR)
+        ctx.exit(EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_ERROR)
 
     def main(
         self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,

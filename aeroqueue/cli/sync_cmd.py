@@ -26,7 +26,7 @@ from rich.table import Table
 from ..backends import Backend
 from ..backends.base import N_PARTITIONS
 from ..config import ENV_URL, MAX_SECONDS, default_store_path, parse_url
-from ..errors import ListNotFound, SyncError
+from ..errors import ListNotFound, SyncError, Terminated
 from ..lists import JobLists
 from ..logs import command_info
 from ..stopping import Stop
@@ -136,14 +136,18 @@ def _cancelled_on(stop: Stop, spark: SparkSession, *, quiet: bool) -> Iterator[N
     done = threading.Event()
 
     def watch() -> None:
+        silenced = False
         while not done.is_set():
-            if stop.wait(0.2):
-                if not done.is_set():
-                    if quiet:
-                        _silence(spark)
-                    with contextlib.suppress(Exception):  # the context stopping, or stopped
-                        spark.sparkContext.cancelAllJobs()
-                return
+            if not stop.wait(0.2):
+                continue
+            if quiet and not silenced:
+                _silence(spark)
+                silenced = True
+            # Again until the block ends: a job the run starts after a cancel (the
+            # stop landed while it set up) is not cancelled by it.
+            with contextlib.suppress(Exception):  # the context stopping, or stopped
+                spark.sparkContext.cancelAllJobs()
+            done.wait(0.5)
 
     watcher = threading.Thread(target=watch, name="aeroqueue-sync-stop", daemon=True)
     watcher.start()
@@ -278,6 +282,8 @@ def sync(
     as held by that target only after its row is committed, so a crash
     re-copies some rows and loses none. Records that cannot be stored go to
     the sync_rejects table with the reason, and the run exits non-zero.
+    SIGTERM cancels the run under way and releases the lease: on a schedule
+    the command then exits 0, a single run cut short 143.
     """
     text = store_url_text(obj.url)
     store = parse_url(text)
@@ -307,12 +313,16 @@ def sync(
         click.echo(json.dumps(r.as_dict()) if as_json else str(r))
 
     verbose = verbose_requested(click.get_current_context())
-    # On a schedule, SIGTERM (a service's stop) asks for a stop from the start on:
-    # during the JVM's start-up too, which then completes (a JVM started here
-    # ignores SIGTERM: `spark_session`) and no run starts. It stays handled until
-    # the context is stopped, so a second one cannot kill the command half-way.
+    # SIGTERM (a service's stop, a job runner's deadline) asks for a stop from the
+    # start on: during the JVM's start-up too, which then completes (a JVM started
+    # here ignores SIGTERM: `spark_session`) and no run starts. A run under way is
+    # cancelled and its lease released: killed, a one-shot run left its lease held
+    # until the TTL ran out, and the next run was refused meanwhile. It stays
+    # handled until the context is stopped, so a second one cannot kill the command
+    # half-way. On a schedule a stop is the service's end (status 0); a single run
+    # cut short did not do its work (`Terminated`, 143).
     stop = Stop()
-    handled = every is not None and threading.current_thread() is threading.main_thread()
+    handled = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, stop.on_signal) if handled else None
     try:
         _sync_with_spark(backend, options, target, master, every, lease_s, as_json, verbose, stop, report)
@@ -327,13 +337,26 @@ def _sync_with_spark(
 ) -> None:
     spark, created = spark_session(master, verbose=verbose)
 
+    def once() -> SyncReport:
+        if not as_json and err_console.is_terminal:
+            with SyncProgress(rows_to_copy(backend, options)) as bar:
+                return sync_once(options, spark, backend, lease_s=lease_s, on_progress=bar.update)
+        return sync_once(options, spark, backend, lease_s=lease_s)
+
     def work() -> None:
         if every is None:
-            if not as_json and err_console.is_terminal:
-                with SyncProgress(rows_to_copy(backend, options)) as bar:
-                    r = sync_once(options, spark, backend, lease_s=lease_s, on_progress=bar.update)
-            else:
-                r = sync_once(options, spark, backend, lease_s=lease_s)
+            try:
+                if stop.is_set():  # during the JVM's start-up
+                    raise Terminated()
+                with _cancelled_on(stop, spark, quiet=created and not verbose):
+                    r = once()
+            except Exception:
+                if stop.is_set():
+                    raise Terminated(
+                        "sync stopped by SIGTERM before its run ended: what it committed is marked, "
+                        "the next run copies the rest"
+                    ) from None
+                raise
             report(r)
             if r.counts.rejected:
                 raise SyncError(r.rejects_note)

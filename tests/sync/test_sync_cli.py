@@ -224,6 +224,28 @@ def test_ctrl_c_during_a_run_ends_it_with_one_line_and_a_rerun_copies_each_job_o
     assert_exactly_once(registered, mysql_db, list_name)
 
 
+def test_a_stop_cancels_jobs_the_run_starts_after_it_too():
+    """A stop that lands while a run sets up (its target's schema checked, before its
+    Spark job starts) finds no job to cancel: one cancel then let the run copy
+    everything, however long. Jobs are cancelled again until the block ends."""
+    from types import SimpleNamespace
+
+    from aeroqueue.cli.sync_cmd import _cancelled_on
+    from aeroqueue.stopping import Stop
+
+    cancels: list[float] = []
+    spark = SimpleNamespace(sparkContext=SimpleNamespace(
+        cancelAllJobs=lambda: cancels.append(time.monotonic()), setLogLevel=lambda level: None))
+    stop = Stop(tick_s=0.05)
+    stop.set()
+    with _cancelled_on(stop, spark, quiet=True):  # type: ignore[arg-type]
+        time.sleep(1.5)  # the run: its job starts after the first cancel
+    assert len(cancels) >= 2, cancels
+    after = len(cancels)
+    time.sleep(0.7)
+    assert len(cancels) == after, "nothing is cancelled once the block has ended"
+
+
 def test_a_sync_commands_log_lines_print_once_in_the_usual_format():
     """`sync` logs its info lines through the handler every command gets: a handler of
     its own beside it printed each warning and error twice (ERROR ..., error ...)."""
@@ -243,8 +265,9 @@ def test_a_sync_commands_log_lines_print_once_in_the_usual_format():
         ["error", "1 job(s) could not be copied"], ["info", "schema migrated"]], out.stderr
 
 
-def test_sigterm_to_the_whole_group_stops_a_schedule_cleanly_and_a_rerun_copies_each_job_once(
-    registered, java, store_url, list_name, mysql_db, mysql_url
+@pytest.mark.parametrize("schedule", ["every", "once"])
+def test_sigterm_to_the_whole_group_stops_a_sync_cleanly_and_a_rerun_copies_each_job_once(
+    registered, java, store_url, list_name, mysql_db, mysql_url, schedule
 ):
     """A service manager stops `sync --every` with SIGTERM to all its processes at
     once (systemd's KillMode=control-group): the command, its JVM and the Python
@@ -252,12 +275,16 @@ def test_sigterm_to_the_whole_group_stops_a_schedule_cleanly_and_a_rerun_copies_
     run failed, logged as a failure with Spark's stacks and a traceback of PySpark's
     accumulator server. It now ignores SIGTERM, the command cancels the run, stops
     Spark, releases its lease and exits 0. (Between runs it always did: a stop while
-    the schedule sleeps is tested with `Scheduler`.)"""
+    the schedule sleeps is tested with `Scheduler`.) A single run (a cron job, a
+    job runner's deadline) was killed by the signal (status -15) with its lease left
+    held until the TTL ran out, refusing the next run meanwhile: it now ends the
+    same way, with one line and status 143, as it did not do its work."""
     _spark_only(registered)
     make_jobs(registered, list_name, done=3000)
+    every = ["--every", "1s"] if schedule == "every" else ["--lease", "10m"]  # a lease left held would show
     proc = subprocess.Popen(
         [sys.executable, "-m", "aeroqueue", "--url", store_url, "sync", "--mysql", mysql_url, "--list", list_name,
-         "--partitions", "4", "--batch-size", "10", "--json", "--every", "1s"],
+         "--partitions", "4", "--batch-size", "10", "--json", *every],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )
     reported = threading.Event()
@@ -283,7 +310,12 @@ def test_sigterm_to_the_whole_group_stops_a_schedule_cleanly_and_a_rerun_copies_
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0, err[-3000:]
+    if schedule == "every":
+        assert proc.returncode == 0, err[-3000:]
+    else:
+        assert proc.returncode == 143, err[-3000:]
+        assert err.rstrip().splitlines()[-1].startswith("error: sync stopped by SIGTERM"), err[-3000:]
+        assert not out, "a run cut short reports nothing"
     for noise in ("Traceback", "Exception", " ERROR ", "sync run failed", "EOFError"):
         assert noise not in err, err[-3000:]
     assert registered.get(keys.LOCK_SET, parse_target(mysql_url).lease_name) is None, "the lease is released"
