@@ -299,6 +299,14 @@ def test_an_unexpected_error_quoting_a_url_masks_its_password_traceback_too(tmp_
     assert "Traceback" in loud.stderr and "mysql://u:***@" in loud.stderr and SECRET not in loud.output
 
 
+def test_the_command_contexts_repr_masks_the_store_password():
+    """A debugger, a log of locals or a rich traceback with locals shows reprs."""
+    from aeroqueue.cli.context import Context
+
+    shown = repr(Context(url=f"aerospike://app:{SECRET}@127.0.0.1:3000/test", verbose=False))
+    assert SECRET not in shown and "aerospike://app:***@127.0.0.1:3000/test" in shown, shown
+
+
 @pytest.mark.parametrize(
     "argv",
     [

@@ -52,6 +52,11 @@ class Context:
     _backend: Backend | None = None
     create: bool = False  # --create: an embedded store file that does not exist yet is made
 
+    def __repr__(self) -> str:
+        # Not the dataclass's own: it showed the URL as given, password and all.
+        url = None if self.url is None else mask_url(self.url)
+        return f"Context(url={url!r}, verbose={self.verbose!r}, create={self.create!r})"
+
     def backend(self, *, check_udfs: bool = True, create: bool = False) -> Backend:
         if self._backend is None:
             # The default store, or AEROQUEUE_CREATE: config.may_create, as for connect().
