@@ -14,6 +14,7 @@ errors unless asked for (`spark_session(verbose=True)`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -257,7 +258,14 @@ def run_sync(
         if watcher:
             watcher.__enter__()
         try:
-            per_task = sc.parallelize(parts, len(parts)).mapPartitions(task).collect()
+            with _job_group(sc, f"aeroqueue-sync-{uuid.uuid4().hex}") as group:
+                # Not after Ctrl-C (a BaseException): the context is stopped then, its tasks with it.
+                try:
+                    per_task = sc.parallelize(parts, len(parts)).mapPartitions(task).collect()
+                except Exception:
+                    _await_tasks(sc, group)
+                    raise
+                _await_tasks(sc, group)
         finally:
             if watcher:
                 watcher.__exit__(None, None, None)
@@ -274,6 +282,66 @@ def run_sync(
     report = SyncReport(str(target), counts, n_lists, time.monotonic() - started, synced_at, options.resync)
     log.debug("%s", report)
     return report
+
+
+# The local properties `setJobGroup` sets, restored after a run: a caller's own group stays theirs.
+_JOB_GROUP_PROPERTIES = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
+# How long a run waits for its Spark job's last tasks to end. A failed job's other
+# tasks are killed, but a task's Python worker is only killed 2 to 4 s later
+# (spark.python.task.killTimeout, after the monitor's 2 s poll); more on a loaded machine.
+TASKS_END_LIMIT_S = 120.0
+# A failure before the job was submitted leaves no job in the group to wait for.
+JOB_SEEN_LIMIT_S = 10.0
+TASKS_POLL_S = 0.05
+
+
+@contextmanager
+def _job_group(sc: Any, group: str) -> Iterator[str]:
+    """The block's Spark jobs in a job group of their own (`_await_tasks` finds them
+    by it). Tasks are not interrupted when the job is cancelled (Spark's default,
+    said here because it matters): an interrupted task can end, and be counted as
+    ended, while its Python worker still runs until it is killed."""
+    saved = {key: sc.getLocalProperty(key) for key in _JOB_GROUP_PROPERTIES}
+    sc.setJobGroup(group, "aeroqueue sync", interruptOnCancel=False)
+    try:
+        yield group
+    finally:
+        with contextlib.suppress(Exception):  # the context stopped under the run (Ctrl-C, a killed JVM)
+            for key, value in saved.items():
+                sc.setLocalProperty(key, value)
+
+
+def _await_tasks(sc: Any, group: str) -> None:
+    """Wait until no task of the group's jobs is running, or `TASKS_END_LIMIT_S`.
+
+    A Spark job fails as soon as one task has failed its last attempt: `collect`
+    raises while the job's other tasks still run, until Spark kills them, seconds
+    later. Such a task went on copying and marking after the run had failed, and
+    after its lease was released: another run could start beside it, and a caller
+    that checked the target after the failure saw rows and marks appear later. A
+    job that succeeds may leave speculative copies of its tasks running too.
+    Only the status store's view counts, so first the job's end must have reached
+    it: every task started before the job ended was reported before that end."""
+    tracker = sc.statusTracker()
+    started = time.monotonic()
+    while True:
+        try:
+            jobs = [tracker.getJobInfo(j) for j in tracker.getJobIdsForGroup(group)]
+            if jobs and all(job is not None and job.status != "RUNNING" and not any(
+                    (stage := tracker.getStageInfo(s)) is not None and stage.numActiveTasks > 0
+                    for s in job.stageIds) for job in jobs):
+                return
+        except Exception as e:  # the context stopped under the run: its tasks went with it
+            log.debug("reading the sync job's status failed: %s", e)
+            return
+        waited = time.monotonic() - started
+        if not jobs and waited > JOB_SEEN_LIMIT_S:
+            return
+        if waited > TASKS_END_LIMIT_S:
+            log.warning("tasks of the sync's Spark job were still running %.0f s after it ended; "
+                        "they may still copy and mark rows", waited)
+            return
+        time.sleep(TASKS_POLL_S)
 
 
 def _with_run_id(options: SyncOptions) -> SyncOptions:

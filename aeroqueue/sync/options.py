@@ -40,8 +40,8 @@ class SyncFaults:
     # After N batches, each attempt's database connection is killed.
     kill_after_batches: int = 0
     # The first attempt of every task, after its Nth commit and before marking,
-    # creates "paused-<pid>" in `pause_dir` and waits (up to 60 s) for "go" there:
-    # the moment a test stops MySQL or kills a process.
+    # creates "paused-<pid>" in `pause_dir` and waits (up to 60 s) for "go" there
+    # (or "go-<pid>", for that task alone): the moment a test stops MySQL or kills a process.
     pause_after_commits: int = 0
     pause_dir: str = ""
 

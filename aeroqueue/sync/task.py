@@ -181,7 +181,8 @@ class RangeSync:
             here = Path(f.pause_dir)
             (here / f"paused-{os.getpid()}").touch()
             give_up = time.monotonic() + PAUSE_LIMIT_S
-            while not (here / "go").exists() and time.monotonic() < give_up:
+            mine = here / f"go-{os.getpid()}"  # lets this task go alone
+            while not ((here / "go").exists() or mine.exists()) and time.monotonic() < give_up:
                 time.sleep(0.05)
 
     def _write(self, batch: Batch) -> list[tuple[int, str]]:

@@ -82,6 +82,8 @@ def test_mysql_stopped_mid_run_then_restarted(store, store_url, list_name, spark
     assert not t.is_alive()
     assert failure and isinstance(failure[0], SyncError), failure
     own_mariadb.start()
+    # MySQL first, the marks after: a task of the failed run still copying and marking
+    # now would show as marked and not copied (test_a_failed_run_returns_once_its_tasks_have_ended).
     copied = _copied(db, list_name, own_mariadb.port)
     marked = synced_marks(store, list_name, url)
     assert copied and set(marked) <= copied, "nothing is marked that MySQL did not commit"
@@ -89,6 +91,51 @@ def test_mysql_stopped_mid_run_then_restarted(store, store_url, list_name, spark
     sync_once(options(store_url, url, partitions=2, lists=(list_name,)), spark, store, lease_s=5)
     assert_exactly_once(store, db, list_name, own_mariadb.port)
     assert set(synced_marks(store, list_name, url)) == set(processed(store, list_name))
+
+
+def _running(pid: int) -> bool:
+    """The process exists and is not a zombie waiting to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_a_failed_run_returns_once_its_tasks_have_ended(store, store_url, list_name, mysql_db, mysql_url, spark, tmp_path):
+    """A Spark job fails as soon as one task has failed its last attempt; its other
+    tasks run on until Spark kills them, seconds later. The run returns (and gives
+    up its lease) only once they have ended: nothing of it is copied or marked
+    after it failed."""
+    make_jobs(store, list_name, done=200)
+    # Each task's first attempt holds after its first commit; every attempt's connection
+    # is killed after its first batch, so a task let go fails attempt after attempt.
+    faults = SyncFaults(pause_after_commits=1, pause_dir=str(tmp_path), kill_after_batches=1)
+    opts = options(store_url, mysql_url, partitions=2, batch_size=10, lists=(list_name,), faults=faults)
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            sync_once(opts, spark, store, lease_s=5)
+        except BaseException as e:  # the run is expected to fail: kept for the assertion
+            failure.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    wait_for("both tasks held after their first commit", lambda: len(list(tmp_path.glob("paused-*"))) == 2, 120,
+             step_s=0.2)
+    failing, held = sorted(int(p.name.split("-")[1]) for p in tmp_path.glob("paused-*"))
+    (tmp_path / f"go-{failing}").touch()
+    t.join(240)
+    assert not t.is_alive()
+    assert failure and isinstance(failure[0], SyncError), failure
+    assert not _running(held), "the run returned while one of its tasks still ran"
+    copied = {bytes(r["jid"]).decode() for r in mysql_rows(mysql_db, list_name)}
+    marked = synced_marks(store, list_name, mysql_url)
+    (tmp_path / "go").touch()  # a task still held would go on now
+    time.sleep(1)
+    assert {bytes(r["jid"]).decode() for r in mysql_rows(mysql_db, list_name)} == copied, "copied after the run"
+    assert synced_marks(store, list_name, mysql_url) == marked, "marked after the run"
+    assert set(marked) <= copied
 
 
 @pytest.fixture
