@@ -209,6 +209,12 @@ class Backend:
         finally:
             _READ_BOUNDS.reset(token)
 
+    @staticmethod
+    def reads_bounded() -> bool:
+        """Whether this thread's reads are inside a `bounded_reads` block (whose limits
+        a nested reader keeps rather than replacing them with its own)."""
+        return _READ_BOUNDS.get() is not None
+
     def _call(self, operation: str, set_name: str, name: str, fn: Callable[[], T]) -> T:
         self.round_trips += 1
         try:
@@ -506,6 +512,33 @@ class Backend:
             yield got
             if query.is_done():
                 return
+
+    def scan_answered(
+        self, set_name: str, *, bins: list[str] | None = None
+    ) -> tuple[list[tuple[str, Record]], errors.BackendError | None]:
+        """(record name, record) for the records of a small set that the nodes handed
+        over, and the error if one did not answer: the other nodes' records, not
+        nothing, for a reader who shows what it can while a node is frozen (each
+        node's part of a scan answers on its own; `scan` hands over nothing until a
+        whole page has). Not paginated: every record is held, and a record that
+        migrates meanwhile may come twice or not at all."""
+        got: list[tuple[str, Record]] = []
+        bounds = _READ_BOUNDS.get()
+        policy: dict[str, Any] = {"total_timeout": bounds.scan_ms} if bounds is not None else {}
+        query = self.client.query(self.namespace, set_name)
+        if bins:
+            query.select(*bins)
+
+        def take(rec: tuple[Any, Any, dict[str, Any]]) -> None:
+            key, meta, bins_ = rec
+            got.append((key[2], _record(meta, bins_)))
+
+        self.round_trips += 1
+        try:
+            query.foreach(take, policy)
+        except aex.AerospikeError as e:
+            return got, wrap(e, "scan", set_name)
+        return got, None
 
     def _paged_query(self, set_name: str, bins: list[str] | None, page_size: int) -> Any:
         query = self.client.query(self.namespace, set_name)

@@ -2,7 +2,9 @@
 
 Pages: the lists with progress bars and counts, the live sessions with their
 last heartbeat, the dead jobs of each list with their errors, and one job's
-detail. Actions (POST only, each form carrying a CSRF token checked by
+detail. While a node does not answer, the pages show what the others hold and
+name what could not be read (data.PageReads): a partial page is a 200 with a
+``#partial`` notice whose ``data-unread`` names the parts not read. Actions (POST only, each form carrying a CSRF token checked by
 Flask-WTF): pause or resume a list, kick one dead job, kick all dead jobs of a
 list. ``read_only`` hides the buttons and refuses the POSTs (403).
 
@@ -12,6 +14,7 @@ Policy allows nothing from elsewhere, and no inline script or style.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import secrets
@@ -28,7 +31,7 @@ from ..config import may_create
 from ..errors import AeroqueueError, ListNotFound
 from ..hosts import TrustedHosts
 from ..keys import InvalidName
-from .data import Store, format_ms, now_ms
+from .data import PageReads, Store, format_ms, now_ms
 
 ENV_SECRET = "AEROQUEUE_DASHBOARD_SECRET"
 REFRESH_S = 5.0  # the pages re-read the store this often (dashboard.js); 0: never
@@ -109,18 +112,19 @@ def create_app(
 
     @app.get("/")
     def index() -> str:
-        rows = data.list_rows()
-        dead = [job for row in rows if row.status.dead for job in data.dead_jobs(row.name, limit=20)]
-        # The latest deaths first: with many lists, the 50 shown are the ones an
-        # operator opens the page for, not those of the lists first by name.
-        dead.sort(key=lambda job: (job.last_error.at or 0) if job.last_error else 0, reverse=True)
-        dead = dead[:50]
-        return render_template("index.html", lists=rows, sessions=data.sessions(), dead=dead)
+        # A node that does not answer costs the page what it holds, named on it, not
+        # the page: an operator opens it exactly then. Nothing answered: 503.
+        view = data.overview()
+        if view.error is not None and not view.answered:
+            raise view.error
+        return render_template("index.html", view=view, lists=view.lists, sessions=view.sessions, dead=view.dead)
 
     @app.get("/lists/<name>")
     def list_page(name: str) -> str:
-        row = data.list_row(name)
-        return render_template("list.html", row=row, dead=data.dead_jobs(name))
+        row = data.list_row(name)  # the page's subject: if it does not answer, 503
+        reads = PageReads(backend)
+        dead = reads.read("dead jobs", functools.partial(data.dead_jobs, name))
+        return render_template("list.html", row=row, dead=dead)
 
     @app.get("/lists/<name>/jobs/<int:token>")
     def job_page(name: str, token: int) -> str:

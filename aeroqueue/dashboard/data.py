@@ -10,12 +10,21 @@ records (`JobLists.kick`): an operator's action, not a page view.
 The page views' reads are bounded in time (`Backend.bounded_reads`): a frozen or
 unreachable store makes a page a quick error (503), not a 30 s wait. The actions
 are not: a kick's walk of a big list may take longer than a page view's scan.
+
+A frozen node of several holds only some records, yet every scan needs every
+node: the overview (`Store.overview`) reads each part on its own (`PageReads`),
+shows those that answered, and names those that did not, as a scrape does
+(aeroqueue.metrics): once a read has not answered in time, the view's other
+reads get short limits within a budget. Only a view of which nothing answered
+is an error.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import functools
+import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,8 +34,10 @@ from aerospike_helpers import expressions as xp
 
 from .. import keys
 from ..backends import Backend
-from ..errors import JobNotFound, ListNotFound
-from ..lists import JobLists, ListStatus
+from ..errors import BackendError, BackendTimeout, ClusterChanging, JobNotFound, ListNotFound
+from ..lists import DROPPED, JobLists, ListStatus, is_tombstone
+
+log = logging.getLogger("aeroqueue.dashboard")
 
 DEAD_PAGE = 100  # dead jobs shown per list page
 DEAD_CHUNKS_READ = 4  # dead bitmap chunks (8 KiB each) read a call while looking for dead jobs
@@ -36,6 +47,23 @@ HISTORY_BINS = ("errs", "errors", "err_hist")
 # which may fill the record; the overview and each list page re-read up to 100 of
 # these every few seconds per open page.
 DEAD_ROW_BINS = ["state", "jid", "att", "max_att", "done_at", "err", *HISTORY_BINS]
+
+# What a node that does not answer (frozen, overloaded, cut off) makes a read raise:
+# the view goes on without that part. Other errors still make the page an error.
+UNANSWERED = (BackendTimeout, ClusterChanging)
+# After a read of a view did not answer in time, as after one of a scrape
+# (aeroqueue.metrics): each further record read gets AFTER_TIMEOUT_MS and a scan
+# AFTER_TIMEOUT_SCAN_MS (healthy nodes answer in milliseconds), and the parts left
+# once AFTER_TIMEOUT_BUDGET_S is spent are not read. A frozen node costs a view one
+# read's limit (a scan's 5 s at most) and the budget, whatever the number of lists.
+AFTER_TIMEOUT_MS = 100
+AFTER_TIMEOUT_SCAN_MS = 1000
+AFTER_TIMEOUT_BUDGET_S = 2.0
+# A scan that timed out is not tried again by the views of the next SCAN_RETRY_S:
+# every scan needs every node, so while one is frozen each attempt waits out the
+# scan's limit (5 s), and the page refreshes every few seconds. Meanwhile the
+# lists found before are read, and the sessions are shown as not read.
+SCAN_RETRY_S = 10.0
 
 T = TypeVar("T")
 
@@ -60,6 +88,14 @@ class ListRow:
     @property
     def finished_share(self) -> float:
         return self.share(self.status.done + self.status.dead)
+
+
+@dataclass(frozen=True)
+class UnreadRow:
+    """A list whose counts the store did not answer for in time."""
+
+    name: str
+    unread: bool = True
 
 
 @dataclass(frozen=True)
@@ -157,14 +193,86 @@ def error_history(bins: dict[str, Any]) -> list[ErrorEntry]:
 
 
 def _bounded(read: Callable[..., T]) -> Callable[..., T]:
-    """A page view's read of the `Store`, made within `Backend.bounded_reads`."""
+    """A page view's read of the `Store`, made within `Backend.bounded_reads` (those
+    of an enclosing block, if any: a `PageReads`' short limits after a timeout)."""
 
     @functools.wraps(read)
     def bounded(self: Store, *args: Any, **kwargs: Any) -> T:
+        if self.backend.reads_bounded():
+            return read(self, *args, **kwargs)
         with self.backend.bounded_reads():
             return read(self, *args, **kwargs)
 
     return bounded
+
+
+class PageReads:
+    """One page view's reads, part by part: a part the store does not answer for in
+    time is noted (`unread`) and the view goes on; after the first such part the
+    others get short limits, and none is read once the budget is spent."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.unread: list[str] = []  # the parts not read, as the page names them
+        self.answered = 0  # parts read
+        self.error: BackendError | None = None  # the first part's that did not answer
+        self.last_error: BackendError | None = None  # the last `read`'s, if it did not answer
+        self._budget_end: float | None = None
+
+    def read(self, part: str, fn: Callable[[], T]) -> T | None:
+        """fn()'s answer, or None (and `part` noted unread) if the store did not answer."""
+        now = time.monotonic()
+        self.last_error = None
+        if self._budget_end is not None and now >= self._budget_end:
+            self.unread.append(part)
+            return None
+        try:
+            if self._budget_end is None:
+                with self.backend.bounded_reads():
+                    out = fn()
+            else:
+                left_ms = max(1, int((self._budget_end - now) * 1000))
+                with self.backend.bounded_reads(
+                    record_ms=min(AFTER_TIMEOUT_MS, left_ms), scan_ms=min(AFTER_TIMEOUT_SCAN_MS, left_ms)
+                ):
+                    out = fn()
+        except UNANSWERED as e:
+            self.failed(part, e)
+            return None
+        self.answered += 1
+        return out
+
+    def failed(self, part: str, error: BackendError) -> None:
+        """`part` did not answer (`error`): noted, and the short limits start."""
+        self.unread.append(part)
+        self.last_error = error
+        if self._budget_end is None:
+            self._budget_end = time.monotonic() + AFTER_TIMEOUT_BUDGET_S
+            self.error = error
+            log.warning(f"{part}: not read; the page's other reads get {AFTER_TIMEOUT_MS} ms each",
+                        extra={"event": "page_partial", "error": str(error)})
+
+    def skipped(self, part: str) -> None:
+        """`part` not tried (a scan that timed out a moment ago)."""
+        self.unread.append(part)
+
+
+@dataclass
+class Overview:
+    """The index page's reads: what answered, and what did not (`unread`)."""
+
+    lists: list[ListRow | UnreadRow]
+    lists_whole: bool  # the scan of the list set answered: no list may be missing
+    sessions: list[SessionRow] | None  # None: not read
+    dead: list[JobView]
+    dead_unread: list[str]  # the lists whose dead jobs were not read
+    unread: list[str]
+    answered: int
+    error: BackendError | None
+
+    @property
+    def partial(self) -> bool:
+        return bool(self.unread)
 
 
 class Store:
@@ -173,6 +281,88 @@ class Store:
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
         self.lists = JobLists(backend)
+        self._lock = threading.Lock()
+        self._known: set[str] = set()  # the lists the views have found
+        self._scan_again_at = float("-inf")  # after a scan that timed out (SCAN_RETRY_S)
+
+    # -- the overview --------------------------------------------------------------
+
+    def overview(self, dead_per_list: int = 20, dead_shown: int = 50) -> Overview:
+        """The index page: each list's counts, the latest dead jobs, the sessions; each
+        read on its own (`PageReads`), those that did not answer named. The lists are
+        those the scan of the list set finds; when a node does not answer, those the
+        other nodes hand over and those found by earlier views."""
+        reads = PageReads(self.backend)
+        names, whole = self._list_names(reads)
+        rows: list[ListRow | UnreadRow] = []
+        for name in names:
+            try:
+                row = reads.read(f"list {name}", functools.partial(self.list_row, name))
+            except ListNotFound:
+                with self._lock:
+                    self._known.discard(name)
+                continue  # dropped meanwhile
+            rows.append(row if row is not None else UnreadRow(name))
+        dead: list[JobView] = []
+        dead_unread: list[str] = []
+        for shown in rows:
+            if isinstance(shown, ListRow) and shown.status.dead:
+                try:
+                    jobs = reads.read(f"dead jobs of {shown.name}", functools.partial(self.dead_jobs, shown.name, dead_per_list))
+                except ListNotFound:
+                    continue
+                if jobs is None:
+                    dead_unread.append(shown.name)
+                else:
+                    dead.extend(jobs)
+        # The latest deaths first: with many lists, the ones shown are those an
+        # operator opens the page for, not those of the lists first by name.
+        dead.sort(key=lambda job: (job.last_error.at or 0) if job.last_error else 0, reverse=True)
+        sessions = self._scanned(reads, "sessions", self.sessions)
+        return Overview(rows, whole, sessions, dead[:dead_shown], dead_unread, reads.unread, reads.answered, reads.error)
+
+    def _list_names(self, reads: PageReads) -> tuple[list[str], bool]:
+        """The lists to show, and whether that is all of them (the scan answered)."""
+        def scan() -> tuple[list[tuple[str, Any]], BackendError | None]:
+            recs, error = self.backend.scan_answered(keys.LIST_SET, bins=["mode", DROPPED])
+            if error is not None and (not recs or not isinstance(error, UNANSWERED)):
+                raise error  # nothing answered (or not for want of a node): as any read's error
+            return recs, error
+
+        got = self._scanned(reads, "the list of lists", scan)
+        with self._lock:
+            known = set(self._known)
+        if got is None:
+            return sorted(known), False
+        recs, error = got
+        found = {name for name, rec in recs if not is_tombstone(rec.bins)}
+        if error is not None:  # some nodes answered: their lists, and those found before
+            reads.failed("the list of lists", error)
+            self._scan_failed(error)
+            with self._lock:
+                self._known |= found
+            return sorted(found | known), False
+        with self._lock:
+            self._known = set(found)
+        return sorted(found), True
+
+    def _scanned(self, reads: PageReads, part: str, scan: Callable[[], T]) -> T | None:
+        """A part read by a scan, unless one timed out in the last SCAN_RETRY_S."""
+        with self._lock:
+            held = time.monotonic() < self._scan_again_at
+        if held:
+            reads.skipped(part)
+            return None
+        out = reads.read(part, scan)
+        if reads.last_error is not None:
+            self._scan_failed(reads.last_error)
+        return out
+
+    def _scan_failed(self, error: BackendError) -> None:
+        # Only a timeout is worth waiting out: a cluster that is changing refuses at once.
+        if isinstance(error, BackendTimeout):
+            with self._lock:
+                self._scan_again_at = time.monotonic() + SCAN_RETRY_S
 
     # -- reads ---------------------------------------------------------------------
 

@@ -10,6 +10,9 @@
     python -m tests.multinode.agent http [stop=PID] URL[|HOST] ...
                                                          GET the URLs (Host: HOST) at once when served, with the asd
                                                          PID stopped meanwhile if given: status, body, seconds each
+    python -m tests.multinode.agent frozen-view URL PID LISTS URL...
+                                                         SIGSTOP asd PID; GET the URLs at once, then each again;
+                                                         which of LISTS (comma-separated) a client can read; SIGCONT
 """
 
 from __future__ import annotations
@@ -157,6 +160,37 @@ def http(specs: list[str]) -> dict[str, Any]:
             os.kill(stopped, signal.SIGCONT)
 
 
+def frozen_view(url: str, pid: int, names: list[str], specs: list[str]) -> dict[str, Any]:
+    """With the asd `pid` stopped: GET each of `specs` at once (their first views of
+    the frozen node), then again (the views after), and read each list's status as a
+    client can (within `Backend.bounded_reads`): the lists whose records the frozen
+    node does not hold. The asd is resumed after, whatever happens."""
+    import os
+    import signal
+    from concurrent.futures import ThreadPoolExecutor
+
+    backend = open_backend(url)  # connected, partition map known, before the freeze
+    lists = JobLists(backend)
+    for name in names:
+        lists.status(name)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with ThreadPoolExecutor(len(specs)) as pool:
+            first = list(pool.map(_get, specs))
+            again = list(pool.map(_get, specs))
+        readable = []
+        for name in names:
+            try:
+                with backend.bounded_reads():
+                    lists.status(name)
+                readable.append(name)
+            except AeroqueueError:
+                pass
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    return {"first": first, "again": again, "readable": readable}
+
+
 def _get(url: str, host: str | None = None, wait_s: float = 60.0) -> dict[str, Any]:
     import http.client
     import time
@@ -205,6 +239,8 @@ def main(argv: list[str]) -> None:
         out = nodes(args[0])
     elif cmd == "http":
         out = http(args)
+    elif cmd == "frozen-view":
+        out = frozen_view(args[0], int(args[1]), args[2].split(","), args[3:])
     else:
         raise SystemExit(f"unknown command {cmd!r}")
     print(json.dumps(out))

@@ -44,9 +44,9 @@ def _remove_leftovers() -> None:
 
 
 @pytest.fixture(scope="session")
-def clusters() -> Iterator[Callable[[int], Cluster]]:
-    """fresh(n): this session's cluster started again with n nodes, empty, its UDF
-    modules registered. Every size shares the nodes' directories, where the modules
+def clusters() -> Iterator[Callable[..., Cluster]]:
+    """fresh(n, min_cluster_size=None): this session's cluster started again with n
+    nodes, empty, its UDF modules registered. Every size shares the nodes' directories, where the modules
     and the index definition survive restarts (a node that joins gets them from
     the others), so they are registered once (about 10 s); a restart takes about
     3 s, less than waiting for the migrations a test before left behind, and no
@@ -57,13 +57,17 @@ def clusters() -> Iterator[Callable[[int], Cluster]]:
     name = f"p{os.getpid()}"
     last: list[Cluster] = []
 
-    def fresh(n: int) -> Cluster:
+    def fresh(n: int, min_cluster_size: int | None = None) -> Cluster:
         for c in last:
             c.down()
         # From 3 nodes, a majority (README: running on a cluster): a node cut off, or
         # frozen and resumed, then forms no cluster of its own, so no partition has
         # two masters. Two nodes cannot have that and survive the loss of one.
-        last[:] = [Cluster(name, n, subnet="10.77.5", min_cluster_size=n // 2 + 1 if n >= 3 else 1)]
+        # Every node (`min_cluster_size=n`): the others keep a frozen node in the
+        # cluster and its partitions unanswered for as long as it stays frozen.
+        if min_cluster_size is None:
+            min_cluster_size = n // 2 + 1 if n >= 3 else 1
+        last[:] = [Cluster(name, n, subnet="10.77.5", min_cluster_size=min_cluster_size)]
         cluster = last[0].up()
         if not (cluster.root / ".registered").exists():
             out = aq(cluster, "udf", "register", timeout=120)

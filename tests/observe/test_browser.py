@@ -142,3 +142,48 @@ def test_a_slow_store_gets_one_refresh_at_a_time(browser: Any, registered: Backe
             time.sleep(0.05)
     assert pages["seen"] >= 2, "the page never refreshed"
     assert pages["most"] == 1, f"{pages['most']} page requests at once from one open page"
+
+
+def test_the_live_page_shows_a_partial_view_and_clears_it(
+    browser: Any, registered: Backend, list_name: str, monkeypatch: pytest.MonkeyPatch,
+    screenshot_dir: Callable[[str], Path] | None,
+) -> None:
+    """A node stops answering while the overview is open: the next refresh brings
+    the partial notice in (a 200: on an error the page would keep showing the counts
+    from before, as if nothing had happened), with the lists that answered and the
+    one that did not marked; once the node answers again, the notice goes."""
+    from aeroqueue.dashboard import data as dashboard_data
+    from tests.observe.test_dashboard_partial import Frozen
+
+    fine, frozen_name = f"{list_name}-fine", f"{list_name}-frozen"
+    lists = JobLists(registered)
+    lists.load(fine, [JobSpec(f"a{i}", i) for i in range(4)], seal=True)
+    lists.load(frozen_name, [JobSpec(f"b{i}", i) for i in range(2)], seal=True)
+    monkeypatch.setattr(dashboard_data, "SCAN_RETRY_S", 0.0)  # whole again at the first refresh after
+    frozen = Frozen(registered, monkeypatch, {frozen_name})
+    browser.get("about:blank")
+    browser.get_log("browser")
+
+    with serving(create_app(registered, secret_key="browser-test", refresh_s=0.5)) as base:
+        browser.get(f"{base}/")
+        wait_text(browser, f'tr.list-row[data-list="{frozen_name}"]', frozen_name)
+        assert not browser.find_elements("css selector", "#partial")
+        frozen.on = True
+        wait_text(browser, "#partial", "Partial view")
+        wait_text(browser, f'tr.list-row.unread[data-list="{frozen_name}"]', "not read")
+        assert "4" in browser.find_element("css selector", f'tr.list-row[data-list="{fine}"]').text
+        assert "Sessions: unavailable" in browser.find_element("css selector", '[data-part="sessions"]').text
+        # Styled from the package's stylesheet, like the rest of the page.
+        colour = browser.execute_script("return getComputedStyle(document.getElementById('partial')).backgroundColor")
+        assert colour == "rgb(251, 239, 213)", colour
+        if screenshot_dir:
+            browser.save_screenshot(str(screenshot_dir("partial")))
+
+        frozen.on = False
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        WebDriverWait(browser, 10).until(
+            lambda drv: not drv.find_elements("css selector", "#partial, tr.list-row.unread"), "the notice stayed")
+        severe = [e for e in browser.get_log("browser") if e.get("level") == "SEVERE"]
+        browser.get("about:blank")
+    assert not severe, f"the browser reported errors: {severe}"
