@@ -185,6 +185,21 @@ def _show_target(console: Console, target: str) -> None:
     console.print(f"sync target: {t}\n             {look}", soft_wrap=True)
 
 
+def _held_claims(backend: Backend, session: str, wait_s: float = 5.0) -> int:
+    """How many jobs `session` holds claimed, waiting up to `wait_s` for it to hold
+    some: its handlers take a few ms, and its threads spend much of their time
+    queued on the store's write lock holding nothing, so a kill at a random moment
+    found one in three runs with nothing to give back, and showed no recovery."""
+    if not session:
+        return 0
+    deadline = time.monotonic() + wait_s
+    while True:
+        held = len(backend.find(keys.JOB_SET, "sess", session))
+        if held or time.monotonic() >= deadline:
+            return held
+        time.sleep(0.005)
+
+
 def _run_workers(
     console: Console, backend: Backend, lists: JobLists, workers: list[subprocess.Popen], logs: Path, total: int
 ) -> tuple[str, int, float]:
@@ -200,7 +215,7 @@ def _run_workers(
                 victim = workers[0]
                 started = [e for e in _events(logs) if e.get("event") == "started" and e.get("pid") == victim.pid]
                 victim_session = started[0]["session"] if started else ""
-                held = len(backend.find(keys.JOB_SET, "sess", victim_session)) if victim_session else 0
+                held = _held_claims(backend, victim_session)
                 victim.send_signal(signal.SIGKILL)
                 victim.wait()
                 killed, killed_time = True, time.perf_counter()

@@ -44,8 +44,8 @@ from typing import Any
 from flask import Flask, Response, jsonify, request
 from flask.typing import ResponseReturnValue
 
-from aeroqueue import udfs
-from aeroqueue.backends import Backend, open_backend
+from aeroqueue import connect
+from aeroqueue.backends import Backend
 from aeroqueue.errors import AeroqueueError, BackendError, ListNotFound, SessionLost
 from aeroqueue.keys import InvalidName, check_list_name
 from aeroqueue.lists import JobLists
@@ -212,9 +212,10 @@ def create_app(
     response's result. The shared session is closed at interpreter exit, or by
     ``service(app).close()``.
     """
-    backend = open_backend(url)
+    # connect(), not open_backend(): an embedded store named by a URL with a typo in
+    # its path is an error here too, not a new empty store the app serves from.
+    backend = connect(url)
     try:
-        udfs.ensure(backend)
         svc = QueueService(backend, work, interval_s=interval_s, expiry_s=expiry_s)
         svc.shared.get()
     except BaseException:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import sys
@@ -119,6 +120,100 @@ def test_every_option_names_its_environment_variable(path, cmd):
         if isinstance(param, click.Option) and not param.hidden and param.name != "help":
             assert param.envvar and str(param.envvar).startswith("AEROQUEUE_"), f"{path} --{param.name}"
             assert str(param.envvar) in " ".join(out.output.split()), f"{path} --{param.name} help"
+
+
+# A value each option takes, as typed (on the command line, or in its variable).
+_SAMPLE_BY_NAME = {
+    "target_url": "sqlite:///sync.db", "handler": "examples.handlers:send_email", "since": "2026-11-01",
+    "sizes": "1000", "result": '{"sent": true}', "master": "local[1]",
+    "host": "0.0.0.0", "metrics_host": "0.0.0.0",
+}
+
+
+def _sample(param: click.Option, tmp_path) -> list[str]:
+    """Values for `param` as words: one, or two for a repeatable option."""
+    t = param.type
+    if param.multiple:
+        return ["a", "b"]
+    if param.name in _SAMPLE_BY_NAME:
+        return [_SAMPLE_BY_NAME[param.name]]
+    # Numbers and choices other than the default: an option that dropped its variable's
+    # value for the default would otherwise pass.
+    if isinstance(t, click.Choice):
+        return [next(str(c) for c in reversed(t.choices) if c != param.default)]
+    if isinstance(t, click.IntRange):
+        return [str(max(t.min or 0, 1) + 1)]
+    if isinstance(t, click.FloatRange):
+        return ["7.5"]
+    if isinstance(t, click.File):
+        return ["-"]
+    if isinstance(t, click.Path):
+        return [str(tmp_path / "out.json")]
+    if type(t).__name__ == "Duration":
+        return ["5m"]
+    return ["x1"]
+
+
+def _comparable(value: object) -> object:
+    return getattr(value, "name", value) if hasattr(value, "write") else value
+
+
+def _parse(cmd: click.Command, path: tuple[str, ...], args: list[str]) -> click.Context:
+    from aeroqueue.cli import Context
+
+    root = click.Context(main, info_name="aeroqueue", obj=Context(url=None, verbose=False))
+    return cmd.make_context(" ".join(path), args, parent=root)
+
+
+@pytest.mark.parametrize(("path", "cmd"), [(p, c) for p, c in _commands(main) if not isinstance(c, click.Group)],
+                         ids=lambda v: " ".join(v) if isinstance(v, tuple) else "")
+def test_every_option_reads_its_environment_variable(path, cmd, tmp_path, monkeypatch):
+    """What --help promises ("Every option can also come from an environment variable"):
+    the variable gives the option the value the option itself would, a repeatable one
+    split at blanks, a flag pair set either way. --url, --create and --verbose after the
+    command are the group's, read from the variable there (the group test below)."""
+    for var in [v for v in os.environ if v.startswith("AEROQUEUE_")]:
+        monkeypatch.delenv(var)
+    job_file = tmp_path / "jobs.csv"
+    job_file.write_text("id\nj1\n")
+    positional = {"list_name": "L", "job_id": "j1", "token": "1", "file": str(job_file)}
+    args = [positional[p.name] for p in cmd.params if isinstance(p, click.Argument)]
+    required = {p.name: p for p in cmd.params if isinstance(p, click.Option) and p.required}
+    tested = 0
+    for param in cmd.params:
+        if not isinstance(param, click.Option) or not param.expose_value or param.name == "help":
+            continue
+        others = [w for name, p in required.items() if name != param.name
+                  for w in (p.opts[0], *_sample(p, tmp_path)[:1])]
+        if param.is_flag and param.secondary_opts:  # --lease/--no-lease: the non-default side
+            typed, env = [param.secondary_opts[0] if param.default else param.opts[0]], "0" if param.default else "1"
+        elif param.is_flag:
+            typed, env = [param.opts[0]], "1"
+        else:
+            words = _sample(param, tmp_path)
+            typed, env = [w for v in words for w in (param.opts[0], v)], " ".join(words)
+        want = _parse(cmd, path, [*args, *others, *typed]).params[param.name]
+        assert want != param.default, (path, param.name, "a sample the default cannot pass for")
+        monkeypatch.setenv(str(param.envvar), env)
+        ctx = _parse(cmd, path, [*args, *others])
+        monkeypatch.delenv(str(param.envvar))
+        assert ctx.get_parameter_source(param.name) == click.core.ParameterSource.ENVIRONMENT, (path, param.name)
+        assert _comparable(ctx.params[param.name]) == _comparable(want), (path, param.name, env)
+        tested += 1
+    assert tested or all(not p.expose_value for p in cmd.params if isinstance(p, click.Option) and p.name != "help")
+
+
+def test_the_group_options_read_their_environment_variables(tmp_path, monkeypatch):
+    """--url, --create and --verbose, on every command, come from AEROQUEUE_URL,
+    AEROQUEUE_CREATE and AEROQUEUE_VERBOSE (read by the group, before or after the command)."""
+    store = tmp_path / "made.db"
+    monkeypatch.setenv("AEROQUEUE_URL", f"embedded://{store}")
+    monkeypatch.setenv("AEROQUEUE_CREATE", "1")
+    out = run("status", "nolist")
+    assert out.exit_code == 1 and store.is_file(), out.output  # AEROQUEUE_CREATE made the store AEROQUEUE_URL names
+    assert "Traceback" not in out.output
+    monkeypatch.setenv("AEROQUEUE_VERBOSE", "1")
+    assert "Traceback" in run("status", "nolist").output
 
 
 def test_an_environment_variable_means_one_setting():

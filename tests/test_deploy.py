@@ -508,6 +508,44 @@ def test_commands_use_aeroqueue_subcommands_that_exist(services: dict[str, Any])
     assert not problems, "\n".join(problems)
 
 
+def documented_commands(markdown: str) -> Iterator[tuple[list[str], bool]]:
+    """Each `aeroqueue ...` command line a page shows: (argv, whole). Whole: from a
+    ```sh block (a command to run as written); else a span of inline code, which may
+    leave out arguments ("`aeroqueue status` shows it"). A block line's comment goes;
+    a line ending in a backslash goes on; steps split at ;, &&, ||, | and $( ; words
+    before `aeroqueue` (an env assignment, `docker compose exec SERVICE`)
+    go; a command with a `...` placeholder is left out."""
+    spans = [(block, True) for block in re.findall(r"```sh\n(.*?)```", markdown, re.S)]
+    spans += [(span, False) for span in markdown.split("`")[1::2] if "\n" not in span]
+    for text, whole in spans:
+        for line in text.replace("\\\n", " ").splitlines():
+            code = line.split(" #", 1)[0] if whole else line.replace("\\|", "|")
+            for step in re.split(r"&&|\|\||;|\||\$\(|<<<", code):
+                try:
+                    words = shlex.split(step)
+                except ValueError:
+                    continue  # the rest of a step split inside its quotes: no aeroqueue in it
+                at = [i for i, w in enumerate(words) if w == "aeroqueue" or w.endswith("/bin/aeroqueue")]
+                if at and "..." not in words:
+                    yield ["aeroqueue", *words[at[0] + 1:]], whole
+
+
+def test_every_aeroqueue_command_the_readmes_show_exists() -> None:
+    """The READMEs name only subcommands and options that exist (a renamed or removed
+    option left in a page is the drift a new user meets first), and their command
+    blocks give each command what it needs."""
+    problems, seen = [], 0
+    for page in (README, DEPLOY_README, ROOT / "examples" / "README.md"):
+        for argv, whole in documented_commands(page.read_text()):
+            seen += 1
+            found = cli_problems(argv, {})
+            if not whole:  # prose names a command without its arguments
+                found = [p for p in found if "has no option" in p or "no such subcommand" in p]
+            problems += [f"{page.relative_to(ROOT)}: {shlex.join(argv)}: {p}" for p in found]
+    assert seen > 50, seen
+    assert not problems, "\n".join(problems)
+
+
 def test_the_stack_runs_what_the_issue_asks(services: dict[str, Any]) -> None:
     def steps(name: str) -> list[list[str]]:
         return invocations(interpolate(shlex.join(command_argv(services[name]["command"])), REQUIRED_ENV))
@@ -602,6 +640,11 @@ def test_checkers_catch_mistakes() -> None:
     assert "needs LIST" in cli_problems(["aeroqueue", "create"], {})[0]
     assert cli_problems(["aeroqueue", "--url", "embedded://:memory:", "udf", "register"], {}) == []
     assert cli_problems(["aeroqueue", "udf"], {}) == ["`aeroqueue udf` is given no subcommand"]
+    page = ("```sh\nX=1 aeroqueue load L f.csv --seal   # a comment\naeroqueue worker ... --x\n"
+            "spark-submit \\\n  dist/aeroqueue-0.1.0.whl \\\n  sync\n```\nthen `aeroqueue export L \\| head` or `aeroqueue status`")
+    assert list(documented_commands(page)) == [
+        (["aeroqueue", "load", "L", "f.csv", "--seal"], True), (["aeroqueue", "export", "L"], False),
+        (["aeroqueue", "status"], False)]
     assert invocations(["sh", "-c", "aeroqueue udf register && aeroqueue create x"]) == [
         ["aeroqueue", "udf", "register"], ["aeroqueue", "create", "x"]]
 

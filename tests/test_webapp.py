@@ -16,6 +16,7 @@ from werkzeug.serving import make_server
 
 from aeroqueue import keys
 from aeroqueue.backends import Backend
+from aeroqueue.errors import StoreNotFound
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Job, Queue
@@ -148,3 +149,16 @@ def test_errors_are_json(store_url: str, registered: Backend, lists: JobLists, l
         assert status == 500 and body["outcome"] == "dead" and "upstream is down" in body["error"]
     st = lists.status(list_name)
     assert (st.done, st.dead, st.complete) == (0, 1, True)
+
+
+def test_a_store_path_with_a_typo_is_an_error_not_a_new_store(tmp_path, monkeypatch) -> None:
+    """As the CLI, connect() and the dashboard: the app copied from here must not serve
+    from a fresh empty file because AEROQUEUE_URL named a path that does not exist."""
+    monkeypatch.delenv("AEROQUEUE_CREATE", raising=False)
+    typo = tmp_path / "stroe.db"
+    monkeypatch.setenv("AEROQUEUE_URL", f"embedded://{typo}")
+    with pytest.raises(StoreNotFound):
+        create_app()
+    with pytest.raises(StoreNotFound):
+        create_app(f"embedded://{typo}")
+    assert not typo.exists()

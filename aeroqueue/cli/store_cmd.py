@@ -44,7 +44,8 @@ def init(obj: Context, as_json: bool) -> None:
 @JSON_OPT
 @click.pass_obj
 def show_config(obj: Context, as_json: bool) -> None:
-    """Show the store URL in use (credentials masked) and where it came from."""
+    """Show the store URL in use (credentials masked); --json adds where it came from
+    (--url, AEROQUEUE_URL or the default) and the file or hosts it names."""
     url = resolve_url(obj.url)
     ctx = click.get_current_context()
     given = ctx.find_root().get_parameter_source("url")
