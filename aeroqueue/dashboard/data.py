@@ -252,9 +252,14 @@ class PageReads:
             log.warning(f"{part}: not read; the page's other reads get {AFTER_TIMEOUT_MS} ms each",
                         extra={"event": "page_partial", "error": str(error)})
 
-    def skipped(self, part: str) -> None:
-        """`part` not tried (a scan that timed out a moment ago)."""
+    def skipped(self, part: str, error: BackendError | None = None) -> None:
+        """`part` not tried (a scan that timed out a moment ago, with `error`)."""
         self.unread.append(part)
+        # The view's error if nothing else fails: a view that read nothing at all (no
+        # list known yet, its scans waiting) is then the 503 of a store not answering,
+        # not an empty 200 that looks like a store without lists.
+        if self.error is None:
+            self.error = error
 
 
 @dataclass
@@ -284,6 +289,7 @@ class Store:
         self._lock = threading.Lock()
         self._known: set[str] = set()  # the lists the views have found
         self._scan_again_at = float("-inf")  # after a scan that timed out (SCAN_RETRY_S)
+        self._scan_error: BackendError | None = None  # that scan's
 
     # -- the overview --------------------------------------------------------------
 
@@ -350,8 +356,9 @@ class Store:
         """A part read by a scan, unless one timed out in the last SCAN_RETRY_S."""
         with self._lock:
             held = time.monotonic() < self._scan_again_at
+            error = self._scan_error
         if held:
-            reads.skipped(part)
+            reads.skipped(part, error)
             return None
         out = reads.read(part, scan)
         if reads.last_error is not None:
@@ -363,6 +370,7 @@ class Store:
         if isinstance(error, BackendTimeout):
             with self._lock:
                 self._scan_again_at = time.monotonic() + SCAN_RETRY_S
+                self._scan_error = error
 
     # -- reads ---------------------------------------------------------------------
 

@@ -322,10 +322,14 @@ def _await_tasks(sc: Any, group: str) -> None:
     job that succeeds may leave speculative copies of its tasks running too.
     Only the status store's view counts, so first the job's end must have reached
     it: every task started before the job ended was reported before that end."""
-    tracker = sc.statusTracker()
     started = time.monotonic()
+    tracker = None
     while True:
         try:
+            # Inside the try: with the context stopped under the run its `_jsc` is None
+            # (an AttributeError), with its JVM gone a Py4J error; raised here, either
+            # replaced the run's own error.
+            tracker = tracker or sc.statusTracker()
             jobs = [tracker.getJobInfo(j) for j in tracker.getJobIdsForGroup(group)]
             if jobs and all(job is not None and job.status != "RUNNING" and not any(
                     (stage := tracker.getStageInfo(s)) is not None and stage.numActiveTasks > 0

@@ -250,3 +250,18 @@ def test_a_list_page_whose_dead_jobs_do_not_answer_shows_the_counts(
     page = page_text(resp)
     assert re.search(r'<div class="dead"><dt>dead</dt><dd>2</dd>', page)
     assert unread(page) == ["dead jobs"] and "Dead jobs: not read" in page
+
+
+def test_a_store_of_which_nothing_answers_stays_an_error_while_its_scans_wait(
+    app: Flask, registered: Backend, three_lists: tuple[list[str], Session], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Started while nothing answers: no list known yet. The views after the first,
+    whose scans wait (SCAN_RETRY_S), read nothing at all; they were a 200 'Partial
+    view' showing no list, as if the store were empty, and not the 503 every other
+    view of a store that does not answer is."""
+    Frozen(registered, monkeypatch, None).on = True
+    client = app.test_client()
+    assert client.get("/").status_code == 503
+    resp = client.get("/")  # the scans wait: nothing is read
+    assert resp.status_code == 503, page_text(resp)
+    assert "Store error" in page_text(resp) and "timeout" in page_text(resp)

@@ -138,6 +138,22 @@ def test_a_failed_run_returns_once_its_tasks_have_ended(store, store_url, list_n
     assert set(marked) <= copied
 
 
+def test_waiting_for_the_tasks_of_a_run_whose_context_stopped_returns_at_once():
+    """The context stopped under the run (another thread, Ctrl-C's `finally`), or its JVM
+    gone: there are no tasks left to wait for, and the run's own error is the one to
+    say. Asking for the status tracker raised, and that error replaced the run's."""
+    from types import SimpleNamespace
+
+    from aeroqueue.sync.job import _await_tasks
+
+    def stopped() -> None:
+        raise AttributeError("'NoneType' object has no attribute 'statusTracker'")  # `sc._jsc` is None
+
+    started = time.monotonic()
+    _await_tasks(SimpleNamespace(statusTracker=stopped), "aeroqueue-sync-x")
+    assert time.monotonic() - started < 1
+
+
 @pytest.fixture
 def real_store(real_url, spark):
     """The real server only: the driver's death is the Spark driver's business,
