@@ -107,10 +107,10 @@ class JobLists:
             return transitions.list_once(self.backend, name, function, *args)
         return transitions.list_write(self.backend, name, function, *args)
 
-    def _batch_write(self, writes: list[Any], what: str) -> list[int]:
+    def _batch_write(self, writes: list[Any], what: str, stamp: Any = None) -> list[int]:
         """Each write's result code, writes answered in doubt repeated for `write_retry_s`
-        (see `aeroqueue.load.batch_write`)."""
-        return _load.batch_write(self.backend, writes, what, self.write_retry_s)
+        (see `aeroqueue.load.batch_write`, and its `stamp`)."""
+        return _load.batch_write(self.backend, writes, what, self.write_retry_s, stamp)
 
     def header(self, name: str) -> dict[str, Any]:
         rec = self.backend.get(keys.LIST_SET, keys.check_list_name(name))

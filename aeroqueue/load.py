@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 import aerospike
 from aerospike_helpers import expressions as exp
 from aerospike_helpers.batch.records import BatchRecords, Write
+from aerospike_helpers.operations import expression_operations as eo
 from aerospike_helpers.operations import operations as op
 
 from . import keys, transitions
@@ -60,6 +61,7 @@ from .errors import (
     LoadError,
     RecordExists,
 )
+from .hotpath import SERVER_NOW
 from .loading import RECORD_OVERHEAD, JobSpec, from_iterable
 
 if TYPE_CHECKING:
@@ -80,6 +82,7 @@ EMBEDDED_CHUNK = 10_000
 DEFAULT_LEASE_MS = 15_000
 RECORD_EXISTS = 5  # Aerospike's code for a create-only write on an existing record
 RECORD_TOO_BIG = 13  # and for a record over max-record-size
+PAST_DEADLINE = 26  # and for a job write run past its deadline (`_Stamp`): nothing written
 # Per-record codes of a batch write that did not land, or may have: repeated.
 IN_DOUBT_CODES = frozenset({-15, -10, -8, 7, 9, 11, 14, 18})
 SEALED_CHECK_BATCH = 5000  # index entries read per batch when a sealed list is loaded again
@@ -428,8 +431,8 @@ class _RangeLoader:
         # (the client only reads them).
         # "c": the list's `created`, as on its index entries: which list of the name wrote
         # the record (a fenced loader deletes its own, a later list replaces them).
-        same = [op.write("list", name), op.write("att", 0), op.write("max_att", self.max_att),
-                op.write("c", self.created)]
+        stamp = _Stamp(b, self.created)
+        same = [op.write("list", name), op.write("att", 0), op.write("max_att", self.max_att), stamp.op]
         queued = [op.write("state", "queued")]
         timed: dict[int, int] = {}  # token -> due, for jobs with a run_at of their own
 
@@ -457,7 +460,7 @@ class _RangeLoader:
             for t, s in zip(range(start, start + len(new)), new, strict=True)
         ]
         tokens = range(start, start + len(new))
-        codes = self.lists._batch_write(job_writes, "write jobs")
+        codes = self.lists._batch_write(job_writes, "write jobs", stamp)
         # RecordExists is this load's own write when it was repeated after a lost
         # answer (by the client, or by batch_write): the record then holds our job.
         exists = [i for i, code in enumerate(codes) if code == RECORD_EXISTS]
@@ -469,7 +472,7 @@ class _RangeLoader:
             self._fence(got, new)
             _delete_left_by_another(self.lists, keys.JOB_SET, [keys.job_name(name, tokens[i]) for i in foreign],
                                     self.created)
-            for i, code in zip(foreign, self.lists._batch_write([job_writes[i] for i in foreign], "write jobs"),
+            for i, code in zip(foreign, self.lists._batch_write([job_writes[i] for i in foreign], "write jobs", stamp),
                                strict=True):
                 codes[i] = code
             self._own_writes(start, [i for i in foreign if codes[i] == RECORD_EXISTS], new, codes)
@@ -513,16 +516,42 @@ def _chunks(specs: Iterable[JobSpec], size: int) -> Iterator[list[JobSpec]]:
         yield batch
 
 
-def batch_write(b: Backend, writes: list[Write], what: str, retry_s: float) -> list[int]:
+class _Stamp:
+    """Bin "c" of a range's job records: the list's `created`, one operation that all
+    of them share. With a deadline (`Backend.job_deadline`; the embedded store has
+    none) the server writes it only until then, and past it refuses the whole record
+    (PAST_DEADLINE, nothing created): a create sent to a node that froze and resumed
+    later, once the load repeated it elsewhere and workers acknowledged the job, would
+    otherwise replace the acknowledged record on the live nodes with a new, queued
+    one (README: a frozen node replays the calls it was sent). One expression per
+    record, set again before each attempt (`refresh`), so that a retry is not refused
+    for the deadline of the first."""
+
+    def __init__(self, b: Backend, created: int) -> None:
+        self.b, self.created = b, created
+        self.op: dict[str, Any] = ({"op": _WRITE, "bin": "c", "val": created} if b.job_deadline() is None
+                                   else eo.expression_write("c", []))
+
+    def refresh(self) -> None:
+        deadline = self.b.job_deadline()
+        if deadline is not None:
+            self.op["expr"] = exp.Cond(exp.LE(SERVER_NOW, deadline), self.created, exp.Unknown()).compile()
+
+
+def batch_write(b: Backend, writes: list[Write], what: str, retry_s: float, stamp: _Stamp | None = None) -> list[int]:
     """Each write's result code (0: written). Writes whose answer was lost or that the
     cluster could not serve just now (a node died, migrations: `IN_DOUBT_CODES`) are
     repeated for `retry_s`; every write here is create-only or idempotent, and a
     create-only repeat of a write that did land answers RecordExists, which the callers
-    check."""
+    check. `stamp`, an operation of the writes: given a fresh deadline before each
+    attempt; a write refused past its deadline was not made, and is repeated too."""
     codes = [-1] * len(writes)
     todo = list(range(len(writes)))
     give_up = time.monotonic() + retry_s
+    again = IN_DOUBT_CODES | {PAST_DEADLINE} if stamp is not None else IN_DOUBT_CODES
     while True:
+        if stamp is not None:
+            stamp.refresh()
         b.round_trips += 1
         try:
             out = b.client.batch_write(BatchRecords([writes[i] for i in todo] if len(todo) < len(writes) else writes))
@@ -534,7 +563,7 @@ def batch_write(b: Backend, writes: list[Write], what: str, retry_s: float) -> l
                 raise err from e
             for i in todo:
                 codes[i] = err.code if isinstance(err.code, int) else -1
-        todo = [i for i in todo if codes[i] in IN_DOUBT_CODES]
+        todo = [i for i in todo if codes[i] in again]
         if not todo or time.monotonic() >= give_up:
             return codes
         time.sleep(0.1)
@@ -552,7 +581,7 @@ def _describe(codes: list[int]) -> str:
 _CODE_NAMES = {
     -15: "no response from the node", -10: "node unreachable", -8: "no node for the partition",
     7: "cluster changing", 9: "timeout", 11: "partition unavailable", 13: "record too big",
-    14: "key busy", 18: "device overload", 22: "forbidden",
+    14: "key busy", 18: "device overload", 22: "forbidden", 26: "past its deadline",
 }
 
 

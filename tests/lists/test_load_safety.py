@@ -487,3 +487,44 @@ def test_a_fence_check_that_times_out_is_asked_again_not_a_failed_load(tmp_path,
     st = lists.status("F")
     assert (st.total, st.reservable, st.pending_ranges) == (10, 10, 0)
     backend.close()
+
+
+def test_job_writes_run_past_their_deadline_create_nothing_and_are_repeated(env, list_name, monkeypatch):
+    """A job record's create carries the loader's deadline (load._Stamp): the server
+    refuses it past then (as a node frozen and resumed would run it late: see
+    tests/multinode/test_load_replay.py), and the load repeats it with a fresh
+    deadline."""
+    b, lists, queue, session = env
+    if b.job_deadline() is None:
+        pytest.skip("the embedded store has no replicas: its job writes carry no deadline")
+    real = b.job_deadline
+    attempts: list[int] = []
+    late = [False]  # the job writes' deadline past (only theirs: the list's calls have deadlines too)
+    refresh = load._Stamp.refresh
+
+    def counted(self: load._Stamp) -> None:
+        attempts.append(1)
+        with monkeypatch.context() as m:
+            if late[0] or len(attempts) == 1:
+                m.setattr(b, "job_deadline", lambda: real() - 60_000)
+            refresh(self)
+
+    monkeypatch.setattr(load._Stamp, "refresh", counted)
+    # Every attempt's deadline past when sent: nothing is created, the load gives up.
+    late[0] = True
+    lists.write_retry_s = 0.3
+    with pytest.raises(errors.LoadAbandoned, match="past its deadline"):
+        lists.load(list_name, specs(40), seal=True)
+    assert len(attempts) > 1
+    assert b.batch_get(keys.JOB_SET, [keys.job_name(list_name, t) for t in range(40)]) == [None] * 40
+    # Only the first attempt's past: the second, with a fresh deadline, writes them.
+    other = f"{list_name}-2"
+    attempts.clear()
+    late[0] = False
+    try:
+        report = lists.load(other, specs(40), seal=True)
+        assert (report.loaded, report.skipped, report.voided) == (40, 0, 0)
+        assert len(attempts) == 2, attempts
+        assert sorted(j.jid for j in drain_all(queue, other, session)) == sorted(s.jid for s in specs(40))
+    finally:
+        lists.drop(other)
