@@ -729,9 +729,13 @@ def recover(lists: JobLists, name: str) -> int:
             recs = [None if t in gone else rec for t, rec in zip(tokens, recs, strict=True)]
         missing = [t for t, rec in zip(tokens, recs, strict=True) if rec is None]
         if missing:
-            writes = [Write(b.key(keys.JOB_SET, keys.job_name(name, t)), [op.write("state", "void")], policy=_CREATE)
-                      for t in missing]
-            if any(code != 0 for code in lists._batch_write(writes, "void unwritten tokens")):
+            # Stamped as the loader's creates are, deadline included: a void create run
+            # late by a resumed node would replace the job the loader (not dead after
+            # all) wrote meanwhile, and the job would be lost.
+            stamp = _Stamp(b, head["created"])
+            writes = [Write(b.key(keys.JOB_SET, keys.job_name(name, t)), [op.write("state", "void"), stamp.op],
+                            policy=_CREATE) for t in missing]
+            if any(code != 0 for code in lists._batch_write(writes, "void unwritten tokens", stamp)):
                 # The loader is alive after all and wrote some: start over next time.
                 continue
         present = [

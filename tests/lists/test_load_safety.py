@@ -152,6 +152,10 @@ def test_void_tokens_are_not_counted_as_reservable(env, list_name):
     assert lists._list_udf(list_name, "alloc", 5, 0, "dead-loader")["st"] == "ok"
     report = lists.load(list_name, specs(10))  # recovers the dead range first: 5 void tokens
     assert report.loaded == 10
+    # Stamped with the list, as the loader's creates are (with their deadline, on a server).
+    voids = lists.backend.batch_get(keys.JOB_SET, [keys.job_name(list_name, t) for t in range(3, 8)])
+    created = lists.header(list_name)["created"]
+    assert [(r.bins["state"], r.bins.get("c")) for r in voids] == [("void", created)] * 5  # type: ignore[union-attr]
     st = lists.status(list_name)
     assert (st.total, st.reservable, st.in_flight, st.pending_ranges) == (13, 13, 0, 0)
     got = queue.reserve(list_name, session, 6)  # the 3 jobs of "a", then 5 voids skipped, then 3 more
