@@ -350,8 +350,10 @@ def _sync_with_spark(
                     raise Terminated()
                 with _cancelled_on(stop, spark, quiet=created and not verbose):
                     r = once()
-            except Exception:
+            except Exception as e:
                 if stop.is_set():
+                    # Most often the cancel's own failure; with --verbose, whatever it was.
+                    log.debug("the run ended after SIGTERM: %s", e)
                     raise Terminated(
                         "sync stopped by SIGTERM before its run ended: what it committed is marked, "
                         "the next run copies the rest"
