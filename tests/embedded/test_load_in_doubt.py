@@ -84,11 +84,11 @@ def test_a_range_recovered_before_its_jobs_were_written_is_a_real_clash(env, mon
     real = JobLists._batch_write
     stalled = []
 
-    def stall_then_write(self, writes, what):
+    def stall_then_write(self, writes, what, stamp=None):
         if what == "write jobs" and not stalled:
             stalled.append(True)
             JobLists(backend).recover("L")  # another process, after the lease ran out
-        return real(self, writes, what)
+        return real(self, writes, what, stamp)
 
     monkeypatch.setattr(JobLists, "_batch_write", stall_then_write)
     with pytest.raises(errors.LoadAbandoned, match=r"load range 0 outlived its lease \(0 s\) and was finished by a recovery"):
