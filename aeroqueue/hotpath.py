@@ -45,6 +45,13 @@ from .errors import BackendTimeout, FilteredOut, RecordNotFound, RecordTooBig
 SERVER_NOW = exp.Add(exp.Div(exp.LastUpdateTime(), 1_000_000), exp.SinceUpdateTime())
 SERVER_NOW_COMPILED = SERVER_NOW.compile()
 
+
+def in_time(deadline: int) -> Any:
+    """True until the server's clock passes `deadline` (`Backend.job_deadline`): in a
+    filter, a write that a frozen node runs after its sender gave up on it changes
+    nothing (README: a frozen node replays the calls it was sent)."""
+    return exp.LE(SERVER_NOW, deadline)
+
 # A batch record's codes for "the UDF decides": no record (2), filter false (27).
 TO_UDF = (2, 27)
 

@@ -678,10 +678,14 @@ class JobLists:
         existed (and were deleted)."""
         deleted = 0
         policy = {"expressions": only} if only is not None else None
+        # With the deadline of every write to these records: a stamp or time filter is
+        # no guard against a late run, which reads the stale copy (`_load.InTime`).
+        in_time = _load.InTime.of(self.backend)
+        ops = [op.delete()] if in_time is None else [in_time.op, op.delete()]
         for lo in range(0, len(names), PAGE):
             page = names[lo : lo + PAGE]
-            writes = [Write(self.backend.key(set_name, n), [op.delete()], policy=policy) for n in page]
-            codes = self._batch_write(writes, f"drop {set_name}")
+            writes = [Write(self.backend.key(set_name, n), ops, policy=policy) for n in page]
+            codes = self._batch_write(writes, f"drop {set_name}", in_time)
             failed = [c for c in codes if c not in (0, NOT_FOUND, FILTERED_OUT)]
             if failed:
                 # Filtered (`only`): cleaning a dropped list's leftovers, before a create or

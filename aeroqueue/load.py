@@ -538,7 +538,34 @@ class _Stamp:
             self.op["expr"] = exp.Cond(exp.LE(SERVER_NOW, deadline), self.created, exp.Unknown()).compile()
 
 
-def batch_write(b: Backend, writes: list[Write], what: str, retry_s: float, stamp: _Stamp | None = None) -> list[int]:
+class InTime:
+    """A read that all of a batch's deletes share, ahead of the delete: past a deadline
+    (`Backend.job_deadline`, set again before each attempt: `refresh`) the server
+    refuses the record (PAST_DEADLINE, nothing deleted). A drop's delete that a frozen
+    node runs once resumed, after the list was made again under its name and loaded,
+    passes any filter on its stale copy (the old list's record, old stamp and all), and
+    its replica delete deletes the new list's record on the live nodes (README: a
+    frozen node replays the calls it was sent). A read, not the batch's filter: a
+    filter's refusal (27) also means "not this list's record", a delete to skip; past
+    the deadline is one to repeat. `of` is None without a deadline (the embedded store)."""
+
+    def __init__(self, b: Backend) -> None:
+        self.b = b
+        self.op: dict[str, Any] = eo.expression_read("in_time", [])
+
+    @classmethod
+    def of(cls, b: Backend) -> InTime | None:
+        return None if b.job_deadline() is None else cls(b)
+
+    def refresh(self) -> None:
+        deadline = self.b.job_deadline()
+        if deadline is not None:
+            self.op["expr"] = exp.Cond(exp.LE(SERVER_NOW, deadline), 1, exp.Unknown()).compile()
+
+
+def batch_write(
+    b: Backend, writes: list[Write], what: str, retry_s: float, stamp: _Stamp | InTime | None = None
+) -> list[int]:
     """Each write's result code (0: written). Writes whose answer was lost or that the
     cluster could not serve just now (a node died, migrations: `IN_DOUBT_CODES`) are
     repeated for `retry_s`; every write here is create-only or idempotent, and a

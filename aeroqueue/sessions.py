@@ -341,16 +341,26 @@ def _offer(backend: Backend, list_name: str, tokens: list[int], tx: str) -> list
     mark and the recount's fence (`_fence`, which marks too, under a generation check)
     let one of them offer it. A job this pass did not end last (`tx`) is not its to
     offer; one no `tx` was written on (a job module older than `tx`) is, as before.
-    Repeated after a lost answer, the mark answers as it did."""
+    Repeated after a lost answer, the mark answers as it did.
+
+    With a fresh deadline each time (`Backend.job_deadline`): run late by a node that
+    froze and resumed, the mark would pass on its stale copy and replace the job that
+    was claimed and completed since with the released one (README: a frozen node
+    replays the calls it was sent). A mark refused past it offers nothing: the sweep
+    offers the job."""
     names = keys.job_names(list_name, tokens)
-    mine = xp.And(
+    mine = [
         xp.Or(xp.Not(xp.BinExists("tx")), xp.Eq(xp.StrBin("tx"), tx)),
         xp.Or(xp.Not(xp.BinExists("off")), xp.Eq(xp.StrBin("off"), tx)),
-    ).compile()
-    codes = retry_in_doubt(
-        lambda: backend.batch_same_codes(keys.JOB_SET, names, [op.write("off", tx)], expression=mine)
-    )
-    # 27: offered by another reaper, or ended again since; 2: gone (a drop).
+    ]
+
+    def attempt() -> list[int]:
+        deadline = backend.job_deadline()
+        expression = xp.And(*mine, *([] if deadline is None else [hotpath.in_time(deadline)])).compile()
+        return backend.batch_same_codes(keys.JOB_SET, names, [op.write("off", tx)], expression=expression)
+
+    codes = retry_in_doubt(attempt)
+    # 27: offered by another reaper, or ended again since, or past the deadline; 2: gone (a drop).
     failed = sorted({code for code in codes if code not in (0, 2, 27)})
     if failed:
         log.warning("release: the offer of %d released jobs failed (codes %s); the sweep offers them",
@@ -706,19 +716,27 @@ def _fence(backend: Backend, jobs: list[_Found], room: int) -> list[int]:
 
     A fence write refused, in doubt or failed offers nothing. Its job, if still lost,
     is offered by a later sweep: one grace period later if the write landed, since it
-    is a write (the sweep looks at jobs untouched for the grace period)."""
+    is a write (the sweep looks at jobs untouched for the grace period). It carries
+    a deadline (`Backend.job_deadline`): run late by a node that froze and resumed,
+    its generation check passes on the stale copy, and the lost job would replace the
+    one claimed and completed since (README: a frozen node replays the calls it was sent)."""
     jobs = jobs[:room]
     tokens: list[int] = []
     for at in range(0, len(jobs), FENCE_BATCH):
         batch = jobs[at:at + FENCE_BATCH]
+        deadline = backend.job_deadline()
         try:
-            codes = backend.batch_if_unchanged(keys.JOB_SET, [(j.name, j.gen) for j in batch], _SWEPT)
+            codes = backend.batch_if_unchanged(
+                keys.JOB_SET, [(j.name, j.gen) for j in batch], _SWEPT,
+                expression=None if deadline is None else hotpath.in_time(deadline).compile(),
+            )
         except IN_DOUBT:
             log.warning("sweep: the fence on %d lost jobs stayed in doubt; a later sweep offers them", len(batch))
             continue
         tokens += [j.bins["token"] for j, code in zip(batch, codes, strict=True) if code == 0]
-        # 3: changed since the scan (another sweep, a claim); 2: gone (a drop).
-        failed = sorted({code for code in codes if code not in (0, 2, 3)})
+        # 3: changed since the scan (another sweep, a claim); 2: gone (a drop); 27: past
+        # the deadline (not written: a later sweep finds it lost again).
+        failed = sorted({code for code in codes if code not in (0, 2, 3, 27)})
         if failed:
             log.warning("sweep: the fence failed on %d lost jobs (codes %s); a later sweep offers them",
                         sum(code in failed for code in codes), failed)

@@ -610,15 +610,18 @@ class Backend:
         batch = BatchRecords([Write((ns, set_name, n), ops, policy=_UPDATE_ONLY) for n, ops in items])
         return [br.result for br in self._batch_write(set_name, batch, expression)]
 
-    def batch_if_unchanged(self, set_name: str, items: list[tuple[str, int]], ops: list[dict]) -> list[int]:
+    def batch_if_unchanged(
+        self, set_name: str, items: list[tuple[str, int]], ops: list[dict], *, expression: Any = None
+    ) -> list[int]:
         """The same operations on existing records (name, generation), each only while
         still at the generation given: a compare-and-set per record, in one round trip.
-        Each record's code (0: written; 3: written by someone else since; 2: missing)."""
+        Each record's code (0: written; 3: written by someone else since; 2: missing;
+        27: the batch's filter `expression` is false for it)."""
         if not items:
             return []
         ns = self.namespace
         batch = BatchRecords([Write((ns, set_name, n), ops, meta={"gen": gen}, policy=_UNCHANGED) for n, gen in items])
-        return [br.result for br in self._batch_write(set_name, batch)]
+        return [br.result for br in self._batch_write(set_name, batch, expression)]
 
     def batch_each(self, set_name: str, items: list[tuple[str, list[dict], Any]]) -> list[BatchResult]:
         """`batch_same` where each existing record has its own operations and filter

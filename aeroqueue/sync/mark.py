@@ -25,6 +25,16 @@ On a cluster the clock comes from one node and the records' update times from
 their own nodes: the moment is then taken `CLUSTER_CLOCK_MARGIN_MS` earlier,
 so that a node whose clock is behind by up to that much still never lets a
 record changed after the scan take the fast path.
+
+Marks and retention's deletes carry the deadline job transitions do
+(`Backend.job_deadline`, in their filter). A node frozen past the heartbeat
+timeout runs, once resumed, the calls that waited in its sockets on its stale
+copy, where every other filter here still passes (it is the copy the scan
+read), and its replica write replaces the newer record on the live nodes
+(README: a frozen node replays the calls it was sent): a mark run that late
+would bring back the old done job over the one an operator kicked and a worker
+completed again, and a delete would delete it. Past its deadline a mark or
+delete changes nothing.
 """
 
 from __future__ import annotations
@@ -42,6 +52,7 @@ from aerospike_helpers.operations import operations as op
 from .. import keys
 from ..backends import Backend
 from ..errors import BackendError, FilteredOut, GenerationConflict, RecordNotFound, SyncError
+from ..hotpath import in_time
 from .scan import PROCESSED, synced
 
 NOT_FOUND = 2
@@ -111,13 +122,14 @@ def server_clock(backend: Backend) -> Clock:
         backend.remove(keys.SYNC_SET, name)
 
 
-def _unchanged_since(clock: Clock, backend: Backend) -> Any:
+def _unchanged_since(clock: Clock, backend: Backend, deadline: int | None) -> Any:
     before = clock.ns
     if len(clock.nodes) != 1 or _nodes(backend) != clock.nodes:
         before -= CLUSTER_CLOCK_MARGIN_MS * 1_000_000
     # Strictly earlier: update times count whole milliseconds, and a record written
     # in the clock's own millisecond may have been written after it.
-    return exp.And(PROCESSED, exp.BinExists("done_at"), exp.LT(exp.LastUpdateTime(), before)).compile()
+    conds = [PROCESSED, exp.BinExists("done_at"), exp.LT(exp.LastUpdateTime(), before)]
+    return exp.And(*conds, *([] if deadline is None else [in_time(deadline)])).compile()
 
 
 def mark_unchanged(
@@ -127,13 +139,17 @@ def mark_unchanged(
     (taken before the scan that read them), the exact way (`mark`) for the rest;
     (marked, vanished)."""
     ops = [eop.expression_write(mark_bin, exp.IntBin("done_at").compile())]
-    codes = backend.batch_same_codes(keys.JOB_SET, list(names), ops, expression=_unchanged_since(clock, backend))
+    codes = backend.batch_same_codes(
+        keys.JOB_SET, list(names), ops, expression=_unchanged_since(clock, backend, backend.job_deadline())
+    )
     marked = codes.count(0)
     vanished = codes.count(NOT_FOUND)
     rest_names, rest_versions = [], []
     if marked + vanished < len(codes):
         for name, version, code in zip(names, versions, codes, strict=True):
-            if code not in (0, NOT_FOUND):  # changed since the scan (27), or failed: the exact path, with its retries
+            # Changed since the scan or past the deadline (27), or failed: the exact path,
+            # with its retries, each with a deadline of its own.
+            if code not in (0, NOT_FOUND):
                 rest_names.append(name)
                 rest_versions.append(version)
     if rest_names:
@@ -145,14 +161,19 @@ def mark_unchanged(
 def mark(backend: Backend, mark_bin: str, names: Sequence[str], versions: Sequence[Any]) -> Marked:
     """Mark committed jobs with the version each was read at; (marked, vanished),
     and those too big to take a mark (`Marked`). A record that failed for another
-    reason (a timeout, a busy key) is tried again; one that keeps failing fails
-    the task, whose retry copies it again (harmless) and marks it."""
+    reason (a timeout, a busy key, its deadline passed before the server ran it) is
+    tried again, with a fresh deadline; one that keeps failing fails the task, whose
+    retry copies it again (harmless) and marks it. Refused past the deadline every
+    time means the server's clock is ahead of this host's: left unmarked quietly,
+    every job would be copied again on every run and never deleted by retention."""
     pending = list(zip(names, versions, strict=True))
     marked = vanished = 0
     too_big: list[str] = []
     for attempt in range(MARK_RETRIES):
-        codes = backend.batch_operate(
-            keys.JOB_SET, [(n, [op.write(mark_bin, v)]) for n, v in pending], update_only=True
+        deadline = backend.job_deadline()
+        codes = backend.batch_write_codes(
+            keys.JOB_SET, [(n, [op.write(mark_bin, v)]) for n, v in pending],
+            expression=None if deadline is None else in_time(deadline).compile(),
         )
         retry = []
         for item, code in zip(pending, codes, strict=True):
@@ -168,8 +189,9 @@ def mark(backend: Backend, mark_bin: str, names: Sequence[str], versions: Sequen
             return Marked(marked, vanished, too_big)
         pending = [item for item, _ in retry]
         time.sleep(0.05 * (attempt + 1))
+    late = " (past its deadline: is the store's clock ahead of this host's?)" if retry[0][1] == FILTERED_OUT else ""
     raise SyncError(
-        f"marking {len(pending)} copied job(s) failed (Aerospike code {retry[0][1]}, e.g. {pending[0][0]}); "
+        f"marking {len(pending)} copied job(s) failed (Aerospike code {retry[0][1]}{late}, e.g. {pending[0][0]}); "
         "they stay unsynced and the next attempt copies them again"
     )
 
@@ -184,13 +206,17 @@ def retain(backend: Backend, mark_bin: str, begin: int, count: int, grace_ms: in
     recreates its job records under the same names with generations from 1, so
     a new job can have the very generation the scan read. Jobs the target does
     not hold (rejects, newer versions) are never deleted. Returns how many went.
+    A delete refused past its deadline is kept too: the next run deletes it.
     """
-    old = exp.And(PROCESSED, synced(mark_bin), exp.GE(exp.SinceUpdateTime(), grace_ms)).compile()
+    old = exp.And(PROCESSED, synced(mark_bin), exp.GE(exp.SinceUpdateTime(), grace_ms))
+    compiled = old.compile()
     deleted = 0
-    for name, rec in backend.scan(keys.JOB_SET, begin=begin, count=count, expression=old, bins=["state"]):
+    for name, rec in backend.scan(keys.JOB_SET, begin=begin, count=count, expression=compiled, bins=["state"]):
+        deadline = backend.job_deadline()
         try:
-            backend.operate(keys.JOB_SET, name, [op.delete()], gen=rec.gen, expression=old)
+            backend.operate(keys.JOB_SET, name, [op.delete()], gen=rec.gen,
+                            expression=compiled if deadline is None else exp.And(old, in_time(deadline)).compile())
             deleted += 1
         except (GenerationConflict, FilteredOut, RecordNotFound):
-            pass  # changed since the scan (or gone): keep it
+            pass  # changed since the scan (or gone), or past its deadline: keep it
     return deleted

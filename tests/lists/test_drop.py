@@ -311,3 +311,37 @@ def test_a_list_loaded_under_a_dropped_lists_name_after_retention_keeps_every_jo
     assert lists.status(list_name).complete
     # The same file again, into the sealed list: nothing new.
     assert lists.load(list_name, [JobSpec("b", {"v": 4}), JobSpec("c", {"v": 3})]).already_sealed
+
+
+PAST = 1  # Unix ms: a deadline long gone by any clock
+
+
+def test_a_drops_delete_past_its_deadline_deletes_nothing_and_is_sent_again(
+    registered, queue, lists, list_name, session, monkeypatch
+):
+    """A drop's delete that a node frozen past the heartbeat timeout runs once it
+    resumes, after the list was made again under its name and loaded, finds on its
+    stale copy the old list's record (its stamp, its update time: every filter
+    passes), and its replica delete deletes the new list's record on the live nodes
+    (README: a frozen node replays the calls it was sent). Past its deadline it
+    deletes nothing, and is not taken for a record the filter keeps: the drop sends
+    it again, with a fresh deadline, and fails if it never gets through."""
+    from aeroqueue.load import _stamped
+
+    if registered.is_embedded:
+        pytest.skip("the embedded store has no replicas and no deadline (nor the expressions of one)")
+    busy_list(queue, lists, session, list_name)
+    jobs = [keys.job_name(list_name, t) for t in range(30)]
+    created = lists.header(list_name)["created"]
+    lists.write_retry_s = 0.3
+    monkeypatch.setattr(registered, "job_deadline", lambda: PAST)
+    for only in (None, _stamped(created)):
+        with pytest.raises(errors.ListError, match=r"Aerospike codes \[26\]"):
+            lists._delete_all(keys.JOB_SET, jobs, only=only)
+    assert all(registered.get(keys.JOB_SET, n) is not None for n in jobs), "a delete past its deadline deleted"
+    # Refused the first time (and one of the drop's own writes in time): sent again.
+    given: list[int] = []
+    monkeypatch.setattr(registered, "job_deadline", lambda: given.append(PAST if len(given) < 3 else 2**53) or given[-1])
+    lists.drop(list_name, grace_s=0)
+    assert PAST in given
+    assert leftovers(registered, list_name) == {}

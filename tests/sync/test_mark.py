@@ -212,3 +212,70 @@ def test_retention_never_deletes_a_job_of_the_list_loaded_again_under_the_name(r
     assert new is not None, "the new list's job, never copied, is still in the store"
     assert (new.bins["state"], new.bins["result"], MARK in new.bins) == ("done", {"new": True}, False)
     JobLists(registered).drop(list_name, grace_s=0)
+
+
+PAST = 1  # Unix ms: a deadline long gone by any clock
+FUTURE = 2**53
+
+
+def _deadlines(backend, monkeypatch: pytest.MonkeyPatch, *given: int) -> list[int]:
+    """Make `backend.job_deadline` answer `given` in turn, then FUTURE; the answers
+    handed out so far. The embedded store has no deadline of its own: given one, it
+    filters as a server does."""
+    out: list[int] = []
+    monkeypatch.setattr(backend, "job_deadline", lambda: out.append(given[len(out)] if len(out) < len(given) else FUTURE) or out[-1])
+    return out
+
+
+def _bins(store, names: list[str]) -> list[tuple[int, dict]]:
+    return [(r.gen, r.bins) for r in (store.get(keys.JOB_SET, n) for n in names)]
+
+
+def test_a_mark_run_past_its_deadline_changes_nothing_and_is_sent_again(registered, list_name, monkeypatch):
+    """A mark that a node frozen past the heartbeat timeout runs once it resumes
+    passes any other filter on its stale copy (the old done job), and its replica
+    write replaces the job an operator kicked and a worker completed again meanwhile
+    (README: a frozen node replays the calls it was sent). Past its deadline it
+    writes nothing; the exact path sends it again with a fresh one."""
+    from aeroqueue.errors import SyncError
+    from aeroqueue.sync.mark import mark
+
+    make_jobs(registered, list_name, done=3)
+    time.sleep(0.005)
+    clock = server_clock(registered)
+    names, versions = _scanned(registered, list_name)
+    before = _bins(registered, names)
+    monkeypatch.setattr(marking, "time", type("T", (), {"sleep": staticmethod(lambda s: None)}))
+    given = _deadlines(registered, monkeypatch, *[PAST] * 10)
+    with pytest.raises(SyncError, match="past its deadline"):
+        mark_unchanged(registered, MARK, names, versions, clock)
+    assert _bins(registered, names) == before, "a mark past its deadline wrote"
+    with pytest.raises(SyncError, match="past its deadline"):
+        mark(registered, MARK, names, versions)
+    assert _bins(registered, names) == before
+    assert len(given) == 1 + 2 * marking.MARK_RETRIES, "a deadline of its own for each attempt"
+    # Refused by the fast path and the exact path's first attempt, marked by its second.
+    monkeypatch.undo()
+    given = _deadlines(registered, monkeypatch, PAST, PAST)
+    assert mark_unchanged(registered, MARK, names, versions, clock) == (3, 0)
+    assert len(given) == 3
+    assert [b[MARK] for _, b in _bins(registered, names)] == versions
+
+
+def test_a_retention_delete_past_its_deadline_keeps_the_job(registered, list_name, monkeypatch):
+    """Retention's delete, run late on a frozen node's stale copy, passes its checks
+    there (the generation and filter its scan read) and its replica delete deletes
+    the job re-run since. Past its deadline it deletes nothing; the next run does."""
+    from aeroqueue.sync.mark import mark, retain
+
+    own = f"m{uuid.uuid4().hex[:8]}"  # on a shared server, no other test's jobs carry it
+    make_jobs(registered, list_name, done=2)
+    names, versions = _scanned(registered, list_name)
+    assert mark(registered, own, names, versions) == (2, 0)
+    before = _bins(registered, names)
+    monkeypatch.setattr(registered, "job_deadline", lambda: PAST)
+    assert retain(registered, own, 0, 4096, 0) == 0
+    assert _bins(registered, names) == before
+    monkeypatch.undo()
+    assert retain(registered, own, 0, 4096, 0) == 2, "in time, as ever"
+    assert all(registered.get(keys.JOB_SET, n) is None for n in names)
