@@ -40,7 +40,7 @@ import uuid
 import weakref
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 import aerospike
 from aerospike_helpers.operations import bitwise_operations as bw
@@ -48,6 +48,8 @@ from aerospike_helpers.operations import bitwise_operations as bw
 from . import keys
 from .backends import FRESH_DEADLINE, Backend, retry_in_doubt
 from .errors import AeroqueueError, StaleRequest
+
+T = TypeVar("T")
 
 log = logging.getLogger("aeroqueue.transitions")
 
@@ -203,10 +205,17 @@ def list_udf(backend: Backend, list_name: str, function: str, *args: Any, deadli
     lost answer is not repeated here: a take may have landed (the sweep finds its
     tokens). The deadline keeps a frozen node's late run of the call from rolling
     the list record back (aq_list_v1.lua, header)."""
+    return retry_stale(lambda: list_once(backend, list_name, function, *args, busy_s=deadline_s), deadline_s=deadline_s)
+
+
+def retry_stale(fn: Callable[[], T], *, deadline_s: float = 5.0) -> T:
+    """Run `fn`, again while the server refuses it as run past its deadline
+    (`StaleRequest`: nothing was done, so a repeat is safe even for a call that is
+    not), until `deadline_s`; then the last `StaleRequest` reaches the caller."""
     give_up = time.monotonic() + deadline_s
     while True:
         try:
-            return list_once(backend, list_name, function, *args, busy_s=deadline_s)
+            return fn()
         except StaleRequest:
             if time.monotonic() >= give_up:
                 raise
@@ -369,7 +378,8 @@ def job_udf(
     backend: Backend, job_name: str, function: str, *args: Any, deadline_s: float = 5.0, busy_s: float | None = None,
     tx: str | None = None, off: str | None = None,
 ) -> Any:
-    """A job UDF that makes or ends a claim, given every argument up to its request id:
+    """A job UDF that makes or ends a claim, or buries a job, given every argument up
+    to its request id (a bury's: its reason; trailing ones left out are sent as nil):
     sent with a fresh `Backend.job_deadline` each time, and repeated while its answer
     is in doubt (a timeout, a node lost, or 'stale': refused, nothing done) until
     `deadline_s`. A repeat answers as the first did, so repeating is safe. A busy key
@@ -381,20 +391,39 @@ def job_udf(
         raise ValueError(f"{keys.JOB_MOD}.{function}: an offer mark (off) needs the call's id (tx)")
     extra = () if tx is None else (tx,) if off is None else (tx, off)
 
-    def once() -> Any:
-        answer = backend.udf(
-            keys.JOB_SET, job_name, keys.JOB_MOD, function, *args, FRESH_DEADLINE, *extra,
-            deadline_s=deadline_s if busy_s is None else busy_s,
-        )
-        if is_stale(answer):
-            raise StaleRequest(
-                f"{keys.JOB_MOD}.{function} on {keys.JOB_SET}/{job_name}: the server ran it after the deadline this "
-                "client gave it, and refused it (nothing was done)",
-                operation=f"{keys.JOB_MOD}.{function}", key=job_name,
-            )
-        return answer
+    return retry_in_doubt(
+        lambda: job_once(backend, job_name, function, *args, extra=extra, busy_s=deadline_s if busy_s is None else busy_s),
+        deadline_s=deadline_s,
+    )
 
-    return retry_in_doubt(once, deadline_s=deadline_s)
+
+# Each job UDF's arguments before its deadline (aq_job_v1.lua): trailing optional
+# ones left out are given as nil, so that the deadline lands in its own place.
+_JOB_ARGS = {
+    "claim": 3, "complete": 3, "fail": 4, "expire": 4, "release": 4, "snooze": 3, "touch": 3, "kick": 0, "bury": 1,
+}
+
+
+def job_once(
+    backend: Backend, job_name: str, function: str, *args: Any, extra: tuple[Any, ...] = (), busy_s: float = 5.0,
+) -> Any:
+    """One call of a job UDF, given its arguments before the deadline (`args`) and
+    after it (`extra`), a busy key retried for `busy_s`; `StaleRequest` if the server
+    refused it as run past the deadline (nothing was done: safe to repeat)."""
+    n = _JOB_ARGS[function]
+    if len(args) > n:
+        raise TypeError(f"{keys.JOB_MOD}.{function} takes {n} argument(s) before its deadline, not {len(args)}")
+    answer = backend.udf(
+        keys.JOB_SET, job_name, keys.JOB_MOD, function, *args, *(None,) * (n - len(args)), FRESH_DEADLINE, *extra,
+        deadline_s=busy_s,
+    )
+    if is_stale(answer):
+        raise StaleRequest(
+            f"{keys.JOB_MOD}.{function} on {keys.JOB_SET}/{job_name}: the server ran it after the deadline this "
+            "client gave it, and refused it (nothing was done)",
+            operation=f"{keys.JOB_MOD}.{function}", key=job_name,
+        )
+    return answer
 
 
 def reaper_tx() -> str:
@@ -453,11 +482,7 @@ def _transition(
     """One job UDF that ends a claim (or buries a job), then its follow-up. Repeated
     while its answer is in doubt, for `deadline_s`: a repeat answers as the first did,
     and the follow-up is idempotent. `tx`, `off`: as `job_udf` takes them."""
-    name = keys.job_name(list_name, token)
-    if function == "bury":  # an operator's decision: no claim, no deadline
-        st = str(retry_in_doubt(lambda: backend.udf(keys.JOB_SET, name, keys.JOB_MOD, function, *args), deadline_s=deadline_s))
-    else:
-        st = str(job_udf(backend, name, function, *args, deadline_s=deadline_s, tx=tx, off=off))
+    st = str(job_udf(backend, keys.job_name(list_name, token), function, *args, deadline_s=deadline_s, tx=tx, off=off))
     after_fail(backend, list_name, token, st, delay_ms, offer)
     return st
 
@@ -562,7 +587,12 @@ def kick(backend: Backend, list_name: str, tokens: list[int]) -> int:
     mode the chunk not popped yet: `_unchunk`) as it enters the retry store: it
     waits in one place, and is offered once."""
     set_bits(backend, list_name, tokens, "dead", 0)
-    kicked = [t for t in tokens if backend.udf(keys.JOB_SET, keys.job_name(list_name, t), keys.JOB_MOD, "kick") == "ok"]
+    # A kick whose answer was lost is not repeated here: its repeat would answer 'not
+    # kickable' and leave the job unpushed; the caller hears it, and the sweeper
+    # finishes what it did. A 'stale' one did nothing, and is repeated.
+    kicked = [
+        t for t in tokens if retry_stale(functools.partial(job_once, backend, keys.job_name(list_name, t), "kick")) == "ok"
+    ]
     if kicked:
         set_bits(backend, list_name, kicked, "dead", 0)
         push_retry(backend, list_name, kicked)

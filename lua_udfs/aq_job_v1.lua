@@ -60,9 +60,9 @@
 -- up; bury); delayed -> claimed once due; dead | delayed -> queued (kick);
 -- queued | delayed -> dead (bury).
 -- Every function returns a status value instead of raising, so a batch call
--- (batch_apply) reports each job's outcome. The functions that end or make a
--- claim take a last argument `deadline` and answer 'stale' (changing nothing)
--- when the server runs them past it (see `stale` below).
+-- (batch_apply) reports each job's outcome. Every function but `synced` takes
+-- a last argument `deadline` and answers 'stale' (changing nothing) when the
+-- server runs it past it (see `stale` below).
 
 local ERRS_KEPT = 10
 
@@ -318,10 +318,12 @@ function touch(rec, sess, tlim, rid, deadline)
   return map{st = 'ok', dl = t + tlim}
 end
 
--- kick(rec) -> 'ok' | 'not kickable' | 'missing'
+-- kick(rec, deadline) -> 'ok' | 'not kickable' | 'missing' | 'stale'
 --   dead -> queued with fresh attempts, or delayed -> queued now (an
---   operator's decision).
-function kick(rec)
+--   operator's decision). Replayed late on a stale copy, a kick would bring back,
+--   queued, a job the cluster has since run and completed: hence the deadline.
+function kick(rec, deadline)
+  if stale(deadline) then return 'stale' end
   if not aerospike:exists(rec) then return 'missing' end
   local state = rec['state']
   if state == 'dead' then
@@ -338,10 +340,11 @@ function kick(rec)
   return 'ok'
 end
 
--- bury(rec, why) -> 'dead' | 'done' | 'void' | 'missing'
+-- bury(rec, why, deadline) -> 'dead' | 'done' | 'void' | 'missing' | 'stale'
 --   queued, delayed or claimed -> dead (an operator's decision; a holder's
 --   acknowledgement is then refused). Burying a dead job answers 'dead' again.
-function bury(rec, why)
+function bury(rec, why, deadline)
+  if stale(deadline) then return 'stale' end
   if not aerospike:exists(rec) then return 'missing' end
   local state = rec['state']
   if state == 'dead' or state == 'done' or state == 'void' then return state end

@@ -64,6 +64,36 @@ def test_a_transition_past_its_deadline_changes_nothing(backend, function, args)
         assert _job(backend, 0).gen == before.gen + 1
 
 
+OPERATOR_CALLS = [("bury", ("an operator",)), ("kick", ())]
+
+
+@pytest.mark.parametrize(("function", "args"), OPERATOR_CALLS, ids=[f for f, _ in OPERATOR_CALLS])
+def test_an_operators_call_past_its_deadline_changes_nothing(backend, function, args):
+    """Replayed late by a frozen node on its stale copy (the job still dead there), a
+    kick would bring back, queued with fresh attempts, a job the cluster has run again
+    and completed since, its result lost; a bury would bury a job kicked since."""
+    if function == "kick":
+        assert _call(backend, 0, "bury", "an operator", FUTURE) == "dead"
+    before = _job(backend, 0)
+    assert _call(backend, 0, function, *args, PAST) == "stale"
+    after = _job(backend, 0)
+    assert (after.gen, after.bins) == (before.gen, before.bins), f"{function} past its deadline wrote"
+    assert _call(backend, 0, function, *args, FUTURE) == ("ok" if function == "kick" else "dead")
+    assert _job(backend, 0).gen == before.gen + 1
+    # No deadline (an older client): as ever.
+    assert _call(backend, 1, "bury", "an operator") == "dead" and _call(backend, 1, "kick") == "ok"
+
+
+def test_a_job_call_given_too_many_arguments_is_refused_before_it_is_sent(backend):
+    """The deadline follows a fixed number of arguments: one too many would take its
+    place, and the UDF would read the extra argument as its deadline."""
+    from aeroqueue import transitions
+
+    with pytest.raises(TypeError, match="bury takes 1 argument"):
+        transitions.job_once(backend, keys.job_name("L", 0), "bury", "why", "one too many")
+    assert _job(backend, 0).bins["state"] == "queued"
+
+
 def test_a_claim_past_its_deadline_takes_nothing(backend):
     before = _job(backend, 1)
     assert _call(backend, 1, "claim", "s", "rid", 300_000, PAST) == {"st": "stale"}

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,6 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 from aeroqueue import errors, keys, transitions
+from aeroqueue.backends import base
 from aeroqueue.cli import main
 from aeroqueue.loading import JobSpec
 from aeroqueue.sessions import reap, sweep
@@ -398,6 +400,48 @@ def test_a_kick_in_a_due_id_mode_range_of_a_job_with_a_later_run_at_is_counted_o
         assert lists.kick(list_name, [token]) == 1
     st = lists.status(list_name)
     assert (st.retry_pending, st.reservable, st.delayed, st.in_flight) == (1, 2, 0, 1), st
+
+
+@pytest.mark.parametrize("action", ["kick", "bury"])
+def test_a_kick_or_bury_run_past_its_deadline_changes_nothing_and_is_sent_again(
+        registered, lists, list_name, monkeypatch, action):
+    """An operator's kick or bury carries a deadline as the transitions do: a frozen
+    node that resumes would otherwise run it on its stale copy, and its replica write
+    would undo what the cluster did since (a kicked job re-run and completed back to
+    queued). Refused ('stale': nothing done), the client sends it again with a fresh
+    deadline; refused to the end, the caller hears `StaleRequest`."""
+    lists.load(list_name, specs(2), seal=True)
+    if action == "kick":
+        assert lists.bury(list_name, "job-0") == "dead"
+    name = keys.job_name(list_name, int(lists.find_job(list_name, "job-0")["token"]))
+    before = registered.get(keys.JOB_SET, name)
+    args = () if action == "kick" else ("an operator",)
+    assert registered.apply(keys.JOB_SET, name, keys.JOB_MOD, action, *args, 1) == "stale"  # 1: Unix ms, long gone
+    after = registered.get(keys.JOB_SET, name)
+    assert (after.gen, after.bins) == (before.gen, before.bins), "refused, and nothing written"
+
+    def act():
+        return lists.kick_job(list_name, "job-0") if action == "kick" else lists.bury(list_name, "job-0", "no")
+
+    real = registered.job_deadline
+    monkeypatch.setattr(registered, "job_deadline", lambda: 1)
+    fast = type("FastClock", (), {"t": 0.0})  # the retries' 5 s pass at once
+    clock = types.SimpleNamespace(time=time.time, sleep=lambda s: None,
+                                  monotonic=lambda: setattr(fast, "t", fast.t + 1) or fast.t)
+    monkeypatch.setattr(transitions, "time", clock)
+    monkeypatch.setattr(base, "time", clock)
+    with pytest.raises(errors.StaleRequest, match=f"{action} on aq_job/{name}: the server ran it after the deadline"):
+        act()
+    assert registered.get(keys.JOB_SET, name).gen == before.gen, "refused to the end: nothing done"
+    monkeypatch.undo()
+    given: list[int | None] = []
+    monkeypatch.setattr(registered, "job_deadline", lambda: given.append(1 if len(given) < 2 else real()) or given[-1])
+    assert act() == (True if action == "kick" else "dead")
+    assert given[:2] == [1, 1] and given[2] != 1, "sent again, with a fresh deadline"  # (a kick's list calls follow)
+    job = lists.find_job(list_name, "job-0")
+    assert job["state"] == ("queued" if action == "kick" else "dead")
+    st = lists.status(list_name)
+    assert (st.dead, st.retry_pending) == ((0, 1) if action == "kick" else (1, 0)), st
 
 
 @pytest.mark.parametrize("late", ["fail", "bury"])
