@@ -740,6 +740,11 @@ def _fence(backend: Backend, jobs: list[_Found], room: int) -> list[int]:
         if failed:
             log.warning("sweep: the fence failed on %d lost jobs (codes %s); a later sweep offers them",
                         sum(code in failed for code in codes), failed)
+        if late := codes.count(27):
+            # Nothing else refuses a fence (its generation check answers 3): a sweep that
+            # does nothing every time should say why.
+            log.warning("sweep: the fence on %d lost jobs reached the server past its deadline; a later sweep "
+                        "offers them (if every sweep says so, is the store's clock ahead of this host's?)", late)
     return tokens
 
 
