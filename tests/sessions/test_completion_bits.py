@@ -14,7 +14,7 @@ import sys
 import textwrap
 import time
 
-from aeroqueue import keys
+from aeroqueue import keys, sessions
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Queue
@@ -80,31 +80,53 @@ def test_bits_a_killed_process_never_wrote_are_counted_when_it_is_reaped(registe
     assert (st.done, st.dead, st.in_flight, st.retry_pending) == (3, 0, 0, 1), "counted, and the 4th came back"
 
 
-def test_a_reap_does_not_offer_again_jobs_reserved_while_it_recounts(registered, lists, queue, list_name):
+def test_a_reap_does_not_offer_again_jobs_reserved_while_it_recounts(registered, lists, queue, list_name, monkeypatch):
     """The reap's recount offers again the jobs a cut-short release left in no store. It
     read the retry store only after its scan of the job set: jobs the release had
     pushed and a worker had claimed since were pushed a second time (counted retry
     pending while in flight, and a second copy to fence)."""
     lists.load(list_name, [JobSpec(f"j{i}", {"i": i}) for i in range(6)], seal=True)
+    # Sessions another test left expired, as on a shared server: the reap ends them too.
+    others = f"{list_name}-others"
+    lists.load(others, [JobSpec(f"o{i}", {}) for i in range(8)], seal=True)
+    for _ in range(8):
+        left = Session.open(registered, heartbeat=False)
+        assert len(queue.reserve(others, left, 1)) == 1
+        mark_reaping(registered, left.id)
     dead = Session.open(registered, heartbeat=False)
     assert len(queue.reserve(list_name, dead, 3)) == 3
     mark_reaping(registered, dead.id)
     live = Session.open(registered, heartbeat=False)
     got: list = []
     scan = registered.scan
+    # The recount of this test's session only: on a shared server the reap also ends
+    # sessions earlier tests left expired, and the recount of one of those, if it came
+    # first, reserved before this session's claims were released (tokens 3 to 5).
+    recounting: list[str] = []
+    recount = sessions.recount_session
+
+    def recount_noted(backend, session_id):
+        recounting.append(session_id)
+        try:
+            return recount(backend, session_id)
+        finally:
+            recounting.pop()
+
+    monkeypatch.setattr(sessions, "recount_session", recount_noted)
 
     def scan_while_reserving(set_name, **kw):  # another worker takes the released jobs meanwhile
         out = list(scan(set_name, **kw))
-        if set_name == keys.JOB_SET and not got:
+        if set_name == keys.JOB_SET and recounting == [dead.id] and not got:
             got.extend(queue.reserve(list_name, live, 3))
         return iter(out)
 
     registered.scan = scan_while_reserving  # type: ignore[method-assign]
     try:
-        assert reap(registered).sessions >= 1
+        assert reap(registered).sessions >= 9
     finally:
         registered.scan = scan  # type: ignore[method-assign]
     assert sorted(j.token for j in got) == [0, 1, 2]
+    assert lists.status(others).retry_pending == 8, "the other sessions' jobs were offered again too"
     assert not registered.get(keys.LIST_SET, list_name).bins.get("retry"), "claimed jobs pushed again"
     st = lists.status(list_name)
     assert (st.retry_pending, st.in_flight, st.reservable) == (0, 3, 3), st
