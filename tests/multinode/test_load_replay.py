@@ -19,73 +19,31 @@ nothing was replayed and the run shows nothing.
 
 from __future__ import annotations
 
-import json
-import signal
-import subprocess
-import sys
 import time
-from typing import Any
 
 import pytest
 
-from aeroqueue.backends.base import CLOCK_MARGIN_MS
 from tests.cluster import Cluster
 
-from .conftest import in_namespace
+from .replaying import Replayer, node_frozen, past_deadline
 
 N = 60  # jobs: about a third have the frozen node as their master
-TIMEOUT_MS = 300  # the client's timeout: the deadline is this plus CLOCK_MARGIN_MS
 
 pytestmark = pytest.mark.timeout(180)
 
 
-class LoadReplayer:
-    """tests/multinode/load_replayer.py, one command at a time."""
-
-    def __init__(self, cluster: Cluster) -> None:
-        query = f"total_timeout={TIMEOUT_MS}"
-        cmd = [sys.executable, "-m", "tests.multinode.load_replayer", cluster.url(query=query),
-               cluster.url([1, 2], query=query), str(N)]
-        self.proc = cluster.popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, **in_namespace(cluster))
-
-    def answer(self) -> Any:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        assert line, f"the load replayer died (exit {self.proc.wait(10)})"
-        return json.loads(line)
-
-    def ask(self, cmd: str) -> Any:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(cmd + "\n")
-        self.proc.stdin.flush()
-        return self.answer()
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(10)
-
-
 def test_a_resumed_node_does_not_undo_a_loaded_and_acknowledged_job(cluster3: Cluster) -> None:
     cluster3.wait_stable(migrations=True, timeout_s=60)  # the stale client's map: the settled one
-    client = LoadReplayer(cluster3)
+    client = Replayer(cluster3, "load_replayer", str(N))
     try:
         assert client.answer() == "ready"  # its map names node 0, which is up
-        cluster3.signal(0, signal.SIGSTOP)
         sent = time.monotonic()
-        try:
-            cluster3.wait_stable([1, 2], timeout_s=30)  # the others dropped it; the stale client never learns it
+        with node_frozen(cluster3):
             loaded = client.ask("load")
             sent = time.monotonic() - loaded["since_sent_s"]
             worked = client.ask("work")
-            # Past the deadline of the writes the frozen node holds, and soon enough that
-            # it still runs them (test_replay.py: not at all past about 3 s).
-            time.sleep(max(0.0, sent + (TIMEOUT_MS + CLOCK_MARGIN_MS) / 1000 + 0.4 - time.monotonic()))
-        finally:
+            past_deadline(sent)  # of the writes the frozen node holds
             resumed = time.monotonic() - sent
-            cluster3.signal(0, signal.SIGCONT)
-        cluster3.wait_stable(timeout_s=30)
-        cluster3.wait_stable(migrations=True, timeout_s=60)
         final = client.ask("read")
     finally:
         client.close()

@@ -45,48 +45,19 @@ longer than it needs to.
 
 from __future__ import annotations
 
-import json
-import signal
-import subprocess
-import sys
 import time
-from typing import Any
 
 import pytest
 
-from aeroqueue.backends.base import CLOCK_MARGIN_MS
 from tests.cluster import Cluster
 
-from .conftest import aq, in_namespace
+from .conftest import aq
+from .replaying import Replayer, node_frozen, past_deadline
 
 LISTS = ("guarded", "native", "bare")
 N = 30  # jobs per list: about a third have the frozen node as their master
-TIMEOUT_MS = 300  # the client's timeout: the deadline is this plus CLOCK_MARGIN_MS
 
 pytestmark = pytest.mark.timeout(180)
-
-
-class Replayer:
-    """tests/multinode/replayer.py, one command at a time."""
-
-    def __init__(self, cluster: Cluster) -> None:
-        query = f"total_timeout={TIMEOUT_MS}"
-        cmd = [sys.executable, "-m", "tests.multinode.replayer", cluster.url(query=query),
-               cluster.url([1, 2], query=query), str(N)]
-        self.proc = cluster.popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, **in_namespace(cluster))
-
-    def ask(self, cmd: str) -> Any:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(cmd + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        assert line, f"the replayer died at {cmd!r} (exit {self.proc.wait(10)})"
-        return json.loads(line)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(10)
 
 
 def test_a_resumed_node_does_not_undo_an_acknowledged_completion(cluster3: Cluster, tmp_path) -> None:
@@ -95,21 +66,15 @@ def test_a_resumed_node_does_not_undo_an_acknowledged_completion(cluster3: Clust
         jobs.write_text("id,n\n" + "".join(f"{name}{i},{i}\n" for i in range(N)))
         out = aq(cluster3, "load", name, str(jobs), "--seal")
         assert out.returncode == 0, out.stderr
-    client = Replayer(cluster3)
+    client = Replayer(cluster3, "replayer", str(N))
     try:
         assert client.ask("claim") == "ok"
-        cluster3.signal(0, signal.SIGSTOP)
-        try:
-            cluster3.wait_stable([1, 2], timeout_s=30)  # the others dropped it; the replayer's client never learns it
+        with node_frozen(cluster3):
             in_doubt = client.ask("stale")
             sent = time.monotonic()
             live = client.ask("live")
             moved, took = live["moved"], live["heads"]
-            time.sleep(max(0.0, sent + (TIMEOUT_MS + CLOCK_MARGIN_MS) / 1000 + 0.4 - time.monotonic()))
-        finally:
-            cluster3.signal(0, signal.SIGCONT)
-        cluster3.wait_stable(timeout_s=30)
-        cluster3.wait_stable(migrations=True, timeout_s=60)
+            past_deadline(sent)
         final = client.ask("read")
     finally:
         client.close()
