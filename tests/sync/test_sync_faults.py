@@ -56,6 +56,21 @@ def _copied(database: str, name: str, port: int) -> set[str]:
     return {bytes(r["jid"]).decode() for r in mysql_rows(database, name, port)}
 
 
+def _run_in_thread(opts, spark, store) -> tuple[threading.Thread, list[BaseException]]:
+    """A sync run started in a thread, and what it raised (the run is expected to fail)."""
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            sync_once(opts, spark, store, lease_s=5)
+        except BaseException as e:  # kept for the assertion
+            failure.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, failure
+
+
 def test_mysql_stopped_mid_run_then_restarted(store, store_url, list_name, spark, own_mariadb, tmp_path):
     db = f"aqf_{list_name.replace('-', '_')}"
     conn = root_connection(port=own_mariadb.port)
@@ -65,16 +80,7 @@ def test_mysql_stopped_mid_run_then_restarted(store, store_url, list_name, spark
     make_jobs(store, list_name, done=200, dead=10)
     faults = SyncFaults(pause_after_commits=2, pause_dir=str(tmp_path))
     opts = options(store_url, url, partitions=2, batch_size=20, lists=(list_name,), faults=faults)
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            sync_once(opts, spark, store, lease_s=5)
-        except BaseException as e:  # the run is expected to fail: kept for the assertion
-            failure.append(e)
-
-    t = threading.Thread(target=run)
-    t.start()
+    t, failure = _run_in_thread(opts, spark, store)
     wait_for("a task paused after its commits", lambda: any(tmp_path.glob("paused-*")), 120, step_s=0.2)
     own_mariadb.stop()  # MySQL goes away between two batches
     (tmp_path / "go").touch()
@@ -111,16 +117,7 @@ def test_a_failed_run_returns_once_its_tasks_have_ended(store, store_url, list_n
     # is killed after its first batch, so a task let go fails attempt after attempt.
     faults = SyncFaults(pause_after_commits=1, pause_dir=str(tmp_path), kill_after_batches=1)
     opts = options(store_url, mysql_url, partitions=2, batch_size=10, lists=(list_name,), faults=faults)
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            sync_once(opts, spark, store, lease_s=5)
-        except BaseException as e:  # the run is expected to fail: kept for the assertion
-            failure.append(e)
-
-    t = threading.Thread(target=run)
-    t.start()
+    t, failure = _run_in_thread(opts, spark, store)
     wait_for("both tasks held after their first commit", lambda: len(list(tmp_path.glob("paused-*"))) == 2, 120,
              step_s=0.2)
     failing, held = sorted(int(p.name.split("-")[1]) for p in tmp_path.glob("paused-*"))
