@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from aeroqueue import keys
+from aeroqueue import keys, sessions
 from aeroqueue.backends import Backend, open_backend
 from aeroqueue.errors import ClaimLost
 from aeroqueue.lists import JobLists
@@ -83,7 +83,9 @@ def _drain(queue: Queue, lists: JobLists, backend: Backend, list_name: str) -> N
     assert _states(backend, list_name) == {"done": N}
 
 
-def test_two_reapers_ending_the_same_overdue_claims_offer_each_job_once(registered, lists, queue, store_url, list_name):
+def test_two_reapers_ending_the_same_overdue_claims_offer_each_job_once(
+    registered, lists, queue, store_url, list_name, monkeypatch,
+):
     """The claims of a live session past their time limit, ended by two reapers at
     once (`expire_overdue`). Each call has the same session and error: the job UDF
     answered the second as a repeat of the first, and both pushed the job. Round
@@ -92,19 +94,39 @@ def test_two_reapers_ending_the_same_overdue_claims_offer_each_job_once(register
     counted every timeout twice."""
     lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(N)], timeout_s=0.3, backoff_s=0, max_attempts=10,
                seal=True)
+    # Another live session's overdue claims, as an earlier test may leave on a shared
+    # server: the reaps end them too, so their reports count more than this list's N.
+    others = f"{list_name}-others"
+    lists.load(others, [JobSpec(f"o{i}", {}) for i in range(3)], timeout_s=0.3, backoff_s=0, max_attempts=10,
+               seal=True)
+    ended: list[tuple[str, int]] = []
+    expire = sessions.expire_overdue
+
+    def expire_noted(backend: Backend, session_id: str, *args: Any, **kw: Any) -> int:
+        n = expire(backend, session_id, *args, **kw)
+        ended.append((session_id, n))
+        return n
+
+    monkeypatch.setattr(sessions, "expire_overdue", expire_noted)
     reapers = [open_backend(store_url) for _ in range(2)]
     holder = Session.open(registered, interval_s=0.2, expiry_s=30)  # alive all along
+    other = Session.open(registered, heartbeat=False, expiry_s=60)
     try:
         for _ in range(3):
             _reserve_all(queue, holder, list_name)
             st = lists.status(list_name)
             assert (st.in_flight, st.retry_pending) == (N, 0), st
+            assert len(queue.reserve(others, other, 3)) == 3
+            ended.clear()
             time.sleep(0.5)  # past the time limit
             reports = _at_once(*(lambda b=b: reap(b) for b in reapers))
-            assert sum(r.timed_out for r in reports) == N, reports
+            # Each of the holder's timeouts counted once, by one reaper or the other.
+            assert sum(n for sid, n in ended if sid == holder.id) == N, (ended, reports)
+            assert sum(r.timed_out for r in reports) >= N + 3, reports
             _waits_once(lists, list_name)
     finally:
         holder.close(release=False)
+        other.close(release=False)
         for b in reapers:
             b.close()
     _drain(queue, lists, registered, list_name)
@@ -294,11 +316,19 @@ def test_a_holder_releasing_with_a_reapers_words_is_not_taken_for_its_repeat(reg
     pushed the job the reaper had pushed already. The holder's call has an id of its
     own: only its own repeat answers so."""
     lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(N)], backoff_s=0, max_attempts=10, seal=True)
+    # Sessions another test left expired, as on a shared server: the reap releases their claims too.
+    others = f"{list_name}-others"
+    lists.load(others, [JobSpec(f"o{i}", {}) for i in range(3)], backoff_s=0, max_attempts=10, seal=True)
+    for _ in range(3):
+        left = Session.open(registered, heartbeat=False)
+        assert len(queue.reserve(others, left, 1)) == 1
+        mark_reaping(registered, left.id)
     holder = Session.open(registered, heartbeat=False)
     jobs = queue.reserve(list_name, holder, N)
     assert len(jobs) == N
     mark_reaping(registered, holder.id)
-    assert reap(registered).released == N
+    assert reap(registered).released >= N + 3  # every claim of the holder's (counted below) and the others'
+    assert lists.status(others).retry_pending == 3
     assert {queue.release(job, "session expired", refund=False) for job in jobs} == {"not held"}
     _waits_once(lists, list_name)
     _drain(queue, lists, registered, list_name)
