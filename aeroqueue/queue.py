@@ -29,6 +29,7 @@ Each of these UDFs is O(1) in the list's size.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import math
@@ -350,7 +351,12 @@ class Queue:
         """ID mode: pop from the chunk at the cursor; move the cursor past drained chunks."""
         got: list[int] = []
         while len(got) < k and cursor < pubs:
-            got.extend(self._udf(keys.IDS_SET, keys.chunk_name(name, cursor), keys.IDS_MOD, "pop", k - len(got)))
+            # A 'stale' pop did nothing: sent again, with a fresh deadline.
+            pop = functools.partial(
+                transitions.ids_once, self.backend, keys.chunk_name(name, cursor), "pop", k - len(got),
+                busy_s=self.busy_deadline_s,
+            )
+            got.extend(transitions.retry_stale(pop, deadline_s=self.busy_deadline_s))
             if len(got) < k:
                 seen = cursor
                 cursor = transitions.list_udf(self.backend, name, "advance", seen, deadline_s=self.busy_deadline_s)

@@ -426,6 +426,29 @@ def job_once(
     return answer
 
 
+# Each ID store UDF's arguments before its deadline (aq_ids_v1.lua): both write a chunk.
+_IDS_ARGS = {"pop": 1, "remove": 1}
+
+
+def ids_once(backend: Backend, chunk: str, function: str, *args: Any, busy_s: float = 5.0) -> Any:
+    """One call of an ID store UDF on chunk record `chunk`, given its arguments before
+    the deadline, a busy key retried for `busy_s`; `StaleRequest` if the server refused
+    it as run past the deadline (nothing was done: safe to repeat). Without it a frozen
+    node's late run would put the chunk back as it had it: IDs popped meanwhile handed
+    out again, a kicked job's ID back in it (aq_ids_v1.lua, header)."""
+    n = _IDS_ARGS[function]
+    if len(args) != n:
+        raise TypeError(f"{keys.IDS_MOD}.{function} takes {n} argument(s) before its deadline, not {len(args)}")
+    answer = backend.udf(keys.IDS_SET, chunk, keys.IDS_MOD, function, *args, FRESH_DEADLINE, deadline_s=busy_s)
+    if is_stale(answer):
+        raise StaleRequest(
+            f"{keys.IDS_MOD}.{function} on {keys.IDS_SET}/{chunk}: the server ran it after the deadline this "
+            "client gave it, and refused it (nothing was done)",
+            operation=f"{keys.IDS_MOD}.{function}", key=chunk,
+        )
+    return answer
+
+
 def reaper_tx() -> str:
     """An id for one reaper's calls that end claims of a session it does not own. Two
     reapers (every worker runs one) may end the same claim at once, with the same
@@ -560,7 +583,8 @@ def _unchunk(backend: Backend, list_name: str, tokens: list[int]) -> None:
     for chunk, rec in zip(names, backend.batch_get(keys.IDS_SET, names, bins=["ids"]), strict=True):
         held = [t for t in (rec.bins.get("ids") or []) if t in want] if rec is not None else []
         if held:
-            retry_in_doubt(functools.partial(backend.udf, keys.IDS_SET, chunk, keys.IDS_MOD, "remove", held))
+            # A repeat of a remove that landed finds nothing to take; a 'stale' one did nothing.
+            retry_in_doubt(functools.partial(retry_stale, functools.partial(ids_once, backend, chunk, "remove", held)))
 
 
 def bury(backend: Backend, list_name: str, token: int, why: str) -> str:

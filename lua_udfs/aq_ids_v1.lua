@@ -10,9 +10,22 @@
 -- published; chunks hold at most the configured chunk size, so no record
 -- outgrows max-record-size. The list record's `cursor` says which chunk
 -- reservations pop from; it only moves forward (aq_list_v1.advance).
+--
+-- Both functions write, so both take a last argument `deadline` and answer 'stale',
+-- changing nothing, when the server runs them past it (aq_job_v1, `stale`): a
+-- frozen node that resumes runs the calls that waited in its sockets on its stale
+-- copy of the chunk, and its replica write replaces the live one. The chunk goes
+-- back as it was: IDs popped meanwhile are handed out again (their claims fence
+-- them, at the cost of wasted claims), a kicked job's ID is back in it.
+-- nil (older clients, the embedded store): no such limit.
 
--- pop(rec, k) -> list of up to k entries (empty when the chunk is drained or missing)
-function pop(rec, k)
+local function stale(deadline)
+  return deadline ~= nil and aerospike:get_current_time() > deadline
+end
+
+-- pop(rec, k, deadline) -> list of up to k entries (empty when the chunk is drained or missing) | 'stale'
+function pop(rec, k, deadline)
+  if stale(deadline) then return 'stale' end
   if not aerospike:exists(rec) then return list() end
   local ids = rec['ids']
   local n = list.size(ids)
@@ -24,11 +37,12 @@ function pop(rec, k)
   return got
 end
 
--- remove(rec, tokens) -> integer removed
+-- remove(rec, tokens, deadline) -> integer removed | 'stale'
 --   Kicked jobs wait in the retry store from then on: each leaves the chunk
 --   (and its `due`), or a pop would hand it out a second time and status would
 --   count it reservable while it runs. O(chunk size): an operator's kick.
-function remove(rec, tokens)
+function remove(rec, tokens, deadline)
+  if stale(deadline) then return 'stale' end
   if not aerospike:exists(rec) then return 0 end
   local want = map()
   for t in list.iterator(tokens) do want[t] = 1 end

@@ -3,11 +3,13 @@ server runs after its sender gave up on it changes nothing ('stale'). On a clust
 timeout runs, when it resumes, the calls that waited in its sockets, on its stale
 copy, and Aerospike CE lets that stale result replace the newer record the rest of
 the cluster made meanwhile (tests/multinode/test_replay.py shows it on a real
-cluster). Here: the UDFs' side and the client's, on the embedded store."""
+cluster). Here: the UDFs' side and the client's, on the embedded store (the ID store's
+calls on the real server too, when there is one)."""
 
 from __future__ import annotations
 
 import time
+import uuid
 
 import pytest
 
@@ -256,3 +258,95 @@ def test_a_busy_key_is_retried_with_a_fresh_deadline_each_time(backend, monkeypa
     monkeypatch.setattr(backend, "apply", busy_twice)
     assert transitions.push_retry(backend, "L", [2]) == 1
     assert seen == deadlines == [FUTURE, FUTURE + 1, FUTURE + 2], "a deadline of its own for each attempt"
+
+
+# -- the ID store (aq_ids_v1), on both stores -----------------------------------
+
+
+@pytest.fixture
+def store(store_url):
+    b = open_backend(store_url)
+    udfs.register(b)
+    yield b
+    b.close()
+
+
+def _ids_list(store: Backend, n: int = 3) -> tuple[str, str]:
+    """A sealed ID-mode list of `n` jobs in one chunk: its name and its chunk's."""
+    name = f"t-{uuid.uuid4().hex[:12]}"  # a shared server: a list of its own
+    JobLists(store).load(name, [JobSpec(f"i{i}", {}) for i in range(n)], mode="ids", seal=True)
+    return name, keys.chunk_name(name, 0)
+
+
+def _chunk(store: Backend, chunk: str):
+    return store.get(keys.IDS_SET, chunk)
+
+
+IDS_CALLS = [("pop", (2,)), ("remove", ([1],))]  # every ID store call (all write), its arguments before the deadline
+
+
+@pytest.mark.parametrize(("function", "args"), IDS_CALLS, ids=[f for f, _ in IDS_CALLS])
+def test_an_id_store_call_past_its_deadline_changes_nothing(store, function, args):
+    """Run late by a frozen node that resumed, a pop or a remove would replace the chunk
+    the cluster wrote meanwhile with its stale copy: IDs popped since are handed out
+    again, a kicked job's ID comes back."""
+    _, chunk = _ids_list(store)
+    before = _chunk(store, chunk)
+    assert store.apply(keys.IDS_SET, chunk, keys.IDS_MOD, function, *args, PAST) == "stale"
+    after = _chunk(store, chunk)
+    assert (after.gen, after.bins) == (before.gen, before.bins), f"{function} past its deadline wrote"
+    # Before its deadline (or with none: older clients) it acts as ever.
+    assert store.apply(keys.IDS_SET, chunk, keys.IDS_MOD, function, *args, FUTURE) in ([0, 1], 1)
+    assert _chunk(store, chunk).gen == before.gen + 1
+    assert store.apply(keys.IDS_SET, chunk, keys.IDS_MOD, "pop", 1) == ([2] if function == "pop" else [0])
+    with pytest.raises(TypeError, match=f"{function} takes 1 argument"):
+        from aeroqueue import transitions
+
+        transitions.ids_once(store, chunk, function, *args, "one too many")
+
+
+def test_a_refused_pop_is_sent_again_with_a_new_deadline(store, monkeypatch):
+    name, chunk = _ids_list(store)
+    queue = Queue(store, busy_deadline_s=2.0)
+    given: list[int | None] = []
+
+    def deadline() -> int | None:
+        given.append(PAST if len(given) in (1, 2) else FUTURE)  # the take's passes, the pop's does not
+        return given[-1]
+
+    monkeypatch.setattr(store, "job_deadline", deadline)
+    with Session.open(store, heartbeat=False) as s:
+        [job] = queue.reserve(name, s)
+        monkeypatch.undo()
+        queue.complete(job, "ok")
+    assert given == [FUTURE, PAST, PAST, FUTURE, FUTURE]  # take, pop (three times), claim
+    assert job.token == 0 and _chunk(store, chunk).bins["ids"] == [1, 2], "popped once"
+
+
+def test_a_pop_refused_until_the_end_says_why_and_took_nothing(store, monkeypatch):
+    name, chunk = _ids_list(store)
+    before = _chunk(store, chunk)
+    queue = Queue(store, busy_deadline_s=0.3)
+    given: list[int | None] = []
+    monkeypatch.setattr(store, "job_deadline", lambda: given.append(PAST if given else FUTURE) or given[-1])
+    with Session.open(store, heartbeat=False) as s, pytest.raises(
+        errors.StaleRequest, match=rf"pop on aq_ids/{name}/0: the server ran it after the deadline"
+    ):
+        queue.reserve(name, s)
+    assert len(given) > 2 and _chunk(store, chunk).gen == before.gen, "nothing was popped"
+
+
+def test_a_refused_unchunk_is_sent_again_with_a_new_deadline(store, monkeypatch):
+    """A kick takes the job's ID out of the chunk not popped yet (`_unchunk`)."""
+    from aeroqueue import transitions
+
+    name, chunk = _ids_list(store)
+    given: list[int | None] = []
+
+    def deadline() -> int | None:
+        given.append(PAST if len(given) < 2 else FUTURE)
+        return given[-1]
+
+    monkeypatch.setattr(store, "job_deadline", deadline)
+    transitions._unchunk(store, name, [1])
+    assert given == [PAST, PAST, FUTURE] and _chunk(store, chunk).bins["ids"] == [0, 2], "removed once"

@@ -1,5 +1,4 @@
-"""What the frozen-node replay tests share (test_replay.py, test_load_replay.py,
-test_mark_replay.py, test_kick_replay.py): a replayer process driven one command at
+"""What the frozen-node replay tests share (test_replay.py and test_*_replay.py): a replayer process driven one command at
 a time, a node frozen until the others drop it, and a wait past a call's deadline.
 
 Each replayer module holds a client whose partition map still names the frozen
