@@ -222,13 +222,18 @@ def retry_stale(fn: Callable[[], T], *, deadline_s: float = 5.0) -> T:
             time.sleep(0.01)
 
 
+def stale_call(module: str, function: str, set_name: str, key: str) -> StaleRequest:
+    """The error of a UDF the server refused as run past its deadline."""
+    return StaleRequest(
+        f"{module}.{function} on {set_name}/{key}: the server ran it after the deadline this "
+        "client gave it, and refused it (nothing was done)",
+        operation=f"{module}.{function}", key=key,
+    )
+
+
 def stale_list_call(function: str, list_name: str) -> StaleRequest:
     """The error of a list UDF the server refused as run past its deadline, to the end."""
-    return StaleRequest(
-        f"{keys.LIST_MOD}.{function} on {keys.LIST_SET}/{list_name}: the server ran it after the deadline this "
-        "client gave it, and refused it (nothing was done)",
-        operation=f"{keys.LIST_MOD}.{function}", key=list_name,
-    )
+    return stale_call(keys.LIST_MOD, function, keys.LIST_SET, list_name)
 
 
 def backoff_ms(attempt: int, base_ms: int, cap_ms: int, rng: random.Random | None = None) -> int:
@@ -418,11 +423,7 @@ def job_once(
         deadline_s=busy_s,
     )
     if is_stale(answer):
-        raise StaleRequest(
-            f"{keys.JOB_MOD}.{function} on {keys.JOB_SET}/{job_name}: the server ran it after the deadline this "
-            "client gave it, and refused it (nothing was done)",
-            operation=f"{keys.JOB_MOD}.{function}", key=job_name,
-        )
+        raise stale_call(keys.JOB_MOD, function, keys.JOB_SET, job_name)
     return answer
 
 
@@ -441,11 +442,7 @@ def ids_once(backend: Backend, chunk: str, function: str, *args: Any, busy_s: fl
         raise TypeError(f"{keys.IDS_MOD}.{function} takes {n} argument(s) before its deadline, not {len(args)}")
     answer = backend.udf(keys.IDS_SET, chunk, keys.IDS_MOD, function, *args, FRESH_DEADLINE, deadline_s=busy_s)
     if is_stale(answer):
-        raise StaleRequest(
-            f"{keys.IDS_MOD}.{function} on {keys.IDS_SET}/{chunk}: the server ran it after the deadline this "
-            "client gave it, and refused it (nothing was done)",
-            operation=f"{keys.IDS_MOD}.{function}", key=chunk,
-        )
+        raise stale_call(keys.IDS_MOD, function, keys.IDS_SET, chunk)
     return answer
 
 
