@@ -171,10 +171,17 @@ def test_the_live_page_shows_a_partial_view_and_clears_it(
         frozen.on = True
         wait_text(browser, "#partial", "Partial view")
         wait_text(browser, f'tr.list-row.unread[data-list="{frozen_name}"]', "not read")
-        assert "4" in browser.find_element("css selector", f'tr.list-row[data-list="{fine}"]').text
-        assert "Sessions: unavailable" in browser.find_element("css selector", '[data-part="sessions"]').text
+        # Read in one script: the page refreshes every 0.5 s, and an element found by one
+        # call was replaced by the next (StaleElementReferenceException in a CI run).
+        row, sessions, colour = browser.execute_script(
+            "const q = (s) => document.querySelector(s);"
+            "return [q(arguments[0]).textContent, q('[data-part=\"sessions\"]').textContent,"
+            " getComputedStyle(q('#partial')).backgroundColor];",
+            f'tr.list-row[data-list="{fine}"]',
+        )
+        assert "4" in row, row
+        assert "Sessions: unavailable" in " ".join(sessions.split()), sessions
         # Styled from the package's stylesheet, like the rest of the page.
-        colour = browser.execute_script("return getComputedStyle(document.getElementById('partial')).backgroundColor")
         assert colour == "rgb(251, 239, 213)", colour
         if screenshot_dir:
             browser.save_screenshot(str(screenshot_dir("partial")))
