@@ -66,10 +66,17 @@ def backend_urls(tmp: Path) -> list[tuple[str, str]]:
 # on another test's expired claims while that test waits to count them itself.
 # Given several servers (CI starts two), they are split into one process per
 # server (AEROQUEUE_TEST_SHARD). The rest has stores of its own (embedded files,
-# scratch databases, the multi-node cluster in its network namespace).
+# scratch databases, the multi-node cluster in its network namespace). The embedded
+# store's own tests (tests/embedded, marked embedded_own) are split among the
+# real-server processes too when there are several: they wait less than those, and
+# the multi-node and sync tests' process, their home otherwise, was the run's long pole.
+EMBEDDED_TESTS = Path(__file__).parent / "embedded"
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     on_server: list[pytest.Item] = []
+    embedded_own: list[pytest.Item] = []
     for item in items:
         params = getattr(item, "callspec", None)
         if (params is not None and params.params.get("store_url") == "aerospike") or "real_url" in getattr(
@@ -77,11 +84,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         ):
             item.add_marker(pytest.mark.real_server)
             on_server.append(item)
+        elif item.path.is_relative_to(EMBEDDED_TESTS):
+            item.add_marker(pytest.mark.embedded_own)
+            embedded_own.append(item)
     if SHARD:
         # Every n-th test from the i-th on: neighbours in a file are alike in
         # what they wait for, so the parts come out near equal in time.
         part, parts = (int(x) for x in SHARD.split("/"))
-        others = {id(item) for k, item in enumerate(on_server) if k % parts != part}
+        others = {id(item) for group in (on_server, embedded_own) for k, item in enumerate(group) if k % parts != part}
         if others:
             config.hook.pytest_deselected(items=[item for item in items if id(item) in others])
             items[:] = [item for item in items if id(item) not in others]
