@@ -153,13 +153,18 @@ def main(root: Path = ROOT) -> None:
     table = Table(title="aeroqueue demo: summary", show_header=False)
     table.add_column(style="bold")
     table.add_column(justify="right")
+    done = 0
     for name in LISTS:
         st = lists.status(name)
+        done += st.done
         table.add_row(f"{name} ({st.mode} store)", f"{st.done:,} of {st.total:,} done, complete: {'yes' if st.complete else 'no'}")
     table.add_row("jobs", f"{total:,}")
     # From the workers' logs: a killed worker's last accepted acks may never have been
     # logged, so this can be a few short of the done count above; the store is right.
-    table.add_row("completions logged by workers", f"{sum(acked.values()):,}")
+    # Said on the row, or a reader takes the gap for lost jobs.
+    unlogged = done - sum(acked.values())
+    table.add_row("completions logged by workers", f"{sum(acked.values()):,}" + (
+        f" ({unlogged:,} by the killed worker, not logged before it died)" if unlogged > 0 else ""))
     table.add_row("handler runs", f"{executions:,}")
     table.add_row("worker killed (SIGKILL)", f"holding {held} job(s), reaped in {killed_at:.1f}s")
     table.add_row("jobs recovered from it", f"{recovered:,}")
