@@ -667,6 +667,10 @@ def sweep(backend: Backend, *, grace_ms: int = 60_000, stop: Callable[[], bool] 
         held = _held_by(lists, list_name, head)
         late = [j for j in jobs if j.bins.get("due", 0) < overdue_before and not held(j.bins["token"])]
         requeued += offer(list_name, late)
+    if requeued or orphans:
+        # What a crash left behind coming back: an operator looks for this line when a
+        # job waited minutes (a reserver killed between its take and its claim).
+        log.info("sweep offered lost jobs again", extra={"event": "swept", "requeued": requeued, "orphans": orphans})
     return SweepReport(requeued, orphans, recounted, ranges)
 
 

@@ -6,6 +6,7 @@ real time against every backend in test_sessions.py and the chaos test.
 
 from __future__ import annotations
 
+import logging
 import re
 
 import pytest
@@ -145,7 +146,7 @@ def test_graceful_close_gives_jobs_back_at_once_without_using_an_attempt(env, cl
     assert all(j.attempt == 1 for j in again), "a graceful release refunds the attempt"
 
 
-def test_sweeper_finds_taken_but_never_claimed_and_orphaned_claims(env, clock):
+def test_sweeper_finds_taken_but_never_claimed_and_orphaned_claims(env, clock, caplog):
     backend, queue = env
     # A reserver takes two tokens and dies before claiming them.
     took = backend.apply(keys.LIST_SET, "L", keys.LIST_MOD, "take", 2)
@@ -154,11 +155,16 @@ def test_sweeper_finds_taken_but_never_claimed_and_orphaned_claims(env, clock):
     s = open_session(backend)
     [orphan] = queue.reserve("L", s)
     backend.remove(keys.SESS_SET, s.id)
-    assert sweep(backend, grace_ms=60_000).requeued == 0, "inside the grace period nothing moves"
-    clock.advance(61_000)
-    report = sweep(backend, grace_ms=60_000)
+    with caplog.at_level(logging.INFO, logger="aeroqueue"):
+        assert sweep(backend, grace_ms=60_000).requeued == 0, "inside the grace period nothing moves"
+        assert not [r for r in caplog.records if getattr(r, "event", None) == "swept"], "a sweep that found nothing is quiet"
+        clock.advance(61_000)
+        report = sweep(backend, grace_ms=60_000)
     # The two never claimed are requeued; the orphan is released straight onto the retry store.
     assert (report.requeued, report.orphans) == (2, 1)
+    # And said, for the operator who wonders why a job waited.
+    [said] = [r for r in caplog.records if getattr(r, "event", None) == "swept"]
+    assert (said.requeued, said.orphans) == (2, 1)  # type: ignore[attr-defined]
     other = open_session(backend)
     got = queue.reserve("L", other, 3)
     assert sorted(j.token for j in got) == sorted([took["start"], took["start"] + 1, orphan.token])
