@@ -802,6 +802,7 @@ class Worker:
         next_reap = time.monotonic() + self.reap_every_s * random.uniform(0.5, 1.0)
         next_check = time.monotonic()  # --until-complete: status reads every bitmap, so not every tick
         next_sweep = time.monotonic() + self.sweep_every_s * random.uniform(0.5, 1.0)
+        sweep_grace_ms = self.sweep_grace_ms
         lists = JobLists(self.backend)
         while not self._stopping.wait(min(0.2, self.reap_every_s)):
             if self._signalled:
@@ -823,11 +824,22 @@ class Worker:
                     report = reap(self.backend, stop=lambda: session.lost or self._stop_asked())
                     if report.sessions:
                         self.counters.add("reaped", report.sessions)
+                        # A dead reserver may also have taken jobs it never claimed (killed
+                        # between a take and its claim): no session holds them, so only a
+                        # sweep finds them, up to --sweep-every plus --sweep-grace later
+                        # (over 6 minutes by default). Sweep now, and count a job as lost
+                        # once untouched for an expiry: the dead session's last take is
+                        # at least that old, and a live reserver claims within milliseconds
+                        # (a job of one offered anyway is claimed once: the second claim is
+                        # refused, a wasted take, never a double hold).
+                        next_sweep = now
+                        sweep_grace_ms = min(self.sweep_grace_ms, int(self.expiry_s * 1000))
                     self._release_orphans(session)
                     next_reap = now + self.reap_every_s * random.uniform(0.8, 1.2)
                 if now >= next_sweep:
-                    sweep(self.backend, grace_ms=self.sweep_grace_ms, stop=lambda: session.lost or self._stop_asked())
+                    sweep(self.backend, grace_ms=sweep_grace_ms, stop=lambda: session.lost or self._stop_asked())
                     next_sweep = now + self.sweep_every_s * random.uniform(0.8, 1.2)
+                    sweep_grace_ms = self.sweep_grace_ms
                 if self.until_complete and now >= next_check:
                     # At most a second after the last job: not the reap interval (half
                     # the expiry), which kept a worker with --expiry 60 idle for 30 s.
