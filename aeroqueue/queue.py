@@ -338,7 +338,7 @@ class Queue:
         # other mode would be served by the mode cached for the first (ID mode: never
         # popped, its jobs never handed out). A list module older than that: the cache.
         if len(tokens) < k and (out.get("mode") or self._mode(name)) == "ids":
-            tokens += self._pop_ids(name, k - len(tokens), out["cursor"], out["pubs"])
+            tokens += self._pop_ids(name, k - len(tokens), out["cursor"], out["pubs"], held=len(tokens))
         return tokens, out.get("tlim") or 300_000, out.get("now"), range(start, start + n)
 
     def _mode(self, name: str) -> str:
@@ -347,21 +347,36 @@ class Queue:
             mode = self._modes[name] = self.lists.header(name)["mode"]
         return mode
 
-    def _pop_ids(self, name: str, k: int, cursor: int, pubs: int) -> list[int]:
-        """ID mode: pop from the chunk at the cursor; move the cursor past drained chunks."""
+    def _pop_ids(self, name: str, k: int, cursor: int, pubs: int, *, held: int = 0) -> list[int]:
+        """ID mode: pop from the chunk at the cursor; move the cursor past drained chunks.
+        `held`: how many tokens the take gave this reservation already (its retry store's).
+
+        A pop is not repeated when its answer is lost: a second pop would take other IDs.
+        The IDs it took have left their chunk unclaimed, their jobs `queued`: the sweeper
+        offers them once untouched for its grace period, as a reserver's that died
+        between its pop and its claims. A pop or an advance that fails once tokens are
+        held returns them, to be claimed: they left the list record and their chunks,
+        and raising would leave them to the sweeper too. The store's trouble shows at
+        the next call."""
         got: list[int] = []
-        while len(got) < k and cursor < pubs:
-            # A 'stale' pop did nothing: sent again, with a fresh deadline.
-            pop = functools.partial(
-                transitions.ids_once, self.backend, keys.chunk_name(name, cursor), "pop", k - len(got),
-                busy_s=self.busy_deadline_s,
-            )
-            got.extend(transitions.retry_stale(pop, deadline_s=self.busy_deadline_s))
-            if len(got) < k:
-                seen = cursor
-                cursor = transitions.list_udf(self.backend, name, "advance", seen, deadline_s=self.busy_deadline_s)
-                if cursor <= seen:  # the list record is gone
-                    break
+        try:
+            while len(got) < k and cursor < pubs:
+                # A 'stale' pop did nothing: sent again, with a fresh deadline.
+                pop = functools.partial(
+                    transitions.ids_once, self.backend, keys.chunk_name(name, cursor), "pop", k - len(got),
+                    busy_s=self.busy_deadline_s,
+                )
+                got.extend(transitions.retry_stale(pop, deadline_s=self.busy_deadline_s))
+                if len(got) < k:
+                    seen = cursor
+                    cursor = transitions.list_udf(self.backend, name, "advance", seen, deadline_s=self.busy_deadline_s)
+                    if cursor <= seen:  # the list record is gone
+                        break
+        except AeroqueueError as e:
+            if not got and not held:
+                raise
+            log.warning("ID store pops cut short: the jobs taken so far are claimed", extra={
+                "event": "pops_cut_short", "list": name, "taken": held + len(got), "error": str(e)})
         return got
 
     def _claim(
