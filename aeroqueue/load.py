@@ -54,6 +54,7 @@ from .backends import IN_DOUBT, Backend, Record, retry_in_doubt, wrap
 from .config import MAX_SECONDS
 from .errors import (
     AeroqueueError,
+    BackendError,
     GenerationConflict,
     ListNotFound,
     ListSealed,
@@ -711,11 +712,11 @@ def finish_range(
         chunk: dict[str, Any] = {"ids": real, "due": timed} if timed else {"ids": real}
         if created is not None:
             chunk["c"] = created  # which list of the name wrote it, as on its job records
-        put = functools.partial(lists.backend.put, keys.IDS_SET, keys.chunk_name(name, seq), chunk, create_only=True)
+        create = functools.partial(_write_chunk, lists, name, seq, chunk, create=True)
         try:
-            # Create-only: repeated after a lost answer, a put that landed answers RecordExists.
+            # Create-only: repeated after a lost answer, a create that landed answers RecordExists.
             try:
-                retry_in_doubt(put)
+                create()
             except RecordExists:
                 old = lists.backend.get(keys.IDS_SET, keys.chunk_name(name, seq), bins=["c"])
                 if created is None or old is None or keys.indexed_here(old.bins, created):
@@ -723,7 +724,7 @@ def finish_range(
                 # Left by a loader of a dropped list of this name, fenced out and killed
                 # before it took it back: replaced.
                 _delete_left_by_another(lists, keys.IDS_SET, [keys.chunk_name(name, seq)], created)
-                retry_in_doubt(put)
+                create()
         except RecordExists:
             # The same chunk, written by the loader (it died before publishing, or
             # this is its repeated call) or by a recovery. A recovery's `due` holds
@@ -731,11 +732,53 @@ def finish_range(
             # with a run_at past the load's delay (its gate holds the rest, and a
             # recovery publishes no gate): the recovery's is the one to keep.
             if recovered and timed:
-                retry_in_doubt(functools.partial(
-                    lists.backend.operate, keys.IDS_SET, keys.chunk_name(name, seq), [op.write("due", timed)]))
+                _write_chunk(lists, name, seq, {"due": timed}, create=False)
     out = lists._list_udf(name, "publish", seq, len(real), gate, timed or {}, transitions.SCHED_CAP, created)
     if out["st"] != "ok":
         raise LoadAbandoned(f"list {name!r}: range {seq} is unknown to the list record (was the list dropped?)")
+
+
+def _write_chunk(lists: JobLists, name: str, seq: int, bins: dict[str, Any], *, create: bool) -> None:
+    """Write `bins` into the ID-store chunk of range `seq` (`create`: create-only, so
+    RecordExists if it exists), repeated while in doubt. With a deadline (`InTime`;
+    the embedded store has none, and writes as it always did) the server writes only
+    until then, and past it refuses the whole record (PAST_DEADLINE, nothing written):
+    a write sent to a node that froze and resumed later would otherwise replace the
+    chunk on the live nodes with the result on the node's stale copy, the whole record
+    (README: a frozen node replays the calls it was sent). A create would bring the
+    chunk back full after the loader made it again elsewhere and workers popped it
+    (its IDs handed out again), a recovery's `due` the dead loader's `ids`
+    (tests/multinode/test_chunk_replay.py). A read, not a filter: a filter stops no
+    create. Each attempt gets a fresh deadline; one refused past it was not made, and
+    is repeated for `write_retry_s`."""
+    b, chunk = lists.backend, keys.chunk_name(name, seq)
+    in_time = InTime.of(b)
+    writes = [op.write(k, v) for k, v in bins.items()]
+    if in_time is None:
+        retry_in_doubt(functools.partial(b.put, keys.IDS_SET, chunk, bins, create_only=True) if create else
+                       functools.partial(b.operate, keys.IDS_SET, chunk, writes))
+        return
+    ops = [in_time.op, *writes]
+
+    def attempt() -> None:
+        in_time.refresh()  # a repeat after a lost answer too: the first deadline may have passed
+        b.operate(keys.IDS_SET, chunk, ops, create_only=create)
+
+    give_up = time.monotonic() + lists.write_retry_s
+    while True:
+        try:
+            retry_in_doubt(attempt)
+            return
+        except BackendError as e:
+            if e.code != PAST_DEADLINE:
+                raise
+            if time.monotonic() >= give_up:
+                raise LoadAbandoned(
+                    f"list {name!r}: the ID-store chunk of load range {seq} was refused as past its deadline for "
+                    f"{lists.write_retry_s:g} s (is the store's clock ahead of this host's?); the range stays pending: "
+                    "a later load or `aeroqueue sweep` finishes it"
+                ) from e
+        time.sleep(0.1)
 
 
 def recover(lists: JobLists, name: str) -> int:

@@ -293,14 +293,18 @@ class Backend:
         expression: Any = None,
         ttl: int | None = None,
         update_only: bool = False,
+        create_only: bool = False,
     ) -> Record:
         """Several operations on one record, atomically (aerospike_helpers operations).
         `update_only`: never create it (a filter expression is not applied to a
-        missing record, so a filtered write would create one)."""
+        missing record, so a filtered write would create one); `create_only`:
+        refuse an existing record (RecordExists), as `put`'s."""
         key = self.key(set_name, name)
         policy: dict[str, Any] = {"key": aerospike.POLICY_KEY_SEND}
         if update_only:
             policy["exists"] = aerospike.POLICY_EXISTS_UPDATE
+        if create_only:
+            policy["exists"] = aerospike.POLICY_EXISTS_CREATE
         meta: dict[str, Any] = {}
         if gen is not None:
             policy["gen"] = aerospike.POLICY_GEN_EQ

@@ -532,3 +532,45 @@ def test_job_writes_run_past_their_deadline_create_nothing_and_are_repeated(env,
         assert sorted(j.jid for j in drain_all(queue, other, session)) == sorted(s.jid for s in specs(40))
     finally:
         lists.drop(other)
+
+
+def test_chunk_writes_run_past_their_deadline_write_nothing_and_are_repeated(env, list_name, monkeypatch):
+    """An ID-store chunk's create, and a recovery's write of its `due`, carry the
+    loader's deadline (load._write_chunk): the server refuses them past then (as a
+    node frozen and resumed would run them late, bringing back a chunk popped since:
+    see tests/multinode/test_chunk_replay.py), and they are repeated with a fresh
+    deadline."""
+    b, lists, _, _ = env
+    if b.job_deadline() is None:
+        pytest.skip("the embedded store has no replicas: its chunk writes carry no deadline")
+    real = b.job_deadline
+    past = 1  # Unix ms: a deadline long gone by any clock
+    chunk = keys.chunk_name(list_name, 0)
+    lists.write_retry_s = 0.3
+    try:
+        # Every attempt's deadline past when sent: nothing is written, the write gives up.
+        monkeypatch.setattr(b, "job_deadline", lambda: past)
+        with pytest.raises(errors.LoadAbandoned, match="past its deadline"):
+            load._write_chunk(lists, list_name, 0, {"ids": [0, 1, 2], "c": 7}, create=True)
+        assert b.get(keys.IDS_SET, chunk) is None
+        # Only the first attempt's past: the second, with a fresh deadline, writes it.
+        given: list[int] = []
+        monkeypatch.setattr(b, "job_deadline", lambda: given.append(past if not given else real()) or given[-1])
+        load._write_chunk(lists, list_name, 0, {"ids": [0, 1, 2], "c": 7}, create=True)
+        assert len(given) == 2
+        assert b.get(keys.IDS_SET, chunk).bins == {"ids": [0, 1, 2], "c": 7}
+        with pytest.raises(errors.RecordExists):  # create-only, deadline or not
+            load._write_chunk(lists, list_name, 0, {"ids": [5], "c": 7}, create=True)
+        # A recovery's `due`, the same way; the `ids` popped since stay as they are.
+        b.apply(keys.IDS_SET, chunk, keys.IDS_MOD, "pop", 1, real())
+        monkeypatch.setattr(b, "job_deadline", lambda: past)
+        with pytest.raises(errors.LoadAbandoned, match="past its deadline"):
+            load._write_chunk(lists, list_name, 0, {"due": {2: 5}}, create=False)
+        assert b.get(keys.IDS_SET, chunk).bins == {"ids": [1, 2], "c": 7}
+        given.clear()
+        monkeypatch.setattr(b, "job_deadline", lambda: given.append(past if not given else real()) or given[-1])
+        load._write_chunk(lists, list_name, 0, {"due": {2: 5}}, create=False)
+        assert len(given) == 2
+        assert b.get(keys.IDS_SET, chunk).bins == {"ids": [1, 2], "c": 7, "due": {2: 5}}
+    finally:
+        b.remove(keys.IDS_SET, chunk)

@@ -25,14 +25,13 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import aerospike
-
 from aeroqueue import keys
-from aeroqueue.backends import Backend, client_config, open_backend, retry_in_doubt
-from aeroqueue.config import parse_url
+from aeroqueue.backends import Backend, open_backend, retry_in_doubt
 from aeroqueue.errors import AeroqueueError
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
+
+from .stale import stale_backend
 
 LISTS = ("pg", "pb", "rg", "rb")
 C = 4  # IDs per chunk
@@ -63,8 +62,7 @@ def redo(live: Backend, name: str, c: int) -> list[int] | None:
 def main(url: str, live_url: str, k: int) -> None:
     # Learns the partition map once (no tending for an hour): its calls go to the
     # frozen node, as those of a client that has not learnt yet that it is gone.
-    config = {**client_config(parse_url(url)), "tend_interval": 3_600_000}
-    backend = Backend(aerospike.client(config).connect(), parse_url(url))
+    backend = stale_backend(url)
     in_doubt: dict[str, list[int]] = {}
     live: Backend | None = None
     out: Any

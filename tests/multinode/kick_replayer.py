@@ -26,15 +26,14 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import aerospike
-
 from aeroqueue import keys, transitions
-from aeroqueue.backends import Backend, client_config, open_backend, retry_in_doubt
-from aeroqueue.config import parse_url
+from aeroqueue.backends import Backend, open_backend, retry_in_doubt
 from aeroqueue.errors import AeroqueueError
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.sessions import Session
+
+from .stale import stale_backend
 
 LISTS = ("kg", "kb", "bg", "bb")
 
@@ -60,8 +59,7 @@ def redo(live: Backend, b_id: str, name: str, t: int) -> bool:
 def main(url: str, live_url: str, n: int) -> None:
     # Learns the partition map once (no tending for an hour): its calls go to the
     # frozen node, as those of a client that has not learnt yet that it is gone.
-    config = {**client_config(parse_url(url)), "tend_interval": 3_600_000}
-    backend = Backend(aerospike.client(config).connect(), parse_url(url))
+    backend = stale_backend(url)
     in_doubt: dict[str, list[int]] = {}
     live: Backend | None = None
     b_id = ""

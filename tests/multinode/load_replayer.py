@@ -31,11 +31,13 @@ from aerospike_helpers.batch.records import BatchRecords, Write
 from aerospike_helpers.operations import operations as op
 
 from aeroqueue import keys
-from aeroqueue.backends import Backend, client_config, open_backend, retry_in_doubt
+from aeroqueue.backends import Backend, open_backend, retry_in_doubt
 from aeroqueue.config import parse_url
 from aeroqueue.lists import JobLists
 from aeroqueue.queue import Queue
 from aeroqueue.sessions import Session
+
+from .stale import stale_client
 
 CONTROL_SET = "aq_replay_ctl"
 
@@ -67,7 +69,7 @@ class _Learning:
 def main(url: str, live_url: str, n: int) -> None:
     # As a client that has not learnt yet that node 0 is gone: it learns the map once,
     # here, before the freeze, and never tends again (an hour).
-    stale_client = aerospike.client({**client_config(parse_url(url)), "tend_interval": 3_600_000}).connect()
+    stale = stale_client(url)
     print(json.dumps("ready"), flush=True)
     live: Backend | None = None
     name = "lr"
@@ -81,7 +83,7 @@ def main(url: str, live_url: str, n: int) -> None:
             writes = [Write((live.namespace, CONTROL_SET, key), [op.write("v", "first")],
                             policy={"exists": aerospike.POLICY_EXISTS_CREATE, "key": aerospike.POLICY_KEY_SEND})
                       for key in control]
-            learning = _Learning(stale_client, live.client.raw, writes)
+            learning = _Learning(stale, live.client.raw, writes)
             report = JobLists(Backend(learning, parse_url(url))).load(
                 name, [(f"{name}-j{i}", {"i": i}) for i in range(n)], seal=True, workers=1)
             assert learning.sent_at is not None

@@ -24,10 +24,8 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import aerospike
-
 from aeroqueue import keys, transitions
-from aeroqueue.backends import Backend, client_config, open_backend, retry_in_doubt
+from aeroqueue.backends import Backend, open_backend, retry_in_doubt
 from aeroqueue.config import parse_url
 from aeroqueue.errors import AeroqueueError
 from aeroqueue.lists import JobLists
@@ -36,14 +34,15 @@ from aeroqueue.queue import Job, Queue
 from aeroqueue.sessions import Session
 from aeroqueue.sync.mark import mark
 
+from .stale import stale_backend
+
 LISTS = ("mguard", "mbare")
 MARK = "sync_t_replay"
 
 
 def main(url: str, live_url: str, n: int) -> None:
     # As tests/multinode/replayer.py: this client never learns that the node froze.
-    config = {**client_config(parse_url(url)), "tend_interval": 3_600_000}
-    backend = Backend(aerospike.client(config).connect(), parse_url(url))
+    backend = stale_backend(url)
     # The control: the same client, its marks without a deadline.
     bare = Backend(backend.client, parse_url(url))
     bare.job_deadline = lambda: None  # type: ignore[method-assign]

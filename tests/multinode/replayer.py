@@ -30,16 +30,15 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import aerospike
-
 from aeroqueue import hotpath, keys, transitions
-from aeroqueue.backends import Backend, client_config, open_backend, retry_in_doubt
-from aeroqueue.config import parse_url
+from aeroqueue.backends import Backend, open_backend, retry_in_doubt
 from aeroqueue.errors import AeroqueueError
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Job, Queue
 from aeroqueue.sessions import Session
+
+from .stale import stale_backend
 
 LISTS = ("guarded", "native", "bare")
 # One list record each, a third of them with the frozen node as their master.
@@ -51,8 +50,7 @@ def main(url: str, live_url: str, n: int) -> None:
     # (no tending for an hour): its calls go to the frozen node whenever the test
     # sends them, as those of a client that has not learnt yet that the node is gone
     # (3 to 5 s after the freeze in the failover runs; sooner or later by chance).
-    config = {**client_config(parse_url(url)), "tend_interval": 3_600_000}
-    backend = Backend(aerospike.client(config).connect(), parse_url(url))
+    backend = stale_backend(url)
     a = Session.open(backend, heartbeat=False, interval_s=10, expiry_s=600)
     jobs: dict[str, dict[int, Job]] = {name: {} for name in LISTS}
     in_doubt: dict[str, list[int]] = {}
