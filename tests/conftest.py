@@ -67,10 +67,11 @@ def backend_urls(tmp: Path) -> list[tuple[str, str]]:
 # Given several servers (CI starts two), they are split into one process per
 # server (AEROQUEUE_TEST_SHARD). The rest has stores of its own (embedded files,
 # scratch databases, the multi-node cluster in its network namespace). The embedded
-# store's own tests (tests/embedded, marked embedded_own) are split among the
-# real-server processes too when there are several: they wait less than those, and
-# the multi-node and sync tests' process, their home otherwise, was the run's long pole.
-EMBEDDED_TESTS = Path(__file__).parent / "embedded"
+# store's own tests (tests/embedded, and make demo's, which runs on it alone: marked
+# embedded_own) are split among the real-server processes too when there are several:
+# they wait less than those, and the multi-node and sync tests' process, their home
+# otherwise, was the run's long pole.
+EMBEDDED_TESTS = (Path(__file__).parent / "embedded", Path(__file__).parent / "sync" / "test_demo.py")
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects
@@ -84,7 +85,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         ):
             item.add_marker(pytest.mark.real_server)
             on_server.append(item)
-        elif item.path.is_relative_to(EMBEDDED_TESTS):
+        elif any(item.path.is_relative_to(p) for p in EMBEDDED_TESTS):
             item.add_marker(pytest.mark.embedded_own)
             embedded_own.append(item)
     if SHARD:
