@@ -373,6 +373,12 @@ class ReapReport:
     sessions: int  # expired sessions reaped
     released: int  # claims given back (or sent dead)
     timed_out: int = 0  # claims of live sessions ended past their time limit
+    # Of `sessions`, those whose record this reaper deleted: each dead session's reap is
+    # ended by one reaper, though several may run it (a scan that finds it 'reaping',
+    # mid-way through another's pass, takes it up too). What a worker sweeps after.
+    ended: int = 0
+    # The shortest expiry (ms) among those: what the sweep after the reap counts from.
+    ended_expiry_ms: int = 0
 
 
 def reap(backend: Backend, *, stop: Callable[[], bool] | None = None) -> ReapReport:
@@ -381,11 +387,11 @@ def reap(backend: Backend, *, stop: Callable[[], bool] | None = None) -> ReapRep
     asked between sessions: a worker whose own session was lost exits at once
     instead of finishing others' reaps (each is idempotent: the next reaper
     finishes it)."""
-    sessions = released = 0
+    sessions = released = ended = ended_expiry_ms = 0
     expired = set()
     for session_id, rec in backend.scan(keys.SESS_SET, expression=_EXPIRED):
         if stop is not None and stop():
-            return ReapReport(sessions, released)
+            return ReapReport(sessions, released, ended=ended, ended_expiry_ms=ended_expiry_ms)
         expired.add(session_id)
         if rec.bins.get("state") == "alive":
             try:
@@ -397,7 +403,10 @@ def reap(backend: Backend, *, stop: Callable[[], bool] | None = None) -> ReapRep
         released += release_claims(backend, session_id, refund=False, why="session expired")
         # A process that died may not have written the bits of its last acks.
         recount_session(backend, session_id)
-        backend.remove(keys.SESS_SET, session_id)
+        if backend.remove(keys.SESS_SET, session_id):
+            ended += 1
+            exp = int(rec.bins.get("exp") or 0)
+            ended_expiry_ms = min(ended_expiry_ms, exp) if ended_expiry_ms else exp
         sessions += 1
         log.info("session reaped", extra={"event": "reaped", "session": session_id, "released": released})
     live = [(sid, rec) for sid, rec in backend.scan(keys.SESS_SET, bins=["state", "leases"]) if sid not in expired]
@@ -406,7 +415,7 @@ def reap(backend: Backend, *, stop: Callable[[], bool] | None = None) -> ReapRep
         if stop is not None and stop():
             break
         timed_out += expire_overdue(backend, sid, rec.bins.get("leases"))
-    return ReapReport(sessions, released, timed_out)
+    return ReapReport(sessions, released, timed_out, ended, ended_expiry_ms)
 
 
 # What becomes of a job whose claim timed out, as the reaper's warning says it.

@@ -824,19 +824,30 @@ class Worker:
                     report = reap(self.backend, stop=lambda: session.lost or self._stop_asked())
                     if report.sessions:
                         self.counters.add("reaped", report.sessions)
+                    if report.ended:
                         # A dead reserver may also have taken jobs it never claimed (killed
                         # between a take and its claim): no session holds them, so only a
                         # sweep finds them, up to --sweep-every plus --sweep-grace later
                         # (over 6 minutes by default). Sweep now, and count a job as lost
-                        # once untouched for an expiry: the dead session's last take is
-                        # at least that old, and a live reserver claims within milliseconds
-                        # (a job of one offered anyway is claimed once: the second claim is
-                        # refused, a wasted take, never a double hold).
+                        # once untouched for half the dead session's expiry: its last
+                        # heartbeat is a whole expiry old, and its last take at most a
+                        # heartbeat interval (under half the expiry) younger; a live
+                        # reserver claims within milliseconds (a job of one offered anyway
+                        # is claimed once: the second claim is refused, a wasted take,
+                        # never a double hold). Only the reaper that ended the session:
+                        # every worker whose reap took it up half-done would scan the job
+                        # set too.
                         next_sweep = now
-                        sweep_grace_ms = min(self.sweep_grace_ms, int(self.expiry_s * 1000))
+                        sweep_grace_ms = min(self.sweep_grace_ms, report.ended_expiry_ms // 2)
                     self._release_orphans(session)
                     next_reap = now + self.reap_every_s * random.uniform(0.8, 1.2)
                 if now >= next_sweep:
+                    # One that fails (a scan refused while partitions migrate) runs again
+                    # a reap interval later, its grace kept; not at the next tick: a node
+                    # failure sets off reaps, and so sweeps, in many workers at once, and
+                    # each would scan the job set five times a second until the store
+                    # serves again.
+                    next_sweep = now + min(self.reap_every_s, self.sweep_every_s) * random.uniform(0.8, 1.2)
                     sweep(self.backend, grace_ms=sweep_grace_ms, stop=lambda: session.lost or self._stop_asked())
                     next_sweep = now + self.sweep_every_s * random.uniform(0.8, 1.2)
                     sweep_grace_ms = self.sweep_grace_ms

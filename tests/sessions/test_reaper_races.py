@@ -384,3 +384,26 @@ def test_a_worker_whose_session_is_lost_mid_acknowledgement_offers_the_job_befor
     assert retry == [0], f"retry store {retry} as the worker exited"
     bins = registered.get(keys.JOB_SET, keys.job_name(list_name, 0)).bins
     assert (bins["state"], bins["att"]) == ("queued", 1), bins
+
+
+def test_of_two_reapers_passing_a_dead_session_only_the_one_that_deletes_it_ended_it(registered, monkeypatch):
+    """A reaper whose scan finds a session 'reaping' (another reaper's pass half done)
+    runs the pass too, and both count it reaped. A worker sweeps the whole job set
+    after a reap that ended a session (jobs the dead one took and never claimed), so
+    only the reaper whose delete removed the record says it ended it (`ended`): one
+    scan per dead session, not one per reaper that passed it."""
+    first, second = Session.open(registered, heartbeat=False), Session.open(registered, heartbeat=False)
+    mark_reaping(registered, first.id)  # another reaper took it up...
+    real_recount = sessions.recount_session
+
+    def other_reaper_ends_it(backend: Backend, session_id: str) -> int:
+        if session_id == first.id:
+            registered.remove(keys.SESS_SET, first.id)  # ...and ends its pass while ours runs
+        return real_recount(backend, session_id)
+
+    monkeypatch.setattr(sessions, "recount_session", other_reaper_ends_it)
+    mark_reaping(registered, second.id)  # and one this reaper ends alone
+    report = reap(registered)
+    assert report.sessions >= 2  # the shared server may hold other tests' dead sessions too
+    assert report.ended == report.sessions - 1, report
+    assert registered.get(keys.SESS_SET, first.id) is None and registered.get(keys.SESS_SET, second.id) is None

@@ -22,7 +22,8 @@ from aeroqueue.queue import Job
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 20
-EXPIRY_S = 2.0
+EXPIRY_S = 2.0  # the victim's
+WORKER_EXPIRY_S = 12.0
 
 # The reserver: a session heartbeated by its own thread, one take of 5 tokens, and no
 # claim: it waits there to be killed.
@@ -61,12 +62,14 @@ def test_a_worker_that_reaps_a_reserver_killed_before_its_claim_runs_what_it_too
         victim.wait()
 
     # The defaults for sweeps (every 300 s, jobs untouched for 60 s): only the sweep
-    # that the reap sets off can find the taken jobs in time.
+    # that the reap sets off can find the taken jobs in time. The worker's own expiry
+    # is longer than the victim's: the jobs are younger than it when the first reap
+    # runs (3 to 6 s in), so that sweep finds them only by the dead session's expiry.
     started = time.monotonic()
     worker = subprocess.run(
         [sys.executable, "-m", "aeroqueue", "--url", store_url, "worker", "--handler",
-         "tests.sessions.test_taken_never_claimed:handle", "--list", list_name, "--heartbeat", "0.25",
-         "--expiry", str(EXPIRY_S), "--until-complete", "--log-format", "json"],
+         "tests.sessions.test_taken_never_claimed:handle", "--list", list_name, "--heartbeat", "1",
+         "--expiry", str(WORKER_EXPIRY_S), "--until-complete", "--log-format", "json"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
     )
     took_s = time.monotonic() - started

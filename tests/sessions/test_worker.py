@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -259,3 +260,37 @@ def test_sigterm_while_the_main_thread_holds_the_stop_events_lock_drains(registe
     if how == "cli":
         events = [json.loads(line).get("event") for line in err.splitlines() if line.startswith("{")]
         assert "draining" in events and events[-1] == "stopped", events
+
+
+def test_a_sweep_that_fails_runs_again_a_reap_interval_later_not_at_every_tick(registered, lists, list_name,
+                                                                                monkeypatch):
+    """A sweep that raises (a scan refused while partitions migrate) is tried again
+    after a reap interval. Retried at the maintenance loop's next tick (0.2 s), every
+    worker scanned the job set five times a second for as long as the store failed;
+    and a node's failure sets reaps off, and with them sweeps, in many workers at once."""
+    from aeroqueue import worker as worker_module
+
+    calls: list[float] = []
+
+    def failing_sweep(*_: object, **__: object) -> None:
+        calls.append(time.monotonic())
+        raise errors.BackendError("partition unavailable (a test's sweep)")
+
+    monkeypatch.setattr(worker_module, "sweep", failing_sweep)
+    lists.load(list_name, [JobSpec("j", {})], seal=True)
+    # A sweep due within a second, and reaps every second: the retry's interval.
+    w = fast_worker(registered, lambda job: None, list_name, expiry_s=2.0, interval_s=0.2, reap_every_s=1.0,
+                    sweep_every_s=1.0, until_complete=False)
+    t = threading.Thread(target=w.run, kwargs={"install_signals": False})
+    t.start()
+    try:
+        deadline = time.monotonic() + 30  # a bound, not a measure: two or three seconds
+        while len(calls) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        w.request_stop()
+        t.join(30)
+    assert len(calls) >= 3, calls
+    gaps = [b - a for a, b in itertools.pairwise(calls)]
+    # At least 0.8 s (a reap interval, less its 20% jitter); at every tick they were 0.2 s.
+    assert min(gaps) >= 0.75, gaps
