@@ -32,6 +32,7 @@ elsewhere are not waited for: the jobs behind them are reported as waiting.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import itertools
 import logging
@@ -61,6 +62,7 @@ from .errors import (
     LoadAbandoned,
     LoadError,
     RecordExists,
+    RecordNotFound,
 )
 from .hotpath import SERVER_NOW
 from .loading import RECORD_OVERHEAD, JobSpec, from_iterable
@@ -732,7 +734,9 @@ def finish_range(
             # with a run_at past the load's delay (its gate holds the rest, and a
             # recovery publishes no gate): the recovery's is the one to keep.
             if recovered and timed:
-                _write_chunk(lists, name, seq, {"due": timed}, create=False)
+                # Gone since (the list dropped): the publish below says so.
+                with contextlib.suppress(RecordNotFound):
+                    _write_chunk(lists, name, seq, {"due": timed}, create=False)
     out = lists._list_udf(name, "publish", seq, len(real), gate, timed or {}, transitions.SCHED_CAP, created)
     if out["st"] != "ok":
         raise LoadAbandoned(f"list {name!r}: range {seq} is unknown to the list record (was the list dropped?)")
@@ -740,7 +744,8 @@ def finish_range(
 
 def _write_chunk(lists: JobLists, name: str, seq: int, bins: dict[str, Any], *, create: bool) -> None:
     """Write `bins` into the ID-store chunk of range `seq` (`create`: create-only, so
-    RecordExists if it exists), repeated while in doubt. With a deadline (`InTime`;
+    RecordExists if it exists; else update-only, RecordNotFound if it is gone: a `due`
+    written after a drop would leave a chunk of nothing else), repeated while in doubt. With a deadline (`InTime`;
     the embedded store has none, and writes as it always did) the server writes only
     until then, and past it refuses the whole record (PAST_DEADLINE, nothing written):
     a write sent to a node that froze and resumed later would otherwise replace the
@@ -756,13 +761,13 @@ def _write_chunk(lists: JobLists, name: str, seq: int, bins: dict[str, Any], *, 
     writes = [op.write(k, v) for k, v in bins.items()]
     if in_time is None:
         retry_in_doubt(functools.partial(b.put, keys.IDS_SET, chunk, bins, create_only=True) if create else
-                       functools.partial(b.operate, keys.IDS_SET, chunk, writes))
+                       functools.partial(b.operate, keys.IDS_SET, chunk, writes, update_only=True))
         return
     ops = [in_time.op, *writes]
 
     def attempt() -> None:
         in_time.refresh()  # a repeat after a lost answer too: the first deadline may have passed
-        b.operate(keys.IDS_SET, chunk, ops, create_only=create)
+        b.operate(keys.IDS_SET, chunk, ops, create_only=create, update_only=not create)
 
     give_up = time.monotonic() + lists.write_retry_s
     while True:

@@ -576,3 +576,14 @@ def test_chunk_writes_run_past_their_deadline_write_nothing_and_are_repeated(env
         assert b.get(keys.IDS_SET, chunk).bins == {"ids": [1, 2], "c": 7, "due": {2: 5}}
     finally:
         b.remove(keys.IDS_SET, chunk)
+
+
+def test_a_recoverys_due_write_does_not_bring_back_a_chunk_deleted_since(env, list_name):
+    """The `due` a recovery writes into a chunk that exists (it found RecordExists) is
+    an update: if the chunk is gone by then (the list dropped), it is not made again,
+    holding a `due` and nothing else, left behind by a list that no longer exists."""
+    b, lists, _, _ = env
+    chunk = keys.chunk_name(list_name, 0)
+    with pytest.raises(errors.RecordNotFound):
+        load._write_chunk(lists, list_name, 0, {"due": {2: 5}}, create=False)
+    assert b.get(keys.IDS_SET, chunk) is None
