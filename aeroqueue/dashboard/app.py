@@ -4,7 +4,9 @@ Pages: the lists with progress bars and counts, the live sessions with their
 last heartbeat, the dead jobs of each list with their errors, and one job's
 detail. While a node does not answer, the pages show what the others hold and
 name what could not be read (data.PageReads): a partial page is a 200 with a
-``#partial`` notice whose ``data-unread`` names the parts not read. Actions (POST only, each form carrying a CSRF token checked by
+``#partial`` notice whose ``data-unread`` names the parts not read. An open page
+whose refresh gets an error (a 503: nothing answered) keeps what it shows and says
+since when, in ``#stale`` (dashboard.js). Actions (POST only, each form carrying a CSRF token checked by
 Flask-WTF): pause or resume a list, kick one dead job, kick all dead jobs of a
 list. ``read_only`` hides the buttons and refuses the POSTs (403).
 

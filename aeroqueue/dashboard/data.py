@@ -11,12 +11,14 @@ The page views' reads are bounded in time (`Backend.bounded_reads`): a frozen or
 unreachable store makes a page a quick error (503), not a 30 s wait. The actions
 are not: a kick's walk of a big list may take longer than a page view's scan.
 
-A frozen node of several holds only some records, yet every scan needs every
-node: the overview (`Store.overview`) reads each part on its own (`PageReads`),
-shows those that answered, and names those that did not, as a scrape does
-(aeroqueue.metrics): once a read has not answered in time, the view's other
-reads get short limits within a budget. Only a view of which nothing answered
-is an error.
+A frozen node of several holds only some records, yet every scan and every
+index query needs every node: the overview (`Store.overview`) reads each part on
+its own (`PageReads`), shows those that answered, and names those that did not,
+as a scrape does (aeroqueue.metrics): once a read has not answered in time, the
+view's other reads get short limits within a budget. The scans of the list set
+and of the sessions show the records the other nodes handed over; a session
+whose claims (an index query) did not answer is shown without them. Only a view
+of which nothing answered is an error.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from typing import Any, TypeVar
 from aerospike_helpers import expressions as xp
 
 from .. import keys
-from ..backends import Backend
+from ..backends import Backend, Record
 from ..errors import BackendError, BackendTimeout, ClusterChanging, JobNotFound, ListNotFound
 from ..lists import DROPPED, JobLists, ListStatus, is_tombstone
 
@@ -59,10 +61,14 @@ UNANSWERED = (BackendTimeout, ClusterChanging)
 AFTER_TIMEOUT_MS = 100
 AFTER_TIMEOUT_SCAN_MS = 1000
 AFTER_TIMEOUT_BUDGET_S = 2.0
-# A scan that timed out is not tried again by the views of the next SCAN_RETRY_S:
-# every scan needs every node, so while one is frozen each attempt waits out the
-# scan's limit (5 s), and the page refreshes every few seconds. Meanwhile the
-# lists found before are read, and the sessions are shown as not read.
+# After a scan that timed out, the views of the next SCAN_RETRY_S give their scans
+# and index queries the short limits (AFTER_TIMEOUT_SCAN_MS) from the start: every
+# scan needs every node, so while one is frozen each attempt at the full limit
+# waits out the scan's 5 s, and the page refreshes every few seconds. They are
+# still tried, for what the other nodes hold (the sessions, the lists), and a scan
+# that answers whole ends the wait: the page is whole again at the first view
+# after the node is back. Only an attempt at the full limit starts the wait again
+# (a healthy scan slower than the short limit is not held to it for good).
 SCAN_RETRY_S = 10.0
 
 T = TypeVar("T")
@@ -107,7 +113,7 @@ class SessionRow:
     started: int | None
     beat: int | None
     expiry_ms: int
-    claims: int
+    claims: int | None  # None: not read (its index query did not answer in time)
     leased: int = 0  # jobs of its leases not yet settled (acked ones count until their batch is)
 
     def beat_age_s(self, now_ms: int) -> float | None:
@@ -219,15 +225,20 @@ class PageReads:
         self.last_error: BackendError | None = None  # the last `read`'s, if it did not answer
         self._budget_end: float | None = None
 
-    def read(self, part: str, fn: Callable[[], T]) -> T | None:
-        """fn()'s answer, or None (and `part` noted unread) if the store did not answer."""
+    def read(self, part: str, fn: Callable[[], T], *, short: bool = False) -> T | None:
+        """fn()'s answer, or None (and `part` noted unread) if the store did not answer.
+        `short`: with the short limits even before a read of this view timed out (a
+        scan or index query while an earlier view's scan timed out: SCAN_RETRY_S)."""
         now = time.monotonic()
         self.last_error = None
         if self._budget_end is not None and now >= self._budget_end:
             self.unread.append(part)
             return None
         try:
-            if self._budget_end is None:
+            if self._budget_end is None and short:
+                with self.backend.bounded_reads(record_ms=AFTER_TIMEOUT_MS, scan_ms=AFTER_TIMEOUT_SCAN_MS):
+                    out = fn()
+            elif self._budget_end is None:
                 with self.backend.bounded_reads():
                     out = fn()
             else:
@@ -252,15 +263,6 @@ class PageReads:
             log.warning(f"{part}: not read; the page's other reads get {AFTER_TIMEOUT_MS} ms each",
                         extra={"event": "page_partial", "error": str(error)})
 
-    def skipped(self, part: str, error: BackendError | None = None) -> None:
-        """`part` not tried (a scan that timed out a moment ago, with `error`)."""
-        self.unread.append(part)
-        # The view's error if nothing else fails: a view that read nothing at all (no
-        # list known yet, its scans waiting) is then the 503 of a store not answering,
-        # not an empty 200 that looks like a store without lists.
-        if self.error is None:
-            self.error = error
-
 
 @dataclass
 class Overview:
@@ -269,6 +271,7 @@ class Overview:
     lists: list[ListRow | UnreadRow]
     lists_whole: bool  # the scan of the list set answered: no list may be missing
     sessions: list[SessionRow] | None  # None: not read
+    sessions_whole: bool  # their scan answered: no session may be missing
     dead: list[JobView]
     dead_unread: list[str]  # the lists whose dead jobs were not read
     unread: list[str]
@@ -278,6 +281,11 @@ class Overview:
     @property
     def partial(self) -> bool:
         return bool(self.unread)
+
+    @property
+    def claims_unread(self) -> list[SessionRow]:
+        """The sessions shown whose claims were not read."""
+        return [s for s in self.sessions or [] if s.claims is None]
 
 
 class Store:
@@ -289,7 +297,6 @@ class Store:
         self._lock = threading.Lock()
         self._known: set[str] = set()  # the lists the views have found
         self._scan_again_at = float("-inf")  # after a scan that timed out (SCAN_RETRY_S)
-        self._scan_error: BackendError | None = None  # that scan's
 
     # -- the overview --------------------------------------------------------------
 
@@ -324,27 +331,20 @@ class Store:
         # The latest deaths first: with many lists, the ones shown are those an
         # operator opens the page for, not those of the lists first by name.
         dead.sort(key=lambda job: (job.last_error.at or 0) if job.last_error else 0, reverse=True)
-        sessions = self._scanned(reads, "sessions", self.sessions)
-        return Overview(rows, whole, sessions, dead[:dead_shown], dead_unread, reads.unread, reads.answered, reads.error)
+        sessions, sessions_whole = self._sessions(reads)
+        return Overview(rows, whole, sessions, sessions_whole, dead[:dead_shown], dead_unread, reads.unread,
+                        reads.answered, reads.error)
 
     def _list_names(self, reads: PageReads) -> tuple[list[str], bool]:
         """The lists to show, and whether that is all of them (the scan answered)."""
-        def scan() -> tuple[list[tuple[str, Any]], BackendError | None]:
-            recs, error = self.backend.scan_answered(keys.LIST_SET, bins=["mode", DROPPED])
-            if error is not None and (not recs or not isinstance(error, UNANSWERED)):
-                raise error  # nothing answered (or not for want of a node): as any read's error
-            return recs, error
-
-        got = self._scanned(reads, "the list of lists", scan)
+        got = self._scanned(reads, "the list of lists", keys.LIST_SET, ["mode", DROPPED])
         with self._lock:
             known = set(self._known)
         if got is None:
             return sorted(known), False
-        recs, error = got
+        recs, whole = got
         found = {name for name, rec in recs if not is_tombstone(rec.bins)}
-        if error is not None:  # some nodes answered: their lists, and those found before
-            reads.failed("the list of lists", error)
-            self._scan_failed(error)
+        if not whole:  # some nodes answered: their lists, and those found before
             with self._lock:
                 self._known |= found
             return sorted(found | known), False
@@ -352,25 +352,63 @@ class Store:
             self._known = set(found)
         return sorted(found), True
 
-    def _scanned(self, reads: PageReads, part: str, scan: Callable[[], T]) -> T | None:
-        """A part read by a scan, unless one timed out in the last SCAN_RETRY_S."""
-        with self._lock:
-            held = time.monotonic() < self._scan_again_at
-            error = self._scan_error
-        if held:
-            reads.skipped(part, error)
+    def _sessions(self, reads: PageReads) -> tuple[list[SessionRow] | None, bool]:
+        """The sessions to show (None: none read), and whether that is all of them:
+        those the nodes that answered the scan hold, each with its claims where
+        their index query answered (a query needs every node too)."""
+        got = self._scanned(reads, "sessions", keys.SESS_SET, None)
+        if got is None:
+            return None, False
+        recs, whole = got
+        short = self._scans_held()
+        rows = []
+        # A record that migrates during the scan may come twice (`scan_answered`): one row each.
+        for sid, rec in dict(recs).items():
+            claims = reads.read(f"claims of session {sid[:12]}", functools.partial(self._claims, sid), short=short)
+            if reads.last_error is not None and not short:
+                self._scan_failed(reads.last_error)  # a query needs every node, as a scan does
+                short = True
+            rows.append(_session_row(sid, rec.bins, claims))
+        return _sessions_order(rows), whole
+
+    def _scanned(
+        self, reads: PageReads, part: str, set_name: str, bins: list[str] | None,
+    ) -> tuple[list[tuple[str, Record]], bool] | None:
+        """The records of a small set that the nodes handed over (`Backend.scan_answered`)
+        and whether that is all of them, or None if none answered; `part` is named
+        unread unless all answered. While a scan timed out in the last SCAN_RETRY_S,
+        with the short limits."""
+        def scan() -> tuple[list[tuple[str, Record]], BackendError | None]:
+            recs, error = self.backend.scan_answered(set_name, bins=bins)
+            if error is not None and (not recs or not isinstance(error, UNANSWERED)):
+                raise error  # nothing answered (or not for want of a node): as any read's error
+            return recs, error
+
+        held = self._scans_held()
+        got = reads.read(part, scan, short=held)
+        if got is None:  # nothing answered, or not tried (the view's budget spent)
+            if reads.last_error is not None and not held:
+                self._scan_failed(reads.last_error)
             return None
-        out = reads.read(part, scan)
-        if reads.last_error is not None:
-            self._scan_failed(reads.last_error)
-        return out
+        recs, error = got
+        if error is not None:  # some nodes answered: their records
+            reads.failed(part, error)
+            if not held:
+                self._scan_failed(error)
+            return recs, False
+        with self._lock:
+            self._scan_again_at = float("-inf")  # answered whole: the node is back
+        return recs, True
+
+    def _scans_held(self) -> bool:
+        with self._lock:
+            return time.monotonic() < self._scan_again_at
 
     def _scan_failed(self, error: BackendError) -> None:
         # Only a timeout is worth waiting out: a cluster that is changing refuses at once.
         if isinstance(error, BackendTimeout):
             with self._lock:
                 self._scan_again_at = time.monotonic() + SCAN_RETRY_S
-                self._scan_error = error
 
     # -- reads ---------------------------------------------------------------------
 
@@ -391,17 +429,14 @@ class Store:
 
     @_bounded
     def sessions(self) -> list[SessionRow]:
-        rows = []
-        for sid, rec in self.backend.scan(keys.SESS_SET):
-            b = rec.bins
-            claims = len(self.backend.find(keys.JOB_SET, "sess", sid, expression=_CLAIMED, bins=["state"]))
-            leased = sum(len(toks) for lease in (b.get("leases") or {}).values() for _, _, toks in lease[2])
-            rows.append(SessionRow(
-                id=sid, state=str(b.get("state", "?")), host=str(b.get("host", "")), pid=b.get("pid"),
-                started=b.get("started"), beat=b.get("beat"), expiry_ms=int(b.get("exp") or 0), claims=claims,
-                leased=leased,
-            ))
-        return sorted(rows, key=lambda r: (r.host, r.started or 0, r.id))
+        """Every session with its claims, or an error if any did not answer (the
+        overview reads them part by part: `_sessions`)."""
+        return _sessions_order([_session_row(sid, rec.bins, self._claims(sid))
+                                for sid, rec in self.backend.scan(keys.SESS_SET)])
+
+    def _claims(self, sid: str) -> int:
+        """How many jobs a session holds claimed (the secondary index on ``sess``)."""
+        return len(self.backend.find(keys.JOB_SET, "sess", sid, expression=_CLAIMED, bins=["state"]))
 
     @_bounded
     def dead_jobs(self, name: str, limit: int = DEAD_PAGE) -> list[JobView]:
@@ -442,6 +477,19 @@ class Store:
 
     def kick_all(self, name: str) -> int:
         return self.lists.kick(name)
+
+
+def _session_row(sid: str, b: dict[str, Any], claims: int | None) -> SessionRow:
+    leased = sum(len(toks) for lease in (b.get("leases") or {}).values() for _, _, toks in lease[2])
+    return SessionRow(
+        id=sid, state=str(b.get("state", "?")), host=str(b.get("host", "")), pid=b.get("pid"),
+        started=b.get("started"), beat=b.get("beat"), expiry_ms=int(b.get("exp") or 0), claims=claims,
+        leased=leased,
+    )
+
+
+def _sessions_order(rows: list[SessionRow]) -> list[SessionRow]:
+    return sorted(rows, key=lambda r: (r.host, r.started or 0, r.id))
 
 
 def dead_tokens(backend: Backend, name: str, alloc: int, limit: int) -> list[int]:

@@ -11,8 +11,9 @@
                                                          GET the URLs (Host: HOST) at once when served, with the asd
                                                          PID stopped meanwhile if given: status, body, seconds each
     python -m tests.multinode.agent frozen-view URL PID LISTS URL...
-                                                         SIGSTOP asd PID; GET the URLs at once, then each again;
-                                                         which of LISTS (comma-separated) a client can read; SIGCONT
+                                                         open sessions (left open); SIGSTOP asd PID; GET the URLs
+                                                         at once, then each again; which of LISTS (comma-separated)
+                                                         and of the sessions a client can read; SIGCONT
 """
 
 from __future__ import annotations
@@ -160,35 +161,62 @@ def http(specs: list[str]) -> dict[str, Any]:
             os.kill(stopped, signal.SIGCONT)
 
 
+# Sessions on 3 nodes: some on the frozen one, and some not but for 1 run in 20,000.
+FROZEN_VIEW_SESSIONS = 9
+
+
 def frozen_view(url: str, pid: int, names: list[str], specs: list[str]) -> dict[str, Any]:
     """With the asd `pid` stopped: GET each of `specs` at once (their first views of
     the frozen node), then again (the views after), and read each list's status as a
     client can (within `Backend.bounded_reads`): the lists whose records the frozen
-    node does not hold. The asd is resumed after, whatever happens."""
+    node does not hold; the same of FROZEN_VIEW_SESSIONS sessions opened before the
+    freeze, and left open (no heartbeat) for the pages after. The asd is resumed
+    after, whatever happens."""
     import os
     import signal
     from concurrent.futures import ThreadPoolExecutor
+
+    from aeroqueue.sessions import Session
 
     backend = open_backend(url)  # connected, partition map known, before the freeze
     lists = JobLists(backend)
     for name in names:
         lists.status(name)
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        with ThreadPoolExecutor(len(specs)) as pool:
-            first = list(pool.map(_get, specs))
-            again = list(pool.map(_get, specs))
-        readable = []
+    sessions = [Session.open(backend, heartbeat=False).id for _ in range(FROZEN_VIEW_SESSIONS)]
+
+    def readable() -> tuple[list[str], list[str]]:
+        names_read, sessions_read = [], []
         for name in names:
             try:
                 with backend.bounded_reads():
                     lists.status(name)
-                readable.append(name)
+                names_read.append(name)
             except AeroqueueError:
                 pass
+        for sid in sessions:
+            try:
+                with backend.bounded_reads():
+                    backend.get(keys.SESS_SET, sid)
+                sessions_read.append(sid)
+            except AeroqueueError:
+                pass
+        return names_read, sessions_read
+
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with ThreadPoolExecutor(len(specs) + 1) as pool:
+            # Read while the first views are served, the same moments of the freeze:
+            # read after the views, 10 s into it, the client read none of the sessions
+            # and 2 of the 5 lists those views had shown.
+            reads = pool.submit(readable)
+            first = list(pool.map(_get, specs))
+            readable_lists, readable_sessions = reads.result()
+            again = list(pool.map(_get, specs))
     finally:
         os.kill(pid, signal.SIGCONT)
-    return {"first": first, "again": again, "readable": readable}
+    return {"first": first, "again": again, "readable": readable_lists, "sessions": sessions,
+            "readable_sessions": readable_sessions}
+
 
 
 def _get(url: str, host: str | None = None, wait_s: float = 60.0) -> dict[str, Any]:

@@ -194,3 +194,121 @@ def test_the_live_page_shows_a_partial_view_and_clears_it(
         severe = [e for e in browser.get_log("browser") if e.get("level") == "SEVERE"]
         browser.get("about:blank")
     assert not severe, f"the browser reported errors: {severe}"
+
+
+def test_the_live_page_shows_the_sessions_that_answered_and_clears_the_notice(
+    browser: Any, registered: Backend, list_name: str, monkeypatch: pytest.MonkeyPatch,
+    screenshot_dir: Callable[[str], Path] | None,
+) -> None:
+    """A node stops answering while the overview is open: the next refresh shows the
+    sessions the other nodes hold (it showed none: "Sessions: unavailable"), those
+    whose claims were not read marked '?', and the section's notice; once the node
+    answers again, the notice goes and the counts come back."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from tests.observe.test_dashboard_partial import Frozen
+
+    lists, queue = JobLists(registered), Queue(registered)
+    lists.load(list_name, [JobSpec(f"a{i}", i) for i in range(5)], seal=True)
+    near, far = Session.open(registered, heartbeat=False), Session.open(registered, heartbeat=False)
+    try:
+        queue.reserve(list_name, near, 2)
+        queue.reserve(list_name, far, 1)
+        frozen = Frozen(registered, monkeypatch, set(), sessions={far.id})  # far's record is on the frozen node
+        browser.get("about:blank")
+        browser.get_log("browser")
+
+        def claims(drv: Any) -> dict[str, str]:
+            # In one script: the page refreshes every 0.5 s, replacing the rows.
+            return dict(drv.execute_script(
+                "return [...document.querySelectorAll('tr.session-row')]"
+                ".map((tr) => [tr.querySelector('td.mono').title, tr.querySelectorAll('td.num')[1].textContent.trim()]);"))
+
+        with serving(create_app(registered, secret_key="browser-test", refresh_s=0.5)) as base:
+            browser.get(f"{base}/")
+            wait_text(browser, f'tr.session-row td.mono[title="{far.id}"]', far.id[:12])
+            got = claims(browser)
+            assert (got[near.id], got[far.id]) == ("2", "1"), got
+            frozen.on = True
+            wait_text(browser, '[data-part="sessions"]', "may be incomplete")
+            wait_text(browser, "#partial", "Partial view")
+            WebDriverWait(browser, 10).until(lambda drv: claims(drv).get(near.id) == "?", "near's claims stayed shown")
+            got = claims(browser)
+            assert far.id not in got, got
+            if screenshot_dir:
+                browser.save_screenshot(str(screenshot_dir("partial-sessions")))
+
+            frozen.on = False
+            WebDriverWait(browser, 10).until(
+                lambda drv: not drv.find_elements("css selector", '#partial, [data-part="sessions"], [data-part="claims"]'),
+                "the notice stayed")
+            WebDriverWait(browser, 10).until(lambda drv: claims(drv).get(far.id) == "1", "far never came back")
+            assert claims(browser)[near.id] == "2"
+            severe = [e for e in browser.get_log("browser") if e.get("level") == "SEVERE"]
+            browser.get("about:blank")
+        assert not severe, f"the browser reported errors: {severe}"
+    finally:
+        near.close()
+        far.close()
+
+
+def test_the_live_page_says_when_its_counts_are_not_refreshed(
+    browser: Any, registered: Backend, list_name: str, monkeypatch: pytest.MonkeyPatch,
+    screenshot_dir: Callable[[str], Path] | None,
+) -> None:
+    """Nothing answers while the overview is open: each refresh gets a 503. The page
+    keeps the counts it shows, and says they are not live and since when (it kept
+    them quietly, looking live); once the store answers, the notice goes."""
+    import re
+
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from tests.observe.test_dashboard_partial import Frozen
+
+    JobLists(registered).load(list_name, [JobSpec(f"a{i}", i) for i in range(3)], seal=True)
+    frozen = Frozen(registered, monkeypatch, None)
+    browser.get("about:blank")
+    browser.get_log("browser")
+
+    def stale(drv: Any) -> str | None:
+        """The notice's text while it is shown, else None."""
+        return drv.execute_script(  # type: ignore[no-any-return]
+            "const p = document.getElementById('stale'); return p && !p.hidden && p.offsetParent ? p.textContent : null;")
+
+    app = create_app(registered, secret_key="browser-test", refresh_s=0.5)
+    inner, served = app.wsgi_app, [0]
+
+    def counted(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ["PATH_INFO"] == "/":
+            served[0] += 1
+        return inner(environ, start_response)
+
+    app.wsgi_app = counted  # type: ignore[method-assign]
+    with serving(app) as base:
+        browser.get(f"{base}/")
+        wait_text(browser, f'tr.list-row[data-list="{list_name}"]', list_name)
+        assert stale(browser) is None
+        frozen.on = True
+        WebDriverWait(browser, 10).until(stale, "no notice of the failed refreshes")
+        text = stale(browser)
+        assert text is not None and "Store not answering" in text and "timeout" in text, text
+        as_of = re.search(r"counts as of (\d\d:\d\d:\d\d)\.$", text)
+        assert as_of, text
+        # The counts stay, with the notice; the time is that of the last refresh that
+        # answered, not of each that failed: three more fail, over a second or more.
+        failed = served[0]
+        WebDriverWait(browser, 10).until(lambda drv: served[0] >= failed + 3, "the page stopped refreshing")
+        again = stale(browser)
+        assert again is not None and again.endswith(f"counts as of {as_of.group(1)}."), (text, again)
+        assert list_name in browser.find_element("css selector", f'tr.list-row[data-list="{list_name}"]').text
+        colour = browser.execute_script("return getComputedStyle(document.getElementById('stale')).backgroundColor")
+        assert colour == "rgb(251, 239, 213)", colour  # styled as the partial notice
+        if screenshot_dir:
+            browser.save_screenshot(str(screenshot_dir("stale")))
+
+        frozen.on = False
+        WebDriverWait(browser, 10).until(lambda drv: stale(drv) is None, "the notice stayed")
+        severe = [e for e in browser.get_log("browser") if e.get("level") == "SEVERE"
+                  and "503" not in e.get("message", "")]  # the failed refreshes' own
+        browser.get("about:blank")
+    assert not severe, f"the browser reported errors: {severe}"

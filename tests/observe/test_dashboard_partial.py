@@ -17,6 +17,7 @@ from flask import Flask
 
 from aeroqueue import keys
 from aeroqueue.backends import Backend
+from aeroqueue.backends.base import BOUNDED_SCAN_MS
 from aeroqueue.dashboard import create_app
 from aeroqueue.dashboard import data as dashboard_data
 from aeroqueue.errors import BackendTimeout
@@ -35,11 +36,17 @@ def timed_out(what: str) -> BackendTimeout:
 
 class Frozen:
     """What a frozen node does to the store's reads, for the records it holds: the
-    lists in `lists` (their header; None: every record), the scans (all of them),
-    the index queries."""
+    lists in `lists` (their header; None: every record) and the sessions in
+    `sessions`, the scans (all of them), the index queries (each, or those of
+    the sessions in `queries` if it is a set)."""
 
-    def __init__(self, backend: Backend, monkeypatch: pytest.MonkeyPatch, lists: set[str] | None) -> None:
+    def __init__(
+        self, backend: Backend, monkeypatch: pytest.MonkeyPatch, lists: set[str] | None,
+        sessions: set[str] = frozenset(), queries: bool | set[str] = True,
+    ) -> None:
         self.lists = lists
+        self.sessions = sessions
+        self.queries = queries
         self.scans: list[str] = []
         self.on = False
         real_status, real_scan, real_scan_answered, real_find = (
@@ -62,13 +69,13 @@ class Frozen:
                 return recs, error
             self.scans.append(set_name)
             # The other nodes hand over their records; the frozen one's never come.
-            held = [] if self.lists is None else [(n, r) for n, r in recs if n not in self.lists]
+            held = [] if self.lists is None else [(n, r) for n, r in recs if n not in self.lists | self.sessions]
             return held, timed_out(f"scan on {set_name}")
 
-        def find(*args: Any, **kw: Any) -> Any:
-            if self.on:
-                raise timed_out("query")
-            return real_find(*args, **kw)
+        def find(set_name: str, bin_name: str, value: str, **kw: Any) -> Any:
+            if self.on and (self.queries is True or (isinstance(self.queries, set) and value in self.queries)):
+                raise timed_out(f"query on {set_name} where {bin_name} = {value}")
+            return real_find(set_name, bin_name, value, **kw)
 
         monkeypatch.setattr(JobLists, "status", status)
         monkeypatch.setattr(backend, "scan", scan)
@@ -113,6 +120,22 @@ def unread(page: str) -> list[str]:
     return found.group(1).split("; ") if found else []
 
 
+def unread_parts(page: str) -> set[str]:
+    """The parts named not read, but the claims of sessions: on a shared server
+    those of the sessions other tests left are named too."""
+    return {part for part in unread(page) if not part.startswith("claims of session ")}
+
+
+def session_claims(page: str) -> dict[str, str]:
+    """Each session row's claims, by session id: the count, or '?' where not read."""
+    out = {}
+    for body in re.findall(r'<tr class="session-row"[^>]*>(.*?)</tr>', page, re.S):
+        sid = re.search(r'<td class="mono" title="([^"]+)">', body)
+        _pid, claims, _leased = re.findall(r'<td class="num[^"]*"[^>]*>([^<]*)</td>', body)
+        out[sid.group(1) if sid else "?"] = claims
+    return out
+
+
 def _budget_for_every_list(monkeypatch: pytest.MonkeyPatch) -> None:
     """The view reads every list of the store within the budget that starts at its
     first timeout (test_after_a_timeout_the_views_reads_are_short_and_scans_wait is
@@ -133,7 +156,7 @@ def test_a_node_that_does_not_answer_costs_the_overview_only_what_it_holds(
     whole = page_text(client.get("/"))  # the dashboard has seen every list once
     assert unread(whole) == [] and 'id="partial"' not in whole
     assert row_numbers(whole, frozen_name) == ["3", "3", "0", "0", "0", "0"]
-    assert session.id[:12] in whole
+    assert session_claims(whole)[session.id] == "0"
 
     frozen = Frozen(registered, monkeypatch, {frozen_name})
     frozen.on = True
@@ -145,18 +168,20 @@ def test_a_node_that_does_not_answer_costs_the_overview_only_what_it_holds(
     assert row_numbers(page, c) == ["5", "3", "0", "0", "2", "0"]
     assert "RuntimeError: job 1 broke" in page  # the dead jobs of a list that answered
     # What did not, named: the frozen node's list (found by the earlier view), the
-    # list of lists (its scan needs every node), the sessions (theirs too).
+    # list of lists (its scan needs every node), the sessions (theirs too), and the
+    # claims of the session the other nodes handed over (its index query needs every node).
     assert row_numbers(page, frozen_name) is None
     assert re.search(rf'<tr class="list-row unread" data-list="{re.escape(frozen_name)}">.*?not read', page, re.S)
-    assert set(unread(page)) == {"the list of lists", f"list {frozen_name}", "sessions"}, unread(page)
-    assert "Sessions: unavailable — a node did not answer" in page and session.id[:12] not in page
+    assert unread_parts(page) == {"the list of lists", f"list {frozen_name}", "sessions"}, unread(page)
+    assert f"claims of session {session.id[:12]}" in unread(page)
+    assert "Sessions: may be incomplete — a node did not answer" in page and session_claims(page)[session.id] == "?"
     assert "The list of lists may be incomplete" in page
 
     frozen.on = False  # the node answers again: so does the whole page
     again = page_text(client.get("/"))
     assert unread(again) == [] and "unread" not in again
     assert row_numbers(again, frozen_name) == ["3", "3", "0", "0", "0", "0"]
-    assert session.id[:12] in again
+    assert session_claims(again)[session.id] == "0" and "may be incomplete" not in again
 
 
 def test_a_dashboard_that_never_saw_the_lists_shows_those_the_other_nodes_hold(
@@ -174,16 +199,18 @@ def test_a_dashboard_that_never_saw_the_lists_shows_those_the_other_nodes_hold(
     assert row_numbers(page, a) == ["4", "2", "0", "0", "0", "2"]
     assert row_numbers(page, c) == ["5", "3", "0", "0", "2", "0"]
     assert frozen_name not in page  # never seen, on no node that answered
-    assert set(unread(page)) == {"the list of lists", "sessions"}
+    assert unread_parts(page) == {"the list of lists", "sessions"}
 
 
-def test_after_a_timeout_the_views_reads_are_short_and_scans_wait(
+def test_after_a_timeout_the_views_reads_are_short_and_so_are_the_scans_until_one_answers(
     app: Flask, registered: Backend, three_lists: tuple[list[str], Session], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """After the first read that timed out, the view's other reads get a short limit
     within a budget (a frozen node costs a view one limit and the budget, not one
-    limit per part), and a scan that timed out is not tried again by the views of
-    the next SCAN_RETRY_S (each attempt would wait out the scan's 5 s)."""
+    limit per part). The views of the next SCAN_RETRY_S give their scans the short
+    limit from the start (at the full one each would wait out the scan's 5 s), yet
+    still try them: for what the other nodes hold, and so that the first view after
+    the node is back is whole (they were skipped: whole again only 10 s later)."""
     names, session = three_lists
     client = app.test_client()
     client.get("/")
@@ -191,46 +218,126 @@ def test_after_a_timeout_the_views_reads_are_short_and_scans_wait(
     frozen.on = True
     clock = [1000.0]
     monkeypatch.setattr(dashboard_data.time, "monotonic", lambda: clock[0])
-    # The short limit, made long enough for a loaded machine's healthy reads: what is
-    # checked is that the later reads get it, not how fast they are.
+    # The short limits, made long enough for a loaded machine's healthy reads: what is
+    # checked is that the reads get them, not how fast they are.
     monkeypatch.setattr(dashboard_data, "AFTER_TIMEOUT_MS", 1500)
+    monkeypatch.setattr(dashboard_data, "AFTER_TIMEOUT_SCAN_MS", 1700)
+    _budget_for_every_list(monkeypatch)  # the clock stands still here: only the test's own budget runs out
     spy = ReadSpy(registered.client)
     monkeypatch.setattr(registered, "client", spy)
+    full_scan = BOUNDED_SCAN_MS
 
-    def record_limits() -> list[int | None]:
-        return [ms for call, _, ms in spy.seen if call in ("get", "select", "batch_read")]
+    def limits(*calls: str) -> list[int | None]:
+        return [ms for call, _, ms in spy.seen if call in calls]
 
+    records = ("get", "select", "batch_read")
     assert client.get("/").status_code == 200
-    assert record_limits() and set(record_limits()) == {1500}, record_limits()  # the list set's scan timed out first
-    assert frozen.scans == [keys.LIST_SET], "the sessions' scan waits for the next try"
+    # The list set's scan, in full, timed out first; every read after it is short.
+    assert limits("scan") == [full_scan, 1700], limits("scan")
+    assert limits(*records) and set(limits(*records)) == {1500}, limits(*records)
+    assert frozen.scans == [keys.LIST_SET, keys.SESS_SET]
 
     spy.seen.clear()
     clock[0] += dashboard_data.SCAN_RETRY_S - 1
-    page = page_text(client.get("/"))  # no scan yet: the lists found before
-    assert frozen.scans == [keys.LIST_SET]
+    page = page_text(client.get("/"))  # within SCAN_RETRY_S: scanned, with the short limit at once
+    assert frozen.scans == [keys.LIST_SET, keys.SESS_SET] * 2
+    assert limits("scan") == [1700, 1700], limits("scan")
+    assert set(limits(*records)) == {1500}, limits(*records)
     assert row_numbers(page, names[0]) == ["4", "2", "0", "0", "0", "2"]
-    assert set(unread(page)) == {"the list of lists", f"list {names[1]}", "sessions"}
-    limits = record_limits()
-    assert limits[0] == 1000 and limits[-1] == 1500, limits  # the first read in full, after its timeout short
+    assert unread_parts(page) == {"the list of lists", f"list {names[1]}", "sessions"}
+    assert session_claims(page)[session.id] == "?"  # handed over by the nodes that answered
 
+    spy.seen.clear()
     clock[0] += 2
-    client.get("/")  # the retry is due: scanned again, still failing
-    assert frozen.scans == [keys.LIST_SET] * 2
+    client.get("/")  # SCAN_RETRY_S since the full scan: in full again, still failing (held again)
+    assert limits("scan") == [full_scan, 1700], limits("scan")
 
-    monkeypatch.setattr(dashboard_data, "AFTER_TIMEOUT_BUDGET_S", 0.0)  # spent at once: nothing more is read
+    spy.seen.clear()
+    clock[0] += 1
+    frozen.on = False  # the node answers again, within SCAN_RETRY_S: the next view is whole
     page = page_text(client.get("/"))
-    # By name, the frozen list is read last of the three: the two before it answered;
-    # after it, nothing more is read (the dead jobs come after the counts).
-    assert row_numbers(page, names[0]) is not None and row_numbers(page, names[2]) is not None
+    assert limits("scan") == [1700, full_scan], limits("scan")  # the first answered whole: the wait is over
+    assert unread(page) == [] and session_claims(page)[session.id] == "0"
+    assert [row_numbers(page, n) is not None for n in names] == [True] * 3
+
+    frozen.on = True
+    client.get("/")  # frozen again: the full scan times out, and the views after scan short
+    monkeypatch.setattr(dashboard_data, "AFTER_TIMEOUT_BUDGET_S", 0.0)  # spent at once: nothing more is read
+    clock[0] += dashboard_data.SCAN_RETRY_S - 1
+    page = page_text(client.get("/"))
+    # The list set's scan (short, and failing) is the view's first read: after it,
+    # no list is read, each one named.
+    assert [row_numbers(page, n) for n in names] == [None] * 3
+    assert {f"list {n}" for n in names} | {"the list of lists", "sessions"} <= set(unread(page))
+
+
+def test_the_dead_jobs_of_a_list_that_do_not_answer_are_named_on_the_overview(
+    app: Flask, registered: Backend, three_lists: tuple[list[str], Session], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    names, _ = three_lists
+    _budget_for_every_list(monkeypatch)
+    real_batch_get = registered.batch_get
+
+    def batch_get(set_name: str, *args: Any, **kw: Any) -> Any:
+        if set_name == keys.JOB_SET:
+            raise timed_out("batch read of aq_job")
+        return real_batch_get(set_name, *args, **kw)
+
+    monkeypatch.setattr(registered, "batch_get", batch_get)
+    page = page_text(app.test_client().get("/"))
+    assert row_numbers(page, names[0]) == ["4", "2", "0", "0", "0", "2"]
     assert f"dead jobs of {names[0]}" in unread(page)
     notice = re.search(r'data-part="dead jobs">Dead jobs of ([^<]*): not read', page)
     assert notice and names[0] in notice.group(1).split(", ")
 
-    frozen.on = False
-    clock[0] += dashboard_data.SCAN_RETRY_S
-    page = page_text(client.get("/"))
-    assert unread(page) == [] and session.id[:12] in page
-    assert [row_numbers(page, n) is not None for n in names] == [True] * 3
+
+def test_the_sessions_section_shows_the_sessions_and_claims_that_answered(
+    app: Flask, registered: Backend, list_name: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The sessions section while a node does not answer: the sessions the other
+    nodes hand over are shown, each with its claims where their index query
+    answered; what was not read is named, in the section and in the notice. It
+    was all or nothing: "Sessions: unavailable" for one session not read."""
+    lists, queue = JobLists(registered), Queue(registered)
+    lists.load(list_name, [JobSpec(f"j{i}", i) for i in range(6)], seal=True)
+    near, far, slow = (Session.open(registered, heartbeat=False) for _ in range(3))
+    try:
+        for session, n in ((near, 2), (far, 1), (slow, 3)):
+            assert len(queue.reserve(list_name, session, n)) == n
+        monkeypatch.setattr(dashboard_data, "SCAN_RETRY_S", 0.0)  # the scans are tried in full at every view
+        _budget_for_every_list(monkeypatch)
+        client = app.test_client()
+        whole = page_text(client.get("/"))
+        assert unread(whole) == []
+        assert [session_claims(whole)[s.id] for s in (near, far, slow)] == ["2", "1", "3"]
+
+        # `far`'s record is on the frozen node; the query for `slow`'s claims times out.
+        frozen = Frozen(registered, monkeypatch, set(), sessions={far.id}, queries={slow.id})
+        frozen.on = True
+        resp = client.get("/")
+        assert resp.status_code == 200
+        page = page_text(resp)
+        claims = session_claims(page)
+        assert claims[near.id] == "2" and claims[slow.id] == "?", claims
+        assert far.id not in claims and far.id[:12] not in page
+        assert unread_parts(page) == {"the list of lists", "sessions"}, unread(page)
+        assert f"claims of session {slow.id[:12]}" in unread(page)
+        assert f"claims of session {near.id[:12]}" not in unread(page)
+        assert "Sessions: may be incomplete" in page and "Claims of 1 session(s): not read" in page
+        assert row_numbers(page, list_name) == ["6", "0", "0", "6", "0", "0"]  # the rest of the page as it is
+
+        frozen.queries = True  # an index query needs every node: none answers
+        page = page_text(client.get("/"))
+        claims = session_claims(page)
+        assert claims[near.id] == claims[slow.id] == "?" and "Claims of 2 session(s)" in page
+
+        frozen.on = False
+        again = page_text(client.get("/"))
+        assert unread(again) == [] and "may be incomplete" not in again and 'data-part="claims"' not in again
+        assert [session_claims(again)[s.id] for s in (near, far, slow)] == ["2", "1", "3"]
+    finally:
+        for session in (near, far, slow):
+            session.close()
 
 
 def test_a_store_of_which_nothing_answers_is_an_error(
@@ -267,9 +374,9 @@ def test_a_store_of_which_nothing_answers_stays_an_error_while_its_scans_wait(
     app: Flask, registered: Backend, three_lists: tuple[list[str], Session], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Started while nothing answers: no list known yet. The views after the first,
-    whose scans wait (SCAN_RETRY_S), read nothing at all; they were a 200 'Partial
-    view' showing no list, as if the store were empty, and not the 503 every other
-    view of a store that does not answer is."""
+    whose scans get the short limit (SCAN_RETRY_S), read nothing at all; they were a
+    200 'Partial view' showing no list, as if the store were empty, and not the 503
+    every other view of a store that does not answer is."""
     Frozen(registered, monkeypatch, None).on = True
     client = app.test_client()
     assert client.get("/").status_code == 503

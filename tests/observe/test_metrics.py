@@ -478,6 +478,10 @@ class ReadSpy:
                 spy.note("query", policy)
                 return query.results(policy, *more)
 
+            def foreach(self, callback: Any, policy: dict[str, Any] | None = None, *more: Any) -> Any:
+                spy.note("scan", policy)  # Backend.scan_answered's
+                return query.foreach(callback, policy, *more)
+
         return Query()
 
 

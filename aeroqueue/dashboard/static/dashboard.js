@@ -16,6 +16,21 @@
     return sel && !sel.isCollapsed;
   }
 
+  // While the refreshes fail, the counts shown are those of the last one that did
+  // not: say so, with their time, rather than show them as if they were live.
+  const stale = document.getElementById("stale");
+  let shownAt = new Date();
+
+  function clock(date) {
+    return [date.getHours(), date.getMinutes(), date.getSeconds()].map((n) => String(n).padStart(2, "0")).join(":");
+  }
+
+  function notAnswered(why) {
+    if (!stale) return;
+    stale.textContent = why + ": counts as of " + clock(shownAt) + ".";
+    stale.hidden = false;
+  }
+
   // One refresh at a time: while the store is slow to answer (a frozen node holds a
   // scan for 30 s) the timer would otherwise stack a request every few seconds,
   // each holding a server thread, and an older answer could land after a newer one.
@@ -26,15 +41,33 @@
     pending = true;
     try {
       const resp = await fetch(window.location.href, { headers: { Accept: "text/html" }, cache: "no-store" });
-      if (!resp.ok) return;
+      if (!resp.ok) {
+        // 503: the store did not answer (a page of which nothing could be read); the
+        // error page's message says what failed. What is shown stays, marked stale.
+        notAnswered(resp.status === 503
+          ? "Store not answering (" + errorOf(await resp.text()) + ")"
+          : "Not refreshed: the dashboard answered HTTP " + resp.status);
+        return;
+      }
       const doc = new DOMParser().parseFromString(await resp.text(), "text/html");
       const fresh = doc.getElementById("live");
-      if (fresh && !busy()) live.innerHTML = fresh.innerHTML;
+      if (fresh && !busy()) {
+        live.innerHTML = fresh.innerHTML;
+        shownAt = new Date();
+        if (stale) stale.hidden = true;
+      }
     } catch (e) {
-      // The dashboard or the store is unreachable for a moment: keep what is shown.
+      // The dashboard is unreachable (stopped, or the network): keep what is shown, marked stale.
+      notAnswered("Dashboard not answering");
     } finally {
       pending = false;
     }
+  }
+
+  function errorOf(text) {
+    const doc = new DOMParser().parseFromString(text, "text/html");
+    const message = doc.querySelector(".error-page p");
+    return message && message.textContent.trim() ? message.textContent.trim() : "HTTP 503";
   }
 
   if (every > 0) window.setInterval(refresh, every * 1000);
