@@ -13,7 +13,7 @@ IDS_SET = "aq_ids"  # "<list>/<chunk>": ID store chunks
 SESS_SET = "aq_sess"  # "<session id>": heartbeat session
 DONE_SET = "aq_done"  # "<list>/<chunk>": completion bitmaps (bins done, dead; void: tokens that hold no job)
 JIDX_SET = "aq_jidx"  # "<list>/<jid>": job id -> token, the commit point of a load
-LOCK_SET = "aq_lock"  # "<name>": a lease (owner, host, pid, ttl_ms); a sync's is "sync:<target>"
+LOCK_SET = "aq_lock"  # "<name>": a lease (owner, host, pid, ttl_ms); a sync's is "sync:<target>"; SWEEP_GATE
 SYNC_SET = "aq_sync"  # "<run>/<partition>": a running sync task's progress (lists: copied per list); "clock/<id>"
 # The time to live of every aq_sync record (none in a namespace that refuses TTLs:
 # nsup-period 0, `sync.mark.put_sync_record`): each is removed by the process that
@@ -26,6 +26,13 @@ LIST_MOD = "aq_list_v1"
 JOB_MOD = "aq_job_v1"
 IDS_MOD = "aq_ids_v1"
 SESS_MOD = "aq_sess_v1"
+
+# The workers' sweep gate, in LOCK_SET: its last update is when the last regular sweep of
+# the store began, by the server's clock (`sessions.claim_sweep`); bins: the winner's
+# sess, host and pid, for an operator. Versioned as the modules are: a release that
+# changes what it means names another, so that during an upgrade the workers of each
+# release keep their own (two sweeps an interval at worst), never misreading the other's.
+SWEEP_GATE = "sweep_v1"
 
 SESS_INDEX = "aq_job_sess"  # secondary index on aq_job.sess: a session's claims
 

@@ -25,8 +25,13 @@
 - The sweeper (``aeroqueue sweep``, and rarely inside workers) catches what
   slipped through: jobs taken from the token store but never claimed, claims
   of sessions that no longer exist, and load ranges whose loader died.
-  Every worker sweeps, so sweeps overlap: a job is offered again only by the
-  sweep that wrote its record while it was as that sweep's scan read it.
+  The store is swept about every ``--sweep-every`` by one of its workers, the
+  one that wins the sweep gate (`claim_sweep`): not once per worker, so the
+  cost of the scan does not grow with the number of workers. Sweeps may still
+  overlap (the sweep a reaper runs after ending a session, ``aeroqueue sweep``,
+  a long sweep still running when the next begins): a job is offered again
+  only by the sweep that wrote its record while it was as that sweep's scan
+  read it.
 """
 
 from __future__ import annotations
@@ -55,8 +60,11 @@ from .errors import (
     BackendError,
     BackendTimeout,
     ConfigError,
+    FilteredOut,
     GenerationConflict,
     ListNotFound,
+    RecordBusy,
+    RecordNotFound,
     SessionLost,
 )
 from .lists import JobLists, backoff_of
@@ -581,6 +589,48 @@ class SweepReport:
     ranges: int  # load ranges of dead loaders, finished
 
 
+def claim_sweep(backend: Backend, every_s: float, holder: str, *, gate: str = keys.SWEEP_GATE) -> bool:
+    """Whether this worker runs the store's regular sweep now: True when it won the
+    sweep gate, which it does only if the last regular sweep of the store (by any
+    worker) began `every_s` or more ago, by the server's clock. One atomic write on
+    one record: the record's last update is the start of the last sweep, and a write
+    filtered on its age lands for one of the workers that race for it, refused
+    (FilteredOut) for the others. A missing gate (a new store, or truncated) is not
+    filtered: the first write creates it, and the next one finds it too young.
+
+    No TTL is involved (a namespace may refuse them: nsup-period 0). A winner that dies
+    mid-sweep (or stops: its sweep ends early) leaves that interval's sweep undone: the
+    next one runs an interval later, as it would with that worker alone. A claim whose
+    answer is in doubt raises (the worker tries again a reap interval later, losing if
+    it had landed: one sweep skipped). A frozen node that replays the write later (README:
+    a frozen node replays the calls it was sent) moves the gate forward (one sweep
+    skipped), and one that resumes as a second master may let a second worker win
+    (one sweep added): the sweep is safe to run twice, and no deadline is needed."""
+    try:
+        backend.operate(
+            keys.LOCK_SET, gate,
+            [op.write("sess", holder), op.write("host", socket.gethostname()[:200]), op.write("pid", os.getpid())],
+            expression=xp.GE(xp.SinceUpdateTime(), int(every_s * 1000)).compile(),
+        )
+    except FilteredOut:
+        return False
+    except RecordBusy:
+        # Others are writing the gate at this very moment: one of them wins it.
+        return False
+    return True
+
+
+def sweep_gate_wait(backend: Backend, every_s: float, *, gate: str = keys.SWEEP_GATE) -> float:
+    """Seconds until the sweep gate opens for a worker that sweeps every `every_s`
+    (0: open now): the rest of that interval since the last sweep began, by the
+    server's clock (the gate record's age, as `claim_sweep` measures it)."""
+    try:
+        rec = backend.operate(keys.LOCK_SET, gate, [eo.expression_read("since", xp.SinceUpdateTime().compile())])
+    except RecordNotFound:
+        return 0.0
+    return max(0.0, every_s - rec.bins["since"] / 1000)
+
+
 def _any_of(exprs: list[Any]) -> Any:
     return exprs[0] if len(exprs) == 1 else xp.Or(*exprs)
 
@@ -721,8 +771,9 @@ FENCE_BATCH = 5000  # job records fenced a batch call
 
 def _fence(backend: Backend, jobs: list[_Found], room: int) -> list[int]:
     """The tokens of at most `room` of `jobs` this sweep may offer again: those whose
-    record it wrote while still as its scan read it (same generation). Every worker
-    sweeps, and two sweeps that scan at the same moment find the same lost jobs.
+    record it wrote while still as its scan read it (same generation). Sweeps overlap
+    (the workers' regular one, one a reap set off, `aeroqueue sweep`, a frozen node's
+    replay of the sweep gate), and two that scan at the same moment find the same lost jobs.
     Pushed by both, each job's claim refuses the second copy on a consistent store,
     but while a node rejoins two masters may each admit one claim (test_failover saw
     a job run and acknowledged twice that way): the fence narrows that, not closes it.

@@ -60,7 +60,15 @@ from .observe import NULL_OBSERVER, WorkerObserver
 from .queue import Job, Queue, Retry
 from .results import ResultNotStorable, storable_result
 from .selection import DEFAULT_BACKOFF_MAX_S, DEFAULT_REFRESH_S, ListArg, ListSelector, parse_lists
-from .sessions import DEFAULT_EXPIRY_S, DEFAULT_INTERVAL_S, Session, reap, sweep
+from .sessions import (
+    DEFAULT_EXPIRY_S,
+    DEFAULT_INTERVAL_S,
+    Session,
+    claim_sweep,
+    reap,
+    sweep,
+    sweep_gate_wait,
+)
 
 log = logging.getLogger("aeroqueue.worker")
 
@@ -803,6 +811,14 @@ class Worker:
         next_check = time.monotonic()  # --until-complete: status reads every bitmap, so not every tick
         next_sweep = time.monotonic() + self.sweep_every_s * random.uniform(0.5, 1.0)
         sweep_grace_ms = self.sweep_grace_ms
+        # The regular sweep is the store's, not this worker's: it runs only once this
+        # worker wins the sweep gate (`claim_sweep`), so the store is swept about every
+        # --sweep-every whatever the number of workers. Until `gate_held` (monotonic) a
+        # sweep that failed after winning runs again without asking the gate (it closed
+        # for this interval when this worker won it). `targeted`: the sweep after a
+        # reap that ended a session, which asks no gate.
+        gate_held = 0.0
+        targeted = False
         lists = JobLists(self.backend)
         while not self._stopping.wait(min(0.2, self.reap_every_s)):
             if self._signalled:
@@ -839,6 +855,7 @@ class Worker:
                         # set too.
                         next_sweep = now
                         sweep_grace_ms = min(self.sweep_grace_ms, report.ended_expiry_ms // 2)
+                        targeted = True
                     self._release_orphans(session)
                     next_reap = now + self.reap_every_s * random.uniform(0.8, 1.2)
                 if now >= next_sweep:
@@ -848,9 +865,23 @@ class Worker:
                     # each would scan the job set five times a second until the store
                     # serves again.
                     next_sweep = now + min(self.reap_every_s, self.sweep_every_s) * random.uniform(0.8, 1.2)
-                    sweep(self.backend, grace_ms=sweep_grace_ms, stop=lambda: session.lost or self._stop_asked())
-                    next_sweep = now + self.sweep_every_s * random.uniform(0.8, 1.2)
-                    sweep_grace_ms = self.sweep_grace_ms
+                    ours = targeted or now < gate_held
+                    if not ours:
+                        ours = claim_sweep(self.backend, self.sweep_every_s, session.id)
+                        if ours:
+                            gate_held = now + self.sweep_every_s
+                        else:
+                            # Another worker's sweep began less than an interval ago: try
+                            # again once the gate opens, spread over a fifth of an interval
+                            # so that the losers do not all reach the gate record at once.
+                            wait = sweep_gate_wait(self.backend, self.sweep_every_s)
+                            next_sweep = now + wait + self.sweep_every_s * random.uniform(0.0, 0.2)
+                    if ours:
+                        sweep(self.backend, grace_ms=sweep_grace_ms, stop=lambda: session.lost or self._stop_asked())
+                        next_sweep = now + self.sweep_every_s * random.uniform(0.8, 1.2)
+                        sweep_grace_ms = self.sweep_grace_ms
+                        gate_held = 0.0
+                        targeted = False
                 if self.until_complete and now >= next_check:
                     # At most a second after the last job: not the reap interval (half
                     # the expiry), which kept a worker with --expiry 60 idle for 30 s.

@@ -63,7 +63,7 @@ from .observe_cmd import METRICS_TRUSTED_HELP
         help="Where handlers run: in the worker's threads (a handler past its time limit is abandoned, and a new "
              "thread takes its place), or one child process per thread (killed past the time limit).")
 @option("--drain-timeout", env="DRAIN_TIMEOUT", type=seconds(0), default=30.0, help="Seconds to finish in-flight jobs on SIGTERM/SIGINT before releasing them.")
-@option("--sweep-every", env="SWEEP_EVERY", type=seconds(1), default=300.0, help="Seconds between sweeps inside the worker.")
+@option("--sweep-every", env="SWEEP_EVERY", type=seconds(1), default=300.0, help="Seconds between sweeps of the store, run by one of its workers (not by each).")
 @option("--sweep-grace", env="SWEEP_GRACE", type=seconds(0), default=60.0, help="Seconds a job must have been untouched before the sweeper counts it as stuck.")
 @option("--until-complete", env="UNTIL_COMPLETE", is_flag=True,
         help="Exit once every list is complete (sealed, and each of its jobs done or dead: a list loaded without --seal waits for `aeroqueue seal`, and the worker says so); with a pattern, once it matches at least one list and every list it matches is complete.")

@@ -1,0 +1,119 @@
+"""The regular sweep is the store's, not each worker's: one worker at a time wins the
+sweep gate (`sessions.claim_sweep`), so the job set is scanned about once per
+--sweep-every whatever the number of workers. Without it, 100 workers on a million
+jobs scanned the store every 3 s. On both stores."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Any
+
+from aeroqueue import keys
+from aeroqueue import worker as worker_module
+from aeroqueue.backends import open_backend
+from aeroqueue.loading import JobSpec
+from aeroqueue.sessions import SweepReport, claim_sweep, sweep_gate_wait
+from aeroqueue.worker import EXIT_OK, Worker
+
+THREADS = 8
+TRIES = 20  # claims each thread sends in a round
+
+
+def _race(store_url: str, gate: str, every_s: float) -> list[str]:
+    """THREADS threads, each on a connection of its own as separate workers are, all
+    claiming the gate TRIES times as fast as they can: the holders of the wins."""
+    backends = [open_backend(store_url) for _ in range(THREADS)]
+    start = threading.Barrier(THREADS)
+    wins: list[str] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def claimer(i: int) -> None:
+        try:
+            start.wait(10)
+            for _ in range(TRIES):
+                if claim_sweep(backends[i], every_s, f"t{i}", gate=gate):
+                    with lock:
+                        wins.append(f"t{i}")
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=claimer, args=(i,)) for i in range(THREADS)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        for b in backends:
+            b.close()
+    assert not errors, errors
+    return wins
+
+
+def test_the_sweep_gate_is_won_once_an_interval_under_concurrency(registered, store_url):
+    gate = f"test-{uuid.uuid4().hex[:12]}"  # not the workers' gate: another test's workers never touch it
+    every_s = 2.0
+    try:
+        # A missing gate is created by one claim; the others find it too young.
+        first = _race(store_url, gate, every_s)
+        assert len(first) == 1, f"{len(first)} winners of one interval: {first}"
+        rec = registered.get(keys.LOCK_SET, gate)
+        assert rec is not None and rec.gen == 1 and rec.bins["sess"] == first[0], rec
+        # Closed for the rest of the interval, by the server's clock.
+        wait = sweep_gate_wait(registered, every_s, gate=gate)
+        assert 0 < wait <= every_s, wait
+        time.sleep(wait + 0.05)
+        # Open again: one winner again, out of THREADS * TRIES claims.
+        second = _race(store_url, gate, every_s)
+        assert len(second) == 1, f"{len(second)} winners of one interval: {second}"
+        assert registered.get(keys.LOCK_SET, gate).gen == 2
+    finally:
+        registered.remove(keys.LOCK_SET, gate)
+
+
+WORKERS = 5
+EVERY_S = 1.0
+RUN_S = 5.0
+
+
+def test_workers_sweep_the_store_about_once_an_interval_not_once_each(registered, store_url, lists, list_name,
+                                                                       monkeypatch):
+    """WORKERS workers sweeping every second, for RUN_S seconds: a sweep gated per store
+    runs about RUN_S times in all (at most one a second, by the gate's own check; a
+    reap that ends some other test's dead session on the shared server adds one); a
+    sweep per worker ran about WORKERS * RUN_S times (25 here)."""
+    real_sweep = worker_module.sweep
+    swept: list[float] = []
+    count_lock = threading.Lock()
+
+    def counting_sweep(*args: Any, **kwargs: Any) -> SweepReport:
+        with count_lock:
+            swept.append(time.monotonic())
+        return real_sweep(*args, **kwargs)
+
+    monkeypatch.setattr(worker_module, "sweep", counting_sweep)
+    lists.load(list_name, [JobSpec("j", {})], seal=True)
+    backends = [open_backend(store_url) for _ in range(WORKERS)]
+    workers = [
+        Worker(b, lambda job: None, [list_name], interval_s=0.2, expiry_s=2.0, idle_s=0.05, sweep_every_s=EVERY_S)
+        for b in backends
+    ]
+    codes: list[int] = []
+    threads = [threading.Thread(target=lambda w=w: codes.append(w.run(install_signals=False))) for w in workers]
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(RUN_S)
+    finally:
+        for w in workers:
+            w.request_stop()
+        for t in threads:
+            t.join(30)
+        for b in backends:
+            b.close()
+    assert codes == [EXIT_OK] * WORKERS, codes
+    # Wide margins: about 5 expected, 25 without the gate.
+    assert 2 <= len(swept) <= 9, f"{len(swept)} sweeps by {WORKERS} workers in {RUN_S:g} s, every {EVERY_S:g} s"
