@@ -41,7 +41,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .acks import DEFAULT_LINGER_S, AckBatcher
@@ -299,6 +299,62 @@ _COUNTER_OF = {
     "done": "done", "retry": "retried", "delayed": "retried", "dead": "dead", "snoozed": "snoozed", "lost": "lost",
     "unacked": "unacked", "timed_out": "timed_out",
 }
+
+
+@dataclass(frozen=True)
+class _SweepRun:
+    """A sweep the worker started: what for, and (once ended) whether it failed."""
+
+    grace_ms: int
+    targeted: bool  # the sweep after a reap that ended a session (no gate)
+    failed: bool = False
+
+
+class _Sweeper:
+    """One sweep at a time, in a thread of its own. A sweep scans the job set of every
+    unfinished list, seconds on a big store; in the maintenance thread it held back
+    the renewals of prefetched jobs' time limits, the handlers' watchdog and the
+    reaps meanwhile (seen: a worker's prefetched jobs timed out, behind a sweep after
+    a reap on a store full of other lists' jobs)."""
+
+    def __init__(self, backend: Backend, stop: Callable[[], bool]) -> None:
+        self.backend, self._stop = backend, stop
+        self._thread: threading.Thread | None = None
+        self._run: _SweepRun | None = None  # the last one started
+        self._ended: _SweepRun | None = None  # one that ended and was not asked about yet
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, run: _SweepRun) -> None:
+        self._run = run
+        self._thread = threading.Thread(target=self._sweep, args=(run,), name="aeroqueue-sweep", daemon=True)
+        self._thread.start()
+
+    def ended(self) -> _SweepRun | None:
+        """The sweep that ended since the last ask (its `failed` set), once."""
+        if self.busy:
+            return None
+        out, self._ended = self._ended, None
+        return out
+
+    def _sweep(self, run: _SweepRun) -> None:
+        failed = True
+        try:
+            sweep(self.backend, grace_ms=run.grace_ms, stop=self._stop)
+            failed = False
+        except AeroqueueError as e:
+            log.warning("maintenance failed", extra={"event": "maintenance_failed", "error": str(e)})
+        except Exception:
+            log.exception("sweep failed", extra={"event": "maintenance_failed"})
+        finally:
+            self._ended = replace(run, failed=failed)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Wait for a sweep under way (its `stop` says yes by now: it ends early)."""
+        if self._thread is not None:
+            self._thread.join(timeout_s)
 
 
 class Worker:
@@ -806,7 +862,18 @@ class Worker:
             self.observer.outcome(job.list, "unacked")
 
     def _maintain(self, session: Session) -> None:
-        """Reap and sweep on their schedules until told to stop."""
+        """Reap and sweep on their schedules until told to stop; a sweep under way is
+        stopped (it ends early: the next one does the rest) and waited for."""
+        lists = JobLists(self.backend)
+        ended = threading.Event()
+        sweeper = _Sweeper(self.backend, stop=lambda: ended.is_set() or session.lost or self._stop_asked())
+        try:
+            self._maintenance_loop(session, lists, sweeper)
+        finally:
+            ended.set()
+            sweeper.close()
+
+    def _maintenance_loop(self, session: Session, lists: JobLists, sweeper: _Sweeper) -> None:
         next_reap = time.monotonic() + self.reap_every_s * random.uniform(0.5, 1.0)
         next_check = time.monotonic()  # --until-complete: status reads every bitmap, so not every tick
         next_sweep = time.monotonic() + self.sweep_every_s * random.uniform(0.5, 1.0)
@@ -819,7 +886,6 @@ class Worker:
         # reap that ended a session, which asks no gate.
         gate_held = 0.0
         targeted = False
-        lists = JobLists(self.backend)
         while not self._stopping.wait(min(0.2, self.reap_every_s)):
             if self._signalled:
                 self.request_stop()
@@ -858,13 +924,19 @@ class Worker:
                         targeted = True
                     self._release_orphans(session)
                     next_reap = now + self.reap_every_s * random.uniform(0.8, 1.2)
-                if now >= next_sweep:
-                    # One that fails (a scan refused while partitions migrate) runs again
-                    # a reap interval later, its grace kept; not at the next tick: a node
-                    # failure sets off reaps, and so sweeps, in many workers at once, and
-                    # each would scan the job set five times a second until the store
-                    # serves again.
-                    next_sweep = now + min(self.reap_every_s, self.sweep_every_s) * random.uniform(0.8, 1.2)
+                done = sweeper.ended()
+                if done is not None and done.failed:
+                    # One that failed (a scan refused while partitions migrate) runs again
+                    # a reap interval later, for what it was for (its grace; the gate it
+                    # won, still held); not at the next tick: a node failure sets off
+                    # reaps, and so sweeps, in many workers at once, and each would scan
+                    # the job set five times a second until the store serves again.
+                    next_sweep = min(next_sweep, now + min(self.reap_every_s, self.sweep_every_s) * random.uniform(0.8, 1.2))
+                    sweep_grace_ms = min(sweep_grace_ms, done.grace_ms)
+                    targeted = targeted or done.targeted
+                elif done is not None and not done.targeted:
+                    gate_held = 0.0
+                if now >= next_sweep and not sweeper.busy:
                     ours = targeted or now < gate_held
                     if not ours:
                         ours = claim_sweep(self.backend, self.sweep_every_s, session.id)
@@ -877,10 +949,9 @@ class Worker:
                             wait = sweep_gate_wait(self.backend, self.sweep_every_s)
                             next_sweep = now + wait + self.sweep_every_s * random.uniform(0.0, 0.2)
                     if ours:
-                        sweep(self.backend, grace_ms=sweep_grace_ms, stop=lambda: session.lost or self._stop_asked())
+                        sweeper.start(_SweepRun(sweep_grace_ms, targeted))
                         next_sweep = now + self.sweep_every_s * random.uniform(0.8, 1.2)
                         sweep_grace_ms = self.sweep_grace_ms
-                        gate_held = 0.0
                         targeted = False
                 if self.until_complete and now >= next_check:
                     # At most a second after the last job: not the reap interval (half

@@ -294,3 +294,51 @@ def test_a_sweep_that_fails_runs_again_a_reap_interval_later_not_at_every_tick(r
     gaps = [b - a for a, b in itertools.pairwise(calls)]
     # At least 0.8 s (a reap interval, less its 20% jitter); at every tick they were 0.2 s.
     assert min(gaps) >= 0.75, gaps
+
+
+def test_a_long_sweep_does_not_hold_back_the_reaps_and_renewals(registered, lists, list_name, monkeypatch):
+    """A sweep scans the job set of every unfinished list: seconds on a big store. Run
+    in the maintenance thread, it held back the reaps, the renewals of prefetched jobs'
+    time limits and the handlers' watchdog meanwhile (seen in a one-server test run:
+    a worker's prefetched jobs timed out behind a sweep). The sweep runs in a thread of
+    its own; when the worker stops, a sweep under way is told to stop, and waited for."""
+    from aeroqueue import worker as worker_module
+
+    sweeping = threading.Event()
+    stopped_early = threading.Event()
+    reaps: list[float] = []
+
+    def slow_sweep(_backend, *, grace_ms: int, stop) -> None:
+        sweeping.set()
+        give_up = time.monotonic() + 20
+        while time.monotonic() < give_up:  # as a scan asks `stop` every 256 records
+            if stop():
+                stopped_early.set()
+                return
+            time.sleep(0.05)
+
+    real_reap = worker_module.reap
+
+    def counted_reap(*args, **kw):
+        if sweeping.is_set():
+            reaps.append(time.monotonic())
+        return real_reap(*args, **kw)
+
+    monkeypatch.setattr(worker_module, "sweep", slow_sweep)
+    monkeypatch.setattr(worker_module, "reap", counted_reap)
+    lists.load(list_name, [JobSpec("j", {})], seal=True)
+    w = fast_worker(registered, lambda job: None, list_name, expiry_s=2.0, interval_s=0.2, reap_every_s=0.3,
+                    sweep_every_s=0.5, until_complete=False)
+    t = threading.Thread(target=w.run, kwargs={"install_signals": False})
+    t.start()
+    try:
+        assert sweeping.wait(30), "no sweep began"
+        deadline = time.monotonic() + 15  # a bound, not a measure: a second or two
+        while len(reaps) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        w.request_stop()
+        t.join(30)
+    assert not t.is_alive()
+    assert len(reaps) >= 3, f"reaps while the sweep ran: {reaps}"
+    assert stopped_early.is_set(), "the sweep under way was told to stop when the worker stopped"
