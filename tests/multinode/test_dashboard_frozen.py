@@ -31,6 +31,7 @@ import pytest
 from tests.cluster import Cluster
 from tests.multinode.conftest import agent, in_namespace
 from tests.multinode.test_observe_frozen import get, serve, stop
+from tests.observe.test_dashboard_partial import session_claims, unread
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -55,21 +56,6 @@ def rows(page: str) -> dict[str, list[str] | None]:
     for cls, name, body in re.findall(r'<tr class="list-row( unread)?" data-list="([^"]+)">(.*?)</tr>', page, re.S):
         out[name] = None if cls else re.findall(r'<td class="num[^"]*">([\d,]+)</td>', body)
     return out
-
-
-def session_claims(page: str) -> dict[str, str]:
-    """Each session row's claims, by session id: the count, or '?' where not read."""
-    out = {}
-    for body in re.findall(r'<tr class="session-row"[^>]*>(.*?)</tr>', page, re.S):
-        sid = re.search(r'<td class="mono" title="([^"]+)">', body)
-        _pid, claims, _leased = re.findall(r'<td class="num[^"]*"[^>]*>([^<]*)</td>', body)
-        out[sid.group(1) if sid else "?"] = claims
-    return out
-
-
-def unread(page: str) -> list[str]:
-    found = re.search(r'id="partial"[^>]*data-unread="([^"]*)"', page)
-    return found.group(1).split("; ") if found else []
 
 
 def test_a_frozen_node_costs_the_overview_only_what_it_holds(

@@ -7,6 +7,8 @@ import json
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -17,6 +19,7 @@ from aeroqueue.sessions import Session
 from aeroqueue.worker import EXIT_OK, EXIT_SESSION_LOST, Worker, load_handler, process_one, run_job
 from tests.conftest import mark_reaping
 from tests.sessions import signal_tripwire
+from tests.waiting import wait_for
 
 
 def fast_worker(backend, handler, list_name, **kw) -> Worker:
@@ -262,6 +265,19 @@ def test_sigterm_while_the_main_thread_holds_the_stop_events_lock_drains(registe
         assert "draining" in events and events[-1] == "stopped", events
 
 
+@contextmanager
+def running(w: Worker) -> Iterator[None]:
+    """`w` runs in a thread for the block; then it is asked to stop, and has stopped."""
+    t = threading.Thread(target=w.run, kwargs={"install_signals": False})
+    t.start()
+    try:
+        yield
+    finally:
+        w.request_stop()
+        t.join(30)
+    assert not t.is_alive(), "the worker did not stop"
+
+
 def test_a_sweep_that_fails_runs_again_a_reap_interval_later_not_at_every_tick(registered, lists, list_name,
                                                                                 monkeypatch):
     """A sweep that raises (a scan refused while partitions migrate) is tried again
@@ -281,15 +297,8 @@ def test_a_sweep_that_fails_runs_again_a_reap_interval_later_not_at_every_tick(r
     # A sweep due within a second, and reaps every second: the retry's interval.
     w = fast_worker(registered, lambda job: None, list_name, expiry_s=2.0, interval_s=0.2, reap_every_s=1.0,
                     sweep_every_s=1.0, until_complete=False)
-    t = threading.Thread(target=w.run, kwargs={"install_signals": False})
-    t.start()
-    try:
-        deadline = time.monotonic() + 30  # a bound, not a measure: two or three seconds
-        while len(calls) < 3 and time.monotonic() < deadline:
-            time.sleep(0.05)
-    finally:
-        w.request_stop()
-        t.join(30)
+    with running(w):
+        wait_for("three sweeps", lambda: len(calls) >= 3)  # two or three seconds
     assert len(calls) >= 3, calls
     gaps = [b - a for a, b in itertools.pairwise(calls)]
     # At least 0.8 s (a reap interval, less its 20% jitter); at every tick they were 0.2 s.
@@ -329,16 +338,7 @@ def test_a_long_sweep_does_not_hold_back_the_reaps_and_renewals(registered, list
     lists.load(list_name, [JobSpec("j", {})], seal=True)
     w = fast_worker(registered, lambda job: None, list_name, expiry_s=2.0, interval_s=0.2, reap_every_s=0.3,
                     sweep_every_s=0.5, until_complete=False)
-    t = threading.Thread(target=w.run, kwargs={"install_signals": False})
-    t.start()
-    try:
+    with running(w):
         assert sweeping.wait(30), "no sweep began"
-        deadline = time.monotonic() + 15  # a bound, not a measure: a second or two
-        while len(reaps) < 3 and time.monotonic() < deadline:
-            time.sleep(0.05)
-    finally:
-        w.request_stop()
-        t.join(30)
-    assert not t.is_alive()
-    assert len(reaps) >= 3, f"reaps while the sweep ran: {reaps}"
+        wait_for(f"three reaps while the sweep runs (so far {reaps})", lambda: len(reaps) >= 3, 15)
     assert stopped_early.is_set(), "the sweep under way was told to stop when the worker stopped"
