@@ -640,9 +640,18 @@ def sweep(backend: Backend, *, grace_ms: int = 60_000, stop: Callable[[], bool] 
     lists cost nothing): run it at a low rate. `stop` is asked as the scan goes:
     a sweep cut short changes nothing it did not finish (the next one does it)."""
     lists = JobLists(backend)
-    names = lists.names()
-    ranges = sum(lists.recover(name) for name in names)
-    unfinished = [name for name in names if not lists.status(name).complete]
+    # A list dropped while the sweep runs is left out wherever it is met (a drop
+    # removes its jobs too): a ListNotFound failed the whole sweep, every list's.
+    ranges = 0
+    # The stores as they were before the scan: a job taken while the scan runs is past
+    # these heads, so it is never mistaken for one a dead reserver left behind.
+    heads: dict[str, dict[str, Any]] = {}
+    for name in lists.names():
+        with contextlib.suppress(ListNotFound):
+            ranges += lists.recover(name)
+            if not lists.status(name).complete:
+                heads[name] = lists.header(name)
+    unfinished = list(heads)
     if not unfinished:
         return SweepReport(0, 0, 0, ranges)
     state = xp.StrBin("state")
@@ -656,9 +665,6 @@ def sweep(backend: Backend, *, grace_ms: int = 60_000, stop: Callable[[], bool] 
             xp.And(stale, xp.Or(xp.Eq(state, "claimed"), xp.Eq(state, "queued"), xp.Eq(state, "delayed"))),
         ),
     ).compile()
-    # The stores as they were before the scan: a job taken while the scan runs is past
-    # these heads, so it is never mistaken for one a dead reserver left behind.
-    heads = {name: lists.header(name) for name in unfinished}
     heads_at = time.monotonic()
     found: dict[str, dict[str, list[_Found]]] = defaultdict(lambda: defaultdict(list))
     for i, (name, rec) in enumerate(backend.scan(keys.JOB_SET, expression=expression)):
@@ -707,13 +713,14 @@ def sweep(backend: Backend, *, grace_ms: int = 60_000, stop: Callable[[], bool] 
     for list_name, jobs in found["queued"].items():
         jobs = [j for j in jobs if (list_name, j.bins["token"]) not in leased]
         head = heads[list_name]
-        waiting = set(head.get("retry") or [])
-        if head["mode"] == "ids":
-            waiting.update(lists.unpopped_ids(list_name, head))
-            lost = [j for j in jobs if j.bins["token"] not in waiting and j.bins["token"] < head["tail"]]
-        else:
-            lost = [j for j in jobs if j.bins["token"] < head["head"] and j.bins["token"] not in waiting]
-        requeued += offer(list_name, lost)
+        with contextlib.suppress(ListNotFound):  # dropped meanwhile
+            waiting = set(head.get("retry") or [])
+            if head["mode"] == "ids":
+                waiting.update(lists.unpopped_ids(list_name, head))
+                lost = [j for j in jobs if j.bins["token"] not in waiting and j.bins["token"] < head["tail"]]
+            else:
+                lost = [j for j in jobs if j.bins["token"] < head["head"] and j.bins["token"] not in waiting]
+            requeued += offer(list_name, lost)
     # Delayed jobs long past their time: the schedule was full, or a process died
     # between a failure and its follow-up. The claim checks `due` by the server's
     # clock, so one offered a little early is put back on the schedule, not run.
@@ -722,10 +729,10 @@ def sweep(backend: Backend, *, grace_ms: int = 60_000, stop: Callable[[], bool] 
     # offered again, it was counted twice and left a copy behind in the retry store.
     overdue_before = time.time() * 1000 - grace_ms
     for list_name, jobs in found["delayed"].items():
-        head = heads[list_name]
-        held = _held_by(lists, list_name, head)
-        late = [j for j in jobs if j.bins.get("due", 0) < overdue_before and not held(j.bins["token"])]
-        requeued += offer(list_name, late)
+        with contextlib.suppress(ListNotFound):  # dropped meanwhile
+            held = _held_by(lists, list_name, heads[list_name])
+            late = [j for j in jobs if j.bins.get("due", 0) < overdue_before and not held(j.bins["token"])]
+            requeued += offer(list_name, late)
     if requeued or orphans:
         # What a crash left behind coming back: an operator looks for this line when a
         # job waited minutes (a reserver killed between its take and its claim).

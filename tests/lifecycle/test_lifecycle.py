@@ -668,6 +668,41 @@ def test_the_sweeper_offers_delayed_jobs_long_past_due(queue, lists, list_name, 
     assert b.jid == "job-0"
 
 
+@pytest.mark.parametrize("when", ["recover", "status", "header"])
+def test_a_list_dropped_while_the_sweeper_runs_leaves_the_others_swept(
+    queue, lists, list_name, session, monkeypatch, when
+):
+    """Lists are dropped while a sweep runs (seen in a run of the real-server tests:
+    a drop between the sweep's list of lists and its read of one). The dropped list is
+    left out and the others are swept; a ListNotFound failed the whole sweep."""
+    from aeroqueue.lists import JobLists
+
+    gone, kept = f"{list_name}-gone", f"{list_name}-kept"
+    for name in (gone, kept):
+        lists.load(name, specs(2))
+        # A reserver took a job and died before its claim: the sweep's to find.
+        assert queue.backend.apply(keys.LIST_SET, name, keys.LIST_MOD, "take", 1)["n"] == 1
+    real = getattr(JobLists, when)
+    dropped: list[str] = []
+
+    def dropped_first(self, name, *args, **kw):
+        if name == gone and not dropped:
+            dropped.append(name)
+            lists.drop(gone, grace_s=0)
+        return real(self, name, *args, **kw)
+
+    monkeypatch.setattr(JobLists, when, dropped_first)
+    try:
+        assert sweep(queue.backend, grace_ms=0).requeued >= 1  # kept's; the shared server may hold others
+    finally:
+        monkeypatch.undo()
+    assert dropped == [gone]
+    with pytest.raises(errors.ListNotFound):
+        lists.header(gone)
+    got = queue.reserve(kept, session, 2)
+    assert sorted(j.jid for j in got) == ["job-0", "job-1"], got
+
+
 @pytest.mark.parametrize("mode", ["tokens", "ids"])
 def test_the_sweeper_leaves_alone_delayed_jobs_the_list_still_holds(queue, lists, list_name, session, mode):
     """A delayed load nobody reserved from since it came due: its jobs wait in their
