@@ -197,6 +197,9 @@ def test_list_summaries(store, store_url, mysql_db, mysql_url, list_name, spark)
     assert rows[running] == (10, 3, 1, 0, 0, None)
 
 
+GRACE_S = 6.0  # test_retention's
+
+
 def test_retention_deletes_only_jobs_synced_longer_ago_than_the_grace(
     store, store_url, mysql_db, mysql_url, list_name, spark
 ):
@@ -204,11 +207,14 @@ def test_retention_deletes_only_jobs_synced_longer_ago_than_the_grace(
     sync_once(options(store_url, mysql_url), spark, store)
     old = set(synced_marks(store, list_name, mysql_url))
     assert len(old) == 35
-    time.sleep(2.2)
+    # The grace must outlast the second run's own marks-to-deletes gap in a task (a CI
+    # run under load took over 2 s: 4 jobs it had just copied went with the old ones),
+    # and the sleep the grace.
+    time.sleep(GRACE_S + 0.3)
     # Since then: more processed jobs (unsynced), one that cannot be copied, and queued ones.
     make_jobs(store, list_name, done=10, queued=5, start=100)
     store.put(keys.JOB_SET, keys.job_name(list_name, 35), {"result": bytearray(b"\x01")})
-    report = sync_once(options(store_url, mysql_url, delete_after_s=2.0), spark, store)
+    report = sync_once(options(store_url, mysql_url, delete_after_s=GRACE_S), spark, store)
     assert report.counts.deleted >= 35
     left = {j["jid"]: j for j in JobLists(store).jobs(list_name)}
     assert not old & set(left), "jobs synced before the grace period are gone from Aerospike"
