@@ -77,3 +77,22 @@ def past_deadline(sent: float) -> None:
     much longer: the frozen node still runs what it holds (test_replay.py: not at all
     past about 3 s)."""
     time.sleep(max(0.0, sent + (TIMEOUT_MS + CLOCK_MARGIN_MS) / 1000 + 0.4 - time.monotonic()))
+
+
+def replay_round(cluster: Cluster, module: str, *args: str, prep: str = "prep") -> tuple[Any, Any, Any]:
+    """The round of most replay tests, through `Replayer(cluster, module, *args)`:
+    `prep` with every node up; with node FROZEN frozen, "stale" (the calls it will
+    replay) then "live" (the calls again on the live nodes), and a wait past the stale
+    calls' deadline; with it resumed, "read". The answers to stale, live and read."""
+    client = Replayer(cluster, module, *args)
+    try:
+        assert client.ask(prep) == "ok"
+        with node_frozen(cluster):
+            in_doubt = client.ask("stale")
+            sent = time.monotonic()  # the stale calls' last retries went just before this
+            live = client.ask("live")
+            past_deadline(sent)
+        return in_doubt, live, client.ask("read")
+    finally:
+        client.close()
+

@@ -12,13 +12,11 @@ before: the control, which shows that replays happened.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from tests.cluster import Cluster
 
-from .replaying import Replayer, node_frozen, past_deadline
+from .replaying import replay_round
 
 LISTS = ("pg", "pb", "rg", "rb")
 K = 30  # chunks per list: about a third have the frozen node as their master
@@ -27,17 +25,7 @@ pytestmark = pytest.mark.timeout(180)
 
 
 def test_a_resumed_node_does_not_put_back_ids_popped_since(cluster3: Cluster) -> None:
-    client = Replayer(cluster3, "ids_replayer", str(K))
-    try:
-        assert client.ask("prep") == "ok"
-        with node_frozen(cluster3):
-            in_doubt = client.ask("stale")
-            sent = time.monotonic()
-            redone = client.ask("live")
-            past_deadline(sent)
-        final = client.ask("read")
-    finally:
-        client.close()
+    in_doubt, redone, final = replay_round(cluster3, "ids_replayer", str(K))
 
     undone = {name: {c: final[name][c] for c, left in redone[name].items() if final[name][c] != left} for name in LISTS}
     print(f"\nID store replay: in doubt {[len(in_doubt[n]) for n in LISTS]}, redone and popped on the live nodes "

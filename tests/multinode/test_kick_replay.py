@@ -13,13 +13,11 @@ get it without one, as before: the control, which shows that replays happened.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from tests.cluster import Cluster
 
-from .replaying import Replayer, node_frozen, past_deadline
+from .replaying import replay_round
 
 LISTS = ("kg", "kb", "bg", "bb")
 N = 30  # jobs per list: about a third have the frozen node as their master
@@ -28,17 +26,7 @@ pytestmark = pytest.mark.timeout(180)
 
 
 def test_a_resumed_node_does_not_undo_a_job_kicked_and_completed_since(cluster3: Cluster) -> None:
-    client = Replayer(cluster3, "kick_replayer", str(N))
-    try:
-        assert client.ask("prep") == "ok"
-        with node_frozen(cluster3):
-            in_doubt = client.ask("stale")
-            sent = time.monotonic()
-            redone = client.ask("live")
-            past_deadline(sent)
-        final = client.ask("read")
-    finally:
-        client.close()
+    in_doubt, redone, final = replay_round(cluster3, "kick_replayer", str(N))
 
     undone = {name: {t: final[name][str(t)] for t in redone[name] if final[name][str(t)][:3] != ["done", "B", "live"]}
               for name in LISTS}

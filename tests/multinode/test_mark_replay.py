@@ -14,13 +14,11 @@ control: as before marks had one), "mguard" the sync's own, with the deadline
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from tests.cluster import Cluster
 
-from .replaying import Replayer, node_frozen, past_deadline
+from .replaying import replay_round
 
 LISTS = ("mguard", "mbare")
 N = 30  # jobs per list: about a third have the frozen node as their master
@@ -29,17 +27,8 @@ pytestmark = pytest.mark.timeout(180)
 
 
 def test_a_resumed_nodes_mark_does_not_undo_a_job_run_again(cluster3: Cluster) -> None:
-    client = Replayer(cluster3, "mark_replayer", str(N))
-    try:
-        assert client.ask("dead") == "ok"
-        with node_frozen(cluster3):
-            in_doubt = client.ask("stale")
-            sent = time.monotonic()  # the last marks' retries went just before this
-            moved = client.ask("live")["moved"]
-            past_deadline(sent)
-        final = client.ask("read")
-    finally:
-        client.close()
+    in_doubt, live, final = replay_round(cluster3, "mark_replayer", str(N), prep="dead")
+    moved = live["moved"]
 
     undone = {name: {t: final[name][str(t)] for t in moved[name] if final[name][str(t)] != ["done", "B", "live"]}
               for name in LISTS}

@@ -45,14 +45,12 @@ longer than it needs to.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from tests.cluster import Cluster
 
 from .conftest import aq
-from .replaying import Replayer, node_frozen, past_deadline
+from .replaying import replay_round
 
 LISTS = ("guarded", "native", "bare")
 N = 30  # jobs per list: about a third have the frozen node as their master
@@ -66,18 +64,8 @@ def test_a_resumed_node_does_not_undo_an_acknowledged_completion(cluster3: Clust
         jobs.write_text("id,n\n" + "".join(f"{name}{i},{i}\n" for i in range(N)))
         out = aq(cluster3, "load", name, str(jobs), "--seal")
         assert out.returncode == 0, out.stderr
-    client = Replayer(cluster3, "replayer", str(N))
-    try:
-        assert client.ask("claim") == "ok"
-        with node_frozen(cluster3):
-            in_doubt = client.ask("stale")
-            sent = time.monotonic()
-            live = client.ask("live")
-            moved, took = live["moved"], live["heads"]
-            past_deadline(sent)
-        final = client.ask("read")
-    finally:
-        client.close()
+    in_doubt, live, final = replay_round(cluster3, "replayer", str(N), prep="claim")
+    moved, took = live["moved"], live["heads"]
 
     undone = {
         name: {t: final[name][str(t)] for t in moved[name] if final[name][str(t)][:3] != ["done", "B", "live"]}
