@@ -27,11 +27,10 @@ from typing import Any
 
 from aeroqueue import keys
 from aeroqueue.backends import Backend, open_backend, retry_in_doubt
-from aeroqueue.errors import AeroqueueError
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 
-from .stale import stale_backend
+from .stale import in_doubt, stale_backend
 
 LISTS = ("pg", "pb", "rg", "rb")
 C = 4  # IDs per chunk
@@ -63,7 +62,7 @@ def main(url: str, live_url: str, k: int) -> None:
     # Learns the partition map once (no tending for an hour): its calls go to the
     # frozen node, as those of a client that has not learnt yet that it is gone.
     backend = stale_backend(url)
-    in_doubt: dict[str, list[int]] = {}
+    doubted: dict[str, list[int]] = {}
     live: Backend | None = None
     out: Any
     for line in sys.stdin:
@@ -75,22 +74,12 @@ def main(url: str, live_url: str, k: int) -> None:
                 assert [ids(backend, name, c) for c in range(k)] == [list(range(c * C, c * C + C)) for c in range(k)]
             out = "ok"
         elif cmd == "stale":
-            def once(name: str, c: int) -> bool:
-                try:
-                    call(backend, name, c, backend.job_deadline() if name.endswith("g") else None)
-                    return True
-                except AeroqueueError:
-                    return False
-
-            every = [(name, c) for name in LISTS for c in range(k)]
-            with ThreadPoolExecutor(len(every)) as pool:
-                landed = list(pool.map(lambda x: once(*x), every))
-            in_doubt = {name: [c for (nm, c), ok in zip(every, landed, strict=True) if nm == name and not ok]
-                        for name in LISTS}
-            out = in_doubt
+            doubted = in_doubt(
+                lambda name, c: call(backend, name, c, backend.job_deadline() if name.endswith("g") else None), LISTS, k)
+            out = doubted
         elif cmd == "live":
             live = open_backend(live_url)
-            calls = [(live, name, c) for name in LISTS for c in in_doubt[name]]
+            calls = [(live, name, c) for name in LISTS for c in doubted[name]]
             with ThreadPoolExecutor(16) as pool:
                 left = list(pool.map(lambda x: redo(*x), calls))
             out = {name: {c: got for (_, nm, c), got in zip(calls, left, strict=True) if nm == name and got is not None}

@@ -28,12 +28,11 @@ from typing import Any
 
 from aeroqueue import keys, transitions
 from aeroqueue.backends import Backend, open_backend, retry_in_doubt
-from aeroqueue.errors import AeroqueueError
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.sessions import Session
 
-from .stale import stale_backend
+from .stale import in_doubt, stale_backend
 
 LISTS = ("kg", "kb", "bg", "bb")
 
@@ -60,7 +59,7 @@ def main(url: str, live_url: str, n: int) -> None:
     # Learns the partition map once (no tending for an hour): its calls go to the
     # frozen node, as those of a client that has not learnt yet that it is gone.
     backend = stale_backend(url)
-    in_doubt: dict[str, list[int]] = {}
+    doubted: dict[str, list[int]] = {}
     live: Backend | None = None
     b_id = ""
     out: Any
@@ -74,27 +73,19 @@ def main(url: str, live_url: str, n: int) -> None:
                         assert transitions.bury(backend, name, t, "an operator") == "dead"
             out = "ok"
         elif cmd == "stale":
-            def once(name: str, t: int) -> bool:
+            def once(name: str, t: int) -> None:
                 deadline = backend.job_deadline() if name.endswith("g") else None
                 args = () if name.startswith("k") else ("an operator",)
-                try:
-                    backend.apply(keys.JOB_SET, keys.job_name(name, t), keys.JOB_MOD,
-                                  "kick" if name.startswith("k") else "bury", *args, deadline)
-                    return True
-                except AeroqueueError:
-                    return False
+                backend.apply(keys.JOB_SET, keys.job_name(name, t), keys.JOB_MOD,
+                              "kick" if name.startswith("k") else "bury", *args, deadline)
 
-            every = [(name, t) for name in LISTS for t in range(n)]
-            with ThreadPoolExecutor(len(every)) as pool:
-                landed = list(pool.map(lambda c: once(*c), every))
-            in_doubt = {name: [t for (nm, t), ok in zip(every, landed, strict=True) if nm == name and not ok]
-                        for name in LISTS}
-            out = in_doubt
+            doubted = in_doubt(once, LISTS, n)
+            out = doubted
         elif cmd == "live":
             live = open_backend(live_url)
             b = Session.open(live, heartbeat=False, interval_s=10, expiry_s=600)
             b_id = b.id
-            calls = [(live, b_id, name, t) for name in LISTS for t in in_doubt[name]]
+            calls = [(live, b_id, name, t) for name in LISTS for t in doubted[name]]
             with ThreadPoolExecutor(16) as pool:
                 redone = list(pool.map(lambda c: redo(*c), calls))
             out = {name: [t for (_, _, nm, t), ok in zip(calls, redone, strict=True) if nm == name and ok] for name in LISTS}
