@@ -329,9 +329,14 @@ def test_sigterm_to_the_process_group_drains_a_process_pool(registered, lists, l
     assert proc.returncode == 0, err
     for token in range(2):
         bins = job_bins(registered, list_name, token)
-        assert "err" not in bins, bins  # no attempt failed: nothing was killed
+        seen = (bins["state"], bins["att"], bins.get("err"))
         if any(r["token"] == token for r in running):
-            assert (bins["state"], bins["att"]) == ("done", 1), bins
+            assert seen == ("done", 1, None), seen  # it finished: nothing was killed
+        else:
+            # Not running at the signal: done all the same, or never reserved, or
+            # reserved by a call on its way when the signal came and given back
+            # unstarted, its attempt refunded.
+            assert seen in (("done", 1, None), ("queued", 0, None), ("queued", 0, "worker draining")), seen
 
 
 def test_a_process_pool_worker_exits_at_its_drain_deadline_not_when_its_handler_ends(registered, lists, list_name,
