@@ -13,7 +13,7 @@ IDS_SET = "aq_ids"  # "<list>/<chunk>": ID store chunks
 SESS_SET = "aq_sess"  # "<session id>": heartbeat session
 DONE_SET = "aq_done"  # "<list>/<chunk>": completion bitmaps (bins done, dead; void: tokens that hold no job)
 JIDX_SET = "aq_jidx"  # "<list>/<jid>": job id -> token, the commit point of a load
-LOCK_SET = "aq_lock"  # "<name>": a lease (owner, host, pid, ttl_ms); a sync's is "sync:<target>"; SWEEP_GATE
+LOCK_SET = "aq_lock"  # "<name>": a lease (owner, host, pid, ttl_ms); a sync's is "sync:<target>"; SWEEP_GATE, LOST_TAKE_MARK
 SYNC_SET = "aq_sync"  # "<run>/<partition>": a running sync task's progress (lists: copied per list); "clock/<id>"
 # The time to live of every aq_sync record (none in a namespace that refuses TTLs:
 # nsup-period 0, `sync.mark.put_sync_record`): each is removed by the process that
@@ -33,6 +33,10 @@ SESS_MOD = "aq_sess_v1"
 # changes what it means names another, so that during an upgrade the workers of each
 # release keep their own (two sweeps an interval at worst), never misreading the other's.
 SWEEP_GATE = "sweep_v1"
+
+# In LOCK_SET: its last update is when a take or an ID-store pop last lost its answer
+# (`sessions.mark_lost_take`): a worker sweeps soon after, through the gate above.
+LOST_TAKE_MARK = "lost_take_v1"
 
 SESS_INDEX = "aq_job_sess"  # secondary index on aq_job.sess: a session's claims
 

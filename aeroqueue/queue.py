@@ -54,12 +54,16 @@ from .errors import (
     RecordBusy,
     RecordTooBig,
     SessionLost,
+    StaleRequest,
 )
 from .lists import JobLists, backoff_of
 from .results import checked_result
-from .sessions import LEASE_WINDOW_S, PAST_LIMIT, Session
+from .sessions import LEASE_WINDOW_S, PAST_LIMIT, Session, mark_lost_take
 
 log = logging.getLogger("aeroqueue.queue")
+
+# Seconds between two `sessions.mark_lost_take` writes of one queue, at most.
+LOST_MARK_EVERY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -150,6 +154,7 @@ class Queue:
         # server ms the lease ends). The last one settled, the session forgets the lease
         # with its next lease or heartbeat; one past its end is the reaper's.
         self._leases: dict[str, tuple[Session, set[int], int]] = {}
+        self._lost_marked = -LOST_MARK_EVERY_S  # monotonic: the last `mark_lost_take` this queue sent
 
     def _udf(self, set_name: str, name: str, module: str, function: str, *args: Any) -> Any:
         return self.backend.udf(set_name, name, module, function, *args, deadline_s=self.busy_deadline_s)
@@ -160,6 +165,18 @@ class Queue:
         doubt: a node that dies mid-call costs a retry, not a job. Each attempt carries
         its deadline (`transitions.job_udf`)."""
         return transitions.job_udf(self.backend, job_name, function, *args, deadline_s=self.busy_deadline_s)
+
+    def _answer_lost(self, e: BackendTimeout) -> None:
+        """A take or an ID-store pop lost its answer: its jobs are held by no one, and
+        the workers are told so that one of them sweeps soon (`mark_lost_take`). At
+        most once a `LOST_MARK_EVERY_S` from this process: in a node's failure every
+        reservation may lose its answer, and the mark is one record."""
+        if isinstance(e, StaleRequest):  # refused: nothing was taken
+            return
+        now = time.monotonic()
+        if now - self._lost_marked >= LOST_MARK_EVERY_S:
+            self._lost_marked = now
+            mark_lost_take(self.backend)
 
     # -- reserve -------------------------------------------------------------
 
@@ -198,6 +215,9 @@ class Queue:
             out = backend.apply(keys.LIST_SET, name, keys.LIST_MOD, "take", 1, backend.job_deadline())
         except RecordBusy:
             return self._reserve(name, sess, 1, [])[0]
+        except BackendTimeout as e:
+            self._answer_lost(e)
+            raise
         if out["st"] == "stale":  # nothing was taken: the loop's take repeats it
             return self._reserve(name, sess, 1, [])[0]
         if out["st"] != "ok" or out["retry"] or out["n"] != 1:
@@ -320,7 +340,12 @@ class Queue:
         """Tokens to claim, the list's time limit (ms) for their claims, the take's
         server ms (None from a list module older than leases), and the fresh tokens
         among them (`_tokens`)."""
-        return self._tokens(name, k, transitions.list_udf(self.backend, name, "take", k, deadline_s=self.busy_deadline_s))
+        try:
+            out = transitions.list_udf(self.backend, name, "take", k, deadline_s=self.busy_deadline_s)
+        except BackendTimeout as e:
+            self._answer_lost(e)
+            raise
+        return self._tokens(name, k, out)
 
     def _tokens(self, name: str, k: int, out: dict[str, Any]) -> tuple[list[int], int, int | None, range]:
         """A `take` answer's tokens (up to `k`, topped up from the ID store), time limit,
@@ -352,9 +377,9 @@ class Queue:
         `held`: how many tokens the take gave this reservation already (its retry store's).
 
         A pop is not repeated when its answer is lost: a second pop would take other IDs.
-        The IDs it took have left their chunk unclaimed, their jobs `queued`: the sweeper
-        offers them once untouched for its grace period, as a reserver's that died
-        between its pop and its claims. A pop or an advance that fails once tokens are
+        The IDs it took have left their chunk unclaimed, their jobs `queued`: a sweep
+        offers them again, as a reserver's that died between its pop and its claims,
+        set off by the mark a lost answer leaves (`_answer_lost`). A pop or an advance that fails once tokens are
         held returns them, to be claimed: they left the list record and their chunks,
         and raising would leave them to the sweeper too. The store's trouble shows at
         the next call."""
@@ -366,7 +391,11 @@ class Queue:
                     transitions.ids_once, self.backend, keys.chunk_name(name, cursor), "pop", k - len(got),
                     busy_s=self.busy_deadline_s,
                 )
-                got.extend(transitions.retry_stale(pop, deadline_s=self.busy_deadline_s))
+                try:
+                    got.extend(transitions.retry_stale(pop, deadline_s=self.busy_deadline_s))
+                except BackendTimeout as e:
+                    self._answer_lost(e)
+                    raise
                 if len(got) < k:
                     seen = cursor
                     cursor = transitions.list_udf(self.backend, name, "advance", seen, deadline_s=self.busy_deadline_s)

@@ -57,6 +57,7 @@ from . import hotpath, keys, lease_entries, transitions
 from .backends import IN_DOUBT, Backend, retry_in_doubt
 from .config import LEASE_SETTLE_S, MAX_SECONDS
 from .errors import (
+    AeroqueueError,
     BackendError,
     BackendTimeout,
     ConfigError,
@@ -629,6 +630,35 @@ def sweep_gate_wait(backend: Backend, every_s: float, *, gate: str = keys.SWEEP_
     except RecordNotFound:
         return 0.0
     return max(0.0, every_s - rec.bins["since"] / 1000)
+
+
+def mark_lost_take(backend: Backend, *, mark: str = keys.LOST_TAKE_MARK) -> None:
+    """Say that a take or an ID-store pop lost its answer. Neither is repeated (a
+    second one would take other jobs), so the jobs it took are held by no one until a
+    sweep offers them again: with the regular sweep alone, up to --sweep-every plus
+    --sweep-grace later (over 6 minutes by default). The mark's last update, by the
+    server's clock, tells the workers to sweep sooner (`lost_take_age_ms`). Best
+    effort: the store that lost the answer may refuse this too, and the regular sweep
+    still finds those jobs."""
+    with contextlib.suppress(AeroqueueError):
+        backend.operate(keys.LOCK_SET, mark, [op.write("host", socket.gethostname()[:200]), op.write("pid", os.getpid())])
+
+
+def lost_take_age_ms(backend: Backend, *, mark: str = keys.LOST_TAKE_MARK, gate: str = keys.SWEEP_GATE) -> int | None:
+    """How long ago (ms, by the server's clock) a take's answer was last lost, if that
+    was after the last sweep through the gate began; None otherwise. A sweep that
+    counts a job as lost once untouched for that long finds every job the lost take
+    took: their records were last written before it, and none since (unclaimed)."""
+    since = eo.expression_read("since", xp.SinceUpdateTime().compile())
+    try:
+        lost = backend.operate(keys.LOCK_SET, mark, [since]).bins["since"]
+    except RecordNotFound:
+        return None
+    try:
+        swept = backend.operate(keys.LOCK_SET, gate, [since]).bins["since"]
+    except RecordNotFound:
+        return lost
+    return lost if lost < swept else None
 
 
 def _any_of(exprs: list[Any]) -> Any:

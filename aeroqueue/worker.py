@@ -65,6 +65,7 @@ from .sessions import (
     DEFAULT_INTERVAL_S,
     Session,
     claim_sweep,
+    lost_take_age_ms,
     reap,
     sweep,
     sweep_gate_wait,
@@ -95,6 +96,14 @@ PREFETCH_HOLD_S = 0.02
 # transition's call and its push, each repeated up to 5 s while in doubt.
 LOST_ACK_WAIT_S = 10.0
 POOLS = ("thread", "process")
+# A take or ID-store pop that lost its answer (`sessions.mark_lost_take`) sets off a
+# sweep once the mark is LOST_TAKE_SETTLE_MS old (by then its reserver would have
+# claimed: a younger mark may be a reserver still claiming), through the sweep gate
+# as if the interval were LOST_TAKE_SWEEP_EVERY_S: in a node's failure every
+# reservation may lose its answer, and the store is then swept that often, not once
+# a reap interval by every worker.
+LOST_TAKE_SETTLE_MS = 2000
+LOST_TAKE_SWEEP_EVERY_S = 30.0
 
 
 def check_handler_spec(spec: str) -> tuple[str, str]:
@@ -306,7 +315,7 @@ class _SweepRun:
     """A sweep the worker started: what for, and (once ended) whether it failed."""
 
     grace_ms: int
-    targeted: bool  # the sweep after a reap that ended a session (no gate)
+    targeted: bool  # after a reap that ended a session (no gate), or a lost take answer (gate won already)
     failed: bool = False
 
 
@@ -883,9 +892,11 @@ class Worker:
         # --sweep-every whatever the number of workers. Until `gate_held` (monotonic) a
         # sweep that failed after winning runs again without asking the gate (it closed
         # for this interval when this worker won it). `targeted`: the sweep after a
-        # reap that ended a session, which asks no gate.
+        # reap that ended a session, which asks no gate, or after a lost take answer,
+        # which asked it already (`_lost_take_grace`).
         gate_held = 0.0
         targeted = False
+        next_lost_check = time.monotonic() + self.reap_every_s * random.uniform(0.5, 1.0)
         while not self._stopping.wait(min(0.2, self.reap_every_s)):
             if self._signalled:
                 self.request_stop()
@@ -929,6 +940,13 @@ class Worker:
                         targeted = True
                     self._release_orphans(session)
                     next_reap = now + self.reap_every_s * random.uniform(0.8, 1.2)
+                if now >= next_lost_check and not targeted and not sweeper.busy:
+                    next_lost_check = now + self.reap_every_s * random.uniform(0.8, 1.2)
+                    grace = self._lost_take_grace(session)
+                    if grace is not None:
+                        next_sweep = now
+                        sweep_grace_ms = min(sweep_grace_ms, grace)
+                        targeted = True
                 done = sweeper.ended()
                 if done is not None and done.failed:
                     # One that failed (a scan refused while partitions migrate) runs again
@@ -967,6 +985,17 @@ class Worker:
                         return
             except AeroqueueError as e:
                 log.warning("maintenance failed", extra={"event": "maintenance_failed", "error": str(e)})
+
+    def _lost_take_grace(self, session: Session) -> int | None:
+        """The grace (ms) of a sweep for the jobs of takes whose answers were lost, when
+        one is due and this worker won the gate for it; else None. The grace is the
+        last lost answer's age: those jobs were last written before it."""
+        age = lost_take_age_ms(self.backend)
+        if age is None or age < LOST_TAKE_SETTLE_MS:
+            return None
+        if not claim_sweep(self.backend, LOST_TAKE_SWEEP_EVERY_S, session.id):
+            return None
+        return age
 
     def _renew_prefetched(self) -> None:
         """Prefetched jobs wait claimed while their thread works: their time limit runs

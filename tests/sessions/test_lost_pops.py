@@ -28,6 +28,8 @@ from aeroqueue.loading import JobSpec
 from aeroqueue.sessions import sweep
 
 ROOT = Path(__file__).resolve().parents[2]
+# Each lost answer here leaves a mark that sets a later test's worker sweeping.
+pytestmark = pytest.mark.usefixtures("no_marks")
 
 
 def specs(n: int) -> list[JobSpec]:
