@@ -4,7 +4,10 @@
 job per request calls it (or `process_one`) without running a worker; the
 `Worker` runs it in N threads, heartbeats its session, reaps expired sessions
 and sweeps now and then, and drains on SIGTERM/SIGINT: in-flight jobs finish
-up to a deadline, the rest are released, the session is closed.
+up to a deadline, the rest are released, the session is closed. Its maintenance
+thread watches the handlers' time limits and renews prefetched jobs' claims at
+every tick; reaps and sweeps, which can scan the whole job set, each run in a
+thread of their own (`_Background`), so that they never hold those back.
 
 A handler is ``def handle(job: Job) -> result``; its return value is stored
 as the job's result, and an exception fails the job with its message and
@@ -28,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import functools
 import importlib
 import logging
 import multiprocessing
@@ -41,7 +45,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from .acks import DEFAULT_LINGER_S, AckBatcher
@@ -63,6 +67,7 @@ from .selection import DEFAULT_BACKOFF_MAX_S, DEFAULT_REFRESH_S, ListArg, ListSe
 from .sessions import (
     DEFAULT_EXPIRY_S,
     DEFAULT_INTERVAL_S,
+    ReapReport,
     Session,
     claim_sweep,
     lost_take_age_ms,
@@ -312,58 +317,68 @@ _COUNTER_OF = {
 
 @dataclass(frozen=True)
 class _SweepRun:
-    """A sweep the worker started: what for, and (once ended) whether it failed."""
+    """A sweep the worker started: what for."""
 
     grace_ms: int
     targeted: bool  # after a reap that ended a session (no gate), or a lost take answer (gate won already)
+
+
+@dataclass(frozen=True)
+class _Ended:
+    """A background task that ended: what it returned, or `failed` (it raised: logged)."""
+
+    value: Any = None
     failed: bool = False
 
 
-class _Sweeper:
-    """One sweep at a time, in a thread of its own. A sweep scans the job set of every
-    unfinished list, seconds on a big store; in the maintenance thread it held back
-    the renewals of prefetched jobs' time limits, the handlers' watchdog and the
-    reaps meanwhile (seen: a worker's prefetched jobs timed out, behind a sweep after
-    a reap on a store full of other lists' jobs)."""
+class _Background:
+    """One task at a time in a thread of its own: the worker has one for its sweeps and
+    one for its reaps. A sweep scans the job set of every unfinished list, seconds on a
+    big store; a reap scans it too for each session it ends (`recount_session`), and
+    gives back that session's claims. In the maintenance thread they held back the
+    renewals of prefetched jobs' time limits and the handlers' watchdog meanwhile
+    (seen: a worker's prefetched jobs timed out, behind a sweep after a reap on a
+    store full of other lists' jobs), and a sweep held back the reaps."""
 
-    def __init__(self, backend: Backend, stop: Callable[[], bool]) -> None:
-        self.backend, self._stop = backend, stop
+    def __init__(self, name: str) -> None:
+        self.name = name
         self._thread: threading.Thread | None = None
-        self._run: _SweepRun | None = None  # the last one started
-        self._ended: _SweepRun | None = None  # one that ended and was not asked about yet
+        self._ended = _Ended()  # how the last task ended
 
     @property
     def busy(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        """A task runs, or ended and `ended` has not been asked since: none is started
+        then, or how that one ended would be lost."""
+        return self._thread is not None
 
-    def start(self, run: _SweepRun) -> None:
-        self._run = run
-        self._thread = threading.Thread(target=self._sweep, args=(run,), name="aeroqueue-sweep", daemon=True)
+    def start(self, task: Callable[[], Any]) -> None:
+        assert not self.busy
+        self._thread = threading.Thread(target=self._run, args=(task,), name=f"aeroqueue-{self.name}", daemon=True)
         self._thread.start()
 
-    def ended(self) -> _SweepRun | None:
-        """The sweep that ended since the last ask (its `failed` set), once."""
-        if self.busy:
+    def ended(self) -> _Ended | None:
+        """How the task started last ended, once it has: once."""
+        if self._thread is None or self._thread.is_alive():
             return None
-        out, self._ended = self._ended, None
-        return out
+        self._thread = None
+        return self._ended
 
-    def _sweep(self, run: _SweepRun) -> None:
-        failed = True
+    def _run(self, task: Callable[[], Any]) -> None:
+        ended = _Ended(failed=True)
         try:
-            sweep(self.backend, grace_ms=run.grace_ms, stop=self._stop)
-            failed = False
+            ended = _Ended(task())
         except AeroqueueError as e:
             log.warning("maintenance failed", extra={"event": "maintenance_failed", "error": str(e)})
         except Exception:
-            log.exception("sweep failed", extra={"event": "maintenance_failed"})
+            log.exception(f"{self.name} failed", extra={"event": "maintenance_failed"})
         finally:
-            self._ended = replace(run, failed=failed)
+            self._ended = ended
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Wait for a sweep under way (its `stop` says yes by now: it ends early)."""
-        if self._thread is not None:
-            self._thread.join(timeout_s)
+        """Wait for a task under way (its `stop` says yes by now: it ends early)."""
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout_s)
 
 
 class Worker:
@@ -871,18 +886,22 @@ class Worker:
             self.observer.outcome(job.list, "unacked")
 
     def _maintain(self, session: Session) -> None:
-        """Reap and sweep on their schedules until told to stop; a sweep under way is
-        stopped (it ends early: the next one does the rest) and waited for."""
+        """Reap and sweep on their schedules, each in a thread of its own (`_Background`),
+        until told to stop; a reap or sweep under way is stopped (it ends early: the next
+        one does the rest) and waited for."""
         lists = JobLists(self.backend)
         ended = threading.Event()
-        sweeper = _Sweeper(self.backend, stop=lambda: ended.is_set() or session.lost or self._stop_asked())
+        reaper, sweeper = _Background("reap"), _Background("sweep")
         try:
-            self._maintenance_loop(session, lists, sweeper)
+            self._maintenance_loop(session, lists, reaper, sweeper,
+                                   stop=lambda: ended.is_set() or session.lost or self._stop_asked())
         finally:
             ended.set()
+            reaper.close()
             sweeper.close()
 
-    def _maintenance_loop(self, session: Session, lists: JobLists, sweeper: _Sweeper) -> None:
+    def _maintenance_loop(self, session: Session, lists: JobLists, reaper: _Background, sweeper: _Background, *,
+                          stop: Callable[[], bool]) -> None:
         next_reap = time.monotonic() + self.reap_every_s * random.uniform(0.5, 1.0)
         next_check = time.monotonic()  # --until-complete: status reads every bitmap, so not every tick
         next_sweep = time.monotonic() + self.sweep_every_s * random.uniform(0.5, 1.0)
@@ -893,10 +912,10 @@ class Worker:
         # sweep that failed after winning runs again without asking the gate (it closed
         # for this interval when this worker won it). `targeted`: the sweep after a
         # reap that ended a session, which asks no gate, or after a lost take answer,
-        # which asked it already (`_lost_take_grace`).
+        # whose reap asked it already (`_lost_take_grace`).
         gate_held = 0.0
         targeted = False
-        next_lost_check = time.monotonic() + self.reap_every_s * random.uniform(0.5, 1.0)
+        swept = _SweepRun(sweep_grace_ms, targeted)  # the last sweep started
         while not self._stopping.wait(min(0.2, self.reap_every_s)):
             if self._signalled:
                 self.request_stop()
@@ -918,10 +937,14 @@ class Worker:
                 if self.pool == "thread":
                     self._watch(session)
                 self._renew_prefetched()
-                if now >= next_reap:
-                    report = reap(self.backend, stop=lambda: session.lost or self._stop_asked())
-                    if report.sessions:
-                        self.counters.add("reaped", report.sessions)
+                reaped = reaper.ended()
+                if reaped is not None and not reaped.failed:
+                    report, lost_grace = reaped.value
+                    if lost_grace is not None:
+                        # Jobs of a take whose answer was lost (`_lost_take_grace`).
+                        next_sweep = now
+                        sweep_grace_ms = min(sweep_grace_ms, lost_grace)
+                        targeted = True
                     if report.ended:
                         # A dead reserver may also have taken jobs it never claimed (killed
                         # between a take and its claim): no session holds them, so only a
@@ -938,15 +961,10 @@ class Worker:
                         next_sweep = now
                         sweep_grace_ms = min(self.sweep_grace_ms, report.ended_expiry_ms // 2)
                         targeted = True
-                    self._release_orphans(session)
+                if now >= next_reap and not reaper.busy:
+                    # One that fails (logged) runs again at its next turn.
+                    reaper.start(functools.partial(self._reap, session, stop))
                     next_reap = now + self.reap_every_s * random.uniform(0.8, 1.2)
-                if now >= next_lost_check and not targeted and not sweeper.busy:
-                    next_lost_check = now + self.reap_every_s * random.uniform(0.8, 1.2)
-                    grace = self._lost_take_grace(session)
-                    if grace is not None:
-                        next_sweep = now
-                        sweep_grace_ms = min(sweep_grace_ms, grace)
-                        targeted = True
                 done = sweeper.ended()
                 if done is not None and done.failed:
                     # One that failed (a scan refused while partitions migrate) runs again
@@ -955,9 +973,9 @@ class Worker:
                     # reaps, and so sweeps, in many workers at once, and each would scan
                     # the job set five times a second until the store serves again.
                     next_sweep = min(next_sweep, now + min(self.reap_every_s, self.sweep_every_s) * random.uniform(0.8, 1.2))
-                    sweep_grace_ms = min(sweep_grace_ms, done.grace_ms)
-                    targeted = targeted or done.targeted
-                elif done is not None and not done.targeted:
+                    sweep_grace_ms = min(sweep_grace_ms, swept.grace_ms)
+                    targeted = targeted or swept.targeted
+                elif done is not None and not swept.targeted:
                     gate_held = 0.0
                 if now >= next_sweep and not sweeper.busy:
                     ours = targeted or now < gate_held
@@ -972,7 +990,8 @@ class Worker:
                             wait = sweep_gate_wait(self.backend, self.sweep_every_s)
                             next_sweep = now + wait + self.sweep_every_s * random.uniform(0.0, 0.2)
                     if ours:
-                        sweeper.start(_SweepRun(sweep_grace_ms, targeted))
+                        swept = _SweepRun(sweep_grace_ms, targeted)
+                        sweeper.start(functools.partial(sweep, self.backend, grace_ms=sweep_grace_ms, stop=stop))
                         next_sweep = now + self.sweep_every_s * random.uniform(0.8, 1.2)
                         sweep_grace_ms = self.sweep_grace_ms
                         targeted = False
@@ -985,6 +1004,23 @@ class Worker:
                         return
             except AeroqueueError as e:
                 log.warning("maintenance failed", extra={"event": "maintenance_failed", "error": str(e)})
+
+    def _reap(self, session: Session, stop: Callable[[], bool]) -> tuple[ReapReport, int | None]:
+        """A reap, then this worker's orphan check and its look at the lost-take mark
+        (`_lost_take_grace`), whose grace it returns with the reap's report: in the
+        reaper's thread (`_maintain`)."""
+        report = reap(self.backend, stop=stop)
+        if report.sessions:
+            self.counters.add("reaped", report.sessions)
+        # Not while stopping: the drain gives back every claim the session holds.
+        if stop():
+            return report, None
+        self._release_orphans(session)
+        try:
+            return report, self._lost_take_grace(session)
+        except AeroqueueError as e:  # the report still counts: the mark is looked at next turn
+            log.warning("maintenance failed", extra={"event": "maintenance_failed", "error": str(e)})
+            return report, None
 
     def _lost_take_grace(self, session: Session) -> int | None:
         """The grace (ms) of a sweep for the jobs of takes whose answers were lost, when

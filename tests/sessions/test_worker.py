@@ -342,3 +342,73 @@ def test_a_long_sweep_does_not_hold_back_the_reaps_and_renewals(registered, list
         assert sweeping.wait(30), "no sweep began"
         wait_for(f"three reaps while the sweep runs (so far {reaps})", lambda: len(reaps) >= 3, 15)
     assert stopped_early.is_set(), "the sweep under way was told to stop when the worker stopped"
+
+
+def test_a_long_reap_does_not_hold_back_the_watchdog_and_renewals(registered, lists, list_name, monkeypatch):
+    """A reap scans the job set for each session it ends (`recount_session`) and gives
+    back that session's claims: seconds on a big store. Run in the maintenance thread,
+    it held back the handlers' watchdog and the renewals of prefetched jobs' time
+    limits meanwhile, as a sweep did. The reap runs in a thread of its own; when the
+    worker stops, a reap under way is told to stop, and waited for."""
+    from aeroqueue import worker as worker_module
+    from aeroqueue.sessions import ReapReport
+
+    reaping = threading.Event()
+    stopped_early = threading.Event()
+    reap_returned: list[float] = []
+
+    def slow_reap(_backend, *, stop) -> ReapReport:
+        reaping.set()
+        give_up = time.monotonic() + 30
+        while time.monotonic() < give_up:  # as a reap asks `stop` between sessions
+            if stop():
+                stopped_early.set()
+                time.sleep(0.5)  # the session it was on: finished before it returns
+                break
+            time.sleep(0.05)
+        reap_returned.append(time.monotonic())
+        return ReapReport(0, 0)
+
+    monkeypatch.setattr(worker_module, "reap", slow_reap)
+    # j0 touches itself for a while (j1, prefetched behind it, needs the maintenance
+    # thread's renewal at half its limit), then hangs (the watchdog's to time out).
+    lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(2)], timeout_s=1.0, backoff_s=0, max_attempts=1,
+               seal=True)
+    hang = threading.Event()
+
+    def handler(job: Job) -> None:
+        if job.jid != "j0":
+            return
+        assert reaping.wait(30)
+        until = time.monotonic() + 1.5
+        while time.monotonic() < until:
+            job.touch()
+            time.sleep(0.2)
+        hang.wait(30)
+
+    w = fast_worker(registered, handler, list_name, expiry_s=2.0, interval_s=0.2, reap_every_s=0.3,
+                    until_complete=False, concurrency=1, batch=2)
+    renewed: list[str] = []  # jobs the maintenance thread touched while the reap lasted
+    real_touch = w.queue.touch
+
+    def touch(job: Job, seconds: float | None = None) -> float:
+        if threading.current_thread() is maintenance and reaping.is_set() and not reap_returned:
+            renewed.append(job.jid)
+        return real_touch(job, seconds)
+
+    w.queue.touch = touch  # type: ignore[method-assign]
+    maintenance = threading.Thread(target=w.run, kwargs={"install_signals": False})
+    maintenance.start()
+    try:
+        assert reaping.wait(30), "no reap began"
+        wait_for(f"j1's renewal while the reap lasts (renewed: {renewed})", lambda: "j1" in renewed, 10)
+        wait_for(f"j0 timed out while the reap lasts ({w.counters.snapshot()})",
+                 lambda: w.counters.snapshot()["timed_out"] == 1, 10)
+        assert not reap_returned, "the reap was still under way"
+    finally:
+        hang.set()
+        w.request_stop()
+        maintenance.join(30)
+    assert not maintenance.is_alive(), "the worker did not stop"
+    assert stopped_early.is_set(), "the reap under way was told to stop when the worker stopped"
+    assert reap_returned, "the worker waited for the reap under way"
