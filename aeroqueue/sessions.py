@@ -80,6 +80,8 @@ DEFAULT_INTERVAL_S = 1.0
 # sweep's wait. Later (a busy session record, an answer in doubt) it claims the jobs.
 LEASE_WINDOW_S = LEASE_SETTLE_S / 2
 DEFAULT_EXPIRY_S = 5.0
+# How long a job must have been untouched before a sweep counts it as lost (`sweep`).
+DEFAULT_SWEEP_GRACE_MS = 60_000
 
 # Sessions past their expiry (server clock), or already being reaped (a half-done reap).
 # By the last heartbeat's server ms (`beat`), not the record's last update: a reaper's
@@ -568,18 +570,42 @@ def recount_session(backend: Backend, session_id: str) -> int:
         # Fenced as the sweep's are: a job claimed since the scan read it is not offered.
         room = max(0, transitions.RETRY_CAP - len(head.get("retry") or []))
         push_retry(backend, list_name, _fence(backend, lost, room))
-    return sum(_recount(backend, list_name, state, [j.bins["token"] for j in jobs])
-               for (list_name, state), jobs in found.items() if state != "queued")
+    # A list made since the heads were read is left to the sweep (it recounts every
+    # finished job of a list not complete): there is no head to fence the bits with.
+    return sum(_recount(backend, list_name, state, [j.bins["token"] for j in jobs], heads[list_name]["created"])
+               for (list_name, state), jobs in found.items() if state != "queued" and list_name in heads)
 
 
-def _recount(backend: Backend, list_name: str, bitmap: str, tokens: list[int]) -> int:
+def _recount(backend: Backend, list_name: str, bitmap: str, tokens: list[int], created: int) -> int:
+    """Set the missing `bitmap` bits of `tokens`, jobs a scan found finished in the list
+    made at `created` (server ms, the head read before the scan); returns how many."""
     have = _bits(backend, list_name, bitmap, tokens)
     missing = [t for t in tokens if t not in have]
+    if not missing:
+        return 0
+    # Setting a bit makes its bitmap record if missing (`set_bits`). On a list dropped
+    # since the scan (its bitmaps deleted: every bit reads missing) that would make the
+    # record again after the drop, and nothing deletes it then: not the drop, done; nor a
+    # create of the name, which deletes only what was written before the drop. A list
+    # made again under the name would count those jobs finished before they ran, and
+    # could be marked complete (never swept again) with one still to run. So, as a load
+    # checks its list before it writes (`load._gone`): the list must be the one the scan
+    # read, no drop begun. A drop that begins after this check deletes the bitmaps again
+    # its grace after its last step (`JobLists.drop`), as it does for an ack's late bit.
+    if not _list_is(backend, list_name, created):
+        return 0
     if bitmap == "dead":  # seen dead by a scan that may be old: kicked since, maybe
         transitions.set_dead_bits(backend, list_name, missing)
     else:
         set_bits(backend, list_name, missing, bitmap, 1)
     return len(missing)
+
+
+def _list_is(backend: Backend, list_name: str, created: int) -> bool:
+    """Whether list `list_name` is still the one made at `created` (server ms), no drop
+    of it begun: not dropped (a tombstone has no `created`), nor made again since."""
+    rec = retry_in_doubt(functools.partial(backend.get, keys.LIST_SET, list_name, bins=["created", "dropping"]))
+    return rec is not None and rec.bins.get("created") == created and rec.bins.get("dropping") != 1
 
 
 @dataclass(frozen=True)
@@ -665,7 +691,7 @@ def _any_of(exprs: list[Any]) -> Any:
     return exprs[0] if len(exprs) == 1 else xp.Or(*exprs)
 
 
-def sweep(backend: Backend, *, grace_ms: int = 60_000, stop: Callable[[], bool] | None = None) -> SweepReport:
+def sweep(backend: Backend, *, grace_ms: int = DEFAULT_SWEEP_GRACE_MS, stop: Callable[[], bool] | None = None) -> SweepReport:
     """The rare pass over the jobs of every list that is not complete (complete
     lists cost nothing): run it at a low rate. `stop` is asked as the scan goes:
     a sweep cut short changes nothing it did not finish (the next one does it)."""
@@ -703,7 +729,7 @@ def sweep(backend: Backend, *, grace_ms: int = 60_000, stop: Callable[[], bool] 
         found[rec.bins["state"]][rec.bins["list"]].append(_Found(name, rec.gen, rec.bins))
 
     recounted = sum(
-        _recount(backend, list_name, bitmap, [j.bins["token"] for j in jobs])
+        _recount(backend, list_name, bitmap, [j.bins["token"] for j in jobs], heads[list_name]["created"])
         for bitmap in ("done", "dead")
         for list_name, jobs in found[bitmap].items()
     )

@@ -31,6 +31,7 @@ kick may have made it queued again meanwhile (`set_dead_bits`).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import logging
 import random
@@ -47,7 +48,7 @@ from aerospike_helpers.operations import bitwise_operations as bw
 
 from . import keys
 from .backends import FRESH_DEADLINE, Backend, retry_in_doubt
-from .errors import AeroqueueError, StaleRequest
+from .errors import AeroqueueError, RecordNotFound, StaleRequest
 
 T = TypeVar("T")
 
@@ -76,7 +77,12 @@ def set_bits(backend: Backend, list_name: str, tokens: Iterable[int], bitmap: st
         grow = _GROW if bitmap == "done" else bw.bit_resize(bitmap, BITMAP_BYTES, resize_flags=aerospike.BIT_RESIZE_GROW_ONLY)
         ops = [grow, _span_op(bitmap, bits, value)]
         # Repeated while busy or in doubt (a node lost mid-call): it sets the same bits.
-        retry_in_doubt(functools.partial(backend.operate, keys.DONE_SET, keys.chunk_name(list_name, chunk), ops))
+        # A clear never makes the chunk: a missing one has no bit set, and one made for
+        # nothing on a list dropped meanwhile would outlive the drop (a dead bit checked
+        # against a job the drop deleted: `check_dead_bits`).
+        with contextlib.suppress(RecordNotFound):
+            retry_in_doubt(functools.partial(backend.operate, keys.DONE_SET, keys.chunk_name(list_name, chunk), ops,
+                                             update_only=not value))
 
 
 DEAD_CHECK_CHUNK = 5_000  # job records `set_dead_bits` reads back a batch call

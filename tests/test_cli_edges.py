@@ -26,6 +26,8 @@ from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Queue
 from aeroqueue.sessions import Session, reap
+from tests.sessions.test_taken_never_claimed import VICTIM
+from tests.waiting import wait_for
 
 # Environment variables that would change what these commands do, removed for each run.
 CLEAN = {"AEROQUEUE_URL": None, "AEROQUEUE_VERBOSE": None, "AEROQUEUE_CREATE": None, "AEROQUEUE_JSON": None,
@@ -591,7 +593,8 @@ def test_reap_reports_the_claims_it_ended_past_their_time_limit(ready_url, list_
             report = json.loads(out.stdout)
             assert report["timed_out"] >= 12 and report["sessions"] >= 0  # (>=: other tests' leftovers on a shared server)
         else:
-            said = re.fullmatch(r"reaped \d+ session\(s\), released \d+ job\(s\), timed out (\d+) claim\(s\)\n",
+            # (A sweep after it, should it end other tests' expired sessions on a shared server.)
+            said = re.fullmatch(r"reaped \d+ session\(s\), released \d+ job\(s\), timed out (\d+) claim\(s\)(; swept: .*)?\n",
                                 out.stdout)
             assert said and int(said.group(1)) >= 12, out.stdout
         warned = [line for line in out.stderr.splitlines() if list_name in line]
@@ -601,6 +604,76 @@ def test_reap_reports_the_claims_it_ended_past_their_time_limit(ready_url, list_
         for job in jobs:
             assert any(f"{list_name}/{job.token}" in w and repr(job.jid) in w and holder.id in w for w in warned), warned
     assert [JobLists(backend).find_job(list_name, j.jid)["state"] for j in jobs] == ["queued", "queued"]
+
+
+@pytest.mark.parametrize("how", ["text", "json", "no-sweep"])
+def test_reap_alone_brings_back_the_jobs_a_reserver_killed_before_its_claim_took(ready_url, list_name, how):
+    """A reserver SIGKILLed between its take and its claim: no session holds what it
+    took, so its reap gives nothing back. A worker's reap that ends such a session
+    sweeps at once (`Worker._maintenance_loop`); `aeroqueue reap` from cron does too,
+    or those jobs waited for the regular sweep (minutes) with no worker to run it."""
+    backend = open_backend(ready_url)
+    lists = JobLists(backend)
+    lists.load(list_name, [JobSpec(f"k{i}", {}) for i in range(8)], seal=True)
+    root = Path(__file__).resolve().parents[1]
+    victim = subprocess.Popen([sys.executable, "-c", VICTIM, ready_url, list_name, "1.0"], cwd=root,
+                              env={**os.environ, "PYTHONPATH": str(root)}, stdout=subprocess.PIPE, text=True)
+    try:
+        assert victim.stdout is not None
+        took = json.loads(victim.stdout.readline())
+        assert (took["st"], took["n"]) == ("ok", 5), took
+        sid = next(sid for sid, rec in backend.scan(keys.SESS_SET) if rec.bins.get("pid") == victim.pid)
+    finally:
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+    st = lists.status(list_name)
+    assert (st.in_flight, st.reservable, st.retry_pending) == (5, 3, 0), "taken, held by nobody"
+    args = ["reap", *(["--json"] if how == "json" else []), *(["--no-sweep"] if how == "no-sweep" else [])]
+    outs = []
+
+    def reaped() -> bool:
+        out = cli(*args, url=ready_url)
+        assert out.exit_code == 0, out.output
+        outs.append(out.stdout)
+        return backend.get(keys.SESS_SET, sid) is None
+
+    # Its expiry is a second: a reap ends its session once that has passed, by the server's clock.
+    wait_for("the killed reserver's session reaped", reaped, 30, step_s=0.2)
+    st = lists.status(list_name)
+    if how == "no-sweep":
+        assert (st.in_flight, st.retry_pending) == (5, 0), "left to the regular sweep"
+        assert "swept" not in outs[-1], outs
+        return
+    assert (st.in_flight, st.reservable, st.retry_pending) == (0, 3, 5), outs
+    if how == "json":
+        report = json.loads(outs[-1])
+        # (>=: a shared server may hold other tests' expired sessions and lost jobs)
+        assert report["swept"] is True and report["sessions"] >= 1 and report["requeued"] >= 5, report
+    else:
+        said = re.fullmatch(r"reaped \d+ session\(s\), released \d+ job\(s\), timed out \d+ claim\(s\); "
+                            r"swept: requeued (\d+) job\(s\), released \d+ orphaned claim\(s\)\n", outs[-1])
+        assert said and int(said.group(1)) >= 5, outs
+    with Session.open(backend) as s:
+        assert sorted(j.jid for j in Queue(backend).reserve(list_name, s, 8)) == [f"k{i}" for i in range(8)]
+
+
+def test_a_sweep_after_a_reap_that_fails_says_the_reap_was_done_and_how_to_sweep(ready_url, monkeypatch):
+    """The reap ended its sessions: no later reap sets that sweep off again, so the
+    error says so, and what runs it, rather than a bare store error."""
+    from aeroqueue.cli import worker_cmd
+
+    def down(*args: object, **kw: object) -> None:
+        raise errors.BackendError("the store stopped answering")
+
+    monkeypatch.setattr(worker_cmd, "sweep_store", down)
+    dead = Session.open(open_backend(ready_url), interval_s=0.05, expiry_s=0.2, heartbeat=False)
+    time.sleep(0.5)
+    line = one_error_line(cli("reap", url=ready_url), 1)
+    assert "the store stopped answering" in line and "but the sweep after it failed" in line, line
+    # Half the shortest expiry of the sessions it ended: 0.1 s, or less for another test's on a shared server.
+    grace = re.search(r"`aeroqueue sweep --grace ([0-9.]+)` runs it again", line)
+    assert grace and float(grace.group(1)) <= 0.1, line
+    assert open_backend(ready_url).get(keys.SESS_SET, dead.id) is None, "reaped all the same"
 
 
 # -- reserve and its session ----------------------------------------------------------
@@ -734,7 +807,7 @@ def test_json_shapes_are_the_documented_ones(ready_url, list_name):
         return json.loads(out.stdout)
 
     assert set(shape("status", list_name)) == STATUS_KEYS  # type: ignore[arg-type]
-    assert set(shape("reap")) == {"sessions", "released", "timed_out"}  # type: ignore[arg-type]
+    assert set(shape("reap")) == {"sessions", "released", "timed_out", "swept", "requeued", "orphans"}  # type: ignore[arg-type]
     assert set(shape("sweep")) == {"requeued", "orphans", "recounted", "ranges"}  # type: ignore[arg-type]
     assert set(shape("udf", "register")) == {"url", "uploaded", "indexes"}  # type: ignore[arg-type]
     assert set(shape("init")) == {"url", "backend", "created", "uploaded", "indexes"}  # type: ignore[arg-type]

@@ -15,8 +15,10 @@ from rich.table import Table
 from rich.text import Text
 
 from ..acks import DEFAULT_LINGER_S
+from ..errors import AeroqueueError
 from ..logs import configure_logging
 from ..selection import DEFAULT_BACKOFF_MAX_S, DEFAULT_REFRESH_S, parse_list
+from ..sessions import DEFAULT_SWEEP_GRACE_MS
 from ..sessions import reap as reap_sessions
 from ..sessions import sweep as sweep_store
 from ..worker import DEFAULT_PREFETCH, PREFETCH_HOLD_S, PREFETCH_MAX, check_handler_spec
@@ -153,22 +155,46 @@ def _refresh(live: Live, w: Any, stop: threading.Event) -> None:
 
 
 @click.command()
+@option("--sweep/--no-sweep", "then_sweep", env="REAP_SWEEP", default=True,
+        help="After a reap that ended a session, sweep for the jobs its process took and never claimed (killed "
+             "between the two), as a worker does: no session holds them, so the reap alone leaves them to the "
+             "regular sweep. Scans every job, only when a session was ended.")
 @JSON_OPT
 @click.pass_obj
-def reap(obj: Context, as_json: bool) -> None:
+def reap(obj: Context, then_sweep: bool, as_json: bool) -> None:
     """Reap expired sessions: their claimed jobs go back to the retry store. Also end
     the claims of live sessions past their time limit, as timed-out attempts (the
-    job is retried, or dead without attempts left).
+    job is retried, or dead without attempts left). Then, if it ended a session,
+    sweep for the jobs that session took and never claimed (--no-sweep: not).
 
     --json prints {"sessions": reaped, "released": jobs given back, "timed_out":
-    claims ended past their time limit}.
+    claims ended past their time limit, "swept": whether the sweep ran, "requeued":
+    jobs it offered again, "orphans": claims of vanished sessions it released}.
     """
-    report = reap_sessions(obj.backend())
+    backend = obj.backend()
+    report = reap_sessions(backend)
+    swept = None
+    if then_sweep and report.ended:
+        # As a worker's reap (`Worker._maintenance_loop`): a job counts as lost once
+        # untouched for half the dead session's expiry, not the regular sweep's grace.
+        grace_ms = min(DEFAULT_SWEEP_GRACE_MS, report.ended_expiry_ms // 2)
+        try:
+            swept = sweep_store(backend, grace_ms=grace_ms)
+        except AeroqueueError as e:
+            # The sessions are gone now: no later reap sets this sweep off again.
+            e.hint = (f"reaped {report.sessions} session(s), but the sweep after it failed: "
+                      f"`aeroqueue sweep --grace {grace_ms / 1000:g}` runs it again") + (f"; {e.hint}" if e.hint else "")
+            raise
+    requeued, orphans = (swept.requeued, swept.orphans) if swept is not None else (0, 0)
     if as_json:
-        click.echo(json.dumps({"sessions": report.sessions, "released": report.released, "timed_out": report.timed_out}))
+        click.echo(json.dumps({"sessions": report.sessions, "released": report.released, "timed_out": report.timed_out,
+                               "swept": swept is not None, "requeued": requeued, "orphans": orphans}))
     else:
-        click.echo(f"reaped {report.sessions} session(s), released {report.released} job(s), "
-                   f"timed out {report.timed_out} claim(s)")
+        said = (f"reaped {report.sessions} session(s), released {report.released} job(s), "
+                f"timed out {report.timed_out} claim(s)")
+        if swept is not None:
+            said += f"; swept: requeued {requeued} job(s), released {orphans} orphaned claim(s)"
+        click.echo(said)
 
 
 @click.command()

@@ -19,12 +19,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from aeroqueue import errors, keys, transitions
+from aeroqueue import errors, keys, sessions, transitions
 from aeroqueue.backends import base
 from aeroqueue.cli import main
 from aeroqueue.loading import JobSpec
 from aeroqueue.sessions import reap, sweep
 from aeroqueue.transitions import backoff_ms
+from tests.lists.test_drop import leftovers
 from tests.waiting import wait_for
 
 
@@ -701,6 +702,54 @@ def test_a_list_dropped_while_the_sweeper_runs_leaves_the_others_swept(
         lists.header(gone)
     got = queue.reserve(kept, session, 2)
     assert sorted(j.jid for j in got) == ["job-0", "job-1"], got
+
+
+@pytest.mark.parametrize("again", [False, True], ids=["dropped", "made-again"])
+@pytest.mark.parametrize("bitmap", ["done", "dead"])
+@pytest.mark.parametrize("by", ["sweep", "reap"])
+def test_a_recount_on_a_list_dropped_since_its_scan_writes_no_bits_of_it(
+    registered, queue, lists, list_name, session, monkeypatch, by, bitmap, again
+):
+    """A sweep's (or a reap's) recount finds a finished job whose bit is missing, and
+    the list is dropped before it writes the bit: the drop deleted the bitmap, so the
+    bit reads missing and, written, it made the bitmap record again. Stray, as the drop
+    and its grace were over; and, written after the drop, not one a create of the name
+    deletes (`_clear_tombstone` takes records from before the drop): a list made again
+    under the name, then or since, started with the job's bit set, counted done before
+    it ran (and complete, never swept, with that job still to run)."""
+    lists.load(list_name, specs(3), max_attempts=1, seal=True)
+    (job,) = queue.reserve(list_name, session, 1)
+    if bitmap == "done":
+        queue.complete(job, "ok")
+    else:
+        queue.fail(job, "boom")  # max_attempts=1: dead
+    queue.flush()
+    # A process killed before its bit was written: the recount's to write.
+    transitions.set_bits(registered, list_name, [job.token], bitmap, 0)
+    real = sessions._bits
+    dropped: list[str] = []
+
+    def dropped_first(backend, name, *args):
+        if name == list_name and not dropped:
+            dropped.append(name)
+            lists.drop(name)  # with its grace: over before the recount writes
+            if again:
+                lists.load(name, specs(3), seal=True)
+        return real(backend, name, *args)
+
+    monkeypatch.setattr(sessions, "_bits", dropped_first)
+    if by == "sweep":
+        sweep(registered)
+    else:
+        sessions.recount_session(registered, session.id)
+    monkeypatch.undo()
+    assert dropped == [list_name]
+    if not again:
+        assert leftovers(registered, list_name) == {}
+        lists.load(list_name, specs(3), seal=True)
+    st = lists.status(list_name)
+    assert (st.total, st.done, st.dead, st.reservable) == (3, 0, 0, 3)
+    assert registered.get(keys.DONE_SET, keys.chunk_name(list_name, 0)) is None, "the new list has no bit yet"
 
 
 @pytest.mark.parametrize("mode", ["tokens", "ids"])

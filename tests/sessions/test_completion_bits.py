@@ -14,7 +14,7 @@ import sys
 import textwrap
 import time
 
-from aeroqueue import keys, sessions
+from aeroqueue import keys, sessions, transitions
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Queue
@@ -131,3 +131,23 @@ def test_a_reap_does_not_offer_again_jobs_reserved_while_it_recounts(registered,
     st = lists.status(list_name)
     assert (st.retry_pending, st.in_flight, st.reservable) == (0, 3, 3), st
     live.close()
+
+
+def test_clearing_a_bit_never_makes_a_bitmap_record(registered, lists, list_name):
+    """A dead bit checked against its job (`transitions.check_dead_bits`: the sweep's
+    check of every dead bit, a status about to mark a list complete) is cleared when
+    the job is not dead, or gone: a drop deleted it, and the list's bitmaps with it.
+    A clear made the chunk again (8 KiB of zeros), a record of a list that no longer
+    exists, which no drop deletes (it has done its deleting)."""
+    lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(3)], seal=True)
+    lists.drop(list_name, grace_s=0)
+    chunk = keys.chunk_name(list_name, 0)
+    assert transitions.check_dead_bits(registered, list_name, [1]) == 1, "no job: its bit is cleared"
+    transitions.set_bits(registered, list_name, [2, keys.BITS_PER_CHUNK + 2], "done", 0)
+    assert registered.get(keys.DONE_SET, chunk) is None
+    assert registered.get(keys.DONE_SET, keys.chunk_name(list_name, 1)) is None
+    # A chunk that exists is cleared as before.
+    transitions.set_bits(registered, list_name, [1, 2], "dead", 1)
+    transitions.set_bits(registered, list_name, [2], "dead", 0)
+    rec = registered.get(keys.DONE_SET, chunk)
+    assert rec is not None and [keys.bit_is_set(bytes(rec.bins["dead"]), b) for b in (1, 2)] == [True, False]
