@@ -616,7 +616,9 @@ class SweepReport:
     ranges: int  # load ranges of dead loaders, finished
 
 
-def claim_sweep(backend: Backend, every_s: float, holder: str, *, gate: str = keys.SWEEP_GATE) -> bool:
+def claim_sweep(
+    backend: Backend, every_s: float, holder: str, *, grace_ms: int = DEFAULT_SWEEP_GRACE_MS, gate: str = keys.SWEEP_GATE
+) -> bool:
     """Whether this worker runs the store's regular sweep now: True when it won the
     sweep gate, which it does only if the last regular sweep of the store (by any
     worker) began `every_s` or more ago, by the server's clock. One atomic write on
@@ -632,19 +634,51 @@ def claim_sweep(backend: Backend, every_s: float, holder: str, *, gate: str = ke
     it had landed: one sweep skipped). A frozen node that replays the write later (README:
     a frozen node replays the calls it was sent) moves the gate forward (one sweep
     skipped), and one that resumes as a second master may let a second worker win
-    (one sweep added): the sweep is safe to run twice, and no deadline is needed."""
+    (one sweep added): the sweep is safe to run twice, and no deadline is needed.
+    `grace_ms`: the grace of the sweep the winner runs (`claim_sweep_after` reads it)."""
     try:
-        backend.operate(
-            keys.LOCK_SET, gate,
-            [op.write("sess", holder), op.write("host", socket.gethostname()[:200]), op.write("pid", os.getpid())],
-            expression=xp.GE(xp.SinceUpdateTime(), int(every_s * 1000)).compile(),
-        )
+        _write_gate(backend, gate, holder, grace_ms, xp.GE(xp.SinceUpdateTime(), int(every_s * 1000)))
     except FilteredOut:
         return False
     except RecordBusy:
         # Others are writing the gate at this very moment: one of them wins it.
         return False
     return True
+
+
+def claim_sweep_after(
+    backend: Backend, since_ms: int, grace_ms: int, holder: str, *, gate: str = keys.SWEEP_GATE
+) -> bool:
+    """Whether to run a sweep that must begin after an event `since_ms` ago, with a
+    grace of `grace_ms` (a reap that ended a session: the jobs its process took and
+    never claimed): False when a sweep through the gate began since then with no
+    longer a grace, which finds what this one would (a shorter grace finds more).
+    True, and the gate moved to this sweep, otherwise. When a host's workers die at
+    once, the workers that reap them would each scan the store right after; this
+    way the first scan serves the others. Whether that sweep then completes is not
+    known here, as for any sweep through the gate: should it fail, its worker runs it
+    again; should it die, the regular sweep finds those jobs."""
+    fresh = xp.Or(
+        xp.GE(xp.SinceUpdateTime(), since_ms),
+        xp.Not(xp.BinExists("grace")),  # a gate of a release before grace bins: its grace unknown
+        xp.GT(xp.IntBin("grace"), grace_ms),
+    )
+    try:
+        _write_gate(backend, gate, holder, grace_ms, fresh)
+    except FilteredOut:
+        return False
+    except RecordBusy:  # others write it this very moment, with what grace is unknown: sweep
+        return True
+    return True
+
+
+def _write_gate(backend: Backend, gate: str, holder: str, grace_ms: int, when: Any) -> None:
+    backend.operate(
+        keys.LOCK_SET, gate,
+        [op.write("sess", holder), op.write("host", socket.gethostname()[:200]), op.write("pid", os.getpid()),
+         op.write("grace", int(grace_ms))],
+        expression=when.compile(),
+    )
 
 
 def sweep_gate_wait(backend: Backend, every_s: float, *, gate: str = keys.SWEEP_GATE) -> float:

@@ -70,6 +70,7 @@ from .sessions import (
     ReapReport,
     Session,
     claim_sweep,
+    claim_sweep_after,
     lost_take_age_ms,
     reap,
     sweep,
@@ -109,6 +110,10 @@ POOLS = ("thread", "process")
 # a reap interval by every worker.
 LOST_TAKE_SETTLE_MS = 2000
 LOST_TAKE_SWEEP_EVERY_S = 30.0
+# The sweep after a reap that ended a session begins this long after the reap: the
+# reaps of other workers' that end sessions of the same host's dead processes are
+# over by then, and their sweeps are served by this one (`claim_sweep_after`).
+POST_REAP_SETTLE_S = 1.0
 
 
 def check_handler_spec(spec: str) -> tuple[str, str]:
@@ -916,6 +921,7 @@ class Worker:
         gate_held = 0.0
         targeted = False
         swept = _SweepRun(sweep_grace_ms, targeted)  # the last sweep started
+        after_reap: float | None = None  # monotonic end of a reap whose sweep has yet to ask the gate
         while not self._stopping.wait(min(0.2, self.reap_every_s)):
             if self._signalled:
                 self.request_stop()
@@ -939,12 +945,13 @@ class Worker:
                 self._renew_prefetched()
                 reaped = reaper.ended()
                 if reaped is not None and not reaped.failed:
-                    report, lost_grace = reaped.value
+                    report, lost_grace, reaped_at = reaped.value
                     if lost_grace is not None:
-                        # Jobs of a take whose answer was lost (`_lost_take_grace`).
+                        # Jobs of a take whose answer was lost (`_lost_take_grace`): the
+                        # gate is won, for a sweep that begins after any reap below too.
                         next_sweep = now
                         sweep_grace_ms = min(sweep_grace_ms, lost_grace)
-                        targeted = True
+                        targeted, after_reap = True, None
                     if report.ended:
                         # A dead reserver may also have taken jobs it never claimed (killed
                         # between a take and its claim): no session holds them, so only a
@@ -957,9 +964,14 @@ class Worker:
                         # is claimed once: the second claim is refused, a wasted take,
                         # never a double hold). Only the reaper that ended the session:
                         # every worker whose reap took it up half-done would scan the job
-                        # set too.
-                        next_sweep = now
-                        sweep_grace_ms = min(self.sweep_grace_ms, report.ended_expiry_ms // 2)
+                        # set too. And only if no other worker's sweep has begun since the
+                        # reap (`claim_sweep_after`): when a host's workers die together,
+                        # the workers that reap them would each scan the store; it begins
+                        # POST_REAP_SETTLE_S after the reap, so that those reaps end first.
+                        sweep_grace_ms = min(sweep_grace_ms, report.ended_expiry_ms // 2)
+                        if not targeted or after_reap is not None:  # else a won gate covers it
+                            next_sweep = min(next_sweep, reaped_at + POST_REAP_SETTLE_S)
+                            after_reap = reaped_at  # the latest: a sweep after it is after the others
                         targeted = True
                 if now >= next_reap and not reaper.busy:
                     # One that fails (logged) runs again at its next turn.
@@ -977,10 +989,18 @@ class Worker:
                     targeted = targeted or swept.targeted
                 elif done is not None and not swept.targeted:
                     gate_held = 0.0
+                if now >= next_sweep and not sweeper.busy and after_reap is not None:
+                    since_ms, after_reap = int((now - after_reap) * 1000), None
+                    if not claim_sweep_after(self.backend, since_ms, sweep_grace_ms, session.id):
+                        # Served by another worker's sweep, begun since the reap.
+                        next_sweep = now + self.sweep_every_s * random.uniform(0.8, 1.2)
+                        sweep_grace_ms = self.sweep_grace_ms
+                        targeted = False
+                        continue
                 if now >= next_sweep and not sweeper.busy:
                     ours = targeted or now < gate_held
                     if not ours:
-                        ours = claim_sweep(self.backend, self.sweep_every_s, session.id)
+                        ours = claim_sweep(self.backend, self.sweep_every_s, session.id, grace_ms=sweep_grace_ms)
                         if ours:
                             gate_held = now + self.sweep_every_s
                         else:
@@ -1005,22 +1025,23 @@ class Worker:
             except AeroqueueError as e:
                 log.warning("maintenance failed", extra={"event": "maintenance_failed", "error": str(e)})
 
-    def _reap(self, session: Session, stop: Callable[[], bool]) -> tuple[ReapReport, int | None]:
+    def _reap(self, session: Session, stop: Callable[[], bool]) -> tuple[ReapReport, int | None, float]:
         """A reap, then this worker's orphan check and its look at the lost-take mark
         (`_lost_take_grace`), whose grace it returns with the reap's report: in the
         reaper's thread (`_maintain`)."""
         report = reap(self.backend, stop=stop)
+        reaped_at = time.monotonic()
         if report.sessions:
             self.counters.add("reaped", report.sessions)
         # Not while stopping: the drain gives back every claim the session holds.
         if stop():
-            return report, None
+            return report, None, reaped_at
         self._release_orphans(session)
         try:
-            return report, self._lost_take_grace(session)
+            return report, self._lost_take_grace(session), reaped_at
         except AeroqueueError as e:  # the report still counts: the mark is looked at next turn
             log.warning("maintenance failed", extra={"event": "maintenance_failed", "error": str(e)})
-            return report, None
+            return report, None, reaped_at
 
     def _lost_take_grace(self, session: Session) -> int | None:
         """The grace (ms) of a sweep for the jobs of takes whose answers were lost, when
@@ -1029,7 +1050,7 @@ class Worker:
         age = lost_take_age_ms(self.backend)
         if age is None or age < LOST_TAKE_SETTLE_MS:
             return None
-        if not claim_sweep(self.backend, LOST_TAKE_SWEEP_EVERY_S, session.id):
+        if not claim_sweep(self.backend, LOST_TAKE_SWEEP_EVERY_S, session.id, grace_ms=age):
             return None
         return age
 

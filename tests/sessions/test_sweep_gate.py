@@ -10,12 +10,16 @@ import time
 import uuid
 from typing import Any
 
+import pytest
+
 from aeroqueue import keys
 from aeroqueue import worker as worker_module
 from aeroqueue.backends import open_backend
 from aeroqueue.loading import JobSpec
-from aeroqueue.sessions import SweepReport, claim_sweep, sweep_gate_wait
-from aeroqueue.worker import EXIT_OK, Worker
+from aeroqueue.sessions import Session, SweepReport, claim_sweep, claim_sweep_after, sweep_gate_wait
+from aeroqueue.worker import EXIT_OK, POST_REAP_SETTLE_S, Worker
+from tests.sessions.test_worker import running
+from tests.waiting import wait_for
 
 THREADS = 8
 TRIES = 20  # claims each thread sends in a round
@@ -117,3 +121,67 @@ def test_workers_sweep_the_store_about_once_an_interval_not_once_each(registered
     assert codes == [EXIT_OK] * WORKERS, codes
     # Wide margins: about 5 expected, 25 without the gate.
     assert 2 <= len(swept) <= 9, f"{len(swept)} sweeps by {WORKERS} workers in {RUN_S:g} s, every {EVERY_S:g} s"
+
+
+def test_a_sweep_after_a_reap_is_served_by_one_begun_since_with_no_longer_a_grace(registered):
+    """`claim_sweep_after`: the sweep a reap sets off is needed unless a sweep through
+    the gate began after the reap, with a grace no longer than its own (a shorter grace
+    finds more)."""
+    gate = f"test-gate-{uuid.uuid4().hex[:8]}"
+    try:
+        assert claim_sweep_after(registered, 60_000, 2_000, "a", gate=gate)  # no gate yet: needed
+        # A sweep with grace 2 s began just now, after a reap 60 s ago:
+        assert not claim_sweep_after(registered, 60_000, 2_000, "b", gate=gate)  # same grace: served
+        assert not claim_sweep_after(registered, 60_000, 5_000, "b", gate=gate)  # longer: served
+        assert claim_sweep_after(registered, 60_000, 1_000, "b", gate=gate)  # shorter: needed, and now the gate's
+        assert registered.get(keys.LOCK_SET, gate).bins["grace"] == 1_000
+        time.sleep(0.05)
+        assert claim_sweep_after(registered, 0, 1_000, "c", gate=gate)  # the reap ended after that sweep began
+        # The regular sweep's claim records its grace too.
+        time.sleep(0.01)
+        assert claim_sweep(registered, 0, "d", grace_ms=60_000, gate=gate)
+        assert claim_sweep_after(registered, 60_000, 30_000, "e", gate=gate)
+        # A gate written by a release before grace bins: its grace is unknown.
+        registered.remove(keys.LOCK_SET, gate)
+        registered.put(keys.LOCK_SET, gate, {"sess": "old"})
+        assert claim_sweep_after(registered, 60_000, 60_000, "f", gate=gate)
+    finally:
+        registered.remove(keys.LOCK_SET, gate)
+
+
+@pytest.mark.parametrize("theirs_ms,expected", [(500, 0), (600_000, 1)],
+                         ids=["no longer a grace: served", "a longer grace (the control): swept"])
+def test_a_workers_sweep_after_a_reap_is_skipped_when_another_began_since(registered, lists, list_name, monkeypatch,
+                                                                          no_marks, theirs_ms, expected):
+    """A host's processes dying together are reaped by several workers, each of which
+    swept right after: as many scans of the store. Here another worker's sweep begins
+    just after this worker's reap (written on the gate as it would be): with a grace no
+    longer than this one's it serves it, and this worker does not scan; with a longer
+    one (the control) this worker sweeps."""
+    real_reap = worker_module.Worker._reap
+    swept: list[int] = []
+    others: list[int] = []
+
+    def counting_sweep(*_: Any, grace_ms: int, **__: Any) -> SweepReport:
+        swept.append(grace_ms)
+        return SweepReport(0, 0, 0, 0)
+
+    def reap_then_another_sweeps(self: Worker, *args: Any, **kwargs: Any) -> Any:
+        out = real_reap(self, *args, **kwargs)
+        if out[0].ended:
+            time.sleep(0.01)
+            assert claim_sweep(registered, 0, "another worker", grace_ms=theirs_ms)
+            others.append(theirs_ms)
+        return out
+
+    monkeypatch.setattr(worker_module, "sweep", counting_sweep)
+    monkeypatch.setattr(worker_module.Worker, "_reap", reap_then_another_sweeps)
+    lists.load(list_name, [JobSpec("j", {})], seal=True)
+    dead = Session.open(registered, heartbeat=False, interval_s=0.25, expiry_s=1.0)  # never beats: expires
+    w = Worker(registered, lambda job: None, [list_name], interval_s=0.5, expiry_s=2.0)
+    with running(w):
+        wait_for("the dead session reaped", lambda: registered.get(keys.SESS_SET, dead.id) is None, 20)
+        wait_for("the other worker's sweep", lambda: others, 10)
+        time.sleep(POST_REAP_SETTLE_S + 1.5)
+    # Half the dead session's expiry, below this worker's own grace: the reap's sweep.
+    assert swept == [500] * expected, swept
