@@ -17,6 +17,7 @@ import contextlib
 import logging
 import os
 import queue
+import random
 import threading
 import time
 from collections import Counter
@@ -35,7 +36,10 @@ from .write import Sink
 
 log = logging.getLogger(__name__)
 
-DEADLOCK_RETRIES = 3
+# Tries of a batch's transaction that ends in a deadlock or a lock wait timeout, and
+# the pause before the second (doubling after).
+DEADLOCK_RETRIES = 5
+DEADLOCK_PAUSE_S = 0.1
 PAUSE_LIMIT_S = 60.0
 
 T = TypeVar("T")
@@ -202,7 +206,9 @@ class RangeSync:
                     raise
                 sink.rollback()
                 if sink.dialect.transient(e) and attempt + 1 < DEADLOCK_RETRIES:
-                    time.sleep(0.05 * (attempt + 1))
+                    # Doubling, and spread: two tasks that deadlocked, retried after the
+                    # same pause, met again (50 and 100 ms were shorter than one batch's load).
+                    time.sleep(DEADLOCK_PAUSE_S * 2 ** attempt * random.uniform(0.5, 1.5))
                     continue
                 raise sink.fail(e, f"writing a batch of {len(batch)} row(s)") from None
         raise AssertionError("unreachable")

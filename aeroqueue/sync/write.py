@@ -184,7 +184,16 @@ class MySQLDialect(Dialect):
     # Values refused: data too long, out of range, bad string, constraint check
     # (MariaDB 4025, MySQL 3819), invalid JSON, NULL in a NOT NULL column.
     _REFUSED = frozenset({1048, 1264, 1292, 1366, 1406, 3140, 3819, 4025})
-    _TRANSIENT = frozenset({1205, 1213})  # lock wait timeout, deadlock
+    # Lock wait timeout, deadlock, and 1467 ("Failed to read auto-increment value
+    # from storage engine"): what InnoDB says when the wait for a table's AUTO-INC
+    # lock ends in a deadlock or a timeout (seen on MariaDB 10.11, every kind of
+    # INSERT and LOAD DATA). With innodb_autoinc_lock_mode=1, MariaDB's default,
+    # a LOAD DATA holds that lock for its whole statement: another task's load
+    # waiting for a row this task's upsert locked, while this task waits for the
+    # lock, is a deadlock, and this task, the victim, got 1467, its transaction
+    # rolled back as for 1213 (tests/sync/test_write.py). Any other cause of 1467
+    # (a counter that cannot be read at all) fails again, after the few retries.
+    _TRANSIENT = frozenset({1205, 1213, 1467})
 
     # LOAD DATA LOCAL refused by the server or the client: local_infile off
     # (MySQL 8's default), or not allowed for this user.
@@ -468,10 +477,19 @@ class Sink:
         self, table: str, columns: Sequence[str], key: Sequence[str], rows: Sequence[Sequence[Any]], *, newer: str | None = None
     ) -> list[tuple[int, str]]:
         """Upsert rows in one statement; if the database refuses a value, row by
-        row, returning (row index, reason) for each row it refused. Does not commit."""
+        row, returning (row index in `rows`, reason) for each row it refused. Does not commit."""
         if not rows:
             return []
         sql = self.dialect.upsert_sql(table, columns, key, newer)
+        # In key order, as `_load_new` writes: two tasks that upsert rows of the same
+        # lists lock their index entries in one order, not the scan's, which deadlocked
+        # them (seen on MariaDB: 1213 in two of five runs of two syncs into one table).
+        by_key = operator.itemgetter(*[columns.index(c) for c in key])
+        try:
+            order = sorted(range(len(rows)), key=lambda i: by_key(rows[i]))
+        except TypeError:  # a None in the key: the database refuses that row anyway
+            order = list(range(len(rows)))
+        rows = [rows[i] for i in order]
         refused: list[tuple[int, str]] = []
         cur = self.conn.cursor()
         try:
@@ -496,7 +514,7 @@ class Sink:
                         if not self.dialect.refused(e):
                             raise
                         refused.append((i, f"{self.dialect.name} refused the row: {self.target.redact(str(e))}"))
-            return refused
+            return sorted((order[i], why) for i, why in refused)  # as the caller numbered them
         finally:
             cur.close()
 

@@ -330,6 +330,22 @@ def test_sqlite_target_refuses_rows_like_mysql(tmp_path):
     assert sqlite3.connect(str(tmp_path / "copy.db")).execute("PRAGMA journal_mode").fetchone() == ("wal",)
 
 
+def test_the_upsert_writes_in_key_order_and_names_refused_rows_as_given(tmp_path):
+    """Rows go in key order (two tasks then lock index entries in one order: in scan
+    order they deadlocked on MariaDB); the refused rows keep the caller's numbering."""
+    with Sink(_sqlite(tmp_path)) as sink:
+        migrate(sink)
+        rows = [list(_row(jid, 1)) for jid in ("z", "m", "a", "q")]
+        rows[0][5] = rows[2][5] = "{not json"
+        sent: list[str] = []
+        sink.conn.set_trace_callback(lambda sql: sent.extend(jid for jid in "zmaq" if f"'{jid}'" in sql))
+        refused = sink.upsert(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, [tuple(r) for r in rows])
+        sink.commit()
+        assert list(dict.fromkeys(sent)) == ["a", "m", "q", "z"], sent
+        assert [i for i, _ in refused] == [0, 2], refused
+        assert sorted(r[0] for r in sink.execute(f"SELECT jid FROM {JOBS_TABLE}")) == ["m", "q"]
+
+
 # Values that LOAD DATA's text format has to escape, and some it must leave alone.
 _AWKWARD = ["tab\there", "new\nline", "back\\slash", "\\N", "\\", "nul\0byte", "cr\r\nlf", "quote ' \" `",
             "é ü 漢字 🎉", " trailing ", "", "\\t not a tab", "end\\"]
