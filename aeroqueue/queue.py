@@ -155,6 +155,8 @@ class Queue:
         # with its next lease or heartbeat; one past its end is the reaper's.
         self._leases: dict[str, tuple[Session, set[int], int]] = {}
         self._lost_marked = -LOST_MARK_EVERY_S  # monotonic: the last `mark_lost_take` this queue sent
+        self._lost_later: threading.Timer | None = None  # the mark set for the end of that second
+        self._lost_lock = threading.Lock()
 
     def _udf(self, set_name: str, name: str, module: str, function: str, *args: Any) -> Any:
         return self.backend.udf(set_name, name, module, function, *args, deadline_s=self.busy_deadline_s)
@@ -173,10 +175,24 @@ class Queue:
         reservation may lose its answer, and the mark is one record."""
         if isinstance(e, StaleRequest):  # refused: nothing was taken
             return
-        now = time.monotonic()
-        if now - self._lost_marked >= LOST_MARK_EVERY_S:
-            self._lost_marked = now
-            mark_lost_take(self.backend)
+        with self._lost_lock:
+            wait = self._lost_marked + LOST_MARK_EVERY_S - time.monotonic()
+            if wait > 0:
+                # Marked less than a second ago: this one is marked at the end of that
+                # second, not skipped. Its jobs may have been written since the last mark
+                # (a retry store's), and the sweep that mark sets off counts from it.
+                if self._lost_later is None:
+                    self._lost_later = threading.Timer(wait, self._mark_lost_later)
+                    self._lost_later.daemon = True
+                    self._lost_later.start()
+                return
+            self._lost_marked = time.monotonic()
+        mark_lost_take(self.backend)
+
+    def _mark_lost_later(self) -> None:
+        with self._lost_lock:
+            self._lost_marked, self._lost_later = time.monotonic(), None
+        mark_lost_take(self.backend)
 
     # -- reserve -------------------------------------------------------------
 

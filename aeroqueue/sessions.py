@@ -617,7 +617,8 @@ class SweepReport:
 
 
 def claim_sweep(
-    backend: Backend, every_s: float, holder: str, *, grace_ms: int = DEFAULT_SWEEP_GRACE_MS, gate: str = keys.SWEEP_GATE
+    backend: Backend, every_s: float, holder: str, *, grace_ms: int = DEFAULT_SWEEP_GRACE_MS, mark: str | None = None,
+    gate: str = keys.SWEEP_GATE,
 ) -> bool:
     """Whether this worker runs the store's regular sweep now: True when it won the
     sweep gate, which it does only if the last regular sweep of the store (by any
@@ -635,9 +636,10 @@ def claim_sweep(
     a frozen node replays the calls it was sent) moves the gate forward (one sweep
     skipped), and one that resumes as a second master may let a second worker win
     (one sweep added): the sweep is safe to run twice, and no deadline is needed.
-    `grace_ms`: the grace of the sweep the winner runs (`claim_sweep_after` reads it)."""
+    `grace_ms`: the grace of the sweep the winner runs (`claim_sweep_after` reads it);
+    `mark`: the lost-take mark it is run for (`LostTake.mark`), which it serves."""
     try:
-        _write_gate(backend, gate, holder, grace_ms, xp.GE(xp.SinceUpdateTime(), int(every_s * 1000)))
+        _write_gate(backend, gate, holder, grace_ms, xp.GE(xp.SinceUpdateTime(), int(every_s * 1000)), mark)
     except FilteredOut:
         return False
     except RecordBusy:
@@ -672,13 +674,12 @@ def claim_sweep_after(
     return True
 
 
-def _write_gate(backend: Backend, gate: str, holder: str, grace_ms: int, when: Any) -> None:
-    backend.operate(
-        keys.LOCK_SET, gate,
-        [op.write("sess", holder), op.write("host", socket.gethostname()[:200]), op.write("pid", os.getpid()),
-         op.write("grace", int(grace_ms))],
-        expression=when.compile(),
-    )
+def _write_gate(backend: Backend, gate: str, holder: str, grace_ms: int, when: Any, mark: str | None = None) -> None:
+    ops = [op.write("sess", holder), op.write("host", socket.gethostname()[:200]), op.write("pid", os.getpid()),
+           op.write("grace", int(grace_ms))]
+    if mark is not None:
+        ops.append(op.write("mark", mark))
+    backend.operate(keys.LOCK_SET, gate, ops, expression=when.compile())
 
 
 def sweep_gate_wait(backend: Backend, every_s: float, *, gate: str = keys.SWEEP_GATE) -> float:
@@ -697,28 +698,58 @@ def mark_lost_take(backend: Backend, *, mark: str = keys.LOST_TAKE_MARK) -> None
     second one would take other jobs), so the jobs it took are held by no one until a
     sweep offers them again: with the regular sweep alone, up to --sweep-every plus
     --sweep-grace later (over 6 minutes by default). The mark's last update, by the
-    server's clock, tells the workers to sweep sooner (`lost_take_age_ms`). Best
+    server's clock, tells the workers to sweep sooner (`lost_take_due`); each write
+    gives it a new `id`, which the sweep claimed for it records on the gate. Best
     effort: the store that lost the answer may refuse this too, and the regular sweep
     still finds those jobs."""
     with contextlib.suppress(AeroqueueError):
-        backend.operate(keys.LOCK_SET, mark, [op.write("host", socket.gethostname()[:200]), op.write("pid", os.getpid())])
+        backend.operate(keys.LOCK_SET, mark, [op.write("host", socket.gethostname()[:200]), op.write("pid", os.getpid()),
+                                              op.write("id", uuid.uuid4().hex)])
+
+
+@dataclass(frozen=True)
+class LostTake:
+    """A lost-take mark no sweep has served yet (`lost_take_due`)."""
+
+    age_ms: int  # since its last write, by the server's clock
+    mark: str | None  # its write's id: a sweep claimed with it (`claim_sweep`) serves it
+
+
+def lost_take_due(backend: Backend, *, mark: str = keys.LOST_TAKE_MARK, gate: str = keys.SWEEP_GATE) -> LostTake | None:
+    """The lost-take mark, if no sweep through the gate has served it; None otherwise.
+
+    The jobs the lost take took were last written before the mark. A sweep finds a job
+    once untouched for its grace, so one that began `d` ms after the mark finds them all
+    if its grace is `d` or less: then it served the mark. One begun a moment after it
+    with a longer grace (the regular sweep's 60 s, a reap's half expiry) does not, and
+    the mark is still due: counted as served, those jobs waited for the regular sweep,
+    minutes. The sweep claimed for the mark (its grace the mark's age as read, so no longer
+    than the time since) names it on the gate and serves it whatever the two
+    records' nodes' clocks say: a mark is never due for ever."""
+    since = eo.expression_read("since", xp.SinceUpdateTime().compile())
+    try:
+        rec = backend.operate(keys.LOCK_SET, mark, [since, op.read("id")])
+    except RecordNotFound:
+        return None
+    lost = LostTake(int(rec.bins["since"]), rec.bins.get("id"))
+    try:
+        g = backend.operate(keys.LOCK_SET, gate, [since, op.read("grace"), op.read("mark")]).bins
+    except RecordNotFound:
+        return lost
+    if lost.mark is not None and g.get("mark") == lost.mark:
+        return None
+    grace = g.get("grace")
+    # `lost.age_ms - g["since"]`: how long after the mark's write the gate's sweep began.
+    if g["since"] <= lost.age_ms and grace is not None and lost.age_ms - g["since"] >= grace:
+        return None
+    return lost
 
 
 def lost_take_age_ms(backend: Backend, *, mark: str = keys.LOST_TAKE_MARK, gate: str = keys.SWEEP_GATE) -> int | None:
-    """How long ago (ms, by the server's clock) a take's answer was last lost, if that
-    was after the last sweep through the gate began; None otherwise. A sweep that
-    counts a job as lost once untouched for that long finds every job the lost take
-    took: their records were last written before it, and none since (unclaimed)."""
-    since = eo.expression_read("since", xp.SinceUpdateTime().compile())
-    try:
-        lost = backend.operate(keys.LOCK_SET, mark, [since]).bins["since"]
-    except RecordNotFound:
-        return None
-    try:
-        swept = backend.operate(keys.LOCK_SET, gate, [since]).bins["since"]
-    except RecordNotFound:
-        return lost
-    return lost if lost < swept else None
+    """How long ago (ms, by the server's clock) a take's answer was last lost, if no
+    sweep has served that mark yet (`lost_take_due`); None otherwise."""
+    due = lost_take_due(backend, mark=mark, gate=gate)
+    return None if due is None else due.age_ms
 
 
 def _any_of(exprs: list[Any]) -> Any:
@@ -736,11 +767,17 @@ def sweep(backend: Backend, *, grace_ms: int = DEFAULT_SWEEP_GRACE_MS, stop: Cal
     # The stores as they were before the scan: a job taken while the scan runs is past
     # these heads, so it is never mistaken for one a dead reserver left behind.
     heads: dict[str, dict[str, Any]] = {}
+    # In ID mode the chunks are the store: what they held before the scan, read with the
+    # heads, for the same reason. Read after it, an ID a live reserver popped meanwhile
+    # (its claim a round trip away) was in no chunk, and its job was offered again.
+    unpopped: dict[str, list[int]] = {}
     for name in lists.names():
         with contextlib.suppress(ListNotFound):
             ranges += lists.recover(name)
             if not lists.status(name).complete:
                 heads[name] = lists.header(name)
+                if heads[name]["mode"] == "ids":
+                    unpopped[name] = lists.unpopped_ids(name, heads[name])
     unfinished = list(heads)
     if not unfinished:
         return SweepReport(0, 0, 0, ranges)
@@ -806,7 +843,7 @@ def sweep(backend: Backend, *, grace_ms: int = DEFAULT_SWEEP_GRACE_MS, stop: Cal
         with contextlib.suppress(ListNotFound):  # dropped meanwhile
             waiting = set(head.get("retry") or [])
             if head["mode"] == "ids":
-                waiting.update(lists.unpopped_ids(list_name, head))
+                waiting.update(unpopped[list_name])
                 lost = [j for j in jobs if j.bins["token"] not in waiting and j.bins["token"] < head["tail"]]
             else:
                 lost = [j for j in jobs if j.bins["token"] < head["head"] and j.bins["token"] not in waiting]
@@ -820,7 +857,7 @@ def sweep(backend: Backend, *, grace_ms: int = DEFAULT_SWEEP_GRACE_MS, stop: Cal
     overdue_before = time.time() * 1000 - grace_ms
     for list_name, jobs in found["delayed"].items():
         with contextlib.suppress(ListNotFound):  # dropped meanwhile
-            held = _held_by(lists, list_name, heads[list_name])
+            held = _held_by(lists, list_name, heads[list_name], unpopped.get(list_name))
             late = [j for j in jobs if j.bins.get("due", 0) < overdue_before and not held(j.bins["token"])]
             requeued += offer(list_name, late)
     if requeued or orphans:
@@ -830,12 +867,16 @@ def sweep(backend: Backend, *, grace_ms: int = DEFAULT_SWEEP_GRACE_MS, stop: Cal
     return SweepReport(requeued, orphans, recounted, ranges)
 
 
-def _held_by(lists: JobLists, list_name: str, head: dict[str, Any]) -> Callable[[int], bool]:
+def _held_by(
+    lists: JobLists, list_name: str, head: dict[str, Any], unpopped: list[int] | None = None
+) -> Callable[[int], bool]:
     """Whether the list record (as `head` read it) still holds a token where a take
     will hand it out: the retry store, the schedule (tokens and ranges), gates, due
     ranges (`ready`), timed jobs, and the token store's [head, tail) or, in ID mode,
-    the chunks not popped yet (read here). See aq_list_v1.lua's header."""
-    unpopped = lists.unpopped_ids(list_name, head) if head["mode"] == "ids" else []
+    the chunks not popped yet (`unpopped`, as read with `head`; None: read here). See
+    aq_list_v1.lua's header."""
+    if unpopped is None:
+        unpopped = lists.unpopped_ids(list_name, head) if head["mode"] == "ids" else []
     singles = set(head.get("retry") or []) | set(head.get("timed") or {}) | set(unpopped)
     ranges: list[tuple[int, int]] = []
     for items in (head.get("sched") or {}).values():

@@ -71,7 +71,7 @@ from .sessions import (
     Session,
     claim_sweep,
     claim_sweep_after,
-    lost_take_age_ms,
+    lost_take_due,
     reap,
     sweep,
     sweep_gate_wait,
@@ -103,8 +103,9 @@ PREFETCH_HOLD_S = 0.02
 LOST_ACK_WAIT_S = 10.0
 POOLS = ("thread", "process")
 # A take or ID-store pop that lost its answer (`sessions.mark_lost_take`) sets off a
-# sweep once the mark is LOST_TAKE_SETTLE_MS old (by then its reserver would have
-# claimed: a younger mark may be a reserver still claiming), through the sweep gate
+# sweep once the mark is LOST_TAKE_SETTLE_MS old (the sweep's grace is the mark's
+# age: a shorter one would also take jobs whose holder's release or fail is still
+# pushing them back, and offer them twice, one copy left over), through the sweep gate
 # as if the interval were LOST_TAKE_SWEEP_EVERY_S: in a node's failure every
 # reservation may lose its answer, and the store is then swept that often, not once
 # a reap interval by every worker.
@@ -1036,10 +1037,16 @@ class Worker:
         # Not while stopping: the drain gives back every claim the session holds.
         if stop():
             return report, None, reaped_at
-        self._release_orphans(session)
+        # Neither step's failure (an index query refused while partitions migrate) may
+        # fail the task: the report would be lost with it, and a session the reap ended
+        # never swept after. Each is tried again at the next turn.
+        try:
+            self._release_orphans(session)
+        except AeroqueueError as e:
+            log.warning("maintenance failed", extra={"event": "maintenance_failed", "error": str(e)})
         try:
             return report, self._lost_take_grace(session), reaped_at
-        except AeroqueueError as e:  # the report still counts: the mark is looked at next turn
+        except AeroqueueError as e:
             log.warning("maintenance failed", extra={"event": "maintenance_failed", "error": str(e)})
             return report, None, reaped_at
 
@@ -1047,12 +1054,12 @@ class Worker:
         """The grace (ms) of a sweep for the jobs of takes whose answers were lost, when
         one is due and this worker won the gate for it; else None. The grace is the
         last lost answer's age: those jobs were last written before it."""
-        age = lost_take_age_ms(self.backend)
-        if age is None or age < LOST_TAKE_SETTLE_MS:
+        due = lost_take_due(self.backend)
+        if due is None or due.age_ms < LOST_TAKE_SETTLE_MS:
             return None
-        if not claim_sweep(self.backend, LOST_TAKE_SWEEP_EVERY_S, session.id, grace_ms=age):
+        if not claim_sweep(self.backend, LOST_TAKE_SWEEP_EVERY_S, session.id, grace_ms=due.age_ms, mark=due.mark):
             return None
-        return age
+        return due.age_ms
 
     def _renew_prefetched(self) -> None:
         """Prefetched jobs wait claimed while their thread works: their time limit runs

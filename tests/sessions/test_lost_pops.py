@@ -209,3 +209,29 @@ def test_a_worker_killed_between_its_pop_and_its_claims_loses_no_job(
         assert (job["state"], job["att"]) == ("done", 1), (i, job)
     st = lists.status(list_name)
     assert (st.done, st.dead, st.in_flight, st.complete) == (N_JOBS, 0, 0, True), st
+
+
+def test_a_pop_during_a_sweeps_scan_is_not_taken_for_a_lost_one(registered, queue, lists, list_name, session,
+                                                                  monkeypatch):
+    """The sweep tells a lost ID-mode job (popped, never claimed) by its ID being in no
+    chunk. It read the chunks after its scan: an ID a live reserver popped meanwhile,
+    its claim a round trip away, was offered again, and waited in the retry store while
+    it ran (a wasted claim later). The chunks are read with the heads, before the scan,
+    as the token store's head is: what is popped after them is the poppers'."""
+    from aeroqueue import transitions
+
+    lists.load(list_name, specs(3), mode="ids", chunk_size=3, seal=True)
+    real_scan = registered.scan
+    popped: list[int] = []
+
+    def scan(set_name: str, **kw: Any) -> Any:
+        if set_name == keys.JOB_SET and not popped:
+            # A reserver pops now, after the sweep read the heads; it claims later.
+            popped.extend(transitions.ids_once(registered, keys.chunk_name(list_name, 0), "pop", 1))
+        return real_scan(set_name, **kw)
+
+    monkeypatch.setattr(registered, "scan", scan)
+    report = sweep(registered, grace_ms=0)
+    assert len(popped) == 1
+    assert report.requeued == 0 and popped[0] not in (lists.header(list_name).get("retry") or []), \
+        "the job a live reserver just popped was offered again"

@@ -35,7 +35,9 @@ def test_the_mark_is_due_until_a_sweep_through_the_gate_begins(registered, no_ma
     age = lost_take_age_ms(registered)
     assert age is not None and 0 <= age < 10_000, age
     time.sleep(0.01)
-    assert claim_sweep(registered, 0, "s1")  # a sweep begins after the mark
+    # A sweep begins after the mark, with a grace that finds its jobs (none longer than
+    # the time since: `test_a_sweep_begun_after_the_mark_serves_it_only_if...` below).
+    assert claim_sweep(registered, 0, "s1", grace_ms=0)
     assert lost_take_age_ms(registered) is None
     time.sleep(0.01)
     mark_lost_take(registered)  # and an answer lost after that sweep began
@@ -72,3 +74,115 @@ def test_jobs_of_a_lost_take_answer_run_once_soon_with_the_default_sweep_setting
         assert rec is not None and (rec.bins["state"], rec.bins["att"]) == ("done", 1), rec
     st = lists.status(list_name)
     assert (st.done, st.dead, st.in_flight, st.reservable) == (N, 0, 0, 0), st
+
+
+def test_a_sweep_begun_after_the_mark_serves_it_only_if_its_grace_finds_those_jobs(registered, no_marks):
+    """A sweep finds a job once untouched for its grace; the lost take's jobs were last
+    written before the mark. One that began after the mark serves it only if it began
+    at least its grace later: the regular sweep (60 s) or a reap's (half an expiry),
+    begun a moment after the mark, finds none of those jobs written shortly before. The
+    mark counted as served by any sweep begun after it: those jobs then waited for the
+    regular sweep, minutes."""
+    mark_lost_take(registered)
+    time.sleep(0.05)
+    assert claim_sweep(registered, 0, "regular", grace_ms=60_000)  # begins after the mark, its grace 60 s
+    assert lost_take_age_ms(registered) is not None, "the mark still wants a sweep"
+    time.sleep(0.05)
+    assert claim_sweep(registered, 0, "short", grace_ms=0)  # one that finds every job untouched since it began
+    assert lost_take_age_ms(registered) is None
+
+
+def test_the_lost_take_sweep_serves_the_mark_it_read_not_a_later_one(registered, no_marks, monkeypatch):
+    """The worker's claim for a lost take's sweep serves the mark it read, with that
+    mark's age as its grace: never forever due, whatever the nodes' clocks say. A mark
+    written again between that read and the claim (another reserver's lost answer,
+    whose jobs may have been written since the first) is still due."""
+    from aeroqueue import worker as worker_module
+
+    w = Worker(registered, lambda job: None, ["unused"], interval_s=0.5, expiry_s=2.0)
+    session = Session.open(registered, heartbeat=False, interval_s=0.5, expiry_s=2.0)
+    try:
+        monkeypatch.setattr(worker_module, "LOST_TAKE_SETTLE_MS", 0)
+        mark_lost_take(registered)
+        time.sleep(0.05)
+        assert w._lost_take_grace(session) is not None  # claimed
+        assert lost_take_age_ms(registered) is None, "served by the sweep just claimed"
+        time.sleep(0.05)
+        mark_lost_take(registered)
+        time.sleep(0.05)
+        real_claim = worker_module.claim_sweep
+
+        def claim_after_another_mark(*args, **kwargs):
+            mark_lost_take(registered)  # another reserver's lost answer, between the read and the claim
+            return real_claim(*args, **kwargs)
+
+        monkeypatch.setattr(worker_module, "claim_sweep", claim_after_another_mark)
+        monkeypatch.setattr(worker_module, "LOST_TAKE_SWEEP_EVERY_S", 0)
+        assert w._lost_take_grace(session) is not None
+        assert lost_take_age_ms(registered) is not None, "the later mark is still due"
+    finally:
+        session.close()
+
+
+def test_jobs_of_a_lost_take_come_back_soon_though_a_regular_sweep_began_just_after(
+    registered, lists: JobLists, queue: Queue, session: Session, list_name, no_marks, monkeypatch
+):
+    """The regular sweep (grace 60 s) of another worker begins right after the mark:
+    it finds nothing of the lost take (its jobs were just loaded). The mark must still
+    set off a sweep: the store is swept again once the lost-take interval has passed
+    (shortened here), not at the next regular sweep, minutes later."""
+    from aeroqueue import worker as worker_module
+    from aeroqueue.sessions import sweep
+
+    monkeypatch.setattr(worker_module, "LOST_TAKE_SWEEP_EVERY_S", 3.0)
+    lists.load(list_name, [JobSpec(f"j{i}", {"i": i}) for i in range(N)], seal=True)
+    with answer_lost(registered, keys.LIST_MOD, "take"), pytest.raises(errors.BackendTimeout):
+        queue.reserve(list_name, session, 1)
+    time.sleep(0.05)
+    assert claim_sweep(registered, 300, "another worker", grace_ms=60_000)
+    assert sweep(registered, grace_ms=60_000).requeued == 0, "the regular sweep finds no job of the lost take"
+
+    runs: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def handle(job: Job) -> None:
+        with lock:
+            runs[job.jid] += 1
+
+    w = Worker(registered, handle, [list_name], concurrency=2, interval_s=0.5, expiry_s=2.0)
+    with running(w):
+        wait_for("every job done", lambda: lists.status(list_name).complete, 30)
+    assert runs == Counter({f"j{i}": 1 for i in range(N)}), runs
+
+
+def test_an_answer_lost_within_a_second_of_the_last_mark_is_marked_too(
+    registered, lists: JobLists, queue: Queue, session: Session, list_name, no_marks
+):
+    """A queue writes the mark at most once a second (`LOST_MARK_EVERY_S`). An answer
+    lost within that second took jobs that may have been written after the mark (here:
+    a list loaded since), which the sweep the mark sets off (its grace: the mark's age)
+    does not find; and that sweep serves the mark. Skipped, the second answer's jobs
+    waited for the regular sweep, minutes; it is marked at the end of the second."""
+    other = f"{list_name}-b"
+    lists.load(list_name, [JobSpec("a0", {})], seal=True)
+    with answer_lost(registered, keys.LIST_MOD, "take"), pytest.raises(errors.BackendTimeout):
+        queue.reserve(list_name, session, 1)
+    marked = time.monotonic()
+    time.sleep(0.5)
+    lists.load(other, [JobSpec("b0", {})], seal=True)  # written after the mark
+    time.sleep(0.2)
+    with answer_lost(registered, keys.LIST_MOD, "take"), pytest.raises(errors.BackendTimeout):
+        queue.reserve(other, session, 1)
+    assert time.monotonic() - marked < 1.0, "within the second after the mark"
+
+    runs: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def handle(job: Job) -> None:
+        with lock:
+            runs[job.jid] += 1
+
+    w = Worker(registered, handle, [list_name, other], concurrency=2, interval_s=0.5, expiry_s=2.0)
+    with running(w):
+        wait_for("every job done", lambda: lists.status(list_name).complete and lists.status(other).complete, 30)
+    assert runs == Counter({"a0": 1, "b0": 1}), runs

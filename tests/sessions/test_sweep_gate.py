@@ -185,3 +185,29 @@ def test_a_workers_sweep_after_a_reap_is_skipped_when_another_began_since(regist
         time.sleep(POST_REAP_SETTLE_S + 1.5)
     # Half the dead session's expiry, below this worker's own grace: the reap's sweep.
     assert swept == [500] * expected, swept
+
+
+def test_the_sweep_after_a_reap_survives_a_failed_orphan_check(registered, lists, list_name, monkeypatch, no_marks):
+    """The orphan check runs after the reap in the reaper's thread (`Worker._reap`): a
+    query of the session's claims, which the store refuses now and then while partitions
+    migrate. Raising there failed the whole task, and the reap's report with it: the
+    session it ended was never swept after, and its process's taken, never claimed jobs
+    waited for the regular sweep (minutes)."""
+    swept: list[int] = []
+
+    def counting_sweep(*_: Any, grace_ms: int, **__: Any) -> SweepReport:
+        swept.append(grace_ms)
+        return SweepReport(0, 0, 0, 0)
+
+    def failing_check(self: Worker, session: Session) -> None:
+        raise worker_module.AeroqueueError("partition unavailable (a test's orphan check)")
+
+    monkeypatch.setattr(worker_module, "sweep", counting_sweep)
+    monkeypatch.setattr(worker_module.Worker, "_release_orphans", failing_check)
+    lists.load(list_name, [JobSpec("j", {})], seal=True)
+    dead = Session.open(registered, heartbeat=False, interval_s=0.25, expiry_s=1.0)  # never beats: expires
+    w = Worker(registered, lambda job: None, [list_name], interval_s=0.5, expiry_s=2.0)
+    with running(w):
+        wait_for("the dead session reaped", lambda: registered.get(keys.SESS_SET, dead.id) is None, 20)
+        wait_for("the sweep after the reap", lambda: swept, POST_REAP_SETTLE_S + 5)
+    assert swept[0] == 500, swept  # half the dead session's expiry
