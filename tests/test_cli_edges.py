@@ -66,6 +66,9 @@ def test_a_store_in_a_directory_that_does_not_exist_is_an_error_and_makes_nothin
     for args in (("lists",), ("--create", "lists"), ("init",)):
         line = one_error_line(cli(*args, url=f"embedded://{tmp_path}/typo/store.db"), 1)
         assert f"directory {tmp_path}/typo does not exist" in line
+        # init and --create make the file, never its directory: sending the user to them
+        # (as for a missing file) would be a circle, `init` itself answering "run init".
+        assert f"mkdir -p {tmp_path}/typo" in line and "aeroqueue init" not in line and "--create" not in line, line
     assert not (tmp_path / "typo").exists()
 
 
@@ -74,6 +77,17 @@ def test_a_namespace_the_cluster_does_not_have_is_named_with_where_to_fix_it(rea
     wrong = real_url.rsplit("/", 1)[0] + "/no_such_ns"
     line = one_error_line(cli("lists", url=wrong), 1)
     assert "Invalid namespace: no_such_ns" in line and "aerospike://host:3000/NAMESPACE" in line, line
+
+
+def test_credentials_for_a_server_without_users_say_so_not_that_it_is_down(real_url):
+    """A server-only case: a URL with user:password@ for a server whose security is off
+    (every Community Edition server). The client's own message is "Failed to connect",
+    as for a server that is down: the error must say the login was refused instead."""
+    scheme, rest = real_url.split("://", 1)
+    line = one_error_line(cli("lists", url=f"{scheme}://app:pw-not-shown@{rest}"), 1)
+    assert "the server refused the login (SecurityNotSupported, code 51)" in line, line
+    assert "remove user:password@" in line and "is the server running" not in line, line
+    assert "pw-not-shown" not in line and "app:***@" in line, line
 
 
 def test_a_store_file_that_does_not_exist_needs_init_or_create(tmp_path):

@@ -70,8 +70,19 @@ def open_backend(url: str | StoreURL | None = None, *, create: bool = True, **em
     except aerospike.exception.AerospikeError as e:
         # str(parsed) masks the password: nothing secret reaches logs.
         seeds = "its seed" if len(parsed.hosts) == 1 else f"any of its {len(parsed.hosts)} seeds"
-        err = BackendError(f"cannot connect to {parsed} through {seeds}: {getattr(e, 'msg', e)}", operation="connect")
-        err.hint = "is the server running and reachable? check --url or AEROQUEUE_URL"
+        why = getattr(e, "msg", e)
+        hint = "is the server running and reachable? check --url or AEROQUEUE_URL"
+        if isinstance(e, aerospike.exception.AdminError):
+            # The client says only "Failed to connect" for a refused login too: the
+            # server answered, so "is it running?" would send the user the wrong way.
+            why = f"{why}: the server refused the login ({type(e).__name__}, code {e.code})"
+            if isinstance(e, (aerospike.exception.SecurityNotSupported, aerospike.exception.SecurityNotEnabled)):
+                hint = ("the server has no users to log in as (security is off; Community Edition has none): "
+                        "remove user:password@ from --url or AEROQUEUE_URL")
+            else:
+                hint = "check the user name and password in --url or AEROQUEUE_URL"
+        err = BackendError(f"cannot connect to {parsed} through {seeds}: {why}", operation="connect")
+        err.hint = hint
         raise err from e
     return Backend(client, parsed)
 

@@ -8,6 +8,7 @@ neither has a login, so another address belongs behind a proxy that has one.
 from __future__ import annotations
 
 import signal
+import socket
 import threading
 from typing import Any
 
@@ -83,12 +84,34 @@ def dashboard(obj: Context, port: int, host: str, read_only: bool, trusted_hosts
     # The bound address itself is a name it is reached by (a wildcard is not).
     bound = () if is_wildcard(host) else (host,)
     app = create_app(obj.backend(), read_only=read_only, trusted_hosts=(*bound, *trusted_hosts))
-    server = make_server(host, port, app, threaded=True)
+    listener = _dashboard_socket(host, port)
+    try:
+        # werkzeug takes a duplicate of the descriptor: ours is closed either way.
+        server = make_server(host, port, app, threaded=True, fd=listener.fileno())
+    finally:
+        listener.close()
     threading.Thread(target=server.serve_forever, name="dashboard", daemon=True).start()
-    err_console.print(
-        f"dashboard on http://{host}:{server.server_port}/" + (" (read-only)" if read_only else ""), highlight=False
-    )
+    err_console.print(f"dashboard on http://{host}:{server.port}/" + (" (read-only)" if read_only else ""), highlight=False)
     _serve_until(stop, server)
+
+
+def _dashboard_socket(host: str, port: int) -> socket.socket:
+    """The dashboard's listening socket, bound here: werkzeug, binding it itself, answers
+    a port in use or an address this host lacks with two lines of its own and an exit,
+    naming neither the address nor the port, and no "error:" as the other commands say."""
+    from werkzeug.serving import LISTEN_QUEUE, get_sockaddr, select_address_family
+
+    family = select_address_family(host, port)
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        # As werkzeug's server does: a dashboard restarted at once gets its port back.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(get_sockaddr(host, port, family))
+        sock.listen(LISTEN_QUEUE)
+    except OSError as e:
+        sock.close()
+        raise ConfigError(f"cannot serve the dashboard on {host}:{port}: {e.strerror or e}") from None
+    return sock
 
 
 def _stop_on_signals() -> Stop:

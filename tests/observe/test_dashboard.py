@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import re
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -397,3 +398,24 @@ def test_dashboard_command_serves_on_loopback(registered: Backend, store_url: st
         code = stop(proc)
     assert code == 0, log.read_text()[-3000:]
     assert job_state(registered, name, 3) == "dead"
+
+
+def test_dashboard_command_names_an_address_it_cannot_serve_on(registered: Backend, store_url: str) -> None:
+    """A port in use, or an address the host lacks, is one "error:" line naming the address
+    and port (werkzeug alone printed its own two lines naming neither), and no server."""
+    from click.testing import CliRunner
+
+    from aeroqueue.cli import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        busy = CliRunner().invoke(main, ["--url", store_url, "dashboard", "--port", str(port)])
+    assert busy.exit_code == 1, busy.output
+    assert busy.output.strip() == f"error: cannot serve the dashboard on 127.0.0.1:{port}: Address already in use", busy.output
+    # TEST-NET-1 (RFC 5737): an address no test machine holds.
+    foreign = CliRunner().invoke(main, ["--url", store_url, "dashboard", "--host", "192.0.2.1", "--port", "0"])
+    assert foreign.exit_code == 1, foreign.output
+    assert foreign.output.startswith("error: cannot serve the dashboard on 192.0.2.1:0: "), foreign.output
+    assert len(foreign.output.strip().splitlines()) == 1, foreign.output

@@ -40,6 +40,7 @@ import fcntl
 import logging
 import marshal
 import os
+import shlex
 import sqlite3
 import threading
 import time
@@ -151,7 +152,11 @@ def _check_path(path: Path, create: bool) -> None:
     if path.is_dir():
         raise NotAStore(f"embedded store {path}: is a directory, not a store file")
     if not path.parent.is_dir():
-        raise StoreNotFound(f"embedded store {path}: directory {path.parent} does not exist")
+        err = StoreNotFound(f"embedded store {path}: directory {path.parent} does not exist")
+        # Not StoreNotFound's "create it with `aeroqueue init`": init and --create make the
+        # file, never its directory, so `init` would answer its own error with "run init".
+        err.hint = f"check the path for a typo, or make the directory first: mkdir -p {shlex.quote(str(path.parent))}"
+        raise err
     if not path.exists():
         if not create:
             raise StoreNotFound(f"embedded store {path} does not exist")
