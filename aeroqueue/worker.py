@@ -991,7 +991,10 @@ class Worker:
                 elif done is not None and not swept.targeted:
                     gate_held = 0.0
                 if now >= next_sweep and not sweeper.busy and after_reap is not None:
-                    since_ms, after_reap = int((now - after_reap) * 1000), None
+                    # Measured now, not at the tick's start: the server measures the gate's
+                    # age when the claim reaches it, and a tick that took a while made a
+                    # sweep begun since the reap look older than the reap.
+                    since_ms, after_reap = int((time.monotonic() - after_reap) * 1000), None
                     if not claim_sweep_after(self.backend, since_ms, sweep_grace_ms, session.id):
                         # Served by another worker's sweep, begun since the reap.
                         next_sweep = now + self.sweep_every_s * random.uniform(0.8, 1.2)

@@ -42,7 +42,9 @@ def test_a_named_list_dropped_while_the_worker_waits_is_named_once_not_once_a_se
     """Dropped (or not loaded yet), the list is not complete: the worker waits for a
     load, and says so once, instead of a maintenance failure in its log each check."""
     lists.load(list_name, [JobSpec("d0", {})])  # not sealed: the worker waits on
-    w = Worker(registered, lambda job: None, [list_name], interval_s=0.1, expiry_s=2.0, idle_s=0.05,
+    # A session expiry a loaded machine's heartbeats keep up with (2 s did not, once: the
+    # worker exited, its session lost, before the check below).
+    w = Worker(registered, lambda job: None, [list_name], interval_s=0.1, expiry_s=6.0, idle_s=0.05,
                reap_every_s=0.1, until_complete=True)
     t = threading.Thread(target=lambda: w.run(install_signals=False), daemon=True)
     with caplog.at_level(logging.WARNING, logger="aeroqueue.worker"):
@@ -51,8 +53,8 @@ def test_a_named_list_dropped_while_the_worker_waits_is_named_once_not_once_a_se
             wait_for("the job done", lambda: lists.status(list_name).done == 1)
             lists.drop(list_name, grace_s=0)
             threading.Event().wait(1.5)  # more than one check a second apart
-            assert t.is_alive(), "a dropped list is not complete"
             events = [getattr(r, "event", "") for r in caplog.records]
+            assert t.is_alive(), f"a dropped list is not complete (the worker's warnings: {events})"
             assert "maintenance_failed" not in events, events
             assert events.count("list_missing") == 1, events
         finally:
