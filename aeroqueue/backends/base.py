@@ -654,11 +654,16 @@ class Backend:
 
     def indexes(self) -> dict[str, tuple[str, str, str]]:
         """The namespace's secondary indexes: name -> (set, bin, type)."""
-        self.round_trips += 1
-        try:
-            answers = self.client.info_all(f"sindex-list:ns={self.namespace}")
-        except aex.AerospikeError as e:
-            raise wrap(e, "sindex-list", self.namespace) from e
+        def once() -> Any:
+            self.round_trips += 1
+            try:
+                return self.client.info_all(f"sindex-list:ns={self.namespace}")
+            except aex.AerospikeError as e:
+                raise wrap(e, "sindex-list", self.namespace) from e
+
+        # A read: repeated when it times out (seen from a loaded machine: code 9, once,
+        # failing a worker's start, which registers the modules and reads this first).
+        answers = retry_in_doubt(once)
         out: dict[str, tuple[str, str, str]] = {}
         for err, text in answers.values():
             if err is not None or not text:

@@ -118,6 +118,29 @@ def test_index_creation_answers_as_the_server_does(backend: Backend, set_name):
                 c.index_remove(ns, name)
 
 
+def test_the_index_list_is_read_again_when_a_read_of_it_times_out(backend: Backend, monkeypatch):
+    """A worker's start reads the index list (registering the modules): an answer that
+    timed out (code 9, seen from a loaded machine) failed the start."""
+    calls: list[str] = []
+
+    class FirstTimesOut:
+        def __init__(self, client: object) -> None:
+            self.client = client
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.client, name)
+
+        def info_all(self, command: str, *args: object, **kwargs: object) -> object:
+            calls.append(command)
+            if len(calls) == 1:
+                raise aex.TimeoutError(9, "timeout")
+            return self.client.info_all(command, *args, **kwargs)  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(backend, "client", FirstTimesOut(backend.client))
+    assert isinstance(backend.indexes(), dict)
+    assert len(calls) == 2, calls
+
+
 def test_get_returns_the_user_key_only_under_a_send_key_policy(backend: Backend, set_name):
     """The project's client sends keys (config policies.key = SEND), so `get` answers
     with the user key; a call with an explicit digest policy answers None."""
