@@ -36,6 +36,7 @@ from typing import Any
 
 from .errors import AeroqueueError, ClaimLost, JobNotFound, RecordTooBig
 from .queue import Job, Queue
+from .results import too_big_to_store
 
 log = logging.getLogger("aeroqueue.acks")
 
@@ -228,12 +229,13 @@ class AckBatcher:
             self.queue.complete(job, result)
         except (ClaimLost, JobNotFound):
             outcome = "lost"
-        except RecordTooBig as e:
+        except RecordTooBig:
             if self.too_big is None:
                 outcome = "failed"
             else:
                 try:
-                    self.too_big(job, f"the handler's result is too big to store ({e})", context)
+                    self.too_big(job, too_big_to_store(result, self.queue.backend.max_record_size(),
+                                                       "the handler's result"), context)
                 except Exception:  # a bug in the callback must not stop the sending thread
                     log.exception("too-big callback failed", extra={"event": "ack_callback_failed", "jid": job.jid})
                     outcome = "failed"

@@ -46,6 +46,12 @@ def host_name(host: str) -> str:
     return str(mapped or ip)
 
 
+def url_host(address: str) -> str:
+    """A bind address as a URL's host: an IPv6 address in brackets ('::1' ->
+    '[::1]'), or 'http://::1:9420/' is no URL a browser or curl takes."""
+    return f"[{address}]" if ":" in address and not address.startswith("[") else address
+
+
 def is_wildcard(address: str) -> bool:
     """Whether a bind address means every address of the machine (0.0.0.0, ::, '')."""
     name = host_name(address)

@@ -263,8 +263,9 @@ def _run_concurrently(
     add: Callable[[tuple[int, int, int], int], None],
 ) -> None:
     """Ranges on `n_workers` threads, and one more queued (bounded memory).
-    The first failure stops new ranges; those in flight finish (or stay pending for
-    recovery, as a killed loader's would) before it is raised."""
+    The first failure (of a range, or of `ranges` itself) stops new ranges; those in
+    flight finish (or stay pending for recovery, as a killed loader's would) before it
+    is raised."""
     pending: dict[Future[tuple[int, int, int]], int] = {}
     error: BaseException | None = None
 
@@ -278,16 +279,21 @@ def _run_concurrently(
                 add(f.result(), size)
 
     with ThreadPoolExecutor(max_workers=n_workers, thread_name_prefix="aeroqueue-load") as pool:
-        for i, batch in enumerate(ranges):
-            if error is not None:
-                break
-            pending[pool.submit(loader.load_range, i, batch)] = len(batch)
-            if len(pending) > n_workers:
+        try:
+            for i, batch in enumerate(ranges):
+                if error is not None:
+                    break
+                pending[pool.submit(loader.load_range, i, batch)] = len(batch)
+                if len(pending) > n_workers:
+                    done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                    collect(done)
+        finally:
+            # Also when the input stops the load (the CLI's SIGTERM): the ranges in
+            # flight finish all the same, and are counted, so that what it reports
+            # loaded is what the list holds.
+            while pending:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
                 collect(done)
-        while pending:
-            done, _ = wait(pending, return_when=FIRST_COMPLETED)
-            collect(done)
     if error is not None:
         raise error
 

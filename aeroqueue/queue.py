@@ -57,7 +57,7 @@ from .errors import (
     StaleRequest,
 )
 from .lists import JobLists, backoff_of
-from .results import checked_result
+from .results import checked_result, result_size, too_big_to_store
 from .sessions import LEASE_WINDOW_S, PAST_LIMIT, Session, mark_lost_take
 
 log = logging.getLogger("aeroqueue.queue")
@@ -461,7 +461,7 @@ class Queue:
             # the jobs claimed are handed out all the same.
             log.warning("delayed jobs not scheduled", extra={"event": "reschedule_failed", "list": name, "error": str(e)})
         jobs += self._jobs(name, sess, rid, tlim, [a for a in answers if a and a.get("st") == "ok"])
-        too_big: list[Job] = []
+        too_big: list[tuple[Job, Any]] = []
         failed: AeroqueueError | None = None
         try:
             for (job, result), answer in zip(acks, acked, strict=True):
@@ -469,17 +469,17 @@ class Queue:
                     if not self._acked(job, result, answer):
                         lost.append(job)
                 except RecordTooBig:
-                    too_big.append(job)  # the same result is as big next time: the others go on
+                    too_big.append((job, result))  # the same result is as big next time: the others go on
                 except AeroqueueError as e:
                     # The others are decided (and counted) all the same: one ack's
                     # trouble must not leave acks that landed without their bits.
                     failed = failed or e
             if failed is not None:
                 # Its account too: what else was refused or too big is not lost from sight.
-                failed.too_big, failed.lost = too_big, lost  # type: ignore[attr-defined]
+                failed.too_big, failed.lost = [j for j, _ in too_big], lost  # type: ignore[attr-defined]
                 raise failed
             if too_big:
-                raise _too_big(too_big, len(acks), lost)
+                raise _too_big(too_big, len(acks), lost, self.backend.max_record_size())
         except AeroqueueError as e:
             e.reserved = earlier + jobs
             e._from_ack = True  # type: ignore[attr-defined]
@@ -714,6 +714,14 @@ class Queue:
         a complete from a session that lost the claim raises `ClaimLost`. A result
         that cannot be stored as JSON raises `ResultNotStorable`, with nothing sent."""
         result = checked_result(result)
+        try:
+            self._complete_one(job, result)
+        except RecordTooBig as e:
+            # The store's own answer names the UDF and the code, not the sizes nor what to do.
+            raise RecordTooBig(f"acknowledging job {job.jid!r}: "
+                               + too_big_to_store(result, self.backend.max_record_size()), code=13) from e
+
+    def _complete_one(self, job: Job, result: Any) -> None:
         if job.lease is not None:
             code = self._leased_codes([job], [result])[0]
             if code == 13:
@@ -807,7 +815,7 @@ class Queue:
             if code == 0:
                 done[job.list].append(job.token)
             elif code == 13:
-                too_big.append(job)
+                too_big.append((job, res))
             else:
                 alone.append((job, res))
         # The bits of what is done, one add per list, before any repeat below can raise.
@@ -826,14 +834,14 @@ class Queue:
                 lost.append(job)
                 continue
             except RecordTooBig:
-                too_big.append(job)
+                too_big.append((job, res))
                 continue
             if job.lease is not None:
                 self._settled(job)
         if too_big:
             # Raised once every other ack is decided (and counted): the same result
             # is as big next time, so these jobs are the caller's to fail instead.
-            raise _too_big(too_big, len(jobs), lost)
+            raise _too_big(too_big, len(jobs), lost, self.backend.max_record_size())
         return lost
 
     def _leased_codes(self, jobs: Sequence[Job], results: Sequence[Any]) -> list[int]:
@@ -993,13 +1001,20 @@ _RID_PREFIX = ""
 _rid_counter = itertools.count()
 
 
-def _too_big(too_big: list[Job], of: int, lost: list[Job]) -> RecordTooBig:
+def _too_big(too_big: list[tuple[Job, Any]], of: int, lost: list[Job], max_record_size: int) -> RecordTooBig:
     """The error for acks whose results would make their records too big, raised once
     every other ack of the call is decided: ``too_big`` holds those jobs, ``lost``
-    the call's refused ones."""
-    err = RecordTooBig(f"acknowledging {len(too_big)} of {of} jobs: their records would exceed the namespace's "
-                       "max-record-size; the others were acknowledged", code=13)
-    err.too_big, err.lost = too_big, lost  # type: ignore[attr-defined]
+    the call's refused ones. It says the (largest) result's size and the limit."""
+    if len(too_big) == 1:
+        (job, result), = too_big
+        what, why = f"job {job.jid!r}" + (f" (1 of {of})" if of > 1 else ""), too_big_to_store(result, max_record_size)
+    else:
+        largest = max((r for _, r in too_big), key=lambda r: result_size(r) or 0)
+        what = f"{len(too_big)} of {of} jobs"
+        why = too_big_to_store(largest, max_record_size, "the largest result")
+    others = "; the others were acknowledged" if len(too_big) < of else ""
+    err = RecordTooBig(f"acknowledging {what}: {why}{others}", code=13)
+    err.too_big, err.lost = [j for j, _ in too_big], lost  # type: ignore[attr-defined]
     return err
 
 

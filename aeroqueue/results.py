@@ -18,7 +18,7 @@ from typing import Any
 from .errors import ResultNotStorable
 from .loading import INT64, MAX_DEPTH, NUL_WHY, holds_nul, too_deep
 
-__all__ = ["ResultNotStorable", "checked_result", "storable_result"]
+__all__ = ["ResultNotStorable", "checked_result", "result_size", "storable_result", "too_big_to_store"]
 
 
 def storable_result(value: Any, what: str = "the handler's result") -> Any:
@@ -37,6 +37,24 @@ def storable_result(value: Any, what: str = "the handler's result") -> Any:
     if "\\u0000" in text and holds_nul(stored):
         raise ResultNotStorable(f"{what} cannot be stored: {NUL_WHY}")
     return stored
+
+
+def too_big_to_store(value: Any, max_record_size: int, what: str = "the result") -> str:
+    """Why the store refused `value` (already storable) as too big for its job's record,
+    with the sizes and what to do instead: the store's own answer named neither."""
+    n = result_size(value)
+    size = "" if n is None else f"it is {n:,} bytes of JSON, "
+    return (f"{what} is too big to store: {size}more than its job's record can hold (the store's max-record-size "
+            f"is {max_record_size:,} bytes, for the whole record); store big results elsewhere (a file, an "
+            "object store) and return a reference to them")
+
+
+def result_size(value: Any) -> int | None:
+    """Bytes of `value`'s compact JSON (UTF-8); None if it is not a JSON value."""
+    try:
+        return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+    except (TypeError, ValueError, RecursionError, UnicodeEncodeError):
+        return None
 
 
 def checked_result(value: Any, what: str = "the result") -> Any:

@@ -62,7 +62,7 @@ from .errors import (
 from .lists import JobLists, is_complete
 from .observe import NULL_OBSERVER, WorkerObserver
 from .queue import Job, Queue, Retry
-from .results import ResultNotStorable, storable_result
+from .results import ResultNotStorable, storable_result, too_big_to_store
 from .selection import DEFAULT_BACKOFF_MAX_S, DEFAULT_REFRESH_S, ListArg, ListSelector, parse_lists
 from .sessions import (
     DEFAULT_EXPIRY_S,
@@ -148,10 +148,28 @@ def load_handler(spec: str) -> Handler:
             if ours:
                 where = f" ({os.path.relpath(ours[-1].filename)}, line {ours[-1].lineno})"
         raise ConfigError(f"handler {spec!r}: importing {module_name!r} raised {type(e).__name__}: {e}{where}") from e
-    fn = getattr(module, attr, None)
-    if not callable(fn):
+    fn = getattr(module, attr, _MISSING)
+    if fn is _MISSING:
         raise ConfigError(f"handler {spec!r}: {module_name} has no function {attr!r}")
+    if not callable(fn):
+        raise ConfigError(f"handler {spec!r}: {module_name}.{attr} is not a function: it is {_what(fn)}")
     return fn
+
+
+_MISSING = object()
+
+
+def _what(value: Any) -> str:
+    """What a value is, in a few words: its type, and a short text of it."""
+    if value is None:
+        return "None"
+    try:
+        text = repr(value)
+    except Exception:  # a broken __repr__ must not hide the actual mistake
+        text = object.__repr__(value)
+    shown = text if len(text) <= 60 else text[:57] + "..."
+    kind = type(value).__name__
+    return f"{'an' if kind[:1].lower() in 'aeiou' else 'a'} {kind} ({shown})"
 
 
 @dataclass
@@ -266,8 +284,11 @@ def acknowledge(queue: Queue, job: Job, ok: bool, value: Any, session: Session |
             # Even a short failure does not fit the record: a store error, for the
             # caller to handle as one (the worker gives the job back, its attempt counted).
             raise
-        if ok or isinstance(value, Retry):
+        if ok:
             # Retrying cannot help: the same result is as big next time.
+            why = too_big_to_store(value, queue.backend.max_record_size(), "the handler's result")
+            return acknowledge(queue, job, False, why, session, _last=True)
+        if isinstance(value, Retry):
             return acknowledge(queue, job, False, f"the handler's result is too big to store ({e})", session, _last=True)
         # The failure itself did not fit (a huge message, or a record near the limit):
         # recorded once more, cut to its first line, and no more.

@@ -907,3 +907,18 @@ def test_output_cut_short_by_its_reader_is_not_an_error(ready_url, list_name):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141, err
     assert err == ""
+
+
+@pytest.mark.parametrize("command", [["complete"], ["fail", "--error", "e"]], ids=["complete", "fail"])
+def test_a_job_id_given_for_its_token_says_what_token_is(tmp_path, command):
+    """`aeroqueue complete LIST c5` (the job's id where its token goes) said only "'c5' is
+    not a valid integer range.": nothing of what TOKEN is, nor where to find it. Still
+    wrong usage (2), said before any store is opened."""
+    out = cli(*command[:1], "L", "c5", "--session", "s", *command[1:], url=f"embedded://{tmp_path / 'none.db'}")
+    line = one_error_line(out, 2)
+    assert line.startswith("error: Invalid value for 'TOKEN': 'c5' is not a token: TOKEN is the job's number in its "
+                           "list, the \"token\" that `aeroqueue reserve` printed for it (not its id)"), line
+    assert not (tmp_path / "none.db").exists()
+    # A number out of range keeps click's own message.
+    assert "-1 is not in the range x>=0" in one_error_line(cli(*command[:1], "L", "--session", "s", *command[1:], "--",
+                                                               "-1"), 2)

@@ -56,7 +56,7 @@ def main(ctx: click.Context, url: str | None, verbose: bool, create: bool) -> No
     recover the jobs of workers that died. Exit status: 0 success, 1 error
     (one line on stderr), 2 wrong usage, 3 and 4 from `worker` (see its help),
     130 interrupted, 141 output cut short by its reader (`| head`), 143 a
-    single `sync` stopped by SIGTERM.
+    single `sync` or a `load` stopped by SIGTERM.
     """
     default_command_logging()
     ctx.obj = Context(url=url, verbose=verbose, create=create)

@@ -226,9 +226,28 @@ def _ack_json(job: Job, outcome: str) -> str:
     return json.dumps({"list": job.list, "token": job.token, "id": job.jid, "session": job.session, "outcome": outcome})
 
 
+class _Token(click.IntRange):
+    """A job's token: click's own "'c5' is not a valid integer range." said nothing of
+    what TOKEN is, to a user who gave the job's id (what `job show` takes)."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            int(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a token: TOKEN is the job's number in its list, the \"token\" that "
+                      "`aeroqueue reserve` printed for it (not its id)", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+TOKEN_ARG = click.argument("token", type=_Token())
+
+
 @click.command()
 @LIST_ARG
-@click.argument("token", type=click.IntRange(0))
+@TOKEN_ARG
 @option("--session", env="SESSION", required=True, help="The session the job was reserved under.")
 @option("--result", env="RESULT", default="null", help="The result, as JSON.")
 @JSON_OPT
@@ -269,7 +288,7 @@ _FAILED = {"retry": "will be retried", "delayed": "will be retried after the lis
 
 @click.command()
 @LIST_ARG
-@click.argument("token", type=click.IntRange(0))
+@TOKEN_ARG
 @option("--session", env="SESSION", required=True, help="The session the job was reserved under.")
 @option("--error", "error_text", env="ERROR", required=True, help="What went wrong.")
 @JSON_OPT

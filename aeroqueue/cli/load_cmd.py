@@ -6,9 +6,12 @@ import contextlib
 import ctypes
 import itertools
 import json
+import signal
 import stat
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +27,7 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from ..errors import LoadError
+from ..errors import LoadError, Terminated
 from ..lists import DEFAULT_CHUNK, JobLists, max_payload
 from ..load import EMBEDDED_CHUNK
 from ..loading import STDIN, read_file, sniff_format, spooled_stdin, validate
@@ -103,6 +106,50 @@ def _identity(path: Path) -> tuple[int, int, int] | None:
     return st.st_size, st.st_mtime_ns, st.st_ino
 
 
+class _SigTerm(BaseException):
+    """SIGTERM, out of the signal handler: a BaseException, as KeyboardInterrupt is,
+    so that no `except Exception` on the way takes it for an error it can handle."""
+
+
+class _TermGuard:
+    """SIGTERM during a load. While the input is read and checked nothing is written
+    yet: the handler raises at once. While jobs are written it only assigns (a handler
+    may not take a lock: aeroqueue.stopping), and `rows` raises between two rows: no
+    range is started after it, those in flight finish (`load._run_concurrently`), so
+    the list holds whole ranges, none pending on a lease, and the same load run again
+    finishes it at once."""
+
+    def __init__(self) -> None:
+        self.writing = False
+        self.asked = False
+        self.total: int | None = None  # jobs in the input, once checked
+
+    def on_signal(self, signum: int, frame: Any = None) -> None:
+        if self.asked:
+            return  # a second one: the stop is under way
+        self.asked = True
+        if not self.writing:
+            raise _SigTerm()
+
+    def rows(self, rows: Iterable[Any]) -> Iterator[Any]:
+        for row in rows:
+            if self.asked:
+                raise _SigTerm()
+            yield row
+
+
+@contextlib.contextmanager
+def _sigterm_handled(guard: _TermGuard) -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread can handle a signal (CliRunner in a thread)
+        return
+    previous = signal.signal(signal.SIGTERM, guard.on_signal)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 @click.command()
 @LIST_ARG
 @click.argument("file", type=click.Path(path_type=Path, dir_okay=False, allow_dash=True))
@@ -138,9 +185,36 @@ def load(
     a bad line loads nothing, and an empty input is an error. Then it is read
     again to write, so memory stays bounded whatever its size. Re-running the
     same load adds nothing twice (jobs are keyed by their id); re-running it
-    on a list it sealed is a no-op.
+    on a list it sealed is a no-op. SIGTERM stops it between two load ranges
+    (exit 143); the same load run again finishes it.
     """
     _few_malloc_arenas()
+    guard = _TermGuard()
+    written = 0
+
+    def wrote(k: int) -> None:
+        nonlocal written
+        written += k
+
+    with _sigterm_handled(guard):
+        try:
+            _load(obj, list_name, file, fmt, id_field, strict, mode, max_attempts, timeout_s, backoff_s, backoff_max_s,
+                  delay_s, seal, chunk_size, workers, as_json, guard, wrote)
+        except _SigTerm:
+            total = f" of {guard.total:,}" if guard.total is not None else ""
+            raise Terminated(
+                f"load stopped by SIGTERM before it finished: {written:,}{total} jobs loaded into {list_name}"
+                + (", and the list is not sealed" if seal else "")
+                + "; run the same load again to finish it (it adds nothing twice)"
+            ) from None
+
+
+def _load(
+    obj: Context, list_name: str, file: Path, fmt: str | None, id_field: str, strict: bool, mode: str | None,
+    max_attempts: int, timeout_s: float | None, backoff_s: float | None, backoff_max_s: float | None, delay_s: float,
+    seal: bool, chunk_size: int | None, workers: int | None, as_json: bool, guard: _TermGuard,
+    wrote: Callable[[int], None],
+) -> None:
     backend = obj.backend()
     check_new_list_policy(JobLists(backend), list_name, max_attempts, timeout_s, backoff_s, backoff_max_s)
     limit = max_payload(backend)
@@ -171,16 +245,23 @@ def load(
             raise LoadError("the file changed while it was checked (is it still being written?); run the load "
                             "again once it is complete", source=source)
         progress.update(checking, total=n, completed=n)
+        guard.total = n
         if n == 0:
             raise LoadError("no jobs in the input, so no list was created", source=source)
         t1 = time.perf_counter()
         note_new_list_options(JobLists(backend), list_name)
         writing = progress.add_task(f"loading into {list_name}", total=n)
+        guard.writing = True
+
+        def advance(k: int) -> None:
+            wrote(k)
+            progress.advance(writing, k)
+
         # Only the rows the check saw: a line appended since (an exporter still writing
         # the file) would be loaded unchecked, or stop the load half-way.
         report = JobLists(backend).load(
-            list_name, itertools.islice(read(), n), mode=mode, seal=seal, chunk_size=chunk_size, max_attempts=max_attempts,
-            workers=workers, progress=lambda k: progress.advance(writing, k), timeout_s=timeout_s,
+            list_name, guard.rows(itertools.islice(read(), n)), mode=mode, seal=seal, chunk_size=chunk_size,
+            max_attempts=max_attempts, workers=workers, progress=advance, timeout_s=timeout_s,
             backoff_s=backoff_s, backoff_max_s=backoff_max_s, delay_s=delay_s,
         )
         t2 = time.perf_counter()

@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from ..errors import ConfigError
-from ..hosts import is_wildcard
+from ..hosts import is_wildcard, url_host
 from ..keys import check_list_name
 from ..stopping import Stop
 from .context import Context, err_console, option, seconds, usage_check
@@ -53,7 +53,7 @@ def metrics(
     backend = obj.backend()
     registry = store_registry(backend, ListNames(backend, lists, discover_every_s=discover_every))
     server = serve(registry, port, host, trusted_hosts)
-    err_console.print(f"serving metrics on http://{host}:{server.server_port}/metrics", highlight=False)
+    err_console.print(f"serving metrics on http://{url_host(host)}:{server.server_port}/metrics", highlight=False)
     _serve_until(stop, server)
 
 
@@ -91,7 +91,7 @@ def dashboard(obj: Context, port: int, host: str, read_only: bool, trusted_hosts
     finally:
         listener.close()
     threading.Thread(target=server.serve_forever, name="dashboard", daemon=True).start()
-    err_console.print(f"dashboard on http://{host}:{server.port}/" + (" (read-only)" if read_only else ""), highlight=False)
+    err_console.print(f"dashboard on http://{url_host(host)}:{server.port}/" + (" (read-only)" if read_only else ""), highlight=False)
     _serve_until(stop, server)
 
 

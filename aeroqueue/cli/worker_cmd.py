@@ -16,6 +16,7 @@ from rich.text import Text
 
 from ..acks import DEFAULT_LINGER_S
 from ..errors import AeroqueueError
+from ..hosts import url_host
 from ..logs import configure_logging
 from ..selection import DEFAULT_BACKOFF_MAX_S, DEFAULT_REFRESH_S, parse_list
 from ..sessions import DEFAULT_SWEEP_GRACE_MS
@@ -120,7 +121,7 @@ def worker(
         observer.bind(lambda: w.in_flight)
         server = serve(observer.registry, metrics_port, metrics_host, metrics_trusted_hosts, option="--metrics-trusted-host")
         logging.getLogger("aeroqueue.worker").info(
-            "serving metrics", extra={"event": "metrics", "url": f"http://{metrics_host}:{server.server_port}/metrics"})
+            "serving metrics", extra={"event": "metrics", "url": f"http://{url_host(metrics_host)}:{server.server_port}/metrics"})
     if live:
         with Live(_counters_table(w), console=err_console, refresh_per_second=2, transient=False) as display:
             stop = threading.Event()

@@ -863,6 +863,31 @@ def test_a_result_too_big_fails_its_own_ack_and_the_rest_are_counted(
         assert leases_of(registered, session) == {}
 
 
+@pytest.mark.parametrize("lease", [True, False], ids=["leased", "claimed"])
+def test_a_result_too_big_says_its_size_the_limit_and_what_to_do(
+    queue: Queue, lists: JobLists, list_name: str, session: Session, lease: bool
+) -> None:
+    """It said "aq_job_v1.complete on aq_job/L/0 failed: ... AEROSPIKE_ERR_RECORD_TOO_BIG
+    (Aerospike code 13)" (one job), or only that records "would exceed the namespace's
+    max-record-size" (a batch): neither how big the result was, nor the limit, nor what
+    to do about it."""
+    load(lists, list_name, 4)
+    jobs = queue.reserve(list_name, session, 4, lease=lease)
+    limit = f"max-record-size is {queue.backend.max_record_size():,} bytes"
+    advice = "store big results elsewhere (a file, an object store) and return a reference to them"
+    with pytest.raises(errors.RecordTooBig) as caught:
+        queue.complete(jobs[0], {"text": "x" * 2_000_000})
+    assert str(caught.value) == (
+        f"acknowledging job {jobs[0].jid!r}: the result is too big to store: it is 2,000,011 bytes of JSON, more "
+        f"than its job's record can hold (the store's {limit}, for the whole record); {advice}")
+    with pytest.raises(errors.RecordTooBig) as caught:
+        queue.complete_many(jobs[1:], ["x" * 3_000_000, 1, "é" * 1_600_000])
+    message = str(caught.value)
+    assert message.startswith("acknowledging 2 of 3 jobs: the largest result is too big to store: it is "
+                              "3,200,002 bytes of JSON"), message  # UTF-8 bytes, not characters
+    assert limit in message and message.endswith(f"{advice}; the others were acknowledged"), message
+
+
 def test_complete_and_reserve_with_results_too_big_acknowledges_and_reserves_the_rest(
     registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session
 ) -> None:

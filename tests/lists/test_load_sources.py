@@ -5,11 +5,15 @@ names file, line and field, or a load of every job, never a half-written list.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +21,7 @@ from click.testing import CliRunner
 
 from aeroqueue.backends import open_backend
 from aeroqueue.cli import load_cmd, main
+from aeroqueue.errors import ListNotFound
 from aeroqueue.lists import JobLists
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -191,3 +196,105 @@ def test_complete_with_a_result_past_the_decoder_is_wrong_usage(tmp_path, result
 def test_json_nested_thousands_deep_is_refused_with_file_line_and_field(tmp_path, name, text):
     path, line = _refused_load(tmp_path, name, text)
     assert f"{path}, line " in line and "field " in line and "nested more than 31 deep" in line, line
+
+
+# `aeroqueue load` and SIGTERM (a job runner's deadline, a service's stop): it died
+# at once, status 143 from the signal and not a word, a range left pending on its
+# lease (the next load waited for it to lapse). It stops between two ranges instead,
+# says on one line how many jobs it loaded and that the same load run again finishes
+# it, and exits 143.
+_SLOW_LOAD = """
+import sys, time
+from aeroqueue import load
+from aeroqueue.cli import main
+
+real = load._RangeLoader.load_range
+
+def slow(self, i, batch):  # a load long enough to be stopped half-way, on any machine
+    time.sleep(0.05)
+    return real(self, i, batch)
+
+load._RangeLoader.load_range = slow
+main(sys.argv[1:], prog_name="aeroqueue")
+"""
+
+
+def _handles_sigterm(pid: int) -> bool:
+    """The process installed its SIGTERM handler (Linux: SigCgt, bit 15 from 1)."""
+    with open(f"/proc/{pid}/status") as f:
+        caught = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt:"))
+    return bool(caught >> (signal.SIGTERM - 1) & 1)
+
+
+def test_a_load_stopped_by_sigterm_says_what_it_loaded_and_the_same_load_finishes_it(store_url, tmp_path, list_name):
+    n, chunk = 6000, 100
+    path = tmp_path / "jobs.csv"
+    path.write_text("id,n\n" + "".join(f"j{i},{i}\n" for i in range(n)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AEROQUEUE_")}
+    env["PYTHONPATH"] = str(ROOT)
+    args = ["--url", store_url, "--create", "load", list_name, str(path), "--chunk-size", str(chunk), "--workers", "2"]
+    backend = open_backend(store_url)
+    lists = JobLists(backend)
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", _SLOW_LOAD, *args], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 60
+            while proc.poll() is None and time.monotonic() < deadline:
+                with contextlib.suppress(ListNotFound):
+                    if lists.status(list_name).reservable >= 2 * chunk:
+                        break
+                time.sleep(0.02)
+            assert proc.poll() is None, f"the load ended before it was stopped: {proc.communicate()}"
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 143, (proc.returncode, err)
+        assert out == "" and len(err.splitlines()) == 1, err
+        m = re.fullmatch(
+            rf"error: load stopped by SIGTERM before it finished: ([\d,]+) of {n:,} jobs loaded into {list_name}; "
+            r"run the same load again to finish it \(it adds nothing twice\)\n", err)
+        assert m, err
+        loaded = int(m.group(1).replace(",", ""))
+        assert 2 * chunk <= loaded < n and loaded % chunk == 0, err
+        # What it says is what the list holds: the ranges in flight finished, none is
+        # left pending on a lease for the next load to wait out.
+        status = lists.status(list_name)
+        assert (status.reservable, status.pending_ranges) == (loaded, 0)
+
+        again = _aq(*args, "--json", timeout=120)
+        assert again.returncode == 0, again.stderr
+        report = json.loads(again.stdout)
+        assert (report["loaded"], report["skipped"], report["waiting"]) == (n - loaded, loaded, 0)
+        assert lists.status(list_name).reservable == n
+    finally:
+        with contextlib.suppress(ListNotFound):
+            lists.drop(list_name, grace_s=0)
+        backend.close()
+
+
+def test_a_load_stopped_by_sigterm_while_it_reads_its_input_loads_nothing_and_says_so(tmp_path):
+    url = f"embedded://{tmp_path / 's.db'}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AEROQUEUE_")}
+    env["PYTHONPATH"] = str(ROOT)
+    proc = subprocess.Popen([sys.executable, "-m", "aeroqueue", "--url", url, "--create", "load", "L", "-"], env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write("id,n\na1,1\n")  # and more to come: the input is still being read
+        proc.stdin.flush()
+        deadline = time.monotonic() + 60
+        while not _handles_sigterm(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, (proc.returncode, err)
+    assert err == ("error: load stopped by SIGTERM before it finished: 0 jobs loaded into L; "
+                   "run the same load again to finish it (it adds nothing twice)\n"), err
+    with pytest.raises(ListNotFound):
+        JobLists(open_backend(url)).header("L")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import logging
+import re
 import socket
 import subprocess
 import threading
@@ -20,8 +21,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from aeroqueue import keys
-from aeroqueue.backends import Backend
+from aeroqueue import keys, udfs
+from aeroqueue.backends import Backend, open_backend
 from aeroqueue.errors import BackendTimeout
 from aeroqueue.hosts import TrustedHosts, host_name, is_wildcard
 from aeroqueue.lists import JobLists
@@ -597,3 +598,40 @@ def test_trusted_hosts_rule() -> None:
     assert wildcard.allows("Prom.Example:9420") and wildcard.allows("[::1]:9420") and not wildcard.allows("rebind.example")
     bound = TrustedHosts(bound="10.0.0.5")
     assert bound.allows("10.0.0.5:9420") and not bound.allows("10.0.0.6")
+
+
+def test_an_ipv6_address_is_printed_in_brackets_as_a_url_that_opens(tmp_path: Path) -> None:
+    """`--host ::1` printed "dashboard on http://::1:8420/": a URL neither a browser nor
+    curl takes. The metrics exporter, the dashboard and a worker's metrics line print
+    http://[::1]:PORT/..., and that URL answers."""
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback on this machine")
+    url = f"embedded://{tmp_path / 'store.db'}"
+    backend = open_backend(url)
+    udfs.register(backend)
+    JobLists(backend).load("L", [JobSpec("x", 1)])
+    backend.close()
+    commands = {
+        "metrics": ["metrics", "--host", "::1", "--port", "0", "--list", "L"],
+        "dashboard": ["dashboard", "--host", "::1", "--port", "0"],
+        "worker": ["worker", "--handler", "tests.observe.handlers:scripted", "--list", "L", "--metrics-host", "::1",
+                   "--metrics-port", "0", "--log-format", "json"],
+    }
+    procs = {name: spawn(["--url", url, *args], tmp_path / f"{name}.log") for name, args in commands.items()}
+    try:
+        for name, proc in procs.items():
+            log = tmp_path / f"{name}.log"
+            deadline = time.monotonic() + 30
+            while not (found := re.search(r'http://[^\s"]+', log.read_text())):
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.05)
+            printed = found.group(0)
+            assert re.fullmatch(r"http://\[::1\]:\d+/(metrics)?", printed), (name, printed)
+            with urllib.request.urlopen(printed, timeout=10) as answer:
+                assert answer.status == 200, (name, printed)
+    finally:
+        codes = {name: stop(proc) for name, proc in procs.items()}
+    assert codes == {name: 0 for name in procs}, codes

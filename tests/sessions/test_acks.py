@@ -213,8 +213,9 @@ def test_a_result_too_big_in_a_batch_is_sent_alone_and_the_rest_reported_done(
         jobs = queue.reserve(list_name, s, 16, lease=lease)
         outcomes: dict[str, str] = {}
         too_big: list[str] = []
+        whys: list[str] = []
         acks = AckBatcher(queue, lambda job, outcome, _: outcomes.__setitem__(job.jid, outcome),
-                          linger_s=0.05, too_big=lambda job, why, _: too_big.append(job.jid))
+                          linger_s=0.05, too_big=lambda job, why, _: (too_big.append(job.jid), whys.append(why)))
         completes = []
         real_complete = queue.complete
         queue.complete = lambda job, result=None: (completes.append(job.jid), real_complete(job, result))[1]
@@ -222,6 +223,10 @@ def test_a_result_too_big_in_a_batch_is_sent_alone_and_the_rest_reported_done(
             acks.add(job, "x" * (2 << 20) if i == 3 else i)
         assert acks.flush(20.0)
         assert too_big == ["j3"] and completes == ["j3"]
+        # What the worker records on the job: the sizes and what to do, not the store's code.
+        size, limit = f"{(2 << 20) + 2:,}", f"{registered.max_record_size():,}"
+        assert whys[0].startswith(f"the handler's result is too big to store: it is {size} bytes of JSON"), whys
+        assert f"max-record-size is {limit} bytes" in whys[0] and "return a reference" in whys[0], whys
         assert outcomes == {j.jid: "done" for j in jobs if j.jid != "j3"}
         assert acks.close(5.0)
 

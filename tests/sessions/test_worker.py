@@ -160,6 +160,26 @@ def test_load_handler_errors():
             load_handler(bad)
 
 
+@pytest.mark.parametrize(("attr", "what"), [
+    ("dumps", None),
+    ("decoder", "a module (<module 'json.decoder'"),
+    ("__all__", "a list (['dump', 'dumps', 'load', 'loads', 'JSONDecoder', 'JSONDe...)"),  # cut short
+    ("__builtins__", "a dict ("),
+])
+def test_a_handler_that_exists_but_is_not_a_function_is_said_to_be_what_it_is(attr, what):
+    """It said "json has no function 'decoder'": the name is there, only not callable."""
+    if what is None:
+        assert load_handler(f"json:{attr}") is __import__("json").dumps
+        return
+    with pytest.raises(errors.ConfigError) as got:
+        load_handler(f"json:{attr}")
+    assert str(got.value).startswith(f"handler 'json:{attr}': json.{attr} is not a function: it is {what}"), got.value
+    assert "has no function" not in str(got.value)
+    with pytest.raises(errors.ConfigError) as missing:
+        load_handler("json:no_such_function")
+    assert str(missing.value) == "handler 'json:no_such_function': json has no function 'no_such_function'"
+
+
 @pytest.mark.parametrize(("source", "line", "what"), [
     ('import os\nTOKEN = os.environ["AQ_TEST_UNSET_VAR"]\ndef h(job):\n    return 1\n', 2, "KeyError"),
     ("def h(job):\n    return 1\nLIMIT = 1 / 0\n", 3, "ZeroDivisionError"),

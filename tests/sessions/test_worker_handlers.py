@@ -86,7 +86,10 @@ def test_a_result_over_the_record_size_fails_the_job_with_a_true_error(queue, li
     # Over the 1 MiB record limit of both backends: retrying cannot help.
     assert run_job(queue, job, lambda job: "x" * 2_000_000, session) == "retry"
     rec = queue.backend.get(keys.JOB_SET, job.name).bins
-    assert rec["state"] == "queued" and rec["err"].startswith("the handler's result is too big to store")
+    assert rec["state"] == "queued" and rec["err"].startswith(
+        "the handler's result is too big to store: it is 2,000,002 bytes of JSON, more than its job's record can "
+        f"hold (the store's max-record-size is {queue.backend.max_record_size():,} bytes"), rec["err"]
+    assert "store big results elsewhere" in rec["err"] and "AEROSPIKE_ERR" not in rec["err"], rec["err"]
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
