@@ -16,6 +16,7 @@ from collections import Counter
 import pytest
 
 from aeroqueue import errors, keys
+from aeroqueue.backends import Backend
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Job, Queue
@@ -26,6 +27,22 @@ from tests.sessions.test_worker import running
 from tests.waiting import wait_for
 
 N = 8
+
+
+def run_until_complete(backend: Backend, lists: JobLists, names: list[str], timeout_s: float) -> Counter[str]:
+    """A worker (default sweep settings) runs until every list of `names` is complete,
+    or `timeout_s` passes: how many times each job id ran."""
+    runs: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def handle(job: Job) -> None:
+        with lock:
+            runs[job.jid] += 1
+
+    w = Worker(backend, handle, names, concurrency=2, interval_s=0.5, expiry_s=2.0)
+    with running(w):
+        wait_for("every job done", lambda: all(lists.status(n).complete for n in names), timeout_s)
+    return runs
 
 
 def test_the_mark_is_due_until_a_sweep_through_the_gate_begins(registered, no_marks):
@@ -56,19 +73,9 @@ def test_jobs_of_a_lost_take_answer_run_once_soon_with_the_default_sweep_setting
     assert took == count, taken  # it landed: those jobs are held by no one
     assert lost_take_age_ms(registered) is not None, "the lost answer left no mark"
 
-    runs: Counter[str] = Counter()
-    lock = threading.Lock()
-
-    def handle(job: Job) -> None:
-        with lock:
-            runs[job.jid] += 1
-
     # --sweep-every and --sweep-grace at their defaults (300 s, 60 s): only the mark
     # brings those jobs back within the wait below.
-    w = Worker(registered, handle, [list_name], concurrency=2, interval_s=0.5, expiry_s=2.0)
-    with running(w):
-        wait_for("every job done", lambda: lists.status(list_name).complete, 60)
-    assert runs == Counter({f"j{i}": 1 for i in range(N)}), runs
+    assert run_until_complete(registered, lists, [list_name], 60) == Counter({f"j{i}": 1 for i in range(N)})
     for token in range(N):
         rec = registered.get(keys.JOB_SET, keys.job_name(list_name, token))
         assert rec is not None and (rec.bins["state"], rec.bins["att"]) == ("done", 1), rec
@@ -142,17 +149,7 @@ def test_jobs_of_a_lost_take_come_back_soon_though_a_regular_sweep_began_just_af
     assert claim_sweep(registered, 300, "another worker", grace_ms=60_000)
     assert sweep(registered, grace_ms=60_000).requeued == 0, "the regular sweep finds no job of the lost take"
 
-    runs: Counter[str] = Counter()
-    lock = threading.Lock()
-
-    def handle(job: Job) -> None:
-        with lock:
-            runs[job.jid] += 1
-
-    w = Worker(registered, handle, [list_name], concurrency=2, interval_s=0.5, expiry_s=2.0)
-    with running(w):
-        wait_for("every job done", lambda: lists.status(list_name).complete, 30)
-    assert runs == Counter({f"j{i}": 1 for i in range(N)}), runs
+    assert run_until_complete(registered, lists, [list_name], 30) == Counter({f"j{i}": 1 for i in range(N)})
 
 
 def test_an_answer_lost_within_a_second_of_the_last_mark_is_marked_too(
@@ -175,14 +172,4 @@ def test_an_answer_lost_within_a_second_of_the_last_mark_is_marked_too(
         queue.reserve(other, session, 1)
     assert time.monotonic() - marked < 1.0, "within the second after the mark"
 
-    runs: Counter[str] = Counter()
-    lock = threading.Lock()
-
-    def handle(job: Job) -> None:
-        with lock:
-            runs[job.jid] += 1
-
-    w = Worker(registered, handle, [list_name, other], concurrency=2, interval_s=0.5, expiry_s=2.0)
-    with running(w):
-        wait_for("every job done", lambda: lists.status(list_name).complete and lists.status(other).complete, 30)
-    assert runs == Counter({"a0": 1, "b0": 1}), runs
+    assert run_until_complete(registered, lists, [list_name, other], 30) == Counter({"a0": 1, "b0": 1})

@@ -5,9 +5,11 @@ jobs scanned the store every 3 s. On both stores."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -149,6 +151,18 @@ def test_a_sweep_after_a_reap_is_served_by_one_begun_since_with_no_longer_a_grac
         registered.remove(keys.LOCK_SET, gate)
 
 
+@contextlib.contextmanager
+def reaping_a_dead_session(registered: Any, lists: Any, list_name: str) -> Iterator[None]:
+    """Inside the block a worker runs on a list of one job, and has reaped a session
+    with a 1 s expiry that never beat (the sweep after that reap: half of it, 500 ms)."""
+    lists.load(list_name, [JobSpec("j", {})], seal=True)
+    dead = Session.open(registered, heartbeat=False, interval_s=0.25, expiry_s=1.0)
+    w = Worker(registered, lambda job: None, [list_name], interval_s=0.5, expiry_s=2.0)
+    with running(w):
+        wait_for("the dead session reaped", lambda: registered.get(keys.SESS_SET, dead.id) is None, 20)
+        yield
+
+
 @pytest.mark.parametrize("theirs_ms,expected", [(500, 0), (600_000, 1)],
                          ids=["no longer a grace: served", "a longer grace (the control): swept"])
 def test_a_workers_sweep_after_a_reap_is_skipped_when_another_began_since(registered, lists, list_name, monkeypatch,
@@ -178,11 +192,7 @@ def test_a_workers_sweep_after_a_reap_is_skipped_when_another_began_since(regist
 
     monkeypatch.setattr(worker_module, "sweep", counting_sweep)
     monkeypatch.setattr(worker_module.Worker, "_reap", reap_then_another_sweeps)
-    lists.load(list_name, [JobSpec("j", {})], seal=True)
-    dead = Session.open(registered, heartbeat=False, interval_s=0.25, expiry_s=1.0)  # never beats: expires
-    w = Worker(registered, lambda job: None, [list_name], interval_s=0.5, expiry_s=2.0)
-    with running(w):
-        wait_for("the dead session reaped", lambda: registered.get(keys.SESS_SET, dead.id) is None, 20)
+    with reaping_a_dead_session(registered, lists, list_name):
         wait_for("the other worker's sweep", lambda: others, 10)
         time.sleep(POST_REAP_SETTLE_S + 1.5)
     # Half the dead session's expiry, below this worker's own grace: the reap's sweep.
@@ -206,10 +216,6 @@ def test_the_sweep_after_a_reap_survives_a_failed_orphan_check(registered, lists
 
     monkeypatch.setattr(worker_module, "sweep", counting_sweep)
     monkeypatch.setattr(worker_module.Worker, "_release_orphans", failing_check)
-    lists.load(list_name, [JobSpec("j", {})], seal=True)
-    dead = Session.open(registered, heartbeat=False, interval_s=0.25, expiry_s=1.0)  # never beats: expires
-    w = Worker(registered, lambda job: None, [list_name], interval_s=0.5, expiry_s=2.0)
-    with running(w):
-        wait_for("the dead session reaped", lambda: registered.get(keys.SESS_SET, dead.id) is None, 20)
+    with reaping_a_dead_session(registered, lists, list_name):
         wait_for("the sweep after the reap", lambda: swept, POST_REAP_SETTLE_S + 5)
     assert swept[0] == 500, swept  # half the dead session's expiry
