@@ -57,11 +57,19 @@ def test_a_load_onto_a_full_disk_says_so_and_a_rerun_with_room_loads_each_job_on
 
     rerun = _aq(url, "load", "big", str(jobs))
     assert rerun.returncode == 0, rerun.stderr[-2000:]
+    said = rerun.stderr
+    if "wait behind a load range" in said:
+        # The full load's ranges hold the re-run's back until their lease runs out and
+        # it recovers them; a recovery that failed meanwhile (a lock wait timing out on a
+        # loaded machine: seen once in CI) leaves them to the next load, as it says.
+        again = _aq(url, "load", "big", str(jobs))
+        assert again.returncode == 0, again.stderr[-2000:]
+        said += again.stderr
     backend = open_backend(url)
     try:
         lists = JobLists(backend)
         st = lists.status("big")
-        assert (st.total, st.reservable) == (N, N), st
+        assert (st.total, st.reservable) == (N, N), (st, said[-2000:])
         ids = Counter(j["jid"] for j in lists.jobs("big"))
         assert ids == Counter({f"j{i}": 1 for i in range(N)}), "each job id loaded exactly once"
     finally:
