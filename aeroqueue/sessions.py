@@ -745,13 +745,6 @@ def lost_take_due(backend: Backend, *, mark: str = keys.LOST_TAKE_MARK, gate: st
     return lost
 
 
-def lost_take_age_ms(backend: Backend, *, mark: str = keys.LOST_TAKE_MARK, gate: str = keys.SWEEP_GATE) -> int | None:
-    """How long ago (ms, by the server's clock) a take's answer was last lost, if no
-    sweep has served that mark yet (`lost_take_due`); None otherwise."""
-    due = lost_take_due(backend, mark=mark, gate=gate)
-    return None if due is None else due.age_ms
-
-
 def _any_of(exprs: list[Any]) -> Any:
     return exprs[0] if len(exprs) == 1 else xp.Or(*exprs)
 

@@ -20,7 +20,7 @@ from aeroqueue.backends import Backend
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Job, Queue
-from aeroqueue.sessions import Session, claim_sweep, lost_take_age_ms, mark_lost_take
+from aeroqueue.sessions import Session, claim_sweep, lost_take_due, mark_lost_take
 from aeroqueue.worker import Worker
 from tests.sessions.test_lost_pops import answer_lost
 from tests.sessions.test_worker import running
@@ -46,19 +46,19 @@ def run_until_complete(backend: Backend, lists: JobLists, names: list[str], time
 
 
 def test_the_mark_is_due_until_a_sweep_through_the_gate_begins(registered, no_marks):
-    assert lost_take_age_ms(registered) is None  # no answer lost
+    assert lost_take_due(registered) is None  # no answer lost
     mark_lost_take(registered)
     time.sleep(0.05)
-    age = lost_take_age_ms(registered)
-    assert age is not None and 0 <= age < 10_000, age
+    due = lost_take_due(registered)
+    assert due is not None and 0 <= due.age_ms < 10_000, due
     time.sleep(0.01)
     # A sweep begins after the mark, with a grace that finds its jobs (none longer than
     # the time since: `test_a_sweep_begun_after_the_mark_serves_it_only_if...` below).
     assert claim_sweep(registered, 0, "s1", grace_ms=0)
-    assert lost_take_age_ms(registered) is None
+    assert lost_take_due(registered) is None
     time.sleep(0.01)
     mark_lost_take(registered)  # and an answer lost after that sweep began
-    assert lost_take_age_ms(registered) is not None
+    assert lost_take_due(registered) is not None
 
 
 @pytest.mark.parametrize("mode,count,lost", [("tokens", 1, (keys.LIST_MOD, "take")), ("ids", 3, (keys.IDS_MOD, "pop"))],
@@ -71,7 +71,7 @@ def test_jobs_of_a_lost_take_answer_run_once_soon_with_the_default_sweep_setting
         queue.reserve(list_name, session, count)
     took = taken[0]["n"] if mode == "tokens" else len(taken[0])
     assert took == count, taken  # it landed: those jobs are held by no one
-    assert lost_take_age_ms(registered) is not None, "the lost answer left no mark"
+    assert lost_take_due(registered) is not None, "the lost answer left no mark"
 
     # --sweep-every and --sweep-grace at their defaults (300 s, 60 s): only the mark
     # brings those jobs back within the wait below.
@@ -93,10 +93,10 @@ def test_a_sweep_begun_after_the_mark_serves_it_only_if_its_grace_finds_those_jo
     mark_lost_take(registered)
     time.sleep(0.05)
     assert claim_sweep(registered, 0, "regular", grace_ms=60_000)  # begins after the mark, its grace 60 s
-    assert lost_take_age_ms(registered) is not None, "the mark still wants a sweep"
+    assert lost_take_due(registered) is not None, "the mark still wants a sweep"
     time.sleep(0.05)
     assert claim_sweep(registered, 0, "short", grace_ms=0)  # one that finds every job untouched since it began
-    assert lost_take_age_ms(registered) is None
+    assert lost_take_due(registered) is None
 
 
 def test_the_lost_take_sweep_serves_the_mark_it_read_not_a_later_one(registered, no_marks, monkeypatch):
@@ -113,7 +113,7 @@ def test_the_lost_take_sweep_serves_the_mark_it_read_not_a_later_one(registered,
         mark_lost_take(registered)
         time.sleep(0.05)
         assert w._lost_take_grace(session) is not None  # claimed
-        assert lost_take_age_ms(registered) is None, "served by the sweep just claimed"
+        assert lost_take_due(registered) is None, "served by the sweep just claimed"
         time.sleep(0.05)
         mark_lost_take(registered)
         time.sleep(0.05)
@@ -126,7 +126,7 @@ def test_the_lost_take_sweep_serves_the_mark_it_read_not_a_later_one(registered,
         monkeypatch.setattr(worker_module, "claim_sweep", claim_after_another_mark)
         monkeypatch.setattr(worker_module, "LOST_TAKE_SWEEP_EVERY_S", 0)
         assert w._lost_take_grace(session) is not None
-        assert lost_take_age_ms(registered) is not None, "the later mark is still due"
+        assert lost_take_due(registered) is not None, "the later mark is still due"
     finally:
         session.close()
 
