@@ -34,6 +34,9 @@ PAGE = 1000  # records per batch read when walking a list
 # How long a drop waits for completion bits still on their way (a worker's bit buffer
 # writes within ~50 ms of an ack) before it deletes the bitmaps a second time.
 DROP_GRACE_S = 1.0
+# `dropping` while a drop is only begun (sealed and paused, nothing deleted yet);
+# 1 once records go.
+DROP_BEGUN = 2
 
 __all__ = ["DEFAULT_CHUNK", "DEFAULT_LEASE_MS", "DropReport", "JobLists", "ListStatus", "LoadReport", "max_payload"]
 
@@ -540,8 +543,13 @@ class JobLists:
                 f"list {name!r} has a load in progress ({len(self._live_ranges(head))} range(s) allocated and not "
                 "published, their lease not run out): stop the loader, or wait for it, then drop again"
             )
-        # Sealed: no new range; paused: no new reservation. Neither is undone: the
-        # list is on its way out.
+        # Marked first, then sealed: an unsealed list whose jobs are all done would
+        # otherwise look complete (and a worker --until-complete exit) from the seal
+        # until its bitmaps go. The mark (dropping = 2) deletes nothing, so loads in
+        # flight still land and a resume gives the drop up (aq_list_v1.lua, set_flag).
+        self._flag(name, "dropping", DROP_BEGUN)
+        # Sealed: no new range; paused: no new reservation. The seal is never undone;
+        # the pause only by a resume that gives up a drop failed before its deletes.
         self._flag(name, "sealed", 1)
         self._flag(name, "paused", 1)
         paused_at = time.monotonic()
@@ -571,9 +579,9 @@ class JobLists:
         self._await_leases(name, lease_wait_s)
         # A tombstone, not a delete: Community Edition's deletes leave nothing that
         # would stop a rejoining node's copy of the list record from coming back.
-        # Its generation is past that copy's: the seal, pause and dropping flags and
-        # the tombstone are four writes made since, and a node cut off mid-write holds
-        # at most one its replica missed.
+        # Its generation is past that copy's: the drop's mark, seal, pause and dropping
+        # flags and the tombstone are at least four writes made since, and a node cut
+        # off mid-write holds at most one its replica missed.
         self._list_udf(name, "tombstone")
         # An ack that landed before its job was deleted sets its bit a moment later
         # (bit buffers, the fail path's dead bit): that would recreate a bitmap chunk,
@@ -804,8 +812,9 @@ class _Finished:
 
 def is_complete(head: dict[str, Any], done: int, dead: int) -> bool:
     """A list is complete once sealed, with no load range unpublished, and every job
-    done or dead."""
-    return head["sealed"] == 1 and not head.get("pend") and done + dead == head["total"]
+    done or dead; never while a drop of it is under way."""
+    return (head["sealed"] == 1 and not head.get("pend") and done + dead == head["total"]
+            and not head.get("dropping"))
 
 
 def _finished_in(start: int, n: int, skip: dict[int, Any] | None, finished: _Finished) -> int:

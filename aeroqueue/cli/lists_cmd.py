@@ -245,8 +245,9 @@ def drop(obj: Context, list_name: str, yes: bool, as_json: bool) -> None:
     jl = JobLists(obj.backend())
     if not yes:
         st = jl.status(list_name)  # a missing list is an error before anything is asked
-        question = (f"Drop list {list_name!r} and all its records: {st.total:,} job(s), {st.done:,} done, "
-                    f"{st.in_flight:,} in flight, {st.dead:,} dead? This cannot be undone.")
+        waiting = st.reservable + st.delayed + st.retry_pending  # every job not done, dead or running
+        question = (f"Drop list {list_name!r} and all its records: {st.total:,} job(s), {waiting:,} waiting, "
+                    f"{st.in_flight:,} in flight, {st.done:,} done, {st.dead:,} dead? This cannot be undone.")
         nobody = click.ClickException(f"list {list_name!r} not dropped: no confirmation (pass --yes to drop without asking)")
         if sys.stdin is None:  # file descriptor 0 closed (`<&-`): input() would raise RuntimeError
             raise nobody

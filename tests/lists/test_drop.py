@@ -127,6 +127,78 @@ def test_an_interrupted_drop_finishes_when_run_again(registered, store_url, queu
     assert leftovers(registered, list_name) == {}
 
 
+def test_an_unsealed_list_whose_jobs_are_all_done_never_looks_complete_while_it_is_dropped(
+        queue, lists, list_name, session, monkeypatch):
+    """The drop seals the list: with every job done, the list would be complete from the
+    seal until its bitmaps go, and a worker --until-complete following it would exit on
+    a list being dropped. Looked at in the middle of the drop, after its seal."""
+    lists.load(list_name, specs(2))  # not sealed
+    for job in queue.reserve(list_name, session, 2):
+        queue.complete(job)
+    assert not lists.status(list_name).complete, "not sealed: more may be loaded"
+    seen = []
+    real = JobLists._await_leases
+
+    def looks_first(self, name, wait_s):
+        st = lists.status(list_name)
+        seen.append((st.sealed, st.complete, lists.header(list_name).get("done_at")))
+        return real(self, name, wait_s)
+
+    monkeypatch.setattr(JobLists, "_await_leases", looks_first)
+    lists.drop(list_name, grace_s=0)
+    assert seen and all(sealed and not complete and done_at is None for sealed, complete, done_at in seen), seen
+
+
+def test_a_drop_given_up_before_anything_went_leaves_a_list_that_resumes_and_completes(
+        queue, lists, list_name, session, monkeypatch):
+    """A drop that fails before it deletes anything (a lease still held at its deadline)
+    leaves the list sealed and paused, not marked dropping: resumed, it is worked on and
+    completes like any sealed list."""
+    lists.load(list_name, specs(2))
+    first, second = queue.reserve(list_name, session, 2)
+    queue.complete(first)
+
+    def held(self, name, wait_s):
+        raise errors.ListError(f"list {name!r}: sessions still hold leases on 1 of its jobs")
+
+    monkeypatch.setattr(JobLists, "_await_leases", held)
+    with pytest.raises(errors.ListError, match="still hold leases"):
+        lists.drop(list_name, grace_s=0)
+    monkeypatch.undo()
+    st = lists.status(list_name)
+    assert (st.sealed, st.paused, st.dropping, st.complete) == (True, True, False, False), st
+    lists.pause(list_name, False)
+    queue.complete(second)
+    st = lists.status(list_name)
+    assert (st.paused, st.done, st.complete) == (False, 2, True), st
+
+
+def test_a_drop_run_again_over_one_that_stopped_half_way_keeps_the_list_unresumable(
+        registered, queue, lists, list_name, session, monkeypatch):
+    """A second drop marks the list as begun again: that mark must not lower the mark
+    of records already gone, or a resume in between would bring back a half-deleted list."""
+    busy_list(queue, lists, session, list_name)
+    real = JobLists._delete_all
+    monkeypatch.setattr(JobLists, "_delete_all", lambda *a, **kw: (_ for _ in ()).throw(
+        errors.BackendTimeout("the store stopped answering")))
+    with pytest.raises(errors.BackendTimeout):
+        lists.drop(list_name, grace_s=0)  # stopped half-way: records went
+    monkeypatch.setattr(JobLists, "_delete_all", real)
+
+    def held(self, name, wait_s):
+        raise errors.ListError(f"list {name!r}: sessions still hold leases on 1 of its jobs")
+
+    monkeypatch.setattr(JobLists, "_await_leases", held)
+    with pytest.raises(errors.ListError, match="still hold leases"):
+        lists.drop(list_name, grace_s=0)  # run again, given up before it deleted anything
+    monkeypatch.undo()
+    assert lists.status(list_name).dropping
+    with pytest.raises(errors.ListError, match="is being dropped"):
+        lists.pause(list_name, False)
+    lists.drop(list_name, grace_s=0)
+    assert leftovers(registered, list_name) == {}
+
+
 def drop_missing_half(lists: JobLists, name: str, monkeypatch) -> None:
     """A drop that misses half of the list's records, as one that ran while a node was
     cut off (frozen, partitioned) misses the copies that node brings back when it
@@ -252,8 +324,11 @@ def cli(url: str, *args: str, input: str | None = None):
     return CliRunner().invoke(main, ["--url", url, *args], input=input)
 
 
-def test_cli_asks_first_and_exits_1_for_a_missing_list(store_url, lists, list_name):
+def test_cli_asks_first_and_exits_1_for_a_missing_list(store_url, queue, lists, list_name, session):
     lists.load(list_name, specs(4), seal=True)
+    first, second = queue.reserve(list_name, session, 2)
+    queue.fail(first, "again")  # waits out its backoff: the question counts it waiting
+    queue.complete(second)
     out = cli(store_url, "drop", list_name, input="n\n")
     assert out.exit_code == 1 and "not dropped" in out.output
     out = cli(store_url, "drop", list_name, input="")
@@ -261,7 +336,7 @@ def test_cli_asks_first_and_exits_1_for_a_missing_list(store_url, lists, list_na
     assert lists.status(list_name).total == 4, "nothing changed"
     out = cli(store_url, "drop", list_name, input="y\n")
     assert out.exit_code == 0, out.output
-    assert "4 job(s)" in out.output and "cannot be undone" in out.output
+    assert "4 job(s), 3 waiting, 0 in flight, 1 done, 0 dead?" in out.output and "cannot be undone" in out.output
     out = cli(store_url, "drop", list_name, "--yes")
     assert out.exit_code == 1 and f"no job list named '{list_name}'" in out.output
     lists.load(list_name, specs(2), seal=True)
