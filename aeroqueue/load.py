@@ -241,7 +241,10 @@ def _await_earlier(lists: JobLists, name: str, ours: dict[int, int], lease_ms: i
         pubs = head["pubs"]
         if pubs > last:
             return 0
-        blockers = {seq: r["exp"] for seq, r in (head.get("pend") or {}).items() if seq < last and r.get("real") is None}
+        # A lease moved by an embedded store's hold credit (aq_list_v1 `credit`) is no
+        # sign of life: only what the loader renewed counts.
+        blockers = {seq: r["exp"] - r.get("cr", 0)
+                    for seq, r in (head.get("pend") or {}).items() if seq < last and r.get("real") is None}
         renewed = any(seq in seen and exp != seen[seq] for seq, exp in blockers.items())
         if renewed or time.monotonic() > give_up:
             return sum(n for seq, n in ours.items() if seq >= pubs)

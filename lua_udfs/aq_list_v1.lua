@@ -13,9 +13,10 @@
 --   total    integer            real jobs published (tokens minus void ones)
 --   head     integer            next token the token store hands out (never past tail)
 --   cursor   integer            ID store: the chunk reservations pop from (never moves back)
---   pend     map seq -> map{start, n, exp, real, rid, at}   ranges allocated, not yet published
+--   pend     map seq -> map{start, n, exp, real, rid, at, cr}   ranges allocated, not yet published
 --                               (rid: the loader's id for the range, so a repeated alloc
---                               finds it; at: server ms of the alloc)
+--                               finds it; at: server ms of the alloc; cr: ms of holds
+--                               credited to its lease, see credit)
 --   retry    list of tokens     jobs that came back: served before the token store
 --   done_at  integer            server ms when status first saw the list complete
 --   tlim     integer            a claim's time limit, ms (handed to claim by take)
@@ -595,7 +596,7 @@ function publish(rec, seq, real, due, timed, cap, created, deadline)
 end
 
 -- Sets the lease end of the unpublished ranges `seqs` (nil: all of them) to
--- what end_of(exp) answers (nil: left as it is). Answers how many it moved.
+-- what end_of(range) answers (nil: left as it is). Answers how many it moved.
 local function move_leases(rec, seqs, end_of)
   if not live(rec) then return 0 end
   local pend = rec['pend']
@@ -606,7 +607,7 @@ local function move_leases(rec, seqs, end_of)
   local n = 0
   for s in list.iterator(seqs) do
     local r = pend[s]
-    local exp = r ~= nil and r['real'] == nil and end_of(r['exp'])
+    local exp = r ~= nil and r['real'] == nil and end_of(r)
     if exp then
       r['exp'] = exp
       pend[s] = r
@@ -630,15 +631,24 @@ function renew(rec, seqs, lease_ms, created, deadline)
   if stale(deadline) then return 'stale' end
   if aerospike:exists(rec) and replaced(rec, created) then return 0 end
   local t = now()
-  return move_leases(rec, seqs, function(exp) if exp > t then return t + lease_ms end end)
+  return move_leases(rec, seqs, function(r) if r['exp'] > t then return t + lease_ms end end)
 end
 
 -- credit(rec, ms) -> integer
 --   The embedded store was held by one writer for `ms` (aeroqueue/backends/
 --   holds.py): no loader could renew meanwhile, so every unpublished range's
---   lease moves that much later. Answers how many it moved.
+--   lease that still ran when the hold began moves that much later; one that
+--   had run out before was not held back, and stays with recovery. A range
+--   adds its credits up in `cr`: a load waiting behind it tells them from its
+--   loader's renewals (load._await_earlier). Answers how many it moved.
 function credit(rec, ms)
-  return move_leases(rec, nil, function(exp) return exp + ms end)
+  local began = now() - ms
+  return move_leases(rec, nil, function(r)
+    if r['exp'] > began then
+      r['cr'] = (r['cr'] or 0) + ms
+      return r['exp'] + ms
+    end
+  end)
 end
 
 -- expired(rec) -> list of map{seq, start, n}

@@ -8,8 +8,9 @@ would land before their heartbeats. So every embedded backend (`open_backend`)
 credits each hold of ``storage.LONG_HOLD_MS`` or more to the live sessions, inside
 the holding transaction: their last heartbeat (``beat``, aq_sess_v1.lua) moves that
 much later, as if the time had not passed for them. Loaders renew their load
-ranges' leases the same way, so those move later too (aq_list_v1.credit). A real
-server holds its locks itself: nothing to credit there.
+ranges' leases the same way, so those still running when the hold began move later
+too (aq_list_v1.credit, which keeps the credit apart from the loader's renewals). A
+real server holds its locks itself: nothing to credit there.
 
 Here and not in `aeroqueue.sessions`, which builds on this package: every process
 that writes credits its holds, whatever it runs (a worker, a load, the CLI).

@@ -22,6 +22,7 @@ from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Queue
 from aeroqueue.sessions import Session
+from tests.waiting import wait_for
 
 _REGISTERED: set[str] = set()
 
@@ -195,6 +196,53 @@ def test_a_load_behind_a_dead_loaders_range_finishes_it_and_returns_reservable(e
     st = lists.status(list_name)
     assert (st.total, st.reservable, st.pending_ranges) == (10, 10, 0)
     assert waited >= 1.0, "it waited for the dead loader's lease, not less"
+
+
+def test_a_hold_credited_while_a_load_waits_for_a_dead_loaders_range_is_no_renewal(env, list_name):
+    """An embedded store's long hold (250 ms or more, common on a loaded machine) moves
+    every unpublished lease later (aq_list_v1 `credit`). The load waiting behind a dead
+    loader took that move for the loader's renewal, gave up on it, and reported its
+    own jobs waiting (seen in CI)."""
+    _, lists, _, _ = env
+    lists.create(list_name)
+    dead = lists._list_udf(list_name, "alloc", 5, 3000, "dead")["seq"]
+    moved: list[int] = []
+
+    def hold_credited() -> None:
+        # Once the load's own range is written and waits behind the dead one: the hold
+        # credited as backends.holds does, to every lease still running.
+        wait_for("the load's range written", lambda: any(
+            seq != dead and r.get("real") is not None for seq, r in lists.header(list_name)["pend"].items()), 10)
+        moved.append(lists._list_udf(list_name, "credit", 300))
+        # Again, a look of the load's later (it looks every 0.25 s): the first may have
+        # landed before its first look, which would then see no move at all.
+        time.sleep(load.AWAIT_STEP_S * 2)
+        moved.append(lists._list_udf(list_name, "credit", 300))
+
+    t = threading.Thread(target=hold_credited)
+    t.start()
+    try:
+        report = lists.load(list_name, specs(10))
+    finally:
+        t.join()
+    assert moved == [1, 1], "the dead loader's lease was not running any more, or the load's was still in flight"
+    assert (report.loaded, report.waiting) == (10, 0)
+    st = lists.status(list_name)
+    assert (st.total, st.reservable, st.pending_ranges) == (10, 10, 0)
+
+
+def test_a_hold_credits_no_lease_that_ran_out_before_it(env, list_name):
+    """A loader whose lease ran out before the store was held was not held back by it:
+    its range stays with recovery."""
+    _, lists, _, _ = env
+    lists.create(list_name)
+    seq = lists._list_udf(list_name, "alloc", 5, 100, "dead")["seq"]
+    live = lists._list_udf(list_name, "alloc", 5, 60_000, "live")["seq"]
+    time.sleep(0.5)  # the first lease ran out 400 ms before a hold of 300 ms began
+    assert lists._list_udf(list_name, "credit", 300) == 1
+    assert [r["seq"] for r in lists._list_udf(list_name, "expired")] == [seq]
+    pend = lists.header(list_name)["pend"]
+    assert pend[live]["cr"] == 300 and "cr" not in pend[seq]
 
 
 def test_a_load_behind_a_live_loaders_range_reports_its_jobs_waiting(env, list_name):
