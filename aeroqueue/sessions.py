@@ -397,35 +397,43 @@ def reap(backend: Backend, *, stop: Callable[[], bool] | None = None) -> ReapRep
     live sessions that ran past their time limit (a handler that hangs). `stop` is
     asked between sessions: a worker whose own session was lost exits at once
     instead of finishing others' reaps (each is idempotent: the next reaper
-    finishes it)."""
-    sessions = released = ended = ended_expiry_ms = 0
+    finishes it).
+
+    An error raised part way carries what was done before it as ``reaped`` (a
+    `ReapReport`): the sessions it ended are gone, so no later reap sets off the
+    sweep for what they took and never claimed; the caller may run it (`aeroqueue
+    reap` does)."""
+    sessions = released = ended = ended_expiry_ms = timed_out = 0
     expired = set()
-    for session_id, rec in backend.scan(keys.SESS_SET, expression=_EXPIRED):
-        if stop is not None and stop():
-            return ReapReport(sessions, released, ended=ended, ended_expiry_ms=ended_expiry_ms)
-        expired.add(session_id)
-        if rec.bins.get("state") == "alive":
-            try:
-                # Generation check: a heartbeat since our scan means it is alive after all.
-                backend.put(keys.SESS_SET, session_id, {"state": "reaping"}, gen=rec.gen)
-            except GenerationConflict:
-                continue
-        claim_leases(backend, session_id, rec.bins.get("leases"))
-        released += release_claims(backend, session_id, refund=False, why="session expired")
-        # A process that died may not have written the bits of its last acks.
-        recount_session(backend, session_id)
-        if backend.remove(keys.SESS_SET, session_id):
-            ended += 1
-            exp = int(rec.bins.get("exp") or 0)
-            ended_expiry_ms = min(ended_expiry_ms, exp) if ended_expiry_ms else exp
-        sessions += 1
-        log.info("session reaped", extra={"event": "reaped", "session": session_id, "released": released})
-    live = [(sid, rec) for sid, rec in backend.scan(keys.SESS_SET, bins=["state", "leases"]) if sid not in expired]
-    timed_out = 0
-    for sid, rec in live:
-        if stop is not None and stop():
-            break
-        timed_out += expire_overdue(backend, sid, rec.bins.get("leases"))
+    try:
+        for session_id, rec in backend.scan(keys.SESS_SET, expression=_EXPIRED):
+            if stop is not None and stop():
+                return ReapReport(sessions, released, ended=ended, ended_expiry_ms=ended_expiry_ms)
+            expired.add(session_id)
+            if rec.bins.get("state") == "alive":
+                try:
+                    # Generation check: a heartbeat since our scan means it is alive after all.
+                    backend.put(keys.SESS_SET, session_id, {"state": "reaping"}, gen=rec.gen)
+                except GenerationConflict:
+                    continue
+            claim_leases(backend, session_id, rec.bins.get("leases"))
+            released += release_claims(backend, session_id, refund=False, why="session expired")
+            # A process that died may not have written the bits of its last acks.
+            recount_session(backend, session_id)
+            if backend.remove(keys.SESS_SET, session_id):
+                ended += 1
+                exp = int(rec.bins.get("exp") or 0)
+                ended_expiry_ms = min(ended_expiry_ms, exp) if ended_expiry_ms else exp
+            sessions += 1
+            log.info("session reaped", extra={"event": "reaped", "session": session_id, "released": released})
+        live = [(sid, rec) for sid, rec in backend.scan(keys.SESS_SET, bins=["state", "leases"]) if sid not in expired]
+        for sid, rec in live:
+            if stop is not None and stop():
+                break
+            timed_out += expire_overdue(backend, sid, rec.bins.get("leases"))
+    except AeroqueueError as e:
+        e.reaped = ReapReport(sessions, released, timed_out, ended, ended_expiry_ms)  # type: ignore[attr-defined]
+        raise
     return ReapReport(sessions, released, timed_out, ended, ended_expiry_ms)
 
 

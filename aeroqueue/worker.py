@@ -1054,7 +1054,17 @@ class Worker:
         """A reap, then this worker's orphan check and its look at the lost-take mark
         (`_lost_take_grace`), whose grace it returns with the reap's report: in the
         reaper's thread (`_maintain`)."""
-        report = reap(self.backend, stop=stop)
+        try:
+            report = reap(self.backend, stop=stop)
+        except AeroqueueError as e:
+            done: ReapReport | None = getattr(e, "reaped", None)
+            if done is None or not done.ended:
+                raise
+            # The sessions it ended before the error are gone: no later reap would set
+            # off the sweep for what they took and never claimed. Go on with what it did;
+            # the rest is the next turn's.
+            log.warning("maintenance failed", extra={"event": "maintenance_failed", "error": str(e)})
+            report = done
         reaped_at = time.monotonic()
         if report.sessions:
             self.counters.add("reaped", report.sessions)

@@ -4,6 +4,7 @@ refusals, `lists` on terminals and pipes, JSON output, and `bench`'s store."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -13,7 +14,9 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
@@ -26,6 +29,7 @@ from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Queue
 from aeroqueue.sessions import Session, reap
+from tests.sessions.test_sweep_gate import refuse_recount_after_the_first
 from tests.sessions.test_taken_never_claimed import VICTIM
 from tests.waiting import wait_for
 
@@ -688,6 +692,64 @@ def test_a_sweep_after_a_reap_that_fails_says_the_reap_was_done_and_how_to_sweep
     grace = re.search(r"`aeroqueue sweep --grace ([0-9.]+)` runs it again", line)
     assert grace and float(grace.group(1)) <= 0.1, line
     assert open_backend(ready_url).get(keys.SESS_SET, dead.id) is None, "reaped all the same"
+
+
+@contextlib.contextmanager
+def _a_reap_failing_part_way(backend: Any, monkeypatch: pytest.MonkeyPatch, message: str) -> Iterator[list[Session]]:
+    """Two expired sessions of the test's own, and a reap that ends whichever of them
+    it reaches first and fails (BackendError(`message`)) on the other's recount; other
+    tests' sessions on a shared server are reaped as usual. Afterwards every session of
+    the test is reaped, so none is left for a later test's reap to end."""
+    dead = [Session.open(backend, interval_s=0.05, expiry_s=0.2, heartbeat=False) for _ in range(2)]
+    time.sleep(0.5)
+    refuse_recount_after_the_first(monkeypatch, dead, errors.BackendError(message))
+    try:
+        yield dead
+    finally:
+        monkeypatch.undo()
+        reap(backend)
+
+
+def test_a_reap_that_fails_part_way_still_sweeps_for_the_sessions_it_ended(ready_url, list_name, monkeypatch):
+    """A reap that fails after it ended a session: that session is gone, so the next
+    reap would not set off the sweep for the jobs it took and never claimed, and they
+    waited for the regular sweep. The command sweeps for it before it says the error."""
+    backend = open_backend(ready_url)
+    lists = JobLists(backend)
+    lists.load(list_name, [JobSpec(f"k{i}", {}) for i in range(8)], seal=True)
+    # Taken by a reserver that died before claiming: no session holds them.
+    took = lists._list_udf(list_name, "take", 5)
+    assert took["n"] == 5, took
+    with _a_reap_failing_part_way(backend, monkeypatch, "the store stopped answering") as dead:
+        line = one_error_line(cli("reap", url=ready_url), 1)
+        assert "the store stopped answering" in line, line
+        said = re.search(r"reaped (\d+) session\(s\) before it, and swept after them: requeued (\d+) job\(s\)", line)
+        # (>=: other tests' expired sessions and lost jobs on a shared server)
+        assert said and int(said.group(1)) >= 1 and int(said.group(2)) >= 5, line
+        st = lists.status(list_name)
+        assert (st.in_flight, st.reservable, st.retry_pending) == (0, 3, 5), "swept back"
+        left = [s for s in dead if backend.get(keys.SESS_SET, s.id) is not None]
+        assert len(left) == 1 and backend.get(keys.SESS_SET, left[0].id).bins["state"] == "reaping", \
+            "one ended, the other left for the next reap"
+    assert all(backend.get(keys.SESS_SET, s.id) is None for s in dead), "the next reap ends it"
+    with Session.open(backend) as s:
+        assert sorted(j.jid for j in Queue(backend).reserve(list_name, s, 8)) == [f"k{i}" for i in range(8)]
+
+
+def test_a_reap_and_its_sweep_that_both_fail_say_so_in_one_line(ready_url, monkeypatch):
+    """The reap's error is the one raised; the sweep's is named in it, with what runs
+    that sweep again."""
+    from aeroqueue.cli import worker_cmd
+
+    def down(*args: object, **kw: object) -> None:
+        raise errors.BackendError("the store stopped answering")
+
+    backend = open_backend(ready_url)
+    with _a_reap_failing_part_way(backend, monkeypatch, "the reap's own failure"):
+        monkeypatch.setattr(worker_cmd, "sweep_store", down)
+        line = one_error_line(cli("reap", url=ready_url), 1)
+    assert "the reap's own failure" in line and "the sweep after them failed too (the store stopped answering)" in line, line
+    assert re.search(r"`aeroqueue sweep --grace [0-9.]+` runs it again", line), line
 
 
 # -- reserve and its session ----------------------------------------------------------

@@ -15,11 +15,12 @@ from rich.table import Table
 from rich.text import Text
 
 from ..acks import DEFAULT_LINGER_S
+from ..backends import Backend
 from ..errors import AeroqueueError
 from ..hosts import url_host
 from ..logs import configure_logging
 from ..selection import DEFAULT_BACKOFF_MAX_S, DEFAULT_REFRESH_S, parse_list
-from ..sessions import DEFAULT_SWEEP_GRACE_MS
+from ..sessions import DEFAULT_SWEEP_GRACE_MS, ReapReport, SweepReport
 from ..sessions import reap as reap_sessions
 from ..sessions import sweep as sweep_store
 from ..worker import DEFAULT_PREFETCH, PREFETCH_HOLD_S, PREFETCH_MAX, check_handler_spec
@@ -159,7 +160,7 @@ def _refresh(live: Live, w: Any, stop: threading.Event) -> None:
 @option("--sweep/--no-sweep", "then_sweep", env="REAP_SWEEP", default=True,
         help="After a reap that ended a session, sweep for the jobs its process took and never claimed (killed "
              "between the two), as a worker does: no session holds them, so the reap alone leaves them to the "
-             "regular sweep. Scans every job, only when a session was ended.")
+             "regular sweep. Scans every job, only when a session was ended (also when the reap then failed).")
 @JSON_OPT
 @click.pass_obj
 def reap(obj: Context, then_sweep: bool, as_json: bool) -> None:
@@ -173,19 +174,15 @@ def reap(obj: Context, then_sweep: bool, as_json: bool) -> None:
     jobs it offered again, "orphans": claims of vanished sessions it released}.
     """
     backend = obj.backend()
-    report = reap_sessions(backend)
-    swept = None
-    if then_sweep and report.ended:
-        # As a worker's reap (`Worker._maintenance_loop`): a job counts as lost once
-        # untouched for half the dead session's expiry, not the regular sweep's grace.
-        grace_ms = min(DEFAULT_SWEEP_GRACE_MS, report.ended_expiry_ms // 2)
-        try:
-            swept = sweep_store(backend, grace_ms=grace_ms)
-        except AeroqueueError as e:
-            # The sessions are gone now: no later reap sets this sweep off again.
-            e.hint = (f"reaped {report.sessions} session(s), but the sweep after it failed: "
-                      f"`aeroqueue sweep --grace {grace_ms / 1000:g}` runs it again") + (f"; {e.hint}" if e.hint else "")
-            raise
+    try:
+        report = reap_sessions(backend)
+    except AeroqueueError as e:
+        # Sessions it ended before the error are gone: no later reap sets off their sweep.
+        done = getattr(e, "reaped", None)
+        if then_sweep and done is not None and done.ended:
+            _sweep_after_reap(backend, done, e)
+        raise
+    swept = _sweep_after_reap(backend, report) if then_sweep and report.ended else None
     requeued, orphans = (swept.requeued, swept.orphans) if swept is not None else (0, 0)
     if as_json:
         click.echo(json.dumps({"sessions": report.sessions, "released": report.released, "timed_out": report.timed_out,
@@ -196,6 +193,34 @@ def reap(obj: Context, then_sweep: bool, as_json: bool) -> None:
         if swept is not None:
             said += f"; swept: requeued {requeued} job(s), released {orphans} orphaned claim(s)"
         click.echo(said)
+
+
+def _sweep_after_reap(backend: Backend, report: ReapReport, failed: AeroqueueError | None = None) -> SweepReport | None:
+    """The sweep after a reap that ended sessions, as a worker's (`Worker._maintenance_loop`):
+    a job counts as lost once untouched for half the dead sessions' shortest expiry, not
+    the regular sweep's grace. `failed`: the reap's own error, raised after this; its
+    hint then says what the reap did and that the sweep ran."""
+    grace_ms = min(DEFAULT_SWEEP_GRACE_MS, report.ended_expiry_ms // 2)
+    again = f"`aeroqueue sweep --grace {grace_ms / 1000:g}` runs it again"
+    try:
+        swept = sweep_store(backend, grace_ms=grace_ms)
+    except AeroqueueError as e:
+        # The sessions are gone now: no later reap sets this sweep off again.
+        if failed is None:
+            _hint_first(e, f"reaped {report.sessions} session(s), but the sweep after it failed: {again}")
+            raise
+        _hint_first(failed, f"reaped {report.sessions} session(s) before it, and the sweep after them failed too "
+                            f"({e}): {again}")
+        return None
+    if failed is not None:
+        _hint_first(failed, f"reaped {report.sessions} session(s) before it, and swept after them: requeued "
+                            f"{swept.requeued} job(s); `aeroqueue reap` again finishes the rest")
+    return swept
+
+
+def _hint_first(e: AeroqueueError, said: str) -> None:
+    """`said` ahead of the hint `e` already carries (its class's, or one set on its way)."""
+    e.hint = f"{said}; {e.hint}" if e.hint else said
 
 
 @click.command()

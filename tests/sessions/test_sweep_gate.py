@@ -18,7 +18,14 @@ from aeroqueue import keys
 from aeroqueue import worker as worker_module
 from aeroqueue.backends import open_backend
 from aeroqueue.loading import JobSpec
-from aeroqueue.sessions import Session, SweepReport, claim_sweep, claim_sweep_after, sweep_gate_wait
+from aeroqueue.sessions import (
+    Session,
+    SweepReport,
+    claim_sweep,
+    claim_sweep_after,
+    reap,
+    sweep_gate_wait,
+)
 from aeroqueue.worker import EXIT_OK, POST_REAP_SETTLE_S, Worker
 from tests.sessions.test_worker import running
 from tests.waiting import wait_for
@@ -219,3 +226,49 @@ def test_the_sweep_after_a_reap_survives_a_failed_orphan_check(registered, lists
     with reaping_a_dead_session(registered, lists, list_name):
         wait_for("the sweep after the reap", lambda: swept, POST_REAP_SETTLE_S + 5)
     assert swept[0] == 500, swept  # half the dead session's expiry
+
+
+def refuse_recount_after_the_first(monkeypatch: pytest.MonkeyPatch, dead: list[Session], error: Exception) -> None:
+    """Of the `dead` sessions, a reap ends whichever it reaches first; the recount of
+    any other raises `error`. Other sessions (other tests' on a shared server) are
+    recounted as usual. Undone by `monkeypatch`."""
+    import aeroqueue.sessions as sessions_mod
+
+    ours, first = {d.id for d in dead}, []
+    recount = sessions_mod.recount_session
+
+    def refused_after_the_first(b: Any, session_id: str) -> None:
+        if session_id in ours:
+            first[:] = first or [session_id]
+            if session_id != first[0]:
+                raise error
+        recount(b, session_id)
+
+    monkeypatch.setattr(sessions_mod, "recount_session", refused_after_the_first)
+
+
+def test_the_sweep_after_a_reap_that_failed_part_way(registered, lists, list_name, monkeypatch, no_marks):
+    """A reap that fails after it ended a session (here: the next session's recount,
+    refused): that session is gone, so no later reap sets off its sweep, and its
+    process's taken, never claimed jobs waited for the regular sweep (minutes)."""
+    swept: list[int] = []
+
+    def counting_sweep(*_: Any, grace_ms: int, **__: Any) -> SweepReport:
+        swept.append(grace_ms)
+        return SweepReport(0, 0, 0, 0)
+
+    lists.load(list_name, [JobSpec("j", {})], seal=True)
+    dead = [Session.open(registered, heartbeat=False, interval_s=0.25, expiry_s=1.0) for _ in range(2)]
+    refuse_recount_after_the_first(monkeypatch, dead, worker_module.AeroqueueError("partition unavailable (a test's recount)"))
+    monkeypatch.setattr(worker_module, "sweep", counting_sweep)
+    w = Worker(registered, lambda job: None, [list_name], interval_s=0.5, expiry_s=2.0)
+    try:
+        with running(w):
+            wait_for("a dead session reaped", lambda: any(registered.get(keys.SESS_SET, d.id) is None for d in dead), 20)
+            wait_for("the sweep after the reap", lambda: swept, POST_REAP_SETTLE_S + 5)
+        assert swept[0] == 500, swept  # half the dead session's expiry
+        assert sum(registered.get(keys.SESS_SET, d.id) is not None for d in dead) == 1, "the other left to a later reap"
+    finally:
+        # None left behind for a later test's reap to end (its sweep's grace would be ours).
+        monkeypatch.undo()
+        reap(registered)
