@@ -364,11 +364,13 @@ def test_a_process_pool_worker_exits_at_its_drain_deadline_not_when_its_handler_
 
 
 def test_touch_in_a_thread(registered, lists, list_name):
-    lists.load(list_name, [JobSpec("t", {})], timeout_s=0.5, backoff_s=0, seal=True)
+    # 2 s of work under a 1.2 s limit, touched every 0.4 s: 0.8 s of slack for a
+    # loaded machine (0.25 s was not enough in CI).
+    lists.load(list_name, [JobSpec("t", {})], timeout_s=1.2, backoff_s=0, seal=True)
 
     def handler(job: Job) -> str:
-        for _ in range(4):
-            time.sleep(0.25)
+        for _ in range(5):
+            time.sleep(0.4)
             job.touch()
         return "ok"
 

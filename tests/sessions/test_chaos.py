@@ -300,18 +300,24 @@ def test_chaos_every_job_done_exactly_once(registered, big_list, tmp_path, spawn
             started[jid].append((int(attempt), float(at)))
             if attempt == "1" and (fails_first(jid) or hangs_first(jid)):
                 by_design[jid].append(int(pid))
-    # The workers' logs: every acknowledgement that was accepted.
+    # The workers' logs: every acknowledgement that was accepted, and the jobs each
+    # worker finished but could not acknowledge (its claim ended first: past the time
+    # limit, or its session reaped, as on a machine too loaded to keep to them).
     acked = Counter()
-    for f in logs.glob("worker-*.jsonl"):
-        for line in f.read_text().splitlines():
+    refused: dict[int, set[str]] = defaultdict(set)  # pid: jids
+    for w in everyone:
+        for line in w.log.read_text().splitlines():
             if line.startswith("{"):
                 event = json.loads(line)
                 if event.get("event") == "job_done":
                     acked[event["jid"]] += 1
+                elif event.get("event") in ("claim_lost", "job_unacked"):
+                    refused[w.proc.pid].add(event["jid"])
 
     names = [keys.job_name(list_name, t) for t in range(total)]
     records = [rec for lo in range(0, total, 1000) for rec in registered.batch_get(keys.JOB_SET, names[lo : lo + 1000])]
     rerun_by_chaos = 0
+    run_past_claim: list[str] = []
     for rec in records:
         assert rec is not None
         job = rec.bins
@@ -326,6 +332,10 @@ def test_chaos_every_job_done_exactly_once(registered, big_list, tmp_path, spawn
         for pid in by_design[jid][:1]:  # the one run that failed or hung by design
             if pid in extra:
                 extra.remove(pid)
+        # A run on a live worker that finished after its claim ended: refused, and said so.
+        past = [pid for pid in extra if pid not in killed and pid not in stopped and jid in refused[pid]]
+        run_past_claim += [jid] * len(past)
+        extra = [pid for pid in extra if pid not in past]
         # Every other run that did not count was on a worker the test killed or stopped.
         assert set(extra) <= killed.keys() | stopped.keys(), f"{jid} ran on {pids}; killed {killed}, stopped {stopped}"
         rerun_by_chaos += bool(extra)
@@ -342,7 +352,10 @@ def test_chaos_every_job_done_exactly_once(registered, big_list, tmp_path, spawn
     # (A hung run may also end with its worker killed: at least one ends by its time limit.)
     assert hung and any(any("timed out" in (e.get("err") or "") for e in (rec.bins.get("errs") or []))
                         for rec in records if rec.bins["jid"] in hung), "a hung first attempt is recorded as timed out"
+    # Rare, or the workers lose claims they could have kept.
+    assert len(run_past_claim) <= total // 100, f"{len(run_past_claim)} runs ended after their claim: {run_past_claim}"
     st = lists.status(list_name)
     assert (st.done, st.dead, st.in_flight, st.reservable, st.retry_pending, st.delayed) == (total, 0, 0, 0, 0, 0)
     print(f"chaos: {len(killed)} SIGKILLs, {len(stopped)} SIGSTOPs, {rerun_by_chaos} jobs ran more than once, "
+          f"{len(run_past_claim)} runs refused after their claim ended, "
           f"jobs done by kind {dict(done_by)}")
