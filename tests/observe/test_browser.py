@@ -24,19 +24,33 @@ from tests.observe.conftest import serving
 pytestmark = pytest.mark.timeout(90)
 
 
-def click(browser: Any, css: str) -> None:
-    """Click the element, again if the live refresh replaced it meanwhile."""
-    from selenium.common.exceptions import StaleElementReferenceException
+def point_at(browser: Any, css: str, *, click: bool = False) -> None:
+    """Move the pointer to where the element is (and click there), as a person does.
+
+    By place, not by element: on a loaded machine every try of
+    `find_element(...).click()` (two WebDriver calls, a second or more apart) found
+    the element replaced by the page's live refresh in between, for 20 s (a CI
+    run). The place is read in one script; the page does not refresh under a
+    pointer resting on a control, so a press and its release land on one button."""
+    from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.support.ui import WebDriverWait
 
-    def attempt(drv: Any) -> bool:
-        try:
-            drv.find_element("css selector", css).click()
-            return True
-        except StaleElementReferenceException:
-            return False
+    def place(drv: Any) -> tuple[int, int] | None:
+        return drv.execute_script(  # type: ignore[no-any-return]
+            "const e = document.querySelector(arguments[0]); if (!e) return null;"
+            "e.scrollIntoView({block: 'center'}); const r = e.getBoundingClientRect();"
+            "return [Math.round(r.left + r.width / 2), Math.round(r.top + r.height / 2)];", css)
 
-    WebDriverWait(browser, 10).until(attempt)
+    x, y = WebDriverWait(browser, 10).until(place, f"no {css!r} on the page")
+    actions = ActionChains(browser)
+    actions.w3c_actions.pointer_action.move_to_location(x, y)
+    if click:
+        actions.w3c_actions.pointer_action.click()
+    actions.perform()
+
+
+def click(browser: Any, css: str) -> None:
+    point_at(browser, css, click=True)
 
 
 def wait_text(browser: Any, css: str, expected: str, timeout: float = 10) -> None:
@@ -107,6 +121,40 @@ def test_kick_a_dead_job_from_the_browser(
         browser.get("about:blank")  # before the server goes: the page's refresh would fail
 
     assert not severe, f"the browser reported errors (a CSP violation?): {severe}"
+
+
+def test_the_live_refresh_leaves_a_control_under_the_pointer_alone(browser: Any, registered: Backend, list_name: str) -> None:
+    """A refresh that swapped the rows under a pointer resting on a kick button lost
+    the click whose press landed on the old button and release on the new one (a CI
+    run's kick never went out in 10 s of tries). While the pointer rests on a control,
+    the page waits; once it leaves, the refreshes go on."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    lists, queue = JobLists(registered), Queue(registered)
+    lists.load(list_name, [JobSpec("a", 1), JobSpec("b", 2)], max_attempts=1, seal=True)
+    with Session.open(registered, heartbeat=False) as session:
+        for job in queue.reserve(list_name, session, 1):
+            queue.fail(job, "boom")
+    browser.get("about:blank")
+    kick = 'tr.dead-job button.kick'
+    marked = "const b = document.querySelector(arguments[0]); return !!(b && b.dataset.seen);"
+    with serving(create_app(registered, secret_key="browser-test", refresh_s=0.2)) as base:
+        browser.get(f"{base}/lists/{list_name}")
+        WebDriverWait(browser, 10).until(lambda drv: drv.find_elements("css selector", kick), "no kick button")
+        point_at(browser, kick)
+        # Mark the button the pointer rests on, once it does: a refresh that swaps the
+        # rows drops the mark.
+        WebDriverWait(browser, 10).until(
+            lambda drv: drv.execute_script(
+                "const b = document.querySelector(arguments[0] + ':hover'); if (b) b.dataset.seen = '1'; return !!b;",
+                kick),
+            "the pointer never rested on a kick button")
+        time.sleep(2.0)  # ten ticks of the refresh timer
+        assert browser.execute_script(marked, kick), "the rows were swapped under the pointer"
+        point_at(browser, "header.top")
+        WebDriverWait(browser, 10).until(
+            lambda drv: not drv.execute_script(marked, kick), "the page never refreshed once the pointer left")
+        browser.get("about:blank")
 
 
 def test_a_slow_store_gets_one_refresh_at_a_time(browser: Any, registered: Backend) -> None:

@@ -7,10 +7,12 @@
   const every = live ? Number(live.dataset.refresh || 0) : 0;
 
   function busy() {
-    // Never swap the page under someone using it: a focused field, a <details>
-    // they opened, or a selection in progress.
+    // Never swap the page under someone using it: a focused field, a control the
+    // pointer rests on (a click whose press lands on the old button and release on
+    // the new one is lost), a <details> they opened, or a selection in progress.
     const active = document.activeElement;
     if (active && active !== document.body && live.contains(active)) return true;
+    if (live.querySelector(":is(a, button, summary, input, select):hover")) return true;
     if (live.querySelector("details[open]:not([data-default-open])")) return true;
     const sel = window.getSelection();
     return sel && !sel.isCollapsed;
