@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 import socket
+import sys
 import threading
 from typing import Any
 
@@ -87,12 +88,30 @@ def dashboard(obj: Context, port: int, host: str, read_only: bool, trusted_hosts
     listener = _dashboard_socket(host, port)
     try:
         # werkzeug takes a duplicate of the descriptor: ours is closed either way.
-        server = make_server(host, port, app, threaded=True, fd=listener.fileno())
+        server = make_server(host, port, app, threaded=True, fd=listener.fileno(),
+                             request_handler=None if sys.stderr.isatty() else _plain_log_handler())
     finally:
         listener.close()
     threading.Thread(target=server.serve_forever, name="dashboard", daemon=True).start()
     err_console.print(f"dashboard on http://{url_host(host)}:{server.port}/" + (" (read-only)" if read_only else ""), highlight=False)
     _serve_until(stop, server)
+
+
+def _plain_log_handler() -> type:
+    """werkzeug's request handler, logging each request without the terminal colour
+    codes werkzeug adds whatever stderr is: a log file or journal gets plain lines."""
+    from werkzeug.serving import WSGIRequestHandler
+    from werkzeug.urls import uri_to_iri
+
+    class PlainLog(WSGIRequestHandler):
+        def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+            try:
+                line = f"{self.command} {uri_to_iri(self.path)} {self.request_version}"
+            except AttributeError:  # a request line too bad to parse
+                line = self.requestline
+            self.log("info", '"%s" %s %s', line.translate(self._control_char_table), code, size)
+
+    return PlainLog
 
 
 def _dashboard_socket(host: str, port: int) -> socket.socket:

@@ -398,6 +398,10 @@ def test_dashboard_command_serves_on_loopback(registered: Backend, store_url: st
         code = stop(proc)
     assert code == 0, log.read_text()[-3000:]
     assert job_state(registered, name, 3) == "dead"
+    said = log.read_text()
+    # Its request log, to a file: plain lines, none of werkzeug's colour codes.
+    assert f'"POST /lists/{name}/kick HTTP/1.1" 400' in said or f'"POST /lists/{name}/kick HTTP/1.1" 403' in said, said
+    assert "\x1b[" not in said, said[-3000:]
 
 
 def test_dashboard_command_names_an_address_it_cannot_serve_on(registered: Backend, store_url: str) -> None:
