@@ -757,6 +757,12 @@ def wrap(e: Exception, operation: str, where: str) -> errors.BackendError:
     code = getattr(e, "code", None)
     msg = getattr(e, "msg", None) or type(e).__name__
     cls = _BY_CODE.get(code if isinstance(code, int) else -999, errors.BackendError)
+    if code == -2 and "Partition query not supported" in str(msg):
+        # What the client says of a scan once it has lost every node (seen with the
+        # server stopped under a connected client): not a server too old for scans.
+        msg = f"no server node is connected (the server is down or unreachable: {msg})"
+    elif code == -8:
+        msg = f"{msg}; the cluster is changing, or every node is down"
     return cls(f"{operation} on {where} failed: {msg} (Aerospike code {code})", operation=operation, key=where, code=code)
 
 
