@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from aeroqueue.sync.job import DAEMON_MODULE, DRIVER_JVM_OPTIONS
 from tests.conftest import require
 
 from .helpers import root_connection
@@ -40,6 +41,8 @@ def spark() -> Iterator[Any]:
         .appName("aeroqueue-sync-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.defaultJavaOptions", DRIVER_JVM_OPTIONS)  # as the sync's own JVM
+        .config("spark.python.daemon.module", DAEMON_MODULE)  # and its workers
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")

@@ -14,6 +14,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
+from aeroqueue.sync.job import DRIVER_JVM_OPTIONS
 from tests.conftest import port_open
 from tests.waiting import wait_for
 
@@ -82,8 +83,10 @@ class SparkCluster:
         self.url = f"spark://127.0.0.1:{self.master_port}"
 
     def _env(self) -> dict[str, str]:
+        # The master and worker daemons only schedule, as the sync's driver: its JVM options.
         return {**os.environ, "SPARK_HOME": str(spark_home()), "SPARK_LOCAL_IP": "127.0.0.1",
-                "SPARK_LOG_DIR": str(self.root), "PYSPARK_PYTHON": sys.executable}
+                "SPARK_LOG_DIR": str(self.root), "PYSPARK_PYTHON": sys.executable,
+                "SPARK_DAEMON_JAVA_OPTS": DRIVER_JVM_OPTIONS}
 
     def _start(self, name: str, *args: str) -> subprocess.Popen:
         log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 - held by the child

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -21,6 +22,7 @@ from aeroqueue.backends import Backend
 from aeroqueue.cli import main
 from aeroqueue.config import parse_url
 from aeroqueue.sync import parse_target, remember_demo_target, run_sync, sync_once
+from aeroqueue.sync.job import DAEMON_MODULE
 from aeroqueue.sync.scan import to_copy
 
 from .helpers import (
@@ -158,6 +160,11 @@ def _spark_only(registered: Backend) -> None:
         pytest.skip("signals and the JVM: the same on every store (run on the embedded one)")
 
 
+# A task's Python daemon, as the JVM starts it (`python -m MODULE`): the JVM's own
+# command line names the module too (--conf spark.python.daemon.module=...).
+DAEMON = b"-m\0" + DAEMON_MODULE.encode() + b"\0"
+
+
 def _group_pids(pgid: int, needle: bytes) -> list[int]:
     """The processes of group `pgid` with `needle` in their command line."""
     found = []
@@ -200,10 +207,10 @@ def test_ctrl_c_during_a_run_ends_it_with_one_line_and_a_rerun_copies_each_job_o
     )
     try:
         deadline = time.monotonic() + 120
-        while not _group_runs(proc.pid, b"pyspark.daemon") and proc.poll() is None and time.monotonic() < deadline:
+        while not _group_runs(proc.pid, DAEMON) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert proc.poll() is None, "the run ended before its tasks were seen: nothing was interrupted"
-        assert _group_runs(proc.pid, b"pyspark.daemon"), "no task of the run was seen within 120 s"
+        assert _group_runs(proc.pid, DAEMON), "no task of the run was seen within 120 s"
         if how == "group":
             os.killpg(proc.pid, signal.SIGINT)
         else:
@@ -222,6 +229,34 @@ def test_ctrl_c_during_a_run_ends_it_with_one_line_and_a_rerun_copies_each_job_o
     again = _sync(store_url, "--mysql", mysql_url, "--list", list_name, "--json")
     assert again.exit_code == 0, again.output
     assert_exactly_once(registered, mysql_db, list_name)
+
+
+def test_ctrl_c_while_the_jvm_starts_leaves_no_jvm_behind(registered, java, store_url, list_name, mysql_url):
+    """Ctrl-C a moment after the command started its JVM, before the JVM answered: the
+    command ended (130), and the JVM, which ignores SIGINT and SIGTERM and never got
+    to read its stdin, lived on orphaned, holding the terminal's output."""
+    _spark_only(registered)
+    make_jobs(registered, list_name, done=30)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "aeroqueue", "--url", store_url, "sync", "--mysql", mysql_url, "--list", list_name],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    jvm = b"org.apache.spark.deploy.SparkSubmit"
+    try:
+        deadline = time.monotonic() + 60
+        while not _group_runs(proc.pid, jvm) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert proc.poll() is None and _group_runs(proc.pid, jvm), "no JVM seen"
+        time.sleep(0.3)  # it takes seconds to answer
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(30) == 130
+        deadline = time.monotonic() + 10
+        while _group_runs(proc.pid, jvm) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _group_runs(proc.pid, jvm), "the JVM outlived the command"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def test_a_stop_cancels_jobs_the_run_starts_after_it_too():
@@ -299,10 +334,10 @@ def test_sigterm_to_the_whole_group_stops_a_sync_cleanly_and_a_rerun_copies_each
     reader.start()
     try:
         deadline = time.monotonic() + 120
-        while not _group_runs(proc.pid, b"pyspark.daemon") and proc.poll() is None and time.monotonic() < deadline:
+        while not _group_runs(proc.pid, DAEMON) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not reported.is_set() and proc.poll() is None, "the first run ended before its tasks were seen"
-        assert _group_runs(proc.pid, b"pyspark.daemon"), "no task of the run was seen within 120 s"
+        assert _group_runs(proc.pid, DAEMON), "no task of the run was seen within 120 s"
         os.killpg(proc.pid, signal.SIGTERM)
         err = proc.stderr.read()  # type: ignore[union-attr]
         proc.wait(timeout=120)
