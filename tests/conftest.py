@@ -25,6 +25,7 @@ from aeroqueue.errors import AeroqueueError
 from aeroqueue.lists import JobLists
 from aeroqueue.queue import Queue
 from aeroqueue.sessions import Session
+from tests import durations
 
 # One server URL, or several separated by blanks (separate servers, for
 # tests/run.py to split the real-server tests among): pytest alone uses the first.
@@ -32,6 +33,9 @@ REAL_URL = next(iter(os.environ.get("AEROQUEUE_TEST_URL", "").split()), None)
 # "i/n" (set by tests/run.py): this process runs the i-th of n parts of the
 # real-server tests, each part on a server of its own.
 SHARD = os.environ.get("AEROQUEUE_TEST_SHARD")
+# "i/n" (set by tests/run.py): this process runs the i-th of n parts of the tests
+# that need no real server and are not the embedded store's own ("the rest").
+REST_SHARD = os.environ.get("AEROQUEUE_TEST_REST_SHARD")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 
@@ -70,14 +74,19 @@ def backend_urls(tmp: Path) -> list[tuple[str, str]]:
 # store's own tests (tests/embedded, and make demo's, which runs on it alone: marked
 # embedded_own) are split among the real-server processes too when there are several:
 # they wait less than those, and the multi-node and sync tests' process, their home
-# otherwise, was the run's long pole.
+# otherwise, was the run's long pole. The multi-node tests (one cluster per process,
+# on a fixed subnet) and the Spark tests that share the session's SparkSession (a
+# JVM per process that has one) are marked `apart`: they run in a process of
+# their own, beside the rest.
 EMBEDDED_TESTS = (Path(__file__).parent / "embedded", Path(__file__).parent / "sync" / "test_demo.py")
+MULTINODE_TESTS = Path(__file__).parent / "multinode"
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     on_server: list[pytest.Item] = []
     embedded_own: list[pytest.Item] = []
+    apart: list[pytest.Item] = []
     for item in items:
         params = getattr(item, "callspec", None)
         if (params is not None and params.params.get("store_url") == "aerospike") or "real_url" in getattr(
@@ -88,14 +97,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         elif any(item.path.is_relative_to(p) for p in EMBEDDED_TESTS):
             item.add_marker(pytest.mark.embedded_own)
             embedded_own.append(item)
+        elif item.path.is_relative_to(MULTINODE_TESTS) or "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.apart)
+            apart.append(item)
+    others: set[int] = set()
+    # Each process of a split takes its share by the tests' measured times
+    # (tests/durations.py), so that the processes end together.
     if SHARD:
-        # Every n-th test from the i-th on: neighbours in a file are alike in
-        # what they wait for, so the parts come out near equal in time.
         part, parts = (int(x) for x in SHARD.split("/"))
-        others = {id(item) for group in (on_server, embedded_own) for k, item in enumerate(group) if k % parts != part}
-        if others:
-            config.hook.pytest_deselected(items=[item for item in items if id(item) in others])
-            items[:] = [item for item in items if id(item) not in others]
+        shared = on_server + embedded_own
+        # The tests that use the session's SparkSession share one process: each
+        # process that has one starts a JVM (some 12 CPU-seconds, and slower
+        # under load).
+        spark = {id(item) for item in shared if "spark" in getattr(item, "fixturenames", ())}
+        others = {id(item) for item, p in zip(shared, durations.share(shared, parts, spark), strict=True) if p != part}
+    if REST_SHARD:
+        part, parts = (int(x) for x in REST_SHARD.split("/"))
+        taken = {id(item) for group in (on_server, embedded_own, apart) for item in group}
+        rest = [item for item in items if id(item) not in taken]
+        others |= {id(item) for item, p in zip(rest, durations.share(rest, parts), strict=True) if p != part}
+    if others:
+        config.hook.pytest_deselected(items=[item for item in items if id(item) in others])
+        items[:] = [item for item in items if id(item) not in others]
 
 
 @pytest.fixture(scope="session")

@@ -7,11 +7,13 @@ servers, separated by blanks (.ci/run starts two nodes): the real-server tests
 are then split into one process per server (``AEROQUEUE_TEST_SHARD=i/n``).
 Alone, on one server, they took 393 s here, 36% of it CPU time: they wait on
 leases, heartbeats and processes far more than they compute. The rest, whose
-stores are their own, runs as two more processes: the multi-node, sync and
-embedded-store tests (which wait on nodes, heartbeats and Spark; the embedded
-store's own tests are there so that the two end about together; given several
-servers, they are split among the real-server processes instead) beside
-everything else.
+stores are their own, runs as more processes: the multi-node tests, the Spark
+tests that share one SparkSession (both marked ``apart``) and the embedded
+store's own tests (which wait on nodes, heartbeats and Spark; given several
+servers, the embedded store's are split among the real-server processes
+instead) beside everything else, itself in `REST_PARTS` processes
+(``AEROQUEUE_TEST_REST_SHARD=i/n``). Every split shares the tests out by their
+measured times (tests/durations.py).
 
 The last group prints as it runs; the others' output goes to files and is
 printed whole once all have ended (or the run is interrupted), so they never
@@ -34,13 +36,18 @@ from aeroqueue.config import mask_url
 
 NO_TESTS = 5  # pytest's exit code when a selection leaves nothing to run
 
-# The rest's own processes: the multi-node, sync and embedded-store tests, and
-# everything else (the embedded store's tests moved over when the rest alone took
-# 615 s of a CI run and these 464 s). Given several servers, the embedded store's
-# tests go to the real-server processes instead (`-m embedded_own`): with the
-# multi-node replay tests added, their group was the run's long pole (521 s against
-# 439 s for each real-server part, in CI).
-SPLIT = ("tests/multinode", "tests/sync", "tests/embedded")
+# The rest's own processes: the multi-node and Spark tests (marked `apart`) and the
+# embedded store's (`embedded_own`), and everything else (the embedded store's tests
+# moved over when the rest alone took 615 s of a CI run and these 464 s). Given
+# several servers, the embedded store's tests go to the real-server processes
+# instead: with the multi-node replay tests added, their group was the run's long
+# pole (521 s against 439 s for each real-server part, in CI). The sync tests that
+# start Spark in processes of their own are in the rest: in the multi-node and sync
+# tests' process, they made it the long pole again (771 s of an 802 s CI run).
+# The rest, in this many processes: alone it was the run's long pole (853 s of an
+# 856 s CI run, the other groups done by 732 s), a thousand tests one after another
+# that mostly wait on processes and heartbeats.
+REST_PARTS = 2
 
 
 Group = tuple[str, list[str], dict[str, str]]  # name, pytest arguments, environment
@@ -63,11 +70,14 @@ def groups(args: list[str], servers: list[str]) -> list[Group]:
         rest = "not real_server" if len(servers) <= 1 else "not real_server and not embedded_own"
         return [*plan, ("the rest", ["-m", rest], env)]
     if len(servers) <= 1:
-        split: list[Group] = [("the multi-node, sync and embedded-store tests", ["-m", "not real_server", *SPLIT], env)]
+        split: list[Group] = [("the multi-node, Spark and embedded-store tests",
+                               ["-m", "not real_server and (apart or embedded_own)"], env)]
     else:
-        split = [("the multi-node and sync tests", ["-m", "not real_server and not embedded_own", *SPLIT], env)]
-    return [*plan, *split,
-            ("the rest", ["-m", "not real_server", *(f"--ignore={p}" for p in SPLIT)], env)]
+        split = [("the multi-node and Spark tests", ["-m", "not real_server and not embedded_own and apart"], env)]
+    rest = ["-m", "not real_server and not embedded_own and not apart"]
+    return [*plan, *split, *(
+        (f"the rest, part {i + 1} of {REST_PARTS}", rest, {**env, "AEROQUEUE_TEST_REST_SHARD": f"{i}/{REST_PARTS}"})
+        for i in range(REST_PARTS))]
 
 
 def _end(proc: subprocess.Popen[bytes], *, stop: bool) -> None:

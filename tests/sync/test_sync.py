@@ -51,7 +51,7 @@ def test_every_processed_job_lands_exactly_once(store, store_url, mysql_db, mysq
     synced_at = {r[0] for r in mysql_query(mysql_db, "SELECT DISTINCT synced_at FROM aq_jobs WHERE list = %s", (list_name,))}
     assert synced_at == {report.started_ms}
 
-    again = sync_once(options(store_url, mysql_url), spark, store)
+    again = sync_once(options(store_url, mysql_url, lists=(list_name,)), spark, store)
     assert len(mysql_rows(mysql_db, list_name)) == 135
     if store.is_embedded:  # alone in its store: nothing is left to copy
         assert again.counts.scanned == 0 and again.counts.copied == 0
@@ -61,7 +61,7 @@ def test_every_processed_job_lands_exactly_once(store, store_url, mysql_db, mysq
     with Session.open(store) as s:
         jobs = q.reserve(list_name, s, 20)
         q.complete_many(jobs, [{"late": j.token} for j in jobs])
-    third = sync_once(options(store_url, mysql_url), spark, store)
+    third = sync_once(options(store_url, mysql_url, lists=(list_name,)), spark, store)
     assert third.counts.copied >= 20
     assert_exactly_once(store, mysql_db, list_name)
     assert len(mysql_rows(mysql_db, list_name)) == 155
@@ -71,19 +71,19 @@ def test_unreachable_mysql_fails_clearly_and_marks_nothing(store, store_url, mys
     make_jobs(store, list_name, done=30)
     bad = f"mysql://root:pw-not-shown@127.0.0.1:{mysql_port_closed()}/{mysql_db}"
     with pytest.raises(SyncError) as e:
-        sync_once(options(store_url, bad), spark, store)
+        sync_once(options(store_url, bad, lists=(list_name,)), spark, store)
     text = str(e.value)
     assert text.startswith("cannot connect to mysql://root:***@127.0.0.1:") and "pw-not-shown" not in text
     assert marked_anywhere(store, list_name) == set(), "nothing marked synced"
     # The lease was released: the next run (MySQL back) is not refused.
-    sync_once(options(store_url, f"mysql://root@127.0.0.1:3306/{mysql_db}"), spark, store)
+    sync_once(options(store_url, f"mysql://root@127.0.0.1:3306/{mysql_db}", lists=(list_name,)), spark, store)
     assert_exactly_once(store, mysql_db, list_name)
 
 
 def test_mysql_killed_mid_run_then_the_next_run_completes(store, store_url, mysql_db, mysql_url, list_name, spark):
     make_jobs(store, list_name, done=300, dead=20)
     # Small batches, one task: its connection is killed after 2 batches, on every attempt.
-    broken = options(store_url, mysql_url, partitions=1, batch_size=25, faults=SyncFaults(kill_after_batches=2))
+    broken = options(store_url, mysql_url, lists=(list_name,), partitions=1, batch_size=25, faults=SyncFaults(kill_after_batches=2))
     with pytest.raises(SyncError) as e:
         sync_once(broken, spark, store)
     assert "mysql://root@127.0.0.1:3306" in str(e.value) and "failed while writing" in str(e.value)
@@ -93,7 +93,7 @@ def test_mysql_killed_mid_run_then_the_next_run_completes(store, store_url, mysq
     if store.is_embedded:  # alone in its store, the list is all the task copies
         assert marked, "the batches committed before the kill were marked"
         assert len(copied) < 320
-    sync_once(options(store_url, mysql_url), spark, store)
+    sync_once(options(store_url, mysql_url, lists=(list_name,)), spark, store)
     assert_exactly_once(store, mysql_db, list_name)
     assert set(synced_marks(store, list_name, mysql_url)) == set(processed(store, list_name))
 
@@ -104,7 +104,7 @@ def test_task_dying_between_commit_and_mark_is_retried_harmlessly(
 ):
     make_jobs(store, list_name, done=200, dead=10)
     # Every task's first attempt dies right after its first commit, before marking.
-    faulty = options(store_url, mysql_url, batch_size=10, faults=SyncFaults(die_after_commits=1, die_by_exit=by_exit))
+    faulty = options(store_url, mysql_url, lists=(list_name,), batch_size=10, faults=SyncFaults(die_after_commits=1, die_by_exit=by_exit))
     report = sync_once(faulty, spark, store)
     # Retried tasks copied the first batch again: more copies than jobs, one row each.
     assert report.counts.copied >= 210
@@ -162,7 +162,7 @@ def test_records_that_cannot_be_stored_go_to_rejects_and_the_run_goes_on(
         _write_unsendable(store, name, {"payload": {"text": "lone \ud800 surrogate"}})
         bad[rec.bins["jid"]] = "surrogates not allowed"
 
-    report = sync_once(options(store_url, mysql_url, batch_size=7), spark, store)
+    report = sync_once(options(store_url, mysql_url, lists=(list_name,), batch_size=7), spark, store)
     # On a shared server, other tests' rejects stay unsynced and count too.
     assert report.counts.rejected == len(bad) if store.is_embedded else report.counts.rejected >= len(bad)
     rejects = {jid: reason for jid, reason in mysql_query(
@@ -174,7 +174,7 @@ def test_records_that_cannot_be_stored_go_to_rejects_and_the_run_goes_on(
     copied = {bytes(r["jid"]).decode() for r in mysql_rows(mysql_db, list_name)}
     assert copied == set(processed(store, list_name)) - set(bad)
     assert set(synced_marks(store, list_name, mysql_url)) == copied
-    again = sync_once(options(store_url, mysql_url), spark, store)
+    again = sync_once(options(store_url, mysql_url, lists=(list_name,)), spark, store)
     if store.is_embedded:
         assert again.counts.rejected == len(bad), "tried again, refused again"
         assert again.counts.copied == 0
@@ -185,10 +185,10 @@ def test_a_reject_that_copies_later_leaves_the_rejects_table(store, store_url, m
     make_jobs(store, list_name, done=3)
     name = keys.job_name(list_name, 1)
     store.put(keys.JOB_SET, name, {"result": bytearray(b"\x01")})
-    sync_once(options(store_url, mysql_url), spark, store)
+    sync_once(options(store_url, mysql_url, lists=(list_name,)), spark, store)
     assert len(mysql_query(mysql_db, "SELECT * FROM sync_rejects WHERE list = %s", (list_name,))) == 1
     store.put(keys.JOB_SET, name, {"result": {"fixed": True}})  # an operator repaired the record
-    sync_once(options(store_url, mysql_url), spark, store)
+    sync_once(options(store_url, mysql_url, lists=(list_name,)), spark, store)
     assert mysql_query(mysql_db, "SELECT * FROM sync_rejects WHERE list = %s", (list_name,)) == []
     assert_exactly_once(store, mysql_db, list_name)
 
@@ -198,7 +198,7 @@ def test_list_summaries(store, store_url, mysql_db, mysql_url, list_name, spark)
     make_jobs(store, finished, done=8, dead=2)
     JobLists(store).seal(finished)
     make_jobs(store, running, done=3, dead=1, queued=6)
-    sync_once(options(store_url, mysql_url), spark, store)
+    sync_once(options(store_url, mysql_url, lists=(finished, running)), spark, store)
     rows = {r[0]: r[1:] for r in mysql_query(
         mysql_db, "SELECT list, total, done, dead, sealed, complete, completed_at FROM aq_list_summary "
         "WHERE list IN (%s, %s)", (finished, running))}
@@ -215,7 +215,7 @@ def test_retention_deletes_only_jobs_synced_longer_ago_than_the_grace(
     store, store_url, mysql_db, mysql_url, list_name, spark
 ):
     make_jobs(store, list_name, done=30, dead=5)
-    sync_once(options(store_url, mysql_url), spark, store)
+    sync_once(options(store_url, mysql_url, lists=(list_name,)), spark, store)
     old = set(synced_marks(store, list_name, mysql_url))
     assert len(old) == 35
     # The grace must outlast the second run's own marks-to-deletes gap in a task (a CI
@@ -237,13 +237,13 @@ def test_retention_deletes_only_jobs_synced_longer_ago_than_the_grace(
 
 def test_a_kicked_job_is_copied_again_once_it_finishes(store, store_url, mysql_db, mysql_url, list_name, spark):
     make_jobs(store, list_name, done=2, dead=3)
-    sync_once(options(store_url, mysql_url), spark, store)
+    sync_once(options(store_url, mysql_url, lists=(list_name,)), spark, store)
     assert JobLists(store).kick(list_name) == 3
     q = Queue(store)
     with Session.open(store) as s:
         jobs = q.reserve(list_name, s, 3)
         q.complete_many(jobs, [{"second": True}] * 3)
-    sync_once(options(store_url, mysql_url), spark, store)
+    sync_once(options(store_url, mysql_url, lists=(list_name,)), spark, store)
     assert_exactly_once(store, mysql_db, list_name)  # the three rows now say done
 
 
