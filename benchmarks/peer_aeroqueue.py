@@ -218,12 +218,17 @@ class LeaseFloorWorker(BareWorker):
         eo.expression_write("done_at", hotpath.SERVER_NOW_COMPILED),
     ]
 
-    def reserve(self, n: int) -> list[tuple[int, Any]]:
+    def _lease(self, n: int) -> tuple[list[int], int]:
+        """Up to n tokens taken, and the lease's end by the client's clock."""
         tokens = self._take(n)
+        if tokens:
+            self.calls += 1  # the read that follows
+        return tokens, int(time.time() * 1000) + self.LEASE_MS
+
+    def reserve(self, n: int) -> list[tuple[int, Any]]:
+        tokens, until = self._lease(n)
         if not tokens:
             return []
-        self.calls += 1
-        until = int(time.time() * 1000) + self.LEASE_MS
         got = self.client.batch_read([self._key(t) for t in tokens], list(self._READS))
         bins = [br.record[2] for br in got.batch_records if br.result == 0 and br.record]
         return [(int(b["jid"]), (b["token"], b["att"], until)) for b in bins if b.get("state") == "queued"]
@@ -246,6 +251,56 @@ class LeaseFloorWorker(BareWorker):
             )
             acked += [number for (number, _), br in zip(group, out.batch_records, strict=True) if br.result == 0]
         return acked
+
+
+class BlockFloorWorker(LeaseFloorWorker):
+    """Not a queue: the lease floor with each 100 tokens' job ids and payloads also kept
+    in one record (issue 14, item 3b: "a batch's jobs in one record"). A reserve takes
+    tokens and reads the one or two block records that cover them instead of a record a
+    job; the ack is the lease floor's, filtered on the job record still queued with the
+    attempt count a fresh token has (0). Measures what that data model could reach."""
+
+    BLOCK = 100
+
+    def reserve(self, n: int) -> list[tuple[int, Any]]:
+        tokens, until = self._lease(n)
+        if not tokens:
+            return []
+        blocks = sorted({t // self.BLOCK for t in tokens})
+        got = self.client.batch_read([self._block_key(b) for b in blocks], ["p"])
+        held = {b: br.record[2]["p"] for b, br in zip(blocks, got.batch_records, strict=True) if br.result == 0}
+        out = []
+        for t in tokens:
+            jid, _payload = held[t // self.BLOCK][t % self.BLOCK]
+            out.append((int(jid), (t, 0, until)))
+        return out
+
+    def _block_key(self, block: int) -> tuple[str, str, str]:
+        return (self.ns, BLOCK_SET, f"{self.list}/{block}")
+
+
+BLOCK_SET = "aq_bench_blk"
+
+
+def write_blocks(backend: Backend, list_name: str, n_jobs: int) -> None:
+    """The block floor's records: [jid, payload] of each token at index token % 100."""
+    client, ns, size = backend.client.raw, backend.namespace, BlockFloorWorker.BLOCK
+    for start in range(0, n_jobs + size, size * 10):
+        tokens = list(range(start, start + size * 10))
+        got = client.batch_read([(ns, keys.JOB_SET, keys.job_name(list_name, t)) for t in tokens], ["jid", "payload"])
+        blocks: dict[int, list[Any]] = {}
+        for t, br in zip(tokens, got.batch_records, strict=True):
+            if br.result == 0 and br.record:
+                blocks.setdefault(t // size, [None] * size)[t % size] = [br.record[2]["jid"], br.record[2]["payload"]]
+        for b, items in blocks.items():
+            client.put((ns, BLOCK_SET, f"{list_name}/{b}"), {"p": items})
+
+
+def drop_blocks(backend: Backend, list_name: str, n_jobs: int) -> None:
+    """Remove what `write_blocks` wrote (a block never written is no error)."""
+    client, ns, size = backend.client.raw, backend.namespace, BlockFloorWorker.BLOCK
+    keys_ = [(ns, BLOCK_SET, f"{list_name}/{b}") for b in range(n_jobs // size + 2)]
+    client.batch_remove(keys_)
 
 
 PATHS = {
@@ -278,6 +333,12 @@ PATHS = {
         "not a queue: a lease design's floor (take + batch read of the jobs; ack = a write filtered on still "
         "queued, the attempt count read, and the lease's end), no lease record, sessions, request ids, "
         "completion bits or recovery",
+    ),
+    "block-floor": (
+        BlockFloorWorker,
+        "take(100) + read of the 1-2 block records; acks: one filtered batch write",
+        "not a queue: the lease floor with each 100 jobs' ids and payloads in one block record, read at the reserve "
+        "instead of the job records (the job records stay, written at the ack)",
     ),
     "bare-udf": (
         BareWorker,
@@ -359,11 +420,13 @@ class AeroqueuePeer(Peer):
         JobLists(backend).load(
             name, (JobSpec(str(i), {"i": i}) for i in range(n_jobs)), seal=True, chunk_size=LOAD_CHUNK
         )
+        if self.name == "block-floor":
+            write_blocks(backend, name, n_jobs)
         return Prepared(self.worker_cls, {"url": url, "list": name}, n_jobs)
 
     def verify(self, prepared: Prepared, acked: int) -> str | None:
         lists = JobLists(self._backends[prepared.config["list"]])
-        if self.name in ("bare-udf", "lease-floor"):  # no completion bits: count the job records
+        if self.name in ("bare-udf", "lease-floor", "block-floor"):  # no completion bits: count the job records
             done = sum(1 for _ in lists.jobs(prepared.config["list"], "done"))
             return None if done == acked else f"{done} jobs done, {acked} acked"
         status = lists.status(prepared.config["list"])
@@ -383,6 +446,8 @@ class AeroqueuePeer(Peer):
             if self.url is not None:
                 # Every client has flushed its acks and closed: no bit can land late.
                 JobLists(backend).drop(name, grace_s=0)
+                if self.name == "block-floor":
+                    drop_blocks(backend, name, prepared.jobs)
         finally:
             backend.close()
         if self.url is None:
