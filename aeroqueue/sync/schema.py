@@ -105,46 +105,69 @@ def migrations(text: str | None = None) -> list[Migration]:
     return found
 
 
+# Tries of a migration that failed on a transient error (Dialect.transient_ddl),
+# and the pause before the second (doubling after).
+MIGRATE_TRIES = 3
+MIGRATE_PAUSE_S = 0.2
+
+
 def migrate(sink: Sink, *, at_ms: int | None = None) -> int:
-    """Bring the target's schema to the newest version; returns that version."""
+    """Bring the target's schema to the newest version; returns that version.
+
+    A try that fails on a transient error (a deadlock, a server file operation)
+    is run again from the version the target holds: every statement is safe to
+    run twice (schema.sql's rules), so a second try finishes what the first began.
+    """
     steps = migrations()
+    for attempt in range(MIGRATE_TRIES):
+        try:
+            return _migrate_once(sink, steps, at_ms)
+        except SyncError:
+            raise
+        except Exception as e:
+            if not sink.dialect.is_error(e):
+                raise
+            sink.rollback()
+            if not sink.dialect.transient_ddl(e) or attempt + 1 == MIGRATE_TRIES:
+                raise sink.fail(e, "creating or migrating the schema") from None
+            log.warning("migrating the schema of %s failed (%s); trying again", sink.target,
+                        sink.target.redact(str(e)))
+            time.sleep(MIGRATE_PAUSE_S * 2 ** attempt)
+    raise AssertionError("unreachable")
+
+
+def _migrate_once(sink: Sink, steps: list[Migration], at_ms: int | None) -> int:
     newest = steps[-1].version
+
     def run(stmt: str) -> None:
         stmt_here = sink.dialect.ddl(stmt)
         if stmt_here is not None:
             sink.execute(stmt_here)
 
-    try:
-        # One migration of a target at a time: two that read the same version both
-        # run its next step (see Dialect.schema_lock).
-        with sink.dialect.schema_lock(sink):
-            for stmt in steps[0].statements:
+    # One migration of a target at a time: two that read the same version both
+    # run its next step (see Dialect.schema_lock).
+    with sink.dialect.schema_lock(sink):
+        for stmt in steps[0].statements:
+            run(stmt)
+        rows = sink.execute(f"SELECT MAX(version) FROM {VERSION_TABLE}")
+        current = rows[0][0] if rows and rows[0][0] is not None else 0
+        if current > newest:
+            raise SyncError(
+                f"the schema of {sink.target} is at version {current}, newer than this aeroqueue's "
+                f"{newest}: upgrade aeroqueue before syncing into it"
+            )
+        for step in steps[current + 1:]:
+            for stmt in step.statements:
                 run(stmt)
-            rows = sink.execute(f"SELECT MAX(version) FROM {VERSION_TABLE}")
-            current = rows[0][0] if rows and rows[0][0] is not None else 0
-            if current > newest:
-                raise SyncError(
-                    f"the schema of {sink.target} is at version {current}, newer than this aeroqueue's "
-                    f"{newest}: upgrade aeroqueue before syncing into it"
-                )
-            for step in steps[current + 1:]:
-                for stmt in step.statements:
-                    run(stmt)
-                sink.upsert(
-                    VERSION_TABLE, ("version", "description", "applied_at"), ("version",),
-                    [(step.version, step.description, at_ms or now_ms())],
-                )
-                if sink.dialect.ddl_commits:  # else the whole migration is one transaction
-                    sink.commit()
-                log.info("schema of %s migrated to version %d (%s)", sink.target, step.version, step.description)
-            sink.commit()
-        return newest
-    except SyncError:
-        raise
-    except Exception as e:
-        if not sink.dialect.is_error(e):
-            raise
-        raise sink.fail(e, "creating or migrating the schema") from None
+            sink.upsert(
+                VERSION_TABLE, ("version", "description", "applied_at"), ("version",),
+                [(step.version, step.description, at_ms or now_ms())],
+            )
+            if sink.dialect.ddl_commits:  # else the whole migration is one transaction
+                sink.commit()
+            log.info("schema of %s migrated to version %d (%s)", sink.target, step.version, step.description)
+        sink.commit()
+    return newest
 
 
 # -- one job record -> one row ------------------------------------------------------
