@@ -21,6 +21,10 @@ class AeroqueueError(Exception):
     #: ack failed. They are the caller's to run or release.
     reserved: list[Any] = []  # noqa: RUF012 (replaced per instance, never mutated)
 
+    #: `sessions.reap` only: what the reap did before the error (a `ReapReport`),
+    #: for the sweep after the sessions it ended.
+    reaped: Any = None
+
     def __init__(self, message: str | None = None, **context: Any) -> None:
         self.message = message or (type(self).__doc__ or "").strip().splitlines()[0]
         self.context = context

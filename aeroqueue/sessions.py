@@ -432,7 +432,7 @@ def reap(backend: Backend, *, stop: Callable[[], bool] | None = None) -> ReapRep
                 break
             timed_out += expire_overdue(backend, sid, rec.bins.get("leases"))
     except AeroqueueError as e:
-        e.reaped = ReapReport(sessions, released, timed_out, ended, ended_expiry_ms)  # type: ignore[attr-defined]
+        e.reaped = ReapReport(sessions, released, timed_out, ended, ended_expiry_ms)
         raise
     return ReapReport(sessions, released, timed_out, ended, ended_expiry_ms)
 
