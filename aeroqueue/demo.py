@@ -192,18 +192,25 @@ def _show_target(console: Console, target: str) -> None:
     console.print(f"sync target: {t}\n             {look}", soft_wrap=True)
 
 
-def _held_claims(backend: Backend, session: str, wait_s: float = 5.0) -> int:
-    """How many jobs `session` holds claimed, waiting up to `wait_s` for it to hold
-    some: its handlers take a few ms, and its threads spend much of their time
-    queued on the store's write lock holding nothing, so a kill at a random moment
-    found one in three runs with nothing to give back, and showed no recovery."""
-    if not session:
-        return 0
+def _victim(backend: Backend, workers: list[subprocess.Popen], logs: Path,
+            wait_s: float = 5.0) -> tuple[subprocess.Popen, str, int]:
+    """The worker to kill, its session and how many jobs it holds claimed: the first
+    found holding some, waiting up to `wait_s` for one to. Handlers take a few ms and
+    threads spend much of their time queued on the store's write lock holding
+    nothing, so a kill at a random moment found one in three runs with nothing to
+    give back; and a fixed worker may not have started yet on a loaded machine (a CI
+    run killed one whose session it never saw, and showed no recovery)."""
     deadline = time.monotonic() + wait_s
     while True:
-        held = len(backend.find(keys.JOB_SET, "sess", session))
-        if held or time.monotonic() >= deadline:
-            return held
+        sessions = {e.get("pid"): str(e.get("session") or "") for e in _events(logs) if e.get("event") == "started"}
+        running = [(w, sessions[w.pid]) for w in workers if w.poll() is None and sessions.get(w.pid)]
+        for w, session in running:
+            held = len(backend.find(keys.JOB_SET, "sess", session))
+            if held:
+                return w, session, held
+        if time.monotonic() >= deadline:
+            w, session = running[0] if running else (workers[0], "")
+            return w, session, 0
         time.sleep(0.005)
 
 
@@ -219,10 +226,7 @@ def _run_workers(
             done = _done(lists)
             progress.update(task, completed=done)
             if not killed and done >= total * KILL_AT:
-                victim = workers[0]
-                started = [e for e in _events(logs) if e.get("event") == "started" and e.get("pid") == victim.pid]
-                victim_session = started[0]["session"] if started else ""
-                held = _held_claims(backend, victim_session)
+                victim, victim_session, held = _victim(backend, workers, logs)
                 victim.send_signal(signal.SIGKILL)
                 victim.wait()
                 killed, killed_time = True, time.perf_counter()
