@@ -24,6 +24,7 @@ from aeroqueue.config import parse_url
 from aeroqueue.sync import parse_target, remember_demo_target, run_sync, sync_once
 from aeroqueue.sync.job import DAEMON_MODULE
 from aeroqueue.sync.scan import to_copy
+from tests.waiting import wait_for
 
 from .helpers import (
     assert_exactly_once,
@@ -165,6 +166,14 @@ def _spark_only(registered: Backend) -> None:
 DAEMON = b"-m\0" + DAEMON_MODULE.encode() + b"\0"
 
 
+def _await_in_group(proc: subprocess.Popen, needle: bytes, what: str, timeout_s: float) -> None:
+    """Wait until a process with `needle` in its command line runs in `proc`'s group
+    (`what` names it); fail if `proc` ended first."""
+    wait_for(f"{what} running", lambda: proc.poll() is not None or _group_runs(proc.pid, needle), timeout_s,
+             step_s=0.02)
+    assert proc.poll() is None, f"the command ended (status {proc.returncode}) before {what} was seen"
+
+
 def _group_pids(pgid: int, needle: bytes) -> list[int]:
     """The processes of group `pgid` with `needle` in their command line."""
     found = []
@@ -206,11 +215,7 @@ def test_ctrl_c_during_a_run_ends_it_with_one_line_and_a_rerun_copies_each_job_o
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 120
-        while not _group_runs(proc.pid, DAEMON) and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert proc.poll() is None, "the run ended before its tasks were seen: nothing was interrupted"
-        assert _group_runs(proc.pid, DAEMON), "no task of the run was seen within 120 s"
+        _await_in_group(proc, DAEMON, "a task of the run", 120)
         if how == "group":
             os.killpg(proc.pid, signal.SIGINT)
         else:
@@ -243,17 +248,11 @@ def test_ctrl_c_while_the_jvm_starts_leaves_no_jvm_behind(registered, java, stor
     )
     jvm = b"org.apache.spark.deploy.SparkSubmit"
     try:
-        deadline = time.monotonic() + 60
-        while not _group_runs(proc.pid, jvm) and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert proc.poll() is None and _group_runs(proc.pid, jvm), "no JVM seen"
+        _await_in_group(proc, jvm, "the JVM", 60)
         time.sleep(0.3)  # it takes seconds to answer
         os.killpg(proc.pid, signal.SIGINT)
         assert proc.wait(30) == 130
-        deadline = time.monotonic() + 10
-        while _group_runs(proc.pid, jvm) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not _group_runs(proc.pid, jvm), "the JVM outlived the command"
+        wait_for("the JVM gone with the command", lambda: not _group_runs(proc.pid, jvm), 10, step_s=0.1)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -333,11 +332,8 @@ def test_sigterm_to_the_whole_group_stops_a_sync_cleanly_and_a_rerun_copies_each
     reader = threading.Thread(target=read_stdout, daemon=True)
     reader.start()
     try:
-        deadline = time.monotonic() + 120
-        while not _group_runs(proc.pid, DAEMON) and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not reported.is_set() and proc.poll() is None, "the first run ended before its tasks were seen"
-        assert _group_runs(proc.pid, DAEMON), "no task of the run was seen within 120 s"
+        _await_in_group(proc, DAEMON, "a task of the first run", 120)
+        assert not reported.is_set(), "the first run ended before its tasks were seen"
         os.killpg(proc.pid, signal.SIGTERM)
         err = proc.stderr.read()  # type: ignore[union-attr]
         proc.wait(timeout=120)
@@ -374,11 +370,7 @@ def test_sigterm_to_the_group_while_the_jvm_starts_stops_the_schedule_with_statu
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 120
-        while (not _group_runs(proc.pid, b"org.apache.spark.deploy.SparkSubmit") and proc.poll() is None
-               and time.monotonic() < deadline):
-            time.sleep(0.02)
-        assert proc.poll() is None and _group_runs(proc.pid, b"org.apache.spark.deploy.SparkSubmit"), "no JVM seen"
+        _await_in_group(proc, b"org.apache.spark.deploy.SparkSubmit", "the JVM", 120)
         os.killpg(proc.pid, signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
     finally:
