@@ -82,6 +82,11 @@ EMBEDDED_TESTS = (Path(__file__).parent / "embedded", Path(__file__).parent / "s
 MULTINODE_TESTS = Path(__file__).parent / "multinode"
 
 
+def _uses_spark(item: pytest.Item) -> bool:
+    """The test uses the session's SparkSession (the `spark` fixture)."""
+    return "spark" in getattr(item, "fixturenames", ())
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     on_server: list[pytest.Item] = []
@@ -97,7 +102,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         elif any(item.path.is_relative_to(p) for p in EMBEDDED_TESTS):
             item.add_marker(pytest.mark.embedded_own)
             embedded_own.append(item)
-        elif item.path.is_relative_to(MULTINODE_TESTS) or "spark" in getattr(item, "fixturenames", ()):
+        elif item.path.is_relative_to(MULTINODE_TESTS) or _uses_spark(item):
             item.add_marker(pytest.mark.apart)
             apart.append(item)
     others: set[int] = set()
@@ -109,7 +114,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # The tests that use the session's SparkSession share one process: each
         # process that has one starts a JVM (some 12 CPU-seconds, and slower
         # under load).
-        spark = {id(item) for item in shared if "spark" in getattr(item, "fixturenames", ())}
+        spark = {id(item) for item in shared if _uses_spark(item)}
         others = {id(item) for item, p in zip(shared, durations.share(shared, parts, spark), strict=True) if p != part}
     if REST_SHARD:
         part, parts = (int(x) for x in REST_SHARD.split("/"))
