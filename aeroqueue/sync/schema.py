@@ -114,9 +114,11 @@ MIGRATE_PAUSE_S = 0.2
 def migrate(sink: Sink, *, at_ms: int | None = None) -> int:
     """Bring the target's schema to the newest version; returns that version.
 
-    A try that fails on a transient error (a deadlock, a server file operation)
-    is run again from the version the target holds: every statement is safe to
-    run twice (schema.sql's rules), so a second try finishes what the first began.
+    A try that fails on a transient error (a deadlock, a failed file operation
+    of the server's own) is run again from the version the target holds: MySQL's
+    statements are safe to run twice (schema.sql's rules), so a second try
+    finishes what the first began. (SQLite's migration is one transaction, rolled
+    back whole, and none of its errors is taken for transient.)
     """
     steps = migrations()
     for attempt in range(MIGRATE_TRIES):

@@ -198,6 +198,11 @@ class MySQLDialect(Dialect):
     # rolled back as for 1213 (tests/sync/test_write.py). Any other cause of 1467
     # (a counter that cannot be read at all) fails again, after the few retries.
     _TRANSIENT = frozenset({1205, 1213, 1467})
+    # A schema change that failed on a file of the server's own, as a race over its
+    # name would: error on delete (6), on rename (7), file not found (29). Not the
+    # other errors below 1000 (disk full, out of memory, permissions): a second try
+    # fails the same, after a table copy done again for nothing.
+    _TRANSIENT_DDL = frozenset({6, 7, 29})
 
     # LOAD DATA LOCAL refused by the server or the client: local_infile off
     # (MySQL 8's default), or not allowed for this user.
@@ -266,13 +271,10 @@ class MySQLDialect(Dialect):
         return getattr(error, "errno", None) in self._TRANSIENT
 
     def transient_ddl(self, error: BaseException) -> bool:
-        # Below 1000: the server's own file operations failed (mysys's "global
-        # errors"). CI saw MariaDB 10.11 fail a new target's migration once with
-        # 6, "Error on delete of ... (Errcode: 2)", on a file of its own that was
-        # already gone; the same statements ran at once on the next try. Every
-        # statement of schema.sql is safe to run again, by its rules.
-        errno = getattr(error, "errno", None)
-        return self.transient(error) or (isinstance(errno, int) and 0 < errno < 1000)
+        # CI saw MariaDB 10.11 fail a new target's migration once with 6, "Error on
+        # delete of ... (Errcode: 2)": a file of the server's own, already gone when
+        # it came to delete it; the same statements went through on the next try.
+        return self.transient(error) or getattr(error, "errno", None) in self._TRANSIENT_DDL
 
     def is_error(self, error: BaseException) -> bool:
         import mysql.connector.errors as me
