@@ -97,10 +97,12 @@ def _start_worker(url: str, logs: Path, n: int) -> subprocess.Popen:
 
 
 def _events(logs: Path) -> list[dict]:
+    """The workers' JSON log events so far. A worker may be writing its last line as
+    this reads: only whole lines count."""
     out = []
     for f in logs.glob("worker-*.jsonl"):
-        for line in f.read_text().splitlines():
-            if line.startswith("{"):
+        for line in f.read_text().splitlines(keepends=True):
+            if line.startswith("{") and line.endswith("\n"):
                 out.append(json.loads(line))
     return out
 
@@ -201,8 +203,11 @@ def _victim(backend: Backend, workers: list[subprocess.Popen], logs: Path,
     give back; and a fixed worker may not have started yet on a loaded machine (a CI
     run killed one whose session it never saw, and showed no recovery)."""
     deadline = time.monotonic() + wait_s
+    sessions: dict[int, str] = {}
     while True:
-        sessions = {e.get("pid"): str(e.get("session") or "") for e in _events(logs) if e.get("event") == "started"}
+        if any(w.pid not in sessions for w in workers if w.poll() is None):  # the logs read again only then
+            sessions = {int(e.get("pid") or 0): str(e.get("session") or "")
+                        for e in _events(logs) if e.get("event") == "started"}
         running = [(w, sessions[w.pid]) for w in workers if w.poll() is None and sessions.get(w.pid)]
         for w, session in running:
             held = len(backend.find(keys.JOB_SET, "sess", session))
