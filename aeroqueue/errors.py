@@ -8,7 +8,10 @@ into `BackendError` subclasses that name the operation and the key.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .sessions import ReapReport
 
 
 class AeroqueueError(Exception):
@@ -23,7 +26,7 @@ class AeroqueueError(Exception):
 
     #: `sessions.reap` only: what the reap did before the error (a `ReapReport`),
     #: for the sweep after the sessions it ended.
-    reaped: Any = None
+    reaped: ReapReport | None = None
 
     def __init__(self, message: str | None = None, **context: Any) -> None:
         self.message = message or (type(self).__doc__ or "").strip().splitlines()[0]

@@ -1057,7 +1057,7 @@ class Worker:
         try:
             report = reap(self.backend, stop=stop)
         except AeroqueueError as e:
-            done: ReapReport | None = e.reaped
+            done = e.reaped
             if done is None or not done.ended:
                 raise
             # The sessions it ended before the error are gone: no later reap would set

@@ -178,7 +178,7 @@ def reap(obj: Context, then_sweep: bool, as_json: bool) -> None:
         report = reap_sessions(backend)
     except AeroqueueError as e:
         # Sessions it ended before the error are gone: no later reap sets off their sweep.
-        done: ReapReport | None = e.reaped
+        done = e.reaped
         if then_sweep and done is not None and done.ended:
             _sweep_after_reap(backend, done, e)
         raise

@@ -171,7 +171,7 @@ def _await_in_group(proc: subprocess.Popen, needle: bytes, what: str, timeout_s:
     (`what` names it); fail if `proc` ended first."""
     wait_for(f"{what} running", lambda: proc.poll() is not None or _group_runs(proc.pid, needle), timeout_s,
              step_s=0.02)
-    assert proc.poll() is None, f"the command ended (status {proc.returncode}) before {what} was seen"
+    assert proc.poll() is None, f"the command ended (status {proc.returncode}) before it could be interrupted"
 
 
 def _group_pids(pgid: int, needle: bytes) -> list[int]:
