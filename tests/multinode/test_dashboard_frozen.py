@@ -97,7 +97,10 @@ def test_a_frozen_node_costs_the_overview_only_what_it_holds(
             page = unescape(answer["body"])
             shown = rows(page)
             # The lists that answered, with their counts; the others named as not read.
-            assert {n for n, r in shown.items() if r is not None} == readable, (which, shown)
+            # On failure, what the dashboard said of its reads (page_partial: the first read
+            # that did not answer, after which the others get 100 ms within a 2 s budget).
+            assert {n for n, r in shown.items() if r is not None} == readable, (
+                which, shown, unread(page), logs[WARM_PORT if which.startswith("warm") else COLD_PORT].read_text()[-3000:])
             assert all(shown[n] == want[n] for n in readable), (which, shown)
             # The sessions the other nodes hold (their scan needs every node), without
             # their claims (each one's index query needs every node too).
