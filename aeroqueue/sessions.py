@@ -391,6 +391,13 @@ class ReapReport:
     # The shortest expiry (ms) among those: what the sweep after the reap counts from.
     ended_expiry_ms: int = 0
 
+    def sweep_grace_ms(self, cap_ms: int) -> int:
+        """The grace of the sweep after this reap, at most `cap_ms`: half the shortest
+        expiry of the sessions it ended. Their last heartbeat is a whole expiry old
+        and their last take at most a heartbeat interval (under half the expiry)
+        younger, while a live reserver claims within milliseconds."""
+        return min(cap_ms, self.ended_expiry_ms // 2)
+
 
 def reap(backend: Backend, *, stop: Callable[[], bool] | None = None) -> ReapReport:
     """Reap every expired session (see the module docstring), and end the claims of

@@ -990,7 +990,7 @@ class Worker:
                         # reap (`claim_sweep_after`): when a host's workers die together,
                         # the workers that reap them would each scan the store; it begins
                         # POST_REAP_SETTLE_S after the reap, so that those reaps end first.
-                        sweep_grace_ms = min(sweep_grace_ms, report.ended_expiry_ms // 2)
+                        sweep_grace_ms = report.sweep_grace_ms(sweep_grace_ms)
                         if not targeted or after_reap is not None:  # else a won gate covers it
                             next_sweep = min(next_sweep, reaped_at + POST_REAP_SETTLE_S)
                             after_reap = reaped_at  # the latest: a sweep after it is after the others

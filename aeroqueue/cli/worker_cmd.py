@@ -200,7 +200,7 @@ def _sweep_after_reap(backend: Backend, report: ReapReport, failed: AeroqueueErr
     a job counts as lost once untouched for half the dead sessions' shortest expiry, not
     the regular sweep's grace. `failed`: the reap's own error, raised after this; its
     hint then says what the reap did and that the sweep ran."""
-    grace_ms = min(DEFAULT_SWEEP_GRACE_MS, report.ended_expiry_ms // 2)
+    grace_ms = report.sweep_grace_ms(DEFAULT_SWEEP_GRACE_MS)
     again = f"`aeroqueue sweep --grace {grace_ms / 1000:g}` runs it again"
     try:
         swept = sweep_store(backend, grace_ms=grace_ms)
