@@ -127,6 +127,12 @@ def test_an_interrupted_drop_finishes_when_run_again(registered, store_url, queu
     assert leftovers(registered, list_name) == {}
 
 
+def _leases_still_held(self: JobLists, name: str, wait_s: float) -> None:
+    """`JobLists._await_leases` as when a lease is still held at its deadline: the drop
+    fails before it deletes anything."""
+    raise errors.ListError(f"list {name!r}: sessions still hold leases on 1 of its jobs")
+
+
 def test_an_unsealed_list_whose_jobs_are_all_done_never_looks_complete_while_it_is_dropped(
         queue, lists, list_name, session, monkeypatch):
     """The drop seals the list: with every job done, the list would be complete from the
@@ -158,10 +164,7 @@ def test_a_drop_given_up_before_anything_went_leaves_a_list_that_resumes_and_com
     first, second = queue.reserve(list_name, session, 2)
     queue.complete(first)
 
-    def held(self, name, wait_s):
-        raise errors.ListError(f"list {name!r}: sessions still hold leases on 1 of its jobs")
-
-    monkeypatch.setattr(JobLists, "_await_leases", held)
+    monkeypatch.setattr(JobLists, "_await_leases", _leases_still_held)
     with pytest.raises(errors.ListError, match="still hold leases"):
         lists.drop(list_name, grace_s=0)
     monkeypatch.undo()
@@ -185,10 +188,7 @@ def test_a_drop_run_again_over_one_that_stopped_half_way_keeps_the_list_unresuma
         lists.drop(list_name, grace_s=0)  # stopped half-way: records went
     monkeypatch.setattr(JobLists, "_delete_all", real)
 
-    def held(self, name, wait_s):
-        raise errors.ListError(f"list {name!r}: sessions still hold leases on 1 of its jobs")
-
-    monkeypatch.setattr(JobLists, "_await_leases", held)
+    monkeypatch.setattr(JobLists, "_await_leases", _leases_still_held)
     with pytest.raises(errors.ListError, match="still hold leases"):
         lists.drop(list_name, grace_s=0)  # run again, given up before it deleted anything
     monkeypatch.undo()
