@@ -271,14 +271,23 @@ def complete_many(backend: Backend, items: list[tuple[str, str, str, Any]], dead
 # reaper's, for a dead or overdue lease) adds one to `att` and moves `claimed`, and a
 # kick (after a bury) leaves `kicked`, so an ack admitted only while these are as read,
 # the job is still queued and the lease's time limit has not run out is an ack of this
-# lease and of nothing since.
+# lease and of nothing since. The list's stamp `c` (its `created`, on every job record
+# a load writes) is part of it too: a list dropped and loaded again under the same
+# name makes records a stale lease would otherwise take for its own (queued, attempt
+# 0, never claimed), and a holder paused past its session's end, or a reaper stalled
+# with the leases it read, would mark done, or claim, a job of the new list.
 
-LEASE_READS = ("jid", "payload", "att", "token", "state", "claimed", "kicked")
+LEASE_READS = ("jid", "payload", "att", "token", "state", "claimed", "kicked", "c")
 LEASE_READS_LIST = list(LEASE_READS)
-_ATT, _CLAIMED_AT, _UNTIL = -0x5A5A5A5A5A5A, -0x6B6B6B6B6B6B, -0x7C7C7C7C7C7C
+_ATT, _CLAIMED_AT, _UNTIL, _CREATED = -0x5A5A5A5A5A5A, -0x6B6B6B6B6B6B, -0x7C7C7C7C7C7C, -0x4D4D4D4D4D4D
+
+# (att, claimed, until, created) as a lease read them (`Job.lease`): `claimed` None when
+# the job was never claimed, `created` None when its record has no stamp (a job written
+# before stamps were: then the fence is the others alone).
+LeaseFence = tuple[int, int | None, int, int | None]
 
 
-def _lease_template(claimed_before: bool, with_until: bool, with_deadline: bool) -> list[tuple]:
+def _lease_template(claimed_before: bool, with_until: bool, with_deadline: bool, stamped: bool) -> list[tuple]:
     conds = [
         exp.Eq(exp.StrBin("state"), "queued"),
         exp.Eq(exp.IntBin("att"), _ATT),
@@ -287,21 +296,27 @@ def _lease_template(claimed_before: bool, with_until: bool, with_deadline: bool)
         # kicked, a job is queued again with its attempts as the lease read them.
         exp.Not(exp.BinExists("kicked")),
     ]
+    if stamped:
+        conds.append(exp.Eq(exp.IntBin("c"), _CREATED))
     if with_until:
         conds.append(exp.LE(SERVER_NOW, _UNTIL))
     return _template(conds, with_deadline)
 
 
 _LEASE = {
-    (c, u, d): _lease_template(c, u, d) for c in (False, True) for u in (False, True) for d in (False, True)
+    (c, u, d, s): _lease_template(c, u, d, s)
+    for c in (False, True) for u in (False, True) for d in (False, True) for s in (False, True)
 }
 
 
-def lease_filter(att: int, claimed: int | None, until: int | None = None, deadline: int | None = None) -> list[tuple]:
-    """True for a job as a lease read it (queued, `att` and `claimed` unchanged), and,
-    with `until`, before the lease's time limit by the server's clock."""
-    template = _LEASE[claimed is not None, until is not None, deadline is not None]
-    return _bind(template, {_ATT: att, _CLAIMED_AT: claimed, _UNTIL: until, _DEADLINE: deadline})
+def lease_filter(
+    att: int, claimed: int | None, until: int | None = None, created: int | None = None, deadline: int | None = None
+) -> list[tuple]:
+    """True for a job as a lease read it (queued, `att`, `claimed` and the list's stamp
+    `created` unchanged), and, with `until`, before the lease's time limit by the
+    server's clock."""
+    template = _LEASE[claimed is not None, until is not None, deadline is not None, created is not None]
+    return _bind(template, {_ATT: att, _CLAIMED_AT: claimed, _UNTIL: until, _CREATED: created, _DEADLINE: deadline})
 
 
 def lease_done_ops(sess: str, rid: str, result: Any) -> list[dict]:
@@ -323,9 +338,9 @@ def _lease_done_common(sess: str, rid: str) -> list[dict]:
 
 
 def complete_leased(
-    backend: Backend, items: list[tuple[str, str, str, tuple[int, int | None, int], Any]], deadline: int | None = None
+    backend: Backend, items: list[tuple[str, str, str, LeaseFence, Any]], deadline: int | None = None
 ) -> list[int]:
-    """(name, sess, rid, fence (att, claimed, until), result) each; each record's code
+    """(name, sess, rid, fence (`LeaseFence`), result) each; each record's code
     (0: done; `TO_UDF`: not as leased any more, the UDF decides; any other: in doubt,
     which `until_decided` sends again). Jobs that share their lease and fence (a
     lease's jobs read together: the common batch) share their filter: up to
@@ -350,7 +365,7 @@ def complete_leased(
 
 
 def complete_leased_same(
-    backend: Backend, names: list[str], sess: str, rid: str, fence: tuple[int, int | None, int], result: Any,
+    backend: Backend, names: list[str], sess: str, rid: str, fence: LeaseFence, result: Any,
     deadline: int | None = None,
 ) -> list[int]:
     """`complete_leased` of jobs that share their lease, fence and result: one batch of
@@ -362,7 +377,7 @@ def complete_leased_same(
 
 def claim_leased(
     backend: Backend, names: list[str], sess: str, rid: str, tlim: int, att: int, claimed: int | None,
-    deadline: int | None = None, *, until: int | None = None,
+    deadline: int | None = None, *, until: int | None = None, created: int | None = None,
 ) -> list[int]:
     """Turn leased jobs still as the lease read them into claims of `sess` under `rid`
     (the lease's id) with a time limit of `tlim` ms: the holder's own before a fail or a
@@ -371,7 +386,7 @@ def claim_leased(
     not as leased any more, or run past `until` or `deadline`)."""
     return backend.batch_same_codes(
         keys.JOB_SET, names, claim_ops(sess, rid, tlim),
-        expression=lease_filter(att, claimed, until=until, deadline=deadline),
+        expression=lease_filter(att, claimed, until=until, created=created, deadline=deadline),
     )
 
 

@@ -2,7 +2,10 @@
 their records (`Queue.reserve(..., lease=True)`), in its `leases` bin
 (aq_sess_v1.lua):
 
-    {lease id: [list name, until (server ms), [[att, claimed, [token, ...]], ...]]}
+    {lease id: [list name, until (server ms), [[att, claimed, [token, ...], created], ...]]}
+
+(`created`: the list's stamp the jobs' records had, `hotpath.LeaseFence`; a group
+written before the stamp was part of the fence has three items.)
 
 Read here for the sessions (the reaper, an operator's questions) and for a drop
 (`lists`, which waits for the leases on its list), so that both decode an entry,
@@ -39,10 +42,16 @@ def on_list(leases: Leases, list_name: str) -> Leases:
     return {lid: e for lid, e in leases.items() if e[0] == list_name}
 
 
+def groups(entry: Entry) -> Iterator[tuple[int, int | None, list[int], int | None]]:
+    """(att, claimed, tokens, created) of each group of jobs a lease read alike."""
+    for group in entry[2]:
+        yield group[0], group[1], group[2], group[3] if len(group) > 3 else None
+
+
 def tokens(entry: Entry) -> Iterator[int]:
     """The tokens (jobs of its list) a lease holds."""
-    for _att, _claimed, toks in entry[2]:
-        yield from toks
+    for group in entry[2]:
+        yield from group[2]
 
 
 def of_record(bins: dict[str, Any]) -> Leases:

@@ -56,6 +56,7 @@ from .errors import (
     SessionLost,
     StaleRequest,
 )
+from .hotpath import LeaseFence
 from .lists import JobLists, backoff_of
 from .results import checked_result, result_size, too_big_to_store
 from .sessions import LEASE_WINDOW_S, PAST_LIMIT, Session, mark_lost_take
@@ -80,9 +81,10 @@ class Job:
     timeout_s: float = 300.0
     rid: str = ""  # the claim's request id: an ack names the claim, not only the session
     toucher: Callable[[Job, float | None], object] | None = field(default=None, compare=False, repr=False)
-    # Leased, not claimed (`Queue.reserve(..., lease=True)`): the record's attempt count
-    # and last claim time as read, and the server ms the lease's time limit ends.
-    lease: tuple[int, int | None, int] | None = None
+    # Leased, not claimed (`Queue.reserve(..., lease=True)`): the record's attempt count,
+    # last claim time and list stamp as read, and the server ms the lease's time limit
+    # ends (`hotpath.LeaseFence`).
+    lease: LeaseFence | None = None
 
     @property
     def name(self) -> str:
@@ -548,7 +550,7 @@ class Queue:
         lid, until, sess = _request_id(), now + tlim, session.claim_id()
         leased: list[dict[str, Any]] = []
         held: list[int] = []
-        groups: dict[tuple[int, int | None], list[int]] = defaultdict(list)
+        groups: dict[tuple[int, int | None, int | None], list[int]] = defaultdict(list)
         for token, (code, b) in zip(tokens, recs, strict=True):
             # A kicked job may be in the retry store too (aq_job_v1.lua, `kicked`): a
             # lease would not fence that copy, a claim does.
@@ -556,7 +558,7 @@ class Queue:
                     and b.get("kicked") is None:
                 leased.append(b)
                 held.append(token)
-                groups[(b["att"], b.get("claimed"))].append(token)
+                groups[(b["att"], b.get("claimed"), b.get("c"))].append(token)
             else:
                 others.append(token)
         jobs: list[Job] = []
@@ -565,7 +567,7 @@ class Queue:
             # leaves its jobs to the reaper. One that dies between the take and this
             # leaves them taken and held by no one: the sweeper's, as between a take
             # and a claim. Recorded late, a sweep may have missed it (LEASE_SETTLE_S).
-            entry = [name, until, [[att, c, toks] for (att, c), toks in groups.items()]]
+            entry = [name, until, [[att, at, toks, c] for (att, at, c), toks in groups.items()]]
             try:
                 # Also by the server's clock, from the take's: a lease sent in time but
                 # frozen on its way (its process stopped, a node holding it) lands too late.
@@ -634,14 +636,14 @@ class Queue:
         it; the UDF that follows finds it not held and answers 'lost'."""
         if job.lease is None:
             return
-        att, claimed, until = job.lease
+        att, claimed, until, created = job.lease
         backend = self.backend
         # Safe to repeat: a repeat that finds it claimed already changes nothing. Still in
         # doubt at the deadline, the error reaches the caller and the lease keeps the job.
         code = hotpath.until_decided(
             lambda _: hotpath.claim_leased(
                 backend, [job.name], job.session, job.rid, tlim, att, claimed, backend.job_deadline(),
-                until=until if in_time else None,
+                until=until if in_time else None, created=created,
             ),
             1, self.busy_deadline_s, f"claiming leased job {job.name}",
         )[0]
@@ -679,7 +681,7 @@ class Queue:
             d.update(base)
             att = b["att"]
             d["token"], d["jid"], d["payload"], d["attempt"] = b["token"], b["jid"], b.get("payload"), att + 1
-            d["lease"] = (att, b.get("claimed"), until)
+            d["lease"] = (att, b.get("claimed"), until, b.get("c"))
             append(job)
         return jobs
 
@@ -1031,7 +1033,7 @@ def _checked_results(results: Sequence[Any]) -> list[Any]:
     return out
 
 
-def _one_lease(jobs: Sequence[Job], results: list[Any]) -> tuple[str, str, str, tuple[int, int | None, int]] | None:
+def _one_lease(jobs: Sequence[Job], results: list[Any]) -> tuple[str, str, str, LeaseFence] | None:
     """(list, session, lease id, fence) when every job was leased by one lease with the
     same fence and every result is the same object (a lease's batch acknowledged at
     once); None otherwise."""

@@ -503,13 +503,17 @@ def claim_leases(backend: Backend, session_id: str, leases: dict[str, Any] | Non
         rec = backend.get(keys.SESS_SET, session_id, bins=["leases"])
         leases = lease_entries.of_record(rec.bins) if rec is not None else {}
     claimed = 0
-    for lid, (list_name, _until, groups) in leases.items():
-        for att, at, tokens in groups:
+    for lid, entry in leases.items():
+        list_name = entry[0]
+        for att, at, tokens, created in lease_entries.groups(entry):
             names = keys.job_names(list_name, tokens)
 
-            def send(idx: list[int], names: list[str] = names, lid: str = lid, att: int = att, at: Any = at) -> list[int]:
+            def send(
+                idx: list[int], names: list[str] = names, lid: str = lid, att: int = att, at: Any = at, created: Any = created
+            ) -> list[int]:
                 return hotpath.claim_leased(
-                    backend, [names[i] for i in idx], session_id, lid, PAST_LIMIT, att, at, backend.job_deadline()
+                    backend, [names[i] for i in idx], session_id, lid, PAST_LIMIT, att, at, backend.job_deadline(),
+                    created=created,
                 )
 
             # Undecided at the deadline, it raises and the lease stays, for the next pass.
@@ -540,15 +544,15 @@ def _leased(backend: Backend) -> Iterator[tuple[str, str, int]]:
 
 def lease_of(
     backend: Backend, session_id: str, list_name: str, token: int
-) -> tuple[str, tuple[int, int | None, int]] | None:
+) -> tuple[str, hotpath.LeaseFence] | None:
     """The lease session `session_id` holds job `token` of `list_name` under, as its
-    id and fence (att and claimed as read, the lease's end: `Job.lease`), or None."""
+    id and fence (`Job.lease`), or None."""
     rec = backend.get(keys.SESS_SET, session_id, bins=["leases"])
-    for lid, (name, until, groups) in (lease_entries.of_record(rec.bins) if rec else {}).items():
-        if name == list_name:
-            for att, claimed, tokens in groups:
+    for lid, entry in (lease_entries.of_record(rec.bins) if rec else {}).items():
+        if entry[0] == list_name:
+            for att, claimed, tokens, created in lease_entries.groups(entry):
                 if token in tokens:
-                    return lid, (att, claimed, until)
+                    return lid, (att, claimed, entry[1], created)
     return None
 
 

@@ -13,9 +13,11 @@
 --                      claim on their records (Queue.reserve(..., lease=True)):
 --                      id is the lease's own request id (claims made from it
 --                      carry it), until the server ms its time limit ends,
---                      groups a list of list{att, claimed, tokens}: the jobs'
---                      attempt count and last claim time as read, which any
---                      later claim changes (the ack's fence)
+--                      groups a list of list{att, claimed, tokens, created}:
+--                      the jobs' attempt count and last claim time as read,
+--                      which any later claim changes, and their list's stamp
+--                      (bin c), which a list loaded again under the name
+--                      changes (the ack's fence)
 --
 -- Liveness is judged by the server's clock only: each heartbeat stores the
 -- server's now in `beat`, and the reaper compares it with the server's now

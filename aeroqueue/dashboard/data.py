@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 
 from aerospike_helpers import expressions as xp
 
-from .. import keys
+from .. import keys, lease_entries
 from ..backends import Backend, Record
 from ..errors import BackendError, BackendTimeout, ClusterChanging, JobNotFound, ListNotFound
 from ..lists import DROPPED, JobLists, ListStatus, is_tombstone
@@ -480,7 +480,7 @@ class Store:
 
 
 def _session_row(sid: str, b: dict[str, Any], claims: int | None) -> SessionRow:
-    leased = sum(len(toks) for lease in (b.get("leases") or {}).values() for _, _, toks in lease[2])
+    leased = sum(len(list(lease_entries.tokens(lease))) for lease in (b.get("leases") or {}).values())
     return SessionRow(
         id=sid, state=str(b.get("state", "?")), host=str(b.get("host", "")), pid=b.get("pid"),
         started=b.get("started"), beat=b.get("beat"), expiry_ms=int(b.get("exp") or 0), claims=claims,

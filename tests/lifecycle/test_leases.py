@@ -62,7 +62,7 @@ def test_a_leased_batch_runs_unclaimed_and_is_acknowledged_once(
         assert rec["state"] == "queued" and "sess" not in rec and rec["att"] == 0
     [(lid, (name, until, groups))] = leases_of(registered, session).items()
     assert lid == jobs[0].rid and name == list_name and until == jobs[0].lease[2]
-    assert sorted(t for _, _, toks in groups for t in toks) == list(range(20))
+    assert sorted(t for _, _, toks, _ in groups for t in toks) == list(range(20))
 
     assert queue.complete_many(jobs[:15], [{"n": j.token} for j in jobs[:15]]) == []
     queue.complete(jobs[15], "one")
@@ -755,9 +755,11 @@ def test_a_claim_of_a_leased_job_run_past_its_deadline_changes_nothing(
     load(lists, list_name, 2)
     job = queue.reserve(list_name, session, 2, lease=True)[0]
     assert job.lease is not None
-    att, claimed, _ = job.lease
+    att, claimed, _, created = job.lease
     past = int(time.time() * 1000) - 60_000
-    assert hotpath.claim_leased(registered, [job.name], session.id, job.rid, 1000, att, claimed, past) == [27]
+    assert hotpath.claim_leased(
+        registered, [job.name], session.id, job.rid, 1000, att, claimed, past, created=created
+    ) == [27]
     assert record(registered, job)["state"] == "queued"
     queue.complete(job, "still leased")
     assert record(registered, job)["state"] == "done"
@@ -800,7 +802,7 @@ def test_a_heartbeat_forgets_settled_leases(registered: Backend, queue: Queue, l
         assert set(leases_of(registered, session)) == {first[0].rid, second[0].rid}
         assert session.beat()
         [(lid, (_, _, groups))] = leases_of(registered, session).items()
-        assert lid == second[0].rid and sorted(t for _, _, toks in groups for t in toks) == [j.token for j in second]
+        assert lid == second[0].rid and sorted(t for _, _, toks, _ in groups for t in toks) == [j.token for j in second]
         assert session.beat()  # nothing settled since: a plain heartbeat
         assert list(leases_of(registered, session)) == [second[0].rid]
         queue.complete(second[9], "last")
@@ -1029,6 +1031,57 @@ def test_a_dead_sessions_lease_on_a_dropped_list_never_claims_the_list_loaded_ag
     assert [(b["jid"], b["state"], b["att"], b.get("err")) for b in new] == [
         (f"new{i}", "queued", 0, None) for i in range(4)
     ], "the reaper claimed the new list's jobs for the dropped list's lease"
+    assert not lists.header(list_name).get("retry"), "the new jobs are in the token store: offered twice"
+
+
+def _reaped_then_loaded_again(registered: Backend, lists: JobLists, list_name: str, holder: Session) -> None:
+    """`holder` (a session without heartbeats) runs past its expiry and is reaped, its
+    leases ended; then the list is dropped and loaded again with 4 new jobs."""
+    time.sleep(0.5 + CLOCK_MARGIN_MS / 1000 + 0.3)
+    reap(registered)
+    assert registered.get(keys.SESS_SET, holder.id) is None, "the paused holder's session was not reaped"
+    lists.drop(list_name, grace_s=0, lease_wait_s=5)
+    lists.load(list_name, [JobSpec(f"new{i}", {"new": i}, None, None) for i in range(4)])
+
+
+def test_a_holder_paused_past_its_reap_never_acknowledges_the_list_loaded_again(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str
+) -> None:
+    """A holder paused (SIGSTOP, a long GC) past its session's end is reaped: its leases
+    end, and a drop no longer waits for them. Resumed after the list was dropped and
+    loaded again, its ack finds records just as its lease read them (queued, attempt
+    0, never claimed) but of the new list: the list's stamp in the fence refuses it."""
+    load(lists, list_name, 4)
+    paused = Session.open(registered, interval_s=0.2, expiry_s=0.5, heartbeat=False)
+    old = queue.reserve(list_name, paused, 4, lease=True)
+    assert all(j.lease is not None for j in old)
+    _reaped_then_loaded_again(registered, lists, list_name, paused)
+    assert sorted(j.token for j in queue.complete_many(old, ["old result"] * 4)) == [0, 1, 2, 3]
+    queue.flush()
+    new = _untouched(registered, list_name, 4)
+    assert [(b["jid"], b["state"], b["att"], b.get("result")) for b in new] == [
+        (f"new{i}", "queued", 0, None) for i in range(4)
+    ], "the dropped list's lease acknowledged the new list's jobs"
+    st = lists.status(list_name)
+    assert (st.done, st.reservable) == (0, 4)
+
+
+def test_a_stalled_reaper_never_claims_the_list_loaded_again_for_the_leases_it_read(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str
+) -> None:
+    """A reaper read a dead session's leases and stalled; another reaper ended them,
+    and the list was dropped and loaded again. The stalled one's claims of those leases
+    must not claim (count an attempt of, and offer twice) the new list's jobs."""
+    load(lists, list_name, 4)
+    dead = Session.open(registered, interval_s=0.2, expiry_s=0.5, heartbeat=False)
+    assert len(queue.reserve(list_name, dead, 4, lease=True)) == 4
+    read_by_stalled = leases_of(registered, dead)
+    _reaped_then_loaded_again(registered, lists, list_name, dead)
+    assert claim_leases(registered, dead.id, read_by_stalled) == 0
+    new = _untouched(registered, list_name, 4)
+    assert [(b["jid"], b["state"], b["att"], b.get("err")) for b in new] == [
+        (f"new{i}", "queued", 0, None) for i in range(4)
+    ], "the stalled reaper claimed the new list's jobs"
     assert not lists.header(list_name).get("retry"), "the new jobs are in the token store: offered twice"
 
 

@@ -190,8 +190,10 @@ def _claim_back(backend: Backend, job: Job) -> None:
     """What a reaper does to a leased job of a dead session: a claim of its session
     under the lease's id, already past its limit, then released (attempt counted)."""
     assert job.lease is not None
-    att, claimed, _ = job.lease
-    assert hotpath.claim_leased(backend, [job.name], job.session, job.rid, PAST_LIMIT, att, claimed) == [0]
+    att, claimed, _, created = job.lease
+    assert hotpath.claim_leased(
+        backend, [job.name], job.session, job.rid, PAST_LIMIT, att, claimed, created=created
+    ) == [0]
     assert transitions.release(backend, job.list, job.token, job.session, refund=False, why="session expired",
                                rid=job.rid) == "released"
 
