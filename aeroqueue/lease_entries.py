@@ -14,23 +14,35 @@ and judge a lease past its limit, the same way.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
+
+from aerospike_helpers.operations import expression_operations as eo
 
 from . import keys
 from .backends import Backend
 from .config import CLOCK_MARGIN_MS
+from .errors import RecordNotFound
+from .hotpath import SERVER_NOW_COMPILED
+
+_SERVER_NOW = eo.expression_read("now", SERVER_NOW_COMPILED)
 
 Entry = list[Any]  # [list name, until, groups]
 Leases = dict[str, Entry]  # lease id -> entry
 
 
-def cutoff_ms() -> float:
-    """A lease whose end is before this (server ms) is past its limit: this host's
-    clock less the margin the project allows between clocks, so that an ack the
-    server still admits lands first, or not at all."""
-    return time.time() * 1000 - CLOCK_MARGIN_MS
+def cutoff_ms(backend: Backend, session_id: str) -> float | None:
+    """A lease of session `session_id` whose end is before this (server ms) is past its
+    limit: the server's clock, as the node holding that session's record reads it,
+    less the margin the project allows between clocks, so that an ack a job record's
+    node still admits lands first, or not at all. Never this host's clock: a reaper or
+    a dropper whose clock ran ahead would end leases their holders may still
+    acknowledge. None when the session record is gone (and its leases with it)."""
+    try:
+        rec = backend.operate(keys.SESS_SET, session_id, [_SERVER_NOW])
+    except RecordNotFound:
+        return None
+    return rec.bins["now"] - CLOCK_MARGIN_MS
 
 
 def overdue(leases: Leases, cutoff: float) -> Leases:

@@ -601,9 +601,13 @@ class JobLists:
         deadline = time.monotonic() + wait_s
         while True:
             held = 0
-            cutoff = lease_entries.cutoff_ms()
             for sid, leases in lease_entries.scan(self.backend):
                 mine = lease_entries.on_list(leases, name)
+                if not mine:
+                    continue
+                cutoff = retry_in_doubt(functools.partial(lease_entries.cutoff_ms, self.backend, sid))
+                if cutoff is None:
+                    continue  # the session is gone, and its leases with it
                 over = lease_entries.overdue(mine, cutoff)
                 if over:
                     retry_in_doubt(

@@ -454,8 +454,8 @@ def expire_overdue(backend: Backend, session_id: str, leases: dict[str, Any] | N
     dead), its leases past their limit first turned into such claims (`leases`: the
     session record's, as a scan read them). One index query on the session's claims;
     returns how many it ended."""
-    if leases:
-        claim_leases(backend, session_id, lease_entries.overdue(leases, lease_entries.cutoff_ms()))
+    if leases and (cutoff := lease_entries.cutoff_ms(backend, session_id)) is not None:
+        claim_leases(backend, session_id, lease_entries.overdue(leases, cutoff))
     lists = JobLists(backend)
     policies: dict[str, tuple[int, int]] = {}
     ended = 0

@@ -1085,6 +1085,28 @@ def test_a_stalled_reaper_never_claims_the_list_loaded_again_for_the_leases_it_r
     assert not lists.header(list_name).get("retry"), "the new jobs are in the token store: offered twice"
 
 
+def test_a_reaper_whose_clock_runs_ahead_leaves_a_live_lease_to_its_end(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A lease's end is the server's clock: a reaper (or a dropper) whose own clock runs
+    ahead by more than the margin must not take a live lease for past its limit. Ended
+    early, its holder's acks, in time by the server, came back lost and the jobs ran
+    again as timed out."""
+    load(lists, list_name, 4, timeout_s=5)
+    jobs = queue.reserve(list_name, session, 4, lease=True)
+    assert all(j.lease is not None for j in jobs)
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 5 + 2 * CLOCK_MARGIN_MS / 1000)  # this host's clock only
+    reap(registered)
+    assert list(leases_of(registered, session)) == [jobs[0].rid], "a live lease was ended before its time limit"
+    monkeypatch.setattr(time, "time", real)
+    assert queue.complete_many(jobs, ["r"] * 4) == []
+    for job in jobs:
+        rec = record(registered, job)
+        assert (rec["state"], rec["att"], rec.get("err")) == ("done", 1, None), job
+
+
 def test_a_drop_forgets_leases_past_their_limit_and_waits_for_no_other(
     registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session
 ) -> None:
