@@ -97,6 +97,60 @@ def test_bin_name_over_15_bytes_is_refused_by_the_client(client, ns, set_name):
     assert e.value.code == 21
 
 
+def test_a_bin_name_over_15_bytes_is_refused_in_operations_and_filters(client, ns, set_name):
+    """Not only in a put: the client refuses an operation on such a bin (a read too),
+    in a batch for the whole call, and the server refuses a filter that names one. The
+    stand-in had stored the bin, and taken the filter for false."""
+    key = (ns, set_name, "long")
+    client.put(key, {"v": 1})
+    for call in (
+        lambda: client.operate(key, [op.write("a" * 16, 1)]),
+        lambda: client.operate(key, [op.read("a" * 16)]),
+        lambda: client.batch_operate([key, (ns, set_name, "other")], [op.write("b" * 16, 1)]),
+        lambda: client.batch_write(BatchRecords([Write(key, [op.write("c" * 16, 1)]), Write(key, [op.write("v", 2)])])),
+    ):
+        with pytest.raises(ex.BinNameError) as e:
+            call()
+        assert e.value.code == 21
+    with pytest.raises(ex.InvalidRequest) as info:
+        client.get(key, {"expressions": xp.BinExists("d" * 16).compile()})
+    assert info.value.code == 4
+    assert client.get(key)[2] == {"v": 1}, "a refused call wrote something"
+
+
+def test_a_batch_filter_the_server_cannot_run_refuses_a_batch_of_several_whole(client, ns, set_name):
+    """A batch's filter the server refuses (code 4: here a bin name over 15 bytes):
+    with several records the batch answers 4 and every record -15, nothing written;
+    with one, that record answers 4."""
+    keys = [(ns, set_name, f"f{i}") for i in range(2)]
+    for key in keys:
+        client.put(key, {"v": 1})
+    bad = {"expressions": xp.BinExists("d" * 16).compile()}
+    for out in (
+        client.batch_operate(keys, [op.write("x", 1)], bad),
+        client.batch_read(keys, ["v"], bad),
+        client.batch_write(BatchRecords([Write(key, [op.write("x", 1)]) for key in keys]), bad),
+    ):
+        assert (out.result, [(br.result, br.record) for br in out.batch_records]) == (4, [(-15, None)] * 2)
+    alone = client.batch_read(keys[:1], ["v"], bad)
+    assert [(br.result, br.record) for br in alone.batch_records] == [(4, None)]
+    assert [client.get(key)[2] for key in keys] == [{"v": 1}] * 2
+
+
+def test_a_batch_write_of_several_records_one_of_which_only_reads_fails_whole(client, ns, set_name):
+    """A `Write` whose operations only read, among several records of a batch_write:
+    the batch answers -2 and every record -15, and nothing is written (the other
+    record's write neither). Alone in its batch it is a plain read."""
+    a, b = (ns, set_name, "wa"), (ns, set_name, "wb")
+    client.put(a, {"att": 1})
+    client.put(b, {"att": 2})
+    out = client.batch_write(BatchRecords([Write(a, [op.write("x", 1)]), Write(b, [op.read("att")])]))
+    assert (out.result, [(br.result, br.record) for br in out.batch_records]) == (-2, [(-15, None)] * 2)
+    assert client.get(a)[1]["gen"] == 1 and client.get(a)[2] == {"att": 1}, "the batch wrote its other record"
+    one = client.batch_write(BatchRecords([Write(b, [op.read("att")])]))
+    assert [(br.result, br.record[2]) for br in one.batch_records] == [(0, {"att": 2})]
+
+
 def test_record_over_max_record_size_is_too_big(client, ns, set_name):
     with pytest.raises(ex.RecordTooBig) as e:
         client.put((ns, set_name, "big"), {"a": "x" * (9 * 1024 * 1024)})

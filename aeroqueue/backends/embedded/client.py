@@ -22,11 +22,11 @@ from typing import Any
 import aerospike
 from aerospike_helpers.batch.records import Apply, BatchRecord, BatchRecords, Write
 
-from .expressions import matches, prepare
+from .expressions import matches, prepare, refused
 from .faults import Faults
 from .lua_runtime import LuaRuntime
 from .operations import I64 as _I64
-from .operations import client_value, run_operations, server_error, utf8_text
+from .operations import READ_OPS, client_value, run_operations, server_error, utf8_text
 from .storage import Row, Storage, decode, encode, too_big
 from .types import MAX_BIN_NAME, NEVER_EXPIRE, RecordView, UdfFailure, key_ordered
 
@@ -501,6 +501,8 @@ class EmbeddedClient:
         write_pol = self._check_policy(policy_batch_write, {"key", "exists"}, "batch_operate")
         pol = {**write_pol, **batch_pol}
         _sendable(ops)
+        if len(keys) > 1 and pol.get("expressions") is not None and refused(pol["expressions"]):
+            return self._refused([BatchRecord(key) for key in keys])
         # Parsed once for the batch, not once per record.
         if pol.get("expressions") is not None:
             pol["expressions"] = prepare(pol["expressions"])
@@ -529,9 +531,17 @@ class EmbeddedClient:
         (27 where it is false), as the server's does.
         """
         parent = self._check_policy(policy_batch, {"expressions"}, "batch_write").get("expressions")
-        if parent is not None:
-            parent = prepare(parent)  # parsed once for the batch, not once per record
         records = batch_records.batch_records
+        if parent is not None:
+            if len(records) > 1 and refused(parent):
+                return self._refused(records, batch_records)
+            parent = prepare(parent)  # parsed once for the batch, not once per record
+        if len(records) > 1 and any(type(br) is Write and all(o.get("op") in READ_OPS for o in br.ops) for br in records):
+            # What a real server (8.1) answers a batch of several records one of whose
+            # Writes only reads: the batch fails whole (-2, each record -15), nothing
+            # written (tests/contract: test_a_batch_write_with_a_write_that_only_reads...).
+            # A single such record is a plain read.
+            return self._refused(records, batch_records, -2)
         with self._storage.write() as db:
             plain = self._plain_writes(records) if parent is None else None
             if plain is not None:
@@ -571,6 +581,18 @@ class EmbeddedClient:
                     br.in_doubt = bool(getattr(e, "in_doubt", False))
         batch_records.result = _batch_status(batch_records.batch_records)
         return batch_records
+
+    @staticmethod
+    def _refused(records: list[BatchRecord], batch: BatchRecords | None = None, code: int = 4) -> BatchRecords:
+        """A batch of several records the server refuses whole (the batch's filter one it
+        cannot run: code 4; a Write that only reads among them: -2), as a real server
+        (8.1) answers it: every record -15, nothing written or read (tests/contract).
+        With one record, that record fails alone (4) or is a plain read."""
+        for br in records:
+            br.result, br.record = -15, None
+        out = batch if batch is not None else BatchRecords(records)
+        out.result = code
+        return out
 
     def _plain_writes(self, records: list[BatchRecord]) -> list[tuple[Any, ...]] | None:
         """(ns, set, user key, digest, send key, bins) per record when every record is a
@@ -672,7 +694,11 @@ class EmbeddedClient:
         return {(ns, s) for ns, s in db.execute("SELECT DISTINCT ns, set_name FROM sindexes")}
 
     def batch_read(self, keys: list[tuple], bins: list[str] | None = None, policy: dict | None = None) -> BatchRecords:
-        pol = self._check_policy(policy, {"expressions"}, "batch_read")
+        pol = dict(self._check_policy(policy, {"expressions"}, "batch_read"))  # the caller's is left as it is
+        if pol.get("expressions") is not None:
+            if len(keys) > 1 and refused(pol["expressions"]):
+                return self._refused([BatchRecord(key) for key in keys])
+            pol["expressions"] = prepare(pol["expressions"])
         now = self._now()
         records = []
         with self._storage.read() as db:
@@ -680,11 +706,16 @@ class EmbeddedClient:
                 ns, set_name, user_key, digest = self._key(key)
                 br = BatchRecord((ns, set_name, user_key, bytearray(digest)))
                 row = self._live(db, ns, digest, now)
+                try:
+                    kept = row is None or pol.get("expressions") is None or matches(
+                        pol["expressions"], self._view(row, set_name, user_key, digest, now))
+                except aerospike.exception.AerospikeError as e:  # a filter it cannot run: this record's error
+                    br.result = e.code
+                    records.append(br)
+                    continue
                 if row is None:
                     br.result = 2
-                elif pol.get("expressions") is not None and not matches(
-                    pol["expressions"], self._view(row, set_name, user_key, digest, now)
-                ):
+                elif not kept:
                     br.result = 27
                 elif bins is not None and not bins:
                     br.record = (br.key, self._meta(row, now))  # no bins asked: metadata only, no bins item
@@ -989,9 +1020,13 @@ _SCALARS = frozenset({str, int, float, bool, bytes})
 
 
 def _sendable(ops: list[dict]) -> None:
-    """`client_value` of each operation's value: the client refuses the whole call
-    before sending anything (a batch too, not record by record)."""
+    """`client_value` of each operation's value, and its bin's name (15 bytes at most,
+    a read's too): the client refuses the whole call before sending anything (a batch
+    too, not record by record)."""
     for op in ops:
+        name = op.get("bin")
+        if type(name) is str and len(name.encode()) > MAX_BIN_NAME:
+            raise server_error("BinNameError", 21, "A bin name should not exceed 15 characters limit")
         client_value(op.get("val"))
 
 

@@ -26,7 +26,7 @@ import aerospike
 from aerospike_helpers.expressions.resources import ResultType, _ExprOp
 
 from .server_errors import server_error
-from .types import RecordView
+from .types import MAX_BIN_NAME, RecordView
 
 __all__ = ["UNKNOWN", "evaluate", "matches"]
 
@@ -143,6 +143,9 @@ def _parse(compiled: Sequence[Sequence[Any]]) -> _Node:
         pos += 1
         if op == _END:
             return None
+        name = (fixed or {}).get("bin")
+        if type(name) is str and len(name.encode()) > MAX_BIN_NAME:
+            raise _invalid(f"bin name {name!r} is over {MAX_BIN_NAME} bytes")
         children = [c for c in (node() for _ in range(n_children)) if c is not None]
         builder = _BUILDERS.get(op)
         if builder is None:
@@ -594,6 +597,18 @@ def prepare(compiled: Any) -> Any:
         return Parsed(_parsed(compiled))
     except Exception:
         return compiled
+
+
+def refused(compiled: Any) -> bool:
+    """Whether the server refuses `compiled` (InvalidRequest, code 4): as a batch's
+    filter, on more than one record, it fails the whole batch (`EmbeddedClient._refused`)."""
+    try:
+        _parsed(compiled)
+    except aerospike.exception.InvalidRequest:
+        return True
+    except Exception:
+        return False
+    return False
 
 
 def _parsed(compiled: list[tuple] | Parsed) -> _Node:

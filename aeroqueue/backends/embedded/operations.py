@@ -78,6 +78,7 @@ _READ_OPS = {_READ} | _LIST_READS | _BIT_READS
 _EXPR_READ = aerospike.OP_EXPR_READ
 _EXPR_WRITE = aerospike.OP_EXPR_WRITE
 _READ_OPS = _READ_OPS | {_EXPR_READ}
+READ_OPS = frozenset(_READ_OPS)  # the ops that change nothing (the client's batch_write rule)
 # Ops that only replace whole bins (or read them): see run_operations.
 _SCALAR_OPS = frozenset({_READ, _WRITE, _INCR, _APPEND, _PREPEND, _TOUCH, _DELETE, _EXPR_READ, _EXPR_WRITE})
 # Every bit op, read or modify, and every expression op makes the C client ask
