@@ -462,16 +462,22 @@ class JobLists:
     def kick(self, name: str, tokens: Iterable[int] | None = None) -> int:
         """Put jobs back in the queue now: dead ones with fresh attempts, delayed ones
         before their time. All of the list's dead jobs, or only these tokens (a token
-        that is neither dead nor delayed is left alone). Returns how many."""
+        that is neither dead nor delayed is left alone, and so is one of a range a load
+        has not published yet). Returns how many."""
         if tokens is None:
             tokens = [job["token"] for job in self.jobs(name, "dead")]
         else:
-            # A clear error for a missing list; a token the list never allocated holds
-            # no job: kicking it would write a bitmap chunk past the list's end, which
-            # nothing counts and `drop` never deletes.
-            alloc = self.header(name)["alloc"]
-            tokens = [t for t in tokens if 0 <= t < alloc]
+            tokens = self._published(name, tokens)
         return transitions.kick(self.backend, name, list(tokens))
+
+    def _published(self, name: str, tokens: Iterable[int]) -> list[int]:
+        """The tokens of published ranges (below `tail`), with a clear error for a missing
+        list. A token the list never allocated holds no job: kicking it would write a
+        bitmap chunk past the list's end, which nothing counts and `drop` never deletes.
+        One of a range still loading is no job of the list yet: kicked, it ran, and the
+        load run again (after its loader died) gave its id a token of its own."""
+        tail = self.header(name)["tail"]
+        return [t for t in tokens if 0 <= t < tail]
 
     # -- one job, by its own id --------------------------------------------------
 
@@ -486,8 +492,9 @@ class JobLists:
         return rec.bins
 
     def kick_job(self, name: str, jid: str) -> bool:
-        """Put one dead or delayed job back in the queue now; False if it was neither."""
-        return transitions.kick(self.backend, name, [self.find_job(name, jid)["token"]]) == 1
+        """Put one dead or delayed job back in the queue now; False if it was neither
+        (or its load has not published it yet)."""
+        return transitions.kick(self.backend, name, self._published(name, [self.find_job(name, jid)["token"]])) == 1
 
     def bury(self, name: str, jid: str, why: str = "buried by an operator") -> str:
         """Send one job to dead by hand (a claim on it is lost: its ack will be refused).

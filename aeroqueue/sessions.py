@@ -866,11 +866,16 @@ def sweep(backend: Backend, *, grace_ms: int = DEFAULT_SWEEP_GRACE_MS, stop: Cal
     # One the list record still holds (a gate nobody reserved from since it came
     # due, the schedule of a paused list, the token store) is waiting, not lost:
     # offered again, it was counted twice and left a copy behind in the retry store.
+    # One of a range not yet published (its loader still writing, or killed before
+    # its index) is no job of the list yet: offered, it ran, and the load run again
+    # gave its id a token of its own, which ran too (the range, recovered, voided the first).
     overdue_before = time.time() * 1000 - grace_ms
     for list_name, jobs in found["delayed"].items():
         with contextlib.suppress(ListNotFound):  # dropped meanwhile
-            held = _held_by(lists, list_name, heads[list_name], unpopped.get(list_name))
-            late = [j for j in jobs if j.bins.get("due", 0) < overdue_before and not held(j.bins["token"])]
+            head = heads[list_name]
+            held = _held_by(lists, list_name, head, unpopped.get(list_name))
+            late = [j for j in jobs if j.bins["token"] < head["tail"] and j.bins.get("due", 0) < overdue_before
+                    and not held(j.bins["token"])]
             requeued += offer(list_name, late)
     if requeued or orphans:
         # What a crash left behind coming back: an operator looks for this line when a

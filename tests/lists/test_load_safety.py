@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from aeroqueue import errors, keys, load, udfs
+from aeroqueue import errors, keys, load, sessions, udfs
 from aeroqueue.backends import open_backend
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
@@ -141,6 +141,75 @@ def test_a_killed_loader_exposes_nothing_unwritten_and_a_rerun_adds_nothing_twic
     # by one (a minute of the suite on a loaded machine).
     for i in range(0, n, 1000):
         assert queue.complete_many(jobs[i:i + 1000]) == []
+
+
+# A loader that stops once its range's job records are written, before their index:
+# the test SIGKILLs it there. Its jobs are delayed a moment, so a sweep soon finds them due.
+_STOPS_BEFORE_INDEX = """
+import sys, time
+from aeroqueue import load
+from aeroqueue.backends import open_backend
+from aeroqueue.lists import JobLists
+from aeroqueue.loading import JobSpec
+
+def stop_here(*args, **kwargs):
+    print("written", flush=True)
+    time.sleep(600)
+
+load.commit_index = stop_here
+due = time.time() + float(sys.argv[3])
+JobLists(open_backend(sys.argv[1])).load(
+    sys.argv[2], [JobSpec(f"d{i}", {"i": i}, None, due) for i in range(4)], lease_ms=int(sys.argv[4]))
+"""
+
+
+@pytest.mark.parametrize("mode", ["tokens", "ids"])
+def test_a_sweep_never_offers_delayed_jobs_of_a_range_not_yet_published(env, list_name, mode):
+    """A loader SIGKILLed after writing delayed jobs, before their index: the range is
+    not published, so those records are no jobs of the list yet. Once they are due, a
+    sweep (here with a short grace, as after a reap) must leave them alone: offered,
+    they ran, the load run again gave each id a token of its own, which ran too, and
+    the recovered range voided the first while its holder still ran it."""
+    backend, lists, queue, session = env
+    lists.create(list_name, mode=mode)
+    due_in_s, lease_ms = 0.3, 3000
+    proc = subprocess.Popen([sys.executable, "-c", _STOPS_BEFORE_INDEX, str(backend.url), list_name, str(due_in_s),
+                             str(lease_ms)], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "written\n", "the loader did not get to its index"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    written = backend.batch_get(keys.JOB_SET, [keys.job_name(list_name, t) for t in range(4)])
+    assert [r.bins["state"] if r else None for r in written] == ["delayed"] * 4, "the test needs delayed records"
+    time.sleep(due_in_s + 0.4)
+    sessions.sweep(backend, grace_ms=300)  # (on a shared store, other tests' lists too)
+    assert not lists.header(list_name).get("retry"), "the sweep offered jobs of an unpublished range"
+    assert queue.reserve(list_name, session, 10) == [], "a job of an unpublished range was handed out"
+    # Run again (the dead loader's range recovered once its lease runs out): each job once.
+    lists.load(list_name, [JobSpec(f"d{i}", {"i": i}) for i in range(4)], lease_ms=lease_ms)
+    jobs = drain_all(queue, list_name, session)
+    assert Counter(j.jid for j in jobs) == Counter(f"d{i}" for i in range(4)), "every job exactly once"
+    assert queue.complete_many(jobs) == []
+    lists.seal(list_name)
+    st = lists.status(list_name)
+    assert (st.done, st.total, st.complete) == (4, 4, True), st
+
+
+def test_a_kick_leaves_alone_a_delayed_job_of_a_range_not_yet_published(env, list_name):
+    """An operator's kick of a token (or of a job id already indexed) of a range still
+    loading: no job of the list yet, so it is left alone, as a token never allocated."""
+    backend, lists, queue, session = env
+    lists.load(list_name, specs(2, "a"))
+    # A loader's range of 3, written as delayed jobs, not published (its lease long).
+    assert lists._list_udf(list_name, "alloc", 3, 60_000, "stopped-loader")["st"] == "ok"
+    later = int(time.time() * 1000) + 60_000
+    for t in range(2, 5):
+        backend.put(keys.JOB_SET, keys.job_name(list_name, t),
+                    {"list": list_name, "token": t, "jid": f"d{t}", "state": "delayed", "due": later, "att": 0})
+    assert lists.kick(list_name, [2, 3, 4]) == 0
+    assert not lists.header(list_name).get("retry")
+    assert [j.jid for j in queue.reserve(list_name, session, 10)] == ["a0", "a1"]
 
 
 def test_void_tokens_are_not_counted_as_reservable(env, list_name):
