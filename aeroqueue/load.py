@@ -52,6 +52,7 @@ from aerospike_helpers.operations import operations as op
 
 from . import keys, transitions
 from .backends import IN_DOUBT, Backend, Record, retry_in_doubt, wrap
+from .backends.sizes import record_size
 from .config import MAX_SECONDS
 from .errors import (
     AeroqueueError,
@@ -116,6 +117,42 @@ def default_chunk(backend: Backend, mode: str) -> int:
     return EMBEDDED_CHUNK if backend.is_embedded and mode != "ids" else DEFAULT_CHUNK
 
 
+# The widest token (5 bytes packed: a list's tokens stay below 2**32) and server ms
+# (9 bytes) a chunk's size is judged with.
+_WIDEST_TOKEN, _WIDEST_MS = 2**32 - 1, 2**41
+
+
+def _chunk_size_bytes(name: str, n: int) -> int:
+    """The bytes of an ID-store chunk of `n` jobs at most: its tokens, each job's own
+    run_at (`due`), the list's stamp, and its key."""
+    bins = {"ids": [_WIDEST_TOKEN] * n, "due": {_WIDEST_TOKEN - i: _WIDEST_MS for i in range(n)}, "c": _WIDEST_MS}
+    return record_size(keys.IDS_SET, bins, keys.chunk_name(name, _WIDEST_TOKEN))
+
+
+def _check_chunk(lists: JobLists, name: str, mode: str | None, chunk_size: int) -> None:
+    """In ID mode a load range is also one ID-store chunk record. One too big for the
+    store would never be written, so its range would never publish, and every later
+    range of the list (and every later load of it) would wait behind it: refused before
+    anything is written, with the largest size that fits."""
+    if mode is None:
+        try:
+            mode = lists.header(name)["mode"]
+        except ListNotFound:
+            return  # a new list, in token mode
+    limit = lists.backend.max_record_size()
+    if mode != "ids" or _chunk_size_bytes(name, chunk_size) <= limit:
+        return
+    low, high = 0, chunk_size  # the largest that fits is in [low, high)
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if _chunk_size_bytes(name, mid) <= limit else (low, mid)
+    raise LoadError(
+        f"chunk size {chunk_size:,} is too big for list {name!r} in ID mode on this store: a chunk record of that many "
+        f"jobs, each with its own run_at, can take {_chunk_size_bytes(name, chunk_size):,} bytes, over the store's "
+        f"max record size of {limit:,}; use a chunk size of {low:,} or less (nothing was loaded)"
+    )
+
+
 def default_workers(backend: Backend) -> int:
     # The embedded store has one writer per process: threads would only queue on it.
     # On a server, ranges in flight hide round trips (and a busy machine's scheduling
@@ -146,6 +183,8 @@ def load(
     backend = lists.backend
     if chunk_size is not None and chunk_size < 1:
         raise LoadError(f"chunk size must be at least 1, not {chunk_size}")
+    if chunk_size is not None:
+        _check_chunk(lists, name, mode, chunk_size)
     it = iter(_specs(jobs, max_payload(backend)))
     first = next(it, None)
     if first is None:

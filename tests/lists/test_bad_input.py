@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+from aeroqueue import errors
 from aeroqueue.cli import main
 from aeroqueue.errors import LoadError
 from aeroqueue.lists import max_payload
@@ -206,3 +208,31 @@ def test_a_payload_within_the_limit_as_json_but_not_as_stored_loads_nothing(tmp_
     status = CliRunner().invoke(main, ["--url", store_url, "status", list_name, "--json"])
     assert status.exit_code == 1 and f"no job list named '{list_name}'" in status.output
 
+
+
+def test_an_id_mode_chunk_too_big_for_the_store_is_refused_before_anything_is_written(registered, list_name):
+    """In ID mode a load range is also one ID-store chunk record (its tokens, and each
+    job's own run_at). One too big for the store was never written, its range never
+    published, and every later range and load of the list, and every sweep of every
+    list, failed on it. Refused before the list is even made, with the size that fits."""
+    from aeroqueue.lists import JobLists
+
+    lists = JobLists(registered)
+    limit = registered.max_record_size()
+    too_big = limit // 15  # over 19 bytes a job: tokens, and a run_at each
+    with pytest.raises(LoadError) as info:
+        lists.load(list_name, [JobSpec("a", {})], mode="ids", chunk_size=too_big)
+    said = str(info.value)
+    assert f"chunk size {too_big:,}" in said and f"max record size of {limit:,}" in said, said
+    fits = int(said.split("use a chunk size of ")[1].split(" or less")[0].replace(",", ""))
+    assert limit // 25 < fits < too_big, said
+    with pytest.raises(errors.ListNotFound):
+        lists.header(list_name)  # nothing made
+    # An existing list in ID mode, loaded with no mode given: the same.
+    lists.create(list_name, mode="ids")
+    with pytest.raises(LoadError):
+        lists.load(list_name, [JobSpec("a", {})], chunk_size=too_big)
+    assert lists.status(list_name).total == 0
+    # The size it names fits: a chunk of that many jobs, each with a run_at, is written.
+    report = lists.load(list_name, [JobSpec(f"j{i}", {}, None, time.time() + 3600) for i in range(fits)], chunk_size=fits)
+    assert report.loaded == fits and lists.status(list_name).delayed == fits
