@@ -785,7 +785,16 @@ def sweep(backend: Backend, *, grace_ms: int = DEFAULT_SWEEP_GRACE_MS, stop: Cal
     unpopped: dict[str, list[int]] = {}
     for name in lists.names():
         with contextlib.suppress(ListNotFound):
-            ranges += lists.recover(name)
+            try:
+                ranges += lists.recover(name)
+            except ListNotFound:
+                raise
+            except AeroqueueError as e:
+                # One list's range that cannot be finished (a store refusing its writes)
+                # must not cost every other list its sweep: this list's published jobs
+                # are swept all the same, and the next sweep tries the range again.
+                log.warning("sweep: the load ranges of list %r were not recovered: %s", name, e,
+                            extra={"event": "recover_failed", "list": name, "error": str(e)})
             if not lists.status(name).complete:
                 heads[name] = lists.header(name)
                 if heads[name]["mode"] == "ids":

@@ -706,6 +706,35 @@ def test_a_list_dropped_while_the_sweeper_runs_leaves_the_others_swept(
     assert sorted(j.jid for j in got) == ["job-0", "job-1"], got
 
 
+def test_a_list_whose_load_ranges_cannot_be_recovered_leaves_the_others_swept(
+    queue, lists, list_name, session, monkeypatch, caplog
+):
+    """A list whose dead loader's range cannot be finished (its ID-store chunk refused
+    as too big, a store refusing the write) failed the whole sweep, every run: the lost
+    jobs of every other list stayed lost. It is named in a warning, and the rest swept."""
+    from aeroqueue.lists import JobLists
+
+    broken, kept = f"{list_name}-broken", f"{list_name}-kept"
+    for name in (broken, kept):
+        lists.load(name, specs(2))
+        # A reserver took a job and died before its claim: the sweep's to find.
+        assert queue.backend.apply(keys.LIST_SET, name, keys.LIST_MOD, "take", 1)["n"] == 1
+    real = JobLists.recover
+
+    def refused(self, name):
+        if name == broken:
+            raise errors.RecordTooBig(f"aq_ids/{broken}/0: record too big")
+        return real(self, name)
+
+    monkeypatch.setattr(JobLists, "recover", refused)
+    with caplog.at_level("WARNING", logger="aeroqueue.sessions"):
+        sweep(queue.backend, grace_ms=0)
+    monkeypatch.undo()
+    assert any(getattr(r, "event", None) == "recover_failed" and r.list == broken for r in caplog.records), caplog.text
+    for name in (broken, kept):  # the broken list's published jobs are swept all the same
+        assert sorted(j.jid for j in queue.reserve(name, session, 2)) == ["job-0", "job-1"], name
+
+
 @pytest.mark.parametrize("again", [False, True], ids=["dropped", "made-again"])
 @pytest.mark.parametrize("bitmap", ["done", "dead"])
 @pytest.mark.parametrize("by", ["sweep", "reap"])
