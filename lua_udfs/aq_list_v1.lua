@@ -759,13 +759,16 @@ function take(rec, k, deadline)
 end
 
 -- advance(rec, seen, deadline) -> integer cursor | 'stale'
---   ID mode: chunk `seen` was found empty; move the cursor past it, never
---   back and never past the published chunks, and past gated chunks not due.
+--   ID mode: chunk `seen`, the cursor's, was found empty; move the cursor past
+--   it, never back and never past the published chunks, and past gated chunks
+--   not due. A `seen` ahead of the cursor is another list's (one dropped and
+--   loaded again under the name while a reserver held its cursor): moving to it
+--   would skip this list's chunks before it, so nothing moves.
 function advance(rec, seen, deadline)
   if stale(deadline) then return 'stale' end
   if not live(rec) then return -1 end
   local cursor = rec['cursor']
-  if seen >= cursor and seen < rec['pubs'] then
+  if seen == cursor and seen < rec['pubs'] then
     cursor = seen + 1
     rec['cursor'] = cursor
     -- Never onto a gated chunk that is not due: step over it, as take does.

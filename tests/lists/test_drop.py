@@ -281,6 +281,29 @@ def test_a_create_beside_a_tombstones_cleaning_keeps_its_records(registered, que
     assert len(queue.reserve(list_name, session, 30)) == 20
 
 
+def test_a_reserver_holding_a_dropped_lists_cursor_skips_no_chunk_of_the_list_loaded_again(
+    registered, queue, lists, list_name, session
+):
+    """A reserver read the ID-mode cursor (chunk 2) and stalled; meanwhile the list was
+    dropped and loaded again (cursor 0). Finding chunk 2 of the new list short, it asked
+    to move the cursor past it: that jumped the new list's cursor to 3, and its chunks
+    0 and 1 were never popped (their jobs waited for a sweep)."""
+    ids = {"mode": "ids", "chunk_size": 2, "seal": True}
+    lists.load(list_name, [JobSpec(f"a{i}", {"i": i}) for i in range(6)], **ids)
+    assert len(queue.reserve(list_name, session, 5)) == 5  # chunks 0 and 1 drained, 2 popped
+    stale = lists.header(list_name)["cursor"]
+    assert stale == 2
+    lists.drop(list_name, grace_s=0)
+    lists.load(list_name, [JobSpec(f"b{i}", {"i": i}) for i in range(6)], **ids)
+    assert lists.header(list_name)["cursor"] == 0
+    # The stalled reserver's advance past the chunk it saw.
+    assert registered.apply(keys.LIST_SET, list_name, keys.LIST_MOD, "advance", stale) == 0
+    assert lists.header(list_name)["cursor"] == 0
+    got = queue.reserve(list_name, session, 10)
+    assert sorted(j.jid for j in got) == [f"b{i}" for i in range(6)]
+    assert queue.complete_many(got) == [] and lists.status(list_name).complete
+
+
 def test_a_worker_holding_claims_on_a_dropped_list_carries_on(registered, lists, list_name):
     other = f"{list_name}-other"
     lists.load(list_name, specs(20), seal=True)
