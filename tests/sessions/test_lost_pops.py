@@ -231,7 +231,7 @@ def test_a_pop_during_a_sweeps_scan_is_not_taken_for_a_lost_one(registered, queu
         return real_scan(set_name, **kw)
 
     monkeypatch.setattr(registered, "scan", scan)
-    report = sweep(registered, grace_ms=0)
+    sweep(registered, grace_ms=0)  # (on a shared server, other tests' lists too: its count is theirs as well)
     assert len(popped) == 1
-    assert report.requeued == 0 and popped[0] not in (lists.header(list_name).get("retry") or []), \
+    assert popped[0] not in (lists.header(list_name).get("retry") or []), \
         "the job a live reserver just popped was offered again"
