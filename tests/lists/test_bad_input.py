@@ -225,7 +225,7 @@ def test_an_id_mode_chunk_too_big_for_the_store_is_refused_before_anything_is_wr
     said = str(info.value)
     assert f"chunk size {too_big:,}" in said and f"max record size of {limit:,}" in said, said
     fits = int(said.split("use a chunk size of ")[1].split(" or less")[0].replace(",", ""))
-    assert limit // 25 < fits < too_big, said
+    assert limit // 25 < fits < too_big, said  # about 19 bytes a job
     with pytest.raises(errors.ListNotFound):
         lists.header(list_name)  # nothing made
     # An existing list in ID mode, loaded with no mode given: the same.
@@ -233,6 +233,24 @@ def test_an_id_mode_chunk_too_big_for_the_store_is_refused_before_anything_is_wr
     with pytest.raises(LoadError):
         lists.load(list_name, [JobSpec("a", {})], chunk_size=too_big)
     assert lists.status(list_name).total == 0
-    # The size it names fits: a chunk of that many jobs, each with a run_at, is written.
-    report = lists.load(list_name, [JobSpec(f"j{i}", {}, None, time.time() + 3600) for i in range(fits)], chunk_size=fits)
-    assert report.loaded == fits and lists.status(list_name).delayed == fits
+
+
+def test_the_id_mode_chunk_size_an_error_names_fits_the_store(tmp_path, list_name):
+    """The largest chunk size the refusal names is one the store takes: a chunk of that
+    many jobs, each with its own run_at, is written and published. On a store with
+    64 KiB records (a server's 1 MiB would take a batch of 55,000 job writes)."""
+    from aeroqueue import udfs
+    from aeroqueue.backends import open_backend
+    from aeroqueue.lists import JobLists
+
+    backend = open_backend(f"embedded://{tmp_path / 'small.db'}", max_record_size=64 * 1024)
+    udfs.register(backend)
+    lists = JobLists(backend)
+    with pytest.raises(LoadError) as info:
+        lists.load(list_name, [JobSpec("a", {})], mode="ids", chunk_size=50_000)
+    fits = int(str(info.value).split("use a chunk size of ")[1].split(" or less")[0].replace(",", ""))
+    due = time.time() + 3600
+    report = lists.load(list_name, [JobSpec(f"j{i}", {}, None, due) for i in range(fits)], mode="ids", chunk_size=fits)
+    assert report.loaded == fits
+    st = lists.status(list_name)
+    assert (st.total, st.delayed, st.pending_ranges) == (fits, fits, 0)
