@@ -539,8 +539,8 @@ class EmbeddedClient:
         if len(records) > 1 and any(type(br) is Write and all(o.get("op") in READ_OPS for o in br.ops) for br in records):
             # What a real server (8.1) answers a batch of several records one of whose
             # Writes only reads: the batch fails whole (-2, each record -15), nothing
-            # written (tests/contract: test_a_batch_write_with_a_write_that_only_reads...).
-            # A single such record is a plain read.
+            # written (tests/contract/test_records.py, test_a_batch_write_of_several_
+            # records_one_of_which_only_reads_fails_whole). Alone, it is a plain read.
             return self._refused(records, batch_records, -2)
         with self._storage.write() as db:
             plain = self._plain_writes(records) if parent is None else None
