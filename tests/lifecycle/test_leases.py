@@ -989,6 +989,17 @@ def _untouched(registered: Backend, list_name: str, n: int) -> list[dict[str, An
     return [dict(r.bins) for r in recs if r is not None]
 
 
+def _new_jobs_untouched(registered: Backend, lists: JobLists, list_name: str, why: str) -> None:
+    """The 4 jobs of the list loaded again are as loaded: queued, attempt 0, with no
+    result and no error, and all reservable."""
+    new = _untouched(registered, list_name, 4)
+    assert [(b["jid"], b["state"], b["att"], b.get("result"), b.get("err")) for b in new] == [
+        (f"new{i}", "queued", 0, None, None) for i in range(4)
+    ], why
+    st = lists.status(list_name)
+    assert (st.done, st.reservable) == (0, 4), why
+
+
 def test_a_lease_on_a_dropped_list_never_acknowledges_the_list_loaded_again(
     registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session
 ) -> None:
@@ -1005,12 +1016,7 @@ def test_a_lease_on_a_dropped_list_never_acknowledges_the_list_loaded_again(
     queue.flush()
     thread.join(30)
     assert not thread.is_alive() and not failed, failed
-    new = _untouched(registered, list_name, 4)
-    assert [(b["jid"], b["state"], b["att"], b.get("result")) for b in new] == [
-        (f"new{i}", "queued", 0, None) for i in range(4)
-    ], "the new list's jobs were acknowledged by the dropped list's lease"
-    st = lists.status(list_name)
-    assert (st.done, st.reservable) == (0, 4)
+    _new_jobs_untouched(registered, lists, list_name, "the new list's jobs were acknowledged by the dropped list's lease")
 
 
 def test_a_dead_sessions_lease_on_a_dropped_list_never_claims_the_list_loaded_again(
@@ -1027,10 +1033,7 @@ def test_a_dead_sessions_lease_on_a_dropped_list_never_claims_the_list_loaded_ag
     reap(registered)  # (on a shared server, other tests' dead sessions too)
     thread.join(30)
     assert not thread.is_alive() and not failed, failed
-    new = _untouched(registered, list_name, 4)
-    assert [(b["jid"], b["state"], b["att"], b.get("err")) for b in new] == [
-        (f"new{i}", "queued", 0, None) for i in range(4)
-    ], "the reaper claimed the new list's jobs for the dropped list's lease"
+    _new_jobs_untouched(registered, lists, list_name, "the reaper claimed the new list's jobs for the dropped list's lease")
     assert not lists.header(list_name).get("retry"), "the new jobs are in the token store: offered twice"
 
 
@@ -1058,12 +1061,7 @@ def test_a_holder_paused_past_its_reap_never_acknowledges_the_list_loaded_again(
     _reaped_then_loaded_again(registered, lists, list_name, paused)
     assert sorted(j.token for j in queue.complete_many(old, ["old result"] * 4)) == [0, 1, 2, 3]
     queue.flush()
-    new = _untouched(registered, list_name, 4)
-    assert [(b["jid"], b["state"], b["att"], b.get("result")) for b in new] == [
-        (f"new{i}", "queued", 0, None) for i in range(4)
-    ], "the dropped list's lease acknowledged the new list's jobs"
-    st = lists.status(list_name)
-    assert (st.done, st.reservable) == (0, 4)
+    _new_jobs_untouched(registered, lists, list_name, "the dropped list's lease acknowledged the new list's jobs")
 
 
 def test_a_stalled_reaper_never_claims_the_list_loaded_again_for_the_leases_it_read(
@@ -1078,10 +1076,7 @@ def test_a_stalled_reaper_never_claims_the_list_loaded_again_for_the_leases_it_r
     read_by_stalled = leases_of(registered, dead)
     _reaped_then_loaded_again(registered, lists, list_name, dead)
     assert claim_leases(registered, dead.id, read_by_stalled) == 0
-    new = _untouched(registered, list_name, 4)
-    assert [(b["jid"], b["state"], b["att"], b.get("err")) for b in new] == [
-        (f"new{i}", "queued", 0, None) for i in range(4)
-    ], "the stalled reaper claimed the new list's jobs"
+    _new_jobs_untouched(registered, lists, list_name, "the stalled reaper claimed the new list's jobs")
     assert not lists.header(list_name).get("retry"), "the new jobs are in the token store: offered twice"
 
 
