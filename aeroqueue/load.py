@@ -772,7 +772,10 @@ def finish_range(
                 if created is None or old is None or keys.indexed_here(old.bins, created):
                     raise
                 # Left by a loader of a dropped list of this name, fenced out and killed
-                # before it took it back: replaced.
+                # before it took it back: replaced. Unless this loader is the stale one (its
+                # list dropped and made again while it was stopped): the chunk is then the
+                # new list's.
+                _check_same_list(lists, name, created)
                 _delete_left_by_another(lists, keys.IDS_SET, [keys.chunk_name(name, seq)], created)
                 create()
         except RecordExists:

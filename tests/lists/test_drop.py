@@ -304,6 +304,30 @@ def test_a_reserver_holding_a_dropped_lists_cursor_skips_no_chunk_of_the_list_lo
     assert queue.complete_many(got) == [] and lists.status(list_name).complete
 
 
+def test_a_loader_of_a_dropped_list_never_replaces_a_chunk_of_the_list_loaded_again(
+    registered, queue, lists, list_name, session
+):
+    """A loader stopped inside its range's commit while its list was dropped and loaded
+    again resumes at the range's ID-store chunk: it finds the chunk stamped by another
+    list and took it for a leftover of a dropped one, deleting the new list's chunk
+    (its jobs then waited for a sweep). It must stop instead, the new chunk kept."""
+    from aeroqueue import load
+
+    ids = {"mode": "ids", "chunk_size": 2}
+    lists.load(list_name, [JobSpec(f"a{i}", {}) for i in range(4)], **ids)
+    old = lists.header(list_name)["created"]
+    lists.drop(list_name, grace_s=0)
+    lists.load(list_name, [JobSpec(f"b{i}", {}) for i in range(4)], seal=True, **ids)
+    before = registered.get(keys.IDS_SET, keys.chunk_name(list_name, 1))
+    assert before is not None
+    with pytest.raises(errors.LoadAbandoned):
+        load.finish_range(lists, list_name, "ids", 1, [2, 3], created=old)  # the stale loader's range 1
+    after = registered.get(keys.IDS_SET, keys.chunk_name(list_name, 1))
+    assert after is not None and after.bins == before.bins, "the new list's chunk was replaced"
+    got = queue.reserve(list_name, session, 10)
+    assert sorted(j.jid for j in got) == [f"b{i}" for i in range(4)]
+
+
 def test_a_worker_holding_claims_on_a_dropped_list_carries_on(registered, lists, list_name):
     other = f"{list_name}-other"
     lists.load(list_name, specs(20), seal=True)
