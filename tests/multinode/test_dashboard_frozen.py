@@ -98,9 +98,11 @@ def test_a_frozen_node_costs_the_overview_only_what_it_holds(
             shown = rows(page)
             # The lists that answered, with their counts; the others named as not read.
             # On failure, what the dashboard said of its reads (page_partial: the first read
-            # that did not answer, after which the others get 100 ms within a 2 s budget).
+            # that did not answer, after which the others get 250 ms within a 2 s budget), as text:
+            # a tuple's repr is cut short in pytest's report.
+            log_tail = logs[WARM_PORT if which.startswith("warm") else COLD_PORT].read_text()[-3000:]
             assert {n for n, r in shown.items() if r is not None} == readable, (
-                which, shown, unread(page), logs[WARM_PORT if which.startswith("warm") else COLD_PORT].read_text()[-3000:])
+                f"{which}: shown {shown}\nnot read: {unread(page)}\nthe dashboard's log:\n{log_tail}")
             assert all(shown[n] == want[n] for n in readable), (which, shown)
             # The sessions the other nodes hold (their scan needs every node), without
             # their claims (each one's index query needs every node too).

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.timeout(240)
 LISTS = [f"frozen-{i}" for i in range(10)]
 METRICS_PORT, DASHBOARD_PORT = 9420, 8420
 # A frozen node costs a scrape one record read's time limit (the client's default,
-# 1 s) and 100 ms for each other list, 2 s at most, whatever the number of lists: 10
+# 1 s) and 250 ms for each other list, 2 s at most, whatever the number of lists: 10
 # lists cost 10 s before (the limit leaves a loaded machine room). A page reading the
 # lists' names waits for a scan's limit (5 s), 30 s before.
 SCRAPE_LIMIT_S = 6.0
