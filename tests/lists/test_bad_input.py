@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 
@@ -210,6 +211,13 @@ def test_a_payload_within_the_limit_as_json_but_not_as_stored_loads_nothing(tmp_
 
 
 
+def _size_that_fits(said: str) -> int:
+    """The largest chunk size a refusal of one too big names."""
+    found = re.search(r"use a chunk size of ([\d,]+) or less", said)
+    assert found, said
+    return int(found.group(1).replace(",", ""))
+
+
 def test_an_id_mode_chunk_too_big_for_the_store_is_refused_before_anything_is_written(registered, list_name):
     """In ID mode a load range is also one ID-store chunk record (its tokens, and each
     job's own run_at). One too big for the store was never written, its range never
@@ -224,7 +232,7 @@ def test_an_id_mode_chunk_too_big_for_the_store_is_refused_before_anything_is_wr
         lists.load(list_name, [JobSpec("a", {})], mode="ids", chunk_size=too_big)
     said = str(info.value)
     assert f"chunk size {too_big:,}" in said and f"max record size of {limit:,}" in said, said
-    fits = int(said.split("use a chunk size of ")[1].split(" or less")[0].replace(",", ""))
+    fits = _size_that_fits(said)
     assert limit // 25 < fits < too_big, said  # about 19 bytes a job
     with pytest.raises(errors.ListNotFound):
         lists.header(list_name)  # nothing made
@@ -248,7 +256,7 @@ def test_the_id_mode_chunk_size_an_error_names_fits_the_store(tmp_path, list_nam
     lists = JobLists(backend)
     with pytest.raises(LoadError) as info:
         lists.load(list_name, [JobSpec("a", {})], mode="ids", chunk_size=50_000)
-    fits = int(str(info.value).split("use a chunk size of ")[1].split(" or less")[0].replace(",", ""))
+    fits = _size_that_fits(str(info.value))
     due = time.time() + 3600
     report = lists.load(list_name, [JobSpec(f"j{i}", {}, None, due) for i in range(fits)], mode="ids", chunk_size=fits)
     assert report.loaded == fits
