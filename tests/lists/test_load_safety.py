@@ -208,6 +208,10 @@ def test_a_kick_leaves_alone_a_delayed_job_of_a_range_not_yet_published(env, lis
         backend.put(keys.JOB_SET, keys.job_name(list_name, t),
                     {"list": list_name, "token": t, "jid": f"d{t}", "state": "delayed", "due": later, "att": 0})
     assert lists.kick(list_name, [2, 3, 4]) == 0
+    # By its job id, once the loader indexed it.
+    created = lists.header(list_name)["created"]
+    backend.put(keys.JIDX_SET, keys.jidx_name(list_name, "d2"), {"tok": 2, "c": created, "l": list_name})
+    assert lists.kick_job(list_name, "d2") is False
     assert not lists.header(list_name).get("retry")
     assert [j.jid for j in queue.reserve(list_name, session, 10)] == ["a0", "a1"]
 
