@@ -52,6 +52,7 @@ from prometheus_client.registry import Collector
 
 from . import keys
 from .backends import Backend
+from .backends.base import AFTER_TIMEOUT_BUDGET_S, AFTER_TIMEOUT_MS
 from .errors import AeroqueueError, BackendTimeout, ClusterChanging, ConfigError, ListNotFound
 from .hosts import TrustedHosts
 from .lists import JobLists, ListStatus
@@ -65,12 +66,6 @@ HANDLER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 RESERVE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
 STATES = ("queued", "delayed", "claimed", "done", "dead")
-# After a read of a scrape timed out: each further list's reads get this limit (a
-# healthy node answers them in milliseconds, but on a loaded host a read of one took
-# over 100 ms: a healthy list shown as not read), and the scrape stops reading lists
-# after the budget (the lists of a frozen node each wait out the limit).
-AFTER_TIMEOUT_MS = 250
-AFTER_TIMEOUT_BUDGET_S = 2.0
 
 
 class WorkerMetrics(WorkerObserver):

@@ -47,6 +47,13 @@ CLIENT_TIMEOUT_MS = 1000
 # records a node; a frozen node answers a page never (30 s: the client's default
 # socket timeout, when no total timeout is set, as for scans).
 BOUNDED_SCAN_MS = 5000
+# For those who only look (the dashboard's views, the metrics scrape), once a read of
+# theirs did not answer in time: each further record read gets AFTER_TIMEOUT_MS
+# (healthy nodes answer in milliseconds, but on a loaded host a read of one took over
+# 100 ms: a healthy list shown as not read), and what is left once AFTER_TIMEOUT_BUDGET_S
+# is spent is not read (the lists of a frozen node would each wait out the limit).
+AFTER_TIMEOUT_MS = 250
+AFTER_TIMEOUT_BUDGET_S = 2.0
 # Allowance for the clocks of client and server disagreeing (NTP keeps them within
 # milliseconds), added to a job transition's deadline (`Backend.job_deadline`).
 CLOCK_MARGIN_MS = 500

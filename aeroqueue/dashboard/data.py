@@ -36,6 +36,7 @@ from aerospike_helpers import expressions as xp
 
 from .. import keys, lease_entries
 from ..backends import Backend, Record
+from ..backends.base import AFTER_TIMEOUT_BUDGET_S, AFTER_TIMEOUT_MS
 from ..errors import BackendError, BackendTimeout, ClusterChanging, JobNotFound, ListNotFound
 from ..lists import DROPPED, JobLists, ListStatus, is_tombstone
 
@@ -55,13 +56,10 @@ DEAD_ROW_BINS = ["state", "jid", "att", "max_att", "done_at", "err", *HISTORY_BI
 UNANSWERED = (BackendTimeout, ClusterChanging)
 # After a read of a view did not answer in time, as after one of a scrape
 # (aeroqueue.metrics): each further record read gets AFTER_TIMEOUT_MS and a scan
-# AFTER_TIMEOUT_SCAN_MS (healthy nodes answer in milliseconds; on a loaded host a
-# read of one took over 100 ms, and a healthy list showed as not read), and the parts left
-# once AFTER_TIMEOUT_BUDGET_S is spent are not read. A frozen node costs a view one
-# read's limit (a scan's 5 s at most) and the budget, whatever the number of lists.
-AFTER_TIMEOUT_MS = 250
+# AFTER_TIMEOUT_SCAN_MS, and the parts left once AFTER_TIMEOUT_BUDGET_S is spent are
+# not read (backends.base says why). A frozen node costs a view one read's limit (a
+# scan's 5 s at most) and the budget, whatever the number of lists.
 AFTER_TIMEOUT_SCAN_MS = 1000
-AFTER_TIMEOUT_BUDGET_S = 2.0
 # After a scan that timed out, the views of the next SCAN_RETRY_S give their scans
 # and index queries the short limits (AFTER_TIMEOUT_SCAN_MS) from the start: every
 # scan needs every node, so while one is frozen each attempt at the full limit
