@@ -210,6 +210,10 @@ class LoadAbandoned(ListError):
     """This load's range outlived its lease and was finished by a recovery; run the same load again (it is idempotent)."""
 
 
+class InvalidText(AeroqueueError):
+    """Text the store keeps (a record's name, a bin) must be valid UTF-8."""
+
+
 class ClaimLost(AeroqueueError):
     """The job's claim is no longer this session's (it expired or was reaped); the acknowledgement was refused."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .errors import AeroqueueError
+from .errors import AeroqueueError, InvalidText
 
 LIST_SET = "aq_list"  # "<list>": token store and list header
 JOB_SET = "aq_job"  # "<list>/<token>": one job
@@ -53,6 +53,22 @@ def check_list_name(name: str) -> str:
     if not isinstance(name, str) or not _LIST_NAME.fullmatch(name):  # match's $ passes a trailing newline
         raise InvalidName(f"invalid list name {name!r}: use 1 to 64 letters, digits, '_', '.', ':' or '-'")
     return name
+
+
+def check_text(value: str, what: str) -> str:
+    """`value`, refused (`InvalidText`) unless it encodes as UTF-8. Bytes of another
+    encoding (a job id typed in a Latin-1 terminal) reach Python as lone surrogates
+    (surrogateescape): as a record's name they crash the aerospike client's C code
+    (a segfault, in `calc_digest`), and as a bin value the server refuses them with a
+    message that names neither the value nor where it came from."""
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InvalidText(
+                f"{what} {value!r} is not valid UTF-8 text (character {e.start + 1}): typed in another encoding?"
+            ) from None
+    return value
 
 
 def job_name(list_name: str, token: int) -> str:

@@ -984,3 +984,24 @@ def test_a_job_id_given_for_its_token_says_what_token_is(tmp_path, command):
     # A number out of range keeps click's own message.
     assert "-1 is not in the range x>=0" in one_error_line(cli(*command[:1], "L", "--session", "s", *command[1:], "--",
                                                                "-1"), 2)
+
+
+@pytest.mark.parametrize(("args", "env", "names"), [
+    ([b"job", b"show", b"L", b"c\xff"], {}, "'ID'"),
+    ([b"job", b"bury", b"L", b"1", b"--reason", b"r\xe9"], {}, "'--reason'"),
+    ([b"fail", b"L", b"0", b"--error", b"x"], {"AEROQUEUE_SESSION": b"s\xff"}, "'--session'"),
+    ([b"fail", b"L", b"0", b"--session", b"s", b"--error", b"caf\xe9"], {}, "'--error'"),
+    ([b"complete", b"L", b"0", b"--session", b"s", b"--result", b'"\xff"'], {}, "'--result'"),
+])
+def test_text_in_another_encoding_is_wrong_usage_not_a_crash(ready_url, args, env, names):
+    """A job id, session, reason, error or result typed in a Latin-1 terminal: as a
+    record's name (a job id, a session) it crashed the aerospike client (a segfault,
+    status 139, not a word said); as a value the server refused it with a message
+    naming neither. Now wrong usage (2), naming the argument, before anything is sent."""
+    environ = {**{k: v for k, v in os.environ.items() if k not in CLEAN}, "AEROQUEUE_URL": ready_url}
+    run = subprocess.run([sys.executable, "-m", "aeroqueue", *args], env={**environ, **env},
+                         capture_output=True, timeout=60)
+    err = run.stderr.decode("utf-8", "replace")
+    assert run.returncode == 2, (run.returncode, err[-2000:])
+    assert f"Invalid value for {names}" in err and "is not valid UTF-8 text" in err, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err

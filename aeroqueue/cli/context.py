@@ -24,7 +24,7 @@ from .. import udfs
 from ..backends import Backend, open_backend
 from ..config import ENV_URL, MAX_ATTEMPTS, MAX_SECONDS, mask_passwords, mask_url, may_create
 from ..errors import AeroqueueError, ConfigError, ListNotFound, Terminated
-from ..keys import check_list_name
+from ..keys import check_list_name, check_text
 from ..lists import DEFAULT_MAX_ATTEMPTS, JobLists, new_list_policy
 from ..sessions import check_timing
 
@@ -288,6 +288,25 @@ class _Seconds(click.FloatRange):
 def seconds(min: float = 0, *, min_open: bool = False) -> click.FloatRange:
     """A click type for a duration option: seconds from `min` up to ten years."""
     return _Seconds(min=min, min_open=min_open, max=MAX_SECONDS)
+
+
+class _Text(click.ParamType):
+    """Text that goes into the store (a job id, a session, an error): valid UTF-8, or
+    wrong usage. Bytes of another encoding reach click as lone surrogates, which the
+    aerospike client crashes on as a record's name (`keys.check_text`)."""
+
+    name = "text"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str):
+            try:
+                check_text(value, "")
+            except AeroqueueError as e:
+                self.fail(str(e).lstrip(), param, ctx)
+        return value
+
+
+TEXT = _Text()
 
 
 def usage_check(check: Callable[[str], object]) -> Callable[[click.Context, click.Parameter, Any], Any]:

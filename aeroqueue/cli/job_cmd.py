@@ -11,9 +11,9 @@ from rich.table import Table
 from rich.text import Text
 
 from ..lists import JobLists, check_bury_reason
-from .context import JSON_OPT, LIST_ARG, Context, option, server_time, usage_check
+from .context import JSON_OPT, LIST_ARG, TEXT, Context, option, server_time, usage_check
 
-JOB_ID_ARG = click.argument("job_id", metavar="ID")
+JOB_ID_ARG = click.argument("job_id", metavar="ID", type=TEXT)
 # What `job show` prints of a record, in this order (JSON keys; the table says them in words).
 SHOWN = ("id", "state", "attempts", "max_attempts", "session", "time_limit_s", "claimed_at", "deadline", "due",
          "swept_at", "done_at", "by", "token", "payload", "result", "errors")
@@ -97,7 +97,7 @@ def kick(obj: Context, list_name: str, job_id: str) -> None:
 @job.command()
 @LIST_ARG
 @JOB_ID_ARG
-@option("--reason", env="BURY_REASON", default="buried by an operator", callback=usage_check(check_bury_reason),
+@option("--reason", env="BURY_REASON", type=TEXT, default="buried by an operator", callback=usage_check(check_bury_reason),
         help="Recorded in the job's error history (not blank).")
 @click.pass_obj
 def bury(obj: Context, list_name: str, job_id: str, reason: str) -> None:

@@ -30,6 +30,7 @@ from .context import (
     HEARTBEAT_OPT,
     JSON_OPT,
     LIST_ARG,
+    TEXT,
     Context,
     check_session_timing,
     err_console,
@@ -52,7 +53,7 @@ def job_json(job: Job) -> dict[str, Any]:
         help="Keep the session alive (heartbeating) up to SECONDS after printing the jobs; end as soon as each is "
              "acknowledged with `aeroqueue complete/fail --session`, then close the session, releasing the rest. "
              "Needed unless --session is given.")
-@option("--session", env="SESSION", default=None,
+@option("--session", env="SESSION", type=TEXT, default=None,
         help="Reserve under this live session, which your program opened and heartbeats; reserve does not close it "
              "(with --hold it also heartbeats it while holding).")
 @HEARTBEAT_OPT
@@ -248,8 +249,8 @@ TOKEN_ARG = click.argument("token", type=_Token())
 @click.command()
 @LIST_ARG
 @TOKEN_ARG
-@option("--session", env="SESSION", required=True, help="The session the job was reserved under.")
-@option("--result", env="RESULT", default="null", help="The result, as JSON.")
+@option("--session", env="SESSION", type=TEXT, required=True, help="The session the job was reserved under.")
+@option("--result", env="RESULT", type=TEXT, default="null", help="The result, as JSON.")
 @JSON_OPT
 @click.pass_obj
 def complete(obj: Context, list_name: str, token: int, session: str, result: str, as_json: bool) -> None:
@@ -289,8 +290,8 @@ _FAILED = {"retry": "will be retried", "delayed": "will be retried after the lis
 @click.command()
 @LIST_ARG
 @TOKEN_ARG
-@option("--session", env="SESSION", required=True, help="The session the job was reserved under.")
-@option("--error", "error_text", env="ERROR", required=True, help="What went wrong.")
+@option("--session", env="SESSION", type=TEXT, required=True, help="The session the job was reserved under.")
+@option("--error", "error_text", env="ERROR", type=TEXT, required=True, help="What went wrong.")
 @JSON_OPT
 @click.pass_obj
 def fail(obj: Context, list_name: str, token: int, session: str, error_text: str, as_json: bool) -> None:

@@ -649,3 +649,43 @@ def test_values_the_client_cannot_send_are_refused_before_anything_is_sent(
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr[-2000:]
     assert json.loads(run.stdout) == [*refused, {"a": 1}]
+
+
+_NAMES = """
+import json, sys
+from aeroqueue import keys
+from aeroqueue.backends import open_backend
+from aeroqueue.errors import InvalidText
+backend = open_backend(sys.argv[1])
+set_name = sys.argv[2]
+calls = {
+    "get": lambda: backend.get(set_name, "k\\udcff"),
+    "put": lambda: backend.put(set_name, "k\\udcff", {"a": 1}),
+    "apply": lambda: backend.apply(set_name, "\\udcff", keys.SESS_MOD, "beat", 1),
+    "batch_bins": lambda: backend.batch_bins(set_name, ["ok", "k\\udcff"], ["a"]),
+    "batch_same": lambda: backend.batch_same_codes(set_name, ["ok", "k\\udcff"], []),
+}
+out = {}
+for what, call in calls.items():
+    try:
+        call()
+        out[what] = "sent"
+    except InvalidText as e:
+        out[what] = str(e)
+print(json.dumps(out))
+"""
+
+
+def test_a_record_name_that_is_not_utf8_is_refused_not_a_crash(store_url, set_name):
+    """A name holding bytes of another encoding (a job id typed in a Latin-1 terminal
+    reaches Python as lone surrogates) crashed the aerospike client's C code, on the
+    server's client and the embedded store's alike: a segfault, the process gone with
+    no word. Each way in refuses it, naming it; in a process of its own, so that a
+    crash fails this test and not the suite."""
+    run = subprocess.run([sys.executable, "-c", _NAMES, store_url, set_name], capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 0, f"status {run.returncode}: {run.stderr[-2000:]}"
+    refused = json.loads(run.stdout)
+    assert set(refused) == {"get", "put", "apply", "batch_bins", "batch_same"}
+    for what, said in refused.items():
+        assert "is not valid UTF-8 text" in said and "udcff" in said and set_name in said, (what, said)
