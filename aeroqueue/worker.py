@@ -483,7 +483,13 @@ class Worker:
         self._signalled = False
         self._in_flight: dict[str, Job] = {}
         self._in_flight_lock = threading.Lock()
-        self._held: set[str] = set()  # every job a thread reserved and has not finished with
+        # Every job a thread reserved and has not finished with, by name. The Job itself is
+        # kept, and the entry (as `_reserved_at`'s) goes only with that very Job: a job
+        # one thread pushes back (a failure with no backoff, a release) can be reserved
+        # again by another thread of this worker before the first is done with its copy,
+        # and the first, forgetting the name, wiped the second's hold: the orphan check
+        # then gave the live claim away, and the job ran twice.
+        self._held: dict[str, Job] = {}
         self._thread_state = threading.local()  # .asked: when this thread's last reserve was sent
         self._acking: dict[str, int] = {}  # jobs whose ack waits in `acks` (name -> how many)
         self._orphans: set[str] = set()  # claims of our session no thread held at the last check
@@ -497,7 +503,7 @@ class Worker:
         # The time limit, watched locally (the server's own limit is what decides):
         self._deadlines: dict[str, float] = {}  # job name -> monotonic deadline of its running handler
         self._runner_of: dict[str, threading.Thread] = {}  # job name -> the thread running it
-        self._reserved_at: dict[str, float] = {}  # job name -> monotonic time of its claim
+        self._reserved_at: dict[str, tuple[Job, float]] = {}  # job name -> (it, monotonic time of its claim)
         # Keyed by the Thread itself: an ident is reused once its thread ends.
         self._prefetched: dict[threading.Thread, list[Job]] = {}  # jobs a thread holds, not started
         self._abandoned: set[int] = set()  # id() of jobs whose handler ran past the limit: result discarded
@@ -615,7 +621,7 @@ class Worker:
                 with self._in_flight_lock:
                     self._drop_stale_copies(me, got)
                     jobs.extend(got)
-                    self._reserved_at.update((j.name, now) for j in got)
+                    self._reserved_at.update((j.name, (j, now)) for j in got)
             with self._in_flight_lock:
                 # Checked under the lock the drain takes its list of unstarted jobs
                 # with: a reservation that came back after the stop (it was on its
@@ -653,7 +659,7 @@ class Worker:
                     # Unless the watchdog cleared it (a new claim may use the name); the
                     # drain, giving it back at its deadline, leaves that to this thread.
                     if self._in_flight.get(job.name) is job:
-                        self._forget(job.name)
+                        self._forget(job)
             if abandoned:
                 # Given up past its time limit, at the drain deadline, or with the session.
                 log.warning("a handler returned after its job was given up: its result was discarded",
@@ -668,7 +674,7 @@ class Worker:
     def _run(self, job: Job, session: Session, runner: _ChildRunner | None = None) -> str:
         """Run one job and acknowledge it (one round trip); returns the outcome."""
         started = time.monotonic()
-        reserved_at = self._reserved_at.get(job.name, started)
+        reserved_at = self._reserved(job, started)
         if started - reserved_at > job.timeout_s / 4:
             # It waited in the prefetch for a good part of its limit: the limit runs
             # from the claim, so renew it before starting rather than lose the job.
@@ -784,11 +790,13 @@ class Worker:
 
     def _hold(self, jobs: list[Job]) -> None:
         with self._in_flight_lock:
-            self._held.update(job.name for job in jobs)
+            self._held.update((job.name, job) for job in jobs)
 
     def _unhold(self, jobs: list[Job]) -> None:
         with self._in_flight_lock:
-            self._held.difference_update(job.name for job in jobs)
+            for job in jobs:
+                if self._held.get(job.name) is job:
+                    del self._held[job.name]
 
     def prefetch(self) -> int:
         """Jobs a thread reserves at a time: --prefetch when given, else about
@@ -1102,7 +1110,7 @@ class Worker:
         now = time.monotonic()
         with self._in_flight_lock:
             waiting = [j for jobs in self._prefetched.values() for j in jobs
-                       if now - self._reserved_at.get(j.name, now) > j.timeout_s / 2]
+                       if now - self._reserved(j, now) > j.timeout_s / 2]
         for job in waiting:
             try:
                 self.queue.touch(job)
@@ -1112,8 +1120,8 @@ class Worker:
                 # the --until-complete checks at every tick until then.
                 continue
             with self._in_flight_lock:
-                if job.name in self._reserved_at:
-                    self._reserved_at[job.name] = time.monotonic()
+                if self._reserved_at.get(job.name, (None,))[0] is job:
+                    self._reserved_at[job.name] = (job, time.monotonic())
 
     def _await_acks(self, give_up: float) -> None:
         """Wait, until `give_up` (monotonic), for the threads acknowledging a job: in
@@ -1124,13 +1132,23 @@ class Worker:
                     return
             time.sleep(0.01)
 
-    def _forget(self, name: str) -> None:
-        """A job's claim is over for this worker (call with the lock held)."""
+    def _forget(self, job: Job) -> None:
+        """A job's claim is over for this worker (call with the lock held, `job` in
+        flight). Its hold and claim time go only if they are this copy's, not those of
+        another thread that reserved the job again since (`_held`)."""
+        name = job.name
         self._in_flight.pop(name, None)
-        self._held.discard(name)
         self._deadlines.pop(name, None)
         self._runner_of.pop(name, None)
-        self._reserved_at.pop(name, None)
+        if self._held.get(name) is job:
+            del self._held[name]
+        if self._reserved_at.get(name, (None,))[0] is job:
+            del self._reserved_at[name]
+
+    def _reserved(self, job: Job, default: float) -> float:
+        """When this copy of `job` was claimed (monotonic), or `default`."""
+        entry = self._reserved_at.get(job.name)
+        return entry[1] if entry is not None and entry[0] is job else default
 
     def _touched(self, job: Job, seconds: float) -> None:
         with self._in_flight_lock:
@@ -1149,7 +1167,7 @@ class Worker:
                 if thread is None or self._in_flight.get(job.name) is not job:
                     continue  # it finished meanwhile
                 self._abandoned.add(id(job))
-                self._forget(job.name)
+                self._forget(job)
                 self._retired.add(thread)
                 left = self._prefetched.pop(thread, [])
                 waiting, left[:] = list(left), []
@@ -1229,7 +1247,7 @@ class Worker:
         still picking up, and is released with its attempt counted."""
         held = dict(session.held())
         with self._in_flight_lock:
-            orphans = set(held) - self._held - self._acking.keys()
+            orphans = set(held) - self._held.keys() - self._acking.keys()
             self._unstarted &= held.keys()  # given back since by someone else: forgotten
             unstarted = set(self._unstarted)
         ripe, self._orphans = orphans & self._orphans, orphans - self._orphans

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import threading
 import time
 import uuid
@@ -248,6 +249,102 @@ def test_a_timed_out_threads_prefetched_jobs_go_back_without_taking_another_thre
     # Given back unstarted, they say why (a loaded machine's reaper may end the stuck
     # claim first, and a thread start the others before the watchdog's turn).
     assert all(e == f"not started: job {stuck[0]!r} ahead of it ran past its time limit" for e in given_back), given_back
+
+
+@contextmanager
+def capture_events() -> Iterator[list[tuple[str | None, str | None]]]:
+    """The (event, jid) of each record aeroqueue's loggers emit within the block."""
+    events: list[tuple[str | None, str | None]] = []
+
+    class Events(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            events.append((getattr(record, "event", None), getattr(record, "jid", None)))
+
+    logger, handler = logging.getLogger("aeroqueue"), Events()
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield events
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def test_a_job_failed_and_reserved_again_by_another_thread_keeps_that_threads_hold(registered, lists, list_name):
+    """A job failed with attempts left and no backoff is back in the retry store at
+    once, and another thread of the same worker may reserve it (behind a job of its
+    own) before the failing thread is done with its copy. That thread, forgetting the
+    job by its name, ended the other's hold and claim time: the orphan check then gave
+    the live claim away (an attempt spent, the job not run), and the job ran twice. A
+    slow `fail` widens the window, as a loaded host would. Three threads, two jobs
+    each: A fails its first and sleeps on its second; C fails its first once A's is
+    back, and dawdles after the push; B reserves C's failed job again behind A's."""
+    lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(6)], seal=True, timeout_s=30, backoff_s=0,
+               max_attempts=5)
+    a_pushed, c_pushed = threading.Event(), threading.Event()
+    runs: list[tuple[str, int, str]] = []
+    lock = threading.Lock()
+    roles: dict[str, str] = {}
+    seen: dict[str, int] = {}
+    firsts: dict[str, str] = {}
+    barrier = threading.Barrier(3)
+    failed_first: dict[str, str] = {}  # role -> the job it failed
+
+    def handler(job: Job) -> str:
+        me = threading.current_thread().name
+        with lock:
+            runs.append((job.jid, job.attempt, me))
+            n = seen[me] = seen.get(me, 0) + 1
+            if n == 1:
+                firsts[me] = job.jid
+        if n == 1:
+            barrier.wait(10)  # every thread holds its first reservation (two jobs each)
+            with lock:
+                if not roles:  # by the jobs they hold: A the first two, C the next, B the last
+                    for role, t in zip("ACB", sorted(firsts, key=lambda t: int(firsts[t][1:])), strict=True):
+                        roles[t] = role
+        role = roles[me]
+        if job.attempt > 1:
+            if job.jid == failed_first.get("A"):  # ahead of C's job in B's reservation
+                time.sleep(3.0)
+            return "ok"
+        if role in "AC" and n == 1:
+            failed_first[role] = job.jid
+            if role == "C":
+                a_pushed.wait(10)
+            raise RuntimeError("first attempt fails")
+        if role in "AC":
+            time.sleep(8)
+        else:  # B: done with both its jobs once C's failed job is back in the retry store
+            c_pushed.wait(10)
+        return "ok"
+
+    w = Worker(registered, handler, [list_name], concurrency=3, batch=2, interval_s=0.1, expiry_s=3.0,
+               reap_every_s=0.2, idle_s=0.05, until_complete=True)
+    fail = w.queue.fail
+
+    def slow_fail(job: Job, error: str) -> str:
+        st = fail(job, error)  # back in the retry store now
+        if job.jid == failed_first.get("A"):
+            a_pushed.set()
+        if job.jid == failed_first.get("C"):
+            c_pushed.set()
+            time.sleep(1.0)  # before the failing thread is done with its copy
+        return st
+
+    w.queue.fail = slow_fail  # type: ignore[method-assign]
+    with capture_events() as events:
+        assert w.run(install_signals=False) == EXIT_OK
+    c = failed_first["C"]
+    assert ("orphan_released", c) not in events, "a live prefetched claim was given away by the orphan check"
+    assert [a for jid, a, _ in runs if jid == c] == [1, 2], f"{c} ran again more than once after its failure: {runs}"
+    assert sorted(jid for jid, _, _ in runs if jid != c) == sorted(
+        [f"j{i}" for i in range(6) if f"j{i}" != c] + [failed_first["A"]]), runs
+    for i in range(6):
+        bins = registered.get(keys.JOB_SET, keys.job_name(list_name, i)).bins
+        failed = bins["jid"] in failed_first.values()
+        assert (bins["state"], bins["att"]) == ("done", 2 if failed else 1), bins
 
 
 def test_a_worker_that_cannot_open_its_session_gives_the_signal_handlers_back(registered, list_name, monkeypatch):
