@@ -1284,8 +1284,13 @@ class Worker:
                 break
             waiting[0].join(min(0.1, max(0.0, deadline - time.monotonic())))
         # The acks of what finished go out before the session closes (or, if it was
-        # lost, end unacked). A handler still running past this acknowledges alone.
-        if self.acks is not None and not self.acks.close(max(1.0, deadline - time.monotonic())):
+        # lost, end unacked). A handler still running past this acknowledges alone. They
+        # get at least the time an ack may stay in doubt (`Queue.busy_deadline_s`) and a
+        # second, past the drain deadline if need be: closed sooner, the session gave back
+        # the claims of jobs whose handlers had succeeded, their attempts refunded, and
+        # they ran again (with one attempt allowed, for ever at each stop).
+        ack_wait = max(self.queue.busy_deadline_s + 1.0, deadline - time.monotonic())
+        if self.acks is not None and not self.acks.close(ack_wait):
             log.warning("acknowledgements still pending at the drain deadline", extra={"event": "ack_timeout"})
         if not session.lost:
             # Ask the server, not the last heartbeat: a process paused past its

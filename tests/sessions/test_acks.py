@@ -348,6 +348,41 @@ def test_a_worker_stopped_with_acks_pending_sends_them_before_it_exits(store_url
     assert Counter(ran.read_text().split()) == Counter({f"j{i}": 1 for i in range(n)})
 
 
+def test_a_drain_waits_out_an_ack_in_doubt_rather_than_give_back_a_job_that_succeeded(registered, lists, list_name):
+    """The drain gave the acks still being sent one second past its deadline, then
+    closed the session, which gave back every claim it held as never run, attempt
+    refunded: a job whose handler had succeeded, its ack slow (a store in doubt, which
+    an ack is sent again through for `Queue.busy_deadline_s`), went back and ran
+    again, and with one attempt allowed it did so at every stop, for ever. The acks
+    now get at least their time in doubt."""
+    lists.load(list_name, [JobSpec("a", {})], seal=True, timeout_s=60, max_attempts=1)
+    ran = threading.Event()
+
+    def handler(job) -> str:
+        ran.set()
+        return "ok"
+
+    w = Worker(registered, handler, [list_name], concurrency=1, interval_s=0.1, expiry_s=3.0, idle_s=0.05,
+               drain_timeout_s=0.5, ack_linger_s=0.005)
+    complete_many = w.queue.complete_many
+
+    def slow_complete_many(jobs, results=None):
+        time.sleep(2.5)  # in doubt for a while, well within the ack's time in doubt
+        return complete_many(jobs, results)
+
+    w.queue.complete_many = slow_complete_many  # type: ignore[method-assign]
+    runner = threading.Thread(target=w.run, kwargs={"install_signals": False})
+    runner.start()
+    assert ran.wait(10)
+    wait_for("the ack under way", lambda: w._acking, 10, step_s=0.01)
+    w.request_stop()  # SIGTERM's doing
+    runner.join(30)
+    assert not runner.is_alive()
+    job = registered.get(keys.JOB_SET, keys.job_name(list_name, 0)).bins
+    assert (job["state"], job["att"]) == ("done", 1), job
+    assert w.counters.snapshot()["done"] == 1 and w.counters.snapshot().get("released", 0) == 0, w.counters.snapshot()
+
+
 def test_job_outcomes_are_counted_once_each(registered, lists, list_name):
     lists.load(list_name, [JobSpec(f"j{i}", {"n": i}) for i in range(50)], seal=True)
     w = _worker(registered, list_name, concurrency=3)
