@@ -307,6 +307,23 @@ def test_a_usage_error_quoting_a_url_masks_its_password(tmp_path, args, says):
     assert SECRET not in out.stdout + out.stderr
 
 
+@pytest.mark.parametrize(("file", "says"), [
+    (MYSQL_WITH_PASSWORD + ".csv", "mysql:/u:***@127.0.0.1:3306/db.csv: cannot read the file"),
+    (f"mysql://u:pa {SECRET}@h/db", "mysql:/u:***@h/db: cannot tell the format"),
+    (STORE_WITH_PASSWORD + ".jsonl", "aerospike:/u:***@127.0.0.1:3000/test.jsonl: cannot read the file"),
+])
+def test_a_url_given_as_the_file_to_load_has_its_password_masked(tmp_path, file, says):
+    """`load L mysql://...`: the file's name, as a path makes it (one slash of the two),
+    was quoted in the error whole, password and all: not the argument as typed, which
+    is what the masking looked for."""
+    env = {k: v for k, v in os.environ.items() if k not in CLEAN}
+    out = subprocess.run([sys.executable, "-m", "aeroqueue", "--url", f"embedded://{tmp_path}/s.db", "--create",
+                          "load", "L", file], capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    assert out.returncode == 1, out.stderr
+    assert says in out.stderr and out.stderr.count("\n") == 1, out.stderr
+    assert SECRET not in out.stdout + out.stderr
+
+
 def test_an_unexpected_error_quoting_a_url_masks_its_password_traceback_too(tmp_path, monkeypatch):
     def broken(*_: object) -> list[str]:
         raise TypeError(f"a bug near {MYSQL_WITH_PASSWORD}")

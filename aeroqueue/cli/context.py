@@ -13,6 +13,7 @@ import sys
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import PurePath
 from typing import Any, NoReturn, TypeVar
 
 import click
@@ -156,9 +157,12 @@ def _say_error(text: str, argv: Sequence[str] = ()) -> None:
     usage errors quote the value they refused, which is a store or MySQL URL when one
     lands in the wrong place (`aeroqueue sync mysql://u:pw@h/db`, --mysql forgotten).
     Each argument quoted whole is masked as one URL (`mask_url`), so that a password
-    holding a blank, which the pattern of `mask_passwords` stops at, goes whole too."""
+    holding a blank, which the pattern of `mask_passwords` stops at, goes whole too;
+    and as a path would show it: a URL given where a file goes (`load L mysql://...`)
+    is quoted with its `//` made one (click's Path)."""
     for arg in argv:
-        for value in {arg, arg.partition("=")[2]}:  # --every=URL: click quotes the value
+        # --every=URL: click quotes the value.
+        for value in {arg, arg.partition("=")[2], str(PurePath(arg)) if arg else ""}:
             if value and (shown := mask_url(value)) != value:
                 text = text.replace(value, shown)
     click.echo(mask_passwords(text), err=True, nl=False)
@@ -205,6 +209,8 @@ class AeroqueueGroup(click.Group):
     Ctrl-C, 143 for a SIGTERM that cut a command short (`Terminated`); the traceback only with --verbose (given anywhere on the line). Output
     cut short by its reader (`| head`) is not an error: nothing is said, status 141."""
 
+    argv: Sequence[str] = ()  # the command line `main` was given (the process's: one at a time)
+
     def add_command(self, cmd: click.Command, name: str | None = None) -> None:
         _with_shared_options(cmd)
         super().add_command(cmd, name)
@@ -235,8 +241,9 @@ class AeroqueueGroup(click.Group):
             line = f"error: internal error, {type(e).__name__}: {e}" + (
                 "" if verbose else " (run with --verbose for the traceback, and please report it)"
             )
-        # One line, never wrapped, so scripts and people can both read it.
-        _say_error(_one_line(line) + "\n")
+        # One line, never wrapped, so scripts and people can both read it. The message may
+        # quote an argument (a URL given where a file goes): masked as usage errors are.
+        _say_error(_one_line(line) + "\n", AeroqueueGroup.argv)
         ctx.exit(EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_ERROR)
 
     def main(
@@ -246,6 +253,7 @@ class AeroqueueGroup(click.Group):
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, False, **extra)
         argv = list(args) if args is not None else sys.argv[1:]
+        AeroqueueGroup.argv = argv  # for `_fail`, which a subgroup's invoke may call
         try:
             rv = super().main(args, prog_name, complete_var, False, **extra)
         except _NoArgsIsHelp as e:
