@@ -124,7 +124,11 @@ _READ_BOUNDS: ContextVar[_ReadBounds | None] = ContextVar("aeroqueue_read_bounds
 def _check_names(set_name: str, names: list[str]) -> None:
     """`Backend.key`'s test, for the batch paths that build their keys inline: one
     `isascii` of all the names at once (a batch's are ASCII, but for a user's typo)."""
-    if not "".join(names).isascii():
+    try:
+        ascii_only = "".join(names).isascii()
+    except TypeError:
+        return  # not all text: the client says what is wrong with them
+    if not ascii_only:
         for name in names:
             check_text(name, f"the name of a record of {set_name}")
 
@@ -194,7 +198,7 @@ class Backend:
         return int(time.time() * 1000) + self._guard_ms if self._guard_ms else None
 
     def key(self, set_name: str, name: str) -> tuple[str, str, str]:
-        if not name.isascii():  # the hot path's names are ASCII: one cheap test
+        if isinstance(name, str) and not name.isascii():  # the hot path's names are ASCII: one cheap test
             check_text(name, f"the name of a record of {set_name}")
         return (self.namespace, set_name, name)
 
