@@ -942,14 +942,19 @@ class Queue:
         Returns the seconds granted; `ClaimLost` if the claim is gone or already late."""
         seconds = _delay_s(job.timeout_s if seconds is None else seconds, "touch", positive=True)
         self._adopt(job, _ms(seconds), in_time=True)
+        sent = time.monotonic()
         out = self._job_udf(job.name, "touch", job.session, max(1, round(seconds * 1000)), job.rid)
         self._check(job, out["st"])
+        # The new limit runs from the server's touch, inside the call: a listener's
+        # deadline counted from the answer would come after the server's.
+        left = seconds - (time.monotonic() - sent)
         for listener in list(self._touched):
-            listener(job, seconds)
+            listener(job, left)
         return seconds
 
     def on_touch(self, listener: Callable[[Job, float], None]) -> None:
-        """Be told of every touch made through this queue (job, seconds granted)."""
+        """Be told of every touch made through this queue: the job, and the seconds its
+        claim has left from now (those granted, less the touch's round trip)."""
         self._touched.append(listener)
 
     def backoff_ms(self, list_name: str, attempt: int) -> int:

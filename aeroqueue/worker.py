@@ -1112,6 +1112,7 @@ class Worker:
             waiting = [j for jobs in self._prefetched.values() for j in jobs
                        if now - self._reserved(j, now) > j.timeout_s / 2]
         for job in waiting:
+            sent = time.monotonic()  # the renewed limit runs from the server's touch, after this
             try:
                 self.queue.touch(job)
             except (ClaimLost, JobNotFound):
@@ -1121,7 +1122,7 @@ class Worker:
                 continue
             with self._in_flight_lock:
                 if self._reserved_at.get(job.name, (None,))[0] is job:
-                    self._reserved_at[job.name] = (job, time.monotonic())
+                    self._reserved_at[job.name] = (job, sent)
 
     def _await_acks(self, give_up: float) -> None:
         """Wait, until `give_up` (monotonic), for the threads acknowledging a job: in

@@ -119,6 +119,26 @@ def test_touch_extends_the_limit(queue, lists, list_name, session):
         a.touch()
 
 
+def test_a_touch_tells_its_listeners_the_time_left_from_when_it_was_sent(queue, lists, list_name, session, monkeypatch):
+    """The worker's watchdog and its acks' deadlines follow touches (`Queue.on_touch`):
+    told the seconds granted once the answer came back, they counted the new limit from
+    the answer, after the server's, by the touch's round trip."""
+    lists.load(list_name, specs(1), timeout_s=30)
+    (a,) = queue.reserve(list_name, session, 1)
+    heard: list[float] = []
+    queue.on_touch(lambda job, left: heard.append(left))
+    udf = queue.backend.udf
+
+    def slow_udf(*args, **kw):
+        out = udf(*args, **kw)
+        time.sleep(0.3)  # the answer on its way back
+        return out
+
+    monkeypatch.setattr(queue.backend, "udf", slow_udf)
+    assert queue.touch(a, 10.0) == 10.0
+    assert len(heard) == 1 and heard[0] <= 10.0 - 0.3, heard
+
+
 def test_expire_is_refused_before_the_limit(queue, lists, list_name, session):
     lists.load(list_name, specs(1), timeout_s=30)
     (a,) = queue.reserve(list_name, session, 1)
