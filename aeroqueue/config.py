@@ -22,6 +22,7 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote
 
 from .errors import InvalidURL
+from .hosts import url_host
 
 ENV_URL = "AEROQUEUE_URL"
 ENV_CREATE = "AEROQUEUE_CREATE"  # as --create: a named embedded store file may be made
@@ -42,6 +43,7 @@ MEMORY = ":memory:"
 # Aerospike namespace names: at most 31 bytes, no dots or colons.
 _NAMESPACE = re.compile(r"^[A-Za-z0-9_-]{1,31}$")
 _HOST = re.compile(r"^[A-Za-z0-9._-]+$|^\[[0-9A-Fa-f:.]+\]$")
+_DIGITS = re.compile(r"[0-9]+")
 
 # Client options an aerospike:// URL may carry, each with what its value must be.
 # Timeouts are in milliseconds and apply to every command (0: no limit).
@@ -88,7 +90,7 @@ class StoreURL:
             # An absolute path brings the third slash: embedded:///abs/path.db
             return f"embedded://{self.path}"
         who = f"{self.user}:***@" if self.user else ""
-        hosts = ",".join(f"{h}:{p}" for h, p in self.hosts)
+        hosts = ",".join(f"{url_host(h)}:{p}" for h, p in self.hosts)  # an IPv6 address in brackets
         query = "&".join(f"{k}={v}" for k, v in self.options)
         return f"aerospike://{who}{hosts}/{self.namespace}" + (f"?{query}" if query else "")
 
@@ -200,7 +202,7 @@ def _client_options(where: str, options: tuple[tuple[str, str], ...]) -> dict[st
             raise InvalidURL(f"store URL {where!r}: option {name!r} is given twice")
         bad = InvalidURL(f"store URL {where!r}: option {name}={value!r} is not valid; it takes {what}")
         if name.endswith("_timeout") or name.endswith("_per_node"):
-            if not value.isdigit() or len(value) > 9:
+            if not _DIGITS.fullmatch(value) or len(value) > 9:  # ASCII digits: isdigit() takes '²', int() not
                 raise bad
             number = int(value)
             if number == 0 and name in ("connect_timeout", "max_conns_per_node"):
@@ -228,16 +230,18 @@ def _split_host_port(text: str, part: str) -> tuple[str, int]:
     if not part:
         raise InvalidURL(f"store URL {_safe(text)!r}: empty host in the host list")
     if part.startswith("["):  # [ipv6]:port
-        host, _, tail = part.partition("]")
+        host, bracket, tail = part.partition("]")
         host += "]"
-        port_text = tail[1:] if tail.startswith(":") else ""
+        if not bracket or (tail and not tail.startswith(":")):
+            raise InvalidURL(f"store URL {_safe(text)!r}: host {part!r} is not [IPv6 address] or [IPv6 address]:port")
+        port_text = tail[1:]
     else:
         host, _, port_text = part.partition(":")
     if not _HOST.match(host):
         raise InvalidURL(f"store URL {_safe(text)!r}: host {host!r} is not a valid host name")
     if not port_text:
         return host.strip("[]"), DEFAULT_PORT
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+    if not _DIGITS.fullmatch(port_text) or not 0 < int(port_text) < 65536:
         raise InvalidURL(f"store URL {_safe(text)!r}: port {port_text!r} of host {host!r} is not a number from 1 to 65535")
     return host.strip("[]"), int(port_text)
 

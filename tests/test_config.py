@@ -14,6 +14,15 @@ def test_aerospike_url_with_several_hosts():
     assert url.hosts == (("a.example", 3000), ("10.0.0.2", 3100))
 
 
+def test_an_ipv6_host_is_shown_in_brackets_and_reads_back_the_same():
+    """Shown without its brackets ('aerospike://::1:3000/ns'), a URL `config` printed
+    was refused when given back."""
+    url = parse_url("aerospike://u:pw@[::1]:3100,[fe80::1]/ns")
+    assert url.hosts == (("::1", 3100), ("fe80::1", 3000))
+    assert str(url) == "aerospike://u:***@[::1]:3100,[fe80::1]:3000/ns"
+    assert parse_url(str(url).replace("***", "pw")).hosts == url.hosts
+
+
 def test_aerospike_port_defaults_to_3000():
     assert parse_url("aerospike://db/test").hosts == (("db", 3000),)
 
@@ -62,6 +71,14 @@ def test_environment_variable_is_used(monkeypatch):
         ("embedded://:memory:?max_record_size=1MiB", "option max_record_size='1MiB' is not valid"),
         ("embedded://:memory:?max_record_size=8388609", "from 1 to 8388608"),
         ("embedded://:memory:?max_record_size=\u00b2", "option max_record_size='\u00b2' is not valid"),
+        # Digits Python's isdigit() takes and int() does not, or reads as another number.
+        ("aerospike://h:\u00b2/test", "port '\u00b2'"),
+        ("aerospike://h:\u0663\u0660\u0660\u0660/test", "port '\u0663\u0660\u0660\u0660'"),
+        ("aerospike://h/test?total_timeout=\u00b2", "option total_timeout='\u00b2' is not valid"),
+        ("aerospike://h/test?socket_timeout=\u0661", "option socket_timeout='\u0661' is not valid"),
+        # An IPv6 host's bracket unclosed, or followed by anything but :port.
+        ("aerospike://[::1:3000/test", "host '[::1:3000' is not [IPv6 address] or [IPv6 address]:port"),
+        ("aerospike://[::1]junk/test", "host '[::1]junk' is not [IPv6 address] or [IPv6 address]:port"),
     ],
 )
 def test_malformed_urls_name_the_wrong_part(text, names):
