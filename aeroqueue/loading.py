@@ -390,7 +390,17 @@ def _depth(value: Any) -> int:
 def _read_jsonl(handle: Any, source: str, id_field: str, max_payload: int, strict: bool) -> Iterator[JobSpec]:
     # Lines this short cannot reach the payload limit, however their numbers re-encode.
     fast = max_payload // 20
-    for line, text in enumerate(handle, start=1):
+    # Nor can lines this long fit it: six characters a byte at most (\u0001), and room for
+    # the id and field names. Read whole, a line of gigabytes (no newline in a binary
+    # file, a runaway export) took that much memory, several times over, before the
+    # payload check refused it.
+    longest = 6 * max_payload + 65_536
+    line = 0
+    while text := handle.readline(longest + 1):
+        line += 1
+        if len(text) > longest:
+            raise LoadError(f"too long (over {longest:,} characters): no payload within the limit of "
+                            f"{max_payload:,} bytes takes that much", source=source, line=line)
         if not text.strip():
             continue
         try:
