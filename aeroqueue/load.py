@@ -149,7 +149,7 @@ def _check_chunk(lists: JobLists, name: str, mode: str | None, chunk_size: int) 
     raise LoadError(
         f"chunk size {chunk_size:,} is too big for list {name!r} in ID mode on this store: a chunk record of that many "
         f"jobs, each with its own run_at, can take {_chunk_size_bytes(name, chunk_size):,} bytes, over the store's "
-        f"max record size of {limit:,}; use a chunk size of {low:,} or less (nothing was loaded)"
+        f"max record size of {limit:,}; use a chunk size of {low:,} or less"
     )
 
 
