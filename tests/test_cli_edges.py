@@ -196,6 +196,11 @@ def test_an_empty_url_is_an_error_not_the_default(tmp_path, how):
         (("reserve", "x", "--count", "zero"), 2, "'zero' is not a valid integer"),
         (("--bogus", "lists"), 2, "No such option '--bogus'"),
         (("complete", "x", "0", "--session", "s", "--result", "{nope"), 2, "--result"),
+        # An empty bind address (an unset variable in a unit file) bound every address.
+        (("dashboard", "--host", ""), 2, "Invalid value for '--host' (env var: 'AEROQUEUE_DASHBOARD_HOST'): the "
+                                         "address to bind is empty"),
+        (("metrics", "--host", " "), 2, "the address to bind is empty: give 127.0.0.1"),
+        (("worker", "--handler", "os:getcwd", "--list", "L", "--metrics-host", ""), 2, "'--metrics-host'"),
     ],
 )
 def test_every_error_is_one_line_with_its_exit_status(tmp_path, args, code, says):

@@ -333,6 +333,16 @@ def usage_check(check: Callable[[str], object]) -> Callable[[click.Context, clic
     return callback
 
 
+def check_bind_host(host: str) -> str:
+    """A bind address given empty (an unset variable in a unit file, say) would bind
+    every address of the machine, for a page that asks for no login: refused, and
+    told how to ask for that on purpose."""
+    if not host.strip():
+        raise ConfigError("the address to bind is empty: give 127.0.0.1 (this machine only), or 0.0.0.0 or :: "
+                          "for every address")
+    return host
+
+
 LIST_ARG = click.argument("list_name", metavar="LIST", callback=usage_check(check_list_name))
 MODE_OPT = option(
     "--mode", env="MODE", type=click.Choice(["tokens", "ids"]), default=None,

@@ -19,7 +19,7 @@ from ..errors import ConfigError
 from ..hosts import is_wildcard, url_host
 from ..keys import check_list_name
 from ..stopping import Stop
-from .context import Context, err_console, option, seconds, usage_check
+from .context import Context, check_bind_host, err_console, option, seconds, usage_check
 
 METRICS_PORT = 9420
 DASHBOARD_PORT = 8420
@@ -35,7 +35,7 @@ METRICS_TRUSTED_HELP = (
 
 @click.command()
 @option("--port", env="METRICS_PORT", type=click.IntRange(0, 65535), default=METRICS_PORT, help="Port serving /metrics.")
-@option("--host", env="METRICS_HOST", default="127.0.0.1", help=HOST_HELP)
+@option("--host", env="METRICS_HOST", default="127.0.0.1", callback=usage_check(check_bind_host), help=HOST_HELP)
 @option("--list", "lists", env="METRICS_LISTS", multiple=True, callback=usage_check(check_list_name),
         help="Export only this list (repeatable; env: space-separated): no scan at all. Default: every list.")
 @option("--discover-every", env="METRICS_DISCOVER_EVERY", type=seconds(1), default=60.0,
@@ -60,7 +60,7 @@ def metrics(
 
 @click.command()
 @option("--port", env="DASHBOARD_PORT", type=click.IntRange(0, 65535), default=DASHBOARD_PORT, help="Port serving the dashboard.")
-@option("--host", env="DASHBOARD_HOST", default="127.0.0.1", help=HOST_HELP)
+@option("--host", env="DASHBOARD_HOST", default="127.0.0.1", callback=usage_check(check_bind_host), help=HOST_HELP)
 @option("--read-only", env="DASHBOARD_READ_ONLY", is_flag=True, help="Show, but offer no actions (pause, resume, kick), and refuse them.")
 @option("--trusted-host", "trusted_hosts", env="DASHBOARD_TRUSTED_HOSTS", multiple=True,
         help="A host name requests may reach the dashboard by (repeatable; env: space-separated): the name of a "

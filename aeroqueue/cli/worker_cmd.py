@@ -29,6 +29,7 @@ from .context import (
     HEARTBEAT_OPT,
     JSON_OPT,
     Context,
+    check_bind_host,
     check_session_timing,
     err_console,
     option,
@@ -73,7 +74,8 @@ from .observe_cmd import METRICS_TRUSTED_HELP
         help="Exit once every list is complete (sealed, and each of its jobs done or dead: a list loaded without --seal waits for `aeroqueue seal`, and the worker says so); with a pattern, once it matches at least one list and every list it matches is complete.")
 @option("--metrics-port", env="WORKER_METRICS_PORT", type=click.IntRange(0, 65535), default=None,
         help="Serve this worker's Prometheus metrics on /metrics at this port (default: none).")
-@option("--metrics-host", env="METRICS_HOST", default="127.0.0.1", help="Address the metrics port binds.")
+@option("--metrics-host", env="METRICS_HOST", default="127.0.0.1", callback=usage_check(check_bind_host),
+        help="Address the metrics port binds.")
 @option("--metrics-trusted-host", "metrics_trusted_hosts", env="METRICS_TRUSTED_HOSTS", multiple=True,
         help=METRICS_TRUSTED_HELP)
 @option("--log-format", env="LOG_FORMAT", type=click.Choice(["json", "text"]), default="json", help="Log lines as JSON objects or plain text.")
