@@ -55,7 +55,7 @@ def in_time(deadline: int) -> Any:
 # A batch record's codes for "the UDF decides": no record (2), filter false (27).
 TO_UDF = (2, 27)
 
-_CLAIM_READS = ("jid", "payload", "att", "token", "dl")
+_CLAIM_READS = ("jid", "payload", "att", "token", "dl", "c")
 _VAL = _ExprOp.VAL  # a compiled expression's value node: (VAL, None, {'val': v}, 0)
 
 # Filters are compiled once with placeholders and bound per call: every

@@ -85,6 +85,10 @@ class Job:
     # last claim time and list stamp as read, and the server ms the lease's time limit
     # ends (`hotpath.LeaseFence`).
     lease: LeaseFence | None = None
+    # The list's stamp (`created`, bin `c` of every job record a load writes) as the claim
+    # or lease read it: a job pushed back is offered only to that list, not to one made
+    # again under its name since (`transitions.push_retry`). None: a job written before stamps.
+    created: int | None = None
 
     @property
     def name(self) -> str:
@@ -251,7 +255,8 @@ class Queue:
             answer = self._claim_one(name, sess, rid, tlim, token)
         if answer and answer["st"] == "ok":
             return [Job(list=name, token=token, jid=answer["jid"], payload=answer.get("payload"),
-                        attempt=answer["att"], session=sess, timeout_s=tlim / 1000, rid=rid, toucher=self.touch)]
+                        attempt=answer["att"], session=sess, timeout_s=tlim / 1000, rid=rid, toucher=self.touch,
+                        created=answer.get("c"))]
         self._reschedule(name, [answer])
         return self._reserve(name, sess, 1, [], rid=rid, seen={token})[0]
 
@@ -663,7 +668,7 @@ class Queue:
         that __init__ was a third of the client's own Python per job. The result is
         the same object (`test_reserved_jobs_are_plain_jobs`)."""
         base = {"list": name, "session": sess, "timeout_s": tlim / 1000, "rid": rid, "toucher": self.touch,
-                "lease": None}
+                "lease": None, "created": None}
         new = object.__new__
         jobs: list[Job] = []
         append = jobs.append
@@ -673,6 +678,7 @@ class Queue:
                 d = job.__dict__
                 d.update(base)
                 d["token"], d["jid"], d["payload"], d["attempt"] = c["token"], c["jid"], c.get("payload"), c["att"]
+                d["created"] = c.get("c")
                 append(job)
             return jobs
         for b in claims:
@@ -682,6 +688,7 @@ class Queue:
             att = b["att"]
             d["token"], d["jid"], d["payload"], d["attempt"] = b["token"], b["jid"], b.get("payload"), att + 1
             d["lease"] = (att, b.get("claimed"), until, b.get("c"))
+            d["created"] = b.get("c")
             append(job)
         return jobs
 
@@ -702,12 +709,12 @@ class Queue:
     def _reschedule(self, name: str, answers: list[Any]) -> None:
         """Delayed jobs reached before their time (a recovered load range, the sweeper,
         an overflowing schedule) go onto the schedule for when they are due."""
-        waits: dict[int, list[int]] = defaultdict(list)
+        waits: dict[tuple[int, int | None], list[int]] = defaultdict(list)
         for a in answers:
             if a and a.get("st") == "delayed":
-                waits[int(a["wait"])].append(a["token"])
-        for wait, toks in waits.items():
-            transitions.schedule(self.backend, name, toks, wait)
+                waits[(int(a["wait"]), a.get("c"))].append(a["token"])
+        for (wait, created), toks in waits.items():
+            transitions.schedule(self.backend, name, toks, wait, created)
 
     # -- acknowledge -------------------------------------------------------------
 
@@ -731,7 +738,7 @@ class Queue:
                                    "max-record-size", code=13)
             if code == 0:
                 self._settled(job)
-                self.bits.add(job.list, [job.token])
+                self.bits.add(job.list, [job.token], job.created)
                 return
             self._complete_claim(job, result)
             self._settled(job)  # done, by a claim made from the lease, or before ('again')
@@ -753,7 +760,7 @@ class Queue:
         if st is None or transitions.is_stale(st):
             st = self._job_udf(job.name, "complete", *args)
         self._check(job, st)
-        self.bits.add(job.list, [job.token])
+        self.bits.add(job.list, [job.token], job.created)
 
     def _acked(self, job: Job, result: Any, answer: BatchResult) -> bool:
         """An ack that rode in a batch, checked as `complete` checks: False when the
@@ -767,7 +774,7 @@ class Queue:
         if answer.value in ("lost", "late"):
             return False
         self._check(job, answer.value)
-        self.bits.add(job.list, [job.token])
+        self.bits.add(job.list, [job.token], job.created)
         return True
 
     def complete_many(self, jobs: Sequence[Job], results: Sequence[Any] | None = None) -> list[Job]:
@@ -806,23 +813,23 @@ class Queue:
                 self._landed(jobs, e)
                 raise
             if not any(codes):  # every one done
-                self.bits.add(list_name, tokens)
+                self.bits.add(list_name, tokens, fence[3])
                 self._settle_tokens(rid, tokens)
                 return []
         else:
             codes = self._complete_codes(jobs, results)
-        done: dict[str, list[int]] = defaultdict(list)
+        done: dict[tuple[str, int | None], list[int]] = defaultdict(list)
         alone, too_big = [], []
         for job, res, code in zip(jobs, results, codes, strict=True):
             if code == 0:
-                done[job.list].append(job.token)
+                done[(job.list, job.created)].append(job.token)
             elif code == 13:
                 too_big.append((job, res))
             else:
                 alone.append((job, res))
         # The bits of what is done, one add per list, before any repeat below can raise.
-        for list_name, tokens in done.items():
-            self.bits.add(list_name, tokens)
+        for (list_name, created), tokens in done.items():
+            self.bits.add(list_name, tokens, created)
         self._settled(*[job for job, code in zip(jobs, codes, strict=True) if code == 0 and job.lease is not None])
         for job, res in alone:
             # Not plainly ours, past its deadline, busy, or the answer lost: the UDF
@@ -872,11 +879,11 @@ class Queue:
         if codes is None:
             return
         landed = [j for j, code in zip(jobs, codes, strict=True) if code == 0]
-        by_list: dict[str, list[int]] = defaultdict(list)
+        by_list: dict[tuple[str, int | None], list[int]] = defaultdict(list)
         for job in landed:
-            by_list[job.list].append(job.token)
-        for list_name, tokens in by_list.items():
-            self.bits.add(list_name, tokens)
+            by_list[(job.list, job.created)].append(job.token)
+        for (list_name, created), tokens in by_list.items():
+            self.bits.add(list_name, tokens, created)
         self._settled(*landed)
 
     def _complete_codes(self, jobs: Sequence[Job], results: list[Any]) -> list[int]:
@@ -912,7 +919,7 @@ class Queue:
         self._adopt(job, _ms(job.timeout_s), in_time=True)
         st = transitions.fail(
             self.backend, job.list, job.token, job.session, error, delay_ms=self.backoff_ms(job.list, job.attempt),
-            rid=job.rid, deadline_s=self.busy_deadline_s, holder=True,
+            rid=job.rid, deadline_s=self.busy_deadline_s, holder=True, created=job.created,
         )
         self._check(job, st)
         return st
@@ -922,7 +929,7 @@ class Queue:
         after_s = _delay_s(after_s, "Retry(after=...)")
         self._adopt(job, _ms(job.timeout_s), in_time=True)
         st = transitions.snooze(self.backend, job.list, job.token, job.session, round(after_s * 1000), rid=job.rid,
-                                deadline_s=self.busy_deadline_s)
+                                deadline_s=self.busy_deadline_s, created=job.created)
         self._check(job, st)
         return st
 
@@ -934,7 +941,7 @@ class Queue:
         self._adopt(job, PAST_LIMIT)  # the caller judged it past its limit: so is the claim's
         return transitions.expire(
             self.backend, job.list, job.token, job.session, why, delay_ms=self.backoff_ms(job.list, job.attempt),
-            rid=job.rid, deadline_s=self.busy_deadline_s, holder=True,
+            rid=job.rid, deadline_s=self.busy_deadline_s, holder=True, created=job.created,
         )
 
     def touch(self, job: Job, seconds: float | None = None) -> float:
@@ -978,7 +985,7 @@ class Queue:
         self._adopt(job, _ms(job.timeout_s))
         return transitions.release(
             self.backend, job.list, job.token, job.session, refund=refund, why=why, rid=job.rid,
-            deadline_s=self.busy_deadline_s, holder=True,
+            deadline_s=self.busy_deadline_s, holder=True, created=job.created,
         )
 
     def flush(self) -> None:

@@ -321,7 +321,7 @@ class Session:
 def release_claims(backend: Backend, session_id: str, *, refund: bool, why: str) -> int:
     """Release every job still claimed by a session onto its list's retry store.
     Idempotent: the release UDF only acts on a claim the session still holds."""
-    released: dict[str, list[int]] = defaultdict(list)
+    released: dict[tuple[str, int | None], list[int]] = defaultdict(list)  # by list and its stamp (push_retry)
     dead: dict[str, list[int]] = defaultdict(list)
     tx = transitions.reaper_tx()  # another reaper's pass releasing the same claims offers none of them again
     try:
@@ -330,7 +330,7 @@ def release_claims(backend: Backend, session_id: str, *, refund: bool, why: str)
             st = transitions.job_udf(backend, name, "release", session_id, 1 if refund else 0, why, "", deadline_s=0,
                                      busy_s=5.0, tx=tx)
             if st == "released":
-                released[rec.bins["list"]].append(rec.bins["token"])
+                released[(rec.bins["list"], rec.bins.get("c"))].append(rec.bins["token"])
             elif st == "dead":
                 dead[rec.bins["list"]].append(rec.bins["token"])
     finally:
@@ -338,12 +338,12 @@ def release_claims(backend: Backend, session_id: str, *, refund: bool, why: str)
         # repeated pass no longer finds those jobs (their claim is gone from the index).
         for list_name, tokens in dead.items():
             transitions.set_dead_bits(backend, list_name, tokens)
-        for list_name, tokens in released.items():
-            push_retry(backend, list_name, _offer(backend, list_name, tokens, tx))
+        for (list_name, created), tokens in released.items():
+            push_retry(backend, list_name, _offer(backend, list_name, tokens, tx, created), created)
     return sum(len(t) for t in released.values()) + sum(len(t) for t in dead.values())
 
 
-def _offer(backend: Backend, list_name: str, tokens: list[int], tx: str) -> list[int]:
+def _offer(backend: Backend, list_name: str, tokens: list[int], tx: str, created: int | None = None) -> list[int]:
     """Of the jobs the release pass `tx` released, those it offers again: each marked
     offered by it (`off`), unless another reaper offered it first. A reaper that takes
     up a half-done reap (the session 'reaping') recounts the session's jobs
@@ -358,11 +358,16 @@ def _offer(backend: Backend, list_name: str, tokens: list[int], tx: str) -> list
     froze and resumed, the mark would pass on its stale copy and replace the job that
     was claimed and completed since with the released one (README: a frozen node
     replays the calls it was sent). A mark refused past it offers nothing: the sweep
-    offers the job."""
+    offers the job.
+
+    `created`: the list stamp the released jobs had (None: any). A pass paused across
+    a drop and a load of the list again would otherwise mark the new list's job of
+    that token, which no `tx` or `off` was written on yet, as its own offer."""
     names = keys.job_names(list_name, tokens)
     mine = [
         xp.Or(xp.Not(xp.BinExists("tx")), xp.Eq(xp.StrBin("tx"), tx)),
         xp.Or(xp.Not(xp.BinExists("off")), xp.Eq(xp.StrBin("off"), tx)),
+        *([] if created is None else [xp.Eq(xp.IntBin("c"), created)]),
     ]
 
     def attempt() -> list[int]:
@@ -476,7 +481,8 @@ def expire_overdue(backend: Backend, session_id: str, leases: dict[str, Any] | N
         # Offered as a release pass offers (`_offer`): a reaper that takes the session up
         # if it dies now recounts its jobs, and would offer this one too before our push.
         st = transitions.expire(backend, name, bins["token"], session_id, why, delay_ms=delay, tx=tx,
-                                offer=functools.partial(_offer, backend, name, tx=tx))
+                                offer=functools.partial(_offer, backend, name, tx=tx, created=bins.get("c")),
+                                created=bins.get("c"))
         if st in ("retry", "delayed", "dead"):
             ended += 1
             # The job named in the message too: a command that sets no log handler (`aeroqueue reap`)
@@ -588,7 +594,7 @@ def recount_session(backend: Backend, session_id: str) -> int:
         lost = [j for j in jobs if not held(j.bins["token"]) and j.bins.get("off") is None]
         # Fenced as the sweep's are: a job claimed since the scan read it is not offered.
         room = max(0, transitions.RETRY_CAP - len(head.get("retry") or []))
-        push_retry(backend, list_name, _fence(backend, lost, room))
+        push_retry(backend, list_name, _fence(backend, lost, room), head.get("created"))
     # A list made since the heads were read is left to the sweep (it recounts every
     # finished job of a list not complete): there is no head to fence the bits with.
     return sum(_recount(backend, list_name, state, [j.bins["token"] for j in jobs], heads[list_name]["created"])
@@ -611,20 +617,13 @@ def _recount(backend: Backend, list_name: str, bitmap: str, tokens: list[int], c
     # checks its list before it writes (`load._gone`): the list must be the one the scan
     # read, no drop begun. A drop that begins after this check deletes the bitmaps again
     # its grace after its last step (`JobLists.drop`), as it does for an ack's late bit.
-    if not _list_is(backend, list_name, created):
+    if not transitions.list_is(backend, list_name, created):
         return 0
     if bitmap == "dead":  # seen dead by a scan that may be old: kicked since, maybe
         transitions.set_dead_bits(backend, list_name, missing)
     else:
         set_bits(backend, list_name, missing, bitmap, 1)
     return len(missing)
-
-
-def _list_is(backend: Backend, list_name: str, created: int) -> bool:
-    """Whether list `list_name` is still the one made at `created` (server ms), no drop
-    of it begun: not dropped (a tombstone has no `created`), nor made again since."""
-    rec = retry_in_doubt(functools.partial(backend.get, keys.LIST_SET, list_name, bins=["created", "dropping"]))
-    return rec is not None and rec.bins.get("created") == created and rec.bins.get("dropping") != 1
 
 
 @dataclass(frozen=True)
@@ -856,7 +855,9 @@ def sweep(backend: Backend, *, grace_ms: int = DEFAULT_SWEEP_GRACE_MS, stop: Cal
     def offer(list_name: str, jobs: list[_Found]) -> int:
         tokens = _fence(backend, jobs, room[list_name])
         room[list_name] -= len(tokens)
-        return push_retry(backend, list_name, tokens)
+        # Only to the list the heads were read of: a sweep paused across a drop and a
+        # load again would offer the new list's jobs of those tokens, leased maybe.
+        return push_retry(backend, list_name, tokens, heads[list_name].get("created"))
 
     for list_name, jobs in found["queued"].items():
         jobs = [j for j in jobs if (list_name, j.bins["token"]) not in leased]

@@ -136,33 +136,39 @@ def _span_op(bitmap: str, bits: list[int], value: int) -> dict:
     return bw.bit_and(bitmap, lo, hi - lo, len(mask), bytearray(b ^ 0xFF for b in mask))
 
 
-def push_retry(backend: Backend, list_name: str, tokens: list[int]) -> int:
+def push_retry(backend: Backend, list_name: str, tokens: list[int], created: int | None = None) -> int:
     """Offer jobs again: onto the list's retry store (served before the token store).
-    Returns how many fit; the rest stay queued for the sweeper to find."""
+    Returns how many fit; the rest stay queued for the sweeper to find. `created`: the
+    list the jobs are of (their records' stamp `c`); a list made again under its name
+    since takes none (its tokens are other jobs: a holder or reaper paused across the
+    drop would have one of them offered twice while a lease holds it). None: any."""
     if not tokens:
         return 0
-    return _offer_udf(backend, list_name, "push_retry", tokens, RETRY_CAP)
+    return _offer_udf(backend, list_name, "push_retry", (tokens, RETRY_CAP), created)
 
 
-def schedule(backend: Backend, list_name: str, tokens: list[int], delay_ms: int) -> int:
+def schedule(backend: Backend, list_name: str, tokens: list[int], delay_ms: int, created: int | None = None) -> int:
     """Offer jobs again `delay_ms` from now (server clock): onto the list's schedule.
-    Returns how many fit; the rest stay delayed in their records for the sweeper."""
+    Returns how many fit; the rest stay delayed in their records for the sweeper.
+    `created`: as for `push_retry`."""
     if not tokens:
         return 0
-    return _offer_udf(backend, list_name, "schedule", tokens, max(0, int(delay_ms)), SCHED_CAP)
+    return _offer_udf(backend, list_name, "schedule", (tokens, max(0, int(delay_ms)), SCHED_CAP), created)
 
 
-def _offer_udf(backend: Backend, list_name: str, function: str, *args: Any) -> int:
+def _offer_udf(backend: Backend, list_name: str, function: str, args: tuple[Any, ...], created: int | None) -> int:
     """A list UDF that offers tokens (`push_retry`, `schedule`), repeated while its
     answer is in doubt. A repeat says so (a trailing `again`, which an older module
     ignores): the first call may have landed, and a token added twice would count
-    its job waiting while it runs. How many tokens it took."""
+    its job waiting while it runs. `created` goes after the deadline (`list_once`).
+    How many tokens it took."""
     calls = 0
+    after = () if created is None else (created,)
 
     def once() -> int:
         nonlocal calls
         calls += 1
-        return int(list_once(backend, list_name, function, *args, int(calls > 1)))
+        return int(list_once(backend, list_name, function, *args, int(calls > 1), after=after))
 
     return retry_in_doubt(once)
 
@@ -177,21 +183,24 @@ _LIST_ARGS = {
 }
 
 
-def _with_deadline(function: str, args: tuple[Any, ...]) -> tuple[Any, ...]:
+def _with_deadline(function: str, args: tuple[Any, ...], after: tuple[Any, ...] = ()) -> tuple[Any, ...]:
     n = _LIST_ARGS.get(function)
     if n is None:
         return args
     if len(args) > n:
         raise TypeError(f"{keys.LIST_MOD}.{function} takes {n} argument(s) before its deadline, not {len(args)}")
-    return (*args, *(None,) * (n - len(args)), FRESH_DEADLINE)
+    return (*args, *(None,) * (n - len(args)), FRESH_DEADLINE, *after)
 
 
-def list_once(backend: Backend, list_name: str, function: str, *args: Any, busy_s: float = 5.0) -> Any:
+def list_once(
+    backend: Backend, list_name: str, function: str, *args: Any, busy_s: float = 5.0, after: tuple[Any, ...] = ()
+) -> Any:
     """One call of a list UDF, given its arguments but the deadline, which it gets
     (`Backend.job_deadline`; aq_list_v1.lua, header), a busy key retried for `busy_s`;
     `StaleRequest` if the server refused it as run past it (nothing was done: safe to
-    repeat)."""
-    answer = backend.udf(keys.LIST_SET, list_name, keys.LIST_MOD, function, *_with_deadline(function, args),
+    repeat). `after`: arguments after the deadline (added to a function later: a
+    caller older than them leaves them out)."""
+    answer = backend.udf(keys.LIST_SET, list_name, keys.LIST_MOD, function, *_with_deadline(function, args, after),
                          deadline_s=busy_s)
     if is_stale(answer):
         raise stale_list_call(function, list_name)
@@ -267,14 +276,28 @@ def error_text(text: str) -> str:
     return f"{head}\n[... {len(text) - len(head) - len(tail)} characters cut ...]\n{tail}"
 
 
+def list_is(backend: Backend, list_name: str, created: int) -> bool:
+    """Whether list `list_name` is still the one made at `created` (server ms), no drop
+    of it begun: not dropped (a tombstone has no `created`), nor made again since."""
+    rec = retry_in_doubt(functools.partial(backend.get, keys.LIST_SET, list_name, bins=["created", "dropping"]))
+    return rec is not None and rec.bins.get("created") == created and rec.bins.get("dropping") != 1
+
+
 class BitBuffer:
-    """``done`` bits waiting to be written, per list; thread-safe."""
+    """``done`` bits waiting to be written, per list (and the list's stamp, as the acked
+    jobs' claims or leases read it); thread-safe.
+
+    A bit is written only to the list it was acked in: a process paused (SIGSTOP, a
+    long pause) with bits pending, past a drop of the list and a load of it again
+    under its name, wrote them into the new list's bitmap when it resumed, which
+    then counted jobs never run as done and could call the list complete. Each
+    flush reads the list's stamp first and drops the bits of a list gone since."""
 
     def __init__(self, backend: Backend, *, max_pending: int = 512, max_delay_s: float = 0.05) -> None:
         self.backend = backend
         self.max_pending = max_pending
         self.max_delay_s = max_delay_s
-        self._pending: dict[str, set[int]] = defaultdict(set)
+        self._pending: dict[tuple[str, int | None], set[int]] = defaultdict(set)
         self._count = 0
         self._lock = threading.Lock()
         self._flushing = threading.Lock()  # one writer at a time keeps chunks in order
@@ -282,9 +305,11 @@ class BitBuffer:
         self._thread: threading.Thread | None = None
         self._closed = False
 
-    def add(self, list_name: str, tokens: Iterable[int]) -> None:
+    def add(self, list_name: str, tokens: Iterable[int], created: int | None = None) -> None:
+        """Bits to write for `tokens` of list `list_name`, made at `created` (the jobs'
+        stamp `c`; None: a job written before stamps, written whatever list is there)."""
         with self._lock:
-            pending = self._pending[list_name]
+            pending = self._pending[(list_name, created)]
             before = len(pending)
             pending.update(tokens)
             self._count += len(pending) - before
@@ -320,14 +345,19 @@ class BitBuffer:
                 self._count = 0
             written = 0
             try:
-                for list_name in list(taken):
-                    set_bits(self.backend, list_name, taken[list_name], "done", 1)
-                    written += len(taken.pop(list_name))
+                for key in list(taken):
+                    list_name, created = key
+                    if created is not None and not list_is(self.backend, list_name, created):
+                        log.warning("completion bits of a list dropped since were not written", extra={
+                            "event": "bits_dropped", "list": list_name, "jobs": len(taken.pop(key))})
+                        continue
+                    set_bits(self.backend, list_name, taken[key], "done", 1)
+                    written += len(taken.pop(key))
             finally:
                 if taken:  # put back what was not written
                     with self._lock:
-                        for list_name, tokens in taken.items():
-                            self._pending[list_name].update(tokens)
+                        for key, tokens in taken.items():
+                            self._pending[key].update(tokens)
                             self._count += len(tokens)
             return written
 
@@ -489,47 +519,51 @@ def holder_mark(holder: bool, rid: str) -> tuple[str | None, str | None]:
 
 def after_fail(
     backend: Backend, list_name: str, token: int, outcome: str, delay_ms: int = 0,
-    offer: Callable[[list[int]], list[int]] | None = None,
+    offer: Callable[[list[int]], list[int]] | None = None, created: int | None = None,
 ) -> None:
     """Follow-up of a fail, expire, snooze or release: dead bit, back onto the retry
-    store (what `offer` lets through, if given), or onto the schedule (`delayed`)."""
+    store (what `offer` lets through, if given), or onto the schedule (`delayed`).
+    `created`: the job's list stamp as its claim read it (`push_retry`)."""
     if outcome == "dead":
         set_dead_bits(backend, list_name, [token])
     elif outcome in ("retry", "released"):
-        push_retry(backend, list_name, [token] if offer is None else offer([token]))
+        push_retry(backend, list_name, [token] if offer is None else offer([token]), created)
     elif outcome == "delayed":
-        schedule(backend, list_name, [token], delay_ms)
+        schedule(backend, list_name, [token], delay_ms, created)
 
 
 def _transition(
     backend: Backend, list_name: str, token: int, function: str, *args: Any, delay_ms: int = 0, deadline_s: float = 5.0,
     tx: str | None = None, off: str | None = None, offer: Callable[[list[int]], list[int]] | None = None,
+    created: int | None = None,
 ) -> str:
     """One job UDF that ends a claim (or buries a job), then its follow-up. Repeated
     while its answer is in doubt, for `deadline_s`: a repeat answers as the first did,
-    and the follow-up is idempotent. `tx`, `off`: as `job_udf` takes them."""
+    and the follow-up is idempotent. `tx`, `off`: as `job_udf` takes them; `created`:
+    as `after_fail` does."""
     st = str(job_udf(backend, keys.job_name(list_name, token), function, *args, deadline_s=deadline_s, tx=tx, off=off))
-    after_fail(backend, list_name, token, st, delay_ms, offer)
+    after_fail(backend, list_name, token, st, delay_ms, offer, created)
     return st
 
 
 def release(
     backend: Backend, list_name: str, token: int, session_id: str, *, refund: bool, why: str, rid: str = "",
-    deadline_s: float = 5.0, holder: bool = False,
+    deadline_s: float = 5.0, holder: bool = False, created: int | None = None,
 ) -> str:
     """claimed by `session_id` -> queued (or dead when attempts are used up and the
     attempt is not refunded); 'released', 'dead', 'not held' or 'missing'. `holder`:
-    the call is the claim's holder's own (`holder_mark`)."""
+    the call is the claim's holder's own (`holder_mark`). `created`: the job's list
+    stamp as read (`after_fail`), for this and the other transitions below."""
     tx, off = holder_mark(holder, rid)
     return _transition(
         backend, list_name, token, "release", session_id, 1 if refund else 0, why, rid, deadline_s=deadline_s,
-        tx=tx, off=off,
+        tx=tx, off=off, created=created,
     )
 
 
 def fail(
     backend: Backend, list_name: str, token: int, session_id: str, error: str, *, delay_ms: int = 0, rid: str = "",
-    deadline_s: float = 5.0, holder: bool = False,
+    deadline_s: float = 5.0, holder: bool = False, created: int | None = None,
 ) -> str:
     """claimed by `session_id` (under request id `rid`, when given) -> queued while
     attempts remain ('retry'), or delayed for `delay_ms` (its backoff: 'delayed'), else
@@ -538,14 +572,14 @@ def fail(
     tx, off = holder_mark(holder, rid)
     return _transition(
         backend, list_name, token, "fail", session_id, error_text(error), int(delay_ms), rid, delay_ms=delay_ms,
-        deadline_s=deadline_s, tx=tx, off=off,
+        deadline_s=deadline_s, tx=tx, off=off, created=created,
     )
 
 
 def expire(
     backend: Backend, list_name: str, token: int, session_id: str, why: str, *, delay_ms: int = 0, rid: str = "",
     deadline_s: float = 5.0, tx: str | None = None, offer: Callable[[list[int]], list[int]] | None = None,
-    holder: bool = False,
+    holder: bool = False, created: int | None = None,
 ) -> str:
     """A claim past its time limit ends as a failed attempt (error `why`): 'retry',
     'delayed', 'dead'; 'early' (not past it by the server's clock), 'lost' or
@@ -559,18 +593,20 @@ def expire(
         tx, off = holder_mark(holder, rid)
     return _transition(
         backend, list_name, token, "expire", session_id, int(delay_ms), why, rid, delay_ms=delay_ms,
-        deadline_s=deadline_s, tx=tx, off=off, offer=offer,
+        deadline_s=deadline_s, tx=tx, off=off, offer=offer, created=created,
     )
 
 
 def snooze(
-    backend: Backend, list_name: str, token: int, session_id: str, delay_ms: int, *, rid: str = "", deadline_s: float = 5.0
+    backend: Backend, list_name: str, token: int, session_id: str, delay_ms: int, *, rid: str = "",
+    deadline_s: float = 5.0, created: int | None = None,
 ) -> str:
     """The handler asked to run later: claimed -> delayed for `delay_ms`, the attempt
     given back. 'delayed', or 'lost' / 'late' / 'missing' (nothing changed)."""
     delay_ms = max(1, int(delay_ms))
     return _transition(
-        backend, list_name, token, "snooze", session_id, delay_ms, rid, delay_ms=delay_ms, deadline_s=deadline_s
+        backend, list_name, token, "snooze", session_id, delay_ms, rid, delay_ms=delay_ms, deadline_s=deadline_s,
+        created=created,
     )
 
 

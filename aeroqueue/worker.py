@@ -1255,6 +1255,7 @@ class Worker:
         for name in sorted(ripe):
             bins = held[name]
             job = Job(list=bins["list"], token=bins["token"], jid=bins["jid"], payload=None, rid=bins.get("rid", ""),
+                      created=bins.get("c"),
                       attempt=bins.get("att", 0), session=session.id)
             log.warning("orphaned claim released", extra={"event": "orphan_released", "list": job.list,
                                                           "token": job.token, "jid": job.jid})

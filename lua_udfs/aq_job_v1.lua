@@ -178,23 +178,27 @@ local function late(rec, t)
   return dl ~= nil and t > dl
 end
 
--- claim(rec, sess, rid, tlim, deadline) -> map{st='ok', jid, payload, att, token, dl}
---                              | map{st='delayed', due, wait, token} (wait: ms until due)
+-- claim(rec, sess, rid, tlim, deadline) -> map{st='ok', jid, payload, att, token, dl, c}
+--                              | map{st='delayed', due, wait, token, c} (wait: ms until due)
 --                              | map{st='missing'|'void'|'claimed'|'done'|'dead'|'stale'}
 --   queued (or delayed and due) -> claimed under session `sess`, with a time
 --   limit of `tlim` ms; att + 1. The same call repeated (same sess and rid: its
 --   first answer was lost) answers 'ok' again, so a claim in doubt can be
---   retried instead of being stranded.
+--   retried instead of being stranded. c: the list's stamp (its `created`), which a
+--   job offered again carries to its list (aq_list_v1's push_retry and schedule).
 function claim(rec, sess, rid, tlim, deadline)
   if stale(deadline) then return map{st = 'stale'} end
   if not aerospike:exists(rec) then return map{st = 'missing'} end
   local state = rec['state']
   if state == 'claimed' and rec['sess'] == sess and rid ~= nil and rec['rid'] == rid then
-    return map{st = 'ok', jid = rec['jid'], payload = rec['payload'], att = rec['att'], token = rec['token'], dl = rec['dl']}
+    return map{st = 'ok', jid = rec['jid'], payload = rec['payload'], att = rec['att'], token = rec['token'], dl = rec['dl'],
+               c = rec['c']}
   end
   local t = now()
   if state == 'delayed' then
-    if rec['due'] ~= nil and rec['due'] > t then return map{st = 'delayed', due = rec['due'], wait = rec['due'] - t, token = rec['token']} end
+    if rec['due'] ~= nil and rec['due'] > t then
+      return map{st = 'delayed', due = rec['due'], wait = rec['due'] - t, token = rec['token'], c = rec['c']}
+    end
   elseif state ~= 'queued' then
     return map{st = state}
   end
@@ -209,7 +213,8 @@ function claim(rec, sess, rid, tlim, deadline)
   rec['dl'] = t + tlim
   rec['tl'] = tlim
   aerospike:update(rec)
-  return map{st = 'ok', jid = rec['jid'], payload = rec['payload'], att = att, token = rec['token'], dl = t + tlim}
+  return map{st = 'ok', jid = rec['jid'], payload = rec['payload'], att = att, token = rec['token'], dl = t + tlim,
+             c = rec['c']}
 end
 
 -- complete(rec, sess, results, rid, deadline) -> 'ok' | 'again' | 'lost' | 'late' | 'missing' | 'stale'

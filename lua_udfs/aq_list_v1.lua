@@ -61,8 +61,9 @@
 -- Every function returns a status value rather than raising, so that it
 -- reports the same way through apply and batch_apply.
 --
--- Every function that writes (but `credit`, for the embedded store alone) takes a
--- last argument `deadline` and answers 'stale' (map{st='stale'} where it answers a
+-- Every function that writes (but `credit`, for the embedded store alone) takes an
+-- argument `deadline`, its last but for the `created` of schedule and push_retry
+-- (added later: a caller that predates it leaves it out), and answers 'stale' (map{st='stale'} where it answers a
 -- map), changing nothing, when the server runs it past it, as aq_job_v1's
 -- transitions do (see `stale` there): a frozen node that resumes runs the calls that waited in its
 -- sockets on its stale copy of this record, and its replica write replaces the
@@ -79,6 +80,15 @@ local TUNABLE = {tlim = true, bo = true, bo_max = true}
 
 local function stale(deadline)
   return deadline ~= nil and now() > deadline
+end
+
+-- The list a caller read (its `created`, nil: any) is not this record's: it was
+-- dropped, and maybe made again under its name, while the caller was stopped (a
+-- drop waits only for live leases and claims). Ranges, and their numbers, are then
+-- the new list's: a loader must not allocate, publish nor renew any; and a token is
+-- another job's: one a paused holder or reaper pushed back would be offered twice.
+local function replaced(rec, created)
+  return created ~= nil and rec['created'] ~= created
 end
 
 -- A list record that is not a tombstone (a dropped list: see `tombstone`).
@@ -257,16 +267,18 @@ local function offered(rec, sched_too)
   return present
 end
 
--- schedule(rec, tokens, delay_ms, cap, again, deadline) -> integer accepted | 'stale'
+-- schedule(rec, tokens, delay_ms, cap, again, deadline, created) -> integer accepted | 'stale'
 --   Jobs that wait (a backoff, a snooze, a delayed job found early) come back
 --   delay_ms from now by the server's clock, up to `cap` tokens in sched; the
 --   caller leaves the rest in their records (state delayed) for the sweeper.
 --   again = 1: a repeat of a call whose answer was lost, which may have landed
 --   (and, due since, moved to the retry store): a token found in either is not
 --   added twice. Only then, as that costs a pass over both.
-function schedule(rec, tokens, delay_ms, cap, again, deadline)
+--   created (after the deadline, so that a caller older than it leaves it out):
+--   the list the jobs are of (nil: any); another one takes none (`replaced`).
+function schedule(rec, tokens, delay_ms, cap, again, deadline, created)
   if stale(deadline) then return 'stale' end
-  if not live(rec) then return 0 end
+  if not live(rec) or replaced(rec, created) then return 0 end
   local t = now()
   local due = t + delay_ms
   local present = nil
@@ -503,13 +515,6 @@ function tombstone(rec, deadline)
   return 'ok'
 end
 
--- The list a loader read (its `created`, nil: any) is not this record's: it was
--- dropped, and maybe made again under its name, while the loader was stopped past
--- its lease (a drop waits only for live leases). Ranges, and their numbers, are
--- then the new list's: the loader must not allocate, publish nor renew any.
-local function replaced(rec, created)
-  return created ~= nil and rec['created'] ~= created
-end
 
 -- alloc(rec, n, lease_ms, rid, created, deadline) -> map{st='ok', seq, start, now} | map{st='missing'|'sealed'|'stale'}
 --   Reserves tokens [start, start+n) for one loader. The range must be
@@ -778,15 +783,16 @@ function advance(rec, seen, deadline)
   return cursor
 end
 
--- push_retry(rec, tokens, cap, again, deadline) -> integer accepted | 'stale'
+-- push_retry(rec, tokens, cap, again, deadline, created) -> integer accepted | 'stale'
 --   Jobs that came back go to the retry store, up to `cap` entries (the
 --   record-size limit); the caller leaves the rest queued for the sweeper.
 --   again = 1: a repeat of a push whose answer was lost, which may have landed:
 --   a token already in the store is not added twice (counted waiting twice while
 --   its one job runs). Only then, as that costs a pass over the whole store.
-function push_retry(rec, tokens, cap, again, deadline)
+--   created: as for schedule.
+function push_retry(rec, tokens, cap, again, deadline, created)
   if stale(deadline) then return 'stale' end
-  if not live(rec) then return 0 end
+  if not live(rec) or replaced(rec, created) then return 0 end
   local retry = rec['retry']
   local present = nil
   -- The retry store only: a kick pushes a token the schedule holds, then takes

@@ -13,13 +13,15 @@ import uuid
 import pytest
 from click.testing import CliRunner
 
-from aeroqueue import errors, keys
+from aeroqueue import errors, keys, sessions, transitions
 from aeroqueue.backends.base import N_PARTITIONS
 from aeroqueue.cli import main
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
-from aeroqueue.queue import Queue
+from aeroqueue.queue import Job, Queue
+from aeroqueue.sessions import Session
 from aeroqueue.worker import EXIT_OK, Worker
+from tests.conftest import mark_reaping
 
 SETS = (keys.LIST_SET, keys.JOB_SET, keys.JIDX_SET, keys.IDS_SET, keys.DONE_SET)
 
@@ -467,3 +469,77 @@ def test_a_drops_delete_past_its_deadline_deletes_nothing_and_is_sent_again(
     lists.drop(list_name, grace_s=0)
     assert PAST in given
     assert leftovers(registered, list_name) == {}
+
+
+@pytest.mark.parametrize("how", ["holder's fail", "holder's release", "reaper's release"])
+def test_a_push_paused_across_a_drop_and_a_load_again_offers_no_job_of_the_new_list(
+    registered, queue, lists, list_name, how, monkeypatch
+):
+    """A job's claim ends (its holder's fail or release, or a reaper's release of a dead
+    session's claims) and its process stops (SIGSTOP, a long pause) before the follow-up
+    that pushes the token back onto the retry store. The list is dropped and loaded
+    again under its name meanwhile, and a worker leases the new list's jobs: their
+    records stay queued while they run. The resumed push put the token on the new
+    list's retry store, and another worker claimed that job too: it ran twice. The
+    push now carries the list's stamp as the claim read it, and a list made again
+    takes none."""
+    a, b = Session.open(registered), Session.open(registered)
+    leased: list[Job] = []
+    try:
+        lists.load(list_name, specs(4), seal=True, backoff_s=0)
+        [job] = queue.reserve(list_name, a, 1)
+        push = transitions.push_retry
+
+        def paused_push(backend, name, tokens, *created):
+            if not leased:  # the pause: the list goes and comes back, and b leases its jobs
+                lists.drop(name, grace_s=0.1)
+                lists.load(name, specs(4, "new-"), seal=True)
+                leased.extend(queue.reserve(name, b, 4, lease=True))
+                assert [j.lease is not None for j in leased] == [True] * 4
+            return push(backend, name, tokens, *created)
+
+        monkeypatch.setattr(transitions, "push_retry", paused_push)
+        monkeypatch.setattr(sessions, "push_retry", paused_push)
+        if how == "holder's fail":
+            assert queue.fail(job, "boom") == "retry"
+        elif how == "holder's release":
+            assert queue.release(job, "given back") == "released"
+        else:
+            mark_reaping(registered, a.id)
+            sessions.release_claims(registered, a.id, refund=False, why="session expired")
+        assert leased, "the push ran"
+        again = queue.reserve(list_name, Session.open(registered), 4)
+        twice = {j.token for j in again} & {j.token for j in leased}
+        assert not twice, f"token(s) {twice} of the new list handed out twice (leased by one worker, claimed by another)"
+        for j in leased:
+            assert registered.get(keys.JOB_SET, j.name).bins.get("off") is None, "a new job marked offered by the old pass"
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize("how", ["claimed", "leased"])
+def test_completion_bits_pending_across_a_drop_and_a_load_again_count_nothing_in_the_new_list(
+    registered, queue, lists, list_name, session, how
+):
+    """A process acknowledges a job and is paused (SIGSTOP, a long pause) before its
+    pending completion bit is written; the list is dropped and loaded again under its
+    name meanwhile. The resumed write set the bit in the new list's bitmap: the new
+    job of that token counted as done, never run, and the list could complete without
+    it. Bits are now written only to the list the jobs were acknowledged in."""
+    lists.load(list_name, specs(3), seal=True)
+    paused = transitions.BitBuffer(registered, max_delay_s=3600)  # the writer, stopped
+    queue.bits = paused
+    first = queue.reserve(list_name, session, 3, lease=how == "leased")
+    assert [j.lease is not None for j in first] == [how == "leased"] * 3
+    assert queue.complete_many(first, ["old"] * 3) == []  # landed: done on the server; their bits pending
+    lists.drop(list_name, grace_s=0.2)
+    lists.load(list_name, specs(3, "new-"), seal=True)
+    paused.flush()  # the process resumes
+    queue.bits = transitions.bit_buffer(registered)
+    jobs = queue.reserve(list_name, session, 3)
+    assert sorted(j.jid for j in jobs) == ["new-0", "new-1", "new-2"]
+    queue.complete_many([j for j in jobs if j.token != 0], ["new", "new"])
+    queue.flush()
+    status = lists.status(list_name)
+    assert (status.done, status.complete) == (2, False), f"done={status.done} complete={status.complete}"
