@@ -299,10 +299,20 @@ class Session:
                 )
             else:
                 if release:
-                    released = retry_in_doubt(
-                        lambda: release_claims(self.backend, self.id, refund=True, why="session closed"),
-                        deadline_s=self.expiry_s,
-                    )
+                    passes = 0
+
+                    def release_pass() -> int:
+                        nonlocal passes
+                        passes += 1
+                        return release_claims(self.backend, self.id, refund=True, why="session closed")
+
+                    released = retry_in_doubt(release_pass, deadline_s=self.expiry_s)
+                    if passes > 1:
+                        # A pass cut short may have released a claim whose answer it lost:
+                        # the next pass no longer finds it, and with the session record gone
+                        # no reap's recount would offer it (only the regular sweep, minutes
+                        # later). Offered here, as a reap would, before the record goes.
+                        recount_session(self.backend, self.id)
                 self.backend.remove(keys.SESS_SET, self.id)
         except BackendError as e:
             # The session record stays: it expires, and the reaper gives back what it
