@@ -201,6 +201,8 @@ def test_an_empty_url_is_an_error_not_the_default(tmp_path, how):
                                          "address to bind is empty"),
         (("metrics", "--host", " "), 2, "the address to bind is empty: give 127.0.0.1"),
         (("worker", "--handler", "os:getcwd", "--list", "L", "--metrics-host", ""), 2, "'--metrics-host'"),
+        # Said before the benchmark's minutes, not after them.
+        (("bench", "--json-out", "/nonexistent/figures.json"), 2, "'/nonexistent': no such directory"),
     ],
 )
 def test_every_error_is_one_line_with_its_exit_status(tmp_path, args, code, says):

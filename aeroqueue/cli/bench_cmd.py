@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import click
@@ -19,12 +20,24 @@ from .context import (
 )
 
 
+def _writable_file(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    """Where the figures go, checked before the benchmark runs (minutes), not after it."""
+    if value is not None:
+        folder = value.parent
+        if not folder.is_dir():
+            raise click.BadParameter(f"{str(folder)!r}: no such directory", ctx=ctx, param=param)
+        if not os.access(folder, os.W_OK) or (value.exists() and not os.access(value, os.W_OK)):
+            raise click.BadParameter(f"{str(value)!r}: not writable", ctx=ctx, param=param)
+    return value
+
+
 @click.command()
 @option("--sizes", env="BENCH_SIZES", default="1000,1000000", help="List sizes to measure, comma-separated.")
 @option("--sample", env="BENCH_SAMPLE", type=click.IntRange(10), default=2000, help="Jobs measured on the single path (5x on the batch path).")
 @option("--batch", env="BENCH_BATCH", type=click.IntRange(2, 1000), default=50, help="Batch size of the batch path.")
 @MODE_OPT
-@option("--json-out", env="BENCH_JSON", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Also write the figures as JSON here.")
+@option("--json-out", env="BENCH_JSON", type=click.Path(dir_okay=False, path_type=Path), default=None,
+        callback=_writable_file, help="Also write the figures as JSON here.")
 @option("--claims", env="BENCH_CLAIMS", is_flag=True, help="Instead, compare the ways a reaper can find a dead session's claims.")
 @click.pass_obj
 def bench(obj: Context, sizes: str, sample: int, batch: int, mode: str, json_out: Path | None, claims: bool) -> None:
