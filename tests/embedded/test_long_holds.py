@@ -19,12 +19,14 @@ import threading
 import time
 from pathlib import Path
 
+import aerospike
 import pytest
 
 from aeroqueue import keys, sessions, udfs
 from aeroqueue.backends import open_backend
 from aeroqueue.backends.embedded import EmbeddedClient
 from aeroqueue.backends.embedded.client import ManualClock
+from aeroqueue.backends.embedded.operations import server_error
 from aeroqueue.backends.embedded.storage import LONG_HOLD_MS
 from aeroqueue.sessions import Session
 from tests.waiting import wait_for
@@ -34,11 +36,16 @@ INTERVAL_S, EXPIRY_S = 0.2, 1.0
 _fork = multiprocessing.get_context("fork")
 
 
-def _write_then_stop(url: str, ready) -> None:
+def _write_then_stop(url: str, ready, refused: bool = False) -> None:
     backend = open_backend(url)
-    with backend.client._storage.write():
-        ready.set()
-        os.kill(os.getpid(), signal.SIGSTOP)
+    try:
+        with backend.client._storage.write():
+            ready.set()
+            os.kill(os.getpid(), signal.SIGSTOP)
+            if refused:  # what a create-only put, a generation or a filter refused does once it runs on
+                raise server_error("RecordExistsError", 5, "AEROSPIKE_ERR_RECORD_EXISTS")
+    except aerospike.exception.RecordExistsError:
+        pass
 
 
 def _stopped(pid: int) -> bool:
@@ -48,9 +55,9 @@ def _stopped(pid: int) -> bool:
 class StoppedWriter:
     """A process stopped inside a write transaction of the store at `url`."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, refused: bool = False) -> None:
         ready = _fork.Event()
-        self.proc = _fork.Process(target=_write_then_stop, args=(url, ready), daemon=True)
+        self.proc = _fork.Process(target=_write_then_stop, args=(url, ready, refused), daemon=True)
         self.proc.start()
         assert ready.wait(20), "the writer took the store's lock"
         wait_for("the writer stopped", lambda: _stopped(self.proc.pid), 10)
@@ -58,7 +65,7 @@ class StoppedWriter:
     def resume(self) -> None:
         os.kill(self.proc.pid, signal.SIGCONT)
         self.proc.join(20)
-        assert self.proc.exitcode == 0, "the writer committed and exited"
+        assert self.proc.exitcode == 0, "the writer ended its write and exited"
 
 
 @pytest.fixture
@@ -82,11 +89,15 @@ def _in_thread(fn) -> tuple[threading.Thread, dict]:
     return t, out
 
 
-def test_a_reaper_queued_behind_a_stopped_writer_leaves_a_live_session_alone(url):
+@pytest.mark.parametrize("refused", [False, True], ids=["committed", "refused"])
+def test_a_reaper_queued_behind_a_stopped_writer_leaves_a_live_session_alone(url, refused):
+    """Refused: the stopped write fails once it runs on (a create-only put, a
+    generation or a filter that does not match, as the product's gates and
+    compare-and-sets do): rolled back, its hold went uncredited."""
     backend = open_backend(url)
     # Its heartbeats are the test's to make: none can land while the writer is stopped.
     live = Session.open(backend, interval_s=INTERVAL_S, expiry_s=EXPIRY_S, heartbeat=False)
-    writer = StoppedWriter(url)
+    writer = StoppedWriter(url, refused=refused)
     time.sleep(EXPIRY_S + 0.2)
     expired = [sid for sid, _ in backend.scan(keys.SESS_SET, expression=sessions._EXPIRED)]
     assert live.id in expired, "reads go through: the reaper sees the session past its expiry"

@@ -447,6 +447,8 @@ class Storage:
                         db.execute("ROLLBACK")
                     if isinstance(e, sqlite3.Error) and _out_of_space(e):
                         raise self._full(e) from None
+                    if isinstance(e, Exception):
+                        self._credit_refused(db, since)
                     raise
                 else:
                     try:
@@ -462,6 +464,27 @@ class Storage:
                     self._unlock_file(locked)
             finally:
                 self._local.depth = depth
+
+    def _credit_refused(self, db: sqlite3.Connection, since: int) -> None:
+        """A write refused after a long hold (a create-only put on a record that
+        exists, a generation or a filter that does not match: the product's gates and
+        compare-and-sets; a process stopped inside it) held every other writer back as
+        long as one that commits: its hold is credited in a transaction of its own,
+        the lock still held. Rolled back with the write, it was not: a reaper queued
+        behind it reaped live sessions whose heartbeats had queued too."""
+        if self.on_long_hold is None or self.now_ms() - since < LONG_HOLD_MS:
+            return
+        try:
+            db.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error:
+            return
+        try:
+            self._report_hold(since)
+            db.execute("COMMIT")
+        except BaseException:
+            with suppress(sqlite3.Error):
+                db.execute("ROLLBACK")
+            raise
 
     def _report_hold(self, since: int) -> None:
         held = self.now_ms() - since
