@@ -63,10 +63,11 @@
 --
 -- Every function that writes (but `credit`, for the embedded store alone) takes an
 -- argument `deadline`, its last but for the `created` of schedule and push_retry
--- (added later: a caller that predates it leaves it out), and answers 'stale' (map{st='stale'} where it answers a
--- map), changing nothing, when the server runs it past it, as aq_job_v1's
--- transitions do (see `stale` there): a frozen node that resumes runs the calls that waited in its
--- sockets on its stale copy of this record, and its replica write replaces the
+-- (added later: a caller that predates it leaves it out), and answers 'stale'
+-- (map{st='stale'} where it answers a map), changing nothing, when the server runs
+-- it past it, as aq_job_v1's transitions do (see `stale` there): a frozen node that
+-- resumes runs the calls that waited in its sockets on its stale copy of this
+-- record, and its replica write replaces the
 -- newer copy the cluster made meanwhile. The whole record goes back: `head` too,
 -- and the token store hands out again tokens already handed out. A claim refuses
 -- a job that is not queued, but a leased job's record stays queued while it runs:
