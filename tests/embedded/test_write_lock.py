@@ -6,6 +6,7 @@ import fcntl
 import subprocess
 import sys
 import threading
+import time
 import types
 
 import pytest
@@ -187,5 +188,43 @@ def test_a_store_closed_while_a_timed_out_flock_waits_leaves_the_descriptor_to_i
         assert not failures, failures
         assert other("try") == "got", "the store's lock let go"
     finally:
+        other.close()
+        store.close()
+
+
+def test_every_thread_behind_a_held_store_times_out_after_the_busy_timeout(tmp_path, monkeypatch):
+    """Threads of one process writing while another process holds the store (stopped
+    inside a write): each queued on the process's thread lock first, and then waited
+    its own full busy timeout for the store's lock, so the k-th got its TimeoutError
+    after k times that (a worker's heartbeat behind 8 request threads: 9 minutes, not
+    1, before it could count its session lost). Each now gives up after the busy
+    timeout in all."""
+    monkeypatch.setattr(storage, "BUSY_TIMEOUT_S", 1.0)
+    path = str(tmp_path / "s.db")
+    store = Storage(path)
+    other = OtherProcess(path + ".lock")
+    try:
+        assert other("lock") == "locked"
+        waited: list[float] = []
+        codes: list[object] = []
+
+        def write(i: int) -> None:
+            started = time.monotonic()
+            try:
+                with store.write() as db:
+                    db.execute("INSERT INTO meta (k, v) VALUES (?, 'never')", (f"t{i}",))
+            except Exception as e:
+                codes.append(getattr(e, "code", e))
+            waited.append(time.monotonic() - started)
+
+        threads = [threading.Thread(target=write, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert codes == [9] * 4, codes
+        assert max(waited) < 1.8, f"waits before the timeout: {sorted(round(w, 2) for w in waited)}"
+    finally:
+        other("unlock")
         other.close()
         store.close()

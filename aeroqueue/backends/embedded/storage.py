@@ -408,8 +408,14 @@ class Storage:
         A block that writes only in its last statement leaves nothing to roll
         back when it fails, and may do without (`savepoint=False`): two
         statements less per record of a batch.
+
+        A writer gives up after BUSY_TIMEOUT_S in all, its wait behind other threads of
+        this process included: each thread queued on the thread lock first and then
+        waited its own full time for the store's lock, so the k-th timed out after k
+        times that (a heartbeat behind 8 request threads: 9 minutes, not 1).
         """
-        with self._write_lock:
+        give_up = time.monotonic() + BUSY_TIMEOUT_S
+        with self._thread_lock(give_up):
             db = self.conn()
             depth = getattr(self._local, "depth", 0)
             self._local.depth = depth + 1
@@ -427,7 +433,7 @@ class Storage:
                         raise
                     db.execute("RELEASE rec")
                     return
-                locked = self._lock_file()
+                locked = self._lock_file(give_up)
                 try:
                     db.execute("BEGIN IMMEDIATE")
                 except sqlite3.OperationalError as e:
@@ -520,9 +526,23 @@ class Storage:
             self._lock_pid = os.getpid()
         return self._lock_fd
 
-    def _lock_file(self) -> bool:
-        """Take the store's kernel write lock (the caller holds the thread lock).
-        False for an in-memory store, which has no file and one process."""
+    @contextmanager
+    def _thread_lock(self, give_up: float) -> Iterator[None]:
+        """This process's write lock (re-entrant: a batch's records are nested writes),
+        waited for until `give_up` (monotonic), then TimeoutError (9)."""
+        if not self._write_lock.acquire(timeout=max(0.0, give_up - time.monotonic())):
+            from .operations import server_error
+
+            raise server_error("TimeoutError", 9, f"AEROSPIKE_ERR_TIMEOUT ({self._locked_for_too_long()})")
+        try:
+            yield
+        finally:
+            self._write_lock.release()
+
+    def _lock_file(self, give_up: float) -> bool:
+        """Take the store's kernel write lock (the caller holds the thread lock), by
+        `give_up` (monotonic). False for an in-memory store, which has no file and one
+        process."""
         if self.memory:
             return False
         fd = self._lock_fd_here()
@@ -542,7 +562,7 @@ class Storage:
             # a flock of ours would be granted as soon as that one is, and that one
             # lets the lock go with nobody to take it, in the middle of our write.
             # Its grant is ours instead.
-            got = waiter.claim(BUSY_TIMEOUT_S)
+            got = waiter.claim(max(0.0, give_up - time.monotonic()))
             if got is None:  # it got the lock and let it go before we asked: ask again
                 self._lock_waiter = None
                 continue
