@@ -12,7 +12,6 @@ another, and no library module imports the CLI.
 from __future__ import annotations
 
 import click
-from click.core import ParameterSource
 
 from ..config import ENV_URL, default_store_path
 from ..logs import default_command_logging
@@ -60,10 +59,6 @@ def main(ctx: click.Context, url: str | None, verbose: bool, create: bool) -> No
     single `sync` or a `load` stopped by SIGTERM.
     """
     default_command_logging()
-    if ctx.get_parameter_source("url") is ParameterSource.ENVIRONMENT:
-        # Read as resolve_url reads it, so that an error names AEROQUEUE_URL, not --url
-        # (click passes a blank value on as if typed: AEROQUEUE_URL=' ').
-        url = None
     ctx.obj = Context(url=url, verbose=verbose, create=create)
     ctx.call_on_close(lambda: ctx.obj._backend and ctx.obj._backend.close())
 
