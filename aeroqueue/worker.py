@@ -1255,8 +1255,7 @@ class Worker:
         for name in sorted(ripe):
             bins = held[name]
             job = Job(list=bins["list"], token=bins["token"], jid=bins["jid"], payload=None, rid=bins.get("rid", ""),
-                      created=bins.get("c"),
-                      attempt=bins.get("att", 0), session=session.id)
+                      attempt=bins.get("att", 0), session=session.id, created=bins.get("c"))
             log.warning("orphaned claim released", extra={"event": "orphan_released", "list": job.list,
                                                           "token": job.token, "jid": job.jid})
             self._release([job], session, refund=name in unstarted,

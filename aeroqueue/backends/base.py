@@ -132,6 +132,7 @@ def _check_names(set_name: str, names: list[str]) -> None:
         for name in names:
             check_text(name, f"the name of a record of {set_name}")
 
+
 def _record(meta: dict | None, bins: dict | None) -> Record:
     meta = meta or {}
     ttl = meta.get("ttl")
