@@ -164,7 +164,7 @@ def _held_job(backend: Backend, list_name: str, token: int, session: str) -> Job
         JobLists(backend).header(list_name)  # no such list: say that instead
         raise JobNotFound(f"list {list_name!r} has no job with token {token}")
     job = Job(list=list_name, token=token, jid=str(rec.bins.get("jid")), payload=None, attempt=rec.bins.get("att", 0),
-              session=session)
+              session=session, created=rec.bins.get("c"))
     leased = lease_of(backend, session, list_name, token) if rec.bins.get("state") == "queued" else None
     if leased is None:
         return job

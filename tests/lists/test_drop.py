@@ -471,9 +471,9 @@ def test_a_drops_delete_past_its_deadline_deletes_nothing_and_is_sent_again(
     assert leftovers(registered, list_name) == {}
 
 
-@pytest.mark.parametrize("how", ["holder's fail", "holder's release", "reaper's release"])
+@pytest.mark.parametrize("how", ["holder's fail", "holder's release", "reaper's release", "CLI's fail"])
 def test_a_push_paused_across_a_drop_and_a_load_again_offers_no_job_of_the_new_list(
-    registered, queue, lists, list_name, how, monkeypatch
+    registered, store_url, queue, lists, list_name, how, monkeypatch
 ):
     """A job's claim ends (its holder's fail or release, or a reaper's release of a dead
     session's claims) and its process stops (SIGSTOP, a long pause) before the follow-up
@@ -504,6 +504,10 @@ def test_a_push_paused_across_a_drop_and_a_load_again_offers_no_job_of_the_new_l
             assert queue.fail(job, "boom") == "retry"
         elif how == "holder's release":
             assert queue.release(job, "given back") == "released"
+        elif how == "CLI's fail":
+            out = CliRunner().invoke(main, ["--url", store_url, "fail", list_name, str(job.token), "--session", a.id,
+                                            "--error", "boom"])
+            assert out.exit_code == 0, out.output
         else:
             mark_reaping(registered, a.id)
             sessions.release_claims(registered, a.id, refund=False, why="session expired")
