@@ -487,6 +487,10 @@ class Storage:
         try:
             self._report_hold(since)
             db.execute("COMMIT")
+        except sqlite3.Error as e:  # the refusal is what the caller must hear, not this
+            with suppress(sqlite3.Error):
+                db.execute("ROLLBACK")
+            log.warning("long hold not credited", extra={"event": "hold_not_credited", "error": str(e)})
         except BaseException:
             with suppress(sqlite3.Error):
                 db.execute("ROLLBACK")
