@@ -399,8 +399,8 @@ def _read_jsonl(handle: Any, source: str, id_field: str, max_payload: int, stric
     while text := handle.readline(longest + 1):
         line += 1
         if len(text) > longest:
-            raise LoadError(f"too long (over {longest:,} characters): no payload within the limit of "
-                            f"{max_payload:,} bytes takes that much", source=source, line=line)
+            raise LoadError(f"too long (over {longest:,} characters: a line may take six a byte of the payload "
+                            f"limit of {max_payload:,} bytes, and 64 KiB more)", source=source, line=line)
         if not text.strip():
             continue
         try:
