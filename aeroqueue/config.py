@@ -43,7 +43,8 @@ MEMORY = ":memory:"
 # Aerospike namespace names: at most 31 bytes, no dots or colons.
 _NAMESPACE = re.compile(r"^[A-Za-z0-9_-]{1,31}$")
 _HOST = re.compile(r"^[A-Za-z0-9._-]+$|^\[[0-9A-Fa-f:.]+\]$")
-_DIGITS = re.compile(r"[0-9]+")
+# A number in a URL: ASCII digits only (isdigit() takes '²', which int() refuses), nine at most.
+_DIGITS = re.compile(r"[0-9]{1,9}")
 
 # Client options an aerospike:// URL may carry, each with what its value must be.
 # Timeouts are in milliseconds and apply to every command (0: no limit).
@@ -202,7 +203,7 @@ def _client_options(where: str, options: tuple[tuple[str, str], ...]) -> dict[st
             raise InvalidURL(f"store URL {where!r}: option {name!r} is given twice")
         bad = InvalidURL(f"store URL {where!r}: option {name}={value!r} is not valid; it takes {what}")
         if name.endswith("_timeout") or name.endswith("_per_node"):
-            if not _DIGITS.fullmatch(value) or len(value) > 9:  # ASCII digits: isdigit() takes '²', int() not
+            if not _DIGITS.fullmatch(value):
                 raise bad
             number = int(value)
             if number == 0 and name in ("connect_timeout", "max_conns_per_node"):
@@ -267,7 +268,7 @@ def _parse_embedded(text: str, rest: str, options: tuple[tuple[str, str], ...]) 
         raise InvalidURL(f"store URL {_safe(text)!r}: namespace {namespace!r} is not a valid Aerospike namespace")
     size = dict(options).get("max_record_size")
     # Refused here, not at the first write: 0 made every write fail with a bare RECORD_TOO_BIG.
-    if size is not None and not (re.fullmatch(r"[0-9]{1,9}", size) and 0 < int(size) <= MAX_RECORD_SIZE_LIMIT):
+    if size is not None and not (_DIGITS.fullmatch(size) and 0 < int(size) <= MAX_RECORD_SIZE_LIMIT):
         raise InvalidURL(f"store URL {_safe(text)!r}: option max_record_size={size!r} is not valid; it takes "
                          f"a number of bytes from 1 to {MAX_RECORD_SIZE_LIMIT}, as a server's max-record-size")
     if rest == MEMORY:
