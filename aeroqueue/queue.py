@@ -818,19 +818,18 @@ class Queue:
                 return []
         else:
             codes = self._complete_codes(jobs, results)
-        done: dict[tuple[str, int | None], list[int]] = defaultdict(list)
+        done: list[Job] = []
         alone, too_big = [], []
         for job, res, code in zip(jobs, results, codes, strict=True):
             if code == 0:
-                done[(job.list, job.created)].append(job.token)
+                done.append(job)
             elif code == 13:
                 too_big.append((job, res))
             else:
                 alone.append((job, res))
-        # The bits of what is done, one add per list, before any repeat below can raise.
-        for (list_name, created), tokens in done.items():
-            self.bits.add(list_name, tokens, created)
-        self._settled(*[job for job, code in zip(jobs, codes, strict=True) if code == 0 and job.lease is not None])
+        # The bits of what is done before any repeat below can raise.
+        self._add_bits(done)
+        self._settled(*[job for job in done if job.lease is not None])
         for job, res in alone:
             # Not plainly ours, past its deadline, busy, or the answer lost: the UDF
             # completes it alone, or says why not ('again' is fine).
@@ -879,12 +878,17 @@ class Queue:
         if codes is None:
             return
         landed = [j for j, code in zip(jobs, codes, strict=True) if code == 0]
+        self._add_bits(landed)
+        self._settled(*landed)
+
+    def _add_bits(self, jobs: Sequence[Job]) -> None:
+        """The completion bits of acknowledged `jobs`: one add per list (and list stamp,
+        which the bit writer checks before it writes: `transitions.BitBuffer`)."""
         by_list: dict[tuple[str, int | None], list[int]] = defaultdict(list)
-        for job in landed:
+        for job in jobs:
             by_list[(job.list, job.created)].append(job.token)
         for (list_name, created), tokens in by_list.items():
             self.bits.add(list_name, tokens, created)
-        self._settled(*landed)
 
     def _complete_codes(self, jobs: Sequence[Job], results: list[Any]) -> list[int]:
         """Each job's code from one batch of native acks (0: done), claims and leases
