@@ -251,27 +251,9 @@ def test_a_timed_out_threads_prefetched_jobs_go_back_without_taking_another_thre
     assert all(e == f"not started: job {stuck[0]!r} ahead of it ran past its time limit" for e in given_back), given_back
 
 
-@contextmanager
-def capture_events() -> Iterator[list[tuple[str | None, str | None]]]:
-    """The (event, jid) of each record aeroqueue's loggers emit within the block."""
-    events: list[tuple[str | None, str | None]] = []
-
-    class Events(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            events.append((getattr(record, "event", None), getattr(record, "jid", None)))
-
-    logger, handler = logging.getLogger("aeroqueue"), Events()
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
-        yield events
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
-
-
-def test_a_job_failed_and_reserved_again_by_another_thread_keeps_that_threads_hold(registered, lists, list_name):
+def test_a_job_failed_and_reserved_again_by_another_thread_keeps_that_threads_hold(
+    registered, lists, list_name, caplog
+):
     """A job failed with attempts left and no backoff is back in the retry store at
     once, and another thread of the same worker may reserve it (behind a job of its
     own) before the failing thread is done with its copy. That thread, forgetting the
@@ -334,8 +316,9 @@ def test_a_job_failed_and_reserved_again_by_another_thread_keeps_that_threads_ho
         return st
 
     w.queue.fail = slow_fail  # type: ignore[method-assign]
-    with capture_events() as events:
+    with caplog.at_level(logging.INFO, logger="aeroqueue"):
         assert w.run(install_signals=False) == EXIT_OK
+    events = [(getattr(r, "event", None), getattr(r, "jid", None)) for r in caplog.records]
     c = failed_first["C"]
     assert ("orphan_released", c) not in events, "a live prefetched claim was given away by the orphan check"
     assert [a for jid, a, _ in runs if jid == c] == [1, 2], f"{c} ran again more than once after its failure: {runs}"
