@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -46,7 +47,9 @@ class OwnMariaDB:
         )
 
     def start(self) -> None:
-        log = open(self.root / "mariadbd.log", "ab")  # noqa: SIM115 - held by the child
+        path = self.root / "mariadbd.log"
+        ready_before = path.read_bytes().count(b"ready for connections") if path.exists() else 0
+        log = open(path, "ab")  # noqa: SIM115 - held by the child
         self.proc = subprocess.Popen(
             ["mariadbd", "--no-defaults", f"--datadir={self.root / 'data'}", "--user=root", f"--port={self.port}",
              "--bind-address=127.0.0.1", f"--socket={self.root / 'sock'}", f"--pid-file={self.root / 'pid'}",
@@ -54,7 +57,15 @@ class OwnMariaDB:
              "--skip-grant-tables", "--innodb-buffer-pool-size=32M", "--skip-log-bin", *self.extra_args],
             stdout=log, stderr=log,
         )
-        wait_for(f"mariadbd listening on port {self.port}", lambda: port_open("127.0.0.1", self.port), 60, step_s=0.2)
+        proc = self.proc
+
+        def ready() -> bool:
+            # Its own log, not the port alone: a port free when chosen may be another
+            # process's by now, and then the port answers while our server has exited.
+            assert proc.poll() is None, f"mariadbd exited: {path.read_text(errors='replace')[-2000:]}"
+            return path.read_bytes().count(b"ready for connections") > ready_before and port_open("127.0.0.1", self.port)
+
+        wait_for(f"mariadbd ready on port {self.port}", ready, 60, step_s=0.2)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -70,17 +81,22 @@ def spark_home() -> Path:
 
 
 class SparkCluster:
-    """A standalone master and one worker on 127.0.0.1, started with `spark-class`,
-    on free ports: two test processes (tests/run.py's real-server parts) may each
-    run one."""
+    """A standalone master and one worker on 127.0.0.1, started with `spark-class`:
+    two test processes (tests/run.py's parts) may each run one at once.
+
+    Spark picks the master's ports and the cluster reads them from the master's log.
+    Ports chosen beforehand raced: a port free when chosen was another process's by
+    the time the master bound it, and Spark then moves to the next port without
+    failing, so the test read another Spark's page (seen in CI: an HTML page where
+    the master's JSON was expected)."""
 
     def __init__(self, root: Path, cores: int = 2) -> None:
         self.root = root
         self.cores = cores
-        self.master_port = free_port()
-        self.ui_port = free_port()
+        self.master_port = 0
+        self.ui_port = 0
         self.procs: list[subprocess.Popen] = []
-        self.url = f"spark://127.0.0.1:{self.master_port}"
+        self.url = ""
 
     def _env(self) -> dict[str, str]:
         # The master and worker daemons only schedule, as the sync's driver: its JVM options.
@@ -100,12 +116,24 @@ class SparkCluster:
             return json.loads(r.read())
 
     def start(self) -> None:
-        self._start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                    "--port", str(self.master_port), "--webui-port", str(self.ui_port))
-        wait_for("the Spark master listening", lambda: port_open("127.0.0.1", self.master_port), 90, step_s=0.2)
+        master = self._start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                             "--port", "0", "--webui-port", "0")
+        log = self.root / "master.log"
+
+        def bound() -> bool:
+            assert master.poll() is None, f"the Spark master exited: {log.read_text(errors='replace')[-2000:]}"
+            found = dict(re.findall(r"Successfully started service '(sparkMaster|MasterUI)' on port (\d+)",
+                                    log.read_text(errors="replace")))
+            if len(found) < 2:
+                return False
+            self.master_port, self.ui_port = int(found["sparkMaster"]), int(found["MasterUI"])
+            return True
+
+        wait_for("the Spark master's ports in its log", bound, 90, step_s=0.2)
+        self.url = f"spark://127.0.0.1:{self.master_port}"
         self.worker = self._start(
             "worker", "org.apache.spark.deploy.worker.Worker", self.url, "--host", "127.0.0.1",
-            "--cores", str(self.cores), "--memory", "1g", "--webui-port", str(free_port()),
+            "--cores", str(self.cores), "--memory", "1g", "--webui-port", "0",
             "--work-dir", str(self.root / "work"),
         )
 
