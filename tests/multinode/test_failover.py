@@ -40,6 +40,7 @@ import pytest
 
 from aeroqueue.backends.base import CLIENT_TIMEOUT_MS, CLOCK_MARGIN_MS
 from tests.cluster import Cluster
+from tests.logs import json_events
 from tests.waiting import wait_for
 
 from .conftest import agent, aq, in_namespace
@@ -89,12 +90,7 @@ class Workers:
         return log
 
     def events(self) -> list[dict[str, Any]]:
-        out = []
-        for _, log in self.procs:
-            for line in log.read_text().splitlines():
-                if line.startswith("{"):
-                    out.append(json.loads(line))
-        return out
+        return [event for _, log in self.procs for event in json_events(log)]  # a killed worker's last line may be cut
 
     def stop_all(self) -> None:
         for proc, _ in self.procs:

@@ -7,7 +7,6 @@ whoever held it last, and the counts exact. Each test audits every job's record
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -27,6 +26,7 @@ from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Job, Queue
 from aeroqueue.sessions import PAST_LIMIT, Session, reap, sweep
+from tests.logs import whole_lines
 from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -379,11 +379,7 @@ SERVER = textwrap.dedent(
 
 
 def _read_log(path: Path) -> list[list[Any]]:
-    out = []
-    for line in path.read_text().splitlines():
-        with contextlib.suppress(json.JSONDecodeError):  # the last line of a process killed mid-write
-            out.append(json.loads(line))
-    return out
+    return [json.loads(line) for line in whole_lines(path)]  # a killed process's last line may be cut
 
 
 @pytest.mark.slow

@@ -15,7 +15,6 @@ AEROQUEUE_TEST_URL.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
@@ -32,6 +31,7 @@ import pytest
 from aeroqueue import keys
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
+from tests.logs import json_events, whole_lines
 from tests.sessions.chaos_handler import fails_first, hangs_first
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,10 +74,8 @@ def hanging(w: Worker, logs: Path) -> bool:
     if not log.exists():
         return False
     now = time.time()
-    text = log.read_text()
-    # Read while the handler appends: a read can catch a line half copied (seen in CI:
-    # four fields of five), so only whole lines count.
-    for line in text[: text.rfind("\n") + 1].splitlines():
+    # Read while the handler appends (seen in CI: a line of four fields of five).
+    for line in whole_lines(log):
         jid, _pid, _sess, attempt, at = line.split()
         if attempt == "1" and hangs_first(jid) and now - float(at) < TIME_LIMIT_S + 1.0:
             return True
@@ -116,9 +114,9 @@ def spawn(store_url: str, list_name: str, tmp_path: Path) -> Iterator[Callable[[
 
 def session_record(backend, worker: Worker):
     """The worker's session record (None: gone, or the worker never started)."""
-    for line in worker.log.read_text().splitlines():
-        if '"event": "started"' in line:
-            return backend.get(keys.SESS_SET, json.loads(line)["session"])
+    for event in json_events(worker.log):
+        if event.get("event") == "started":
+            return backend.get(keys.SESS_SET, event["session"])
     return None
 
 
@@ -295,7 +293,7 @@ def test_chaos_every_job_done_exactly_once(registered, big_list, tmp_path, spawn
         assert w.proc.wait(60) == 0, "a worker drains and exits 0"
     assert len(killed) >= 3 and set(killed.values()) == set(KINDS), f"the chaos happened: killed {killed}"
     assert sorted(stopped.values()) == sorted(KINDS), f"one worker of each kind stopped: {stopped}"
-    done_by = Counter(w.kind for w in everyone for line in w.log.read_text().splitlines() if '"job_done"' in line)
+    done_by = Counter(w.kind for w in everyone for e in json_events(w.log) if e.get("event") == "job_done")
     assert all(done_by[kind] > 0 for kind in KINDS), f"both kinds of worker did work: {done_by}"
 
     # The handler's own log: every execution of every job.
@@ -303,7 +301,7 @@ def test_chaos_every_job_done_exactly_once(registered, big_list, tmp_path, spawn
     by_design: dict[str, list[int]] = defaultdict(list)  # first attempts meant to fail or hang
     started: dict[str, list[tuple[int, float, int]]] = defaultdict(list)  # (attempt, time, pid)
     for f in logs.glob("exec-*.log"):
-        for line in f.read_text().splitlines():
+        for line in whole_lines(f):  # a handler SIGKILLed inside a write leaves its last line cut
             jid, pid, _sess, attempt, at = line.split()
             runs[jid].append(int(pid))
             started[jid].append((int(attempt), float(at), int(pid)))
@@ -315,13 +313,11 @@ def test_chaos_every_job_done_exactly_once(registered, big_list, tmp_path, spawn
     acked = Counter()
     refused: dict[int, set[str]] = defaultdict(set)  # pid: jids
     for w in everyone:
-        for line in w.log.read_text().splitlines():
-            if line.startswith("{"):
-                event = json.loads(line)
-                if event.get("event") == "job_done":
-                    acked[event["jid"]] += 1
-                elif event.get("event") in ("claim_lost", "job_unacked"):
-                    refused[w.proc.pid].add(event["jid"])
+        for event in json_events(w.log):  # a killed worker's last line may be cut
+            if event.get("event") == "job_done":
+                acked[event["jid"]] += 1
+            elif event.get("event") in ("claim_lost", "job_unacked"):
+                refused[w.proc.pid].add(event["jid"])
 
     names = [keys.job_name(list_name, t) for t in range(total)]
     records = [rec for lo in range(0, total, 1000) for rec in registered.batch_get(keys.JOB_SET, names[lo : lo + 1000])]

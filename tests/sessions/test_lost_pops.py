@@ -26,6 +26,7 @@ from aeroqueue.backends import Backend
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.sessions import sweep
+from tests.logs import whole_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 # Each lost answer here leaves a mark that sets a later test's worker sweeping.
@@ -202,7 +203,7 @@ def test_a_worker_killed_between_its_pop_and_its_claims_loses_no_job(
                     f"in chunks {sorted(in_chunks(lists, list_name))}")
     assert rescuer.returncode == 0, (rescuer.returncode, err[-2000:])
 
-    runs = Counter(line.split()[0] for log in logs.glob("exec-*.log") for line in log.read_text().splitlines())
+    runs = Counter(line.split()[0] for log in logs.glob("exec-*.log") for line in whole_lines(log))
     assert runs == Counter({f"p{i}": 1 for i in range(N_JOBS)}), "every job ran exactly once"
     for i in range(N_JOBS):
         job = lists.find_job(list_name, f"p{i}")

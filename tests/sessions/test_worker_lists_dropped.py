@@ -6,7 +6,6 @@ handler's log and the worker's last line."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -20,6 +19,7 @@ import pytest
 
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
+from tests.logs import json_events
 from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,7 +61,7 @@ class WorkerProc:
         return Counter(tuple(line.split()) for line in self.ran.read_text().splitlines())  # type: ignore[misc]
 
     def events(self) -> list[dict]:
-        return [json.loads(line) for line in self.log.read_text().splitlines() if line.startswith("{")]
+        return json_events(self.log)
 
     def last_counts(self) -> dict:
         stopped = [e for e in self.events() if e.get("event") == "stopped"]
