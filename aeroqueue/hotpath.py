@@ -88,6 +88,9 @@ def _holder(with_rid: bool, with_deadline: bool) -> list[tuple]:
         exp.Eq(exp.StrBin("state"), "claimed"),
         exp.Eq(exp.StrBin("sess"), _SESS),
         exp.LE(exp.SinceUpdateTime(), exp.IntBin("tl")),
+        # A job kicked once must end after its kick (aq_job_v1.lua, `ended_at`): the
+        # UDF reckons that time. Kicks are rare; the native write keeps its plain clock.
+        exp.Not(exp.BinExists("kicked")),
     ]
     if with_rid:
         conds.append(exp.Eq(exp.StrBin("rid"), _RID))
@@ -108,7 +111,8 @@ def holder_filter(sess: str, rid: str, deadline: int | None = None) -> list[tupl
     """True for a job claimed by `sess` (under `rid`, unless it is empty) whose time
     limit has not run out: aq_job_v1's `holds` and not `late`. A claim or touch
     writes `tl` and sets the last update time, so SinceUpdateTime <= tl is the
-    UDF's `now <= dl` on the server's clock. With a deadline, also before it."""
+    UDF's `now <= dl` on the server's clock. With a deadline, also before it. Never
+    for a job kicked once: its completion is the UDF's."""
     return _bind(_HOLDER[bool(rid), deadline is not None], {_SESS: sess, _RID: rid, _DEADLINE: deadline})
 
 

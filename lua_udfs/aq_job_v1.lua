@@ -30,7 +30,7 @@
 --                      the name it belongs to (a list dropped and made again, a
 --                      loader stopped past its lease); absent on older records
 --   claimed  integer   server ms of the last claim
---   done_at  integer   server ms of completion or death
+--   done_at  integer   server ms of completion or death; after the last kick (`ended_at`)
 --   result   any       complete()'s result
 --   err      string    the last failure
 --   errs     list      the last 10 failures, oldest first: map{at, err}
@@ -41,7 +41,8 @@
 --                      made by another (see `repeated`)
 --   snz      string    the request id of the last claim that ended snoozed: a snooze
 --                      repeated after a lost answer is told from one after a fail
---   kicked   integer   server ms of the last kick. A kicked job is pushed onto the
+--   kicked   integer   server ms of the last kick, later than the end it undid and
+--                      than the kick before (`kick`). A kicked job is pushed onto the
 --                      retry store and may still lie ahead in the token store (buried
 --                      or delayed before it was ever handed out): a reservation that
 --                      reaches it there claims it instead of leasing it (queue.py,
@@ -68,6 +69,18 @@ local ERRS_KEPT = 10
 
 local function now()
   return aerospike:get_current_time()
+end
+
+-- When a job ends (done or dead) at server time `t`: `t`, but after its last kick,
+-- which is itself after every earlier end (`kick`). So each end of a job is later
+-- than the one before, even on a clock set back since (a step back, or a record
+-- moved to a node whose clock is behind): the sync's upsert keeps the latest
+-- `done_at` of a job, and its mark is the `done_at` it copied. A later end at an
+-- earlier time would be kept out of the copy, marked as copied, and deleted.
+local function ended_at(rec, t)
+  local k = rec['kicked']
+  if k ~= nil and k >= t then return k + 1 end
+  return t
 end
 
 -- The error history keeps the last ERRS_KEPT failures.
@@ -120,7 +133,7 @@ local function end_claim(rec, sess, why, dead, queued_status, delay_ms, tx, off)
   rec['off'] = off
   if dead then
     rec['state'] = 'dead'
-    rec['done_at'] = t
+    rec['done_at'] = ended_at(rec, t)
     aerospike:update(rec)
     return 'dead'
   end
@@ -233,7 +246,7 @@ function complete(rec, sess, results, rid, deadline)
   if late(rec, t) then return 'late' end
   unclaim(rec, sess)
   rec['state'] = 'done'
-  rec['done_at'] = t
+  rec['done_at'] = ended_at(rec, t)
   rec['result'] = results[rec['token']]
   aerospike:update(rec)
   return 'ok'
@@ -336,11 +349,12 @@ function kick(rec, deadline)
   elseif state ~= 'delayed' then
     return 'not kickable'
   end
+  -- After the end it undoes and after any kick before (`ended_at`).
+  rec['kicked'] = math.max(now(), (rec['done_at'] or 0) + 1, (rec['kicked'] or 0) + 1)
   rec['state'] = 'queued'
   rec['due'] = nil
   rec['done_at'] = nil
   rec['synced'] = nil  -- it will be processed again, so copied again
-  rec['kicked'] = now()
   aerospike:update(rec)
   return 'ok'
 end
@@ -358,7 +372,7 @@ function bury(rec, why, deadline)
   unclaim(rec, 'operator')
   rec['state'] = 'dead'
   rec['due'] = nil
-  rec['done_at'] = t
+  rec['done_at'] = ended_at(rec, t)
   aerospike:update(rec)
   return 'dead'
 end

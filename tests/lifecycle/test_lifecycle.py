@@ -258,6 +258,38 @@ def test_kicked_and_buried_jobs_are_counted_once(queue, lists, list_name, sessio
     assert lists.status(list_name).complete
 
 
+def test_each_end_of_a_job_is_later_than_the_one_before_whatever_the_clock(queue, lists, list_name, session):
+    """The sync keeps the copy with the latest `done_at` and marks a job copied by the
+    `done_at` it read: a job kicked and ended again at an earlier time (the server's
+    clock set back since it died, or the record moved to a node whose clock is
+    behind) would keep its old copy, be marked as copied, and be deleted. So each end
+    is later than the one before, by whichever path it ends: a worker's acks (the
+    native write, which leaves a kicked job to the UDF), one ack (the UDF), a failure
+    past its attempts, a bury."""
+    lists.load(list_name, specs(4), max_attempts=1, seal=True)
+    first = queue.reserve(list_name, session, 4)
+    assert [queue.fail(j, "x") for j in first] == ["dead"] * 4
+    # As if the clock had been an hour ahead at their deaths, and set right since.
+    ahead = max(lists.find_job(list_name, j.jid)["done_at"] for j in first) + 3_600_000
+    for j in first:
+        queue.backend.put(keys.JOB_SET, j.name, {"done_at": ahead})
+    assert lists.kick(list_name) == 4
+    again = {j.jid: j for j in queue.reserve(list_name, session, 4)}
+    assert sorted(again) == [f"job-{i}" for i in range(4)]
+    assert queue.complete_many([again["job-0"], again["job-1"]], ["second"] * 2) == []
+    queue.complete(again["job-2"], "second")
+    assert queue.fail(again["job-3"], "z") == "dead"
+    ended = {jid: lists.find_job(list_name, jid) for jid in again}
+    assert [ended[f"job-{i}"]["state"] for i in range(4)] == ["done", "done", "done", "dead"]
+    for jid, job in ended.items():
+        assert job["done_at"] > job["kicked"] > ahead, (jid, job["done_at"], job["kicked"], ahead)
+    # Dead again, kicked again, buried: later again.
+    before = ended["job-3"]["done_at"]
+    assert lists.kick_job(list_name, "job-3")
+    assert lists.bury(list_name, "job-3") == "dead"
+    assert lists.find_job(list_name, "job-3")["done_at"] > before
+
+
 @pytest.mark.parametrize("mode", ["tokens", "ids"])
 def test_a_kicked_delayed_job_is_offered_once_and_counted_where_it_is(queue, lists, list_name, session, mode):
     """Kicked while it waits out a backoff, a job moves from the schedule to the retry

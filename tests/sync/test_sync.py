@@ -247,6 +247,26 @@ def test_a_kicked_job_is_copied_again_once_it_finishes(store, store_url, mysql_d
     assert_exactly_once(store, mysql_db, list_name)  # the three rows now say done
 
 
+def test_a_job_ended_again_at_an_earlier_clock_is_copied_again(store, store_url, mysql_db, mysql_url, list_name, spark):
+    """Dead at a time an hour ahead of the clock now (set back since), kicked and done:
+    the new copy replaces the old, which the upsert keeps only against an earlier one,
+    and the job is marked by the version MySQL holds."""
+    make_jobs(store, list_name, done=1, dead=3)
+    dead = [j for j in processed(store, list_name).values() if j["state"] == "dead"]
+    ahead = max(j["done_at"] for j in dead) + 3_600_000
+    for j in dead:
+        store.put(keys.JOB_SET, keys.job_name(list_name, j["token"]), {"done_at": ahead})
+    sync_once(options(store_url, mysql_url, lists=(list_name,)), spark, store)
+    assert JobLists(store).kick(list_name) == 3
+    q = Queue(store)
+    with Session.open(store) as s:
+        q.complete_many(q.reserve(list_name, s, 3), [{"second": True}] * 3)
+    sync_once(options(store_url, mysql_url, lists=(list_name,)), spark, store)
+    assert_exactly_once(store, mysql_db, list_name)  # as Aerospike holds them: the second run's results
+    assert [r["state"] for r in mysql_rows(mysql_db, list_name)] == ["done"] * 4
+    assert set(synced_marks(store, list_name, mysql_url)) == {f"j{i}" for i in range(4)}
+
+
 def _fill_to_the_limit(store, name: str) -> int:
     """The job's result grown to the largest the record takes (as a handler's result
     that just fits: `complete` stores it); its length."""
