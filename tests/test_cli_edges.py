@@ -174,12 +174,17 @@ def test_etc_passwd_is_one_line(tmp_path):
     assert not Path("/etc/passwd-wal").exists()
 
 
-@pytest.mark.parametrize("how", ["env", "option"])
-def test_an_empty_url_is_an_error_not_the_default(tmp_path, how):
+@pytest.mark.parametrize("how", ["env", "blank env", "option"])
+@pytest.mark.parametrize("command", ["lists", "config"])
+def test_an_empty_url_is_an_error_not_the_default(tmp_path, how, command):
     xdg = str(tmp_path / "xdg")
-    out = cli("lists", AEROQUEUE_URL="", XDG_DATA_HOME=xdg) if how == "env" else cli("lists", url="", XDG_DATA_HOME=xdg)
+    if how == "option":
+        out = cli(command, url="", XDG_DATA_HOME=xdg)
+    else:
+        # Blank, as a broken script may leave it: click passes it on as if typed.
+        out = cli(command, AEROQUEUE_URL="" if how == "env" else " \t", XDG_DATA_HOME=xdg)
     line = one_error_line(out, 1)
-    assert ("AEROQUEUE_URL" if how == "env" else "--url") in line and "empty" in line
+    assert line.startswith(f"error: {'--url' if how == 'option' else 'AEROQUEUE_URL'} is set but empty"), line
     assert not (tmp_path / "xdg").exists(), "the default store was not used"
 
 

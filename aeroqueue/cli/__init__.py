@@ -12,8 +12,9 @@ another, and no library module imports the CLI.
 from __future__ import annotations
 
 import click
+from click.core import ParameterSource
 
-from ..config import ENV_URL, default_store_path
+from ..config import ENV_URL, default_store_path, resolve_url
 from ..logs import default_command_logging
 from . import (
     bench_cmd,
@@ -59,6 +60,10 @@ def main(ctx: click.Context, url: str | None, verbose: bool, create: bool) -> No
     single `sync` or a `load` stopped by SIGTERM.
     """
     default_command_logging()
+    if url is not None and not url.strip() and ctx.get_parameter_source("url") is ParameterSource.ENVIRONMENT:
+        # click passes a blank variable on as if typed (AEROQUEUE_URL=' '): said here,
+        # as resolve_url says it, so that the error names the variable, not --url.
+        resolve_url(None)
     ctx.obj = Context(url=url, verbose=verbose, create=create)
     ctx.call_on_close(lambda: ctx.obj._backend and ctx.obj._backend.close())
 
