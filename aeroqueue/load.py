@@ -87,6 +87,8 @@ DEFAULT_LEASE_MS = 15_000
 RECORD_EXISTS = 5  # Aerospike's code for a create-only write on an existing record
 RECORD_TOO_BIG = 13  # and for a record over max-record-size
 PAST_DEADLINE = 26  # and for a job write run past its deadline (`_Stamp`): nothing written
+NOT_FOUND = 2  # and for a write with no record to update
+FILTERED_OUT = 27  # and for a write its filter refused
 # Per-record codes of a batch write that did not land, or may have: repeated.
 IN_DOUBT_CODES = frozenset({-15, -10, -8, 7, 9, 11, 14, 18})
 SEALED_CHECK_BATCH = 5000  # index entries read per batch when a sealed list is loaded again
@@ -451,19 +453,19 @@ class _RangeLoader:
         fenced._fenced = True  # type: ignore[attr-defined]  # load_range: taken back already
         raise fenced from cause
 
-    def _own_writes(self, start: int, exists: list[int], new: list[JobSpec], codes: list[int]) -> list[int]:
+    def _own_writes(self, start: int, exists: list[int], new: list[JobSpec], codes: list[int]) -> dict[int, int]:
         """Of the range's job writes `exists` (positions in `new`) answered
         RecordExists (the range starts at token `start`), mark those that hold our job as written (code 0): our own
         write, repeated after a lost answer. Returns those written by another list
-        of this name (stamped with another `created`)."""
+        of this name: position -> the stamp (its `created`) read."""
         if not exists:
-            return []
+            return {}
         b, name = self.b, self.name
         recs = retry_in_doubt(lambda: b.batch_get(keys.JOB_SET, [keys.job_name(name, start + i) for i in exists]))
-        foreign = []
+        foreign = {}
         for i, rec in zip(exists, recs, strict=True):
             if rec is not None and not keys.indexed_here(rec.bins, self.created):
-                foreign.append(i)
+                foreign[i] = rec.bins["c"]
             elif rec is not None and rec.bins.get("state") != "void" and rec.bins.get("jid") == new[i].jid:
                 codes[i] = 0
         return foreign
@@ -515,14 +517,15 @@ class _RangeLoader:
         # RecordExists is this load's own write when it was repeated after a lost
         # answer (by the client, or by batch_write): the record then holds our job.
         exists = [i for i, code in enumerate(codes) if code == RECORD_EXISTS]
-        foreign = self._own_writes(start, exists, new, codes)
+        stamps = self._own_writes(start, exists, new, codes)
+        foreign = list(stamps)
         if foreign:
             # Left by a loader of a dropped list of this name (fenced out, and killed
             # before it took its writes back): not ours, unless ours is the list that
             # was dropped (then `_fence` raises). Replaced, once.
             self._fence(got, new)
-            _delete_left_by_another(self.lists, keys.JOB_SET, [keys.job_name(name, tokens[i]) for i in foreign],
-                                    self.created)
+            _delete_left_by_another(self.lists, keys.JOB_SET, [(keys.job_name(name, tokens[i]), c)
+                                                               for i, c in stamps.items()])
             for i, code in zip(foreign, self.lists._batch_write([job_writes[i] for i in foreign], "write jobs", stamp),
                                strict=True):
                 codes[i] = code
@@ -693,11 +696,22 @@ def commit_index(lists: JobLists, name: str, created: int, pairs: list[tuple[int
         owners[jid] = r.bins["tok"] if keys.indexed_here(r.bins, created) else stale_index(lists, name, created, t, jid, r)
     voids = [t for t, jid in clashes if owners[jid] != t]
     if voids:
-        # Unpublished tokens: nobody can hold them, so overwriting is safe.
-        void_writes = [Write(b.key(keys.JOB_SET, keys.job_name(name, t)), [op.write("state", "void")], policy=_SEND_KEY)
-                       for t in voids]
-        if any(code != 0 for code in lists._batch_write(void_writes, "void duplicate jobs")):
-            raise LoadAbandoned(f"list {name!r}: voiding duplicate jobs failed; run the load again")
+        # Unpublished tokens of this list: nobody can hold them, so overwriting is safe,
+        # while they are this list's. A loader stopped here past its lease while the
+        # list was dropped and loaded again would otherwise void the new list's job of
+        # the same token (and set its void bit): lost, and the list never complete.
+        # Hence the stamp filter, and the deadline of every load write (`InTime`).
+        _check_same_list(lists, name, created)
+        in_time = InTime.of(b)
+        ops = [op.write("state", "void")] if in_time is None else [in_time.op, op.write("state", "void")]
+        policy = {**_SEND_KEY, "exists": aerospike.POLICY_EXISTS_UPDATE, "expressions": _ours(created)}
+        void_writes = [Write(b.key(keys.JOB_SET, keys.job_name(name, t)), ops, policy=policy) for t in voids]
+        codes = lists._batch_write(void_writes, "void duplicate jobs", in_time)
+        if FILTERED_OUT in codes or NOT_FOUND in codes:
+            raise LoadAbandoned(f"list {name!r} was dropped during the load: nothing more of this load is written "
+                                "into it")
+        if any(code != 0 for code in codes):
+            raise LoadAbandoned(f"list {name!r}: voiding duplicate jobs failed ({_describe(codes)}); run the load again")
         void_bits(lists, name, voids)
     void_set = set(voids)
     return [t for t, _ in pairs if t not in void_set]
@@ -776,7 +790,7 @@ def finish_range(
                 # list dropped and made again while it was stopped): the chunk is then the
                 # new list's.
                 _check_same_list(lists, name, created)
-                _delete_left_by_another(lists, keys.IDS_SET, [keys.chunk_name(name, seq)], created)
+                _delete_left_by_another(lists, keys.IDS_SET, [(keys.chunk_name(name, seq), old.bins["c"])])
                 create()
         except RecordExists:
             # The same chunk, written by the loader (it died before publishing, or
@@ -847,12 +861,19 @@ def recover(lists: JobLists, name: str) -> int:
         recs = b.batch_get(keys.JOB_SET, [keys.job_name(name, t) for t in tokens])
         foreign = [t for t, rec in zip(tokens, recs, strict=True) if rec is not None
                    and not keys.indexed_here(rec.bins, head["created"])]
+        foreign_set = set(foreign)
         if foreign:
             # Left by a loader of a dropped list of this name (fenced out, killed before it
             # took them back): never this list's jobs. Deleted, then voided like unwritten ones.
-            _delete_left_by_another(lists, keys.JOB_SET, [keys.job_name(name, t) for t in foreign], head["created"])
-            gone = set(foreign)
-            recs = [None if t in gone else rec for t, rec in zip(tokens, recs, strict=True)]
+            # Only while the list is still the one read: a recovery stopped before this point
+            # while the list was dropped and loaded again would take the new list's jobs
+            # for leftovers (`_delete_left_by_another`).
+            _check_same_list(lists, name, head["created"])
+            _delete_left_by_another(lists, keys.JOB_SET, [
+                (keys.job_name(name, t), rec.bins["c"])
+                for t, rec in zip(tokens, recs, strict=True) if rec is not None and t in foreign_set
+            ])
+            recs = [None if t in foreign_set else rec for t, rec in zip(tokens, recs, strict=True)]
         missing = [t for t, rec in zip(tokens, recs, strict=True) if rec is None]
         if missing:
             # Stamped as the loader's creates are, deadline included: a void create run
@@ -901,10 +922,25 @@ def _stamped(created: int, *, mine: bool = True) -> list[tuple]:
     return (exp.Eq(c, created) if mine else exp.NE(c, created)).compile()
 
 
-def _delete_left_by_another(lists: JobLists, set_name: str, names: list[str], created: int) -> None:
-    """Delete those of the records `names` that another list of the name wrote: a loader
-    of a dropped list, fenced out and killed before it took its writes back."""
-    lists._delete_all(set_name, names, only=_stamped(created, mine=False))
+def _ours(created: int) -> Any:
+    """A filter: a record of the list made at `created`, by its stamp (bin "c"), as
+    `keys.indexed_here` reads one (records written before stamps were have none)."""
+    c = exp.IntBin("c")
+    return exp.Or(exp.Not(exp.BinExists("c")), exp.Eq(c, created)).compile()
+
+
+def _delete_left_by_another(lists: JobLists, set_name: str, stamped: Iterable[tuple[str, int]]) -> None:
+    """Delete records (name, stamp read) that another list of the name wrote: a loader
+    of a dropped list, fenced out and killed before it took its writes back. Each only
+    while it holds the very stamp read (bin "c"): the callers check first that their
+    list is still the one they read, and a caller stopped between that check and this
+    delete, while its list was dropped and made again, would otherwise delete the new
+    list's records (stamped by it, so "not ours" to a filter on the caller's stamp)."""
+    by_stamp: dict[int, list[str]] = collections.defaultdict(list)
+    for name, stamp in stamped:
+        by_stamp[stamp].append(name)
+    for stamp, names in by_stamp.items():
+        lists._delete_all(set_name, names, only=exp.Eq(exp.IntBin("c"), stamp).compile())
 
 
 def _not_indexed(b: Backend, name: str, created: int, batch: list[JobSpec]) -> list[JobSpec]:

@@ -5,6 +5,7 @@ worker holding claims on it carries on."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -547,3 +548,94 @@ def test_completion_bits_pending_across_a_drop_and_a_load_again_count_nothing_in
     queue.flush()
     status = lists.status(list_name)
     assert (status.done, status.complete) == (2, False), f"done={status.done} complete={status.complete}"
+
+
+def _drop_and_load_again(lists: JobLists, name: str, n: int) -> None:
+    """What happens while a process is stopped: the list is dropped and loaded again."""
+    lists.drop(name, grace_s=0, lease_wait_s=0.5)
+    lists.load(name, specs(n, "new-"), seal=True)
+
+
+def _the_new_list_runs_whole(queue: Queue, lists: JobLists, name: str, n: int) -> None:
+    with Session.open(queue.backend) as s:
+        got = queue.reserve(name, s, n + 1)
+        assert sorted(j.jid for j in got) == sorted(f"new-{i}" for i in range(n)), "the new list lost jobs"
+        assert queue.complete_many(got) == []
+    st = lists.status(name)
+    assert (st.done, st.complete) == (n, True), st
+
+
+@pytest.mark.parametrize("paused", ["before its reads", "after its check"])
+def test_a_recovery_paused_across_a_drop_and_a_load_again_leaves_the_new_list_whole(
+    registered, queue, lists, list_name, paused, monkeypatch
+):
+    """A recovery (a load's, a sweep's) finishes a dead loader's range and deletes the
+    records another list of the name left in it. Stopped while the list was dropped
+    and loaded again, it took the new list's jobs for such leftovers: deleted them,
+    voided their tokens, and the new list never completed. It checks first that the
+    list is still the one it read, and deletes a leftover only while it holds the
+    stamp read."""
+    from aeroqueue import load
+
+    n = 5
+    lists.create(list_name)
+    created = lists.header(list_name)["created"]
+    # A loader that allocated a range and died (a lease of 0: expired at once) ...
+    got = lists._list_udf(list_name, "alloc", n, 0, uuid.uuid4().hex, created)
+    assert got["st"] == "ok" and got["start"] == 0
+    if paused == "after its check":
+        # ... into which a fenced loader of a dropped list of the name left its records.
+        for t in range(n):
+            registered.put(keys.JOB_SET, keys.job_name(list_name, t),
+                           {"token": t, "jid": f"old-{t}", "state": "queued", "c": created - 1000})
+        check = load._check_same_list
+
+        def paused_check(lists_, name, created_):
+            check(lists_, name, created_)  # the list is still the one read ...
+            monkeypatch.setattr(load, "_check_same_list", check)
+            _drop_and_load_again(lists, name, n)  # ... and the process stops here
+
+        monkeypatch.setattr(load, "_check_same_list", paused_check)
+    else:
+        read = registered.batch_get
+
+        def paused_read(set_name, names, *args, **kwargs):
+            if set_name == keys.JOB_SET:
+                monkeypatch.setattr(registered, "batch_get", read)
+                _drop_and_load_again(lists, list_name, n)
+            return read(set_name, names, *args, **kwargs)
+
+        monkeypatch.setattr(registered, "batch_get", paused_read)
+    with contextlib.suppress(errors.LoadAbandoned):  # or it leaves the range to a later recovery
+        load.recover(lists, list_name)
+    monkeypatch.undo()
+    assert lists.header(list_name)["created"] != created, "the pause happened"
+    for t in range(n):
+        rec = registered.get(keys.JOB_SET, keys.job_name(list_name, t))
+        assert rec is not None and rec.bins["jid"].startswith("new-") and rec.bins["state"] == "queued", (t, rec)
+    _the_new_list_runs_whole(queue, lists, list_name, n)
+
+
+def test_a_loader_paused_before_it_voids_a_duplicate_leaves_the_new_list_whole(
+    registered, queue, lists, list_name, monkeypatch
+):
+    """A loader voids the token of a job id it found indexed already (a duplicate in its
+    input, or a concurrent load's). Stopped just before, past its lease, while the
+    list was dropped and loaded again, its void landed on the new list's job of that
+    token: lost, and the new list never completed. The void is now only of a record
+    stamped by the loader's list."""
+    n = 3
+    send = lists._batch_write
+
+    def paused_send(writes, what, stamp=None):
+        if what == "void duplicate jobs":
+            monkeypatch.setattr(lists, "_batch_write", send)
+            _drop_and_load_again(lists, list_name, n)
+        return send(writes, what, stamp)
+
+    monkeypatch.setattr(lists, "_batch_write", paused_send)
+    with pytest.raises(errors.LoadAbandoned, match="dropped"):
+        lists.load(list_name, [JobSpec("b", {}), JobSpec("a", {}), JobSpec("a", {})], lease_ms=1, workers=1)
+    monkeypatch.undo()
+    assert lists.status(list_name).total == n, "the pause happened"
+    _the_new_list_runs_whole(queue, lists, list_name, n)
