@@ -355,6 +355,10 @@ function kick(rec, deadline)
   rec['due'] = nil
   rec['done_at'] = nil
   rec['synced'] = nil  -- it will be processed again, so copied again
+  -- A call that ended the claim before, repeated after its answer was lost, is no
+  -- repeat of anything once the job was kicked (`repeated`): it would answer as then
+  -- ('retry' for a job that went dead) and its caller would offer the job again.
+  rec['tx'] = nil
   aerospike:update(rec)
   return 'ok'
 end

@@ -4,6 +4,7 @@ operations. Every test runs on both backends (the store fixtures)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -255,6 +256,25 @@ def test_kicked_and_buried_jobs_are_counted_once(queue, lists, list_name, sessio
     assert each_count(lists, list_name) == {"reservable": 0, "delayed": 0, "in_flight": 4, "retry_pending": 0, "done": 0, "dead": 2}
     queue.complete_many([c, *got])
     assert each_count(lists, list_name) == {"reservable": 0, "delayed": 0, "in_flight": 0, "retry_pending": 0, "done": 4, "dead": 2}
+    assert lists.status(list_name).complete
+
+
+def test_a_fail_repeated_after_its_job_went_dead_and_was_kicked_is_no_repeat(queue, lists, list_name, session):
+    """A holder's fail lands (the job goes dead) and its answer is lost; an operator
+    kicks the job; the fail is sent again. It was taken for its own repeat ('retry',
+    from the job now queued) and the holder pushed the job onto the retry store a
+    second time. A kick ends what an earlier call may repeat: it answers 'lost'."""
+    lists.load(list_name, specs(1), max_attempts=1, seal=True)
+    [job] = queue.reserve(list_name, session, 1)
+    send = functools.partial(transitions.fail, queue.backend, list_name, job.token, session.id, "boom", rid=job.rid,
+                             holder=True, created=job.created)
+    assert send() == "dead"  # its answer lost, as the holder sees it
+    assert lists.kick(list_name) == 1
+    assert lists.status(list_name).retry_pending == 1
+    assert send() == "lost"
+    assert lists.status(list_name).retry_pending == 1, "offered once"
+    [again] = queue.reserve(list_name, session, 2)
+    queue.complete(again)
     assert lists.status(list_name).complete
 
 
