@@ -175,7 +175,9 @@ class ListNames:
         self, backend: Backend, names: Sequence[str] = (), *, discover_every_s: float = 60.0, retry_s: float = 30.0,
     ) -> None:
         self.lists = JobLists(backend)
-        self.fixed = [keys.check_list_name(n) for n in names]  # a bad name now, not a failed read each scrape
+        # A bad name now, not a failed read each scrape; a name given twice once (each
+        # of its series twice made the whole exposition invalid to an OpenMetrics parser).
+        self.fixed = list(dict.fromkeys(keys.check_list_name(n) for n in names))
         self.discover_every_s = discover_every_s
         self.retry_s = min(retry_s, discover_every_s)
         self._found: list[str] = []

@@ -286,6 +286,22 @@ def test_exporter_counts_a_real_delayed_load(registered: Backend, list_name: str
     assert value(samples, "aeroqueue_list_jobs_by_state", list=list_name, state="queued") == 1
 
 
+def test_a_list_named_twice_is_exported_once(registered: Backend, list_name: str) -> None:
+    """`--list L --list L`: each of L's series came twice, which an OpenMetrics parser
+    (what Prometheus asks for first) refuses whole."""
+    from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
+    from prometheus_client.openmetrics.parser import (
+        text_string_to_metric_families as parse_openmetrics,
+    )
+
+    JobLists(registered).load(list_name, [JobSpec("x", 1)])
+    registry = store_registry(registered, ListNames(registered, [list_name, list_name]))
+    families = list(parse_openmetrics(openmetrics(registry).decode()))  # read whole: it raises at a series twice
+    assert "aeroqueue_list_jobs" in {f.name for f in families}
+    samples = parse(generate_latest(registry).decode())
+    assert value(samples, "aeroqueue_lists") == 1
+
+
 def test_exporter_skips_a_list_that_vanished(registered: Backend, list_name: str, caplog) -> None:
     JobLists(registered).load(list_name, [JobSpec("x", 1)])
     collector = StoreCollector(registered, lambda: [list_name, f"{list_name}-gone"])
