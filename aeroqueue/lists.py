@@ -459,16 +459,18 @@ class JobLists:
             n += 1
         return n
 
-    def kick(self, name: str, tokens: Iterable[int] | None = None) -> int:
+    def kick(self, name: str, tokens: Iterable[int] | None = None, *, dead_only: bool = False) -> int:
         """Put jobs back in the queue now: dead ones with fresh attempts, delayed ones
         before their time. All of the list's dead jobs, or only these tokens (a token
         that is neither dead nor delayed is left alone, and so is one of a range a load
-        has not published yet). Returns how many."""
+        has not published yet; with `dead_only`, a delayed one too). Returns how many."""
         if tokens is None:
-            tokens = [job["token"] for job in self.jobs(name, "dead")]
+            # The jobs the scan read dead, still dead: one kicked by another since and
+            # delayed again by its backoff keeps its wait.
+            tokens, dead_only = [job["token"] for job in self.jobs(name, "dead")], True
         else:
             tokens = self._published(name, tokens)
-        return transitions.kick(self.backend, name, list(tokens))
+        return transitions.kick(self.backend, name, list(tokens), dead_only=dead_only)
 
     def _published(self, name: str, tokens: Iterable[int]) -> list[int]:
         """The tokens of published ranges (below `tail`), with a clear error for a missing

@@ -637,8 +637,9 @@ def bury(backend: Backend, list_name: str, token: int, why: str) -> str:
 UNSCHEDULE_CHUNK = 5_000
 
 
-def kick(backend: Backend, list_name: str, tokens: list[int]) -> int:
-    """dead -> queued with fresh attempts (an operator's decision). Returns how many.
+def kick(backend: Backend, list_name: str, tokens: list[int], *, dead_only: bool = False) -> int:
+    """dead -> queued with fresh attempts, delayed -> queued now (an operator's
+    decision; `dead_only`: dead jobs only). Returns how many.
 
     Bits first: a kick interrupted after this leaves the list incomplete, so the
     sweeper sets the bits of jobs still dead and requeues the kicked ones. The
@@ -650,11 +651,13 @@ def kick(backend: Backend, list_name: str, tokens: list[int]) -> int:
     mode the chunk not popped yet: `_unchunk`) as it enters the retry store: it
     waits in one place, and is offered once."""
     set_bits(backend, list_name, tokens, "dead", 0)
+    only = (1,) if dead_only else ()
     # A kick whose answer was lost is not repeated here: its repeat would answer 'not
     # kickable' and leave the job unpushed; the caller hears it, and the sweeper
     # finishes what it did. A 'stale' one did nothing, and is repeated.
     kicked = [
-        t for t in tokens if retry_stale(functools.partial(job_once, backend, keys.job_name(list_name, t), "kick")) == "ok"
+        t for t in tokens
+        if retry_stale(functools.partial(job_once, backend, keys.job_name(list_name, t), "kick", extra=only)) == "ok"
     ]
     if kicked:
         set_bits(backend, list_name, kicked, "dead", 0)

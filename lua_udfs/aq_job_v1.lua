@@ -336,17 +336,19 @@ function touch(rec, sess, tlim, rid, deadline)
   return map{st = 'ok', dl = t + tlim}
 end
 
--- kick(rec, deadline) -> 'ok' | 'not kickable' | 'missing' | 'stale'
+-- kick(rec, deadline, dead_only) -> 'ok' | 'not kickable' | 'missing' | 'stale'
 --   dead -> queued with fresh attempts, or delayed -> queued now (an
 --   operator's decision). Replayed late on a stale copy, a kick would bring back,
 --   queued, a job the cluster has since run and completed: hence the deadline.
-function kick(rec, deadline)
+--   dead_only = 1: a delayed job is not kickable (a kick of the jobs an operator
+--   saw dead: one kicked by another since and delayed again by its backoff keeps it).
+function kick(rec, deadline, dead_only)
   if stale(deadline) then return 'stale' end
   if not aerospike:exists(rec) then return 'missing' end
   local state = rec['state']
   if state == 'dead' then
     rec['att'] = 0
-  elseif state ~= 'delayed' then
+  elseif state ~= 'delayed' or dead_only == 1 then
     return 'not kickable'
   end
   -- After the end it undoes and after any kick before (`ended_at`).

@@ -472,7 +472,9 @@ class Store:
         self.lists.pause(name, paused)
 
     def kick_job(self, name: str, token: int) -> bool:
-        return self.lists.kick(name, [token]) == 1
+        # The page offers a kick of a dead job: one delayed by the time the button is
+        # pressed (kicked by another since, failed again) keeps its wait.
+        return self.lists.kick(name, [token], dead_only=True) == 1
 
     def kick_all(self, name: str) -> int:
         return self.lists.kick(name)

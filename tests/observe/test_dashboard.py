@@ -122,6 +122,29 @@ def test_kicking_a_token_the_list_does_not_have_writes_nothing(app: Flask, regis
     assert [k for k, _ in registered.scan(keys.DONE_SET) if k.startswith(f"{list_name}/")] == []
 
 
+def test_the_kick_of_a_dead_job_leaves_a_job_delayed_since_as_it_is(
+    app: Flask, registered: Backend, list_name: str, monkeypatch
+) -> None:
+    """The kick button is drawn for a dead job, and the page may be older than the job's
+    state: kicked by another since and delayed again by its backoff, the job was
+    queued at once, its backoff skipped, and the page said "queued again with fresh
+    attempts". It keeps its wait now, and the page says it is not dead."""
+    lists = JobLists(registered)
+    lists.load(list_name, [JobSpec("a", {})], delay_s=3600, seal=True)
+    client = app.test_client()
+    token = csrf(client, f"/lists/{list_name}")
+    resp = client.post(f"/lists/{list_name}/jobs/0/kick", data={"csrf_token": token}, follow_redirects=True)
+    assert "is not dead" in text(resp) and job_state(registered, list_name, 0) == "delayed"
+    # Kick all: the scan read it dead just before.
+    with monkeypatch.context() as m:
+        m.setattr(JobLists, "jobs", lambda self, name, state=None: iter([{"token": 0, "state": "dead"}]))
+        resp = client.post(f"/lists/{list_name}/kick", data={"csrf_token": token}, follow_redirects=True)
+    assert "0 dead job(s)" in text(resp) and job_state(registered, list_name, 0) == "delayed"
+    st = lists.status(list_name)
+    assert (st.delayed, st.retry_pending) == (1, 0)
+    assert lists.kick(list_name, [0]) == 1, "an operator's kick of that very job still runs it now"
+
+
 def test_find_opens_the_job_with_exactly_that_id(app: Flask, registered: Backend, list_name: str) -> None:
     """Ids loaded from JSON Lines or Python keep their blanks: the search stripped them,
     so " a" opened job "a" and "b " was not found. Blanks a paste brings still match."""
