@@ -194,6 +194,58 @@ def test_a_slow_store_gets_one_refresh_at_a_time(browser: Any, registered: Backe
     assert pages["most"] == 1, f"{pages['most']} page requests at once from one open page"
 
 
+def test_a_refresh_with_no_answer_is_said_not_live_and_the_answer_clears_it(
+    browser: Any, registered: Backend, list_name: str
+) -> None:
+    """The dashboard stopped (SIGSTOP) or cut off: a refresh neither answers nor fails,
+    and the page kept showing its counts as if live, for good. Past twice the refresh
+    interval (5 s at least) it says they are not, still one request at a time; the
+    answer, when it comes, clears the notice."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    JobLists(registered).load(list_name, [JobSpec("a", 1)], seal=True)
+    app = create_app(registered, secret_key="browser-test", refresh_s=0.5)
+    inner, lock = app.wsgi_app, threading.Lock()
+    hanging, released = threading.Event(), threading.Event()
+    pages = {"now": 0, "most": 0, "seen": 0}
+
+    def stopped(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ["PATH_INFO"].startswith("/static/"):
+            return inner(environ, start_response)
+        with lock:
+            pages["seen"] += 1
+            pages["now"] += 1
+            pages["most"] = max(pages["most"], pages["now"])
+        try:
+            if hanging.is_set():
+                released.wait(30)  # a dashboard stopped, until it is continued
+            return inner(environ, start_response)
+        finally:
+            with lock:
+                pages["now"] -= 1
+
+    def stale(drv: Any) -> str | None:
+        return drv.execute_script(  # type: ignore[no-any-return]
+            "const p = document.getElementById('stale'); return p && !p.hidden && p.offsetParent ? p.textContent : null;")
+
+    app.wsgi_app = stopped  # type: ignore[method-assign]
+    browser.get("about:blank")
+    with serving(app) as base:
+        browser.get(f"{base}/")
+        wait_text(browser, f'tr.list-row[data-list="{list_name}"]', list_name)
+        assert stale(browser) is None
+        hung_at = time.monotonic()
+        hanging.set()
+        WebDriverWait(browser, 20).until(stale, "no notice while the refresh hangs")
+        assert time.monotonic() - hung_at >= 4.5, "said before 5 s without an answer"
+        assert "Dashboard not answering" in (stale(browser) or "")
+        assert pages["most"] == 1, "one request at a time, the hanging one included"
+        hanging.clear()
+        released.set()
+        WebDriverWait(browser, 20).until(lambda drv: stale(drv) is None, "the answer did not clear the notice")
+        browser.get("about:blank")
+
+
 def test_the_live_page_shows_a_partial_view_and_clears_it(
     browser: Any, registered: Backend, list_name: str, monkeypatch: pytest.MonkeyPatch,
     screenshot_dir: Callable[[str], Path] | None,

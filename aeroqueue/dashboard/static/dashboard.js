@@ -37,12 +37,28 @@
   // scan for 30 s) the timer would otherwise stack a request every few seconds,
   // each holding a server thread, and an older answer could land after a newer one.
   let pending = false;
+  let pendingSince = 0;
+  // A refresh that hangs (the dashboard stopped, its packets dropped) neither answers
+  // nor fails: past `slowMs` the counts are said not live, and past `giveUpMs` the
+  // request is given up, so that the next can try. Both are well past what a view
+  // takes: its reads are bounded, and a store that does not answer is a quick 503.
+  const slowMs = Math.max(2 * every, 5) * 1000;
+  const giveUpMs = Math.max(4 * every, 60) * 1000;
 
   async function refresh() {
-    if (pending || document.hidden || busy()) return;
+    if (pending) {
+      if (Date.now() - pendingSince > slowMs) notAnswered("Dashboard not answering");
+      return;
+    }
+    if (document.hidden || busy()) return;
     pending = true;
+    pendingSince = Date.now();
+    const abort = new AbortController();
+    const timer = window.setTimeout(() => abort.abort(), giveUpMs);
     try {
-      const resp = await fetch(window.location.href, { headers: { Accept: "text/html" }, cache: "no-store" });
+      const resp = await fetch(window.location.href, {
+        headers: { Accept: "text/html" }, cache: "no-store", signal: abort.signal,
+      });
       if (!resp.ok) {
         // 503: the store did not answer (a page of which nothing could be read); the
         // error page's message says what failed. What is shown stays, marked stale.
@@ -59,9 +75,11 @@
         if (stale) stale.hidden = true;
       }
     } catch (e) {
-      // The dashboard is unreachable (stopped, or the network): keep what is shown, marked stale.
+      // The dashboard is unreachable (stopped, or the network), or the request was
+      // given up: keep what is shown, marked stale.
       notAnswered("Dashboard not answering");
     } finally {
+      window.clearTimeout(timer);
       pending = false;
     }
   }
