@@ -620,7 +620,7 @@ class JobLists:
                 over = lease_entries.overdue(mine, cutoff)
                 if over:
                     retry_in_doubt(
-                        functools.partial(self.backend.udf, keys.SESS_SET, sid, keys.SESS_MOD, "unlease", list(over))
+                        functools.partial(transitions.sess_once, self.backend, sid, "unlease", list(over))
                     )
                 held += sum(len(list(lease_entries.tokens(e))) for lid, e in mine.items() if lid not in over)
             if not held:

@@ -154,12 +154,12 @@ class Session:
         def open_once() -> Any:
             nonlocal tries
             tries += 1
-            return backend.udf(
-                keys.SESS_SET, session.id, keys.SESS_MOD, "open", socket.gethostname()[:200], os.getpid(), int(expiry_s * 1000)
+            return transitions.sess_once(
+                backend, session.id, "open", socket.gethostname()[:200], os.getpid(), int(expiry_s * 1000)
             )
 
-        # Repeated while its answer is in doubt (a node of the cluster died mid-call):
-        # 'exists' on a repeat is our own first attempt, which did land.
+        # Repeated while its answer is in doubt (a node of the cluster died mid-call) or
+        # it was refused as late: 'exists' on a repeat is our own first attempt, which did land.
         st = retry_in_doubt(open_once)
         if st != "ok" and not (st == "exists" and tries > 1):  # a uuid4 collision: never in practice
             raise BackendError(f"session {session.id} already exists", operation="open session", key=session.id)
@@ -187,10 +187,8 @@ class Session:
         with self._settled_lock:
             settled, self._settled = self._settled, []
         try:
-            if settled:
-                st = self.backend.udf(keys.SESS_SET, self.id, keys.SESS_MOD, "beat", settled)
-            else:
-                st = self.backend.udf(keys.SESS_SET, self.id, keys.SESS_MOD, "beat")
+            # Refused as late ('stale': a StaleRequest, a failed heartbeat), the next one is sent.
+            st = transitions.sess_once(self.backend, self.id, "beat", settled or None)
             ok = st == "ok"
         except BaseException:
             with self._settled_lock:
@@ -432,12 +430,8 @@ def reap(backend: Backend, *, stop: Callable[[], bool] | None = None) -> ReapRep
             if stop is not None and stop():
                 return ReapReport(sessions, released, ended=ended, ended_expiry_ms=ended_expiry_ms)
             expired.add(session_id)
-            if rec.bins.get("state") == "alive":
-                try:
-                    # Generation check: a heartbeat since our scan means it is alive after all.
-                    backend.put(keys.SESS_SET, session_id, {"state": "reaping"}, gen=rec.gen)
-                except GenerationConflict:
-                    continue
+            if rec.bins.get("state") == "alive" and not _take_for_reaping(backend, session_id, rec.gen):
+                continue
             claim_leases(backend, session_id, rec.bins.get("leases"))
             released += release_claims(backend, session_id, refund=False, why="session expired")
             # A process that died may not have written the bits of its last acks.
@@ -509,6 +503,24 @@ def expire_overdue(backend: Backend, session_id: str, leases: dict[str, Any] | N
 PAST_LIMIT = -1
 
 
+def _take_for_reaping(backend: Backend, session_id: str, gen: int) -> bool:
+    """alive -> reaping, if the record is as the reaper's scan read it (generation
+    `gen`: a heartbeat since means it is alive after all) and, with a deadline
+    (`Backend.job_deadline`), before it: run late by a node that froze and resumed, the
+    write would put back the session as its stale copy had it, leases made since gone
+    (aq_sess_v1.lua, header). False: not taken (this pass leaves it)."""
+    deadline = backend.job_deadline()
+    try:
+        if deadline is None:
+            backend.put(keys.SESS_SET, session_id, {"state": "reaping"}, gen=gen)
+        else:
+            backend.operate(keys.SESS_SET, session_id, [op.write("state", "reaping")], gen=gen,
+                            expression=hotpath.in_time(deadline).compile(), update_only=True)
+    except (GenerationConflict, FilteredOut, RecordNotFound):
+        return False
+    return True
+
+
 def claim_leases(backend: Backend, session_id: str, leases: dict[str, Any] | None = None) -> int:
     """Turn a session's leases (the session record's, or those given) into claims of
     that session under each lease's id, already past their time limit, and forget
@@ -536,7 +548,7 @@ def claim_leases(backend: Backend, session_id: str, leases: dict[str, Any] | Non
             codes = hotpath.until_decided(send, len(names), 5.0, f"claiming the leased jobs of session {session_id}")
             claimed += codes.count(0)
     if leases:
-        backend.udf(keys.SESS_SET, session_id, keys.SESS_MOD, "unlease", list(leases))
+        retry_in_doubt(lambda: transitions.sess_once(backend, session_id, "unlease", list(leases)))
     return claimed
 
 

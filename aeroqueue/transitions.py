@@ -463,6 +463,25 @@ def job_once(
     return answer
 
 
+# Each session UDF's arguments before its deadline (aq_sess_v1.lua; `lease` has a window
+# of its own instead).
+_SESS_ARGS = {"open": 3, "beat": 1, "unlease": 1}
+
+
+def sess_once(backend: Backend, session_id: str, function: str, *args: Any, busy_s: float = 5.0) -> Any:
+    """One call of a session UDF, given its arguments before the deadline; `StaleRequest`
+    if the server refused it as run past it (nothing was done: safe to repeat). Without
+    it a frozen node's late beat or unlease wrote the session back as its stale copy
+    had it, and the leases made since were gone (aq_sess_v1.lua, header)."""
+    n = _SESS_ARGS[function]
+    if len(args) != n:
+        raise TypeError(f"{keys.SESS_MOD}.{function} takes {n} argument(s) before its deadline, not {len(args)}")
+    answer = backend.udf(keys.SESS_SET, session_id, keys.SESS_MOD, function, *args, FRESH_DEADLINE, deadline_s=busy_s)
+    if answer == "stale":
+        raise stale_call(keys.SESS_MOD, function, keys.SESS_SET, session_id)
+    return answer
+
+
 # Each ID store UDF's arguments before its deadline (aq_ids_v1.lua): both write a chunk.
 _IDS_ARGS = {"pop": 1, "remove": 1}
 

@@ -28,9 +28,22 @@
 -- The reaper moves alive -> reaping with a generation check (a plain put),
 -- turns the session's leases into claims, releases its claims, then deletes
 -- the record.
+--
+-- `deadline` (Unix ms, the sender's clock plus its timeout and a margin, as for
+-- aq_job_v1's functions; nil: none): past it a call answers 'stale' and changes
+-- nothing. A node frozen past the heartbeat timeout runs, when it resumes, the
+-- calls that waited in its sockets on its stale copy, and its replica write then
+-- replaces the record the rest of the cluster made meanwhile (README, "Running on
+-- a cluster"): a replayed beat or unlease wrote back the session as it was, and
+-- the leases made since were gone, so a sweep offered their jobs to others while
+-- the live session still ran them.
+local function stale(deadline)
+  return deadline ~= nil and aerospike:get_current_time() > deadline
+end
 
--- open(rec, host, pid, exp) -> 'ok' | 'exists'
-function open(rec, host, pid, exp)
+-- open(rec, host, pid, exp, deadline) -> 'ok' | 'exists' | 'stale'
+function open(rec, host, pid, exp, deadline)
+  if stale(deadline) then return 'stale' end
   if aerospike:exists(rec) then return 'exists' end
   local now = aerospike:get_current_time()
   rec['state'] = 'alive'
@@ -43,14 +56,15 @@ function open(rec, host, pid, exp)
   return 'ok'
 end
 
--- beat(rec[, settled]) -> 'ok' | 'gone' | 'reaping'
+-- beat(rec, settled, deadline) -> 'ok' | 'gone' | 'reaping' | 'stale'
 --   Keeps an alive session alive. 'gone' (deleted by a reaper or a close) and
 --   'reaping' tell the worker to stop taking work and to acknowledge nothing
 --   it holds: its claims are being, or have been, given to others. `settled`
---   (optional): ids of leases whose every job was acknowledged or claimed, to
+--   (nil: none): ids of leases whose every job was acknowledged or claimed, to
 --   forget now rather than with the next lease (a session that stops leasing
 --   would keep them until it closes).
-function beat(rec, settled)
+function beat(rec, settled, deadline)
+  if stale(deadline) then return 'stale' end
   if not aerospike:exists(rec) then return 'gone' end
   if rec['state'] ~= 'alive' then return 'reaping' end
   rec['beat'] = aerospike:get_current_time()
@@ -85,10 +99,11 @@ function lease(rec, id, entry, settled, by)
   return 'ok'
 end
 
--- unlease(rec, ids) -> integer
+-- unlease(rec, ids, deadline) -> integer | 'stale'
 --   Forgets leases (turned into claims, or settled at close); answers how many
 --   remain. Whatever the session's state: the reaper calls it too.
-function unlease(rec, ids)
+function unlease(rec, ids, deadline)
+  if stale(deadline) then return 'stale' end
   if not aerospike:exists(rec) then return 0 end
   local leases = rec['leases']
   if leases == nil then return 0 end

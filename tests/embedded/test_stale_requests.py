@@ -103,6 +103,30 @@ def test_a_claim_past_its_deadline_takes_nothing(backend):
     assert _call(backend, 1, "claim", "s", "rid", 300_000)["st"] == "ok", "no deadline: as before"
 
 
+def test_a_session_call_past_its_deadline_changes_nothing(backend, monkeypatch):
+    """aq_sess_v1's open, beat and unlease (tests/multinode/test_sess_replay.py shows the
+    replay they are kept from: a late beat took back the leases recorded since). The
+    client's heartbeat refused so is a failed one, not a lost session: the next goes."""
+    with Session.open(backend, heartbeat=False) as s:
+        jobs = Queue(backend).reserve("L", s, 2, lease=True)
+        assert jobs[0].lease is not None
+        before = backend.get(keys.SESS_SET, s.id)
+        [lid] = before.bins["leases"]
+        for function, args in (("beat", (None,)), ("unlease", ([lid],))):
+            assert backend.apply(keys.SESS_SET, s.id, keys.SESS_MOD, function, *args, PAST) == "stale", function
+        after = backend.get(keys.SESS_SET, s.id)
+        assert (after.gen, after.bins) == (before.gen, before.bins)
+        monkeypatch.setattr(backend, "job_deadline", lambda: PAST)
+        with pytest.raises(errors.StaleRequest):
+            s.beat()
+        assert not s.lost
+        monkeypatch.undo()
+        assert s.beat()
+        Queue(backend).complete_many(jobs)
+    assert backend.apply(keys.SESS_SET, "late", keys.SESS_MOD, "open", "host", 1, 5000, PAST) == "stale"
+    assert backend.get(keys.SESS_SET, "late") is None
+
+
 def test_the_deadline_is_the_clients_timeout_plus_a_margin():
     def deadline(url: str) -> int | None:
         return Backend(client=None, url=parse_url(url)).job_deadline()
@@ -128,10 +152,11 @@ def test_a_refused_transition_is_sent_again_with_a_new_deadline(backend, monkeyp
         given.append(PAST if len(given) in (1, 2) else FUTURE)  # the take's passes, the claim's does not
         return given[-1]
 
-    monkeypatch.setattr(backend, "job_deadline", deadline)
     with Session.open(backend, heartbeat=False) as s:
+        monkeypatch.setattr(backend, "job_deadline", deadline)
         [job] = queue.reserve("L", s)  # claimed after two refusals
         queue.complete(job, "ok")
+        monkeypatch.undo()
     assert given == [FUTURE, PAST, PAST, FUTURE, FUTURE]  # take, claim (three times), complete
     assert _job(backend, job.token).bins["state"] == "done"
 
@@ -314,8 +339,8 @@ def test_a_refused_pop_is_sent_again_with_a_new_deadline(store, monkeypatch):
         given.append(PAST if len(given) in (1, 2) else FUTURE)  # the take's passes, the pop's does not
         return given[-1]
 
-    monkeypatch.setattr(store, "job_deadline", deadline)
     with Session.open(store, heartbeat=False) as s:
+        monkeypatch.setattr(store, "job_deadline", deadline)
         [job] = queue.reserve(name, s)
         monkeypatch.undo()
         queue.complete(job, "ok")
@@ -328,11 +353,11 @@ def test_a_pop_refused_until_the_end_says_why_and_took_nothing(store, monkeypatc
     before = _chunk(store, chunk)
     queue = Queue(store, busy_deadline_s=0.3)
     given: list[int | None] = []
-    monkeypatch.setattr(store, "job_deadline", lambda: given.append(PAST if given else FUTURE) or given[-1])
-    with Session.open(store, heartbeat=False) as s, pytest.raises(
-        errors.StaleRequest, match=rf"pop on aq_ids/{name}/0: the server ran it after the deadline"
-    ):
-        queue.reserve(name, s)
+    with Session.open(store, heartbeat=False) as s:
+        monkeypatch.setattr(store, "job_deadline", lambda: given.append(PAST if given else FUTURE) or given[-1])
+        with pytest.raises(errors.StaleRequest, match=rf"pop on aq_ids/{name}/0: the server ran it after the deadline"):
+            queue.reserve(name, s)
+        monkeypatch.undo()
     assert len(given) > 2 and _chunk(store, chunk).gen == before.gen, "nothing was popped"
 
 
