@@ -273,6 +273,8 @@ class Overview:
     sessions_whole: bool  # their scan answered: no session may be missing
     dead: list[JobView]
     dead_unread: list[str]  # the lists whose dead jobs were not read
+    dead_total: int  # the dead jobs of the lists read, by their counts: more than `dead` may show
+    dead_per_list: int  # at most this many of each list's are read (its lowest tokens)
     unread: list[str]
     answered: int
     error: BackendError | None
@@ -280,6 +282,11 @@ class Overview:
     @property
     def partial(self) -> bool:
         return bool(self.unread)
+
+    @property
+    def dead_total_partial(self) -> bool:
+        """Lists may be missing from `dead_total`: a list not read, or the list scan cut short."""
+        return not self.lists_whole or any(isinstance(row, UnreadRow) for row in self.lists)
 
     @property
     def claims_unread(self) -> list[SessionRow]:
@@ -331,8 +338,9 @@ class Store:
         # operator opens the page for, not those of the lists first by name.
         dead.sort(key=lambda job: (job.last_error.at or 0) if job.last_error else 0, reverse=True)
         sessions, sessions_whole = self._sessions(reads)
-        return Overview(rows, whole, sessions, sessions_whole, dead[:dead_shown], dead_unread, reads.unread,
-                        reads.answered, reads.error)
+        dead_total = sum(row.status.dead for row in rows if isinstance(row, ListRow))
+        return Overview(rows, whole, sessions, sessions_whole, dead[:dead_shown], dead_unread, dead_total, dead_per_list,
+                        reads.unread, reads.answered, reads.error)
 
     def _list_names(self, reads: PageReads) -> tuple[list[str], bool]:
         """The lists to show, and whether that is all of them (the scan answered)."""

@@ -110,6 +110,31 @@ def test_pages_show_the_store(app: Flask, registered: Backend, dead_list: tuple[
     assert client.get("/lists/bad name!").status_code == 404
 
 
+def test_the_overview_counts_every_dead_job_though_it_shows_some(app: Flask, registered: Backend, list_name: str) -> None:
+    """The overview reads up to 20 dead jobs a list: its count said 21 for 32 dead jobs,
+    with no sign of more. It counts them all (the lists' own counts) and says which
+    are shown. (The store may hold other tests' lists: counted from before.)"""
+    def counted() -> tuple[int, int, bool]:
+        page = text(app.test_client().get("/"))
+        got = re.search(r'<h2>Dead jobs <span class="count">(\d+)(?: of (\d+))?</span>', page)
+        assert got, re.findall(r"<h2>Dead jobs.*", page)
+        shown = int(got.group(1))
+        return shown, int(got.group(2) or shown), 'id="dead-shown"' in page
+
+    _, before, _ = counted()
+    lists, queue = JobLists(registered), Queue(registered)
+    small = f"{list_name}-small"
+    with Session.open(registered, heartbeat=False) as s:
+        for name, n in ((list_name, 31), (small, 1)):
+            lists.load(name, [JobSpec(f"d{i}", i) for i in range(n)], max_attempts=1, seal=True)
+            assert [queue.fail(j, "boom") for j in queue.reserve(name, s, n)] == ["dead"] * n
+    shown, total, said = counted()
+    assert total == before + 32 and shown < total and said, (before, shown, total, said)
+    lists.drop(small, grace_s=0)
+    lists.kick(list_name)
+    assert counted()[1] == before
+
+
 def test_kicking_a_token_the_list_does_not_have_writes_nothing(app: Flask, registered: Backend, list_name: str) -> None:
     """The kick form's token is any integer: kicking one past the list's end wrote a
     bitmap chunk there, which nothing counts and `drop` (below `alloc`) left behind."""
