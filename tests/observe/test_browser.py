@@ -194,6 +194,8 @@ def test_a_slow_store_gets_one_refresh_at_a_time(browser: Any, registered: Backe
     assert pages["most"] == 1, f"{pages['most']} page requests at once from one open page"
 
 
+# The page's own script under test, whatever the store: on one backend (the suite's time).
+@pytest.mark.parametrize("store_url", ["embedded"], indirect=True)
 def test_a_refresh_with_no_answer_is_said_not_live_and_the_answer_clears_it(
     browser: Any, registered: Backend, list_name: str
 ) -> None:
