@@ -157,30 +157,45 @@ def test_the_live_refresh_leaves_a_control_under_the_pointer_alone(browser: Any,
         browser.get("about:blank")
 
 
-def test_a_slow_store_gets_one_refresh_at_a_time(browser: Any, registered: Backend) -> None:
-    """A frozen node holds a scan for 30 s: the page must not stack a refresh on the
-    next while one is still waiting (each holds a server thread and a store call)."""
-    app = create_app(registered, secret_key="browser-test", refresh_s=0.3)
-    inner, lock, release = app.wsgi_app, threading.Lock(), threading.Event()
+def counting_pages(app: Any, hold: Callable[[int], None]) -> dict[str, int]:
+    """Wrap `app` so that each page request (not its static files) is counted: how many
+    so far ("seen"), at once now and at most; `hold(seen)` runs before it is answered
+    (a slow store, a stopped dashboard)."""
+    inner, lock = app.wsgi_app, threading.Lock()
     pages = {"now": 0, "most": 0, "seen": 0}
 
-    def slow(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+    def counted(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         if environ["PATH_INFO"].startswith("/static/"):
             return inner(environ, start_response)
         with lock:
             pages["seen"] += 1
             pages["now"] += 1
             pages["most"] = max(pages["most"], pages["now"])
-            first = pages["seen"] == 1
+            seen = pages["seen"]
         try:
-            if not first:
-                release.wait(2.0)  # the store answering slowly, as a refresh finds it
+            hold(seen)
             return inner(environ, start_response)
         finally:
             with lock:
                 pages["now"] -= 1
 
-    app.wsgi_app = slow  # type: ignore[method-assign]
+    app.wsgi_app = counted
+    return pages
+
+
+def stale_notice(drv: Any) -> str | None:
+    """The page's not-refreshed notice while it is shown, else None."""
+    return drv.execute_script(  # type: ignore[no-any-return]
+        "const p = document.getElementById('stale'); return p && !p.hidden && p.offsetParent ? p.textContent : null;")
+
+
+def test_a_slow_store_gets_one_refresh_at_a_time(browser: Any, registered: Backend) -> None:
+    """A frozen node holds a scan for 30 s: the page must not stack a refresh on the
+    next while one is still waiting (each holds a server thread and a store call)."""
+    app = create_app(registered, secret_key="browser-test", refresh_s=0.3)
+    release = threading.Event()
+    # After the first page, the store answering slowly, as a refresh finds it.
+    pages = counting_pages(app, lambda seen: seen == 1 or release.wait(2.0))
     browser.get("about:blank")
     with serving(app) as base:
         browser.get(f"{base}/")
@@ -207,44 +222,23 @@ def test_a_refresh_with_no_answer_is_said_not_live_and_the_answer_clears_it(
 
     JobLists(registered).load(list_name, [JobSpec("a", 1)], seal=True)
     app = create_app(registered, secret_key="browser-test", refresh_s=0.5)
-    inner, lock = app.wsgi_app, threading.Lock()
     hanging, released = threading.Event(), threading.Event()
-    pages = {"now": 0, "most": 0, "seen": 0}
-
-    def stopped(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        if environ["PATH_INFO"].startswith("/static/"):
-            return inner(environ, start_response)
-        with lock:
-            pages["seen"] += 1
-            pages["now"] += 1
-            pages["most"] = max(pages["most"], pages["now"])
-        try:
-            if hanging.is_set():
-                released.wait(30)  # a dashboard stopped, until it is continued
-            return inner(environ, start_response)
-        finally:
-            with lock:
-                pages["now"] -= 1
-
-    def stale(drv: Any) -> str | None:
-        return drv.execute_script(  # type: ignore[no-any-return]
-            "const p = document.getElementById('stale'); return p && !p.hidden && p.offsetParent ? p.textContent : null;")
-
-    app.wsgi_app = stopped  # type: ignore[method-assign]
+    # While `hanging`, a dashboard stopped, until it is continued (`released`).
+    pages = counting_pages(app, lambda seen: not hanging.is_set() or released.wait(30))
     browser.get("about:blank")
     with serving(app) as base:
         browser.get(f"{base}/")
         wait_text(browser, f'tr.list-row[data-list="{list_name}"]', list_name)
-        assert stale(browser) is None
+        assert stale_notice(browser) is None
         hung_at = time.monotonic()
         hanging.set()
-        WebDriverWait(browser, 20).until(stale, "no notice while the refresh hangs")
+        WebDriverWait(browser, 20).until(stale_notice, "no notice while the refresh hangs")
         assert time.monotonic() - hung_at >= 4.5, "said before 5 s without an answer"
-        assert "Dashboard not answering" in (stale(browser) or "")
+        assert "Dashboard not answering" in (stale_notice(browser) or "")
         assert pages["most"] == 1, "one request at a time, the hanging one included"
         hanging.clear()
         released.set()
-        WebDriverWait(browser, 20).until(lambda drv: stale(drv) is None, "the answer did not clear the notice")
+        WebDriverWait(browser, 20).until(lambda drv: stale_notice(drv) is None, "the answer did not clear the notice")
         browser.get("about:blank")
 
 
@@ -379,10 +373,6 @@ def test_the_live_page_says_when_its_counts_are_not_refreshed(
     browser.get("about:blank")
     browser.get_log("browser")
 
-    def stale(drv: Any) -> str | None:
-        """The notice's text while it is shown, else None."""
-        return drv.execute_script(  # type: ignore[no-any-return]
-            "const p = document.getElementById('stale'); return p && !p.hidden && p.offsetParent ? p.textContent : null;")
 
     app = create_app(registered, secret_key="browser-test", refresh_s=0.5)
     inner, served = app.wsgi_app, [0]
@@ -396,10 +386,10 @@ def test_the_live_page_says_when_its_counts_are_not_refreshed(
     with serving(app) as base:
         browser.get(f"{base}/")
         wait_text(browser, f'tr.list-row[data-list="{list_name}"]', list_name)
-        assert stale(browser) is None
+        assert stale_notice(browser) is None
         frozen.on = True
-        WebDriverWait(browser, 10).until(stale, "no notice of the failed refreshes")
-        text = stale(browser)
+        WebDriverWait(browser, 10).until(stale_notice, "no notice of the failed refreshes")
+        text = stale_notice(browser)
         assert text is not None and "Store not answering" in text and "timeout" in text, text
         as_of = re.search(r"counts as of (\d\d:\d\d:\d\d)\.$", text)
         assert as_of, text
@@ -407,7 +397,7 @@ def test_the_live_page_says_when_its_counts_are_not_refreshed(
         # answered, not of each that failed: three more fail, over a second or more.
         failed = served[0]
         WebDriverWait(browser, 10).until(lambda drv: served[0] >= failed + 3, "the page stopped refreshing")
-        again = stale(browser)
+        again = stale_notice(browser)
         assert again is not None and again.endswith(f"counts as of {as_of.group(1)}."), (text, again)
         assert list_name in browser.find_element("css selector", f'tr.list-row[data-list="{list_name}"]').text
         colour = browser.execute_script("return getComputedStyle(document.getElementById('stale')).backgroundColor")
@@ -416,7 +406,7 @@ def test_the_live_page_says_when_its_counts_are_not_refreshed(
             browser.save_screenshot(str(screenshot_dir("stale")))
 
         frozen.on = False
-        WebDriverWait(browser, 10).until(lambda drv: stale(drv) is None, "the notice stayed")
+        WebDriverWait(browser, 10).until(lambda drv: stale_notice(drv) is None, "the notice stayed")
         severe = [e for e in browser.get_log("browser") if e.get("level") == "SEVERE"
                   and "503" not in e.get("message", "")]  # the failed refreshes' own
         browser.get("about:blank")
