@@ -31,10 +31,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextvars import ContextVar
 from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -258,7 +260,8 @@ class StoreCollector(Collector):
             except AeroqueueError as e:
                 self._error("cannot list the job lists", e)
                 names, read_all = [], False
-            statuses = self._statuses(names)
+            budget = SCRAPE_BUDGET.get()
+            statuses = self._statuses(names, math.inf if budget is None else started + budget)
         for name, st in statuses:
             if st is None:
                 read_all = False
@@ -287,8 +290,9 @@ class StoreCollector(Collector):
             value=time.monotonic() - started,
         )
 
-    def _statuses(self, names: list[str]) -> list[tuple[str, ListStatus | None]]:
-        """Each list's status, None for those not read.
+    def _statuses(self, names: list[str], give_up: float) -> list[tuple[str, ListStatus | None]]:
+        """Each list's status, None for those not read: after `give_up` (time.monotonic),
+        none is (`SCRAPE_BUDGET`).
 
         Once a read has not answered in time (a frozen or unreachable node), the
         lists after it are read with a short limit (`AFTER_TIMEOUT_MS`), within
@@ -300,9 +304,14 @@ class StoreCollector(Collector):
         budget_end: float | None = None  # set by the first read that timed out
         unread = 0
         for i, name in enumerate(names):
-            if budget_end is not None and time.monotonic() >= budget_end:
+            now = time.monotonic()
+            out_of_time = now >= give_up
+            if out_of_time or (budget_end is not None and now >= budget_end):
                 out.extend((other, None) for other in names[i:])
                 unread += len(names) - i
+                if out_of_time:
+                    self._error("the scraper's timeout came before every list was read",
+                                BackendTimeout(f"{len(names) - i} of {len(names)} lists not read"))
                 break
             try:
                 if budget_end is None:
@@ -350,6 +359,25 @@ def store_registry(backend: Backend, names: Callable[[], Iterable[str]]) -> Coll
     return registry
 
 
+# How long the scrape being collected may read the store (seconds; None: no bound but
+# each read's). Prometheus says how long it waits for an answer (its scrape_timeout,
+# 10 s by default) in a header of each scrape: a store answering every read just
+# within its limit (overloaded, not frozen) made a scrape of 39 lists take 12 s, and
+# the scrape failed whole, `aeroqueue_store_up` with it. Within the time it has, the
+# scrape now answers with the lists it read and `aeroqueue_store_up` 0.
+SCRAPE_BUDGET: ContextVar[float | None] = ContextVar("aeroqueue_scrape_budget", default=None)
+_SCRAPE_TIMEOUT = "HTTP_X_PROMETHEUS_SCRAPE_TIMEOUT_SECONDS"
+SCRAPE_MARGIN_S = 0.5  # of the scraper's timeout, left for answering
+
+
+def _scrape_budget(environ: dict[str, Any]) -> float | None:
+    try:
+        timeout = float(environ.get(_SCRAPE_TIMEOUT, ""))
+    except ValueError:
+        return None  # absent (curl, another scraper) or not a number: no bound
+    return max(SCRAPE_MARGIN_S, timeout - SCRAPE_MARGIN_S) if math.isfinite(timeout) and timeout > 0 else None
+
+
 def serve(
     registry: CollectorRegistry, port: int, host: str = "127.0.0.1", trusted_hosts: Iterable[str] = (),
     *, option: str = "--trusted-host",
@@ -370,7 +398,12 @@ def serve(
             start_response("400 Bad Request", [("Content-Type", "text/plain; charset=utf-8"),
                                                ("Content-Length", str(len(body)))])
             return [body]
-        result: Iterable[bytes] = metrics_app(environ, start_response)
+        # The registry is read inside this call (the answer is one block of bytes).
+        token = SCRAPE_BUDGET.set(_scrape_budget(environ))
+        try:
+            result: Iterable[bytes] = metrics_app(environ, start_response)
+        finally:
+            SCRAPE_BUDGET.reset(token)
         return result
 
     try:

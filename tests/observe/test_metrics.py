@@ -455,6 +455,46 @@ def test_lists_after_a_timed_out_one_are_read_with_a_short_limit_within_a_budget
     assert value(samples, "aeroqueue_store_up") == 0
 
 
+def test_a_store_answering_every_read_slowly_costs_a_scrape_the_time_prometheus_gives_it(
+    registered: Backend, list_name: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each read answering just within its limit (an overloaded store, not a frozen
+    one) had no bound: a scrape of 39 lists took 12 s, past Prometheus's scrape
+    timeout, and the scrape failed whole, store_up with it. Within the time the
+    scraper says it waits (its header), the scrape answers with the lists it read,
+    and store_up 0; with no such header, it reads them all."""
+    names = [f"{list_name}-{i}" for i in range(6)]
+    for name in names:
+        JobLists(registered).load(name, [JobSpec("j", 1)])
+    real_status = JobLists.status
+    reads: list[str] = []
+
+    def slow(self: JobLists, name: str, *args: Any, **kw: Any) -> Any:
+        reads.append(name)
+        time.sleep(0.25)
+        return real_status(self, name, *args, **kw)
+
+    monkeypatch.setattr(JobLists, "status", slow)
+    server = serve(store_registry(registered, lambda: names), 0)
+    try:
+        def scrape(**headers: str) -> dict:
+            reads.clear()
+            req = urllib.request.Request(f"http://127.0.0.1:{server.server_port}/metrics", headers=headers)
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return parse(resp.read().decode())
+
+        samples = scrape(**{"X-Prometheus-Scrape-Timeout-Seconds": "1.25"})  # 0.75 s to read in
+        exported = [n for n in names if value(samples, "aeroqueue_list_jobs", list=n) is not None]
+        assert exported and len(exported) < len(names) and exported == reads, (exported, reads)
+        assert value(samples, "aeroqueue_store_up") == 0
+        assert value(samples, "aeroqueue_exporter_errors_total") == 1
+        samples = scrape()
+        assert [value(samples, "aeroqueue_list_jobs", list=n) for n in names] == [1] * len(names)
+        assert value(samples, "aeroqueue_store_up") == 1
+    finally:
+        server.shutdown()
+
+
 class ReadSpy:
     """A backend's client that notes each read's total_timeout (None: the client's
     configured policy) and the thread that made it."""
