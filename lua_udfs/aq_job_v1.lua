@@ -38,7 +38,8 @@
 --   tx       string    the id the call (fail, expire, release) that ended the last
 --                      claim gave, when it gave one (a reaper's for its pass, a holder's
 --                      the claim's request id): its repeat is told from the same call
---                      made by another (see `repeated`)
+--                      made by another (see `repeated`); 'kick' after a kick, which
+--                      no call's repeat matches
 --   snz      string    the request id of the last claim that ended snoozed: a snooze
 --                      repeated after a lost answer is told from one after a fail
 --   kicked   integer   server ms of the last kick, later than the end it undid and
@@ -359,8 +360,10 @@ function kick(rec, deadline, dead_only)
   rec['synced'] = nil  -- it will be processed again, so copied again
   -- A call that ended the claim before, repeated after its answer was lost, is no
   -- repeat of anything once the job was kicked (`repeated`): it would answer as then
-  -- ('retry' for a job that went dead) and its caller would offer the job again.
-  rec['tx'] = nil
+  -- ('retry' for a job that went dead) and its caller would offer the job again. An
+  -- id no call gives, not none: a reaper's offer mark takes a job with no `tx` for
+  -- one written before `tx` was (sessions.py, `_offer`), and would offer it again.
+  rec['tx'] = 'kick'
   aerospike:update(rec)
   return 'ok'
 end

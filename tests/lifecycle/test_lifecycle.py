@@ -278,6 +278,24 @@ def test_a_fail_repeated_after_its_job_went_dead_and_was_kicked_is_no_repeat(que
     assert lists.status(list_name).complete
 
 
+def test_a_reapers_offer_paused_across_a_death_and_a_kick_offers_nothing(registered, lists, list_name):
+    """A reaper releases a job and stops before its offer mark; the job is claimed
+    again, released dead by another reaper, and kicked (onto the retry store). The
+    first reaper's mark, once it resumes, is no longer its own: the job is not offered
+    a second time. (A kick that cleared the call id let it: no id reads as a record
+    written before ids were.)"""
+    lists.load(list_name, specs(1), max_attempts=1, seal=True)
+    name = keys.job_name(list_name, 0)
+    udf = functools.partial(transitions.job_udf, registered, name)
+    assert udf("claim", "A", "rid-a", 60_000)["st"] == "ok"
+    assert udf("release", "A", 1, "session expired", "", tx="T1") == "released"  # refunded; its mark waits
+    assert udf("claim", "B", "rid-b", 60_000)["st"] == "ok"
+    assert udf("release", "B", 0, "session expired", "", tx="T2") == "dead"
+    assert lists.kick(list_name) == 1
+    assert sessions._offer(registered, list_name, [0], "T1") == []
+    assert lists.status(list_name).retry_pending == 1
+
+
 def test_each_end_of_a_job_is_later_than_the_one_before_whatever_the_clock(queue, lists, list_name, session):
     """The sync keeps the copy with the latest `done_at` and marks a job copied by the
     `done_at` it read: a job kicked and ended again at an earlier time (the server's
