@@ -25,7 +25,8 @@
 -- itself: a reaper's own write (unlease, ending a live session's overdue
 -- leases) would then make a session that died just before look alive for one
 -- more expiry. Worker clocks are never compared.
--- The reaper moves alive -> reaping with a generation check (a plain put),
+-- The reaper moves alive -> reaping with a generation check (a native write,
+-- filtered on the deadline below where there is one: sessions.py, `_take_for_reaping`),
 -- turns the session's leases into claims, releases its claims, then deletes
 -- the record.
 --

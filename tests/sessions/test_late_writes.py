@@ -38,3 +38,24 @@ def test_a_sweeps_fence_past_its_deadline_changes_nothing(registered, lists, lis
     assert (after.gen, after.bins) == (before.gen, before.bins)
     monkeypatch.undo()
     assert sessions._fence(registered, found, 1) == [0], "in time, as ever"
+
+
+def test_a_reapers_take_past_its_deadline_changes_nothing_and_says_why(registered, monkeypatch, caplog):
+    """The take (alive -> reaping), run late on a frozen node's stale copy, would put
+    back the session as that copy had it, the leases recorded since gone. Past its
+    deadline it writes nothing, and a reaper that never reaps says why."""
+    from aeroqueue.sessions import Session
+
+    s = Session.open(registered, heartbeat=False)
+    try:
+        rec = registered.get(keys.SESS_SET, s.id)
+        monkeypatch.setattr(registered, "job_deadline", lambda: PAST)
+        assert not sessions._take_for_reaping(registered, s.id, rec.gen)
+        after = registered.get(keys.SESS_SET, s.id)
+        assert (after.gen, after.bins) == (rec.gen, rec.bins)
+        assert any("past its deadline" in r.getMessage() and r.levelname == "WARNING" for r in caplog.records), caplog.text
+        monkeypatch.undo()
+        assert sessions._take_for_reaping(registered, s.id, rec.gen), "in time, as ever"
+        assert registered.get(keys.SESS_SET, s.id).bins["state"] == "reaping"
+    finally:
+        s.close()
