@@ -185,6 +185,12 @@ def test_an_empty_url_is_an_error_not_the_default(tmp_path, how, command):
         out = cli(command, AEROQUEUE_URL="" if how == "env" else " \t", XDG_DATA_HOME=xdg)
     line = one_error_line(out, 1)
     assert line.startswith(f"error: {'--url' if how == 'option' else 'AEROQUEUE_URL'} is set but empty"), line
+    # Help needs no store: it is shown whatever the URL holds.
+    if how == "option":
+        helped = cli(command, "--help", url="", XDG_DATA_HOME=xdg)
+    else:
+        helped = cli(command, "--help", AEROQUEUE_URL="" if how == "env" else " \t", XDG_DATA_HOME=xdg)
+    assert helped.exit_code == 0 and "Usage:" in helped.stdout, helped.output
     assert not (tmp_path / "xdg").exists(), "the default store was not used"
 
 

@@ -60,12 +60,21 @@ def main(ctx: click.Context, url: str | None, verbose: bool, create: bool) -> No
     single `sync` or a `load` stopped by SIGTERM.
     """
     default_command_logging()
-    if url is not None and not url.strip() and ctx.get_parameter_source("url") is ParameterSource.ENVIRONMENT:
+    if (url is not None and not url.strip() and ctx.get_parameter_source("url") is ParameterSource.ENVIRONMENT
+            and not _asks_for_help(ctx)):
         # click passes a blank variable on as if typed (AEROQUEUE_URL=' '): said here,
-        # as resolve_url says it, so that the error names the variable, not --url.
+        # as resolve_url says it, so that the error names the variable, not --url. Not
+        # before a subcommand's --help (which click reads after this): help needs no store.
         resolve_url(None)
     ctx.obj = Context(url=url, verbose=verbose, create=create)
     ctx.call_on_close(lambda: ctx.obj._backend and ctx.obj._backend.close())
+
+
+def _asks_for_help(ctx: click.Context) -> bool:
+    """A help option among the command line's words (before a `--`)."""
+    argv = list(AeroqueueGroup.argv)
+    words = argv[: argv.index("--")] if "--" in argv else argv
+    return any(w in ctx.help_option_names for w in words)
 
 
 for _command in (
