@@ -7,8 +7,9 @@ sends one `batch_operate` whose filter expression admits exactly the records
 the Lua function would change that way, and whose writes are that function's
 writes, the server's clock read from the record's own metadata (last update
 time + time since it). A record the filter turns away (claimed already by
-this very request, delayed, done, late, not this session's, missing, or run
-past the request's deadline) goes to the Lua function, which decides and
+this very request, delayed, done, late, not this session's, missing, kicked
+once, whose end the Lua function times, or run past the request's deadline)
+goes to the Lua function, which decides and
 answers as always: the fast path never answers anything but 'ok'.
 
 Why, measured on the real server (benchmarks/RESULTS.md, issue 14): in a batch

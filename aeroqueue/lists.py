@@ -707,7 +707,8 @@ class JobLists:
             page = names[lo : lo + PAGE]
             writes = [Write(self.backend.key(set_name, n), ops, policy=policy) for n in page]
             codes = self._batch_write(writes, f"drop {set_name}", in_time)
-            failed = [c for c in codes if c not in (0, NOT_FOUND, FILTERED_OUT)]
+            # Filtered out: a record written since the drop (`only`); not found: gone already.
+            failed = [c for c in codes if c not in (0, _load.NOT_FOUND, _load.FILTERED_OUT)]
             if failed:
                 # Filtered (`only`): cleaning a dropped list's leftovers, before a create or
                 # load of its name, or a drop of it again; else a drop under way.
@@ -720,8 +721,6 @@ class JobLists:
 
 
 
-NOT_FOUND = 2  # a batch delete of a record already gone
-FILTERED_OUT = 27  # a batch delete its filter refused (a record written since the drop)
 CREATE_TRIES = 5  # a create that finds its tombstone replaced by another that often gives up
 # A dropped list's record (aq_list_v1.lua, tombstone): the server ms of the drop, and
 # what finds the records it owned (its tokens, its ranges).

@@ -87,7 +87,7 @@ DEFAULT_LEASE_MS = 15_000
 RECORD_EXISTS = 5  # Aerospike's code for a create-only write on an existing record
 RECORD_TOO_BIG = 13  # and for a record over max-record-size
 PAST_DEADLINE = 26  # and for a job write run past its deadline (`_Stamp`): nothing written
-NOT_FOUND = 2  # and for a write with no record to update
+NOT_FOUND = 2  # and for a write with no record to update (a batch delete: already gone)
 FILTERED_OUT = 27  # and for a write its filter refused
 # Per-record codes of a batch write that did not land, or may have: repeated.
 IN_DOUBT_CODES = frozenset({-15, -10, -8, 7, 9, 11, 14, 18})
@@ -915,11 +915,10 @@ def _sealed_again(
     return LoadReport(loaded=0, skipped=n, voided=0, already_sealed=True)
 
 
-def _stamped(created: int, *, mine: bool = True) -> list[tuple]:
+def _stamped(created: int) -> list[tuple]:
     """A filter on a record's list stamp (bin "c"): written by the list of the name made
-    at `created` (`mine`), or by another list of the name."""
-    c = exp.IntBin("c")
-    return (exp.Eq(c, created) if mine else exp.NE(c, created)).compile()
+    at `created`."""
+    return exp.Eq(exp.IntBin("c"), created).compile()
 
 
 def _ours(created: int) -> Any:

@@ -463,23 +463,33 @@ def job_once(
     return answer
 
 
+def _once(
+    backend: Backend, set_name: str, key: str, module: str, takes: dict[str, int], function: str, args: tuple[Any, ...],
+    busy_s: float,
+) -> Any:
+    """One call of UDF `module.function` on record `key`, given its arguments before
+    its deadline (`takes[function]` of them), a busy key retried for `busy_s`;
+    `StaleRequest` if the server refused it as run past the deadline (nothing was done:
+    safe to repeat)."""
+    n = takes[function]
+    if len(args) != n:
+        raise TypeError(f"{module}.{function} takes {n} argument(s) before its deadline, not {len(args)}")
+    answer = backend.udf(set_name, key, module, function, *args, FRESH_DEADLINE, deadline_s=busy_s)
+    if is_stale(answer):
+        raise stale_call(module, function, set_name, key)
+    return answer
+
+
 # Each session UDF's arguments before its deadline (aq_sess_v1.lua; `lease` has a window
 # of its own instead).
 _SESS_ARGS = {"open": 3, "beat": 1, "unlease": 1}
 
 
 def sess_once(backend: Backend, session_id: str, function: str, *args: Any, busy_s: float = 5.0) -> Any:
-    """One call of a session UDF, given its arguments before the deadline; `StaleRequest`
-    if the server refused it as run past it (nothing was done: safe to repeat). Without
-    it a frozen node's late beat or unlease wrote the session back as its stale copy
-    had it, and the leases made since were gone (aq_sess_v1.lua, header)."""
-    n = _SESS_ARGS[function]
-    if len(args) != n:
-        raise TypeError(f"{keys.SESS_MOD}.{function} takes {n} argument(s) before its deadline, not {len(args)}")
-    answer = backend.udf(keys.SESS_SET, session_id, keys.SESS_MOD, function, *args, FRESH_DEADLINE, deadline_s=busy_s)
-    if answer == "stale":
-        raise stale_call(keys.SESS_MOD, function, keys.SESS_SET, session_id)
-    return answer
+    """One call of a session UDF (`_once`). Without its deadline a frozen node's late
+    beat or unlease wrote the session back as its stale copy had it, and the leases
+    made since were gone (aq_sess_v1.lua, header)."""
+    return _once(backend, keys.SESS_SET, session_id, keys.SESS_MOD, _SESS_ARGS, function, args, busy_s)
 
 
 # Each ID store UDF's arguments before its deadline (aq_ids_v1.lua): both write a chunk.
@@ -487,18 +497,10 @@ _IDS_ARGS = {"pop": 1, "remove": 1}
 
 
 def ids_once(backend: Backend, chunk: str, function: str, *args: Any, busy_s: float = 5.0) -> Any:
-    """One call of an ID store UDF on chunk record `chunk`, given its arguments before
-    the deadline, a busy key retried for `busy_s`; `StaleRequest` if the server refused
-    it as run past the deadline (nothing was done: safe to repeat). Without it a frozen
-    node's late run would put the chunk back as it had it: IDs popped meanwhile handed
-    out again, a kicked job's ID back in it (aq_ids_v1.lua, header)."""
-    n = _IDS_ARGS[function]
-    if len(args) != n:
-        raise TypeError(f"{keys.IDS_MOD}.{function} takes {n} argument(s) before its deadline, not {len(args)}")
-    answer = backend.udf(keys.IDS_SET, chunk, keys.IDS_MOD, function, *args, FRESH_DEADLINE, deadline_s=busy_s)
-    if is_stale(answer):
-        raise stale_call(keys.IDS_MOD, function, keys.IDS_SET, chunk)
-    return answer
+    """One call of an ID store UDF on chunk record `chunk` (`_once`). Without its
+    deadline a frozen node's late run would put the chunk back as it had it: IDs popped
+    meanwhile handed out again, a kicked job's ID back in it (aq_ids_v1.lua, header)."""
+    return _once(backend, keys.IDS_SET, chunk, keys.IDS_MOD, _IDS_ARGS, function, args, busy_s)
 
 
 def reaper_tx() -> str:
