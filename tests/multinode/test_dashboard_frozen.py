@@ -101,9 +101,18 @@ def test_a_frozen_node_costs_the_overview_only_what_it_holds(
             # that did not answer, after which the others get 250 ms within a 2 s budget), as text:
             # a tuple's repr is cut short in pytest's report.
             log_tail = logs[WARM_PORT if which.startswith("warm") else COLD_PORT].read_text()[-3000:]
-            assert {n for n, r in shown.items() if r is not None} == readable, (
-                f"{which}: shown {shown}\nnot read: {unread(page)}\nthe dashboard's log:\n{log_tail}")
-            assert all(shown[n] == want[n] for n in readable), (which, shown)
+            read = {n for n, r in shown.items() if r is not None}
+            said = f"{which}: shown {shown}\nnot read: {unread(page)}\nthe dashboard's log:\n{log_tail}"
+            if which.endswith("again"):
+                # A view after a timeout gives every read 250 ms within 2 s from its first
+                # timeout: on a loaded host a healthy node's list can take longer (a full
+                # one-server run: 2 of 7 healthy lists read). Some shown, none of the
+                # frozen node's, and every healthy one not shown named as not read.
+                assert read and read <= readable, said
+                assert {f"list {n}" for n in readable - read} <= set(unread(page)), said
+            else:
+                assert read == readable, said
+            assert all(shown[n] == want[n] for n in read), (which, shown)
             # The sessions the other nodes hold (their scan needs every node), without
             # their claims (each one's index query needs every node too).
             assert "sessions" in unread(page) and "Sessions: may be incomplete — a node did not answer" in page, which
