@@ -939,7 +939,7 @@ def _delete_left_by_another(lists: JobLists, set_name: str, stamped: Iterable[tu
     for name, stamp in stamped:
         by_stamp[stamp].append(name)
     for stamp, names in by_stamp.items():
-        lists._delete_all(set_name, names, only=exp.Eq(exp.IntBin("c"), stamp).compile())
+        lists._delete_all(set_name, names, only=_stamped(stamp))
 
 
 def _not_indexed(b: Backend, name: str, created: int, batch: list[JobSpec]) -> list[JobSpec]:

@@ -445,39 +445,31 @@ _JOB_ARGS = {
 }
 
 
-def job_once(
-    backend: Backend, job_name: str, function: str, *args: Any, extra: tuple[Any, ...] = (), busy_s: float = 5.0,
-) -> Any:
-    """One call of a job UDF, given its arguments before the deadline (`args`) and
-    after it (`extra`), a busy key retried for `busy_s`; `StaleRequest` if the server
-    refused it as run past the deadline (nothing was done: safe to repeat)."""
-    n = _JOB_ARGS[function]
-    if len(args) > n:
-        raise TypeError(f"{keys.JOB_MOD}.{function} takes {n} argument(s) before its deadline, not {len(args)}")
-    answer = backend.udf(
-        keys.JOB_SET, job_name, keys.JOB_MOD, function, *args, *(None,) * (n - len(args)), FRESH_DEADLINE, *extra,
-        deadline_s=busy_s,
-    )
-    if is_stale(answer):
-        raise stale_call(keys.JOB_MOD, function, keys.JOB_SET, job_name)
-    return answer
-
-
 def _once(
     backend: Backend, set_name: str, key: str, module: str, takes: dict[str, int], function: str, args: tuple[Any, ...],
-    busy_s: float,
+    busy_s: float, *, optional: bool = False, extra: tuple[Any, ...] = (),
 ) -> Any:
     """One call of UDF `module.function` on record `key`, given its arguments before
-    its deadline (`takes[function]` of them), a busy key retried for `busy_s`;
+    its deadline (`takes[function]` of them; with `optional`, trailing ones may be left
+    out, sent as nil) and after it (`extra`), a busy key retried for `busy_s`;
     `StaleRequest` if the server refused it as run past the deadline (nothing was done:
     safe to repeat)."""
     n = takes[function]
-    if len(args) != n:
+    if len(args) > n or (len(args) < n and not optional):
         raise TypeError(f"{module}.{function} takes {n} argument(s) before its deadline, not {len(args)}")
-    answer = backend.udf(set_name, key, module, function, *args, FRESH_DEADLINE, deadline_s=busy_s)
+    answer = backend.udf(set_name, key, module, function, *args, *(None,) * (n - len(args)), FRESH_DEADLINE, *extra,
+                         deadline_s=busy_s)
     if is_stale(answer):
         raise stale_call(module, function, set_name, key)
     return answer
+
+
+def job_once(
+    backend: Backend, job_name: str, function: str, *args: Any, extra: tuple[Any, ...] = (), busy_s: float = 5.0,
+) -> Any:
+    """One call of a job UDF (`_once`), trailing arguments before the deadline optional."""
+    return _once(backend, keys.JOB_SET, job_name, keys.JOB_MOD, _JOB_ARGS, function, args, busy_s, optional=True,
+                 extra=extra)
 
 
 # Each session UDF's arguments before its deadline (aq_sess_v1.lua; `lease` has a window
