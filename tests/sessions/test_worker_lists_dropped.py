@@ -13,6 +13,7 @@ import sys
 import textwrap
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,9 @@ from tests.waiting import wait_for
 ROOT = Path(__file__).resolve().parents[2]
 
 # Logs each run; a job of a list whose name ends in "-held" touches its claim well past
-# the list's time limit, then waits for the gate file.
+# the list's time limit, says so (the test drops the list only then: dropped before the
+# touch, the job would fail at once and the jobs behind it start at once), then waits
+# for the gate file.
 HANDLER = """
 import os, time
 from pathlib import Path
@@ -35,6 +38,7 @@ def handle(job):
         f.write(f"{job.list} {job.jid}\\n")
     if job.list.endswith("-held"):
         job.touch(60)
+        Path(os.environ["AQ_TOUCHED"]).touch()
         gate = Path(os.environ["AQ_GATE"])
         while not gate.exists():
             time.sleep(0.02)
@@ -46,15 +50,24 @@ class WorkerProc:
     def __init__(self, store_url: str, tmp_path: Path, *args: str) -> None:
         (tmp_path / "drop_handler.py").write_text(textwrap.dedent(HANDLER))
         self.ran, self.gate, self.log = tmp_path / "ran.txt", tmp_path / "gate", tmp_path / "worker.jsonl"
+        self.touched = tmp_path / "touched"
         self.ran.touch()
         env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", "AQ_RAN": str(self.ran),
-               "AQ_GATE": str(self.gate)}
+               "AQ_GATE": str(self.gate), "AQ_TOUCHED": str(self.touched)}
         with open(self.log, "w") as stderr:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "aeroqueue", "--url", store_url, "worker", "--handler", "drop_handler:handle",
                  "--heartbeat", "0.2", "--expiry", "3", "--idle-max", "0.2", "--refresh-lists", "0.2",
                  "--log-format", "json", "--log-level", "info", *args],
                 cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+
+    def wait_for(self, what: str, check: Callable[[], object], timeout_s: float = 30.0) -> None:
+        """`wait_for`, saying on a timeout whether the worker still runs and what it logged."""
+        try:
+            wait_for(what, check, timeout_s)
+        except AssertionError as e:
+            raise AssertionError(f"{e} (worker exit status {self.proc.poll()}; its log: "
+                                 f"{self.log.read_text()[-3000:]})") from None
 
     def runs(self) -> Counter[tuple[str, str]]:
         """(list, job id) -> how many times the handler ran it."""
@@ -91,10 +104,10 @@ def test_a_list_dropped_and_loaded_again_in_the_other_mode_is_worked_on(store_ur
     lists.load(other, [JobSpec("o0", {})])  # not sealed: the worker waits on
     w = WorkerProc(store_url, tmp_path, "--list", f"{list_name}-*", "--until-complete")
     try:
-        wait_for("the first jobs done", lambda: lists.status(again).done == 5 and lists.status(other).done == 1)
+        w.wait_for("the first jobs done", lambda: lists.status(again).done == 5 and lists.status(other).done == 1)
         lists.drop(again, grace_s=0)
         lists.load(again, [JobSpec(f"b{i}", {}) for i in range(5)], mode=modes[1], seal=True)
-        wait_for(f"the jobs of {again}, loaded again in {modes[1]} mode, done",
+        w.wait_for(f"the jobs of {again}, loaded again in {modes[1]} mode, done",
                  lambda: lists.status(again).done == 5, timeout_s=20)
         lists.seal(other)
         assert w.wait() == 0
@@ -124,7 +137,8 @@ def test_jobs_held_unstarted_when_their_list_is_dropped_are_counted_once(store_u
     # One thread; the first pick is "-held" (picks tie in name order); 4 jobs a time.
     w = WorkerProc(store_url, tmp_path, "--list", f"{list_name}-*", "--prefetch", "4", "--until-complete")
     try:
-        wait_for("the first job of the held list running", lambda: (held, "h0") in w.runs())
+        w.wait_for("the first job of the held list running, its claim touched", w.touched.exists)
+        assert w.runs() == Counter({(held, "h0"): 1}), w.runs()
         lists.drop(held, grace_s=0)
         time.sleep(1.5)  # renewals of the prefetched claims come due
         if ending == "drained":
