@@ -27,7 +27,7 @@ from . import keys, udfs
 from .backends import Backend, open_backend
 from .errors import BackendError, ConfigError
 from .lists import JobLists
-from .loading import JobSpec
+from .loading import Checked, JobSpec
 from .queue import Queue
 from .sessions import Session
 
@@ -150,7 +150,7 @@ def run(
             task = progress.add_task(f"loading {size:,} jobs", total=size) if progress else None
             lists.load(
                 name,
-                (JobSpec(f"j{i}", {"i": i}) for i in range(size)),
+                Checked(JobSpec(f"j{i}", {"i": i}) for i in range(size)),
                 mode=mode,
                 chunk_size=1000,
                 progress=functools.partial(progress.advance, task) if progress else None,
@@ -251,7 +251,7 @@ def compare_claim_designs(url: str | None, *, jobs: int = 3000, list_size: int =
                 backend.create_index(keys.JOB_SET, "sess", keys.SESS_INDEX)
             name = f"design-{design}-{uuid.uuid4().hex[:6]}"
             made.append((name, list_size))
-            lists.load(name, (JobSpec(f"j{i}", {"i": i}) for i in range(list_size)), chunk_size=1000)
+            lists.load(name, Checked(JobSpec(f"j{i}", {"i": i}) for i in range(list_size)), chunk_size=1000)
             session = Session.open(backend, heartbeat=False)
             trips0, t0 = backend.round_trips, time.perf_counter()
             for _ in range(jobs):

@@ -216,10 +216,12 @@ class JobLists:
     ) -> LoadReport:
         """Load jobs into a list, creating it if needed (see `aeroqueue.load`).
 
-        `jobs` yields `JobSpec`s already checked (the CLI checks a whole file
-        first), or plain items, `(id, payload)` pairs or `{"id", "payload"}`
-        dicts, which are checked whole here before anything is written. No jobs
-        at all is an error (nothing is created). A sealed list takes no new
+        `jobs` yields `JobSpec`s, `(id, payload)` pairs or `{"id", "payload"}`
+        dicts, all checked here (ids, sizes, duplicates, run_at, values JSON or
+        MySQL cannot hold) before anything is written: a `LoadError` names the
+        item (its 1-based place, or a JobSpec's `line`) and field. Only jobs
+        wrapped in `loading.Checked` (the CLI's, checked whole as it reads a file)
+        are taken as they come. No jobs at all is an error (nothing is created). A sealed list takes no new
         job: loading only jobs it already holds is a no-op
         (`LoadReport.already_sealed`), any new one raises `ListSealed`.
         `workers` ranges are written at once (default: 8 on a server, 1 on the

@@ -66,7 +66,7 @@ from .errors import (
     RecordNotFound,
 )
 from .hotpath import SERVER_NOW
-from .loading import RECORD_OVERHEAD, JobSpec, from_iterable
+from .loading import RECORD_OVERHEAD, Checked, JobSpec, from_iterable
 
 if TYPE_CHECKING:
     from .lists import JobLists
@@ -949,11 +949,9 @@ def _not_indexed(b: Backend, name: str, created: int, batch: list[JobSpec]) -> l
 
 
 def _specs(jobs: Iterable[Any], limit: int) -> Iterable[JobSpec]:
-    """JobSpecs pass through lazily; any other item means the Python API: check all first."""
-    it = iter(jobs)
-    first = next(it, None)
-    if first is None:
-        return []
-    if isinstance(first, JobSpec):
-        return itertools.chain([first], it)
-    return from_iterable(itertools.chain([first], it), max_payload=limit)
+    """Jobs checked whole already (`Checked`: the CLI's file) pass through lazily; any
+    other input, JobSpecs too, is checked whole first (`from_iterable`): a bad item
+    found once the first ranges were written would leave the load half done."""
+    if isinstance(jobs, Checked):
+        return jobs
+    return from_iterable(jobs, max_payload=limit)

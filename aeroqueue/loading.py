@@ -69,6 +69,21 @@ class JobSpec:
     run_at: float | None = None  # epoch seconds: not reservable before then (server clock)
 
 
+class Checked:
+    """Jobs a whole-input check has passed (`validate`, which the CLI runs over a file
+    before it loads it): `JobLists.load` takes them as they come, lazily, unchecked,
+    so that a file of a million jobs is read twice rather than held in memory. Any
+    other input, JobSpecs included, is checked whole before anything is written."""
+
+    __slots__ = ("_specs",)
+
+    def __init__(self, specs: Iterable[JobSpec]) -> None:
+        self._specs = specs
+
+    def __iter__(self) -> Iterator[JobSpec]:
+        return iter(self._specs)
+
+
 RUN_AT = "run_at"  # the field (CSV column, JSON key) that delays one job
 
 
@@ -732,7 +747,7 @@ def from_iterable(items: Iterable[Any], *, max_payload: int, source: str = "<pyt
             if _check_python_value(spec.payload):
                 spec = dataclasses.replace(spec, payload=_tuples_as_lists(spec.payload))
         except _BadValue as e:
-            raise LoadError(str(e), source=source, line=i, field="payload") from None
+            raise LoadError(str(e), source=source, line=spec.line, field="payload") from None
         out.append(_checked(spec, source, "id", max_payload))
     validate(out, source)
     return out

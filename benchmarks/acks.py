@@ -32,7 +32,7 @@ import aeroqueue
 from aeroqueue import keys
 from aeroqueue.errors import ListNotFound
 from aeroqueue.lists import JobLists
-from aeroqueue.loading import JobSpec
+from aeroqueue.loading import Checked, JobSpec
 from aeroqueue.queue import Queue
 from aeroqueue.sessions import Session
 
@@ -62,7 +62,7 @@ def measure(url: str, server_pid: int | None, n: int, batch: int, mode: str, res
     session = None
     expected: dict[int, Any] = {}  # token -> the result it was acknowledged with
     try:
-        lists.load(name, (JobSpec(jid=str(i), payload={"i": i}) for i in range(n)))
+        lists.load(name, Checked(JobSpec(jid=str(i), payload={"i": i}) for i in range(n)))
         queue, session = Queue(backend), Session.open(backend)
         while True:
             got = [queue.reserve(name, session, per, lease=mode == "lease") for _ in range(leases)]

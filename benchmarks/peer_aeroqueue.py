@@ -28,7 +28,7 @@ from aeroqueue.backends import Backend, base, open_backend
 from aeroqueue.config import parse_url
 from aeroqueue.errors import AeroqueueError, ClaimLost
 from aeroqueue.lists import JobLists
-from aeroqueue.loading import JobSpec
+from aeroqueue.loading import Checked, JobSpec
 from aeroqueue.queue import Job, Queue
 from aeroqueue.sessions import Session
 from aeroqueue.worker import LEASE_MIN, PREFETCH_HOLD_S, PREFETCH_MAX, handler_pace, prefetch_for
@@ -418,7 +418,7 @@ class AeroqueuePeer(Peer):
         if self.url is None:
             udfs.register(backend)
         JobLists(backend).load(
-            name, (JobSpec(str(i), {"i": i}) for i in range(n_jobs)), seal=True, chunk_size=LOAD_CHUNK
+            name, Checked(JobSpec(str(i), {"i": i}) for i in range(n_jobs)), seal=True, chunk_size=LOAD_CHUNK
         )
         if self.name == "block-floor":
             write_blocks(backend, name, n_jobs)

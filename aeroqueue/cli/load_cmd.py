@@ -30,7 +30,7 @@ from rich.text import Text
 from ..errors import LoadError, Terminated
 from ..lists import DEFAULT_CHUNK, JobLists, max_payload
 from ..load import EMBEDDED_CHUNK
-from ..loading import STDIN, read_file, sniff_format, spooled_stdin, validate
+from ..loading import STDIN, Checked, read_file, sniff_format, spooled_stdin, validate
 from .context import (
     BACKOFF_MAX_OPT,
     BACKOFF_OPT,
@@ -260,7 +260,7 @@ def _load(
         # Only the rows the check saw: a line appended since (an exporter still writing
         # the file) would be loaded unchecked, or stop the load half-way.
         report = JobLists(backend).load(
-            list_name, guard.rows(itertools.islice(read(), n)), mode=mode, seal=seal, chunk_size=chunk_size,
+            list_name, Checked(guard.rows(itertools.islice(read(), n))), mode=mode, seal=seal, chunk_size=chunk_size,
             max_attempts=max_attempts, workers=workers, progress=advance, timeout_s=timeout_s,
             backoff_s=backoff_s, backoff_max_s=backoff_max_s, delay_s=delay_s,
         )

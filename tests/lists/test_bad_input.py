@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from aeroqueue import errors
 from aeroqueue.cli import main
 from aeroqueue.errors import LoadError
-from aeroqueue.lists import max_payload
+from aeroqueue.lists import JobLists, max_payload
 from aeroqueue.loading import JobSpec, from_iterable, read_file, validate
 
 
@@ -209,6 +209,33 @@ def test_a_payload_within_the_limit_as_json_but_not_as_stored_loads_nothing(tmp_
     status = CliRunner().invoke(main, ["--url", store_url, "status", list_name, "--json"])
     assert status.exit_code == 1 and f"no job list named '{list_name}'" in status.output
 
+
+
+@pytest.mark.parametrize(("bad", "fragments"), [
+    (JobSpec("", {}), ["line 3", "field 'id'", "non-empty string"]),
+    (JobSpec("b", {"s": {1, 2}}), ["line 3", "field 'payload'", "a set is not a JSON value"]),
+    (JobSpec("b", b"raw"), ["line 3", "field 'payload'", "a bytes is not a JSON value"]),
+    (JobSpec("b", {}, None, "tomorrow"), ["line 3", "field 'run_at'", "neither ISO 8601"]),  # type: ignore[arg-type]
+    (JobSpec("b", {}, None, float("nan")), ["line 3", "field 'run_at'"]),
+    (JobSpec("a", {}), ["line 3", "duplicate job id 'a'"]),
+    (("b", {}, "extra"), ["line 3", "expected (id, payload)"]),
+], ids=["empty id", "set", "bytes", "run_at text", "run_at NaN", "duplicate", "not a job"])
+def test_jobspecs_from_python_are_checked_whole_before_anything_is_written(registered, list_name, bad, fragments):
+    """JobSpecs passed through unchecked: a set payload failed mid-write (the list made,
+    a range left pending), a text run_at raised a TypeError, bytes loaded and later
+    failed the sync. Now they are checked as plain items are: nothing is made."""
+    lists = JobLists(registered)
+    with pytest.raises(LoadError) as e:
+        lists.load(list_name, [JobSpec("a", {}), JobSpec("c", {"i": 1}), bad])
+    for fragment in ["<python>", *fragments]:
+        assert fragment in str(e.value), str(e.value)
+    with pytest.raises(errors.ListNotFound):
+        lists.status(list_name)
+    # The same jobs, good, load; a JobSpec's own line is the one an error names.
+    assert lists.load(list_name, [JobSpec("a", {}), JobSpec(7, {"i": 1})]).loaded == 2  # type: ignore[arg-type]
+    with pytest.raises(LoadError, match=r"line 41, field 'payload'"):
+        lists.load(list_name, [JobSpec("x", {1.5: "float key"}, 41)])
+    assert lists.status(list_name).total == 2
 
 
 def _size_that_fits(said: str) -> int:

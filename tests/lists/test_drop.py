@@ -18,7 +18,7 @@ from aeroqueue import errors, keys, sessions, transitions
 from aeroqueue.backends.base import N_PARTITIONS
 from aeroqueue.cli import main
 from aeroqueue.lists import JobLists
-from aeroqueue.loading import JobSpec
+from aeroqueue.loading import Checked, JobSpec
 from aeroqueue.queue import Job, Queue
 from aeroqueue.sessions import Session
 from aeroqueue.worker import EXIT_OK, Worker
@@ -635,7 +635,8 @@ def test_a_loader_paused_before_it_voids_a_duplicate_leaves_the_new_list_whole(
 
     monkeypatch.setattr(lists, "_batch_write", paused_send)
     with pytest.raises(errors.LoadAbandoned, match="dropped"):
-        lists.load(list_name, [JobSpec("b", {}), JobSpec("a", {}), JobSpec("a", {})], lease_ms=1, workers=1)
+        # A duplicate in the input, as a concurrent load's would be (`Checked`: past the input check).
+        lists.load(list_name, Checked([JobSpec("b", {}), JobSpec("a", {}), JobSpec("a", {})]), lease_ms=1, workers=1)
     monkeypatch.undo()
     assert lists.status(list_name).total == n, "the pause happened"
     _the_new_list_runs_whole(queue, lists, list_name, n)
