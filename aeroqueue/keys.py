@@ -11,7 +11,7 @@ LIST_SET = "aq_list"  # "<list>": token store and list header
 JOB_SET = "aq_job"  # "<list>/<token>": one job
 IDS_SET = "aq_ids"  # "<list>/<chunk>": ID store chunks
 SESS_SET = "aq_sess"  # "<session id>": heartbeat session
-DONE_SET = "aq_done"  # "<list>/<chunk>": completion bitmaps (bins done, dead; void: tokens that hold no job)
+DONE_SET = "aq_done"  # "<list>/<chunk>": completion bitmaps (bins done, dead; void: tokens that hold no job; c: the list's stamp)
 JIDX_SET = "aq_jidx"  # "<list>/<jid>": job id -> token, the commit point of a load
 LOCK_SET = "aq_lock"  # "<name>": a lease (owner, host, pid, ttl_ms); a sync's is "sync:<target>"; SWEEP_GATE, LOST_TAKE_MARK
 SYNC_SET = "aq_sync"  # "<run>/<partition>": a running sync task's progress (lists: copied per list); "clock/<id>"
@@ -95,6 +95,17 @@ def indexed_here(index_bins: dict[str, Any], created: int) -> bool:
     """Whether an index entry is this list's (stamped `created`). Entries written
     before the stamp existed have none: taken as this list's, as they always were."""
     return index_bins.get("c", created) == created
+
+
+def bitmap_of(rec: Any, created: int | None) -> Any:
+    """A completion bitmap record if it is the list's made at `created` (its stamp
+    `c`), else None, as if no bit of it were set: one of a list of the same name
+    dropped since (brought back by a node that missed the drop, or written by a
+    process paused past it) counts nothing. Chunks written before the stamp existed
+    have none: taken as this list's, as they always were. `created` None: any."""
+    if rec is None or created is None:
+        return rec
+    return rec if rec.bins.get("c", created) == created else None
 
 
 def chunk_name(list_name: str, chunk: int) -> str:

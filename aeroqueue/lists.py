@@ -247,7 +247,8 @@ class JobLists:
         # against the jobs first. A process killed between the two steps of
         # `transitions.set_dead_bits` after a kick leaves the bit of a queued job.
         if (is_complete(head, done, dead) and head.get("done_at") is None
-                and transitions.check_dead_bits(self.backend, name, self.dead_tokens(name, head["alloc"]))):
+                and transitions.check_dead_bits(self.backend, name, self.dead_tokens(name, head["alloc"], head["created"]),
+                                                head["created"])):
             head, done, dead, finished, voids = self._progress(name)
         # Delayed jobs whose time has come wait on the list record until the next take
         # releases them: counted as that take will leave them (by this host's clock).
@@ -361,7 +362,7 @@ class JobLists:
     def _progress(self, name: str) -> tuple[dict[str, Any], int, int, _Finished, _Finished]:
         transitions.flush_bits(self.backend)  # this process's acks count at once
         head = self.header(name)
-        done, dead, finished, voids = self._bits(name, head["alloc"])
+        done, dead, finished, voids = self._bits(name, head["alloc"], head["created"])
         return head, done, dead, finished, voids
 
     def unpopped_ids(self, name: str, head: dict[str, Any]) -> list[int]:
@@ -401,11 +402,12 @@ class JobLists:
                          and not finished(t))
         return later
 
-    def dead_tokens(self, name: str, alloc: int) -> list[int]:
-        """The tokens whose dead bit is set (a done one's too: it is wrong)."""
+    def dead_tokens(self, name: str, alloc: int, created: int | None) -> list[int]:
+        """The tokens whose dead bit is set (a done one's too: it is wrong), in the
+        bitmaps of the list made at `created`."""
         per = keys.BITS_PER_CHUNK
         tokens = []
-        for chunk, rec in enumerate(self._bitmaps(name, alloc)):
+        for chunk, rec in enumerate(self._bitmaps(name, alloc, created)):
             x = _chunk_bits(rec, "dead")
             while x:  # the set bits only: dead jobs are few
                 bit = x.bit_length() - 1
@@ -413,7 +415,7 @@ class JobLists:
                 x ^= 1 << bit
         return sorted(tokens)
 
-    def _bits(self, name: str, alloc: int) -> tuple[int, int, _Finished, _Finished]:
+    def _bits(self, name: str, alloc: int, created: int | None) -> tuple[int, int, _Finished, _Finished]:
         """Done and dead bits set, which tokens have either, and which are void (hold
         no job: load.void_bits). A retry store entry whose job finished is a
         duplicate, pending nothing: a release or requeue repeated after a lost answer,
@@ -422,7 +424,7 @@ class JobLists:
         done = dead = 0
         maps: dict[int, int] = {}
         voids: dict[int, int] = {}
-        for chunk, rec in enumerate(self._bitmaps(name, alloc)):
+        for chunk, rec in enumerate(self._bitmaps(name, alloc, created)):
             if rec is None:
                 continue
             d, x = _chunk_bits(rec, "done"), _chunk_bits(rec, "dead")
@@ -436,9 +438,11 @@ class JobLists:
                 voids[chunk] = _chunk_bits(rec, "void")
         return done, dead, _Finished(maps), _Finished(voids)
 
-    def _bitmaps(self, name: str, alloc: int) -> list[Any]:
-        """The completion bitmap records of a list's `alloc` tokens, one a chunk (None: no bit set yet)."""
-        return self.backend.batch_get(keys.DONE_SET, _bitmap_names(name, alloc))
+    def _bitmaps(self, name: str, alloc: int, created: int | None) -> list[Any]:
+        """The completion bitmap records of a list's `alloc` tokens, one a chunk (None: no
+        bit set yet, or the chunk is of another list of the name: `keys.bitmap_of`)."""
+        recs = self.backend.batch_get(keys.DONE_SET, _bitmap_names(name, alloc))
+        return [keys.bitmap_of(rec, created) for rec in recs]
 
     # -- walking a list ----------------------------------------------------------
 
@@ -466,22 +470,14 @@ class JobLists:
         before their time. All of the list's dead jobs, or only these tokens (a token
         that is neither dead nor delayed is left alone, and so is one of a range a load
         has not published yet; with `dead_only`, a delayed one too). Returns how many."""
+        head = self.header(name)
         if tokens is None:
             # The jobs the scan read dead, still dead: one kicked by another since and
             # delayed again by its backoff keeps its wait.
             tokens, dead_only = [job["token"] for job in self.jobs(name, "dead")], True
         else:
-            tokens = self._published(name, tokens)
-        return transitions.kick(self.backend, name, list(tokens), dead_only=dead_only)
-
-    def _published(self, name: str, tokens: Iterable[int]) -> list[int]:
-        """The tokens of published ranges (below `tail`), with a clear error for a missing
-        list. A token the list never allocated holds no job: kicking it would write a
-        bitmap chunk past the list's end, which nothing counts and `drop` never deletes.
-        One of a range still loading is no job of the list yet: kicked, it ran, and the
-        load run again (after its loader died) gave its id a token of its own."""
-        tail = self.header(name)["tail"]
-        return [t for t in tokens if 0 <= t < tail]
+            tokens = _published(head, tokens)
+        return transitions.kick(self.backend, name, list(tokens), dead_only=dead_only, created=head["created"])
 
     # -- one job, by its own id --------------------------------------------------
 
@@ -498,7 +494,9 @@ class JobLists:
     def kick_job(self, name: str, jid: str) -> bool:
         """Put one dead or delayed job back in the queue now; False if it was neither
         (or its load has not published it yet)."""
-        return transitions.kick(self.backend, name, self._published(name, [self.find_job(name, jid)["token"]])) == 1
+        head = self.header(name)
+        tokens = _published(head, [self.find_job(name, jid)["token"]])
+        return transitions.kick(self.backend, name, tokens, created=head["created"]) == 1
 
     def bury(self, name: str, jid: str, why: str = "buried by an operator") -> str:
         """Send one job to dead by hand (a claim on it is lost: its ack will be refused).
@@ -765,6 +763,15 @@ def new_list_policy(
     if new and hi < lo:
         raise ConfigError(f"the backoff cap ({hi / 1000:g} s) would be below its base ({lo / 1000:g} s)")
     return opts
+
+
+def _published(head: dict[str, Any], tokens: Iterable[int]) -> list[int]:
+    """The tokens of published ranges (below `tail`) of the list `head` is of. A token
+    the list never allocated holds no job: kicking it would write a bitmap chunk past
+    the list's end, which nothing counts and `drop` never deletes. One of a range
+    still loading is no job of the list yet: kicked, it ran, and the load run again
+    (after its loader died) gave its id a token of its own."""
+    return [t for t in tokens if 0 <= t < head["tail"]]
 
 
 def _bitmap_names(name: str, alloc: int) -> list[str]:

@@ -712,7 +712,7 @@ def commit_index(lists: JobLists, name: str, created: int, pairs: list[tuple[int
                                 "into it")
         if any(code != 0 for code in codes):
             raise LoadAbandoned(f"list {name!r}: voiding duplicate jobs failed ({_describe(codes)}); run the load again")
-        void_bits(lists, name, voids)
+        void_bits(lists, name, voids, created)
     void_set = set(voids)
     return [t for t, _ in pairs if t not in void_set]
 
@@ -753,12 +753,12 @@ def stale_index(lists: JobLists, name: str, created: int, token: int, jid: str, 
     raise LoadAbandoned(f"list {name!r}: the job id index of {jid!r} kept changing while loading; run the load again")
 
 
-def void_bits(lists: JobLists, name: str, tokens: list[int]) -> None:
-    """Mark void tokens in the list's void bitmap, before their range is published:
-    the token store hands them out like any token (the claim refuses them), so
-    `status` needs them to count what is reservable. Idempotent."""
+def void_bits(lists: JobLists, name: str, tokens: list[int], created: int) -> None:
+    """Mark void tokens in the void bitmap of the list made at `created`, before their
+    range is published: the token store hands them out like any token (the claim
+    refuses them), so `status` needs them to count what is reservable. Idempotent."""
     if tokens:
-        transitions.set_bits(lists.backend, name, tokens, "void", 1)
+        transitions.set_bits(lists.backend, name, tokens, "void", 1, created)
 
 
 def finish_range(
@@ -889,7 +889,8 @@ def recover(lists: JobLists, name: str) -> int:
             (t, rec.bins["jid"]) for t, rec in zip(tokens, recs, strict=True)
             if rec is not None and rec.bins.get("state") != "void"
         ]
-        void_bits(lists, name, [t for t, rec in zip(tokens, recs, strict=True) if rec is None or rec.bins.get("state") == "void"])
+        void_bits(lists, name, [t for t, rec in zip(tokens, recs, strict=True)
+                                if rec is None or rec.bins.get("state") == "void"], head["created"])
         real = commit_index(lists, name, head["created"], present)
         real_set = set(real)
         # Held back as the dead loader's publish would have (a gate or their own

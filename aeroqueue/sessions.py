@@ -330,7 +330,7 @@ def release_claims(backend: Backend, session_id: str, *, refund: bool, why: str)
     """Release every job still claimed by a session onto its list's retry store.
     Idempotent: the release UDF only acts on a claim the session still holds."""
     released: dict[tuple[str, int | None], list[int]] = defaultdict(list)  # by list and its stamp (push_retry)
-    dead: dict[str, list[int]] = defaultdict(list)
+    dead: dict[tuple[str, int | None], list[int]] = defaultdict(list)
     tx = transitions.reaper_tx()  # another reaper's pass releasing the same claims offers none of them again
     try:
         for name, rec in backend.find(keys.JOB_SET, "sess", session_id, expression=_CLAIMED):
@@ -340,12 +340,12 @@ def release_claims(backend: Backend, session_id: str, *, refund: bool, why: str)
             if st == "released":
                 released[(rec.bins["list"], rec.bins.get("c"))].append(rec.bins["token"])
             elif st == "dead":
-                dead[rec.bins["list"]].append(rec.bins["token"])
+                dead[(rec.bins["list"], rec.bins.get("c"))].append(rec.bins["token"])
     finally:
         # Whatever cut the pass short, what it released is offered again now: a
         # repeated pass no longer finds those jobs (their claim is gone from the index).
-        for list_name, tokens in dead.items():
-            transitions.set_dead_bits(backend, list_name, tokens)
+        for (list_name, created), tokens in dead.items():
+            transitions.set_dead_bits(backend, list_name, tokens, created)
         for (list_name, created), tokens in released.items():
             push_retry(backend, list_name, _offer(backend, list_name, tokens, tx, created), created)
     return sum(len(t) for t in released.values()) + sum(len(t) for t in dead.values())
@@ -633,7 +633,7 @@ def recount_session(backend: Backend, session_id: str) -> int:
 def _recount(backend: Backend, list_name: str, bitmap: str, tokens: list[int], created: int) -> int:
     """Set the missing `bitmap` bits of `tokens`, jobs a scan found finished in the list
     made at `created` (server ms, the head read before the scan); returns how many."""
-    have = _bits(backend, list_name, bitmap, tokens)
+    have = _bits(backend, list_name, bitmap, tokens, created)
     missing = [t for t in tokens if t not in have]
     if not missing:
         return 0
@@ -649,9 +649,9 @@ def _recount(backend: Backend, list_name: str, bitmap: str, tokens: list[int], c
     if not transitions.list_is(backend, list_name, created):
         return 0
     if bitmap == "dead":  # seen dead by a scan that may be old: kicked since, maybe
-        transitions.set_dead_bits(backend, list_name, missing)
+        transitions.set_dead_bits(backend, list_name, missing, created)
     else:
-        set_bits(backend, list_name, missing, bitmap, 1)
+        set_bits(backend, list_name, missing, bitmap, 1, created)
     return len(missing)
 
 
@@ -860,9 +860,10 @@ def sweep(backend: Backend, *, grace_ms: int = DEFAULT_SWEEP_GRACE_MS, stop: Cal
         with contextlib.suppress(ListNotFound):  # dropped meanwhile
             # The jobs the scan found dead need no second read.
             seen_dead = {j.bins["token"] for j in found["dead"].get(name, ())}
-            suspect = [t for t in lists.dead_tokens(name, heads[name]["alloc"]) if t not in seen_dead]
+            created = heads[name]["created"]
+            suspect = [t for t in lists.dead_tokens(name, heads[name]["alloc"], created) if t not in seen_dead]
             if suspect:
-                transitions.check_dead_bits(backend, name, suspect)
+                transitions.check_dead_bits(backend, name, suspect, created)
 
     # Claims whose session is gone (a reaper missed them, or a claim raced a reap).
     holders = sorted({j.bins.get("sess", "") for jobs in found["claimed"].values() for j in jobs})
@@ -1006,14 +1007,14 @@ def _fence(backend: Backend, jobs: list[_Found], room: int) -> list[int]:
     return tokens
 
 
-def _bits(backend: Backend, list_name: str, bitmap: str, tokens: list[int]) -> set[int]:
-    """Which of these tokens have their bit set in a list's bitmap."""
+def _bits(backend: Backend, list_name: str, bitmap: str, tokens: list[int], created: int) -> set[int]:
+    """Which of these tokens have their bit set in the bitmap of the list made at `created`."""
     chunks = sorted({keys.bit_position(t)[0] for t in tokens})
     recs = dict(zip(chunks, backend.batch_get(keys.DONE_SET, [keys.chunk_name(list_name, c) for c in chunks]), strict=True))
     out = set()
     for t in tokens:
         chunk, bit = keys.bit_position(t)
-        rec = recs[chunk]
+        rec = keys.bitmap_of(recs[chunk], created)
         data = bytes(rec.bins.get(bitmap) or b"") if rec is not None else b""
         if keys.bit_is_set(data, bit):
             out.add(t)

@@ -44,11 +44,13 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import aerospike
+from aerospike_helpers import expressions as xp
 from aerospike_helpers.operations import bitwise_operations as bw
+from aerospike_helpers.operations import operations as op
 
 from . import keys
 from .backends import FRESH_DEADLINE, Backend, retry_in_doubt
-from .errors import AeroqueueError, RecordNotFound, StaleRequest
+from .errors import AeroqueueError, FilteredOut, GenerationConflict, RecordNotFound, StaleRequest
 
 T = TypeVar("T")
 
@@ -64,10 +66,21 @@ _GROW = bw.bit_resize("done", BITMAP_BYTES, resize_flags=aerospike.BIT_RESIZE_GR
 # -- follow-ups ----------------------------------------------------------------
 
 
-def set_bits(backend: Backend, list_name: str, tokens: Iterable[int], bitmap: str, value: int) -> None:
+def set_bits(
+    backend: Backend, list_name: str, tokens: Iterable[int], bitmap: str, value: int, created: int | None = None
+) -> None:
     """Set (1) or clear (0) tokens' bits in a completion bitmap ('done' or 'dead', or
     'void': tokens that hold no job): one operate per bitmap chunk, idempotent, so a
-    retried ack never double-counts."""
+    retried ack never double-counts.
+
+    `created`: the stamp of the list the bits are of (None: a job written before
+    stamps, written whatever list is there). A chunk is stamped with it, and only a
+    chunk of that list (or one written before stamps) takes them: a writer paused past
+    a drop of the list and a load of it again under its name, or a node that missed
+    the drop bringing the old chunk back, would otherwise count the old list's jobs
+    in the new one, and could call it complete with jobs still to run. A chunk of
+    another list in the way is deleted if the list is ours (the old list's; the
+    sweep's recount sets back any of ours a rejoin replaced), else our bits go."""
     by_chunk: dict[int, list[int]] = defaultdict(list)
     per = keys.BITS_PER_CHUNK  # keys.bit_position, inline: this runs once a job
     for t in tokens:
@@ -76,19 +89,57 @@ def set_bits(backend: Backend, list_name: str, tokens: Iterable[int], bitmap: st
         # Grow-only resize makes the chunk exist at its full size, whoever comes first.
         grow = _GROW if bitmap == "done" else bw.bit_resize(bitmap, BITMAP_BYTES, resize_flags=aerospike.BIT_RESIZE_GROW_ONLY)
         ops = [grow, _span_op(bitmap, bits, value)]
-        # Repeated while busy or in doubt (a node lost mid-call): it sets the same bits.
-        # A clear never makes the chunk: a missing one has no bit set, and one made for
-        # nothing on a list dropped meanwhile would outlive the drop (a dead bit checked
-        # against a job the drop deleted: `check_dead_bits`).
-        with contextlib.suppress(RecordNotFound):
-            retry_in_doubt(functools.partial(backend.operate, keys.DONE_SET, keys.chunk_name(list_name, chunk), ops,
-                                             update_only=not value))
+        name = keys.chunk_name(list_name, chunk)
+        if created is None:
+            # Repeated while busy or in doubt (a node lost mid-call): it sets the same bits.
+            # A clear never makes the chunk: a missing one has no bit set, and one made for
+            # nothing on a list dropped meanwhile would outlive the drop (a dead bit checked
+            # against a job the drop deleted: `check_dead_bits`).
+            with contextlib.suppress(RecordNotFound):
+                retry_in_doubt(functools.partial(backend.operate, keys.DONE_SET, name, ops, update_only=not value))
+        else:
+            _set_stamped(backend, list_name, name, ops, value, created)
+
+
+def _ours(created: int) -> Any:
+    """A filter: the chunk is the list's made at `created`, or written before stamps.
+    (A filter is not applied to a record the write creates.)"""
+    return xp.Or(xp.Not(xp.BinExists("c")), xp.Eq(xp.IntBin("c"), created)).compile()
+
+
+def _set_stamped(backend: Backend, list_name: str, name: str, ops: list[dict], value: int, created: int) -> None:
+    """`set_bits` on one chunk, for the list made at `created`."""
+    if value:
+        ops = [op.write("c", created), *ops]
+    for _ in range(5):
+        try:
+            retry_in_doubt(functools.partial(backend.operate, keys.DONE_SET, name, ops, update_only=not value,
+                                             expression=_ours(created)))
+            return
+        except RecordNotFound:
+            return  # a clear: no chunk, no bit set
+        except FilteredOut:
+            pass
+        rec = backend.get(keys.DONE_SET, name, bins=["c"])
+        if rec is None or keys.bitmap_of(rec, created) is not None:
+            continue  # deleted or replaced meanwhile: again
+        if not list_is(backend, list_name, created):
+            log.warning("completion bits of a list dropped since were not written", extra={
+                "event": "bits_dropped", "list": list_name, "chunk": name})
+            return
+        if not value:
+            return  # nothing of ours in another list's chunk to clear
+        # The chunk of a list of this name dropped before ours was made: gone, unless
+        # it changed since this read (then looked at again).
+        with contextlib.suppress(GenerationConflict):
+            backend.remove(keys.DONE_SET, name, gen=rec.gen)
+    raise AeroqueueError(f"the completion bitmap {name} of list {list_name!r} kept changing: bits not written")
 
 
 DEAD_CHECK_CHUNK = 5_000  # job records `set_dead_bits` reads back a batch call
 
 
-def set_dead_bits(backend: Backend, list_name: str, tokens: list[int]) -> None:
+def set_dead_bits(backend: Backend, list_name: str, tokens: list[int], created: int | None = None) -> None:
     """The dead bits of jobs that went dead, each written after the job's own
     transition, so a kick (dead -> queued, its bit cleared) may have run in
     between. Set, then checked: a bit whose job is not dead any more is cleared
@@ -98,14 +149,14 @@ def set_dead_bits(backend: Backend, list_name: str, tokens: list[int]) -> None:
     recount sets it back, as it does for a worker that died before its bits. A
     process killed between the two steps leaves the bit: the sweep, and a status
     about to mark the list complete, check every dead bit the same way
-    (`check_dead_bits`)."""
+    (`check_dead_bits`). `created`: the list's stamp (`set_bits`)."""
     for i in range(0, len(tokens), DEAD_CHECK_CHUNK):  # a sweep's recount may bring thousands
         part = tokens[i:i + DEAD_CHECK_CHUNK]
-        set_bits(backend, list_name, part, "dead", 1)
-        check_dead_bits(backend, list_name, part)
+        set_bits(backend, list_name, part, "dead", 1, created)
+        check_dead_bits(backend, list_name, part, created)
 
 
-def check_dead_bits(backend: Backend, list_name: str, tokens: list[int]) -> int:
+def check_dead_bits(backend: Backend, list_name: str, tokens: list[int], created: int | None = None) -> int:
     """The second step of `set_dead_bits`: clear the dead bits of those of `tokens`
     whose job is not dead (kicked since; or it holds no job). Returns how many it
     cleared. Also how a list about to be marked complete checks its dead bits
@@ -115,10 +166,13 @@ def check_dead_bits(backend: Backend, list_name: str, tokens: list[int]) -> int:
     for i in range(0, len(tokens), DEAD_CHECK_CHUNK):
         part = tokens[i:i + DEAD_CHECK_CHUNK]
         names = [keys.job_name(list_name, t) for t in part]
-        recs = retry_in_doubt(functools.partial(backend.batch_get, keys.JOB_SET, names, bins=["state"]))
-        undo = [t for t, rec in zip(part, recs, strict=True) if rec is None or rec.bins.get("state") != "dead"]
+        recs = retry_in_doubt(functools.partial(backend.batch_get, keys.JOB_SET, names, bins=["state", "c"]))
+        # A job of another list of the name (dropped, made again) is not this bit's.
+        undo = [t for t, rec in zip(part, recs, strict=True)
+                if rec is None or rec.bins.get("state") != "dead"
+                or (created is not None and rec.bins.get("c", created) != created)]
         if undo:
-            set_bits(backend, list_name, undo, "dead", 0)
+            set_bits(backend, list_name, undo, "dead", 0, created)
             undone += len(undo)
     return undone
 
@@ -351,7 +405,7 @@ class BitBuffer:
                         log.warning("completion bits of a list dropped since were not written", extra={
                             "event": "bits_dropped", "list": list_name, "jobs": len(taken.pop(key))})
                         continue
-                    set_bits(self.backend, list_name, taken[key], "done", 1)
+                    set_bits(self.backend, list_name, taken[key], "done", 1, created)
                     written += len(taken.pop(key))
             finally:
                 if taken:  # put back what was not written
@@ -538,7 +592,7 @@ def after_fail(
     store (what `offer` lets through, if given), or onto the schedule (`delayed`).
     `created`: the job's list stamp as its claim read it (`push_retry`)."""
     if outcome == "dead":
-        set_dead_bits(backend, list_name, [token])
+        set_dead_bits(backend, list_name, [token], created)
     elif outcome in ("retry", "released"):
         push_retry(backend, list_name, [token] if offer is None else offer([token]), created)
     elif outcome == "delayed":
@@ -650,9 +704,12 @@ def bury(backend: Backend, list_name: str, token: int, why: str) -> str:
 UNSCHEDULE_CHUNK = 5_000
 
 
-def kick(backend: Backend, list_name: str, tokens: list[int], *, dead_only: bool = False) -> int:
+def kick(
+    backend: Backend, list_name: str, tokens: list[int], *, dead_only: bool = False, created: int | None = None
+) -> int:
     """dead -> queued with fresh attempts, delayed -> queued now (an operator's
-    decision; `dead_only`: dead jobs only). Returns how many.
+    decision; `dead_only`: dead jobs only; `created`: the list's stamp, as `set_bits`
+    takes it). Returns how many.
 
     Bits first: a kick interrupted after this leaves the list incomplete, so the
     sweeper sets the bits of jobs still dead and requeues the kicked ones. The
@@ -663,7 +720,7 @@ def kick(backend: Backend, list_name: str, tokens: list[int], *, dead_only: bool
     schedule, a delayed load's range, the token store ahead: `unschedule`; in ID
     mode the chunk not popped yet: `_unchunk`) as it enters the retry store: it
     waits in one place, and is offered once."""
-    set_bits(backend, list_name, tokens, "dead", 0)
+    set_bits(backend, list_name, tokens, "dead", 0, created)
     only = (1,) if dead_only else ()
     # A kick whose answer was lost is not repeated here: its repeat would answer 'not
     # kickable' and leave the job unpushed; the caller hears it, and the sweeper
@@ -673,7 +730,7 @@ def kick(backend: Backend, list_name: str, tokens: list[int], *, dead_only: bool
         if retry_stale(functools.partial(job_once, backend, keys.job_name(list_name, t), "kick", extra=only)) == "ok"
     ]
     if kicked:
-        set_bits(backend, list_name, kicked, "dead", 0)
+        set_bits(backend, list_name, kicked, "dead", 0, created)
         push_retry(backend, list_name, kicked)
         # After the push: a kick cut short between the two leaves a job in both
         # places (offered twice, a claim fences the second), never in neither.

@@ -449,7 +449,7 @@ class Store:
     def dead_jobs(self, name: str, limit: int = DEAD_PAGE) -> list[JobView]:
         """Up to `limit` dead jobs of a list, in token order, found from its dead bitmap."""
         head = self.lists.header(name)
-        tokens = dead_tokens(self.backend, name, head["alloc"], limit)
+        tokens = dead_tokens(self.backend, name, head["alloc"], limit, head["created"])
         recs = self.backend.batch_get(keys.JOB_SET, [keys.job_name(name, t) for t in tokens], bins=DEAD_ROW_BINS)
         return [
             JobView(name, t, rec.bins, error_history(rec.bins))
@@ -501,16 +501,17 @@ def _sessions_order(rows: list[SessionRow]) -> list[SessionRow]:
     return sorted(rows, key=lambda r: (r.host, r.started or 0, r.id))
 
 
-def dead_tokens(backend: Backend, name: str, alloc: int, limit: int) -> list[int]:
-    """Tokens whose bit is set in a list's dead bitmap, lowest first, at most `limit`.
+def dead_tokens(backend: Backend, name: str, alloc: int, limit: int, created: int | None = None) -> list[int]:
+    """Tokens whose bit is set in a list's dead bitmap, lowest first, at most `limit`
+    (in the chunks of the list made at `created`: `keys.bitmap_of`).
     The chunks are read a few at a time until `limit` are found: the overview asks
     this of every list with dead jobs, and a list of a million jobs has 16 chunks."""
     n_chunks = -(-alloc // keys.BITS_PER_CHUNK)
     out: list[int] = []
     for first in range(0, n_chunks, DEAD_CHUNKS_READ):
         chunks = range(first, min(n_chunks, first + DEAD_CHUNKS_READ))
-        recs = backend.batch_get(keys.DONE_SET, [keys.chunk_name(name, c) for c in chunks], bins=["dead"])
-        for chunk, rec in zip(chunks, recs, strict=True):
+        recs = backend.batch_get(keys.DONE_SET, [keys.chunk_name(name, c) for c in chunks], bins=["dead", "c"])
+        for chunk, rec in zip(chunks, (keys.bitmap_of(r, created) for r in recs), strict=True):
             data = bytes(rec.bins.get("dead") or b"") if rec is not None else b""
             for i, byte in enumerate(data):
                 if not byte:

@@ -546,10 +546,10 @@ def test_a_dead_bit_written_after_a_kick_does_not_count_the_kicked_job_dead(
     real_set_bits = transitions.set_bits
     kicked = threading.Event()
 
-    def late_dead_bits(backend, name, tokens, bitmap, value):
+    def late_dead_bits(backend, name, tokens, bitmap, value, created=None):
         if bitmap == "dead" and value == 1 and threading.current_thread().name == "late":
             kicked.wait(30)  # a GC pause, a slow network: the follow-up lands after the kick
-        return real_set_bits(backend, name, tokens, bitmap, value)
+        return real_set_bits(backend, name, tokens, bitmap, value, created)
 
     monkeypatch.setattr(transitions, "set_bits", late_dead_bits)
     (job,) = queue.reserve(list_name, session, 1)
@@ -1178,13 +1178,13 @@ def _killed_after_a_kicked_dead_bit(monkeypatch, lists, list_name: str, jid: str
     read-back (`_Killed` out of the fail)."""
     real_set_bits = transitions.set_bits
 
-    def kicked_then_killed(backend, name, tokens, bitmap, value):
+    def kicked_then_killed(backend, name, tokens, bitmap, value, created=None):
         if bitmap == "dead" and value == 1:
             monkeypatch.setattr(transitions, "set_bits", real_set_bits)
             assert lists.kick_job(list_name, jid)
-            real_set_bits(backend, name, tokens, bitmap, value)
+            real_set_bits(backend, name, tokens, bitmap, value, created)
             raise _Killed
-        return real_set_bits(backend, name, tokens, bitmap, value)
+        return real_set_bits(backend, name, tokens, bitmap, value, created)
 
     monkeypatch.setattr(transitions, "set_bits", kicked_then_killed)
 
@@ -1256,12 +1256,12 @@ from aeroqueue.backends import open_backend
 url, name, token, sess, rid = sys.argv[1:6]
 real_set_bits = transitions.set_bits
 
-def set_bits(backend, list_name, tokens, bitmap, value):
+def set_bits(backend, list_name, tokens, bitmap, value, created=None):
     if bitmap == "dead" and value == 1:
         os.kill(os.getpid(), signal.SIGSTOP)  # the job is dead, its bit not written yet
-        real_set_bits(backend, list_name, tokens, bitmap, value)
+        real_set_bits(backend, list_name, tokens, bitmap, value, created)
         os.kill(os.getpid(), signal.SIGKILL)  # before the read-back
-    return real_set_bits(backend, list_name, tokens, bitmap, value)
+    return real_set_bits(backend, list_name, tokens, bitmap, value, created)
 
 transitions.set_bits = set_bits
 transitions.fail(open_backend(url), name, int(token), sess, "boom", rid=rid)

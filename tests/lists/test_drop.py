@@ -640,3 +640,40 @@ def test_a_loader_paused_before_it_voids_a_duplicate_leaves_the_new_list_whole(
     monkeypatch.undo()
     assert lists.status(list_name).total == n, "the pause happened"
     _the_new_list_runs_whole(queue, lists, list_name, n)
+
+
+@pytest.mark.parametrize("lands", ["before the new list's bits", "after them"])
+def test_bits_of_a_list_dropped_and_loaded_again_never_count_in_the_new_one(registered, queue, lists, list_name, lands):
+    """A process paused with done and dead bits pending (a bit flush, a reaper's
+    recount past its checks) while the list was dropped and loaded again wrote them
+    into the new list's bitmap when it resumed: the new list counted jobs never run as
+    finished, and called itself complete with all of them still to run. Bitmap chunks
+    now carry their list's stamp: such bits land in a chunk of their own list, which
+    the new list neither counts nor keeps (its first bit replaces it), or nowhere."""
+    n = 4
+    lists.load(list_name, specs(n, "old-"), seal=True)
+    old = lists.header(list_name)["created"]
+    _drop_and_load_again(lists, list_name, n)
+    assert lists.header(list_name)["created"] != old
+    with Session.open(registered) as s:
+        first = queue.reserve(list_name, s, 1)
+        if lands == "after them":
+            assert queue.complete_many(first) == []
+            transitions.flush_bits(registered)
+        # What the paused process sends when it resumes: the old list's bits, its stamp.
+        transitions.set_bits(registered, list_name, range(n), "done", 1, old)
+        transitions.set_bits(registered, list_name, [n - 1], "dead", 1, old)
+        st = lists.status(list_name)
+        done = 1 if lands == "after them" else 0
+        assert (st.done, st.dead, st.complete) == (done, 0, False), st
+        if lands == "before the new list's bits":
+            assert queue.complete_many(first) == []
+        rest = queue.reserve(list_name, s, n)
+        assert sorted(j.jid for j in first + rest) == sorted(f"new-{i}" for i in range(n)), "the new list lost jobs"
+        assert lists.status(list_name).done == 1, "the new list's first bit replaced the old list's chunk"
+        assert queue.complete_many(rest) == []
+    st = lists.status(list_name)
+    assert (st.done, st.dead, st.complete) == (n, 0, True), st
+    # And the other way: the new list's own bits are never the old writer's to clear.
+    transitions.set_bits(registered, list_name, range(n), "done", 0, old)
+    assert lists.status(list_name).done == n

@@ -617,6 +617,6 @@ def test_kicks_of_dead_jobs_while_acks_are_in_flight_count_each_job_once(
         assert (r["state"], r["result"], r["att"]) == ("done", {"t": r["token"]}, 1), r
         assert [e["err"] for e in r.get("errs") or []] == ([f"boom {r['token']}"] if failed else []), r
         assert ("kicked" in r) == failed, r
-    assert lists.dead_tokens(list_name, n) == []
+    assert lists.dead_tokens(list_name, n, lists.header(list_name)["created"]) == []
     st = lists.status(list_name)
     assert (st.done, st.dead, st.in_flight, st.retry_pending, st.reservable, st.complete) == (n, 0, 0, 0, 0, True), st
