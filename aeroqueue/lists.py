@@ -504,7 +504,7 @@ class JobLists:
         the dead job's last error: blank raises `ConfigError`."""
         check_bury_reason(why)
         job = self.find_job(name, jid)
-        return transitions.bury(self.backend, name, job["token"], why)
+        return transitions.bury(self.backend, name, job["token"], why, job.get("c"))
 
     # -- drop --------------------------------------------------------------------
 

@@ -609,7 +609,7 @@ def recount_session(backend: Backend, session_id: str) -> int:
         with contextlib.suppress(ListNotFound):  # dropped meanwhile
             heads[name] = lists.header(name)
     found: dict[tuple[str, str], list[_Found]] = defaultdict(list)
-    for name, rec in backend.scan(keys.JOB_SET, expression=finished, bins=["list", "token", "state", "off"]):
+    for name, rec in backend.scan(keys.JOB_SET, expression=finished, bins=["list", "token", "state", "off", "c"]):
         found[(rec.bins["list"], rec.bins["state"])].append(_Found(name, rec.gen, rec.bins))
     for (list_name, state), jobs in found.items():
         head = heads.get(list_name)
@@ -626,13 +626,23 @@ def recount_session(backend: Backend, session_id: str) -> int:
         push_retry(backend, list_name, _fence(backend, lost, room), head.get("created"))
     # A list made since the heads were read is left to the sweep (it recounts every
     # finished job of a list not complete): there is no head to fence the bits with.
-    return sum(_recount(backend, list_name, state, [j.bins["token"] for j in jobs], heads[list_name]["created"])
+    return sum(_recount(backend, list_name, state, _tokens_of(jobs, heads[list_name]), heads[list_name]["created"])
                for (list_name, state), jobs in found.items() if state != "queued" and list_name in heads)
+
+
+def _tokens_of(jobs: list[_Found], head: dict[str, Any]) -> list[int]:
+    """The tokens of these finished jobs that are of the list `head` was read from: a
+    job record of a list of the name dropped before it was made (brought back by a
+    node that missed the drop) is not, and its bit would count in this list."""
+    created, alloc = head["created"], head["alloc"]
+    return [j.bins["token"] for j in jobs if j.bins.get("c", created) == created and j.bins["token"] < alloc]
 
 
 def _recount(backend: Backend, list_name: str, bitmap: str, tokens: list[int], created: int) -> int:
     """Set the missing `bitmap` bits of `tokens`, jobs a scan found finished in the list
     made at `created` (server ms, the head read before the scan); returns how many."""
+    if not tokens:
+        return 0
     have = _bits(backend, list_name, bitmap, tokens, created)
     missing = [t for t in tokens if t not in have]
     if not missing:
@@ -849,7 +859,7 @@ def sweep(backend: Backend, *, grace_ms: int = DEFAULT_SWEEP_GRACE_MS, stop: Cal
         found[rec.bins["state"]][rec.bins["list"]].append(_Found(name, rec.gen, rec.bins))
 
     recounted = sum(
-        _recount(backend, list_name, bitmap, [j.bins["token"] for j in jobs], heads[list_name]["created"])
+        _recount(backend, list_name, bitmap, _tokens_of(jobs, heads[list_name]), heads[list_name]["created"])
         for bitmap in ("done", "dead")
         for list_name, jobs in found[bitmap].items()
     )

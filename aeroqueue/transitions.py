@@ -50,7 +50,7 @@ from aerospike_helpers.operations import operations as op
 
 from . import keys
 from .backends import FRESH_DEADLINE, Backend, retry_in_doubt
-from .errors import AeroqueueError, FilteredOut, GenerationConflict, RecordNotFound, StaleRequest
+from .errors import AeroqueueError, FilteredOut, RecordNotFound, StaleRequest
 
 T = TypeVar("T")
 
@@ -123,16 +123,18 @@ def _set_stamped(backend: Backend, list_name: str, name: str, ops: list[dict], v
         rec = backend.get(keys.DONE_SET, name, bins=["c"])
         if rec is None or keys.bitmap_of(rec, created) is not None:
             continue  # deleted or replaced meanwhile: again
+        if not value:
+            return  # nothing of ours in another list's chunk to clear
         if not list_is(backend, list_name, created):
             log.warning("completion bits of a list dropped since were not written", extra={
                 "event": "bits_dropped", "list": list_name, "chunk": name})
             return
-        if not value:
-            return  # nothing of ours in another list's chunk to clear
-        # The chunk of a list of this name dropped before ours was made: gone, unless
-        # it changed since this read (then looked at again).
-        with contextlib.suppress(GenerationConflict):
-            backend.remove(keys.DONE_SET, name, gen=rec.gen)
+        # The chunk of a list of this name dropped before ours was made: deleted while
+        # it still holds that list's stamp. Not by generation: a chunk another writer
+        # of ours deleted and made again starts at the same generation as the stale one.
+        with contextlib.suppress(FilteredOut, RecordNotFound):
+            backend.operate(keys.DONE_SET, name, [op.delete()], update_only=True,
+                            expression=xp.Eq(xp.IntBin("c"), rec.bins["c"]).compile())
     raise AeroqueueError(f"the completion bitmap {name} of list {list_name!r} kept changing: bits not written")
 
 
@@ -693,10 +695,11 @@ def _unchunk(backend: Backend, list_name: str, tokens: list[int]) -> None:
             retry_in_doubt(functools.partial(retry_stale, functools.partial(ids_once, backend, chunk, "remove", held)))
 
 
-def bury(backend: Backend, list_name: str, token: int, why: str) -> str:
+def bury(backend: Backend, list_name: str, token: int, why: str, created: int | None = None) -> str:
     """queued, delayed or claimed -> dead, by hand. Returns the state afterwards
-    ('dead', or 'done' / 'void' / 'missing': left alone)."""
-    return _transition(backend, list_name, token, "bury", error_text(why))
+    ('dead', or 'done' / 'void' / 'missing': left alone). `created`: the job's list
+    stamp, as read (`after_fail`)."""
+    return _transition(backend, list_name, token, "bury", error_text(why), created=created)
 
 
 # Tokens a call of the list record's `unschedule` takes: a kick of every dead job of a
@@ -731,7 +734,7 @@ def kick(
     ]
     if kicked:
         set_bits(backend, list_name, kicked, "dead", 0, created)
-        push_retry(backend, list_name, kicked)
+        push_retry(backend, list_name, kicked, created)
         # After the push: a kick cut short between the two leaves a job in both
         # places (offered twice, a claim fences the second), never in neither.
         for i in range(0, len(kicked), UNSCHEDULE_CHUNK):

@@ -677,3 +677,64 @@ def test_bits_of_a_list_dropped_and_loaded_again_never_count_in_the_new_one(regi
     # And the other way: the new list's own bits are never the old writer's to clear.
     transitions.set_bits(registered, list_name, range(n), "done", 0, old)
     assert lists.status(list_name).done == n
+
+
+def _old_chunk_in_the_way(registered, lists: JobLists, name: str, n: int) -> tuple[int, int]:
+    """A list dropped and loaded again, and the old list's chunk in the new one's way (a
+    late bit of a process paused past the drop). Returns the (old, new) stamps."""
+    lists.load(name, specs(n, "old-"), seal=True)
+    old = lists.header(name)["created"]
+    _drop_and_load_again(lists, name, n)
+    transitions.set_bits(registered, name, [n - 1], "done", 1, old)
+    return old, lists.header(name)["created"]
+
+
+def test_two_writers_meeting_an_old_chunk_keep_both_their_bits(registered, lists, list_name, monkeypatch):
+    """Both find the old list's chunk in the way; one deletes it and writes its bit in a
+    chunk of its own; the other, deleting by the generation it read (a chunk made again
+    starts at the same one), deleted that new chunk, and the first bit with it. It now
+    deletes only a chunk that still holds the old stamp."""
+    _, new = _old_chunk_in_the_way(registered, lists, list_name, 4)
+    real_get, b_read, a_done = registered.get, threading.Event(), threading.Event()
+
+    def get(set_name, name, **kwargs):
+        rec = real_get(set_name, name, **kwargs)
+        if set_name == keys.DONE_SET and threading.current_thread().name == "B" and not b_read.is_set():
+            b_read.set()  # B has read the old chunk; A goes first from here
+            assert a_done.wait(30)
+        return rec
+
+    monkeypatch.setattr(registered, "get", get)
+    b = threading.Thread(target=transitions.set_bits, args=(registered, list_name, [1], "done", 1, new), name="B")
+    b.start()
+    assert b_read.wait(30)
+    transitions.set_bits(registered, list_name, [0], "done", 1, new)
+    a_done.set()
+    b.join(30)
+    assert not b.is_alive()
+    assert lists.status(list_name).done == 2, "a writer deleted the other's chunk"
+
+
+def test_a_job_buried_by_hand_counts_dead_in_its_own_list(registered, lists, list_name):
+    """`bury` wrote its dead bit without the list's stamp: into the old list's chunk in
+    the way, which no reader counts, so the new list said no job was dead."""
+    _old_chunk_in_the_way(registered, lists, list_name, 4)
+    assert lists.bury(list_name, "new-0", "buried by the test") == "dead"
+    st = lists.status(list_name)
+    assert (st.dead, st.done, st.reservable) == (1, 0, 3), st
+
+
+def test_a_sweep_counts_no_job_record_of_a_list_dropped_before(registered, lists, list_name):
+    """A node that missed a drop brings back the old list's job records when it rejoins.
+    The sweep recounts the bits of finished jobs by the list's name: it set theirs in the
+    new list's bitmap, stamped as the new list's, and the new list counted them."""
+    n = 3
+    lists.load(list_name, specs(n, "old-"), seal=True)
+    old = lists.header(list_name)["created"]
+    _drop_and_load_again(lists, list_name, n)
+    # One the rejoin brought back, past the new list's tokens, finished in the old list.
+    registered.put(keys.JOB_SET, keys.job_name(list_name, n + 2), {
+        "list": list_name, "token": n + 2, "jid": "old-gone", "state": "done", "att": 1, "c": old})
+    sessions.sweep(registered, grace_ms=0)
+    st = lists.status(list_name)
+    assert (st.done, st.dead, st.complete) == (0, 0, False), st
