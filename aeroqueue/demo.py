@@ -47,7 +47,7 @@ from .backends import Backend, open_backend
 from .config import parse_url
 from .errors import SyncError
 from .lists import JobLists
-from .loading import read_file, validate
+from .loading import Checked, read_file, validate
 from .queue import Job
 from .sync import Sink, parse_target, remember_demo_target
 
@@ -133,7 +133,7 @@ def main(root: Path = ROOT) -> None:
             _write_csv(path, name, n, ids=mode == "ids")
             validate(functools.partial(read_file, path, max_payload=1 << 20), str(path))
             task = progress.add_task(f"loading {path.name} ({mode} store)", total=n)
-            lists.load(name, read_file(path, max_payload=1 << 20), mode=mode, seal=True,
+            lists.load(name, Checked(read_file(path, max_payload=1 << 20)), mode=mode, seal=True,
                        progress=functools.partial(progress.advance, task))
 
     # 2 and 3. workers drain the lists; one is killed mid-way
