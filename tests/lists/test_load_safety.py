@@ -144,8 +144,8 @@ def test_a_killed_loader_exposes_nothing_unwritten_and_a_rerun_adds_nothing_twic
 
 
 # A loader that stops once its range's job records are written, before their index:
-# the test SIGKILLs it there. Its jobs are due at the epoch the test gives (a moment
-# ahead, wide enough for a slow start to still write them delayed), so a sweep soon finds them due.
+# the test SIGKILLs it there. Its jobs are delayed a moment (wide enough for a loaded
+# machine to write them before they are due), so a sweep soon finds them due.
 _STOPS_BEFORE_INDEX = """
 import sys, time
 from aeroqueue import load
@@ -158,7 +158,7 @@ def stop_here(*args, **kwargs):
     time.sleep(600)
 
 load.commit_index = stop_here
-due = float(sys.argv[3])
+due = time.time() + float(sys.argv[3])
 JobLists(open_backend(sys.argv[1])).load(
     sys.argv[2], [JobSpec(f"d{i}", {"i": i}, None, due) for i in range(4)], lease_ms=int(sys.argv[4]))
 """
@@ -173,10 +173,10 @@ def test_a_sweep_never_offers_delayed_jobs_of_a_range_not_yet_published(env, lis
     the recovered range voided the first while its holder still ran it."""
     backend, lists, queue, session = env
     lists.create(list_name, mode=mode)
-    # Due well after the loader starts (a loaded machine takes seconds to start one),
-    # and before its lease (3 s from the loader's alloc) runs out.
-    due, lease_ms = time.time() + 2.5, 3000
-    proc = subprocess.Popen([sys.executable, "-c", _STOPS_BEFORE_INDEX, str(backend.url), list_name, str(due),
+    # Due a while after the loader's alloc, its lease (from that alloc) 3 s after that:
+    # the sweep looks at them due, the range still unpublished.
+    due_in_s, lease_ms = 1.5, 4500
+    proc = subprocess.Popen([sys.executable, "-c", _STOPS_BEFORE_INDEX, str(backend.url), list_name, str(due_in_s),
                              str(lease_ms)], stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline() == "written\n", "the loader did not get to its index"
@@ -185,8 +185,12 @@ def test_a_sweep_never_offers_delayed_jobs_of_a_range_not_yet_published(env, lis
         proc.wait()
     written = backend.batch_get(keys.JOB_SET, [keys.job_name(list_name, t) for t in range(4)])
     assert [r.bins["state"] if r else None for r in written] == ["delayed"] * 4, "the test needs delayed records"
-    time.sleep(max(0.0, due - time.time()) + 0.4)
+    due_s = max(r.bins["due"] for r in written) / 1000
+    time.sleep(max(0.0, due_s - time.time()) + 0.4)
     sessions.sweep(backend, grace_ms=300)  # (on a shared store, other tests' lists too)
+    # (Its lease run out before the sweep got to the list, the sweep recovers the range:
+    # its jobs are the list's then, and handed out. Not what this test is about.)
+    assert lists.status(list_name).pending_ranges == 1, "the test needs the range unpublished after the sweep"
     assert not lists.header(list_name).get("retry"), "the sweep offered jobs of an unpublished range"
     assert queue.reserve(list_name, session, 10) == [], "a job of an unpublished range was handed out"
     # Run again (the dead loader's range recovered once its lease runs out): each job once.
