@@ -181,6 +181,10 @@ class Queue:
         reservation may lose its answer, and the mark is one record."""
         if isinstance(e, StaleRequest):  # refused: nothing was taken
             return
+        self._mark_lost_take()
+
+    def _mark_lost_take(self) -> None:
+        """`mark_lost_take`, at most once a `LOST_MARK_EVERY_S` from this process."""
         with self._lost_lock:
             wait = self._lost_marked + LOST_MARK_EVERY_S - time.monotonic()
             if wait > 0:
@@ -579,6 +583,10 @@ class Queue:
                 session.lease(lid, entry, within_s=max(0.0, took + LEASE_WINDOW_S - time.monotonic()),
                               by_ms=now + round(LEASE_WINDOW_S * 1000))
             except SessionLost:
+                # Reaped meanwhile (its process paused past the expiry, say): what the
+                # take took is held by no one, as after a lost answer. Marked, so that
+                # a worker sweeps soon rather than the regular sweep, minutes later.
+                self._mark_lost_take()
                 raise
             except AeroqueueError as e:
                 # Not recorded in time, maybe not at all (or too big for the session

@@ -20,7 +20,7 @@ from aeroqueue.backends import Backend
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Job, Queue
-from aeroqueue.sessions import Session, claim_sweep, lost_take_due, mark_lost_take
+from aeroqueue.sessions import Session, claim_sweep, lost_take_due, mark_lost_take, sweep
 from aeroqueue.worker import Worker
 from tests.sessions.test_lost_pops import answer_lost
 from tests.sessions.test_worker import running
@@ -183,3 +183,26 @@ def test_an_answer_lost_within_a_second_of_the_last_mark_is_marked_too(
     assert time.monotonic() - marked < every_s, "within the second after the mark"
 
     assert run_until_complete(registered, lists, [list_name, other], 30) == Counter({"a0": 1, "b0": 1})
+
+
+def test_a_lease_refused_to_a_reaped_session_marks_what_its_take_took(
+    registered, lists: JobLists, queue: Queue, list_name, no_marks
+):
+    """A process paused past its session's expiry is reaped; resumed, it reserves
+    before its heartbeat tells it: the take lands, the lease is refused (SessionLost),
+    and the jobs taken were held by no one with no mark, back only at the regular
+    sweep, minutes later. The refusal now marks them as a lost answer does, and the
+    sweep the mark sets off gives each back once."""
+    lists.load(list_name, [JobSpec(f"j{i}", {"i": i}) for i in range(N)], seal=True)
+    paused = Session.open(registered, heartbeat=False)
+    registered.remove(keys.SESS_SET, paused.id)  # its reap, while it was paused
+    with pytest.raises(errors.SessionLost):
+        queue.reserve(list_name, paused, 3, lease=True)
+    assert lists.status(list_name).in_flight == 3, "the take landed: three jobs held by no one"
+    due = wait_for("the mark", lambda: lost_take_due(registered), timeout_s=5)
+    sweep(registered, grace_ms=due.age_ms)  # what a worker runs once it reads the mark
+    with Session.open(registered) as s:
+        jobs = queue.reserve(list_name, s, N + 1)
+        assert sorted(j.jid for j in jobs) == sorted(f"j{i}" for i in range(N)), "each job once"
+        assert queue.complete_many(jobs) == []
+    assert lists.status(list_name).complete
