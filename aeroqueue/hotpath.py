@@ -39,7 +39,7 @@ from aerospike_helpers.operations import operations as op
 
 from . import keys
 from .backends import IN_DOUBT, Backend
-from .errors import BackendTimeout, FilteredOut, RecordNotFound, RecordTooBig
+from .errors import AeroqueueError, BackendTimeout, FilteredOut, RecordNotFound, RecordTooBig
 
 # Server ms now: the record's last update (ns) plus the ms since. The same clock
 # as the Lua functions' aerospike:get_current_time().
@@ -233,8 +233,10 @@ def _per_group(groups: list[list[int]], n: int, send: Callable[[list[int]], list
     """Each of `n` records' code, `send(indices)` answering those of one group. A group
     whose call is in doubt gets -1 each (in doubt, as a record's own code would say),
     and the other groups keep the codes they got: with several groups, a call that
-    failed after others landed must not send those again as if unanswered."""
-    codes = [0] * n
+    failed after others landed must not send those again as if unanswered. A call that
+    fails plainly raises, its ``codes`` holding what the groups before it got (-1 for
+    the rest): those acks landed, and the caller counts them (`until_decided`)."""
+    codes = [-1] * n
     for idx in groups:
         try:
             out = send(idx)
@@ -242,6 +244,9 @@ def _per_group(groups: list[list[int]], n: int, send: Callable[[list[int]], list
             if len(groups) == 1:
                 raise  # one call: in doubt as a whole, as before grouping
             out = [-1] * len(idx)
+        except AeroqueueError as e:
+            e.codes = list(codes)  # type: ignore[attr-defined]
+            raise
         for i, code in zip(idx, out, strict=True):
             codes[i] = code
     return codes
@@ -419,6 +424,15 @@ def until_decided(
             out = send(todo)
         except IN_DOUBT:
             out = [-1] * len(todo)
+        except AeroqueueError as e:
+            # Failed plainly part-way (`_per_group`): what landed before is decided all
+            # the same, and the caller counts it; the rest is undecided (-1).
+            decided = list(codes)
+            for i, code in zip(todo, getattr(e, "codes", None) or [-1] * len(todo), strict=True):
+                if code in DECIDED or code == 13:
+                    decided[i] = code
+            e.codes = decided  # type: ignore[attr-defined]
+            raise
         again, unsure = [], False
         for i, code in zip(todo, out, strict=True):
             if code == 27 and i not in refused_once:

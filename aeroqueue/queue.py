@@ -817,7 +817,7 @@ class Queue:
                     ),
                     len(names), self.busy_deadline_s, f"acknowledging {len(names)} leased jobs", too_big=True,
                 )
-            except BackendTimeout as e:
+            except AeroqueueError as e:  # in doubt, or failed part-way
                 self._landed(jobs, e)
                 raise
             if not any(codes):  # every one done
@@ -873,15 +873,16 @@ class Queue:
                 lambda idx: hotpath.complete_leased(backend, [items[i] for i in idx], backend.job_deadline()),
                 len(items), self.busy_deadline_s, f"acknowledging {len(items)} leased jobs", too_big=True,
             )
-        except BackendTimeout as e:
+        except AeroqueueError as e:  # in doubt, or failed part-way
             self._landed([j for j in jobs if j.lease], e)
             raise
 
-    def _landed(self, jobs: Sequence[Job], err: BackendTimeout) -> None:
-        """Leased acks some of which stayed in doubt (`err`, from `hotpath.until_decided`):
-        those that landed are done all the same, so they are counted (their bits) and
-        settled before the error reaches the caller. Otherwise their bits waited for a
-        rare sweep (a session that closes is never reaped to recount them)."""
+    def _landed(self, jobs: Sequence[Job], err: AeroqueueError) -> None:
+        """Leased acks some of which stayed in doubt, or whose call failed part-way
+        (`err`, from `hotpath.until_decided`): those that landed are done all the same,
+        so they are counted (their bits) and settled before the error reaches the
+        caller. Otherwise their bits waited for a rare sweep (a session that closes is
+        never reaped to recount them)."""
         codes = getattr(err, "codes", None)
         if codes is None:
             return
@@ -923,6 +924,12 @@ class Queue:
                     codes[i] = code
         except IN_DOUBT:
             pass  # what did not come back goes to the UDF, which is safe to repeat
+        except AeroqueueError as e:
+            # One claim's call failed plainly after others landed (`hotpath._per_group`):
+            # those are done; the rest goes to the UDF, which says why not.
+            for i, code in zip(claimed, getattr(e, "codes", None) or [], strict=False):
+                if code == 0:
+                    codes[i] = 0
         return codes
 
     def fail(self, job: Job, error: str) -> str:

@@ -452,3 +452,48 @@ def test_an_unexpected_store_error_fails_its_acks_and_the_sending_thread_goes_on
         assert acks.flush(10.0), "the sending thread died"
         assert outcomes["j3"] == "done"
         assert acks.close(5.0)
+
+
+
+@pytest.mark.parametrize("mix", ["two leases", "a lease and two claims"])
+def test_acks_that_landed_count_though_a_later_call_of_the_batch_failed(registered, lists, queue, list_name,
+                                                                        monkeypatch, mix):
+    """One `complete_many` of jobs held under two leases (or a lease and two claims)
+    sends a call each. When the second failed plainly (no more connections, say) after
+    the first landed, the call raised with the first's jobs done but neither counted nor
+    settled: the list could not complete until a sweep recounted them, and a caller
+    failing them got ClaimLost. Now those count at once; a claim's failed call goes to
+    the UDF, job by job, as one in doubt does."""
+    from aeroqueue import errors, hotpath
+
+    lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(6)], seal=True)
+    with Session.open(registered) as s:
+        first = queue.reserve(list_name, s, 2, lease=True)
+        if mix == "two leases":
+            second = queue.reserve(list_name, s, 2, lease=True)
+        else:
+            second = queue.reserve(list_name, s, 1) + queue.reserve(list_name, s, 1)
+        real, sent = hotpath._send_group, []
+
+        def send_group(*args, **kwargs):
+            sent.append(args[1])
+            if len(sent) == 2:
+                raise errors.BackendError("no more connections (the test's)", code=-7)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(hotpath, "_send_group", send_group)
+        if mix == "two leases":
+            with pytest.raises(errors.BackendError, match="the test's"):
+                queue.complete_many(first + second)
+            assert lists.status(list_name).done == 2, "the acks that landed count at once"
+        else:
+            assert queue.complete_many(first + second) == []
+            assert lists.status(list_name).done == 4
+        monkeypatch.undo()
+        assert len(sent) == 2, sent
+        # Sent again, every ack is taken once ('again' for those that landed).
+        assert queue.complete_many(first + second) == []
+        rest = queue.reserve(list_name, s, 10)
+        assert len(rest) == 2 and queue.complete_many(rest) == []
+    st = lists.status(list_name)
+    assert (st.done, st.in_flight, st.complete) == (6, 0, True), st
