@@ -623,7 +623,9 @@ def recount_session(backend: Backend, session_id: str) -> int:
         lost = [j for j in jobs if not held(j.bins["token"]) and j.bins.get("off") is None]
         # Fenced as the sweep's are: a job claimed since the scan read it is not offered.
         room = max(0, transitions.RETRY_CAP - len(head.get("retry") or []))
-        push_retry(backend, list_name, _fence(backend, lost, room), head.get("created"))
+        # Deduplicated: judged lost from a store read before the scan, a job offered since
+        # (a kick's push) may wait there already.
+        push_retry(backend, list_name, _fence(backend, lost, room), head.get("created"), dedupe=True)
     # A list made since the heads were read is left to the sweep (it recounts every
     # finished job of a list not complete): there is no head to fence the bits with.
     return sum(_recount(backend, list_name, state, _tokens_of(jobs, heads[list_name]), heads[list_name]["created"])
@@ -897,7 +899,10 @@ def sweep(backend: Backend, *, grace_ms: int = DEFAULT_SWEEP_GRACE_MS, stop: Cal
         room[list_name] -= len(tokens)
         # Only to the list the heads were read of: a sweep paused across a drop and a
         # load again would offer the new list's jobs of those tokens, leased maybe.
-        return push_retry(backend, list_name, tokens, heads[list_name].get("created"))
+        # Deduplicated: judged lost from the store as read before the scan, a job its
+        # holder failed or released since (its push changes the list record only, which
+        # the fence does not see) may wait there already, and would wait twice.
+        return push_retry(backend, list_name, tokens, heads[list_name].get("created"), dedupe=True)
 
     for list_name, jobs in found["queued"].items():
         jobs = [j for j in jobs if (list_name, j.bins["token"]) not in leased]

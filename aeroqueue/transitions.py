@@ -192,15 +192,19 @@ def _span_op(bitmap: str, bits: list[int], value: int) -> dict:
     return bw.bit_and(bitmap, lo, hi - lo, len(mask), bytearray(b ^ 0xFF for b in mask))
 
 
-def push_retry(backend: Backend, list_name: str, tokens: list[int], created: int | None = None) -> int:
+def push_retry(
+    backend: Backend, list_name: str, tokens: list[int], created: int | None = None, *, dedupe: bool = False
+) -> int:
     """Offer jobs again: onto the list's retry store (served before the token store).
     Returns how many fit; the rest stay queued for the sweeper to find. `created`: the
     list the jobs are of (their records' stamp `c`); a list made again under its name
     since takes none (its tokens are other jobs: a holder or reaper paused across the
-    drop would have one of them offered twice while a lease holds it). None: any."""
+    drop would have one of them offered twice while a lease holds it). None: any.
+    `dedupe`: a token the store holds already is not added again (a pass over the
+    store: for a sweep's offers, judged from a store read before another's push)."""
     if not tokens:
         return 0
-    return _offer_udf(backend, list_name, "push_retry", (tokens, RETRY_CAP), created)
+    return _offer_udf(backend, list_name, "push_retry", (tokens, RETRY_CAP), created, dedupe)
 
 
 def schedule(backend: Backend, list_name: str, tokens: list[int], delay_ms: int, created: int | None = None) -> int:
@@ -212,19 +216,21 @@ def schedule(backend: Backend, list_name: str, tokens: list[int], delay_ms: int,
     return _offer_udf(backend, list_name, "schedule", (tokens, max(0, int(delay_ms)), SCHED_CAP), created)
 
 
-def _offer_udf(backend: Backend, list_name: str, function: str, args: tuple[Any, ...], created: int | None) -> int:
+def _offer_udf(
+    backend: Backend, list_name: str, function: str, args: tuple[Any, ...], created: int | None, dedupe: bool = False
+) -> int:
     """A list UDF that offers tokens (`push_retry`, `schedule`), repeated while its
     answer is in doubt. A repeat says so (a trailing `again`, which an older module
     ignores): the first call may have landed, and a token added twice would count
-    its job waiting while it runs. `created` goes after the deadline (`list_once`).
-    How many tokens it took."""
+    its job waiting while it runs; `dedupe` says so from the first call. `created`
+    goes after the deadline (`list_once`). How many tokens it took."""
     calls = 0
     after = () if created is None else (created,)
 
     def once() -> int:
         nonlocal calls
         calls += 1
-        return int(list_once(backend, list_name, function, *args, int(calls > 1), after=after))
+        return int(list_once(backend, list_name, function, *args, int(dedupe or calls > 1), after=after))
 
     return retry_in_doubt(once)
 

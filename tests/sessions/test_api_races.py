@@ -620,3 +620,38 @@ def test_kicks_of_dead_jobs_while_acks_are_in_flight_count_each_job_once(
     assert lists.dead_tokens(list_name, n, lists.header(list_name)["created"]) == []
     st = lists.status(list_name)
     assert (st.done, st.dead, st.in_flight, st.retry_pending, st.reservable, st.complete) == (n, 0, 0, 0, 0, True), st
+
+
+def test_a_job_its_holder_gave_back_while_a_sweep_ran_waits_once(registered, lists, queue, list_name, monkeypatch):
+    """A sweep judges a job lost from the retry store as it read it before its scan. A
+    holder that failed the job meanwhile pushed it itself (the list record only, which
+    the sweep's fence does not see), and the scan, a grace later, found it untouched:
+    the sweep pushed it too, and it waited twice (counted pending while it ran, and a
+    take wasted on the copy). The sweep's push now skips a token the store holds."""
+    lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(3)], seal=True, backoff_s=0)
+    grace_ms = 300
+    with Session.open(registered) as s:
+        (job,) = queue.reserve(list_name, s, 1)
+        real_scan = registered.scan
+
+        def scan(set_name, **kwargs):
+            if set_name == keys.JOB_SET and not getattr(scan, "done", False):
+                scan.done = True  # type: ignore[attr-defined]
+                # After the sweep read the stores: the holder fails the job (it goes
+                # back, pushed by the holder), and the scan reaches it a grace later.
+                assert queue.fail(job, "boom") == "retry"
+                time.sleep(grace_ms / 1000 + 0.2)
+            return real_scan(set_name, **kwargs)
+
+        monkeypatch.setattr(registered, "scan", scan)
+        sweep(registered, grace_ms=grace_ms)
+        monkeypatch.undo()
+        assert getattr(scan, "done", False), "the sweep scanned the jobs"
+        assert lists.header(list_name)["retry"].count(job.token) == 1, "the job waits twice"
+        st = lists.status(list_name)
+        assert (st.retry_pending, st.in_flight) == (1, 0), st
+        got = queue.reserve(list_name, s, 10)
+        assert sorted(j.jid for j in got) == ["j0", "j1", "j2"]
+        assert queue.complete_many(got) == []
+        assert queue.reserve(list_name, s, 10) == [], "a copy left behind"
+    assert lists.status(list_name).complete
