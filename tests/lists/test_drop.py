@@ -635,8 +635,10 @@ def test_a_loader_paused_before_it_voids_a_duplicate_leaves_the_new_list_whole(
 
     monkeypatch.setattr(lists, "_batch_write", paused_send)
     with pytest.raises(errors.LoadAbandoned, match="dropped"):
-        # A duplicate in the input, as a concurrent load's would be (`Checked`: past the input check).
-        lists.load(list_name, Checked([JobSpec("b", {}), JobSpec("a", {}), JobSpec("a", {})]), lease_ms=1, workers=1)
+        # A duplicate in the input, as a concurrent load's would be (`Checked`: past the
+        # input check). A lease of 0: past it at once, and nothing renews it (a lease of
+        # 1 ms, renewed every 10 ms meanwhile, made the drop see a load in progress).
+        lists.load(list_name, Checked([JobSpec("b", {}), JobSpec("a", {}), JobSpec("a", {})]), lease_ms=0, workers=1)
     monkeypatch.undo()
     assert lists.status(list_name).total == n, "the pause happened"
     _the_new_list_runs_whole(queue, lists, list_name, n)
