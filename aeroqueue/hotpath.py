@@ -53,6 +53,18 @@ def in_time(deadline: int) -> Any:
     nothing (README: a frozen node replays the calls it was sent)."""
     return exp.LE(SERVER_NOW, deadline)
 
+
+def stamped(created: int) -> Any:
+    """A filter: a record stamped (bin "c") by the list of the name made at `created`."""
+    return exp.Eq(exp.IntBin("c"), created).compile()
+
+
+def ours(created: int) -> Any:
+    """A filter: a record of the list made at `created`, by its stamp (bin "c"), as
+    `keys.indexed_here` reads one (records written before stamps were have none).
+    (A filter is not applied to a record the write creates.)"""
+    return exp.Or(exp.Not(exp.BinExists("c")), exp.Eq(exp.IntBin("c"), created)).compile()
+
 # A batch record's codes for "the UDF decides": no record (2), filter false (27).
 TO_UDF = (2, 27)
 

@@ -65,7 +65,7 @@ from .errors import (
     RecordExists,
     RecordNotFound,
 )
-from .hotpath import SERVER_NOW
+from .hotpath import SERVER_NOW, ours, stamped
 from .loading import RECORD_OVERHEAD, Checked, JobSpec, from_iterable
 
 if TYPE_CHECKING:
@@ -441,7 +441,7 @@ class _RangeLoader:
         if why is None:
             return
         name, seq, start = self.name, got["seq"], got["start"]
-        mine = _stamped(self.created)
+        mine = stamped(self.created)
         self.lists._delete_all(keys.JOB_SET, [keys.job_name(name, t) for t in range(start, start + len(new))], only=mine)
         self.lists._delete_all(keys.JIDX_SET, [keys.jidx_name(name, s.jid) for s in new], only=mine)
         if self.mode == "ids":
@@ -704,7 +704,7 @@ def commit_index(lists: JobLists, name: str, created: int, pairs: list[tuple[int
         _check_same_list(lists, name, created)
         in_time = InTime.of(b)
         ops = [op.write("state", "void")] if in_time is None else [in_time.op, op.write("state", "void")]
-        policy = {**_SEND_KEY, "exists": aerospike.POLICY_EXISTS_UPDATE, "expressions": _ours(created)}
+        policy = {**_SEND_KEY, "exists": aerospike.POLICY_EXISTS_UPDATE, "expressions": ours(created)}
         void_writes = [Write(b.key(keys.JOB_SET, keys.job_name(name, t)), ops, policy=policy) for t in voids]
         codes = lists._batch_write(void_writes, "void duplicate jobs", in_time)
         if FILTERED_OUT in codes or NOT_FOUND in codes:
@@ -916,20 +916,7 @@ def _sealed_again(
     return LoadReport(loaded=0, skipped=n, voided=0, already_sealed=True)
 
 
-def _stamped(created: int) -> list[tuple]:
-    """A filter on a record's list stamp (bin "c"): written by the list of the name made
-    at `created`."""
-    return exp.Eq(exp.IntBin("c"), created).compile()
-
-
-def _ours(created: int) -> Any:
-    """A filter: a record of the list made at `created`, by its stamp (bin "c"), as
-    `keys.indexed_here` reads one (records written before stamps were have none)."""
-    c = exp.IntBin("c")
-    return exp.Or(exp.Not(exp.BinExists("c")), exp.Eq(c, created)).compile()
-
-
-def _delete_left_by_another(lists: JobLists, set_name: str, stamped: Iterable[tuple[str, int]]) -> None:
+def _delete_left_by_another(lists: JobLists, set_name: str, left: Iterable[tuple[str, int]]) -> None:
     """Delete records (name, stamp read) that another list of the name wrote: a loader
     of a dropped list, fenced out and killed before it took its writes back. Each only
     while it holds the very stamp read (bin "c"): the callers check first that their
@@ -937,10 +924,10 @@ def _delete_left_by_another(lists: JobLists, set_name: str, stamped: Iterable[tu
     delete, while its list was dropped and made again, would otherwise delete the new
     list's records (stamped by it, so "not ours" to a filter on the caller's stamp)."""
     by_stamp: dict[int, list[str]] = collections.defaultdict(list)
-    for name, stamp in stamped:
+    for name, stamp in left:
         by_stamp[stamp].append(name)
     for stamp, names in by_stamp.items():
-        lists._delete_all(set_name, names, only=_stamped(stamp))
+        lists._delete_all(set_name, names, only=stamped(stamp))
 
 
 def _not_indexed(b: Backend, name: str, created: int, batch: list[JobSpec]) -> list[JobSpec]:

@@ -44,11 +44,10 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import aerospike
-from aerospike_helpers import expressions as xp
 from aerospike_helpers.operations import bitwise_operations as bw
 from aerospike_helpers.operations import operations as op
 
-from . import keys
+from . import hotpath, keys
 from .backends import FRESH_DEADLINE, Backend, retry_in_doubt
 from .errors import AeroqueueError, FilteredOut, RecordNotFound, StaleRequest
 
@@ -101,12 +100,6 @@ def set_bits(
             _set_stamped(backend, list_name, name, ops, value, created)
 
 
-def _ours(created: int) -> Any:
-    """A filter: the chunk is the list's made at `created`, or written before stamps.
-    (A filter is not applied to a record the write creates.)"""
-    return xp.Or(xp.Not(xp.BinExists("c")), xp.Eq(xp.IntBin("c"), created)).compile()
-
-
 def _set_stamped(backend: Backend, list_name: str, name: str, ops: list[dict], value: int, created: int) -> None:
     """`set_bits` on one chunk, for the list made at `created`."""
     if value:
@@ -114,7 +107,7 @@ def _set_stamped(backend: Backend, list_name: str, name: str, ops: list[dict], v
     for _ in range(5):
         try:
             retry_in_doubt(functools.partial(backend.operate, keys.DONE_SET, name, ops, update_only=not value,
-                                             expression=_ours(created)))
+                                             expression=hotpath.ours(created)))
             return
         except RecordNotFound:
             return  # a clear: no chunk, no bit set
@@ -134,7 +127,7 @@ def _set_stamped(backend: Backend, list_name: str, name: str, ops: list[dict], v
         # of ours deleted and made again starts at the same generation as the stale one.
         with contextlib.suppress(FilteredOut, RecordNotFound):
             backend.operate(keys.DONE_SET, name, [op.delete()], update_only=True,
-                            expression=xp.Eq(xp.IntBin("c"), rec.bins["c"]).compile())
+                            expression=hotpath.stamped(rec.bins["c"]))
     raise AeroqueueError(f"the completion bitmap {name} of list {list_name!r} kept changing: bits not written")
 
 

@@ -451,7 +451,7 @@ def test_a_drops_delete_past_its_deadline_deletes_nothing_and_is_sent_again(
     (README: a frozen node replays the calls it was sent). Past its deadline it
     deletes nothing, and is not taken for a record the filter keeps: the drop sends
     it again, with a fresh deadline, and fails if it never gets through."""
-    from aeroqueue.load import _stamped
+    from aeroqueue.hotpath import stamped
 
     if registered.is_embedded:
         pytest.skip("the embedded store has no replicas and no deadline (nor the expressions of one)")
@@ -460,7 +460,7 @@ def test_a_drops_delete_past_its_deadline_deletes_nothing_and_is_sent_again(
     created = lists.header(list_name)["created"]
     lists.write_retry_s = 0.3
     monkeypatch.setattr(registered, "job_deadline", lambda: PAST)
-    for only in (None, _stamped(created)):
+    for only in (None, stamped(created)):
         with pytest.raises(errors.ListError, match=r"Aerospike codes \[26\]"):
             lists._delete_all(keys.JOB_SET, jobs, only=only)
     assert all(registered.get(keys.JOB_SET, n) is not None for n in jobs), "a delete past its deadline deleted"
