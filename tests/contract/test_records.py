@@ -20,6 +20,7 @@ from aerospike_helpers.batch.records import Apply, BatchRecords, Write
 from aerospike_helpers.operations import bitwise_operations as bw
 from aerospike_helpers.operations import expression_operations as eo
 from aerospike_helpers.operations import list_operations as lo
+from aerospike_helpers.operations import map_operations as mo
 from aerospike_helpers.operations import operations as op
 
 from aeroqueue import errors
@@ -377,6 +378,33 @@ def test_operate_increment_read_and_list_ops(client, ns, set_name):
     _, _, ordered = client.operate_ordered(key, [op.increment("n", 1), op.read("n"), lo.list_size("l")])
     assert ordered == [("n", 6), ("l", 1)]
 
+
+
+def test_map_put_items_and_remove_by_key_list_answer_as_the_server_does(client, ns, set_name):
+    """The two map ops of the block records (aeroqueue/blocks.py), as observed on a server."""
+    key = (ns, set_name, "map")
+    kv, none, count = aerospike.MAP_RETURN_KEY_VALUE, aerospike.MAP_RETURN_NONE, aerospike.MAP_RETURN_COUNT
+    client.put(key, {"c": 1})
+    # No map bin yet: nil whatever the return type, nothing written.
+    assert client.operate(key, [mo.map_remove_by_key_list("j", [1], kv)])[2] == {"j": None}
+    with pytest.raises(ex.BinIncompatibleType):
+        client.operate(key, [mo.map_remove_by_key_list("c", [1], kv)])
+    with pytest.raises(ex.BinIncompatibleType):
+        client.operate(key, [mo.map_put_items("c", {1: 1})])
+    assert client.operate(key, [mo.map_put_items("j", {})])[2] == {"j": 0}
+    assert client.operate(key, [mo.map_put_items("j", {5: ["a", {"p": 1}], 3: ["b", None], 9: ["c", "z"]})])[2] == {"j": 3}
+    assert client.get(key)[2] == {"c": 1, "j": {3: ["b", None], 5: ["a", {"p": 1}], 9: ["c", "z"]}}
+    # Removed and answered in key order, keys not in the map ignored.
+    assert client.operate(key, [mo.map_remove_by_key_list("j", [5, 42, 3], kv)])[2] == {"j": [3, ["b", None], 5, ["a", {"p": 1}]]}
+    assert client.operate(key, [mo.map_remove_by_key_list("j", [5], kv)])[2] == {"j": []}
+    assert client.operate(key, [mo.map_put_items("j", {2: "x"}), mo.map_remove_by_key_list("j", [2, 9], count)])[2] == {"j": 2}
+    _, meta, bins = client.operate(key, [mo.map_remove_by_key_list("j", [7], none)])
+    assert (bins, meta["gen"]) == ({"j": None}, 8)  # every one a write, even when nothing goes
+    assert client.get(key)[2] == {"c": 1, "j": {}}
+    with pytest.raises(ex.RecordNotFound):
+        client.operate((ns, set_name, "none"), [mo.map_remove_by_key_list("j", [1], kv)])
+    with pytest.raises(ex.RecordNotFound):
+        client.get((ns, set_name, "none"))
 
 def test_bitwise_set_is_idempotent_and_counts_exactly(client, ns, set_name):
     key = (ns, set_name, "bits")

@@ -786,6 +786,61 @@ def _read_get_int(region: int, size: int, op: dict) -> int:
     return region
 
 
+
+# -- map ops (the two the block records use: aeroqueue.blocks) --------------------------
+
+_MAP_RETURN_NONE = aerospike.MAP_RETURN_NONE
+_MAP_RETURN_COUNT = aerospike.MAP_RETURN_COUNT
+_MAP_RETURN_KEY_VALUE = aerospike.MAP_RETURN_KEY_VALUE
+
+
+def _existing_map(run: _Run, name: str) -> dict | None:
+    """The bin's map, None when the bin is missing; a non-map bin is an error."""
+    value = run.get(name)
+    if value is _MISSING:
+        return None
+    if not isinstance(value, dict):
+        raise _err(12)
+    return value
+
+
+def _op_map_put_items(run: _Run, op: dict) -> None:
+    if op.get("map_policy"):
+        raise _unsupported("map_put_items with a map policy")
+    items = op.get("val")
+    if not isinstance(items, dict):
+        raise _err(4)
+    m = _existing_map(run, op["bin"])
+    merged = dict(m or {})
+    merged.update({(_copy(k) if type(k) is str else k): _copy(v) for k, v in items.items()})
+    # Put even when `items` is empty: the bin is created (observed: an empty map).
+    run.bins[op["bin"]] = key_ordered(merged)
+    run.answer(op["bin"], len(merged))
+
+
+def _op_map_remove_by_key_list(run: _Run, op: dict) -> None:
+    if op.get("inverted"):
+        raise _unsupported("map_remove_by_key_list inverted")
+    rt = op.get("return_type", _MAP_RETURN_NONE)
+    if rt not in (_MAP_RETURN_NONE, _MAP_RETURN_COUNT, _MAP_RETURN_KEY_VALUE):
+        raise _unsupported(f"map_remove_by_key_list with return type {rt}")
+    name = op["bin"]
+    m = _existing_map(run, name)
+    if m is None:
+        run.answer(name, None)  # observed: nil whatever the return type
+        return
+    # Answered in key order, as the server does (observed).
+    gone = key_ordered({k: m[k] for k in op.get("val") or [] if k in m})
+    if gone:
+        run.bins[name] = {k: v for k, v in m.items() if k not in gone}
+    if rt == _MAP_RETURN_NONE:
+        run.answer(name, None)
+    elif rt == _MAP_RETURN_COUNT:
+        run.answer(name, len(gone))
+    else:
+        run.answer(name, [x for k, v in gone.items() for x in (k, _copy(v))])
+
+
 _HANDLERS: dict[int, Callable[[_Run, dict], None]] = {
     _READ: _op_read,
     _WRITE: _op_write,
@@ -810,6 +865,8 @@ _HANDLERS: dict[int, Callable[[_Run, dict], None]] = {
     aerospike.OP_LIST_SIZE: _op_list_size,
     aerospike.OP_LIST_GET: _op_list_get,
     aerospike.OP_LIST_GET_RANGE: _op_list_get_range,
+    aerospike.OP_MAP_PUT_ITEMS: _op_map_put_items,
+    aerospike.OP_MAP_REMOVE_BY_KEY_LIST: _op_map_remove_by_key_list,
     aerospike.OP_BIT_RESIZE: _bits_modify(_RESIZE),
     aerospike.OP_BIT_INSERT: _bits_modify(_INSERT),
     aerospike.OP_BIT_REMOVE: _bits_modify(_REMOVE),
