@@ -23,7 +23,7 @@ from typing import Any
 from aerospike_helpers.batch.records import BatchRecords, Write
 from aerospike_helpers.operations import operations as op
 
-from . import keys, udfs
+from . import blocks, keys, udfs
 from .backends import Backend, open_backend
 from .errors import BackendError, ConfigError
 from .lists import JobLists
@@ -166,7 +166,7 @@ def run(
 
 def drop_list(backend: Backend, name: str, jids: Iterable[str], *, chunk: int = 5000) -> int:
     """Delete every record of a list the benchmark made (jobs, id index, bitmaps, ID
-    chunks, the list record last): batch deletes, `chunk` records a round trip.
+    chunks, block records, the list record last): batch deletes, `chunk` records a round trip.
     Returns how many records were deleted."""
     head = backend.get(keys.LIST_SET, name)
     if head is None:
@@ -178,6 +178,7 @@ def drop_list(backend: Backend, name: str, jids: Iterable[str], *, chunk: int = 
         ((keys.JIDX_SET, keys.jidx_name(name, jid)) for jid in jids),
         ((keys.DONE_SET, keys.chunk_name(name, c)) for c in range(-(-alloc // keys.BITS_PER_CHUNK))),
         ((keys.IDS_SET, keys.chunk_name(name, c)) for c in range(ranges)),
+        ((keys.BLOCK_SET, n) for n in blocks.names_upto(name, alloc)),
     )
     deleted = 0
     while batch := list(itertools.islice(names, chunk)):

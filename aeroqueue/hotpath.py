@@ -94,6 +94,16 @@ def _bind(template: list[tuple], values: dict[Any, Any]) -> list[tuple]:
 
 
 _QUEUED = {d: _template([exp.Eq(exp.StrBin("state"), "queued")], d) for d in (False, True)}
+_STAMP = -0x3C3C3C3C3C3C
+_STAMPED = {d: _template([exp.Eq(exp.IntBin("c"), _STAMP)], d) for d in (False, True)}
+
+
+def stamped_in_time(created: int, deadline: int | None) -> list[tuple]:
+    """`stamped`, and with a deadline, before it by the server's clock (bound to a
+    filter compiled once: this one is sent with every leased reservation)."""
+    if deadline is None:
+        return _bind(_STAMPED[False], {_STAMP: created})
+    return _bind(_STAMPED[True], {_STAMP: created, _DEADLINE: deadline})
 
 
 def _holder(with_rid: bool, with_deadline: bool) -> list[tuple]:

@@ -12,6 +12,7 @@ JOB_SET = "aq_job"  # "<list>/<token>": one job
 IDS_SET = "aq_ids"  # "<list>/<chunk>": ID store chunks
 SESS_SET = "aq_sess"  # "<session id>": heartbeat session
 DONE_SET = "aq_done"  # "<list>/<chunk>": completion bitmaps (bins done, dead; void: tokens that hold no job; c: the list's stamp)
+BLOCK_SET = "aq_blk"  # "<list>/<block>": fresh jobs' ids and payloads, a hundred a record (aeroqueue/blocks.py)
 JIDX_SET = "aq_jidx"  # "<list>/<jid>": job id -> token, the commit point of a load
 LOCK_SET = "aq_lock"  # "<name>": a lease (owner, host, pid, ttl_ms); a sync's is "sync:<target>"; SWEEP_GATE, LOST_TAKE_MARK
 SYNC_SET = "aq_sync"  # "<run>/<partition>": a running sync task's progress (lists: copied per list); "clock/<id>"

@@ -18,7 +18,7 @@ from aerospike_helpers import expressions as exp
 from aerospike_helpers.batch.records import Write
 from aerospike_helpers.operations import operations as op
 
-from . import keys, lease_entries, transitions
+from . import blocks, keys, lease_entries, transitions
 from . import load as _load
 from .backends import Backend, retry_in_doubt
 from .config import LEASE_SETTLE_S, MAX_ATTEMPTS, MAX_SECONDS
@@ -504,6 +504,8 @@ class JobLists:
         the dead job's last error: blank raises `ConfigError`."""
         check_bury_reason(why)
         job = self.find_job(name, jid)
+        # A job never handed out keeps its block entry, which says queued (blocks.py).
+        blocks.forget(self.backend, name, job["token"])
         return transitions.bury(self.backend, name, job["token"], why, job.get("c"))
 
     # -- drop --------------------------------------------------------------------
@@ -663,6 +665,8 @@ class JobLists:
             # as are those a rejoining node brought back without their job record.
             index += self._delete_index_of(name, before)
         id_chunks = self._delete_all(keys.IDS_SET, [keys.chunk_name(name, c) for c in range(ranges)], only=only)
+        # Block records (blocks.py) are not reported: they repeat what job records hold.
+        self._delete_all(keys.BLOCK_SET, blocks.names_upto(name, alloc), only=only)
         bitmaps = self._delete_all(keys.DONE_SET, _bitmap_names(name, alloc), only=only)
         return jobs, index, id_chunks, bitmaps
 

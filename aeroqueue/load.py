@@ -48,9 +48,10 @@ import aerospike
 from aerospike_helpers import expressions as exp
 from aerospike_helpers.batch.records import BatchRecords, Write
 from aerospike_helpers.operations import expression_operations as eo
+from aerospike_helpers.operations import map_operations as mo
 from aerospike_helpers.operations import operations as op
 
-from . import keys, transitions
+from . import blocks, keys, transitions
 from .backends import IN_DOUBT, Backend, Record, retry_in_doubt, wrap
 from .backends.sizes import record_size
 from .config import MAX_SECONDS
@@ -444,6 +445,8 @@ class _RangeLoader:
         mine = stamped(self.created)
         self.lists._delete_all(keys.JOB_SET, [keys.job_name(name, t) for t in range(start, start + len(new))], only=mine)
         self.lists._delete_all(keys.JIDX_SET, [keys.jidx_name(name, s.jid) for s in new], only=mine)
+        self.lists._delete_all(keys.BLOCK_SET, [blocks.name(name, blk) for blk in sorted(blocks.by_block(
+            list(range(start, start + len(new)))))], only=mine)
         if self.mode == "ids":
             self.lists._delete_all(keys.IDS_SET, [keys.chunk_name(name, seq)], only=mine)
         fenced = LoadAbandoned(
@@ -488,6 +491,7 @@ class _RangeLoader:
         same = [op.write("list", name), op.write("att", 0), op.write("max_att", self.max_att), stamp.op]
         queued = [op.write("state", "queued")]
         timed: dict[int, int] = {}  # token -> due, for jobs with a run_at of their own
+        later: set[int] = set()  # tokens written delayed
 
         def state_of(t: int, s: JobSpec) -> list[Any]:
             own = round(s.run_at * 1000) if s.run_at is not None else 0
@@ -496,6 +500,7 @@ class _RangeLoader:
                 return queued
             if own > gate:
                 timed[t] = own
+            later.add(t)
             return [op.write("state", "delayed"), op.write("due", due)]
 
         # 3. job records, create-only: tokens are fresh, so a conflict means a
@@ -556,6 +561,10 @@ class _RangeLoader:
         self._fence(got, new)
         real = commit_index(self.lists, name, self.created, list(zip(tokens, [s.jid for s in new], strict=True)))
         real_set = set(real)
+        if self.mode == "tokens":
+            # 5. the block records of its queued jobs, before they can be taken (blocks.py).
+            write_blocks(self.lists, name, self.created,
+                         [(t, new[t - start]) for t in real if t not in later])
         finish_range(self.lists, name, self.mode, seq, real, gate=gate,
                      timed={t: due for t, due in timed.items() if t in real_set}, created=self.created)
         # A drop that started while this loader was stopped past its lease deleted the
@@ -648,6 +657,55 @@ def batch_write(
         if not todo or time.monotonic() >= give_up:
             return codes
         time.sleep(0.1)
+
+
+def write_blocks(lists: JobLists, name: str, created: int, jobs: list[tuple[int, JobSpec]]) -> None:
+    """Put committed queued jobs (token, spec) of the list made at `created` into their
+    block records (blocks.py), before their range is published. A block another list
+    of the name left (a loader of a dropped list, killed before it took its writes
+    back) is replaced, while this list is still the one loading. Blocks only save
+    reads: a block that cannot be written (too big, the store in trouble) is left
+    out, and a reservation reads those jobs' records. A write still in doubt is
+    waited out (its deadline), so that it cannot land after the range is published."""
+    if not jobs:
+        return
+    b = lists.backend
+    stamp = _Stamp(b, created)
+    policy = {**_SEND_KEY, "expressions": stamped(created)}
+    entries: dict[int, dict[int, list[Any]]] = collections.defaultdict(dict)
+    for t, s in jobs:
+        entries[blocks.block_of(t)][t] = [s.jid, s.payload]
+    order = list(entries)
+
+    def writes(which: list[int]) -> list[Write]:
+        return [Write(b.key(keys.BLOCK_SET, blocks.name(name, blk)), [stamp.op, mo.map_put_items("j", entries[blk])],
+                      policy=policy) for blk in which]
+
+    try:
+        codes = lists._batch_write(writes(order), "write blocks", stamp)
+        foreign = [blk for blk, code in zip(order, codes, strict=True) if code == FILTERED_OUT]
+        if foreign:
+            recs = b.batch_get(keys.BLOCK_SET, [blocks.name(name, blk) for blk in foreign], bins=["c"])
+            left = [(blocks.name(name, blk), r.bins["c"]) for blk, r in zip(foreign, recs, strict=True)
+                    if r is not None and r.bins.get("c") not in (None, created)]
+            if left:
+                _check_same_list(lists, name, created)
+                _delete_left_by_another(lists, keys.BLOCK_SET, left)
+            codes = lists._batch_write(writes(foreign), "write blocks", stamp)
+        failed = [code for code in codes if code != 0]
+        doubt = any(code in IN_DOUBT_CODES for code in failed)
+    except LoadAbandoned:
+        raise
+    except AeroqueueError as e:
+        code = getattr(e, "code", None)
+        failed, doubt = [code if isinstance(code, int) else -1], isinstance(e, IN_DOUBT)
+    if doubt:
+        deadline = b.job_deadline()  # past the deadline of the last attempt
+        if deadline is not None:
+            time.sleep(max(0.0, deadline / 1000 - time.time()))
+    if failed:
+        log.warning("block records not written: reservations read those jobs' records", extra={
+            "event": "blocks_not_written", "list": name, "codes": sorted(set(failed))})
 
 
 def _describe(codes: list[int]) -> str:

@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import hotpath, keys, transitions
+from . import blocks, hotpath, keys, transitions
 from .backends import IN_DOUBT, Backend, BatchResult, retry_busy
 from .config import MAX_SECONDS
 from .errors import (
@@ -326,7 +326,7 @@ class Queue:
                 if first is not None:
                     (taken, tlim), first = first, None
                 else:
-                    taken, tlim, now, fresh = self._take(list_name, count - len(got))
+                    taken, tlim, now, fresh, created = self._take(list_name, count - len(got))
                 # The retry store may hold a token twice (harmless for anyone else:
                 # the claim refuses a job that is not queued). Under one request id
                 # the second claim would answer 'ok' again, as a repeated call does,
@@ -338,7 +338,7 @@ class Queue:
                 these, pending = pending, []
                 if lease and not these and now is not None and len(fresh) > 1:
                     assert isinstance(session, Session)
-                    got.extend(self._lease(list_name, session, rid, tlim, now, tokens, fresh, took))
+                    got.extend(self._lease(list_name, session, rid, tlim, now, tokens, fresh, took, created))
                 else:
                     got.extend(self._claim(list_name, sess, rid, tlim, tokens, these, got, lost))
                 if not taken:
@@ -363,10 +363,10 @@ class Queue:
             # again at the next reservation.
         return got, lost
 
-    def _take(self, name: str, k: int) -> tuple[list[int], int, int | None, range]:
+    def _take(self, name: str, k: int) -> tuple[list[int], int, int | None, range, int | None]:
         """Tokens to claim, the list's time limit (ms) for their claims, the take's
-        server ms (None from a list module older than leases), and the fresh tokens
-        among them (`_tokens`)."""
+        server ms (None from a list module older than leases), the fresh tokens
+        among them, and the list's stamp (`_tokens`)."""
         try:
             out = transitions.list_udf(self.backend, name, "take", k, deadline_s=self.busy_deadline_s)
         except BackendTimeout as e:
@@ -374,16 +374,17 @@ class Queue:
             raise
         return self._tokens(name, k, out)
 
-    def _tokens(self, name: str, k: int, out: dict[str, Any]) -> tuple[list[int], int, int | None, range]:
+    def _tokens(self, name: str, k: int, out: dict[str, Any]) -> tuple[list[int], int, int | None, range, int | None]:
         """A `take` answer's tokens (up to `k`, topped up from the ID store), time limit,
-        server ms, and the run the token store handed out: tokens no one was ever given,
-        which only this take holds. (The retry store may hold a token twice, or one a
-        late reaper pushed back while someone holds it: only a claim fences those.)"""
+        server ms, the run the token store handed out: tokens no one was ever given,
+        which only this take holds (the retry store may hold a token twice, or one a
+        late reaper pushed back while someone holds it: only a claim fences those),
+        and the list's stamp (None from a list module older than block records)."""
         st = out["st"]
         if st == "missing":
             raise ListNotFound(f"no job list named {name!r}")
         if st == "paused":
-            return [], 0, None, range(0)
+            return [], 0, None, range(0), None
         retry, start, n = out["retry"], out["start"], out["n"]
         tokens = list(range(start, start + n)) if not retry else [*retry, *range(start, start + n)]
         # The take's own word first: a list dropped and loaded again under its name in the
@@ -391,7 +392,7 @@ class Queue:
         # popped, its jobs never handed out). A list module older than that: the cache.
         if len(tokens) < k and (out.get("mode") or self._mode(name)) == "ids":
             tokens += self._pop_ids(name, k - len(tokens), out["cursor"], out["pubs"], held=len(tokens))
-        return tokens, out.get("tlim") or 300_000, out.get("now"), range(start, start + n)
+        return tokens, out.get("tlim") or 300_000, out.get("now"), range(start, start + n), out.get("c")
 
     def _mode(self, name: str) -> str:
         mode = self._modes.get(name)
@@ -537,10 +538,13 @@ class Queue:
         return answers
 
     def _lease(
-        self, name: str, session: Session, rid: str, tlim: int, now: int, tokens: list[int], fresh: range, took: float
+        self, name: str, session: Session, rid: str, tlim: int, now: int, tokens: list[int], fresh: range, took: float,
+        created: int | None = None,
     ) -> list[Job]:
-        """Lease the queued jobs among the `fresh` `tokens` to `session`: one batch read of
-        their records, one write of the lease on the session record. The other tokens
+        """Lease the queued jobs among the `fresh` `tokens` to `session`: one pop of their
+        block records (`blocks`, the list's stamp `created` given), one batch read of
+        the records of those without an entry, one write of the lease on the session
+        record. The other tokens
         (from the retry store, which may hold a token twice), and fresh ones that are not
         a queued job (delayed, gone) or were kicked, are claimed as `reserve` claims them, so a claim
         fences them and the UDF decides. Each lease has its own id (a reservation that
@@ -551,15 +555,30 @@ class Queue:
         others = [t for t in tokens if t not in fresh]
         if others:
             tokens = [t for t in tokens if t in fresh]
-        try:
-            recs = self.backend.batch_bins(keys.JOB_SET, keys.job_names(name, tokens), hotpath.LEASE_READS_LIST)
-        except AeroqueueError:
-            # Nothing is leased: claimed instead, whose batch handles every failure.
-            return self._claim(name, session.claim_id(), rid, tlim, others + tokens, [], [], [])
         lid, until, sess = _request_id(), now + tlim, session.claim_id()
         leased: list[dict[str, Any]] = []
         held: list[int] = []
         groups: dict[tuple[int, int | None, int | None], list[int]] = defaultdict(list)
+        if created is not None:
+            # Jobs as their loader wrote them (blocks.py): attempt 0, never claimed, this
+            # list's. The ack's filter checks each record, as for any lease.
+            entries = blocks.pop(self.backend, name, created, tokens)
+            if entries:
+                for token in tokens:
+                    entry = entries.get(token)
+                    if entry is not None:
+                        leased.append({"token": token, "jid": entry[0], "payload": entry[1], "att": 0, "c": created})
+                        held.append(token)
+                groups[(0, None, created)] = list(held)
+                tokens = [t for t in tokens if t not in entries]
+        try:
+            recs = self.backend.batch_bins(keys.JOB_SET, keys.job_names(name, tokens), hotpath.LEASE_READS_LIST)
+        except AeroqueueError:
+            if not leased:
+                # Nothing is leased: claimed instead, whose batch handles every failure.
+                return self._claim(name, sess, rid, tlim, others + tokens, [], [], [])
+            # The popped ones are leased; the others claimed after them.
+            recs = [(-1, None)] * len(tokens)
         for token, (code, b) in zip(tokens, recs, strict=True):
             # A kicked job may be in the retry store too (aq_job_v1.lua, `kicked`): a
             # lease would not fence that copy, a claim does.

@@ -671,7 +671,7 @@ function expired(rec)
   return out
 end
 
--- take(rec, k, deadline) -> map{st='ok', retry=list, start, n, cursor, pubs, tlim, now, mode}
+-- take(rec, k, deadline) -> map{st='ok', retry=list, start, n, cursor, pubs, tlim, now, mode, c}
 --                 | map{st='missing'|'paused'|'stale'}
 --   The reservation step: up to k tokens from the retry store first (with
 --   whatever sched has due), then due ranges of delayed loads, then the token
@@ -682,7 +682,9 @@ end
 --   tlim: the list's time limit, for the claims; now: the server ms of the take
 --   (a lease's time limit runs from it). mode: the list's own, for the caller to
 --   pop the ID store by: a list dropped and loaded again under its name may have
---   another mode than the caller saw before.
+--   another mode than the caller saw before. c: the list's `created`, the stamp
+--   a block record must hold for the caller to trust it for [start, start+n)
+--   (aeroqueue/blocks.py).
 function take(rec, k, deadline)
   if stale(deadline) then return map{st = 'stale'} end
   if not live(rec) then return map{st = 'missing'} end
@@ -761,7 +763,7 @@ function take(rec, k, deadline)
   if changed then aerospike:update(rec) end
   return map{st = 'ok', retry = got, start = start, n = n,
              cursor = rec['cursor'], pubs = rec['pubs'], tlim = rec['tlim'] or 300000, now = t,
-             mode = rec['mode']}
+             mode = rec['mode'], c = rec['created']}
 end
 
 -- advance(rec, seen, deadline) -> integer cursor | 'stale'

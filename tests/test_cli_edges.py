@@ -947,7 +947,7 @@ def test_bench_uses_a_scratch_store_unless_told_and_shows_progress(tmp_path):
 @pytest.mark.parametrize("mode", [None, "tokens", "ids"])
 def test_bench_on_a_given_store_deletes_everything_it_made(ready_url, mode, tmp_path):
     backend = open_backend(ready_url)
-    sets = (keys.LIST_SET, keys.JOB_SET, keys.JIDX_SET, keys.DONE_SET, keys.IDS_SET)
+    sets = (keys.LIST_SET, keys.JOB_SET, keys.JIDX_SET, keys.DONE_SET, keys.IDS_SET, keys.BLOCK_SET)
 
     def bench_records() -> dict[str, int]:
         counts = {s: sum(1 for name, _ in backend.scan(s) if str(name).startswith("bench-")) for s in sets}

@@ -24,7 +24,7 @@ from aeroqueue.sessions import Session
 from aeroqueue.worker import EXIT_OK, Worker
 from tests.conftest import mark_reaping
 
-SETS = (keys.LIST_SET, keys.JOB_SET, keys.JIDX_SET, keys.IDS_SET, keys.DONE_SET)
+SETS = (keys.LIST_SET, keys.JOB_SET, keys.JIDX_SET, keys.IDS_SET, keys.DONE_SET, keys.BLOCK_SET)
 
 
 def specs(n: int, prefix: str = "job-") -> list[JobSpec]:
@@ -66,6 +66,7 @@ def test_drop_leaves_nothing_of_the_list_and_spares_its_neighbours(registered, q
     lists.load(neighbour, specs(7), mode=mode, seal=True)
     before = leftovers(registered, list_name)
     assert set(before) >= {keys.LIST_SET, keys.JOB_SET, keys.JIDX_SET, keys.DONE_SET}
+    assert (keys.BLOCK_SET in before) == (mode == "tokens")
     report = lists.drop(list_name, grace_s=0.1)
     assert (report.jobs, report.index, report.bitmaps) == (30, 30, 1)
     assert report.id_chunks == (1 if mode == "ids" else 0)
@@ -248,7 +249,11 @@ def test_a_dropped_list_whose_records_came_back_stays_dropped_and_its_name_loads
     assert (st.total, st.reservable, st.done, st.dead, st.retry_pending, st.in_flight) == (20, 20, 0, 0, 0, 0)
     left = leftovers(registered, list_name)
     assert sorted(left[keys.JOB_SET]) == sorted(keys.job_name(list_name, t) for t in range(20))
-    assert len(left[keys.JIDX_SET]) == 20 and set(left) <= {keys.LIST_SET, keys.JOB_SET, keys.JIDX_SET, keys.IDS_SET}
+    assert len(left[keys.JIDX_SET]) == 20
+    assert set(left) <= {keys.LIST_SET, keys.JOB_SET, keys.JIDX_SET, keys.IDS_SET, keys.BLOCK_SET}
+    created = lists.header(list_name)["created"]
+    for blk in left.get(keys.BLOCK_SET, []):  # the new list's blocks only
+        assert registered.get(keys.BLOCK_SET, blk).bins["c"] == created
     got = queue.reserve(list_name, session, 30)
     assert sorted(j.jid for j in got) == sorted(f"job-{i}" for i in range(20))
     assert all(j.attempt == 1 for j in got)

@@ -1,0 +1,219 @@
+"""Block records (aeroqueue/blocks.py): a leased reservation takes fresh jobs from
+their block, a record per hundred jobs, and never trusts an entry that may no longer
+say what the job record says. Every test runs on both backends and audits job by job."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from aerospike_helpers.operations import operations as op
+
+from aeroqueue import blocks, keys
+from aeroqueue.backends import Backend
+from aeroqueue.lists import JobLists
+from aeroqueue.loading import JobSpec
+from aeroqueue.queue import Queue
+from aeroqueue.sessions import Session
+
+
+def load(lists: JobLists, name: str, n: int, tag: str = "", **kw: Any) -> None:
+    lists.load(name, [JobSpec(f"j{i}", {"i": i, "tag": tag}, None, None) for i in range(n)], **kw)
+
+
+def entries(backend: Backend, name: str, block: int) -> dict[int, Any] | None:
+    rec = backend.get(keys.BLOCK_SET, blocks.name(name, block))
+    return None if rec is None else dict(rec.bins.get("j") or {})
+
+
+def states(backend: Backend, name: str, n: int) -> dict[str, str]:
+    recs = backend.batch_get(keys.JOB_SET, [keys.job_name(name, t) for t in range(n)])
+    return {r.bins["jid"]: r.bins["state"] for r in recs if r is not None}
+
+
+def test_a_leased_batch_takes_its_jobs_from_their_blocks_and_each_is_acknowledged_once(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session
+) -> None:
+    load(lists, list_name, 250, seal=True)
+    created = lists.header(list_name)["created"]
+    for b, (lo, hi) in enumerate([(0, 100), (100, 200), (200, 250)]):
+        rec = registered.get(keys.BLOCK_SET, blocks.name(list_name, b))
+        assert rec is not None and rec.bins["c"] == created
+        assert rec.bins["j"] == {t: [f"j{t}", {"i": t, "tag": ""}] for t in range(lo, hi)}
+    trips = registered.round_trips
+    jobs = queue.reserve(list_name, session, 150, lease=True)
+    # The take, the pop of two blocks, the lease: no job record read.
+    assert registered.round_trips - trips == 3
+    assert [(j.token, j.jid, j.payload, j.attempt) for j in jobs] == [
+        (t, f"j{t}", {"i": t, "tag": ""}, 1) for t in range(150)]
+    assert all(j.lease == (0, None, jobs[0].lease[2], created) for j in jobs)
+    assert entries(registered, list_name, 0) == {}
+    assert sorted(entries(registered, list_name, 1) or {}) == list(range(150, 200))
+    assert queue.complete_many(jobs) == []
+    assert queue.complete_many(jobs[:10]) == []  # 'again': not counted twice
+    rest = queue.reserve(list_name, session, 200, lease=True)
+    assert [j.token for j in rest] == list(range(150, 250))
+    assert queue.complete_many(rest) == []
+    queue.flush()
+    assert states(registered, list_name, 250) == {f"j{t}": "done" for t in range(250)}
+    st = lists.status(list_name)
+    assert (st.done, st.reservable, st.in_flight, st.complete) == (250, 0, 0, True)
+
+
+def test_a_job_buried_before_anyone_took_it_is_not_handed_out_from_its_block(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session
+) -> None:
+    load(lists, list_name, 10)
+    assert lists.bury(list_name, "j3", "not wanted") == "dead"
+    assert 3 not in (entries(registered, list_name, 0) or {})
+    jobs = queue.reserve(list_name, session, 10, lease=True)
+    assert [j.jid for j in jobs] == [f"j{i}" for i in range(10) if i != 3]
+    assert queue.complete_many(jobs) == []
+    queue.flush()
+    assert states(registered, list_name, 10) == {f"j{i}": "dead" if i == 3 else "done" for i in range(10)}
+
+
+def test_tokens_a_rolled_back_take_hands_out_again_are_read_from_their_records(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session
+) -> None:
+    """A frozen node's replayed take puts the list record back, `head` included
+    (README, "A frozen node replays the calls it was sent"): the tokens come out
+    fresh again. Their entries left their blocks the first time, so the second
+    reservation reads the records and hands out none of the jobs done meanwhile."""
+    load(lists, list_name, 40)
+    first = queue.reserve(list_name, session, 30, lease=True)
+    assert queue.complete_many(first[:20]) == []
+    registered.operate(keys.LIST_SET, list_name, [op.write("head", 0)])  # the rollback
+    again = queue.reserve(list_name, session, 40, lease=True)
+    # Leased still (queued, as their lease read them) and not yet acknowledged: handed
+    # out again, as they were before block records (the ack fences them).
+    assert sorted(j.token for j in again) == list(range(20, 40))
+    assert queue.complete_many(again) == []
+    assert queue.complete_many(first[20:]) == first[20:]  # the second holder's ack won
+    queue.flush()
+    assert states(registered, list_name, 40) == {f"j{i}": "done" for i in range(40)}
+
+
+def test_a_block_another_list_of_the_name_left_is_replaced_or_never_trusted(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session
+) -> None:
+    load(lists, list_name, 5, tag="old")
+    old = registered.get(keys.BLOCK_SET, blocks.name(list_name, 0))
+    assert old is not None
+    lists.drop(list_name, grace_s=0)
+    assert registered.get(keys.BLOCK_SET, blocks.name(list_name, 0)) is None  # the drop deleted it
+
+    def bring_back() -> None:  # as a node that missed the drop brings its copy back
+        registered.put(keys.BLOCK_SET, blocks.name(list_name, 0), dict(old.bins))
+
+    bring_back()
+    load(lists, list_name, 5, tag="new")  # its loader replaces the old block
+    created = lists.header(list_name)["created"]
+    rec = registered.get(keys.BLOCK_SET, blocks.name(list_name, 0))
+    assert rec is not None and rec.bins["c"] == created and rec.bins["c"] != old.bins["c"]
+    assert {t: e[1]["tag"] for t, e in rec.bins["j"].items()} == {t: "new" for t in range(5)}
+    bring_back()  # and once it is written: its stamp is not the list's
+    jobs = queue.reserve(list_name, session, 5, lease=True)
+    assert [(j.jid, j.payload["tag"], j.lease[3]) for j in jobs] == [(f"j{i}", "new", created) for i in range(5)]
+    assert queue.complete_many(jobs) == []
+
+
+def test_delayed_jobs_have_no_block_entry_and_are_held_back(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session
+) -> None:
+    later = time.time() + 3600
+    lists.load(list_name, [JobSpec(f"j{i}", {"i": i}, None, later if i % 2 else None) for i in range(10)])
+    assert sorted(entries(registered, list_name, 0) or {}) == [0, 2, 4, 6, 8]
+    jobs = queue.reserve(list_name, session, 10, lease=True)
+    assert [j.jid for j in jobs] == ["j0", "j2", "j4", "j6", "j8"]
+    assert queue.complete_many(jobs) == []
+    queue.flush()
+    assert states(registered, list_name, 10) == {f"j{i}": "delayed" if i % 2 else "done" for i in range(10)}
+
+
+def test_a_list_loaded_with_a_delay_or_in_id_mode_writes_no_blocks(
+    registered: Backend, lists: JobLists, list_name: str
+) -> None:
+    load(lists, list_name, 10, delay_s=3600)
+    load(lists, list_name + "-ids", 10, mode="ids")
+    assert entries(registered, list_name, 0) is None
+    assert entries(registered, list_name + "-ids", 0) is None
+    lists.drop(list_name + "-ids", grace_s=0)
+
+
+def test_loaders_sharing_blocks_and_reservers_at_once_hand_out_each_job_once(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str
+) -> None:
+    """Two loads, each of ranges that straddle blocks (37 jobs a range, written by
+    three threads), into one list while three reservers lease and acknowledge:
+    every job is handed out with its own payload and acknowledged once."""
+    lists.create(list_name)
+    n_each = 600
+    loads_done = threading.Event()
+    errors: list[BaseException] = []
+    handed: list[tuple[str, Any]] = []
+    acked: list[str] = []
+    lock = threading.Lock()
+
+    def load_part(prefix: str) -> None:
+        try:
+            lists.load(list_name, [JobSpec(f"{prefix}{i}", {"id": f"{prefix}{i}"}) for i in range(n_each)],
+                       chunk_size=37, workers=3)
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    def reserve_loop() -> None:
+        session = Session.open(registered)
+        try:
+            idle_after_loads = 0
+            while idle_after_loads < 3:
+                done_loading = loads_done.is_set()
+                jobs = queue.reserve(list_name, session, 50, lease=True)
+                if not jobs:
+                    idle_after_loads += done_loading
+                    time.sleep(0.01)
+                    continue
+                lost = queue.complete_many(jobs)
+                with lock:
+                    handed.extend((j.jid, j.payload) for j in jobs)
+                    acked.extend(j.jid for j in jobs if j not in lost)
+        except BaseException as e:  # reported below
+            errors.append(e)
+        finally:
+            session.close()
+
+    loaders = [threading.Thread(target=load_part, args=(p,)) for p in ("a", "b")]
+    reservers = [threading.Thread(target=reserve_loop) for _ in range(3)]
+    for t in loaders + reservers:
+        t.start()
+    for t in loaders:
+        t.join(120)
+    loads_done.set()
+    for t in reservers:
+        t.join(120)
+    assert not errors, errors
+    everyone = sorted(f"{p}{i}" for p in "ab" for i in range(n_each))
+    assert sorted(jid for jid, _ in handed) == everyone  # each once
+    assert all(payload == {"id": jid} for jid, payload in handed)
+    assert sorted(acked) == everyone
+    queue.flush()
+    recs = registered.batch_get(keys.JOB_SET, [keys.job_name(list_name, t) for t in range(2 * n_each)])
+    assert sorted((r.bins["jid"], r.bins["state"], r.bins["att"]) for r in recs if r is not None) == [
+        (jid, "done", 1) for jid in everyone]
+    st = lists.status(list_name)
+    assert (st.done, st.reservable, st.in_flight) == (2 * n_each, 0, 0)
+
+
+def test_a_block_too_big_to_write_leaves_its_jobs_to_be_read_from_their_records(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session, caplog
+) -> None:
+    big = "x" * (registered.max_record_size() // 3)  # a job record holds one; a block not three
+    lists.load(list_name, [JobSpec(f"j{i}", {"big": big, "i": i}) for i in range(4)])
+    assert entries(registered, list_name, 0) is None
+    assert any(getattr(r, "event", None) == "blocks_not_written" for r in caplog.records)
+    jobs = queue.reserve(list_name, session, 4, lease=True)
+    assert [(j.jid, j.payload["i"], j.payload["big"] == big) for j in jobs] == [(f"j{i}", i, True) for i in range(4)]
+    assert queue.complete_many(jobs) == []
+    queue.flush()
+    assert states(registered, list_name, 4) == {f"j{i}": "done" for i in range(4)}
