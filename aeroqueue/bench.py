@@ -166,7 +166,7 @@ def run(
 
 def drop_list(backend: Backend, name: str, jids: Iterable[str], *, chunk: int = 5000) -> int:
     """Delete every record of a list the benchmark made (jobs, id index, bitmaps, ID
-    chunks, block records, the list record last): batch deletes, `chunk` records a round trip.
+    chunks, the list record last): batch deletes, `chunk` records a round trip.
     Returns how many records were deleted."""
     head = backend.get(keys.LIST_SET, name)
     if head is None:
@@ -174,11 +174,11 @@ def drop_list(backend: Backend, name: str, jids: Iterable[str], *, chunk: int = 
     alloc = int(head.bins.get("alloc") or 0)
     ranges = int(head.bins.get("seq") or 0)
     names: Iterator[tuple[str, str]] = itertools.chain(
+        ((keys.BLOCK_SET, n) for n in blocks.names_upto(name, alloc)),  # first, as a drop does
         ((keys.JOB_SET, keys.job_name(name, t)) for t in range(alloc)),
         ((keys.JIDX_SET, keys.jidx_name(name, jid)) for jid in jids),
         ((keys.DONE_SET, keys.chunk_name(name, c)) for c in range(-(-alloc // keys.BITS_PER_CHUNK))),
         ((keys.IDS_SET, keys.chunk_name(name, c)) for c in range(ranges)),
-        ((keys.BLOCK_SET, n) for n in blocks.names_upto(name, alloc)),
     )
     deleted = 0
     while batch := list(itertools.islice(names, chunk)):

@@ -2,36 +2,42 @@
 
 Keyspace: set aq_blk, key "<list>/<block>", block = token // BLOCK. Bins:
   c  the stamp (`created`) of the list whose loader wrote it, as on its job records
-  j  map token -> [jid, payload]: jobs of that list loaded queued (not delayed), real
-     (not a duplicate made void), whose token no leased reservation has taken yet
+  j  map token -> [jid, payload] | MARK: jobs of that list loaded queued (not
+     delayed), real (not a duplicate made void), and not popped by a leased
+     reservation yet; MARK for a job buried (`forget`)
 
 Why: a leased reservation (`Queue._lease`, the batch path) read every job record it
 took, a record a job on the server on top of the ack's write. A block hands it a
 hundred jobs in one record (benchmarks/RESULTS.md, 2026-11-29 07:55: the block floor).
 
-The loader writes a block once a range's jobs are committed (their index entries)
-and before it publishes the range (`load.write_blocks`); concurrent loaders share a
-block's edges, hence a map that `map_put_items` merges. A leased reservation pops
-the entries of the fresh tokens its take handed out (`pop`): one write answers them
-and removes them, filtered on the stamp of the list the take read. The entry stands
-in for the job record as the loader wrote it (queued, attempt 0, never claimed, the
-list's stamp); the ack's filter checks the record itself, as for any lease.
+The loader writes its entries once a range's jobs are committed (their index
+entries), before it publishes the range (`load.write_blocks`; a loader stopped past
+its lease may find its range published by a recovery already); concurrent loaders
+share a block's edges, hence a map that `map_put_items` merges, create-only. A
+leased reservation pops the entries of the fresh tokens its take handed out (`pop`):
+one write answers them and removes them, filtered on the stamp of the list the take
+read. An entry stands in for the job record as the loader wrote it (queued, attempt
+0, never claimed, the list's stamp); the ack's filter checks the record itself, as
+for any lease.
 
-A fresh token's job is still as its loader wrote it but in three cases, each of
-which leaves no entry to trust:
-- a job buried before anyone took it: `bury` removes its entry first (`forget`);
+A fresh token's job is still as its loader wrote it but in these cases, none of
+which leaves an entry to trust:
+- a job buried before anyone took it: `bury` marks its entry (`forget`), creating
+  the block if its loader has not written it yet, whose create-only entries then
+  leave the mark alone;
+- a list dropped and loaded again under its name: the stamp differs;
 - a token handed out again by a take that a frozen node replayed on a stale copy
-  of the list record (README, "A frozen node replays the calls it was sent"): the
-  first lease popped its entry. (A job the first time handed out alone, to a single
-  reserve, kept its entry: in that window it may run twice, as a leased job always
-  could; its second ack is refused.)
-- a list dropped and loaded again under its name: the stamp differs.
-A token without an entry (the block missing, another list's, too big, or popped
-already) is read from its job record, as before blocks. Entries popped by a
+  of the list record (README, "A frozen node replays the calls it was sent"), if
+  the first reservation was leased: it popped the entry. One that claimed instead
+  (a single reserve, a small batch, `--no-lease`) left it: in that window such a job
+  may run again, done or not, as a leased job always could; its second ack is
+  refused.
+A token without an entry (the block missing, another list's, too big, popped or
+marked) is read from its job record, as before blocks. Entries popped by a
 reservation whose lease then fails are not put back: its claims read the records.
 
-Blocks whose entries are all popped stay, a stamp and an empty map, until the list
-is dropped (a hundredth of a record a job).
+The sweep deletes the blocks behind each list's head (`clear_passed`), whose entries
+no reservation reads (jobs claimed, not leased, leave theirs); a drop deletes them all.
 """
 
 from __future__ import annotations
@@ -42,18 +48,21 @@ from collections import defaultdict
 from typing import Any
 
 import aerospike
+from aerospike_helpers import expressions as exp
 from aerospike_helpers.operations import map_operations as mo
+from aerospike_helpers.operations import operations as op
 
 from . import keys
 from .backends import Backend, retry_in_doubt
-from .errors import AeroqueueError, FilteredOut, RecordNotFound, StaleRequest
-from .hotpath import in_time, stamped_in_time
+from .errors import AeroqueueError, FilteredOut, ListNotFound, RecordNotFound, StaleRequest
+from .hotpath import stamped, stamped_in_time
 
 log = logging.getLogger(__name__)
 
 BLOCK = 100  # tokens a block record covers: one lease of the batch path's usual size
 
 _KV = aerospike.MAP_RETURN_KEY_VALUE
+MARK = 0  # in place of an entry: the job was buried before anyone took it (`forget`)
 
 
 def block_of(token: int) -> int:
@@ -74,6 +83,11 @@ def by_block(tokens: list[int]) -> dict[int, list[int]]:
     for t in tokens:
         out[t // BLOCK].append(t)
     return out
+
+
+def stamped_list(created: int) -> Any:
+    """A filter: the list record of the list made at `created` (its bin "created")."""
+    return exp.Eq(exp.IntBin("created"), created).compile()
 
 
 def pop(backend: Backend, list_name: str, created: int, tokens: list[int]) -> dict[int, list[Any]]:
@@ -98,29 +112,63 @@ def pop(backend: Backend, list_name: str, created: int, tokens: list[int]) -> di
         flat = answer.value.get("j") if answer.ok and answer.value else None
         if flat:
             it = iter(flat)
-            got.update(zip(it, it, strict=True))
+            got.update((t, e) for t, e in zip(it, it, strict=True) if type(e) is list)  # not a MARK
     return got
 
 
-def forget(backend: Backend, list_name: str, token: int) -> None:
-    """Remove a job's entry from its block (if any): before a transition that makes a
-    job never handed out other than queued (`bury`), so that no reservation trusts
-    the entry after it. Raises if the store cannot say it is gone: the caller stops."""
-    ops = [mo.map_remove_by_key_list("j", [token], aerospike.MAP_RETURN_NONE)]
+def forget(backend: Backend, list_name: str, token: int, created: int) -> None:
+    """Put a marker (`MARK`) in place of a job's entry, creating its block (stamped
+    `created`) if no loader has written it yet: after a transition that leaves a job
+    never handed out other than queued (`bury`), so that no reservation trusts an
+    entry for it. A loader writes its entries create-only, so a marker made before
+    them stays (a bury between the loader's index commit and its blocks). A block
+    another list of the name left in the way is replaced, while `created` is still
+    the list's. Raises if the store cannot say the marker is there: the caller stops."""
+    key = name(list_name, block_of(token))
+    ops = [op.write("c", created), mo.map_put_items("j", {token: MARK})]
 
     def once() -> None:
-        # The deadline as for `pop`; refused past it (only a call held up that long),
-        # it is sent again with a new one.
         for _ in range(3):
-            deadline = backend.job_deadline()
+            # The deadline as for `pop`; refused past it (only a call held up that
+            # long), it is sent again with a new one.
             try:
-                backend.operate(keys.BLOCK_SET, name(list_name, block_of(token)), ops, update_only=True,
-                                expression=None if deadline is None else in_time(deadline).compile())
+                backend.operate(keys.BLOCK_SET, key, ops,
+                                expression=stamped_in_time(created, backend.job_deadline()))
                 return
             except FilteredOut:
-                continue
-        raise StaleRequest(f"removing job token {token} from its block record of list {list_name!r} kept "
-                           "running past its deadline; check the clocks of the client and the nodes")
+                rec = backend.get(keys.BLOCK_SET, key, bins=["c"])
+                other = None if rec is None else rec.bins.get("c")
+                if other is not None and other != created:
+                    head = backend.get(keys.LIST_SET, list_name, bins=["created"])
+                    if head is None or head.bins.get("created") != created:
+                        raise ListNotFound(f"no job list named {list_name!r} (dropped meanwhile)") from None
+                    with contextlib.suppress(FilteredOut, RecordNotFound):  # gone, or replaced, since
+                        backend.operate(keys.BLOCK_SET, key, [op.delete()], expression=stamped(other))
+        raise StaleRequest(f"marking job token {token} in its block record of list {list_name!r} kept running "
+                           "past its deadline; check the clocks of the client and the nodes")
 
-    with contextlib.suppress(RecordNotFound):  # no block: nothing to trust
-        retry_in_doubt(once)  # idempotent: repeated while in doubt
+    retry_in_doubt(once)  # idempotent: repeated while in doubt
+
+
+def clear_passed(lists: Any, list_name: str, head: dict[str, Any]) -> int:
+    """Delete the blocks wholly behind the token store's head (`head`, the list record
+    as read): a block's entries are only read for tokens handed out for the first
+    time, and jobs reserved one at a time, or claimed, never take theirs out. The
+    sweep calls it; `bclr` in the list record ([created, token]) remembers how far
+    it got. Returns how many blocks were deleted."""
+    created = head.get("created")
+    if head.get("mode") != "tokens" or created is None:
+        return 0
+    done = head.get("bclr")
+    start = done[1] if isinstance(done, list) and len(done) == 2 and done[0] == created else 0
+    at = int(head.get("head") or 0)
+    # The block of the head holds jobs not handed out yet, unless every token allocated
+    # is (a later load's first tokens may land in it: its loader makes it again).
+    end = -(-at // BLOCK) if at >= int(head.get("alloc") or 0) else at // BLOCK
+    if end <= start:
+        return 0
+    gone = lists._delete_all(keys.BLOCK_SET, [name(list_name, b) for b in range(start, end)], only=stamped(created))
+    with contextlib.suppress(FilteredOut, RecordNotFound):  # dropped, or made again, meanwhile
+        lists.backend.operate(keys.LIST_SET, list_name, [op.write("bclr", [created, end])],
+                              expression=stamped_list(created), update_only=True)
+    return int(gone)

@@ -504,9 +504,13 @@ class JobLists:
         the dead job's last error: blank raises `ConfigError`."""
         check_bury_reason(why)
         job = self.find_job(name, jid)
+        state = transitions.bury(self.backend, name, job["token"], why, job.get("c"))
         # A job never handed out keeps its block entry, which says queued (blocks.py).
-        blocks.forget(self.backend, name, job["token"])
-        return transitions.bury(self.backend, name, job["token"], why, job.get("c"))
+        # Marked after the bury: a reservation that pops the entry before the mark runs
+        # a job the bury is ending (its ack refused), as one that read the record
+        # just before the bury would.
+        blocks.forget(self.backend, name, job["token"], self.header(name)["created"])
+        return state
 
     # -- drop --------------------------------------------------------------------
 
@@ -648,6 +652,10 @@ class JobLists:
         ms), only records last written before it. Returns how many of each existed
         (deleted, with `before`)."""
         only = None if before is None else _before(before).compile()
+        # Block records first (not reported: they repeat what job records hold): a
+        # reservation whose take came just before the pause must not pop the entries
+        # of jobs whose records are gone (blocks.py).
+        self._delete_all(keys.BLOCK_SET, blocks.names_upto(name, alloc), only=only)
         jobs = index = 0
         for lo in range(0, alloc, PAGE):
             names = [keys.job_name(name, t) for t in range(lo, min(lo + PAGE, alloc))]
@@ -665,8 +673,6 @@ class JobLists:
             # as are those a rejoining node brought back without their job record.
             index += self._delete_index_of(name, before)
         id_chunks = self._delete_all(keys.IDS_SET, [keys.chunk_name(name, c) for c in range(ranges)], only=only)
-        # Block records (blocks.py) are not reported: they repeat what job records hold.
-        self._delete_all(keys.BLOCK_SET, blocks.names_upto(name, alloc), only=only)
         bitmaps = self._delete_all(keys.DONE_SET, _bitmap_names(name, alloc), only=only)
         return jobs, index, id_chunks, bitmaps
 

@@ -96,6 +96,8 @@ SEALED_CHECK_BATCH = 5000  # index entries read per batch when a sealed list is 
 # create-only, and store the key (scans and the sync read record names back)
 _CREATE = {"exists": aerospike.POLICY_EXISTS_CREATE, "key": aerospike.POLICY_KEY_SEND}
 _SEND_KEY = {"key": aerospike.POLICY_KEY_SEND}
+_NEW_ENTRIES = {"map_write_flags": aerospike.MAP_WRITE_FLAGS_CREATE_ONLY | aerospike.MAP_WRITE_FLAGS_NO_FAIL
+                | aerospike.MAP_WRITE_FLAGS_PARTIAL}
 _WRITE = aerospike.OPERATOR_WRITE  # what `op.write(bin, value)` puts in its dict
 
 
@@ -661,7 +663,9 @@ def batch_write(
 
 def write_blocks(lists: JobLists, name: str, created: int, jobs: list[tuple[int, JobSpec]]) -> None:
     """Put committed queued jobs (token, spec) of the list made at `created` into their
-    block records (blocks.py), before their range is published. A block another list
+    block records (blocks.py), create-only (a bury's mark stays), before their range
+    is published (by this loader: one stopped past its lease may find a recovery
+    published it). A block another list
     of the name left (a loader of a dropped list, killed before it took its writes
     back) is replaced, while this list is still the one loading. Blocks only save
     reads: a block that cannot be written (too big, the store in trouble) is left
@@ -678,12 +682,17 @@ def write_blocks(lists: JobLists, name: str, created: int, jobs: list[tuple[int,
     order = list(entries)
 
     def writes(which: list[int]) -> list[Write]:
-        return [Write(b.key(keys.BLOCK_SET, blocks.name(name, blk)), [stamp.op, mo.map_put_items("j", entries[blk])],
+        # Create-only entries: a bury's marker made first stays (blocks.forget).
+        return [Write(b.key(keys.BLOCK_SET, blocks.name(name, blk)),
+                      [stamp.op, mo.map_put_items("j", entries[blk], map_policy=_NEW_ENTRIES)],
                       policy=policy) for blk in which]
 
+    codes: dict[int, int] = {}
+    doubt = False
     try:
-        codes = lists._batch_write(writes(order), "write blocks", stamp)
-        foreign = [blk for blk, code in zip(order, codes, strict=True) if code == FILTERED_OUT]
+        codes.update(zip(order, lists._batch_write(writes(order), "write blocks", stamp), strict=True))
+        doubt = any(code in IN_DOUBT_CODES for code in codes.values())
+        foreign = [blk for blk, code in codes.items() if code == FILTERED_OUT]
         if foreign:
             recs = b.batch_get(keys.BLOCK_SET, [blocks.name(name, blk) for blk in foreign], bins=["c"])
             left = [(blocks.name(name, blk), r.bins["c"]) for blk, r in zip(foreign, recs, strict=True)
@@ -691,14 +700,14 @@ def write_blocks(lists: JobLists, name: str, created: int, jobs: list[tuple[int,
             if left:
                 _check_same_list(lists, name, created)
                 _delete_left_by_another(lists, keys.BLOCK_SET, left)
-            codes = lists._batch_write(writes(foreign), "write blocks", stamp)
-        failed = [code for code in codes if code != 0]
-        doubt = any(code in IN_DOUBT_CODES for code in failed)
+            codes.update(zip(foreign, lists._batch_write(writes(foreign), "write blocks", stamp), strict=True))
+            doubt = doubt or any(codes[blk] in IN_DOUBT_CODES for blk in foreign)
+        failed = [code for code in codes.values() if code != 0]
     except LoadAbandoned:
         raise
     except AeroqueueError as e:
         code = getattr(e, "code", None)
-        failed, doubt = [code if isinstance(code, int) else -1], isinstance(e, IN_DOUBT)
+        failed, doubt = [code if isinstance(code, int) else -1], doubt or isinstance(e, IN_DOUBT)
     if doubt:
         deadline = b.job_deadline()  # past the deadline of the last attempt
         if deadline is not None:

@@ -53,7 +53,7 @@ from aerospike_helpers import expressions as xp
 from aerospike_helpers.operations import expression_operations as eo
 from aerospike_helpers.operations import operations as op
 
-from . import hotpath, keys, lease_entries, transitions
+from . import blocks, hotpath, keys, lease_entries, transitions
 from .backends import IN_DOUBT, Backend, retry_in_doubt
 from .config import LEASE_SETTLE_S, MAX_SECONDS
 from .errors import (
@@ -823,7 +823,8 @@ def sweep(backend: Backend, *, grace_ms: int = DEFAULT_SWEEP_GRACE_MS, stop: Cal
     # heads, for the same reason. Read after it, an ID a live reserver popped meanwhile
     # (its claim a round trip away) was in no chunk, and its job was offered again.
     unpopped: dict[str, list[int]] = {}
-    for name in lists.names():
+    names = lists.names()
+    for name in names:
         with contextlib.suppress(ListNotFound):
             try:
                 ranges += lists.recover(name)
@@ -841,6 +842,7 @@ def sweep(backend: Backend, *, grace_ms: int = DEFAULT_SWEEP_GRACE_MS, stop: Cal
                     unpopped[name] = lists.unpopped_ids(name, heads[name])
     unfinished = list(heads)
     if not unfinished:
+        _clear_blocks(lists, names, heads)
         return SweepReport(0, 0, 0, ranges)
     state = xp.StrBin("state")
     stale = xp.GE(xp.SinceUpdateTime(), grace_ms)
@@ -936,7 +938,22 @@ def sweep(backend: Backend, *, grace_ms: int = DEFAULT_SWEEP_GRACE_MS, stop: Cal
         # What a crash left behind coming back: an operator looks for this line when a
         # job waited minutes (a reserver killed between its take and its claim).
         log.info("sweep offered lost jobs again", extra={"event": "swept", "requeued": requeued, "orphans": orphans})
+    _clear_blocks(lists, list(heads) + [n for n in names if n not in heads], heads)
     return SweepReport(requeued, orphans, recounted, ranges)
+
+
+def _clear_blocks(lists: JobLists, names: list[str], heads: dict[str, dict[str, Any]]) -> None:
+    """Delete the block records behind each list's head (`blocks.clear_passed`): a list
+    whose jobs were reserved one at a time keeps every entry otherwise, until it is
+    dropped. Complete lists too (their head read now): once each, then nothing to do."""
+    for name in names:
+        try:
+            blocks.clear_passed(lists, name, heads.get(name) or lists.header(name))
+        except ListNotFound:
+            continue
+        except AeroqueueError as e:  # the next sweep tries again
+            log.warning("sweep: the block records of list %r were not cleared: %s", name, e,
+                        extra={"event": "blocks_not_cleared", "list": name, "error": str(e)})
 
 
 def _held_by(

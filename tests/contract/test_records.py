@@ -406,6 +406,32 @@ def test_map_put_items_and_remove_by_key_list_answer_as_the_server_does(client, 
     with pytest.raises(ex.RecordNotFound):
         client.get((ns, set_name, "none"))
 
+
+@pytest.mark.parametrize(("flags", "after"), [
+    ("create_only", None),  # refused whole: ElementExistsError
+    ("create_only|no_fail", {1: 0, 3: ["x"]}),  # none of them
+    ("create_only|no_fail|partial", {1: 0, 2: ["b"], 3: ["x"]}),  # those not there
+])
+def test_map_put_items_create_only_keeps_the_entries_there(client, ns, set_name, flags, after):
+    """How a loader's block write leaves a bury's marker alone (aeroqueue/blocks.py)."""
+    key = (ns, set_name, f"map-{flags}")
+    value = {"create_only": aerospike.MAP_WRITE_FLAGS_CREATE_ONLY, "no_fail": aerospike.MAP_WRITE_FLAGS_NO_FAIL,
+             "partial": aerospike.MAP_WRITE_FLAGS_PARTIAL}
+    policy = {"map_write_flags": sum(value[f] for f in flags.split("|"))}
+    client.put(key, {"c": 1, "j": {1: 0, 3: ["x"]}})
+    put = [mo.map_put_items("j", {1: ["a"], 2: ["b"]}, map_policy=policy)]
+    if after is None:
+        with pytest.raises(ex.ElementExistsError):
+            client.operate(key, put)
+        after = {1: 0, 3: ["x"]}
+    else:
+        assert client.operate(key, put)[2] == {"j": len(after)}
+    assert client.get(key)[2] == {"c": 1, "j": after}
+    # All new: every one is put, whatever the flags.
+    client.put(key, {"c": 1, "j": {3: ["x"]}})
+    assert client.operate(key, put)[2] == {"j": 3}
+    assert client.get(key)[2]["j"] == {1: ["a"], 2: ["b"], 3: ["x"]}
+
 def test_bitwise_set_is_idempotent_and_counts_exactly(client, ns, set_name):
     key = (ns, set_name, "bits")
     client.operate(key, [bw.bit_resize("b", 4)])

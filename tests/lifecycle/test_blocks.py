@@ -11,11 +11,12 @@ from typing import Any
 from aerospike_helpers.operations import operations as op
 
 from aeroqueue import blocks, keys
+from aeroqueue import load as load_module
 from aeroqueue.backends import Backend
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Queue
-from aeroqueue.sessions import Session
+from aeroqueue.sessions import Session, sweep
 
 
 def load(lists: JobLists, name: str, n: int, tag: str = "", **kw: Any) -> None:
@@ -66,7 +67,7 @@ def test_a_job_buried_before_anyone_took_it_is_not_handed_out_from_its_block(
 ) -> None:
     load(lists, list_name, 10)
     assert lists.bury(list_name, "j3", "not wanted") == "dead"
-    assert 3 not in (entries(registered, list_name, 0) or {})
+    assert (entries(registered, list_name, 0) or {})[3] == blocks.MARK
     jobs = queue.reserve(list_name, session, 10, lease=True)
     assert [j.jid for j in jobs] == [f"j{i}" for i in range(10) if i != 3]
     assert queue.complete_many(jobs) == []
@@ -217,3 +218,67 @@ def test_a_block_too_big_to_write_leaves_its_jobs_to_be_read_from_their_records(
     assert queue.complete_many(jobs) == []
     queue.flush()
     assert states(registered, list_name, 4) == {f"j{i}": "done" for i in range(4)}
+
+
+def test_a_job_buried_before_its_loader_wrote_its_block_is_not_handed_out(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session, monkeypatch
+) -> None:
+    """Its index committed, a job can be found and buried before its loader writes
+    the blocks: the bury's marker stays, as the loader writes entries create-only."""
+    real = load_module.commit_index
+
+    def commit_then_bury(*args: Any, **kw: Any) -> list[int]:
+        real_tokens = real(*args, **kw)
+        assert JobLists(registered).bury(list_name, "j3", "not wanted") == "dead"
+        return real_tokens
+
+    monkeypatch.setattr(load_module, "commit_index", commit_then_bury)
+    load(lists, list_name, 10)
+    monkeypatch.undo()
+    assert (entries(registered, list_name, 0) or {}).get(3) == blocks.MARK
+    jobs = queue.reserve(list_name, session, 10, lease=True)
+    assert sorted(j.jid for j in jobs) == [f"j{i}" for i in range(10) if i != 3]
+    assert queue.complete_many(jobs) == []
+    queue.flush()
+    assert states(registered, list_name, 10) == {f"j{i}": "dead" if i == 3 else "done" for i in range(10)}
+
+
+def test_the_sweep_deletes_the_blocks_behind_the_head_of_a_list_reserved_one_job_at_a_time(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session
+) -> None:
+    load(lists, list_name, 250, seal=True)
+    for _ in range(150):  # claimed, not leased: nothing leaves the blocks
+        [job] = queue.reserve(list_name, session, 1)
+        queue.complete(job)
+    assert [len(entries(registered, list_name, b) or {}) for b in range(3)] == [100, 100, 50]
+    sweep(registered, grace_ms=60_000)
+    assert [entries(registered, list_name, b) is None for b in range(3)] == [True, False, False]
+    created = lists.header(list_name)["created"]
+    assert lists.header(list_name)["bclr"] == [created, 1]
+    rest = queue.reserve(list_name, session, 100, lease=True)
+    assert [(j.token, j.jid, j.lease[0]) for j in rest] == [(t, f"j{t}", 0) for t in range(150, 250)]
+    assert queue.complete_many(rest) == []
+    sweep(registered, grace_ms=60_000)  # every token handed out: the last block goes too
+    assert [entries(registered, list_name, b) is None for b in range(3)] == [True, True, True]
+    assert lists.header(list_name)["bclr"] == [created, 3]
+    st = lists.status(list_name)
+    assert (st.done, st.complete) == (250, True)
+
+
+def test_a_drop_deletes_the_blocks_before_the_job_records(
+    registered: Backend, lists: JobLists, list_name: str, monkeypatch
+) -> None:
+    """A reservation whose take came just before the drop's pause pops nothing of jobs
+    whose records are gone."""
+    load(lists, list_name, 10)
+    order: list[str] = []
+    real = JobLists._delete_all
+
+    def recorded(self: JobLists, set_name: str, names: list[str], **kw: Any) -> int:
+        order.append(set_name)
+        return real(self, set_name, names, **kw)
+
+    monkeypatch.setattr(JobLists, "_delete_all", recorded)
+    lists.drop(list_name, grace_s=0)
+    assert order.index(keys.BLOCK_SET) < order.index(keys.JOB_SET)
+    assert entries(registered, list_name, 0) is None

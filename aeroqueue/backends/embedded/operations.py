@@ -32,6 +32,7 @@ _TEXT = {
     6: ("BinExistsError", "AEROSPIKE_ERR_BIN_EXISTS"),
     12: ("BinIncompatibleType", "AEROSPIKE_ERR_BIN_INCOMPATIBLE_TYPE"),
     17: ("BinNotFound", "AEROSPIKE_ERR_BIN_NOT_FOUND"),
+    24: ("ElementExistsError", "AEROSPIKE_ERR_FAIL_ELEMENT_EXISTS"),
     26: ("OpNotApplicable", "AEROSPIKE_ERR_OP_NOT_APPLICABLE"),
 }
 
@@ -804,15 +805,31 @@ def _existing_map(run: _Run, name: str) -> dict | None:
     return value
 
 
+_MAP_CREATE_ONLY = aerospike.MAP_WRITE_FLAGS_CREATE_ONLY
+_MAP_NO_FAIL = aerospike.MAP_WRITE_FLAGS_NO_FAIL
+_MAP_PARTIAL = aerospike.MAP_WRITE_FLAGS_PARTIAL
+
+
 def _op_map_put_items(run: _Run, op: dict) -> None:
-    if op.get("map_policy"):
-        raise _unsupported("map_put_items with a map policy")
+    policy = dict(op.get("map_policy") or {})
+    flags = policy.pop("map_write_flags", 0)
+    if policy or flags & ~(_MAP_CREATE_ONLY | _MAP_NO_FAIL | _MAP_PARTIAL):
+        raise _unsupported(f"map_put_items with map policy {op.get('map_policy')}")
     items = op.get("val")
     if not isinstance(items, dict):
         raise _err(4)
     m = _existing_map(run, op["bin"])
     merged = dict(m or {})
-    merged.update({(_copy(k) if type(k) is str else k): _copy(v) for k, v in items.items()})
+    new = {(_copy(k) if type(k) is str else k): _copy(v) for k, v in items.items()}
+    if flags & _MAP_CREATE_ONLY:
+        there = [k for k in new if k in merged]
+        if there and not flags & _MAP_NO_FAIL:
+            raise _err(24)
+        if there and not flags & _MAP_PARTIAL:
+            new = {}  # observed: no fail, not partial: none of them
+        for k in there:
+            new.pop(k, None)
+    merged.update(new)
     # Put even when `items` is empty: the bin is created (observed: an empty map).
     run.bins[op["bin"]] = key_ordered(merged)
     run.answer(op["bin"], len(merged))
