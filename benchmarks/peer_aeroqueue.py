@@ -22,6 +22,7 @@ from aerospike_helpers.operations import expression_operations as eo
 from aerospike_helpers.operations import operations as op
 
 import aeroqueue
+from aeroqueue import blocks as blocks_module
 from aeroqueue import hotpath, keys, udfs
 from aeroqueue.acks import DEFAULT_LINGER_S, AckBatcher
 from aeroqueue.backends import Backend, base, open_backend
@@ -155,6 +156,16 @@ class AeroqueueLeaseWorker(AeroqueueWorker):
     """The API handler's path with `reserve(..., lease=True)`: batches leased, not claimed."""
 
     lease = True
+
+
+class AeroqueueLeaseRecordsWorker(AeroqueueLeaseWorker):
+    """`AeroqueueLeaseWorker` that reads every leased job from its record, as before
+    block records (aeroqueue/blocks.py): the same code but for the pop, which finds
+    nothing, so that one run measures what the blocks save."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__(config)
+        blocks_module.pop = lambda *_args, **_kw: {}  # this client process only
 
 
 class BareWorker(Worker):
@@ -307,10 +318,11 @@ PATHS = {
     # name: (worker class, batch form, recipe)
     "aeroqueue": (
         AeroqueuePrefetchWorker,
-        "reserve(list, session, 100, lease=True): one take UDF + one batch read + one lease UDF; acks: one batch",
+        "reserve(list, session, 100, lease=True): one take UDF + one pop of the block records + one lease UDF; "
+        "acks: one batch",
         f"worker path: reserve as many jobs at a time as the handlers' pace calls for (about "
         f"{PREFETCH_HOLD_S * 1000:g} ms of work, at most {PREFETCH_MAX}: take on the list record, then from "
-        f"{LEASE_MIN} jobs up one batch read of the jobs and the lease on the session record, below that one batch "
+        f"{LEASE_MIN} jobs up one pop of their block records and the lease on the session record, below that one batch "
         "of claims), hand them out one at a time; acks go out in batches within "
         f"{DEFAULT_LINGER_S * 1000:g} ms (native operations, refused unless the job is still as leased or the "
         "session still holds the claim); completion bits written in bulk",
@@ -323,9 +335,17 @@ PATHS = {
     ),
     "aeroqueue-api-lease": (
         AeroqueueLeaseWorker,
-        "reserve(list, session, 100, lease=True): one take UDF + one batch read + one lease UDF; complete_many: one batch",
-        "API handler path, batches leased (reserve(..., lease=True)): take + batch read of the jobs + the lease on the "
-        "session record; acks filtered on the job still as leased; single jobs as aeroqueue-api",
+        "reserve(list, session, 100, lease=True): one take UDF + one pop of the block records + one lease UDF; "
+        "complete_many: one batch",
+        "API handler path, batches leased (reserve(..., lease=True)): take + pop of the jobs' block records (a record "
+        "per 100 jobs) + the lease on the session record; acks filtered on the job still as leased; single jobs as "
+        "aeroqueue-api",
+    ),
+    "api-lease-records": (
+        AeroqueueLeaseRecordsWorker,
+        "aeroqueue-api-lease with every job read from its record: one take UDF + one batch read + one lease UDF",
+        "aeroqueue-api-lease with the block records left unread (every leased job read from its job record, as "
+        "before blocks): what the blocks save, in the same run",
     ),
     "lease-floor": (
         LeaseFloorWorker,

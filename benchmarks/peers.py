@@ -46,7 +46,7 @@ from .peer_redis import RedisPeer
 
 PEER_NAMES = ("aeroqueue-api", "aeroqueue-api-lease", "bare-udf", "beanstalkd", "mysql", "postgres", "redis")
 # Run only when named: a design's floor, not a queue (peer_aeroqueue.LeaseFloorWorker).
-EXTRA_PEERS = ("lease-floor", "block-floor")
+EXTRA_PEERS = ("lease-floor", "block-floor", "api-lease-records")
 KNOWN_PEERS = PEER_NAMES + EXTRA_PEERS
 DEFAULT_JOBS = 20_000
 DEFAULT_SIZES = (1_000, 100_000, 1_000_000)
@@ -104,6 +104,7 @@ def make_peers(options: Options) -> list[Peer]:
         "lease-floor": lambda: AeroqueuePeer(options.url, "lease-floor"),
         "block-floor": lambda: AeroqueuePeer(options.url, "block-floor"),
         "aeroqueue-api-lease": lambda: AeroqueuePeer(options.url, "aeroqueue-api-lease"),
+        "api-lease-records": lambda: AeroqueuePeer(options.url, "api-lease-records"),
         "beanstalkd": lambda: BeanstalkdPeer(options.beanstalkd_bin, binlog=options.beanstalkd_binlog),
         "mysql": lambda: MySQLPeer(options.mysql_url),
         "postgres": lambda: PostgresPeer(options.postgres_dsn),
@@ -312,7 +313,7 @@ _PATH = click.Path(dir_okay=False, writable=True, path_type=Path)
 @click.option("--batch-jobs", type=click.IntRange(1), default=None, help="Jobs preloaded for each batch run (default: --jobs). Batches drain 20,000 jobs in a fraction of a second, where one descheduled client moves the figure by a tenth: give them more.")
 @click.option("--clients", "-c", type=click.IntRange(1, 256), default=4, help="Client processes.")
 @click.option("--batch", type=click.IntRange(2, 1000), default=100, help="Batch size of the batch runs.")
-@click.option("--peers", "peer_list", default=",".join(PEER_NAMES), help="Peers to run beside aeroqueue, comma-separated ('none': aeroqueue only). Also, only when named: lease-floor (the lease design's floor: jobs read at the reserve, not written) and block-floor (the same, each 100 jobs read from one block record).")
+@click.option("--peers", "peer_list", default=",".join(PEER_NAMES), help="Peers to run beside aeroqueue, comma-separated ('none': aeroqueue only). Also, only when named: lease-floor (the lease design's floor: jobs read at the reserve, not written), block-floor (the same, each 100 jobs read from one block record) and api-lease-records (aeroqueue-api-lease with its block records left unread).")
 @click.option("--json", "json_out", type=_PATH, default=None, help="Write the report as JSON here.")
 @click.option("--png", "png_out", type=_PATH, default=None, help="Draw the report as a PNG chart here (needs matplotlib).")
 @click.option("--markdown", "md_out", type=_PATH, default=None, help="Write the tables as Markdown here.")
