@@ -12,7 +12,7 @@ hundred jobs in one record (benchmarks/RESULTS.md, 2026-11-29 07:55: the block f
 
 The loader writes its entries once a range's jobs are committed (their index
 entries), before it publishes the range (`load.write_blocks`; a loader stopped past
-its lease may find its range published by a recovery already); concurrent loaders
+its lease whose range a recovery published writes none); concurrent loaders
 share a block's edges, hence a map that `map_put_items` merges, create-only. A
 leased reservation pops the entries of the fresh tokens its take handed out (`pop`):
 one write answers them and removes them, filtered on the stamp of the list the take
@@ -36,8 +36,9 @@ A token without an entry (the block missing, another list's, too big, popped or
 marked) is read from its job record, as before blocks. Entries popped by a
 reservation whose lease then fails are not put back: its claims read the records.
 
-The sweep deletes the blocks behind each list's head (`clear_passed`), whose entries
-no reservation reads (jobs claimed, not leased, leave theirs); a drop deletes them all.
+The sweep deletes the blocks behind the block of each list's head (`clear_passed`),
+whose entries no reservation reads (jobs claimed, not leased, leave theirs); a drop
+deletes them all.
 """
 
 from __future__ import annotations
@@ -49,13 +50,14 @@ from typing import Any
 
 import aerospike
 from aerospike_helpers import expressions as exp
+from aerospike_helpers.operations import expression_operations as eo
 from aerospike_helpers.operations import map_operations as mo
 from aerospike_helpers.operations import operations as op
 
 from . import keys
 from .backends import Backend, retry_in_doubt
 from .errors import AeroqueueError, FilteredOut, ListNotFound, RecordNotFound, StaleRequest
-from .hotpath import stamped, stamped_in_time
+from .hotpath import SERVER_NOW, stamped, stamped_in_time
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +65,7 @@ BLOCK = 100  # tokens a block record covers: one lease of the batch path's usual
 
 _KV = aerospike.MAP_RETURN_KEY_VALUE
 MARK = 0  # in place of an entry: the job was buried before anyone took it (`forget`)
+PAST_DEADLINE = 26  # a write whose expression failed past its deadline: nothing written
 
 
 def block_of(token: int) -> int:
@@ -74,8 +77,8 @@ def name(list_name: str, block: int) -> str:
 
 
 def names_upto(list_name: str, alloc: int) -> list[str]:
-    """Every block a list's tokens [0, alloc) may have."""
-    return [name(list_name, b) for b in range(0, (alloc + BLOCK - 1) // BLOCK)]
+    """Every block record a list's tokens [0, alloc) may have, and its sweep's mark."""
+    return [*(name(list_name, b) for b in range(0, (alloc + BLOCK - 1) // BLOCK)), cleared_name(list_name)]
 
 
 def by_block(tokens: list[int]) -> dict[int, list[int]]:
@@ -83,11 +86,6 @@ def by_block(tokens: list[int]) -> dict[int, list[int]]:
     for t in tokens:
         out[t // BLOCK].append(t)
     return out
-
-
-def stamped_list(created: int) -> Any:
-    """A filter: the list record of the list made at `created` (its bin "created")."""
-    return exp.Eq(exp.IntBin("created"), created).compile()
 
 
 def pop(backend: Backend, list_name: str, created: int, tokens: list[int]) -> dict[int, list[Any]]:
@@ -116,24 +114,31 @@ def pop(backend: Backend, list_name: str, created: int, tokens: list[int]) -> di
     return got
 
 
-def forget(backend: Backend, list_name: str, token: int, created: int) -> None:
-    """Put a marker (`MARK`) in place of a job's entry, creating its block (stamped
-    `created`) if no loader has written it yet: after a transition that leaves a job
-    never handed out other than queued (`bury`), so that no reservation trusts an
-    entry for it. A loader writes its entries create-only, so a marker made before
-    them stays (a bury between the loader's index commit and its blocks). A block
-    another list of the name left in the way is replaced, while `created` is still
-    the list's. Raises if the store cannot say the marker is there: the caller stops."""
+def forget(backend: Backend, list_name: str, token: int, created: int, *, fresh: bool) -> None:
+    """Put a marker (`MARK`) in place of a job's entry: after a transition that leaves
+    a job other than queued (`bury`), so that no reservation trusts an entry for it.
+    `fresh`: its token is at or past the token store's head (never handed out): its
+    block is created (stamped `created`) if no loader has written it yet, and a
+    loader writes its entries create-only, so the marker stays (a bury between the
+    loader's index commit and its blocks). Behind the head only a block still there
+    is marked (its entry matters to a replayed take only). A block another list of
+    the name left in the way is replaced, while `created` is still the list's.
+    Raises if the store cannot say the marker is there: the caller stops."""
     key = name(list_name, block_of(token))
-    ops = [op.write("c", created), mo.map_put_items("j", {token: MARK})]
+    put = mo.map_put_items("j", {token: MARK})
 
     def once() -> None:
         for _ in range(3):
-            # The deadline as for `pop`; refused past it (only a call held up that
-            # long), it is sent again with a new one.
+            # The deadline as for `pop`, also on a create (which no filter stops: `c`
+            # is written by an expression that fails past it, as a loader's job
+            # creates are); refused past it (only a call held up that long), it is
+            # sent again with a new one.
+            deadline = backend.job_deadline()
+            stamp = (op.write("c", created) if deadline is None else eo.expression_write(
+                "c", exp.Cond(exp.LE(SERVER_NOW, deadline), created, exp.Unknown()).compile()))
             try:
-                backend.operate(keys.BLOCK_SET, key, ops,
-                                expression=stamped_in_time(created, backend.job_deadline()))
+                backend.operate(keys.BLOCK_SET, key, [stamp, put], expression=stamped_in_time(created, deadline),
+                                update_only=not fresh)
                 return
             except FilteredOut:
                 rec = backend.get(keys.BLOCK_SET, key, bins=["c"])
@@ -144,31 +149,40 @@ def forget(backend: Backend, list_name: str, token: int, created: int) -> None:
                         raise ListNotFound(f"no job list named {list_name!r} (dropped meanwhile)") from None
                     with contextlib.suppress(FilteredOut, RecordNotFound):  # gone, or replaced, since
                         backend.operate(keys.BLOCK_SET, key, [op.delete()], expression=stamped(other))
+            except AeroqueueError as e:
+                if getattr(e, "code", None) != PAST_DEADLINE:
+                    raise
         raise StaleRequest(f"marking job token {token} in its block record of list {list_name!r} kept running "
                            "past its deadline; check the clocks of the client and the nodes")
 
-    retry_in_doubt(once)  # idempotent: repeated while in doubt
+    with contextlib.suppress(RecordNotFound):  # behind the head, and no block: nothing to mark
+        retry_in_doubt(once)  # idempotent: repeated while in doubt
+
+
+def cleared_name(list_name: str) -> str:
+    """The record that says how far the sweep deleted a list's blocks (`clear_passed`)."""
+    return f"{list_name}/cleared"
 
 
 def clear_passed(lists: Any, list_name: str, head: dict[str, Any]) -> int:
-    """Delete the blocks wholly behind the token store's head (`head`, the list record
-    as read): a block's entries are only read for tokens handed out for the first
-    time, and jobs reserved one at a time, or claimed, never take theirs out. The
-    sweep calls it; `bclr` in the list record ([created, token]) remembers how far
-    it got. Returns how many blocks were deleted."""
+    """Delete the blocks wholly behind the head's block (`head`, the list record as
+    read): an entry is only read for a token handed out for the first time, and jobs
+    reserved one at a time, or claimed, never take theirs out. The head's own block
+    stays (a bury may mark, and a later load add, entries at or past the head), as
+    does one a bury or a late loader writes behind the mark, until the list is
+    dropped. The sweep calls it; record `cleared_name` (bins c, the list's stamp; b,
+    blocks below it deleted) remembers how far it got, apart from the list record
+    (hot, and every write of it carries a deadline): a mark lost or put back costs
+    deletes repeated, nothing else. Returns how many blocks were deleted."""
     created = head.get("created")
     if head.get("mode") != "tokens" or created is None:
         return 0
-    done = head.get("bclr")
-    start = done[1] if isinstance(done, list) and len(done) == 2 and done[0] == created else 0
-    at = int(head.get("head") or 0)
-    # The block of the head holds jobs not handed out yet, unless every token allocated
-    # is (a later load's first tokens may land in it: its loader makes it again).
-    end = -(-at // BLOCK) if at >= int(head.get("alloc") or 0) else at // BLOCK
+    backend = lists.backend
+    mark = backend.get(keys.BLOCK_SET, cleared_name(list_name))
+    start = int(mark.bins.get("b") or 0) if mark is not None and mark.bins.get("c") == created else 0
+    end = int(head.get("head") or 0) // BLOCK
     if end <= start:
         return 0
     gone = lists._delete_all(keys.BLOCK_SET, [name(list_name, b) for b in range(start, end)], only=stamped(created))
-    with contextlib.suppress(FilteredOut, RecordNotFound):  # dropped, or made again, meanwhile
-        lists.backend.operate(keys.LIST_SET, list_name, [op.write("bclr", [created, end])],
-                              expression=stamped_list(created), update_only=True)
+    backend.put(keys.BLOCK_SET, cleared_name(list_name), {"c": created, "b": end})
     return int(gone)

@@ -22,7 +22,15 @@ from . import blocks, keys, lease_entries, transitions
 from . import load as _load
 from .backends import Backend, retry_in_doubt
 from .config import LEASE_SETTLE_S, MAX_ATTEMPTS, MAX_SECONDS
-from .errors import ConfigError, JobNotFound, ListError, ListModeMismatch, ListNotFound, ListSealed
+from .errors import (
+    AeroqueueError,
+    ConfigError,
+    JobNotFound,
+    ListError,
+    ListModeMismatch,
+    ListNotFound,
+    ListSealed,
+)
 from .load import DEFAULT_CHUNK, DEFAULT_LEASE_MS, LoadReport, max_payload
 
 MODES = ("tokens", "ids")
@@ -503,13 +511,23 @@ class JobLists:
         Returns the job's state afterwards: 'dead', or 'done' (left alone). `why` is
         the dead job's last error: blank raises `ConfigError`."""
         check_bury_reason(why)
+        head = self.header(name)
         job = self.find_job(name, jid)
         state = transitions.bury(self.backend, name, job["token"], why, job.get("c"))
+        if state != "dead":
+            return state
         # A job never handed out keeps its block entry, which says queued (blocks.py).
         # Marked after the bury: a reservation that pops the entry before the mark runs
         # a job the bury is ending (its ack refused), as one that read the record
         # just before the bury would.
-        blocks.forget(self.backend, name, job["token"], self.header(name)["created"])
+        try:
+            blocks.forget(self.backend, name, job["token"], job.get("c") or head["created"],
+                          fresh=job["token"] >= head["head"])
+        except ListNotFound:
+            raise
+        except AeroqueueError as e:
+            raise ListError(f"job {jid!r} of list {name!r} is dead, but its block record could not be marked "
+                            f"({e}): run the bury again to finish it") from e
         return state
 
     # -- drop --------------------------------------------------------------------

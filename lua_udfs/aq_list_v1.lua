@@ -22,8 +22,6 @@
 --   tlim     integer            a claim's time limit, ms (handed to claim by take)
 --   bo       integer            backoff base, ms: attempt n waits up to bo*2^(n-1)
 --   bo_max   integer            backoff cap, ms
---   bclr     list{created, t}   block records below token t are deleted (written natively
---                               by the sweep: aeroqueue/blocks.py, clear_passed)
 --   dropped  integer            server ms of the drop: the record is a tombstone (see
 --                               `tombstone`), a missing list to every function here
 -- The schedule (delayed jobs; design.md has no such records: they live here):

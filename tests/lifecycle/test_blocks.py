@@ -254,13 +254,20 @@ def test_the_sweep_deletes_the_blocks_behind_the_head_of_a_list_reserved_one_job
     sweep(registered, grace_ms=60_000)
     assert [entries(registered, list_name, b) is None for b in range(3)] == [True, False, False]
     created = lists.header(list_name)["created"]
-    assert lists.header(list_name)["bclr"] == [created, 1]
+
+    def cleared() -> dict[str, Any]:
+        rec = registered.get(keys.BLOCK_SET, blocks.cleared_name(list_name))
+        return {} if rec is None else dict(rec.bins)
+
+    assert cleared() == {"c": created, "b": 1}
     rest = queue.reserve(list_name, session, 100, lease=True)
     assert [(j.token, j.jid, j.lease[0]) for j in rest] == [(t, f"j{t}", 0) for t in range(150, 250)]
     assert queue.complete_many(rest) == []
-    sweep(registered, grace_ms=60_000)  # every token handed out: the last block goes too
-    assert [entries(registered, list_name, b) is None for b in range(3)] == [True, True, True]
-    assert lists.header(list_name)["bclr"] == [created, 3]
+    sweep(registered, grace_ms=60_000)  # the head's own block stays (a later load may add to it)
+    assert [entries(registered, list_name, b) is None for b in range(3)] == [True, True, False]
+    assert cleared() == {"c": created, "b": 2}
+    sweep(registered, grace_ms=60_000)
+    assert cleared() == {"c": created, "b": 2}
     st = lists.status(list_name)
     assert (st.done, st.complete) == (250, True)
 
@@ -281,4 +288,45 @@ def test_a_drop_deletes_the_blocks_before_the_job_records(
     monkeypatch.setattr(JobLists, "_delete_all", recorded)
     lists.drop(list_name, grace_s=0)
     assert order.index(keys.BLOCK_SET) < order.index(keys.JOB_SET)
+    assert entries(registered, list_name, 0) is None
+
+
+def test_a_sweep_that_read_the_head_before_a_load_leaves_a_burys_mark_in_the_heads_block(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session, monkeypatch
+) -> None:
+    """The head's own block is never deleted: a sweep that read the head when every
+    token was handed out would otherwise delete the mark a bury made meanwhile for a
+    job of a load still writing, whose block write would then trust the job again."""
+    load(lists, list_name, 150)
+    for _ in range(150):
+        [job] = queue.reserve(list_name, session, 1)
+        queue.complete(job)
+    read_before = lists.header(list_name)  # head == alloc == 150
+    real = load_module.commit_index
+
+    def commit_bury_and_sweep(*args: Any, **kw: Any) -> list[int]:
+        real_tokens = real(*args, **kw)
+        assert JobLists(registered).bury(list_name, "b10", "not wanted") == "dead"  # token 160
+        blocks.clear_passed(lists, list_name, read_before)
+        return real_tokens
+
+    monkeypatch.setattr(load_module, "commit_index", commit_bury_and_sweep)
+    lists.load(list_name, [JobSpec(f"b{i}", {"i": i}) for i in range(50)])
+    monkeypatch.undo()
+    assert entries(registered, list_name, 0) is None and (entries(registered, list_name, 1) or {})[160] == blocks.MARK
+    jobs = queue.reserve(list_name, session, 50, lease=True)
+    assert sorted(j.jid for j in jobs) == sorted(f"b{i}" for i in range(50) if i != 10)
+    assert queue.complete_many(jobs) == []
+
+
+def test_burying_a_job_already_done_writes_no_block(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session
+) -> None:
+    load(lists, list_name, 120)
+    for _ in range(120):
+        [job] = queue.reserve(list_name, session, 1)
+        queue.complete(job)
+    sweep(registered, grace_ms=60_000)
+    assert entries(registered, list_name, 0) is None
+    assert lists.bury(list_name, "j5", "too late") == "done"
     assert entries(registered, list_name, 0) is None
