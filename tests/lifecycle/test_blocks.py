@@ -33,6 +33,16 @@ def states(backend: Backend, name: str, n: int) -> dict[str, str]:
     return {r.bins["jid"]: r.bins["state"] for r in recs if r is not None}
 
 
+def all_but_j3_run(registered: Backend, queue: Queue, list_name: str, session: Session) -> None:
+    """Of ten jobs j0..j9 with j3 buried: a leased batch hands out the nine others,
+    each acknowledged once, and j3 stays dead."""
+    jobs = queue.reserve(list_name, session, 10, lease=True)
+    assert sorted(j.jid for j in jobs) == [f"j{i}" for i in range(10) if i != 3]
+    assert queue.complete_many(jobs) == []
+    queue.flush()
+    assert states(registered, list_name, 10) == {f"j{i}": "dead" if i == 3 else "done" for i in range(10)}
+
+
 def test_a_leased_batch_takes_its_jobs_from_their_blocks_and_each_is_acknowledged_once(
     registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session
 ) -> None:
@@ -68,11 +78,7 @@ def test_a_job_buried_before_anyone_took_it_is_not_handed_out_from_its_block(
     load(lists, list_name, 10)
     assert lists.bury(list_name, "j3", "not wanted") == "dead"
     assert (entries(registered, list_name, 0) or {})[3] == blocks.MARK
-    jobs = queue.reserve(list_name, session, 10, lease=True)
-    assert [j.jid for j in jobs] == [f"j{i}" for i in range(10) if i != 3]
-    assert queue.complete_many(jobs) == []
-    queue.flush()
-    assert states(registered, list_name, 10) == {f"j{i}": "dead" if i == 3 else "done" for i in range(10)}
+    all_but_j3_run(registered, queue, list_name, session)
 
 
 def test_tokens_a_rolled_back_take_hands_out_again_are_read_from_their_records(
@@ -236,11 +242,7 @@ def test_a_job_buried_before_its_loader_wrote_its_block_is_not_handed_out(
     load(lists, list_name, 10)
     monkeypatch.undo()
     assert (entries(registered, list_name, 0) or {}).get(3) == blocks.MARK
-    jobs = queue.reserve(list_name, session, 10, lease=True)
-    assert sorted(j.jid for j in jobs) == [f"j{i}" for i in range(10) if i != 3]
-    assert queue.complete_many(jobs) == []
-    queue.flush()
-    assert states(registered, list_name, 10) == {f"j{i}": "dead" if i == 3 else "done" for i in range(10)}
+    all_but_j3_run(registered, queue, list_name, session)
 
 
 def test_the_sweep_deletes_the_blocks_behind_the_head_of_a_list_reserved_one_job_at_a_time(

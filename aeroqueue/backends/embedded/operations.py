@@ -365,14 +365,19 @@ def _list_flags(op: dict) -> int:
     return flags
 
 
-def _existing_list(run: _Run, name: str) -> list | None:
-    """The bin's list, None when the bin is missing; a non-list bin is an error."""
+def _existing_bin(run: _Run, name: str, kind: type) -> Any:
+    """The bin's value, None when the bin is missing; one not of `kind` is an error."""
     value = run.get(name)
     if value is _MISSING:
         return None
-    if not isinstance(value, list):
+    if not isinstance(value, kind):
         raise _err(12)
     return value
+
+
+def _existing_list(run: _Run, name: str) -> list | None:
+    """The bin's list, None when the bin is missing; a non-list bin is an error."""
+    return _existing_bin(run, name, list)
 
 
 def _list_for_insert(run: _Run, name: str) -> list:
@@ -797,12 +802,7 @@ _MAP_RETURN_KEY_VALUE = aerospike.MAP_RETURN_KEY_VALUE
 
 def _existing_map(run: _Run, name: str) -> dict | None:
     """The bin's map, None when the bin is missing; a non-map bin is an error."""
-    value = run.get(name)
-    if value is _MISSING:
-        return None
-    if not isinstance(value, dict):
-        raise _err(12)
-    return value
+    return _existing_bin(run, name, dict)
 
 
 _MAP_CREATE_ONLY = aerospike.MAP_WRITE_FLAGS_CREATE_ONLY
