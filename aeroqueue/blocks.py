@@ -1,7 +1,7 @@
 """Block records: the ids and payloads of a run of fresh jobs, read in one record.
 
 Keyspace: set aq_blk, key "<list>/<block>", block = token // BLOCK. Bins:
-  c  the stamp (`created`) of the list whose loader wrote it, as on its job records
+  c  the stamp (`created`) of the list whose jobs it holds, as on its job records
   j  map token -> [jid, payload] | MARK: jobs of that list loaded queued (not
      delayed), real (not a duplicate made void), and not popped by a leased
      reservation yet; MARK for a job buried (`forget`)
@@ -12,7 +12,8 @@ hundred jobs in one record (benchmarks/RESULTS.md, 2026-11-29 07:55: the block f
 
 The loader writes its entries once a range's jobs are committed (their index
 entries), before it publishes the range (`load.write_blocks`; a loader stopped past
-its lease whose range a recovery published writes none); concurrent loaders
+its lease whose range a recovery published writes none: it renews the range's lease
+first); concurrent loaders
 share a block's edges, hence a map that `map_put_items` merges, create-only. A
 leased reservation pops the entries of the fresh tokens its take handed out (`pop`):
 one write answers them and removes them, filtered on the stamp of the list the take

@@ -511,18 +511,20 @@ class JobLists:
         Returns the job's state afterwards: 'dead', or 'done' (left alone). `why` is
         the dead job's last error: blank raises `ConfigError`."""
         check_bury_reason(why)
-        head = self.header(name)
         job = self.find_job(name, jid)
         state = transitions.bury(self.backend, name, job["token"], why, job.get("c"))
-        if state != "dead":
+        # Read after the bury: the head only grows, and a token it passed since had its
+        # block written before it was published. Another list of the name since: no
+        # block of this job's is trusted any more.
+        head = self.header(name)
+        if state != "dead" or head["mode"] != "tokens" or head["created"] != job.get("c", head["created"]):
             return state
         # A job never handed out keeps its block entry, which says queued (blocks.py).
         # Marked after the bury: a reservation that pops the entry before the mark runs
         # a job the bury is ending (its ack refused), as one that read the record
         # just before the bury would.
         try:
-            blocks.forget(self.backend, name, job["token"], job.get("c") or head["created"],
-                          fresh=job["token"] >= head["head"])
+            blocks.forget(self.backend, name, job["token"], head["created"], fresh=job["token"] >= head["head"])
         except ListNotFound:
             raise
         except AeroqueueError as e:

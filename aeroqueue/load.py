@@ -381,9 +381,7 @@ class _RangeLoader:
                 self._turns.wait_for(lambda: self._turn == i)
                 if not new:
                     return 0, len(batch), 0
-                rid = uuid.uuid4().hex
-                got = self.lists._list_udf(name, "alloc", len(new), self.lease_ms, rid, self.created)
-                got = {**got, "rid": rid}
+                got = self.lists._list_udf(name, "alloc", len(new), self.lease_ms, uuid.uuid4().hex, self.created)
         finally:
             # Whatever happened to this range, the next one may allocate now (range i
             # only ever waits for ranges before it, which started first: no deadlock).
@@ -460,14 +458,13 @@ class _RangeLoader:
         fenced._fenced = True  # type: ignore[attr-defined]  # load_range: taken back already
         raise fenced from cause
 
-    def _still_pending(self, seq: int, rid: str) -> bool:
-        """Whether range `seq` is still this loader's and unpublished: one stopped past its
-        lease may find a recovery published it, and its jobs handed out and done since;
-        entries written for them then would only outlive them (blocks.py)."""
-        rec = retry_in_doubt(lambda: self.b.get(keys.LIST_SET, self.name, bins=["pend"]))
-        pend = (rec.bins.get("pend") or {}) if rec is not None else {}
-        mine = pend.get(seq)
-        return isinstance(mine, dict) and mine.get("rid") == rid and mine.get("real") is None
+    def _still_pending(self, seq: int) -> bool:
+        """Whether range `seq` is still this loader's and unpublished, its lease renewed
+        (a full lease from now, which no recovery takes from it, outlasts the block
+        writes): one stopped past its lease may find a recovery published it, and its
+        jobs handed out and done since; entries written for them then would only
+        outlive them (blocks.py)."""
+        return self.lists._list_udf(self.name, "renew", [seq], self.lease_ms, self.created) == 1
 
     def _own_writes(self, start: int, exists: list[int], new: list[JobSpec], codes: list[int]) -> dict[int, int]:
         """Of the range's job writes `exists` (positions in `new`) answered
@@ -574,7 +571,7 @@ class _RangeLoader:
         self._fence(got, new)
         real = commit_index(self.lists, name, self.created, list(zip(tokens, [s.jid for s in new], strict=True)))
         real_set = set(real)
-        if self.mode == "tokens" and self._still_pending(seq, got["rid"]):
+        if self.mode == "tokens" and self._still_pending(seq):
             # 5. the block records of its queued jobs, before they can be taken (blocks.py).
             write_blocks(self.lists, name, self.created,
                          [(t, new[t - start]) for t in real if t not in later])

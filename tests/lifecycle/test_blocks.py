@@ -332,3 +332,9 @@ def test_burying_a_job_already_done_writes_no_block(
     assert entries(registered, list_name, 0) is None
     assert lists.bury(list_name, "j5", "too late") == "done"
     assert entries(registered, list_name, 0) is None
+
+
+def test_a_bury_in_id_mode_writes_no_block(registered: Backend, lists: JobLists, list_name: str) -> None:
+    load(lists, list_name, 10, mode="ids")
+    assert lists.bury(list_name, "j3", "not wanted") == "dead"
+    assert entries(registered, list_name, 0) is None
