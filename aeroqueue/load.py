@@ -672,10 +672,9 @@ def batch_write(
 def write_blocks(lists: JobLists, name: str, created: int, jobs: list[tuple[int, JobSpec]]) -> None:
     """Put committed queued jobs (token, spec) of the list made at `created` into their
     block records (blocks.py), create-only (a bury's mark stays), before their range
-    is published (by this loader: one stopped past its lease may find a recovery
-    published it). A block another list
-    of the name left (a loader of a dropped list, killed before it took its writes
-    back) is replaced, while this list is still the one loading. Blocks only save
+    is published (the caller renewed the range's lease first: `_still_pending`). A
+    block another list of the name left (a loader of a dropped list, killed before it
+    took its writes back) is replaced, while this list is still the one loading. Blocks only save
     reads: a block that cannot be written (too big, the store in trouble) is left
     out, and a reservation reads those jobs' records. A write still in doubt is
     waited out (its deadline), so that it cannot land after the range is published."""
