@@ -13,9 +13,9 @@ hundred jobs in one record (benchmarks/RESULTS.md, 2026-11-29 07:55: the block f
 The loader writes its entries once a range's jobs are committed (their index
 entries), before it publishes the range (`load.write_blocks`; a loader stopped past
 its lease whose range a recovery published writes none: it renews the range's lease
-first); concurrent loaders
-share a block's edges, hence a map that `map_put_items` merges, create-only. A
-leased reservation pops the entries of the fresh tokens its take handed out (`pop`):
+first); concurrent loaders share a block's edges, hence a map that `map_put_items`
+merges, create-only. A leased reservation pops the entries of the fresh tokens its
+take handed out (`pop`):
 one write answers them and removes them, filtered on the stamp of the list the take
 read. An entry stands in for the job record as the loader wrote it (queued, attempt
 0, never claimed, the list's stamp); the ack's filter checks the record itself, as

@@ -674,8 +674,8 @@ def write_blocks(lists: JobLists, name: str, created: int, jobs: list[tuple[int,
     block records (blocks.py), create-only (a bury's mark stays), before their range
     is published (the caller renewed the range's lease first: `_still_pending`). A
     block another list of the name left (a loader of a dropped list, killed before it
-    took its writes back) is replaced, while this list is still the one loading. Blocks only save
-    reads: a block that cannot be written (too big, the store in trouble) is left
+    took its writes back) is replaced, while this list is still the one loading.
+    Blocks only save reads: a block that cannot be written (too big, the store in trouble) is left
     out, and a reservation reads those jobs' records. A write still in doubt is
     waited out (its deadline), so that it cannot land after the range is published."""
     if not jobs:
