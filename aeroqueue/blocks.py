@@ -55,7 +55,7 @@ from aerospike_helpers.operations import expression_operations as eo
 from aerospike_helpers.operations import map_operations as mo
 from aerospike_helpers.operations import operations as op
 
-from . import keys
+from . import keys, transitions
 from .backends import Backend, retry_in_doubt
 from .errors import AeroqueueError, FilteredOut, ListNotFound, RecordNotFound, StaleRequest
 from .hotpath import SERVER_NOW, stamped, stamped_in_time
@@ -77,9 +77,14 @@ def name(list_name: str, block: int) -> str:
     return f"{list_name}/{block}"
 
 
+def names_between(list_name: str, lo: int, hi: int) -> list[str]:
+    """The blocks of tokens [lo, hi)."""
+    return [name(list_name, b) for b in range(lo // BLOCK, -(-hi // BLOCK))] if hi > lo else []
+
+
 def names_upto(list_name: str, alloc: int) -> list[str]:
     """Every block record a list's tokens [0, alloc) may have, and its sweep's mark."""
-    return [*(name(list_name, b) for b in range(0, (alloc + BLOCK - 1) // BLOCK)), cleared_name(list_name)]
+    return [*names_between(list_name, 0, alloc), cleared_name(list_name)]
 
 
 def by_block(tokens: list[int]) -> dict[int, list[int]]:
@@ -145,8 +150,7 @@ def forget(backend: Backend, list_name: str, token: int, created: int, *, fresh:
                 rec = backend.get(keys.BLOCK_SET, key, bins=["c"])
                 other = None if rec is None else rec.bins.get("c")
                 if other is not None and other != created:
-                    head = backend.get(keys.LIST_SET, list_name, bins=["created"])
-                    if head is None or head.bins.get("created") != created:
+                    if not transitions.list_is(backend, list_name, created):
                         raise ListNotFound(f"no job list named {list_name!r} (dropped meanwhile)") from None
                     with contextlib.suppress(FilteredOut, RecordNotFound):  # gone, or replaced, since
                         backend.operate(keys.BLOCK_SET, key, [op.delete()], expression=stamped(other))

@@ -56,7 +56,7 @@ def in_time(deadline: int) -> Any:
 
 def stamped(created: int) -> Any:
     """A filter: a record stamped (bin "c") by the list of the name made at `created`."""
-    return exp.Eq(exp.IntBin("c"), created).compile()
+    return stamped_in_time(created, None)
 
 
 def ours(created: int) -> Any:

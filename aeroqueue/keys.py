@@ -106,7 +106,7 @@ def bitmap_of(rec: Any, created: int | None) -> Any:
     have none: taken as this list's, as they always were. `created` None: any."""
     if rec is None or created is None:
         return rec
-    return rec if rec.bins.get("c", created) == created else None
+    return rec if indexed_here(rec.bins, created) else None
 
 
 def chunk_name(list_name: str, chunk: int) -> str:

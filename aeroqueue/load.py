@@ -447,8 +447,7 @@ class _RangeLoader:
         mine = stamped(self.created)
         self.lists._delete_all(keys.JOB_SET, [keys.job_name(name, t) for t in range(start, start + len(new))], only=mine)
         self.lists._delete_all(keys.JIDX_SET, [keys.jidx_name(name, s.jid) for s in new], only=mine)
-        self.lists._delete_all(keys.BLOCK_SET, [blocks.name(name, blk) for blk in sorted(blocks.by_block(
-            list(range(start, start + len(new)))))], only=mine)
+        self.lists._delete_all(keys.BLOCK_SET, blocks.names_between(name, start, start + len(new)), only=mine)
         if self.mode == "ids":
             self.lists._delete_all(keys.IDS_SET, [keys.chunk_name(name, seq)], only=mine)
         fenced = LoadAbandoned(

@@ -637,7 +637,7 @@ def _tokens_of(jobs: list[_Found], head: dict[str, Any]) -> list[int]:
     job record of a list of the name dropped before it was made (brought back by a
     node that missed the drop) is not, and its bit would count in this list."""
     created, alloc = head["created"], head["alloc"]
-    return [j.bins["token"] for j in jobs if j.bins.get("c", created) == created and j.bins["token"] < alloc]
+    return [j.bins["token"] for j in jobs if keys.indexed_here(j.bins, created) and j.bins["token"] < alloc]
 
 
 def _recount(backend: Backend, list_name: str, bitmap: str, tokens: list[int], created: int) -> int:
@@ -938,7 +938,7 @@ def sweep(backend: Backend, *, grace_ms: int = DEFAULT_SWEEP_GRACE_MS, stop: Cal
         # What a crash left behind coming back: an operator looks for this line when a
         # job waited minutes (a reserver killed between its take and its claim).
         log.info("sweep offered lost jobs again", extra={"event": "swept", "requeued": requeued, "orphans": orphans})
-    _clear_blocks(lists, list(heads) + [n for n in names if n not in heads], heads)
+    _clear_blocks(lists, names, heads)
     return SweepReport(requeued, orphans, recounted, ranges)
 
 
