@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import socket
 import uuid
 from collections.abc import Iterator
@@ -38,6 +39,15 @@ SHARD = os.environ.get("AEROQUEUE_TEST_SHARD")
 REST_SHARD = os.environ.get("AEROQUEUE_TEST_REST_SHARD")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 SHARED = Path(__file__).resolve().parents[2] / "shared"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Tests Ctrl-C the commands they start (SIGINT to the child, as a terminal does).
+    # A run started in the background of a non-interactive shell (`make test &` in a
+    # script) has SIGINT ignored, and every child it starts inherits that: those
+    # tests then failed for how the run was started, not for what they test.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def require(condition: bool, why: str) -> None:

@@ -188,10 +188,14 @@ def _plain_interrupts(verbose: bool) -> None:
     came; the command's `finally` stops the context,
     which cancels its jobs. py4j logs the interrupted call with the root logger's
     `logging.exception`, which, with no handler there, prints a traceback:
-    unless --verbose, the root logger gets one that keeps them."""
+    unless --verbose, the root logger gets one that keeps them.
+
+    A command started with SIGINT ignored (a background job of a script, nohup) keeps
+    it ignored, as Python does at start-up: it was ignored while the JVM started, and
+    a handler installed after it made Ctrl-C stop some of the run and not the rest."""
     global _sigint_seen
     _sigint_seen = False
-    if threading.current_thread() is threading.main_thread():
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
         signal.signal(signal.SIGINT, _on_sigint)
     root = logging.getLogger()
     if not verbose and not root.handlers:

@@ -379,3 +379,25 @@ def test_sigterm_to_the_group_while_the_jvm_starts_stops_the_schedule_with_statu
     assert proc.returncode == 0, err[-3000:]
     assert "Traceback" not in err and " ERROR " not in err, err[-3000:]
     assert registered.get(keys.LOCK_SET, parse_target(mysql_url).lease_name) is None, "no lease left held"
+
+
+@pytest.mark.parametrize("inherited", ["ignored", "default"])
+def test_sync_keeps_sigint_ignored_when_it_started_so(inherited):
+    """A sync started with SIGINT ignored (a script's background job, nohup) ignored it
+    while its JVM started, then installed its Ctrl-C handler: Ctrl-C stopped a part of
+    the run and not the rest. It keeps the disposition it was given, as Python does at
+    start-up; started with the default, Ctrl-C reaches its handler."""
+    code = (
+        "import signal\n"
+        "from aeroqueue.cli import sync_cmd\n"
+        "sync_cmd._plain_interrupts(False)\n"
+        "h = signal.getsignal(signal.SIGINT)\n"
+        "print('ignored' if h is signal.SIG_IGN else h.__name__)\n"
+    )
+    disposition = signal.SIG_IGN if inherited == "ignored" else signal.SIG_DFL
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, disposition),
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ("ignored" if inherited == "ignored" else "_on_sigint")
