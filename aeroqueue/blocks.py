@@ -34,7 +34,7 @@ which leaves an entry to trust:
   may run again, done or not, as a leased job always could; its second ack is
   refused.
 A token without an entry (the block missing, another list's, too big, popped or
-marked) is read from its job record, as before blocks. Entries popped by a
+marked, or the entry bigger than its share of a block: `entry_room`) is read from its job record, as before blocks. Entries popped by a
 reservation whose lease then fails are not put back: its claims read the records.
 
 The sweep deletes the blocks behind the block of each list's head (`clear_passed`),
@@ -57,6 +57,7 @@ from aerospike_helpers.operations import operations as op
 
 from . import keys, transitions
 from .backends import Backend, retry_in_doubt
+from .backends.sizes import packed_size, record_size
 from .errors import AeroqueueError, FilteredOut, ListNotFound, RecordNotFound, StaleRequest
 from .hotpath import SERVER_NOW, stamped, stamped_in_time
 
@@ -71,6 +72,30 @@ PAST_DEADLINE = 26  # a write whose expression failed past its deadline: nothing
 
 def block_of(token: int) -> int:
     return token // BLOCK
+
+
+# The widest block number (a list's tokens stay below 2**32) and server ms a block's
+# own bytes are judged with.
+_WIDEST_BLOCK, _WIDEST_MS = (2**32 - 1) // BLOCK, 2**41
+
+
+def entry_room(list_name: str, max_record_size: int) -> int:
+    """The most bytes one entry (its token and [jid, payload], packed) may take: a
+    block's share of the store's record size, a hundredth each. An entry that takes
+    more is left out (its job record is read instead), so a block never grows past
+    the limit, whichever loaders write its entries.
+
+    Why not fill a block up to the limit and let the store refuse the rest: Aerospike
+    CE 8.1.2.0 crashed (SIGSEGV in the map sort of `map_put_items`, the node gone) on
+    a batch of block writes each a few hundred kB over its max record size (loads of
+    20 kB payloads, 2 of 2 runs); the same blocks within the limit were written."""
+    empty = record_size(keys.BLOCK_SET, {"c": _WIDEST_MS, "j": {}}, name(list_name, _WIDEST_BLOCK))
+    return max(0, (max_record_size - empty - 4) // BLOCK)  # 4: the map's header, 100 entries against none
+
+
+def entry_fits(token: int, entry: list[Any], room: int) -> bool:
+    """Whether an entry is within `entry_room`."""
+    return packed_size(token) + packed_size(entry) <= room
 
 
 def name(list_name: str, block: int) -> str:

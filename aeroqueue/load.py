@@ -674,8 +674,9 @@ def write_blocks(lists: JobLists, name: str, created: int, jobs: list[tuple[int,
     is published (the caller renewed the range's lease first: `_still_pending`). A
     block another list of the name left (a loader of a dropped list, killed before it
     took its writes back) is replaced, while this list is still the one loading.
-    Blocks only save reads: a block that cannot be written (too big, the store in trouble) is left
-    out, and a reservation reads those jobs' records. A write still in doubt is
+    Blocks only save reads: a job whose entry is bigger than its share of a block
+    (`blocks.entry_room`) is left out, and so is a block that cannot be written (the
+    store in trouble): a reservation reads those jobs' records. A write still in doubt is
     waited out (its deadline), so that it cannot land after the range is published."""
     if not jobs:
         return
@@ -683,8 +684,18 @@ def write_blocks(lists: JobLists, name: str, created: int, jobs: list[tuple[int,
     stamp = _Stamp(b, created)
     policy = {**_SEND_KEY, "expressions": stamped(created)}
     entries: dict[int, dict[int, list[Any]]] = collections.defaultdict(dict)
+    room, fits, too_big = blocks.entry_room(name, b.max_record_size()), blocks.entry_fits, 0
     for t, s in jobs:
-        entries[blocks.block_of(t)][t] = [s.jid, s.payload]
+        entry = [s.jid, s.payload]
+        if fits(t, entry, room):
+            entries[blocks.block_of(t)][t] = entry
+        else:
+            too_big += 1
+    if too_big:
+        log.debug("jobs too big for a block: reservations read their records", extra={
+            "event": "blocks_left_out", "list": name, "jobs": too_big})
+    if not entries:
+        return
     order = list(entries)
 
     def writes(which: list[int]) -> list[Write]:
