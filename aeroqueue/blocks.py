@@ -34,8 +34,9 @@ which leaves an entry to trust:
   may run again, done or not, as a leased job always could; its second ack is
   refused.
 A token without an entry (the block missing, another list's, too big, popped or
-marked, or the entry bigger than its share of a block: `entry_room`) is read from its job record, as before blocks. Entries popped by a
-reservation whose lease then fails are not put back: its claims read the records.
+marked, or the entry bigger than its share of a block: `entry_room`) is read from
+its job record, as before blocks. Entries popped by a reservation whose lease then
+fails are not put back: its claims read the records.
 
 The sweep deletes the blocks behind the block of each list's head (`clear_passed`),
 whose entries no reservation reads (jobs claimed, not leased, leave theirs); a drop
