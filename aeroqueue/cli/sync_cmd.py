@@ -178,7 +178,12 @@ def _on_sigint(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def _plain_interrupts(verbose: bool) -> None:
+def _sigint_ignored() -> bool:
+    """Whether this process was given SIGINT ignored (read before anything installs a handler)."""
+    return signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
+def _plain_interrupts(verbose: bool, ignored: bool = False) -> None:
     """Ctrl-C during a run ends the command with one line, as it ends every other.
 
     PySpark's own SIGINT handler calls the JVM (cancelAllJobs) from inside the
@@ -190,13 +195,16 @@ def _plain_interrupts(verbose: bool) -> None:
     `logging.exception`, which, with no handler there, prints a traceback:
     unless --verbose, the root logger gets one that keeps them.
 
-    A command started with SIGINT ignored (a background job of a script, nohup) keeps
-    it ignored, as Python does at start-up: it was ignored while the JVM started, and
-    a handler installed after it made Ctrl-C stop some of the run and not the rest."""
+    `ignored`: the command was started with SIGINT ignored (a background job of a
+    script), as `_sigint_ignored` read it before the Spark context started: SIGINT
+    stays ignored, as Python keeps it at start-up. The context's start installs the
+    same (`spark_session(sigint=...)`), not PySpark's handler, which it installs over
+    whatever it finds: SIGINT then stopped a run that had ignored it while its JVM
+    started."""
     global _sigint_seen
     _sigint_seen = False
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-        signal.signal(signal.SIGINT, _on_sigint)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN if ignored else _on_sigint)
     root = logging.getLogger()
     if not verbose and not root.handlers:
         root.addHandler(logging.NullHandler())
@@ -339,7 +347,8 @@ def _sync_with_spark(
     backend: Backend, options: SyncOptions, target: Target, master: str | None, every: float | None, lease_s: float,
     as_json: bool, verbose: bool, stop: Stop, report: Callable[[SyncReport], None],
 ) -> None:
-    spark, created = spark_session(master, verbose=verbose)
+    ignored = _sigint_ignored()  # before the context's start installs a handler
+    spark, created = spark_session(master, verbose=verbose, sigint=signal.SIG_IGN if ignored else _on_sigint)
 
     def once() -> SyncReport:
         if not as_json and err_console.is_terminal:
@@ -381,7 +390,7 @@ def _sync_with_spark(
         except KeyboardInterrupt:
             scheduler.stop.set()
 
-    _plain_interrupts(verbose)
+    _plain_interrupts(verbose, ignored)
     try:
         try:
             work()

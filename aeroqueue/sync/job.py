@@ -81,7 +81,7 @@ def _quiet_log4j2() -> str:
 
 
 def spark_session(
-    master: str | None = None, app_name: str = "aeroqueue-sync", *, verbose: bool = False
+    master: str | None = None, app_name: str = "aeroqueue-sync", *, verbose: bool = False, sigint: Any = None
 ) -> tuple[SparkSession, bool]:
     """The active SparkSession, or a new one; and whether this call created it.
 
@@ -90,7 +90,8 @@ def spark_session(
     same aeroqueue and its dependencies. Unless `verbose`, Spark logs errors
     only (for a JVM started here, from its first line on). A JVM started here
     ignores SIGTERM, and is killed if interrupted before it answered
-    (`_jvm_launched_for_this_driver`).
+    (`_jvm_launched_for_this_driver`). `sigint`: the SIGINT handler (or SIG_IGN) a
+    context started here installs in place of PySpark's own (`_sigint_from_the_start`).
     """
     try:
         from pyspark import SparkContext
@@ -114,7 +115,7 @@ def spark_session(
         if not verbose:
             builder = builder.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{_quiet_log4j2()}")
     if created and not under_submit:
-        with _jvm_launched_for_this_driver():
+        with _jvm_launched_for_this_driver(), _sigint_from_the_start(sigint):
             spark = builder.getOrCreate()
     else:
         spark = builder.getOrCreate()
@@ -131,6 +132,41 @@ DRIVER_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 # The Python workers fork from a daemon that has imported their code once (it is
 # PySpark's daemon, the imports before it): see aeroqueue/sync/daemon.py.
 DAEMON_MODULE = "aeroqueue.sync.daemon"
+
+
+@contextmanager
+def _sigint_from_the_start(handler: Any) -> Iterator[None]:
+    """A SparkContext starting in the main thread installs its SIGINT handler as its
+    start's last step, whatever was there: one that calls the JVM (cancelAllJobs) from
+    inside the handler, mostly while the main thread is in a py4j call of the start
+    ('reentrant call' tracebacks), and over an inherited SIG_IGN. With `handler` (None:
+    PySpark's, as it is), that step installs `handler` instead, so there is no moment
+    between the context's start and the caller's own installing when PySpark's runs."""
+    if handler is None:
+        yield
+        return
+    try:
+        from pyspark.core import context as module  # PySpark 4
+    except ImportError:
+        from pyspark import context as module  # PySpark 3.5
+    real = getattr(module, "signal", None)
+    if real is not signal:  # another PySpark: its handler, as before
+        yield
+        return
+
+    class _Signals:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(signal, name)
+
+        @staticmethod
+        def signal(signum: int, theirs: Any) -> Any:
+            return signal.signal(signum, handler if signum == signal.SIGINT else theirs)
+
+    setattr(module, "signal", _Signals())  # noqa: B010 (mypy: a module's attribute, another type)
+    try:
+        yield
+    finally:
+        setattr(module, "signal", signal)  # noqa: B010
 
 
 @contextmanager
