@@ -687,21 +687,22 @@ def write_blocks(lists: JobLists, name: str, created: int, jobs: list[tuple[int,
     room, fits, too_big = blocks.entry_room(name, b.max_record_size()), blocks.entry_fits, 0
     for t, s in jobs:
         entry = [s.jid, s.payload]
+        # A block none of whose entries fit is still written (its stamp alone): one
+        # another list of the name left is replaced, not kept until a drop.
+        kept = entries[blocks.block_of(t)]
         if fits(t, entry, room):
-            entries[blocks.block_of(t)][t] = entry
+            kept[t] = entry
         else:
             too_big += 1
     if too_big:
         log.debug("jobs too big for a block: reservations read their records", extra={
             "event": "blocks_left_out", "list": name, "jobs": too_big})
-    if not entries:
-        return
     order = list(entries)
 
     def writes(which: list[int]) -> list[Write]:
         # Create-only entries: a bury's marker made first stays (blocks.forget).
         return [Write(b.key(keys.BLOCK_SET, blocks.name(name, blk)),
-                      [stamp.op, mo.map_put_items("j", entries[blk], map_policy=_NEW_ENTRIES)],
+                      [stamp.op, *([mo.map_put_items("j", entries[blk], map_policy=_NEW_ENTRIES)] if entries[blk] else [])],
                       policy=policy) for blk in which]
 
     codes: dict[int, int] = {}

@@ -13,6 +13,7 @@ from aerospike_helpers.operations import operations as op
 from aeroqueue import blocks, keys
 from aeroqueue import load as load_module
 from aeroqueue.backends import Backend
+from aeroqueue.backends.sizes import record_size
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Queue
@@ -126,6 +127,25 @@ def test_a_block_another_list_of_the_name_left_is_replaced_or_never_trusted(
     assert queue.complete_many(jobs) == []
 
 
+def test_a_block_another_list_left_is_replaced_though_none_of_the_new_jobs_fit_in_it(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session
+) -> None:
+    """A loader whose jobs are all too big for a block (`blocks.entry_room`) still
+    writes the block's stamp: one another list of the name left (a node that missed
+    a drop) is replaced, not kept, with the old list's payloads, until a drop."""
+    room = blocks.entry_room(list_name, registered.max_record_size())
+    registered.put(keys.BLOCK_SET, blocks.name(list_name, 0), {"c": 12345, "j": {5: ["old", "x" * 1000]}})
+    lists.load(list_name, [JobSpec(f"j{i}", {"d": "x" * (room + 1)}) for i in range(3)], seal=True)
+    rec = registered.get(keys.BLOCK_SET, blocks.name(list_name, 0))
+    assert rec is not None and rec.bins["c"] == lists.header(list_name)["created"]
+    assert not rec.bins.get("j")
+    jobs = queue.reserve(list_name, session, 3, lease=True)
+    assert sorted(j.jid for j in jobs) == ["j0", "j1", "j2"]
+    assert queue.complete_many(jobs) == []
+    queue.flush()
+    assert lists.status(list_name).complete
+
+
 def test_delayed_jobs_have_no_block_entry_and_are_held_back(
     registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session
 ) -> None:
@@ -236,6 +256,24 @@ def test_jobs_too_big_for_their_share_of_a_block_are_read_from_their_records_and
     assert lists.status(list_name).complete
 
 
+def test_a_full_block_stays_within_the_record_size_for_every_list_name_length() -> None:
+    """`entry_room`'s arithmetic, whatever the list name's length (up to 64) and the
+    store's record size: a hundred entries each at the room (the widest tokens), the
+    block's stamp and its widest key come to the limit at most, and to within 110
+    bytes of it (the hundredth's rounding)."""
+    for limit in (1 << 20, 128 << 10):
+        for length in range(1, 65):  # keys.check_list_name: 1 to 64 characters
+            list_name = "L" * length
+            room = blocks.entry_room(list_name, limit)
+            token = 2**32 - 1
+            fill = room - blocks.packed_size(token) - blocks.packed_size(["j" * 20, ""])
+            while not blocks.entry_fits(token, ["j" * 20, "x" * fill], room):
+                fill -= 1
+            full = {token - i: ["j" * 20, "x" * fill] for i in range(blocks.BLOCK)}
+            size = record_size(keys.BLOCK_SET, {"c": 2**41, "j": full}, blocks.name(list_name, token // blocks.BLOCK))
+            assert limit - 110 < size <= limit, (limit, length, size)
+
+
 def test_a_block_of_entries_each_at_its_share_is_within_the_stores_record_size(
     registered: Backend, lists: JobLists, list_name: str, caplog
 ) -> None:
@@ -253,6 +291,10 @@ def test_a_block_of_entries_each_at_its_share_is_within_the_stores_record_size(
     lists.load(list_name, specs)
     assert not [r for r in caplog.records if getattr(r, "event", None) == "blocks_not_written"]
     assert sorted(entries(registered, list_name, 0) or {}) == list(range(100))
+    # And close to the limit (a hundredth's rounding), for the widest block key and stamp.
+    full = {t: [spec.jid, spec.payload] for t, spec in enumerate(specs)}
+    widest = record_size(keys.BLOCK_SET, {"c": 2**41, "j": full}, blocks.name(list_name, (2**32 - 1) // blocks.BLOCK))
+    assert registered.max_record_size() - 110 < widest <= registered.max_record_size()
 
 
 def test_a_job_buried_before_its_loader_wrote_its_block_is_not_handed_out(
