@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -191,6 +192,16 @@ def _group_runs(pgid: int, needle: bytes) -> bool:
     return bool(_group_pids(pgid, needle))
 
 
+def _sync_process(store_url: str, mysql_url: str, list_name: str, **popen: Any) -> subprocess.Popen:
+    """`aeroqueue sync` of one list to MySQL in a process group of its own (as a
+    terminal's job is), in small batches, its output piped."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "aeroqueue", "--url", store_url, "sync", "--mysql", mysql_url, "--list", list_name,
+         "--partitions", "4", "--batch-size", "10"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **popen,
+    )
+
+
 @pytest.mark.parametrize("how", ["group", "jvm ends first"])
 def test_ctrl_c_during_a_run_ends_it_with_one_line_and_a_rerun_copies_each_job_once(
     registered, java, store_url, list_name, mysql_db, mysql_url, how
@@ -209,11 +220,7 @@ def test_ctrl_c_during_a_run_ends_it_with_one_line_and_a_rerun_copies_each_job_o
     if how != "group":
         _spark_only(registered)
     make_jobs(registered, list_name, done=3000)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "aeroqueue", "--url", store_url, "sync", "--mysql", mysql_url, "--list", list_name,
-         "--partitions", "4", "--batch-size", "10"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )
+    proc = _sync_process(store_url, mysql_url, list_name)
     try:
         _await_in_group(proc, DAEMON, "a task of the run", 120)
         if how == "group":
@@ -391,12 +398,7 @@ def test_a_sync_started_with_sigint_ignored_runs_through_sigints(
     every job and exits 0."""
     _spark_only(registered)
     make_jobs(registered, list_name, done=300)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "aeroqueue", "--url", store_url, "sync", "--mysql", mysql_url, "--list", list_name,
-         "--partitions", "4", "--batch-size", "10"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
-    )
+    proc = _sync_process(store_url, mysql_url, list_name, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     sent = 0
     try:
         _await_in_group(proc, b"org.apache.spark.deploy.SparkSubmit", "the JVM", 60)
