@@ -347,7 +347,10 @@ def _sync_with_spark(
     backend: Backend, options: SyncOptions, target: Target, master: str | None, every: float | None, lease_s: float,
     as_json: bool, verbose: bool, stop: Stop, report: Callable[[SyncReport], None],
 ) -> None:
-    ignored = _sigint_ignored()  # before the context's start installs a handler
+    ignored = _sigint_ignored()  # before anything installs a handler
+    # From before the JVM starts: Ctrl-C is ours (and py4j's report of a call it cut
+    # short is kept, not printed with its traceback) through the context's start too.
+    _plain_interrupts(verbose, ignored)
     spark, created = spark_session(master, verbose=verbose, sigint=signal.SIG_IGN if ignored else _on_sigint)
 
     def once() -> SyncReport:
@@ -390,7 +393,8 @@ def _sync_with_spark(
         except KeyboardInterrupt:
             scheduler.stop.set()
 
-    _plain_interrupts(verbose, ignored)
+    if not created:  # a context already running keeps the handler PySpark installed then
+        _plain_interrupts(verbose, ignored)
     try:
         try:
             work()

@@ -114,10 +114,10 @@ def spark_session(
         builder = builder.config("spark.python.daemon.module", DAEMON_MODULE)
         if not verbose:
             builder = builder.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{_quiet_log4j2()}")
-    if created and not under_submit:
-        with _jvm_launched_for_this_driver(), _sigint_from_the_start(sigint):
-            spark = builder.getOrCreate()
-    else:
+    # The context starts here (under spark-submit too, whose JVM is already up): its
+    # start's SIGINT handler is the caller's.
+    with _jvm_launched_for_this_driver() if created and not under_submit else contextlib.nullcontext(), \
+            _sigint_from_the_start(sigint if created else None):
         spark = builder.getOrCreate()
     if created:
         spark.sparkContext.setLogLevel("WARN" if verbose else "ERROR")

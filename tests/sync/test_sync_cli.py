@@ -265,6 +265,60 @@ def test_ctrl_c_while_the_jvm_starts_leaves_no_jvm_behind(registered, java, stor
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+def _sockets(pid: int, state: str) -> list[tuple[int, int]]:
+    """(local port, remote port) of process `pid`'s TCP sockets in `state` ("0A"
+    listening, "01" established), from /proc."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    found = []
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError):
+            for row in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+                fields = row.split()
+                if fields[3] == state and fields[9] in inodes:
+                    found.append((int(fields[1].rsplit(":", 1)[1], 16), int(fields[2].rsplit(":", 1)[1], 16)))
+    return found
+
+
+def _driver_connected_to_its_jvm(proc: subprocess.Popen) -> bool:
+    """Whether the command holds a connection to a port its JVM listens on (the py4j
+    gateway's: the JVM answered, and the Spark context starts)."""
+    jvms = _group_pids(proc.pid, b"org.apache.spark.deploy.SparkSubmit")
+    with contextlib.suppress(OSError):
+        listening = {local for jvm in jvms for local, _ in _sockets(jvm, "0A")}
+        return any(remote in listening for _, remote in _sockets(proc.pid, "01"))
+    return False
+
+
+def test_ctrl_c_while_the_spark_context_starts_ends_with_one_line(registered, java, store_url, list_name, mysql_url):
+    """Ctrl-C once the JVM answered, while the Spark context starts (a second or so):
+    py4j reports the call it cut short with `logging.exception` on the root logger,
+    which had no handler yet, so the command printed that report and its traceback
+    before "error: interrupted"; and PySpark's own handler, installed at the end of
+    the context's start, could run instead of ours ('reentrant call'). The moment: the
+    command connected to a port its JVM listens on (the gateway), and 0.3 s more."""
+    _spark_only(registered)
+    make_jobs(registered, list_name, done=30)
+    proc = _sync_process(store_url, mysql_url, list_name)
+    try:
+        wait_for("the driver connected to its JVM",
+                 lambda: proc.poll() is not None or _driver_connected_to_its_jvm(proc), 60, step_s=0.01)
+        assert proc.poll() is None, "the command ended before it could be interrupted"
+        time.sleep(0.3)  # into the start's py4j calls (it takes a second or so)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "reentrant" not in err and "ERROR:" not in err, err[-3000:]
+    assert err.rstrip().splitlines()[-1] == "error: interrupted", err[-3000:]
+
+
 def test_a_stop_cancels_jobs_the_run_starts_after_it_too():
     """A stop that lands while a run sets up (its target's schema checked, before its
     Spark job starts) finds no job to cancel: one cancel then let the run copy
