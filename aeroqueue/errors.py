@@ -203,7 +203,15 @@ class LoadError(ListError):
         if field is not None:
             where += f", field {field!r}"
         text = message or (type(self).__doc__ or "").strip()
+        self.reason = text  # the message without where
         super().__init__(f"{where}: {text}" if where else text)
+
+
+class InputChanged(LoadError):
+    """The input changed while it was loaded."""
+
+    hint = ("the jobs written before it stay, and a list it was to seal is not sealed: run the same load again once "
+            "the file is complete (it adds nothing twice)")
 
 
 class LoadAbandoned(ListError):

@@ -27,7 +27,7 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from ..errors import LoadError, Terminated
+from ..errors import InputChanged, LoadError, Terminated
 from ..lists import DEFAULT_CHUNK, JobLists, max_payload
 from ..load import EMBEDDED_CHUNK
 from ..loading import STDIN, Checked, read_file, sniff_format, spooled_stdin, validate
@@ -104,6 +104,28 @@ def _identity(path: Path) -> tuple[int, int, int] | None:
     except OSError:
         return None  # read_file says what is wrong with it
     return st.st_size, st.st_mtime_ns, st.st_ino
+
+
+def _as_checked(rows: Iterable[Any], n: int, path: Path, before: Any, source: str) -> Iterator[Any]:
+    """The write pass's rows, which must be the `n` the check read: a file changed
+    since (cut short, edited in place, replaced) raises `InputChanged`, after the rows
+    before it were loaded, rather than load a part of it as if whole (and seal the
+    list without the rest), or report a line it finds malformed as if nothing was
+    loaded. Raised from the input, it stops the load before any seal."""
+    count = 0
+    try:
+        for row in rows:
+            count += 1
+            yield row
+    except InputChanged:
+        raise
+    except LoadError as e:
+        raise InputChanged(f"the file changed while it was loaded: {e.reason}", source=e.source, line=e.line,
+                           field=e.field) from None
+    if count != n or _identity(path) != before:
+        raise InputChanged(
+            f"the file changed while it was loaded (is it still being written?): {count:,} of the {n:,} rows "
+            f"checked were read again", source=source)
 
 
 class _SigTerm(BaseException):
@@ -183,7 +205,8 @@ def load(
 
     The whole input is checked first (every error names its line and field):
     a bad line loads nothing, and an empty input is an error. Then it is read
-    again to write, so memory stays bounded whatever its size. Re-running the
+    again to write, so memory stays bounded whatever its size (a file that
+    changed meanwhile stops the load, unsealed). Re-running the
     same load adds nothing twice (jobs are keyed by their id); re-running it
     on a list it sealed is a no-op. SIGTERM stops it between two load ranges
     (exit 143); the same load run again finishes it.
@@ -200,6 +223,12 @@ def load(
         try:
             _load(obj, list_name, file, fmt, id_field, strict, mode, max_attempts, timeout_s, backoff_s, backoff_max_s,
                   delay_s, seal, chunk_size, workers, as_json, guard, wrote)
+        except InputChanged as e:
+            total = f" of {guard.total:,}" if guard.total is not None else ""
+            raise InputChanged(
+                f"{e.reason}; {written:,}{total} jobs were loaded into {list_name} before it was noticed",
+                source=e.source, line=e.line, field=e.field,
+            ) from None
         except _SigTerm:
             total = f" of {guard.total:,}" if guard.total is not None else ""
             raise Terminated(
@@ -260,7 +289,8 @@ def _load(
         # Only the rows the check saw: a line appended since (an exporter still writing
         # the file) would be loaded unchecked, or stop the load half-way.
         report = JobLists(backend).load(
-            list_name, Checked(guard.rows(itertools.islice(read(), n))), mode=mode, seal=seal, chunk_size=chunk_size,
+            list_name, Checked(guard.rows(_as_checked(itertools.islice(read(), n), n, path, before, source))),
+            mode=mode, seal=seal, chunk_size=chunk_size,
             max_attempts=max_attempts, workers=workers, progress=advance, timeout_s=timeout_s,
             backoff_s=backoff_s, backoff_max_s=backoff_max_s, delay_s=delay_s,
         )

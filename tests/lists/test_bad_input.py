@@ -289,3 +289,45 @@ def test_the_id_mode_chunk_size_an_error_names_fits_the_store(tmp_path, list_nam
     assert report.loaded == fits
     st = lists.status(list_name)
     assert (st.total, st.delayed, st.pending_ranges) == (fits, fits, 0)
+
+
+@pytest.mark.parametrize("change", ["cut short", "malformed line", "edited in place", "appended to"])
+def test_a_file_that_changes_while_it_is_loaded_is_reported_and_the_list_not_sealed(
+    tmp_path, store_url, registered, list_name, monkeypatch, change
+):
+    """The file is read twice: checked, then read again to write. Changed between the
+    two (an exporter still writing it, an edit), the load loaded a part of it as if
+    whole and exited 0 (with --seal, sealing the list without the rest), or reported a
+    line it found malformed with "nothing was loaded". Now it says the file changed,
+    how many jobs it loaded, and does not seal."""
+    path = tmp_path / "jobs.jsonl"
+    lines = [f'{{"id": "j{i:03d}", "payload": {{"i": {i}}}}}\n' for i in range(300)]
+    path.write_text("".join(lines))
+    real_load = JobLists.load
+
+    def changed_then_load(self, *args, **kwargs):
+        time.sleep(0.01)  # a modification time the check did not see
+        if change == "cut short":
+            path.write_text("".join(lines[:120]))
+        elif change == "malformed line":
+            path.write_text("".join([*lines[:200], '{"id": "j200", oops\n', *lines[201:]]))
+        elif change == "edited in place":
+            path.write_text("".join(lines).replace('"i": 7}', '"i": 8}'))
+        else:
+            path.write_text("".join(lines) + '{"id": "late"}\n')
+        return real_load(self, *args, **kwargs)
+
+    monkeypatch.setattr(JobLists, "load", changed_then_load)
+    out = CliRunner().invoke(main, ["--url", store_url, "load", list_name, str(path), "--seal", "--chunk-size", "50"])
+    assert out.exit_code == 1, out.output
+    lines_out = out.stderr.splitlines()
+    assert len(lines_out) == 1 and "Traceback" not in out.output, out.output
+    assert "jobs.jsonl" in lines_out[0] and "the file changed while it was loaded" in lines_out[0], out.output
+    # Ranges of 50: those complete before the change is noticed (the rest is not written).
+    loaded = {"cut short": 100, "malformed line": 200, "edited in place": 300, "appended to": 300}[change]
+    assert f"{loaded} of 300 jobs were loaded into" in lines_out[0], out.output
+    assert "nothing was loaded" not in lines_out[0], out.output
+    if change == "malformed line":
+        assert "line 201" in lines_out[0], out.output
+    status = JobLists(registered).status(list_name)
+    assert (status.sealed, status.total) == (False, loaded)
