@@ -239,8 +239,14 @@ def _read_csv(handle: Any, source: str, id_field: str, max_payload: int, strict:
         return
     except csv.Error as e:
         raise LoadError(f"malformed CSV header: {e}", source=source, line=1) from None
+    if not header:
+        raise LoadError("the first line is empty: it must be the header, naming the columns", source=source, line=1)
     if id_field not in header:
-        raise LoadError(f"no {id_field!r} column in the header {header!r}", source=source, line=1, field=id_field)
+        # At most 200 characters of it: a header of 100,000 columns made one error line of a megabyte.
+        raise LoadError(f"no {id_field!r} column in the header {header!r:.200}", source=source, line=1, field=id_field)
+    nul = next((h for h in header if "\x00" in h), None)
+    if nul is not None:  # a payload key: the client cut it short, and two such columns became one
+        raise LoadError(f"a column name: {NUL_WHY}", source=source, line=1, field=nul)
     if len(set(header)) != len(header):
         dup = next(h for h in header if header.count(h) > 1)
         raise LoadError("duplicate column in the header", source=source, line=1, field=dup)

@@ -42,6 +42,9 @@ CASES = [
     # The client cuts a string at a NUL: the store would keep less, or another job's id.
     ("nul.csv", "id,x\na,b\nc,d\x00e\n", ["nul.csv", "line 3", "field 'x'", "NUL character"]),
     ("nulid.csv", "id,x\na\x00b,c\n", ["nulid.csv", "line 2", "field 'id'", "NUL character"]),
+    # A column name is a payload key: two cut at their NUL became one, a value lost.
+    ("nulcol.csv", "id,x\x00a,x\x00b\nk,1,2\n", ["nulcol.csv", "line 1", "field 'x\\x00a'", "a column name", "NUL"]),
+    ("blankfirst.csv", "\nid,a\nk,1\n", ["blankfirst.csv", "line 1", "the first line is empty"]),
     ("nul.jsonl", '{"id": "a", "payload": {"k": ["x\\u0000y"]}}\n', ["nul.jsonl", "line 1", "field 'payload'", "NUL"]),
     ("nulkey.jsonl", '{"id": "a", "payload": {"k\\u0000": 1}}\n', ["nulkey.jsonl", "line 1", "NUL"]),
     ("nulid.jsonl", '{"id": "a\\u0000b"}\n', ["nulid.jsonl", "line 1", "field 'id'", "NUL character"]),
