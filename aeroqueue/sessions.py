@@ -288,7 +288,12 @@ class Session:
             flush_bits(self.backend)  # what this process acknowledged counts before it goes
             if release or self._lost.is_set():
                 # Leased jobs not acknowledged become claims of this session, given back below.
-                retry_in_doubt(lambda: claim_leases(self.backend, self.id), deadline_s=self.expiry_s)
+                # Within their time limit (the expiry), not past it as a reaper's: a reaper
+                # running meanwhile would expire them as overdue, an attempt counted (a
+                # job of one attempt dead, never run), where the release refunds it. A
+                # close that dies here leaves them to the session's reap.
+                tlim = max(1, round(self.expiry_s * 1000))
+                retry_in_doubt(lambda: claim_leases(self.backend, self.id, tlim=tlim), deadline_s=self.expiry_s)
             # Finding the claims is a query: while partitions migrate (a node came back)
             # it can fail for a while. Releasing is idempotent: repeated, up to the expiry.
             if self._lost.is_set():
@@ -528,12 +533,15 @@ def _take_for_reaping(backend: Backend, session_id: str, gen: int) -> bool:
     return False
 
 
-def claim_leases(backend: Backend, session_id: str, leases: dict[str, Any] | None = None) -> int:
+def claim_leases(
+    backend: Backend, session_id: str, leases: dict[str, Any] | None = None, *, tlim: int = PAST_LIMIT
+) -> int:
     """Turn a session's leases (the session record's, or those given) into claims of
-    that session under each lease's id, already past their time limit, and forget
-    them: a reaper then releases or expires them as it does any claim. A job acked,
-    or claimed by its holder, since the lease read it is left alone (the lease's
-    fence). Idempotent; returns the jobs claimed."""
+    that session under each lease's id, with a time limit of `tlim` ms (by default
+    already past: a reaper's), and forget them: a reaper then releases or expires
+    them as it does any claim. A job acked, or claimed by its holder, since the
+    lease read it is left alone (the lease's fence). Idempotent; returns the jobs
+    claimed."""
     if leases is None:
         rec = backend.get(keys.SESS_SET, session_id, bins=["leases"])
         leases = lease_entries.of_record(rec.bins) if rec is not None else {}
@@ -547,7 +555,7 @@ def claim_leases(backend: Backend, session_id: str, leases: dict[str, Any] | Non
                 idx: list[int], names: list[str] = names, lid: str = lid, att: int = att, at: Any = at, created: Any = created
             ) -> list[int]:
                 return hotpath.claim_leased(
-                    backend, [names[i] for i in idx], session_id, lid, PAST_LIMIT, att, at, backend.job_deadline(),
+                    backend, [names[i] for i in idx], session_id, lid, tlim, att, at, backend.job_deadline(),
                     created=created,
                 )
 

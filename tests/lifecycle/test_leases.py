@@ -1156,3 +1156,33 @@ def test_a_drop_with_no_reaper_running_ends_a_dead_sessions_lease(
     assert out.exit_code == 0, out.output
     assert json.loads(out.stdout)["jobs"] == 4
     assert registered.get(keys.SESS_SET, dead.id) is None, "reaped"
+
+
+def test_a_reaper_running_while_a_session_closes_does_not_expire_its_leased_jobs(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str, monkeypatch
+) -> None:
+    """A closing session turns its leases into claims, then releases them (the attempt
+    refunded). The claims were made already past their limit, as a reaper makes them:
+    a reaper running between the two expired them as overdue, an attempt counted, so
+    that with one attempt allowed they died without ever running."""
+    load(lists, list_name, 10, max_attempts=1)
+    session = Session.open(registered)
+    jobs = queue.reserve(list_name, session, 10, lease=True)
+    assert len(jobs) == 10 and all(j.lease is not None for j in jobs)
+    real_release = sessions.release_claims
+
+    def reaper_first(*args: Any, **kwargs: Any) -> int:
+        reap(registered)  # another worker's reaper, in the gap
+        return real_release(*args, **kwargs)
+
+    monkeypatch.setattr(sessions, "release_claims", reaper_first)
+    session.close()
+    recs = [record(registered, j) for j in jobs]
+    assert [(r["state"], r["att"]) for r in recs] == [("queued", 0)] * 10, recs
+    st = lists.status(list_name)
+    assert (st.dead, st.retry_pending) == (0, 10)
+    again = Session.open(registered)
+    try:
+        assert sorted(j.jid for j in queue.reserve(list_name, again, 10, lease=True)) == sorted(j.jid for j in jobs)
+    finally:
+        again.close()
