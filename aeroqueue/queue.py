@@ -320,6 +320,7 @@ class Queue:
         pending = acks  # the acks, until they have been sent
         seen = set() if seen is None else seen
         these: list[tuple[Job, Any]] = []
+        stamp: int | None = None  # of the list the takes took from
         try:
             while len(got) < count:
                 now, fresh, took = None, range(0), time.monotonic()
@@ -327,6 +328,12 @@ class Queue:
                     (taken, tlim), first = first, None
                 else:
                     taken, tlim, now, fresh, created = self._take(list_name, count - len(got))
+                    if created is not None and created != stamp:
+                        if stamp is not None:
+                            # The list was dropped and loaded again between two takes:
+                            # the tokens seen were the old list's, these are other jobs.
+                            seen.clear()
+                        stamp = created
                 # The retry store may hold a token twice (harmless for anyone else:
                 # the claim refuses a job that is not queued). Under one request id
                 # the second claim would answer 'ok' again, as a repeated call does,
@@ -580,6 +587,10 @@ class Queue:
             # The popped ones are leased; the others claimed after them.
             recs = [(-1, None)] * len(tokens)
         for token, (code, b) in zip(tokens, recs, strict=True):
+            if code == 0 and b is not None and created is not None and b.get("c") not in (None, created):
+                # Another list of the name, dropped and loaded again since the take:
+                # its job, which its own takes hand out, is nothing of this one's.
+                continue
             # A kicked job may be in the retry store too (aq_job_v1.lua, `kicked`): a
             # lease would not fence that copy, a claim does.
             if code == 0 and b is not None and b.get("state") == "queued" and type(b.get("att")) is int \

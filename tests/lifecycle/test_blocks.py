@@ -409,3 +409,34 @@ def test_a_bury_in_id_mode_writes_no_block(registered: Backend, lists: JobLists,
     load(lists, list_name, 10, mode="ids")
     assert lists.bury(list_name, "j3", "not wanted") == "dead"
     assert entries(registered, list_name, 0) is None
+
+
+def test_a_leased_reservation_across_a_drop_and_a_load_hands_out_each_new_job_once(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session, monkeypatch
+) -> None:
+    """A reservation paused between its take and its pop while the list is dropped and
+    loaded again: the pop finds no entry of the take's list, and the records it read
+    instead are the new list's. It leased them (or claimed them, its lease late) under
+    the old take, and the new list's own takes, trusting their block entries, handed
+    them out a second time. Now only the new list's takes hand them out: each once."""
+    load(lists, list_name, 20, tag="old")
+    real_pop = blocks.pop
+    paused = []
+
+    def dropped_and_loaded_first(*args: Any, **kwargs: Any) -> dict[int, list[Any]]:
+        if not paused:
+            paused.append(True)
+            lists.drop(list_name, grace_s=0)
+            load(lists, list_name, 20, tag="new")
+        return real_pop(*args, **kwargs)
+
+    monkeypatch.setattr(blocks, "pop", dropped_and_loaded_first)
+    handed: list[Any] = []
+    while batch := queue.reserve(list_name, session, 20, lease=True):
+        handed += batch
+    assert paused
+    assert sorted((j.jid, j.payload["tag"]) for j in handed) == sorted((f"j{i}", "new") for i in range(20))
+    assert queue.complete_many(handed) == []
+    queue.flush()
+    assert states(registered, list_name, 20) == {f"j{i}": "done" for i in range(20)}
+    assert lists.status(list_name).done == 20
