@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -202,6 +203,18 @@ def _sync_process(store_url: str, mysql_url: str, list_name: str, **popen: Any) 
     )
 
 
+def _stderr_after(proc: subprocess.Popen, act: Callable[[], None], timeout_s: float) -> str:
+    """`act()` on the running command, then its stderr once it ended; its process
+    group is killed if it did not (or `act` failed)."""
+    try:
+        act()
+        _, err = proc.communicate(timeout=timeout_s)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return err
+
+
 @pytest.mark.parametrize("how", ["group", "jvm ends first"])
 def test_ctrl_c_during_a_run_ends_it_with_one_line_and_a_rerun_copies_each_job_once(
     registered, java, store_url, list_name, mysql_db, mysql_url, how
@@ -304,16 +317,15 @@ def test_ctrl_c_while_the_spark_context_starts_ends_with_one_line(registered, ja
     _spark_only(registered)
     make_jobs(registered, list_name, done=30)
     proc = _sync_process(store_url, mysql_url, list_name)
-    try:
+
+    def interrupt() -> None:
         wait_for("the driver connected to its JVM",
                  lambda: proc.poll() is not None or _driver_connected_to_its_jvm(proc), 60, step_s=0.01)
         assert proc.poll() is None, "the command ended before it could be interrupted"
         time.sleep(0.3)  # into the start's py4j calls (it takes a second or so)
         os.killpg(proc.pid, signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+
+    err = _stderr_after(proc, interrupt, 60)
     assert proc.returncode == 130, err[-3000:]
     assert "Traceback" not in err and "reentrant" not in err and "ERROR:" not in err, err[-3000:]
     assert err.rstrip().splitlines()[-1] == "error: interrupted", err[-3000:]
@@ -430,13 +442,12 @@ def test_sigterm_to_the_group_while_the_jvm_starts_stops_the_schedule_with_statu
          "--partitions", "4", "--json", "--every", "1h"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )
-    try:
+
+    def stop() -> None:
         _await_in_group(proc, b"org.apache.spark.deploy.SparkSubmit", "the JVM", 120)
         os.killpg(proc.pid, signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+
+    err = _stderr_after(proc, stop, 120)
     assert proc.returncode == 0, err[-3000:]
     assert "Traceback" not in err and " ERROR " not in err, err[-3000:]
     assert registered.get(keys.LOCK_SET, parse_target(mysql_url).lease_name) is None, "no lease left held"
