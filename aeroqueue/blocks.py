@@ -51,7 +51,6 @@ from collections import defaultdict
 from typing import Any
 
 import aerospike
-from aerospike_helpers import expressions as exp
 from aerospike_helpers.operations import expression_operations as eo
 from aerospike_helpers.operations import map_operations as mo
 from aerospike_helpers.operations import operations as op
@@ -60,7 +59,7 @@ from . import keys, transitions
 from .backends import Backend, retry_in_doubt
 from .backends.sizes import packed_size, record_size
 from .errors import AeroqueueError, FilteredOut, ListNotFound, RecordNotFound, StaleRequest
-from .hotpath import SERVER_NOW, stamped, stamped_in_time
+from .hotpath import stamped, stamped_in_time, until
 
 log = logging.getLogger(__name__)
 
@@ -166,8 +165,7 @@ def forget(backend: Backend, list_name: str, token: int, created: int, *, fresh:
             # creates are); refused past it (only a call held up that long), it is
             # sent again with a new one.
             deadline = backend.job_deadline()
-            stamp = (op.write("c", created) if deadline is None else eo.expression_write(
-                "c", exp.Cond(exp.LE(SERVER_NOW, deadline), created, exp.Unknown()).compile()))
+            stamp = op.write("c", created) if deadline is None else eo.expression_write("c", until(deadline, created))
             try:
                 backend.operate(keys.BLOCK_SET, key, [stamp, put], expression=stamped_in_time(created, deadline),
                                 update_only=not fresh)

@@ -54,6 +54,13 @@ def in_time(deadline: int) -> Any:
     return exp.LE(SERVER_NOW, deadline)
 
 
+def until(deadline: int, value: Any) -> Any:
+    """An expression worth `value` until the server's clock passes `deadline`, past it
+    unknown: a write of it (or a read in a write's operations) then fails with code 26
+    and the whole record is left as it was (a create made nowhere)."""
+    return exp.Cond(in_time(deadline), value, exp.Unknown()).compile()
+
+
 def stamped(created: int) -> Any:
     """A filter: a record stamped (bin "c") by the list of the name made at `created`."""
     return stamped_in_time(created, None)

@@ -45,7 +45,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import aerospike
-from aerospike_helpers import expressions as exp
 from aerospike_helpers.batch.records import BatchRecords, Write
 from aerospike_helpers.operations import expression_operations as eo
 from aerospike_helpers.operations import map_operations as mo
@@ -66,7 +65,7 @@ from .errors import (
     RecordExists,
     RecordNotFound,
 )
-from .hotpath import SERVER_NOW, ours, stamped
+from .hotpath import ours, stamped, until
 from .loading import RECORD_OVERHEAD, Checked, JobSpec, from_iterable
 
 if TYPE_CHECKING:
@@ -607,7 +606,7 @@ class _Stamp:
     def refresh(self) -> None:
         deadline = self.b.job_deadline()
         if deadline is not None:
-            self.op["expr"] = exp.Cond(exp.LE(SERVER_NOW, deadline), self.created, exp.Unknown()).compile()
+            self.op["expr"] = until(deadline, self.created)
 
 
 class InTime:
@@ -632,7 +631,7 @@ class InTime:
     def refresh(self) -> None:
         deadline = self.b.job_deadline()
         if deadline is not None:
-            self.op["expr"] = exp.Cond(exp.LE(SERVER_NOW, deadline), 1, exp.Unknown()).compile()
+            self.op["expr"] = until(deadline, 1)
 
 
 def batch_write(
