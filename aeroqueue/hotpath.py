@@ -100,8 +100,14 @@ def _bind(template: list[tuple], values: dict[Any, Any]) -> list[tuple]:
     ]
 
 
-_QUEUED = {d: _template([exp.Eq(exp.StrBin("state"), "queued")], d) for d in (False, True)}
 _STAMP = -0x3C3C3C3C3C3C
+# Of the take's list: a record without a stamp (written before stamps were), or with its
+# stamp (aq_job_v1.lua, `claim`'s `created`).
+_OF_LIST = exp.Or(exp.Not(exp.BinExists("c")), exp.Eq(exp.IntBin("c"), _STAMP))
+_QUEUED = {
+    (d, s): _template([exp.Eq(exp.StrBin("state"), "queued"), *([_OF_LIST] if s else [])], d)
+    for d in (False, True) for s in (False, True)
+}
 _STAMPED = {d: _template([exp.Eq(exp.IntBin("c"), _STAMP)], d) for d in (False, True)}
 
 
@@ -130,11 +136,13 @@ def _holder(with_rid: bool, with_deadline: bool) -> list[tuple]:
 _HOLDER = {(r, d): _holder(r, d) for r in (False, True) for d in (False, True)}
 
 
-def queued_filter(deadline: int | None = None) -> list[tuple]:
-    """True for a queued job (and, with a deadline, before it by the server's clock)."""
-    if deadline is None:
-        return _QUEUED[False]
-    return _bind(_QUEUED[True], {_DEADLINE: deadline})
+def queued_filter(deadline: int | None = None, created: int | None = None) -> list[tuple]:
+    """True for a queued job (with a deadline, before it by the server's clock; with
+    the take's list stamp `created`, of that list or unstamped)."""
+    template = _QUEUED[deadline is not None, created is not None]
+    if deadline is None and created is None:
+        return template
+    return _bind(template, {_DEADLINE: deadline, _STAMP: created})
 
 
 def holder_filter(sess: str, rid: str, deadline: int | None = None) -> list[tuple]:
@@ -190,13 +198,14 @@ def _complete_common(sess: str) -> list[dict]:
 
 
 def claim(
-    backend: Backend, list_name: str, token: int, sess: str, rid: str, tlim: int, deadline: int | None = None
+    backend: Backend, list_name: str, token: int, sess: str, rid: str, tlim: int, deadline: int | None = None,
+    created: int | None = None,
 ) -> dict[str, Any] | None:
     """The claim's answer, or None when the UDF must decide."""
     try:
         rec = backend.operate(
             keys.JOB_SET, keys.job_name(list_name, token), claim_ops(sess, rid, tlim),
-            expression=queued_filter(deadline), update_only=True,
+            expression=queued_filter(deadline, created), update_only=True,
         )
     except (FilteredOut, RecordNotFound):
         return None
@@ -204,12 +213,15 @@ def claim(
 
 
 def claim_many(
-    backend: Backend, names: list[str], sess: str, rid: str, tlim: int, deadline: int | None = None
+    backend: Backend, names: list[str], sess: str, rid: str, tlim: int, deadline: int | None = None,
+    created: int | None = None,
 ) -> list[tuple[int, dict[str, Any] | None]]:
     """One batch call; per record (0, the bins a claim answers: `claimed` shapes them
     as the UDF's answer), or (its code, None): `TO_UDF`, the UDF decides; others, in
-    doubt or busy, as for any batch."""
-    return backend.batch_same(keys.JOB_SET, names, claim_ops(sess, rid, tlim), expression=queued_filter(deadline))
+    doubt or busy, as for any batch. `created`: the take's list stamp (`queued_filter`)."""
+    return backend.batch_same(
+        keys.JOB_SET, names, claim_ops(sess, rid, tlim), expression=queued_filter(deadline, created)
+    )
 
 
 def complete(backend: Backend, name: str, sess: str, rid: str, result: Any, deadline: int | None = None) -> bool:

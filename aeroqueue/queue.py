@@ -247,22 +247,24 @@ class Queue:
         if out["st"] == "stale":  # nothing was taken: the loop's take repeats it
             return self._reserve(name, sess, 1, [])[0]
         if out["st"] != "ok" or out["retry"] or out["n"] != 1:
-            return self._reserve(name, sess, 1, [], first=self._tokens(name, 1, out)[:2])[0]
-        token, tlim, rid = out["start"], out.get("tlim") or 300_000, _request_id()
+            tokens, tlim, _, _, created = self._tokens(name, 1, out)
+            return self._reserve(name, sess, 1, [], first=(tokens, tlim, created))[0]
+        token, tlim, rid, created = out["start"], out.get("tlim") or 300_000, _request_id(), out.get("c")
         try:
             answer = backend.apply(
-                keys.JOB_SET, keys.job_name(name, token), keys.JOB_MOD, "claim", sess, rid, tlim, backend.job_deadline()
+                keys.JOB_SET, keys.job_name(name, token), keys.JOB_MOD, "claim", sess, rid, tlim, backend.job_deadline(),
+                created,
             )
         except IN_DOUBT:
             answer = None
         if answer is None or transitions.is_stale(answer):
-            answer = self._claim_one(name, sess, rid, tlim, token)
+            answer = self._claim_one(name, sess, rid, tlim, token, created)
         if answer and answer["st"] == "ok":
             return [Job(list=name, token=token, jid=answer["jid"], payload=answer.get("payload"),
                         attempt=answer["att"], session=sess, timeout_s=tlim / 1000, rid=rid, toucher=self.touch,
                         created=answer.get("c"))]
         self._reschedule(name, [answer])
-        return self._reserve(name, sess, 1, [], rid=rid, seen={token})[0]
+        return self._reserve(name, sess, 1, [], rid=rid, seen={token}, stamp=created)[0]
 
     def complete_and_reserve(
         self, done: Sequence[tuple[Job, Any]], list_name: str, session: Session | str, count: int = 1
@@ -304,13 +306,14 @@ class Queue:
 
     def _reserve(
         self, list_name: str, session: Session | str, count: int, acks: list[tuple[Job, Any]], *,
-        first: tuple[list[int], int] | None = None, rid: str | None = None, seen: set[int] | None = None,
-        lease: bool = False,
+        first: tuple[list[int], int, int | None] | None = None, rid: str | None = None,
+        seen: set[int] | None = None, stamp: int | None = None, lease: bool = False,
     ) -> tuple[list[Job], list[Job]]:
         """The general reservation loop. `first`: tokens already taken (and their time
-        limit), claimed before any new take; `rid` and `seen`: the request id and the
-        tokens a caller already tried under it (`_reserve_one`); `lease`: lease the
-        jobs (`reserve`), `session` being a `Session`."""
+        limit and list stamp), claimed before any new take; `rid`, `seen` and `stamp`:
+        the request id, the tokens a caller already tried under it (`_reserve_one`) and
+        the stamp of the list they were taken from; `lease`: lease the jobs (`reserve`),
+        `session` being a `Session`."""
         if count < 1:
             raise ValueError(f"count must be at least 1, not {count}")
         sess = session if isinstance(session, str) else session.claim_id()
@@ -320,20 +323,19 @@ class Queue:
         pending = acks  # the acks, until they have been sent
         seen = set() if seen is None else seen
         these: list[tuple[Job, Any]] = []
-        stamp: int | None = None  # of the list the takes took from
         try:
             while len(got) < count:
                 now, fresh, took = None, range(0), time.monotonic()
                 if first is not None:
-                    (taken, tlim), first = first, None
+                    (taken, tlim, created), first = first, None
                 else:
                     taken, tlim, now, fresh, created = self._take(list_name, count - len(got))
-                    if created is not None and created != stamp:
-                        if stamp is not None:
-                            # The list was dropped and loaded again between two takes:
-                            # the tokens seen were the old list's, these are other jobs.
-                            seen.clear()
-                        stamp = created
+                if created is not None and created != stamp:
+                    if stamp is not None:
+                        # The list was dropped and loaded again between two takes:
+                        # the tokens seen were the old list's, these are other jobs.
+                        seen.clear()
+                    stamp = created
                 # The retry store may hold a token twice (harmless for anyone else:
                 # the claim refuses a job that is not queued). Under one request id
                 # the second claim would answer 'ok' again, as a repeated call does,
@@ -347,7 +349,7 @@ class Queue:
                     assert isinstance(session, Session)
                     got.extend(self._lease(list_name, session, rid, tlim, now, tokens, fresh, took, created))
                 else:
-                    got.extend(self._claim(list_name, sess, rid, tlim, tokens, these, got, lost))
+                    got.extend(self._claim(list_name, sess, rid, tlim, tokens, these, got, lost, created))
                 if not taken:
                     break
         except AeroqueueError as e:
@@ -445,14 +447,16 @@ class Queue:
 
     def _claim(
         self, name: str, sess: str, rid: str, tlim: int, tokens: list[int], acks: list[tuple[Job, Any]],
-        earlier: list[Job], lost: list[Job],
+        earlier: list[Job], lost: list[Job], created: int | None = None,
     ) -> list[Job]:
+        """Claim `tokens` (taken from the list of stamp `created`: a job of another list
+        of the name is not claimed) and send `acks` with them; the jobs claimed."""
         jobs: list[Job] = []
         acked: list[BatchResult] = []
         if acks:
             calls = [(keys.job_name(name, t), [sess, rid, tlim]) for t in tokens]
             try:
-                results = self._batch(calls, acks)
+                results = self._batch(calls, acks, created)
             except IN_DOUBT:
                 # The whole batch's answer was lost (a node died mid-call): each claim
                 # and ack is repeated alone below, which is safe for both.
@@ -467,12 +471,13 @@ class Queue:
             # it alone. The same request id makes a claim that did happen answer 'ok' again.
             # The acks' answers are in: whatever fails here, they are still decided below.
             answers += self._claim_alone(
-                name, sess, rid, tlim, [t for t, r in zip(tokens, results, strict=True) if not _answered(r)], keep=True
+                name, sess, rid, tlim, [t for t, r in zip(tokens, results, strict=True) if not _answered(r)],
+                created, keep=True,
             )
         elif len(tokens) == 1:
-            answers = [self._claim_one(name, sess, rid, tlim, tokens[0])]
+            answers = [self._claim_one(name, sess, rid, tlim, tokens[0], created)]
         else:
-            jobs, answers = self._claim_many(name, sess, rid, tlim, tokens)
+            jobs, answers = self._claim_many(name, sess, rid, tlim, tokens, created)
         try:
             self._reschedule(name, answers)
         except AeroqueueError as e:
@@ -505,7 +510,9 @@ class Queue:
             raise
         return jobs
 
-    def _claim_many(self, name: str, sess: str, rid: str, tlim: int, tokens: list[int]) -> tuple[list[Job], list[Any]]:
+    def _claim_many(
+        self, name: str, sess: str, rid: str, tlim: int, tokens: list[int], created: int | None
+    ) -> tuple[list[Job], list[Any]]:
         """Claims of many tokens in one batch of native operations (`hotpath`): the jobs
         claimed, and the UDF's answers for every token the batch left undecided. Jobs are
         built straight from the bins the batch read: on the batch path, an intermediate
@@ -513,7 +520,7 @@ class Queue:
         backend = self.backend
         try:
             out = hotpath.claim_many(
-                backend, keys.job_names(name, tokens), sess, rid, tlim, backend.job_deadline()
+                backend, keys.job_names(name, tokens), sess, rid, tlim, backend.job_deadline(), created
             )
         except IN_DOUBT:  # the whole answer was lost: each is claimed alone below
             out = [(-1, None)] * len(tokens)
@@ -522,9 +529,11 @@ class Queue:
         # answer lost: claimed alone, where the same request id makes a claim that did
         # happen answer 'ok' again.
         undecided = [t for t, (code, b) in zip(tokens, out, strict=True) if code != 0 or b is None]
-        return jobs, self._claim_alone(name, sess, rid, tlim, undecided, keep=bool(jobs))
+        return jobs, self._claim_alone(name, sess, rid, tlim, undecided, created, keep=bool(jobs))
 
-    def _claim_alone(self, name: str, sess: str, rid: str, tlim: int, tokens: list[int], *, keep: bool) -> list[Any]:
+    def _claim_alone(
+        self, name: str, sess: str, rid: str, tlim: int, tokens: list[int], created: int | None, *, keep: bool
+    ) -> list[Any]:
         """`_claim_one` of each token: the answers. A claim that fails raises, unless
         something is to be kept (`keep`: jobs claimed or acks decided by the same call)
         or an earlier token here was answered: then the answers so far are returned.
@@ -535,7 +544,7 @@ class Queue:
         answers = []
         for t in tokens:
             try:
-                answers.append(self._claim_one(name, sess, rid, tlim, t))
+                answers.append(self._claim_one(name, sess, rid, tlim, t, created))
             except AeroqueueError as e:
                 if not keep and not answers:
                     raise
@@ -583,7 +592,7 @@ class Queue:
         except AeroqueueError:
             if not leased:
                 # Nothing is leased: claimed instead, whose batch handles every failure.
-                return self._claim(name, sess, rid, tlim, others + tokens, [], [], [])
+                return self._claim(name, sess, rid, tlim, others + tokens, [], [], [], created)
             # The popped ones are leased; the others claimed after them.
             recs = [(-1, None)] * len(tokens)
         for token, (code, b) in zip(tokens, recs, strict=True):
@@ -625,7 +634,7 @@ class Queue:
                 log.warning("lease not recorded: jobs claimed instead", extra={
                     "event": "lease_fallback", "list": name, "jobs": len(leased), "error": str(e)})
                 session.settle(lid)
-                return self._claim(name, sess, lid, tlim, [b["token"] for b in leased] + others, [], [], [])
+                return self._claim(name, sess, lid, tlim, [b["token"] for b in leased] + others, [], [], [], created)
             with self._lock:
                 # Leases whose jobs someone else acknowledged (or nobody did) end here,
                 # not in this dict: the reaper ends them on the server.
@@ -635,7 +644,7 @@ class Queue:
             jobs = self._jobs(name, sess, lid, tlim, leased, until=until)
         if others:
             try:
-                jobs += self._claim(name, sess, lid, tlim, others, [], jobs, [])
+                jobs += self._claim(name, sess, lid, tlim, others, [], jobs, [], created)
             except AeroqueueError as e:
                 if not jobs:
                     raise
@@ -730,19 +739,26 @@ class Queue:
             append(job)
         return jobs
 
-    def _batch(self, claims: list[tuple[str, list[Any]]], acks: list[tuple[Job, Any]]) -> list[BatchResult]:
-        """Claims and acks in one batch call: the claims' results, then the acks'."""
+    def _batch(
+        self, claims: list[tuple[str, list[Any]]], acks: list[tuple[Job, Any]], created: int | None
+    ) -> list[BatchResult]:
+        """Claims (of the list of stamp `created`) and acks in one batch call: the claims'
+        results, then the acks'."""
         deadline = self.backend.job_deadline()
-        calls = [(n, "claim", [*args, deadline]) for n, args in claims]
+        calls = [(n, "claim", [*args, deadline, created]) for n, args in claims]
         calls += [(job.name, "complete", [job.session, {job.token: result}, job.rid, deadline]) for job, result in acks]
         return self.backend.batch_udfs(keys.JOB_SET, calls, keys.JOB_MOD)
 
-    def _claim_one(self, name: str, sess: str, rid: str, tlim: int, token: int) -> Any:
+    def _claim_one(self, name: str, sess: str, rid: str, tlim: int, token: int, created: int | None) -> Any:
         """One claim, repeated while its answer is in doubt (a timeout, a node lost)
         until the deadline. The UDF, not the native operation: for one record the
         operation costs the client more CPU than the UDF costs the server
-        (`hotpath`), so the native form is kept for batches."""
-        return self._job_udf(keys.job_name(name, token), "claim", sess, rid, tlim)
+        (`hotpath`), so the native form is kept for batches. `created`: the stamp of
+        the list the token was taken from (`_claim`)."""
+        return transitions.job_udf(
+            self.backend, keys.job_name(name, token), "claim", sess, rid, tlim, deadline_s=self.busy_deadline_s,
+            created=created,
+        )
 
     def _reschedule(self, name: str, answers: list[Any]) -> None:
         """Delayed jobs reached before their time (a recovered load range, the sweeper,

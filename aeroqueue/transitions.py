@@ -472,7 +472,7 @@ def is_stale(answer: Any) -> bool:
 
 def job_udf(
     backend: Backend, job_name: str, function: str, *args: Any, deadline_s: float = 5.0, busy_s: float | None = None,
-    tx: str | None = None, off: str | None = None,
+    tx: str | None = None, off: str | None = None, created: int | None = None,
 ) -> Any:
     """A job UDF that makes or ends a claim, or buries a job, given every argument up
     to its request id (a bury's: its reason; trailing ones left out are sent as nil):
@@ -482,10 +482,14 @@ def job_udf(
     is retried for `busy_s` (default: `deadline_s`). `tx`: the id of a fail, expire or
     release (`reaper_tx`, `holder_mark`), and `off` (with a `tx`): the mark it leaves on
     the job, which the caller offers itself right after (aq_job_v1.lua, `end_claim`);
-    both after the deadline, so that a job module that takes neither ignores them."""
+    both after the deadline, so that a job module that takes neither ignores them.
+    `created` (a claim's only, after its deadline too): the stamp of the list the
+    token was taken from; a job of another list of the name answers 'other'."""
     if off is not None and tx is None:
         raise ValueError(f"{keys.JOB_MOD}.{function}: an offer mark (off) needs the call's id (tx)")
-    extra = () if tx is None else (tx,) if off is None else (tx, off)
+    if created is not None and (function != "claim" or tx is not None):
+        raise ValueError(f"{keys.JOB_MOD}.{function}: only a claim takes the list's stamp (created)")
+    extra = (created,) if created is not None else () if tx is None else (tx,) if off is None else (tx, off)
 
     return retry_in_doubt(
         lambda: job_once(backend, job_name, function, *args, extra=extra, busy_s=deadline_s if busy_s is None else busy_s),

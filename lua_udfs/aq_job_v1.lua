@@ -192,17 +192,25 @@ local function late(rec, t)
   return dl ~= nil and t > dl
 end
 
--- claim(rec, sess, rid, tlim, deadline) -> map{st='ok', jid, payload, att, token, dl, c}
---                              | map{st='delayed', due, wait, token, c} (wait: ms until due)
---                              | map{st='missing'|'void'|'claimed'|'done'|'dead'|'stale'}
+-- claim(rec, sess, rid, tlim, deadline, created)
+--     -> map{st='ok', jid, payload, att, token, dl, c}
+--      | map{st='delayed', due, wait, token, c} (wait: ms until due)
+--      | map{st='other', c}
+--      | map{st='missing'|'void'|'claimed'|'done'|'dead'|'stale'}
 --   queued (or delayed and due) -> claimed under session `sess`, with a time
 --   limit of `tlim` ms; att + 1. The same call repeated (same sess and rid: its
 --   first answer was lost) answers 'ok' again, so a claim in doubt can be
 --   retried instead of being stranded. c: the list's stamp (its `created`), which a
 --   job offered again carries to its list (aq_list_v1's push_retry and schedule).
-function claim(rec, sess, rid, tlim, deadline)
+--   `created`: the stamp of the list the token was taken from (nil: not checked).
+--   A record of another stamp is another list of the name, dropped and loaded
+--   again since the take: 'other', unclaimed. Its own takes hand it out, leased
+--   from its block entry without a claim, so a claim here would run it twice.
+--   A record without a stamp (written before stamps were) is claimed.
+function claim(rec, sess, rid, tlim, deadline, created)
   if stale(deadline) then return map{st = 'stale'} end
   if not aerospike:exists(rec) then return map{st = 'missing'} end
+  if created ~= nil and rec['c'] ~= nil and rec['c'] ~= created then return map{st = 'other', c = rec['c']} end
   local state = rec['state']
   if state == 'claimed' and rec['sess'] == sess and rid ~= nil and rec['rid'] == rid then
     return map{st = 'ok', jid = rec['jid'], payload = rec['payload'], att = rec['att'], token = rec['token'], dl = rec['dl'],

@@ -8,6 +8,7 @@ import threading
 import time
 from typing import Any
 
+import pytest
 from aerospike_helpers.operations import operations as op
 
 from aeroqueue import blocks, keys
@@ -440,3 +441,51 @@ def test_a_leased_reservation_across_a_drop_and_a_load_hands_out_each_new_job_on
     queue.flush()
     assert states(registered, list_name, 20) == {f"j{i}": "done" for i in range(20)}
     assert lists.status(list_name).done == 20
+
+
+@pytest.mark.parametrize("how", ["one", "batch", "batch with acks"])
+def test_a_claiming_reservation_across_a_drop_and_a_load_hands_out_each_new_job_once(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session, monkeypatch, how: str
+) -> None:
+    """A reservation that claims (one job; a batch without a lease; a batch sent with
+    acks), paused between its take and its claims while the list is dropped and loaded
+    again: its claims found the new list's records queued at the tokens it took and
+    claimed them, and the new list's leased reservations, trusting their block entries,
+    handed them out a second time (their acks refused). The claims carry the take's
+    list stamp now: a job of another list of the name is not claimed, and each of the
+    new list's jobs is handed out once."""
+    load(lists, list_name, 20, tag="old")
+    other = f"{list_name}-acked"
+    load(lists, other, 1)
+    acks = [(queue.reserve(other, session)[0], "r")] if how == "batch with acks" else []
+    paused: list[str] = []
+
+    def dropped_and_loaded_after_the_take(real: Any) -> Any:
+        def call(set_name: str, name: str, module: str, function: str, *args: Any, **kw: Any) -> Any:
+            out = real(set_name, name, module, function, *args, **kw)
+            if function == "take" and name == list_name and not paused:
+                paused.append(function)
+                lists.drop(list_name, grace_s=0)
+                load(lists, list_name, 20, tag="new")
+            return out
+        return call
+
+    monkeypatch.setattr(registered, "apply", dropped_and_loaded_after_the_take(registered.apply))
+    monkeypatch.setattr(registered, "udf", dropped_and_loaded_after_the_take(registered.udf))
+    if how == "one":
+        claimed = queue.reserve(list_name, session)
+    else:
+        claimed, lost = queue.complete_and_reserve(acks, list_name, session, 5)
+        assert lost == []
+    assert paused
+    handed = list(claimed)
+    while batch := queue.reserve(list_name, session, 20, lease=True):
+        handed += batch
+    assert sorted((j.jid, j.payload["tag"]) for j in handed) == sorted((f"j{i}", "new") for i in range(20))
+    assert all(j.lease is None for j in claimed)
+    assert queue.complete_many(handed) == []
+    queue.flush()
+    assert states(registered, list_name, 20) == {f"j{i}": "done" for i in range(20)}
+    assert lists.status(list_name).done == 20
+    if acks:
+        assert states(registered, other, 1) == {"j0": "done"}
