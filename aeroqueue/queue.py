@@ -400,7 +400,7 @@ class Queue:
         # other mode would be served by the mode cached for the first (ID mode: never
         # popped, its jobs never handed out). A list module older than that: the cache.
         if len(tokens) < k and (out.get("mode") or self._mode(name)) == "ids":
-            tokens += self._pop_ids(name, k - len(tokens), out["cursor"], out["pubs"], held=len(tokens))
+            tokens += self._pop_ids(name, k - len(tokens), out["cursor"], out["pubs"], out.get("c"), held=len(tokens))
         return tokens, out.get("tlim") or 300_000, out.get("now"), range(start, start + n), out.get("c")
 
     def _mode(self, name: str) -> str:
@@ -409,9 +409,14 @@ class Queue:
             mode = self._modes[name] = self.lists.header(name)["mode"]
         return mode
 
-    def _pop_ids(self, name: str, k: int, cursor: int, pubs: int, *, held: int = 0) -> list[int]:
+    def _pop_ids(
+        self, name: str, k: int, cursor: int, pubs: int, created: int | None, *, held: int = 0
+    ) -> list[int]:
         """ID mode: pop from the chunk at the cursor; move the cursor past drained chunks.
-        `held`: how many tokens the take gave this reservation already (its retry store's).
+        `created`: the stamp of the list the take read the cursor from; a chunk (or list
+        record) of another list of the name, dropped and loaded again since, is left to
+        that list's own takes. `held`: how many tokens the take gave this reservation
+        already (its retry store's).
 
         A pop is not repeated when its answer is lost: a second pop would take other IDs.
         The IDs it took have left their chunk unclaimed, their jobs `queued`: a sweep
@@ -426,17 +431,22 @@ class Queue:
                 # A 'stale' pop did nothing: sent again, with a fresh deadline.
                 pop = functools.partial(
                     transitions.ids_once, self.backend, keys.chunk_name(name, cursor), "pop", k - len(got),
-                    busy_s=self.busy_deadline_s,
+                    busy_s=self.busy_deadline_s, extra=(created,),
                 )
                 try:
-                    got.extend(transitions.retry_stale(pop, deadline_s=self.busy_deadline_s))
+                    popped = transitions.retry_stale(pop, deadline_s=self.busy_deadline_s)
                 except BackendTimeout as e:
                     self._answer_lost(e)
                     raise
+                if popped == "other":  # the name's list since the take: its chunks are its own
+                    break
+                got.extend(popped)
                 if len(got) < k:
                     seen = cursor
-                    cursor = transitions.list_udf(self.backend, name, "advance", seen, deadline_s=self.busy_deadline_s)
-                    if cursor <= seen:  # the list record is gone
+                    cursor = transitions.list_udf(
+                        self.backend, name, "advance", seen, deadline_s=self.busy_deadline_s, after=(created,)
+                    )
+                    if cursor <= seen:  # the list record is gone, or another list's
                         break
         except AeroqueueError as e:
             if not got and not held:

@@ -268,14 +268,18 @@ def list_write(backend: Backend, list_name: str, function: str, *args: Any) -> A
     return retry_in_doubt(lambda: list_once(backend, list_name, function, *args))
 
 
-def list_udf(backend: Backend, list_name: str, function: str, *args: Any, deadline_s: float = 5.0) -> Any:
+def list_udf(
+    backend: Backend, list_name: str, function: str, *args: Any, deadline_s: float = 5.0, after: tuple[Any, ...] = ()
+) -> Any:
     """A list UDF a worker sends (`take`, `advance`) with a fresh `Backend.job_deadline`
     as its last argument, repeated while the server refuses it as run past that
     deadline ('stale': nothing was done), until `deadline_s`; then `StaleRequest`. A
     lost answer is not repeated here: a take may have landed (the sweep finds its
     tokens). The deadline keeps a frozen node's late run of the call from rolling
-    the list record back (aq_list_v1.lua, header)."""
-    return retry_stale(lambda: list_once(backend, list_name, function, *args, busy_s=deadline_s), deadline_s=deadline_s)
+    the list record back (aq_list_v1.lua, header). `after`: as for `list_once`."""
+    return retry_stale(
+        lambda: list_once(backend, list_name, function, *args, busy_s=deadline_s, after=after), deadline_s=deadline_s
+    )
 
 
 def retry_stale(fn: Callable[[], T], *, deadline_s: float = 5.0) -> T:
@@ -547,11 +551,14 @@ def sess_once(backend: Backend, session_id: str, function: str, *args: Any, busy
 _IDS_ARGS = {"pop": 1, "remove": 1}
 
 
-def ids_once(backend: Backend, chunk: str, function: str, *args: Any, busy_s: float = 5.0) -> Any:
-    """One call of an ID store UDF on chunk record `chunk` (`_once`). Without its
-    deadline a frozen node's late run would put the chunk back as it had it: IDs popped
-    meanwhile handed out again, a kicked job's ID back in it (aq_ids_v1.lua, header)."""
-    return _once(backend, keys.IDS_SET, chunk, keys.IDS_MOD, _IDS_ARGS, function, args, busy_s)
+def ids_once(
+    backend: Backend, chunk: str, function: str, *args: Any, busy_s: float = 5.0, extra: tuple[Any, ...] = ()
+) -> Any:
+    """One call of an ID store UDF on chunk record `chunk` (`_once`; `extra`: arguments
+    after the deadline). Without its deadline a frozen node's late run would put the
+    chunk back as it had it: IDs popped meanwhile handed out again, a kicked job's ID
+    back in it (aq_ids_v1.lua, header)."""
+    return _once(backend, keys.IDS_SET, chunk, keys.IDS_MOD, _IDS_ARGS, function, args, busy_s, extra=extra)
 
 
 def reaper_tx() -> str:

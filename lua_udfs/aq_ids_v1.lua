@@ -23,10 +23,16 @@ local function stale(deadline)
   return deadline ~= nil and aerospike:get_current_time() > deadline
 end
 
--- pop(rec, k, deadline) -> list of up to k entries (empty when the chunk is drained or missing) | 'stale'
-function pop(rec, k, deadline)
+-- pop(rec, k, deadline, created) -> list of up to k entries (empty when the chunk is drained or missing)
+--                                  | 'other' | 'stale'
+--   `created`: the stamp of the list whose take gave the cursor (nil: not checked).
+--   A chunk of another stamp is another list of the name, dropped and loaded again
+--   since the take: 'other', nothing popped (its IDs would be claimed under the
+--   old list's stamp, refused, and held by no one until a sweep).
+function pop(rec, k, deadline, created)
   if stale(deadline) then return 'stale' end
   if not aerospike:exists(rec) then return list() end
+  if created ~= nil and rec['c'] ~= nil and rec['c'] ~= created then return 'other' end
   local ids = rec['ids']
   local n = list.size(ids)
   if n == 0 or k <= 0 then return list() end

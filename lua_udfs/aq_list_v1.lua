@@ -766,15 +766,17 @@ function take(rec, k, deadline)
              mode = rec['mode'], c = rec['created']}
 end
 
--- advance(rec, seen, deadline) -> integer cursor | 'stale'
+-- advance(rec, seen, deadline, created) -> integer cursor | -1 | 'stale'
 --   ID mode: chunk `seen`, the cursor's, was found empty; move the cursor past
 --   it, never back and never past the published chunks, and past gated chunks
 --   not due. A `seen` ahead of the cursor is another list's (one dropped and
 --   loaded again under the name while a reserver held its cursor): moving to it
---   would skip this list's chunks before it, so nothing moves.
-function advance(rec, seen, deadline)
+--   would skip this list's chunks before it, so nothing moves. So does a record
+--   of another stamp than `created` (the list whose chunk was found empty; nil:
+--   not checked): its own chunk `seen` is not drained (-1, as for no list).
+function advance(rec, seen, deadline, created)
   if stale(deadline) then return 'stale' end
-  if not live(rec) then return -1 end
+  if not live(rec) or replaced(rec, created) then return -1 end
   local cursor = rec['cursor']
   if seen == cursor and seen < rec['pubs'] then
     cursor = seen + 1

@@ -443,49 +443,64 @@ def test_a_leased_reservation_across_a_drop_and_a_load_hands_out_each_new_job_on
     assert lists.status(list_name).done == 20
 
 
-@pytest.mark.parametrize("how", ["one", "batch", "batch with acks"])
+@pytest.mark.parametrize(("mode", "how", "after"), [
+    ("tokens", "one", "take"), ("tokens", "batch", "take"), ("tokens", "batch with acks", "take"),
+    # A take that answers a retry-store token too: claimed through the general loop, or
+    # beside a lease's fresh tokens.
+    ("tokens", "one after a retry", "take"), ("tokens", "lease after a retry", "take"),
+    ("ids", "one", "take"), ("ids", "batch", "take"), ("ids", "batch with acks", "take"),
+    # The old list's chunk drained by the pop, the cursor advanced on the new list.
+    ("ids", "batch", "pop"),
+])
 def test_a_claiming_reservation_across_a_drop_and_a_load_hands_out_each_new_job_once(
-    registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session, monkeypatch, how: str
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session, monkeypatch,
+    mode: str, how: str, after: str,
 ) -> None:
     """A reservation that claims (one job; a batch without a lease; a batch sent with
-    acks), paused between its take and its claims while the list is dropped and loaded
-    again: its claims found the new list's records queued at the tokens it took and
-    claimed them, and the new list's leased reservations, trusting their block entries,
-    handed them out a second time (their acks refused). The claims carry the take's
-    list stamp now: a job of another list of the name is not claimed, and each of the
-    new list's jobs is handed out once."""
-    load(lists, list_name, 20, tag="old")
+    acks), paused after its take (or, in ID mode, its pop) while the list is dropped and
+    loaded again: its claims found the new list's records queued at the tokens it took
+    and claimed them, and the new list's leased reservations, trusting their block
+    entries, handed them out a second time (their acks refused). In ID mode it popped
+    the new list's chunk (or moved the new list's cursor past it) and its claims then
+    refused those jobs: held by no one until a sweep. The claims, pops and advances
+    carry the take's list stamp now, and each of the new list's jobs is handed out once."""
+    n, count = 20, 25 if after == "pop" else 5
+    load(lists, list_name, n, tag="old", mode=mode)
     other = f"{list_name}-acked"
     load(lists, other, 1)
     acks = [(queue.reserve(other, session)[0], "r")] if how == "batch with acks" else []
+    if how.endswith("after a retry"):
+        assert queue.release(queue.reserve(list_name, session)[0]) == "released"
     paused: list[str] = []
 
-    def dropped_and_loaded_after_the_take(real: Any) -> Any:
+    def dropped_and_loaded_after(real: Any) -> Any:
         def call(set_name: str, name: str, module: str, function: str, *args: Any, **kw: Any) -> Any:
             out = real(set_name, name, module, function, *args, **kw)
-            if function == "take" and name == list_name and not paused:
+            if function == after and name.startswith(list_name) and not name.startswith(other) and not paused:
                 paused.append(function)
                 lists.drop(list_name, grace_s=0)
-                load(lists, list_name, 20, tag="new")
+                load(lists, list_name, n, tag="new", mode=mode)
             return out
         return call
 
-    monkeypatch.setattr(registered, "apply", dropped_and_loaded_after_the_take(registered.apply))
-    monkeypatch.setattr(registered, "udf", dropped_and_loaded_after_the_take(registered.udf))
-    if how == "one":
+    monkeypatch.setattr(registered, "apply", dropped_and_loaded_after(registered.apply))
+    monkeypatch.setattr(registered, "udf", dropped_and_loaded_after(registered.udf))
+    if how.startswith("one"):
         claimed = queue.reserve(list_name, session)
+    elif how.startswith("lease"):
+        claimed = queue.reserve(list_name, session, count, lease=True)
     else:
-        claimed, lost = queue.complete_and_reserve(acks, list_name, session, 5)
+        claimed, lost = queue.complete_and_reserve(acks, list_name, session, count)
         assert lost == []
     assert paused
     handed = list(claimed)
-    while batch := queue.reserve(list_name, session, 20, lease=True):
+    while batch := queue.reserve(list_name, session, n, lease=True):
         handed += batch
-    assert sorted((j.jid, j.payload["tag"]) for j in handed) == sorted((f"j{i}", "new") for i in range(20))
-    assert all(j.lease is None for j in claimed)
+    assert sorted((j.jid, j.payload["tag"]) for j in handed) == sorted((f"j{i}", "new") for i in range(n))
+    assert how.startswith("lease") or all(j.lease is None for j in claimed)
     assert queue.complete_many(handed) == []
     queue.flush()
-    assert states(registered, list_name, 20) == {f"j{i}": "done" for i in range(20)}
-    assert lists.status(list_name).done == 20
+    assert states(registered, list_name, n) == {f"j{i}": "done" for i in range(n)}
+    assert lists.status(list_name).done == n
     if acks:
         assert states(registered, other, 1) == {"j0": "done"}
