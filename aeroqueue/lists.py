@@ -513,6 +513,8 @@ class JobLists:
         check_bury_reason(why)
         job = self.find_job(name, jid)
         state = transitions.bury(self.backend, name, job["token"], why, job.get("c"))
+        if state == "other":  # dropped and loaded again since it was found: that job is gone
+            raise JobNotFound(f"list {name!r} has no job with id {jid!r} any more (dropped and loaded again)")
         # Read after the bury: the head only grows, and a token it passed since had its
         # block written before it was published. Another list of the name since: no
         # block of this job's is trusted any more.

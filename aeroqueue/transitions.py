@@ -262,10 +262,10 @@ def list_once(
     return answer
 
 
-def list_write(backend: Backend, list_name: str, function: str, *args: Any) -> Any:
+def list_write(backend: Backend, list_name: str, function: str, *args: Any, after: tuple[Any, ...] = ()) -> Any:
     """`list_once`, repeated while its answer is in doubt or refused as stale: for the
     calls that are safe to repeat (a repeat answers as the first did)."""
-    return retry_in_doubt(lambda: list_once(backend, list_name, function, *args))
+    return retry_in_doubt(lambda: list_once(backend, list_name, function, *args, after=after))
 
 
 def list_udf(
@@ -487,12 +487,13 @@ def job_udf(
     release (`reaper_tx`, `holder_mark`), and `off` (with a `tx`): the mark it leaves on
     the job, which the caller offers itself right after (aq_job_v1.lua, `end_claim`);
     both after the deadline, so that a job module that takes neither ignores them.
-    `created` (a claim's only, after its deadline too): the stamp of the list the
-    token was taken from; a job of another list of the name answers 'other'."""
+    `created` (a claim's and a bury's only, after its deadline too): the stamp of the
+    list the token was taken from, or of the job as read; a job of another list of
+    the name answers 'other'."""
     if off is not None and tx is None:
         raise ValueError(f"{keys.JOB_MOD}.{function}: an offer mark (off) needs the call's id (tx)")
-    if created is not None and (function != "claim" or tx is not None):
-        raise ValueError(f"{keys.JOB_MOD}.{function}: only a claim takes the list's stamp (created)")
+    if created is not None and (function not in ("claim", "bury") or tx is not None):
+        raise ValueError(f"{keys.JOB_MOD}.{function}: only a claim or a bury takes the list's stamp (created)")
     extra = (created,) if created is not None else () if tx is None else (tx,) if off is None else (tx, off)
 
     return retry_in_doubt(
@@ -689,12 +690,13 @@ def snooze(
     )
 
 
-def _unchunk(backend: Backend, list_name: str, tokens: list[int]) -> None:
+def _unchunk(backend: Backend, list_name: str, tokens: list[int], created: int | None) -> None:
     """ID mode: take kicked tokens out of the published chunks not popped yet
     (`aq_ids_v1.remove`). A pop racing this hands one out first: its claim takes
-    the kicked job, and the retry store's copy is refused by its own claim."""
-    head = backend.get(keys.LIST_SET, list_name, bins=["mode", "cursor", "pubs"])
-    if head is None or head.bins.get("mode") != "ids":
+    the kicked job, and the retry store's copy is refused by its own claim.
+    `created`: the kicked jobs' list stamp; another list of the name is left alone."""
+    head = backend.get(keys.LIST_SET, list_name, bins=["mode", "cursor", "pubs", "created"])
+    if head is None or head.bins.get("mode") != "ids" or created not in (None, head.bins.get("created")):
         return
     names = [keys.chunk_name(list_name, c) for c in range(head.bins["cursor"], head.bins["pubs"])]
     want = set(tokens)
@@ -702,14 +704,19 @@ def _unchunk(backend: Backend, list_name: str, tokens: list[int]) -> None:
         held = [t for t in (rec.bins.get("ids") or []) if t in want] if rec is not None else []
         if held:
             # A repeat of a remove that landed finds nothing to take; a 'stale' one did nothing.
-            retry_in_doubt(functools.partial(retry_stale, functools.partial(ids_once, backend, chunk, "remove", held)))
+            retry_in_doubt(functools.partial(
+                retry_stale, functools.partial(ids_once, backend, chunk, "remove", held, extra=(created,))
+            ))
 
 
 def bury(backend: Backend, list_name: str, token: int, why: str, created: int | None = None) -> str:
     """queued, delayed or claimed -> dead, by hand. Returns the state afterwards
-    ('dead', or 'done' / 'void' / 'missing': left alone). `created`: the job's list
-    stamp, as read (`after_fail`)."""
-    return _transition(backend, list_name, token, "bury", error_text(why), created=created)
+    ('dead', or 'done' / 'void' / 'missing': left alone; 'other': the record is
+    another list's of the name, dropped and loaded again since). `created`: the
+    job's list stamp, as read (the bury's own check, and `after_fail`'s)."""
+    st = str(job_udf(backend, keys.job_name(list_name, token), "bury", error_text(why), created=created))
+    after_fail(backend, list_name, token, st, 0, None, created)
+    return st
 
 
 # Tokens a call of the list record's `unschedule` takes: a kick of every dead job of a
@@ -734,7 +741,9 @@ def kick(
     mode the chunk not popped yet: `_unchunk`) as it enters the retry store: it
     waits in one place, and is offered once."""
     set_bits(backend, list_name, tokens, "dead", 0, created)
-    only = (1,) if dead_only else ()
+    # After the deadline: dead_only, then the stamp (a record of another list of the
+    # name, dropped and loaded again since the caller read its stamp, answers 'other').
+    only = (1 if dead_only else None, created)
     # A kick whose answer was lost is not repeated here: its repeat would answer 'not
     # kickable' and leave the job unpushed; the caller hears it, and the sweeper
     # finishes what it did. A 'stale' one did nothing, and is repeated.
@@ -749,9 +758,9 @@ def kick(
         # places (offered twice, a claim fences the second), never in neither.
         for i in range(0, len(kicked), UNSCHEDULE_CHUNK):
             part = kicked[i:i + UNSCHEDULE_CHUNK]
-            list_write(backend, list_name, "unschedule", part)
-        _unchunk(backend, list_name, kicked)
+            list_write(backend, list_name, "unschedule", part, after=(created,))
+        _unchunk(backend, list_name, kicked, created)
         # A complete list is not complete any more: its completion time goes.
-        list_write(backend, list_name, "reopen")
+        list_write(backend, list_name, "reopen", after=(created,))
     return len(kicked)
 

@@ -43,13 +43,16 @@ function pop(rec, k, deadline, created)
   return got
 end
 
--- remove(rec, tokens, deadline) -> integer removed | 'stale'
+-- remove(rec, tokens, deadline, created) -> integer removed | 'stale'
 --   Kicked jobs wait in the retry store from then on: each leaves the chunk
 --   (and its `due`), or a pop would hand it out a second time and status would
 --   count it reservable while it runs. O(chunk size): an operator's kick.
-function remove(rec, tokens, deadline)
+--   created: the stamp of the list whose jobs were kicked; a chunk of another list
+--   of the name (dropped and loaded again since) is left alone.
+function remove(rec, tokens, deadline, created)
   if stale(deadline) then return 'stale' end
   if not aerospike:exists(rec) then return 0 end
+  if created ~= nil and rec['c'] ~= nil and rec['c'] ~= created then return 0 end
   local want = map()
   for t in list.iterator(tokens) do want[t] = 1 end
   local kept, removed = list(), 0

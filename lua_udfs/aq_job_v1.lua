@@ -351,9 +351,13 @@ end
 --   queued, a job the cluster has since run and completed: hence the deadline.
 --   dead_only = 1: a delayed job is not kickable (a kick of the jobs an operator
 --   saw dead: one kicked by another since and delayed again by its backoff keeps it).
-function kick(rec, deadline, dead_only)
+--   created: the stamp of the list the operator kicks in (nil: not checked); a
+--   record of another stamp is another list's of the name, dropped and loaded again
+--   since: 'other', unchanged (as `claim`).
+function kick(rec, deadline, dead_only, created)
   if stale(deadline) then return 'stale' end
   if not aerospike:exists(rec) then return 'missing' end
+  if created ~= nil and rec['c'] ~= nil and rec['c'] ~= created then return 'other' end
   local state = rec['state']
   if state == 'dead' then
     rec['att'] = 0
@@ -376,12 +380,14 @@ function kick(rec, deadline, dead_only)
   return 'ok'
 end
 
--- bury(rec, why, deadline) -> 'dead' | 'done' | 'void' | 'missing' | 'stale'
+-- bury(rec, why, deadline, created) -> 'dead' | 'done' | 'void' | 'missing' | 'other' | 'stale'
 --   queued, delayed or claimed -> dead (an operator's decision; a holder's
 --   acknowledgement is then refused). Burying a dead job answers 'dead' again.
-function bury(rec, why, deadline)
+--   created: the stamp of the job the operator named, as read; 'other' as for `kick`.
+function bury(rec, why, deadline, created)
   if stale(deadline) then return 'stale' end
   if not aerospike:exists(rec) then return 'missing' end
+  if created ~= nil and rec['c'] ~= nil and rec['c'] ~= created then return 'other' end
   local state = rec['state']
   if state == 'dead' or state == 'done' or state == 'void' then return state end
   local t = now()

@@ -294,16 +294,18 @@ function schedule(rec, tokens, delay_ms, cap, again, deadline, created)
   return accepted
 end
 
--- unschedule(rec, tokens, deadline) -> integer moved | 'stale'
+-- unschedule(rec, tokens, deadline, created) -> integer moved | 'stale'
 --   Kicked jobs now wait in the retry store: each leaves every other place the
 --   list record keeps it, or it would be counted twice (delayed, or reservable,
 --   while it runs) and offered again: sched (a single token: removed), a delayed
 --   load's range, gated, scheduled or ready (into its skip, out of its real), and,
 --   token mode, the token store ahead (into timed, which take skips). Returns how
 --   many tokens moved. O(entries in sched + gates) a token: an operator's kick.
-function unschedule(rec, tokens, deadline)
+--   created: the stamp of the list whose jobs were kicked; another list of the name
+--   since (dropped and loaded again) is left alone: its tokens are other jobs.
+function unschedule(rec, tokens, deadline, created)
   if stale(deadline) then return 'stale' end
-  if not live(rec) then return 0 end
+  if not live(rec) or replaced(rec, created) then return 0 end
   local want = map()
   for t in list.iterator(tokens) do want[t] = 1 end
   local moved = 0
@@ -438,13 +440,14 @@ function tune(rec, opts, deadline)
   return 'ok'
 end
 
--- reopen(rec, deadline) -> 'ok' | 'missing' | 'stale'
+-- reopen(rec, deadline, created) -> 'ok' | 'missing' | 'stale'
 --   A job of a complete list was kicked: the list is not complete any more. Each
 --   kick counts (`reopens`), so that a status that saw the list complete before it
---   does not mark it complete after it (mark_complete).
-function reopen(rec, deadline)
+--   does not mark it complete after it (mark_complete). created: as for unschedule
+--   ('missing' for another list of the name).
+function reopen(rec, deadline, created)
   if stale(deadline) then return 'stale' end
-  if not live(rec) then return 'missing' end
+  if not live(rec) or replaced(rec, created) then return 'missing' end
   rec['done_at'] = nil
   rec['reopens'] = (rec['reopens'] or 0) + 1
   aerospike:update(rec)

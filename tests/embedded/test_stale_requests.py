@@ -372,6 +372,7 @@ def test_a_refused_unchunk_is_sent_again_with_a_new_deadline(store, monkeypatch)
         given.append(PAST if len(given) < 2 else FUTURE)
         return given[-1]
 
+    created = store.get(keys.LIST_SET, name).bins["created"]
     monkeypatch.setattr(store, "job_deadline", deadline)
-    transitions._unchunk(store, name, [1])
+    transitions._unchunk(store, name, [1], created)
     assert given == [PAST, PAST, FUTURE] and _chunk(store, chunk).bins["ids"] == [0, 2], "removed once"

@@ -745,3 +745,88 @@ def test_a_sweep_counts_no_job_record_of_a_list_dropped_before(registered, lists
     sessions.sweep(registered, grace_ms=0)
     st = lists.status(list_name)
     assert (st.done, st.dead, st.complete) == (0, 0, False), st
+
+
+def _dropped_and_loaded_at(
+    registered, monkeypatch, lists: JobLists, name: str, function: str, mode: str, then=None
+) -> list[str]:
+    """From now on, the first UDF call of `function` (on any record of list `name`) runs
+    after the list is dropped and loaded again with jobs b0..b9 (a caller paused just
+    before it: SIGSTOP, a slow call), and after `then()`, if given. The list returned
+    says whether it happened."""
+    paused: list[str] = []
+
+    def wrapped(real):
+        def call(set_name, key, module, fn, *args, **kw):
+            if fn == function and key.split("/")[0] == name and not paused:
+                paused.append(fn)
+                lists.drop(name, grace_s=0)
+                lists.load(name, [JobSpec(f"b{i}", {"i": i}) for i in range(10)], mode=mode, seal=True)
+                if then is not None:
+                    then()
+            return real(set_name, key, module, fn, *args, **kw)
+        return call
+
+    monkeypatch.setattr(registered, "udf", wrapped(registered.udf))
+    return paused
+
+
+def _each_new_job_once(queue: Queue, lists: JobLists, name: str, session: Session, dead: set[str] = frozenset()) -> None:
+    handed = []
+    while batch := queue.reserve(name, session, 10, lease=True):
+        handed += batch
+    assert sorted(j.jid for j in handed) == sorted(f"b{i}" for i in range(10) if f"b{i}" not in dead)
+    assert queue.complete_many(handed) == []
+    queue.flush()
+    st = lists.status(name)
+    assert (st.done, st.dead, st.complete) == (10 - len(dead), len(dead), True)
+
+
+@pytest.mark.parametrize("mode", ["tokens", "ids"])
+def test_an_operators_bury_paused_across_a_drop_and_a_load_leaves_the_new_list_alone(
+    registered, queue, lists, list_name, session, monkeypatch, mode
+):
+    """`job bury L a3` paused between finding a3 and burying it, while the list was
+    dropped and loaded again: it buried b3, which nobody named, and its stale block
+    entry still handed b3 out. The bury carries the stamp of the job it found."""
+    lists.load(list_name, [JobSpec(f"a{i}", {"i": i}) for i in range(10)], mode=mode, seal=True)
+    paused = _dropped_and_loaded_at(registered, monkeypatch, lists, list_name, "bury", mode)
+    with pytest.raises(errors.JobNotFound, match="dropped and loaded again"):
+        lists.bury(list_name, "a3", "the operator's")
+    assert paused
+    _each_new_job_once(queue, lists, list_name, session)
+
+
+@pytest.mark.parametrize("mode", ["tokens", "ids"])
+def test_an_operators_kick_paused_across_a_drop_and_a_load_leaves_the_new_list_alone(
+    registered, queue, lists, list_name, session, monkeypatch, mode
+):
+    """`job kick L a3` paused before its kick, while the list was dropped and loaded
+    again and the new list's b3 buried: it brought b3 back, queued but in no store (left
+    to a sweep), a job an operator had buried. The kick carries the list's stamp."""
+    lists.load(list_name, [JobSpec(f"a{i}", {"i": i}) for i in range(10)], mode=mode, seal=True)
+    lists.bury(list_name, "a3", "the first list's")
+    paused = _dropped_and_loaded_at(
+        registered, monkeypatch, lists, list_name, "kick", mode,
+        then=lambda: lists.bury(list_name, "b3", "the operator's"),
+    )
+    assert lists.kick_job(list_name, "a3") is False
+    assert paused
+    _each_new_job_once(queue, lists, list_name, session, dead={"b3"})
+
+
+@pytest.mark.parametrize("mode", ["tokens", "ids"])
+def test_a_kick_of_every_dead_job_paused_after_its_kicks_leaves_the_new_list_alone(
+    registered, queue, lists, list_name, session, monkeypatch, mode
+):
+    """`aeroqueue kick L` paused between kicking the old a3 and the steps that follow
+    (the push, unschedule, the ID store's remove, reopen), while the list was dropped
+    and loaded again: those steps took token 3 out of the new list's token store or
+    chunk, so b3 waited for a sweep. They carry the kicked jobs' stamp now."""
+    lists.load(list_name, [JobSpec(f"a{i}", {"i": i}) for i in range(10)], mode=mode, seal=True)
+    lists.bury(list_name, "a3", "the first list's")
+    paused = _dropped_and_loaded_at(registered, monkeypatch, lists, list_name, "push_retry", mode)
+    assert lists.kick(list_name) == 1
+    assert paused
+    assert lists.status(list_name).reservable == 10
+    _each_new_job_once(queue, lists, list_name, session)
