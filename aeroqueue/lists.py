@@ -29,6 +29,7 @@ from .errors import (
     ListError,
     ListModeMismatch,
     ListNotFound,
+    ListReplaced,
     ListSealed,
 )
 from .load import DEFAULT_CHUNK, DEFAULT_LEASE_MS, LoadReport, max_payload
@@ -473,12 +474,18 @@ class JobLists:
             n += 1
         return n
 
-    def kick(self, name: str, tokens: Iterable[int] | None = None, *, dead_only: bool = False) -> int:
+    def kick(
+        self, name: str, tokens: Iterable[int] | None = None, *, dead_only: bool = False, created: int | None = None
+    ) -> int:
         """Put jobs back in the queue now: dead ones with fresh attempts, delayed ones
         before their time. All of the list's dead jobs, or only these tokens (a token
         that is neither dead nor delayed is left alone, and so is one of a range a load
-        has not published yet; with `dead_only`, a delayed one too). Returns how many."""
+        has not published yet; with `dead_only`, a delayed one too). Returns how many.
+        `created`: the stamp of the list the caller saw (a page shown before a drop and
+        a load of the name): `ListReplaced` if the name's list is another one now."""
         head = self.header(name)
+        if created is not None and head["created"] != created:
+            raise ListReplaced(f"list {name!r} was dropped and loaded again since it was read: nothing was kicked")
         if tokens is None:
             # The jobs the scan read dead, still dead: one kicked by another since and
             # delayed again by its backoff keeps its wait.

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import secrets
 from collections.abc import Iterable
 from typing import Any
@@ -30,7 +31,7 @@ from werkzeug.wrappers import Response
 
 from ..backends import Backend, open_backend
 from ..config import may_create
-from ..errors import AeroqueueError, ListNotFound
+from ..errors import AeroqueueError, ListNotFound, ListReplaced
 from ..hosts import TrustedHosts
 from ..keys import InvalidName
 from .data import PageReads, Store, format_ms, now_ms
@@ -172,20 +173,32 @@ def create_app(
         flash(f"list {name} resumed", "ok")
         return back(url_for("list_page", name=name))
 
+    # The kick forms carry the list's stamp as the page showed it (`c`): a page shown
+    # before the list was dropped and loaded again under its name would otherwise kick
+    # the new list's jobs at the tokens it showed.
     @app.post("/lists/<name>/kick")
     def kick_all(name: str) -> Response:
         writable()
-        n = data.kick_all(name)
-        flash(f"{n} dead job(s) of {name} put back in the queue", "ok")
+        try:
+            n = data.kick_all(name, shown_stamp())
+        except ListReplaced:
+            flash(f"list {name} was dropped and loaded again since the page was shown: nothing was kicked", "error")
+        else:
+            flash(f"{n} dead job(s) of {name} put back in the queue", "ok")
         return back(url_for("list_page", name=name))
 
     @app.post("/lists/<name>/jobs/<int:token>/kick")
     def kick_job(name: str, token: int) -> Response:
         writable()
-        if data.kick_job(name, token):
-            flash(f"job {name}/{token} kicked: queued again with fresh attempts", "ok")
+        try:
+            kicked = data.kick_job(name, token, shown_stamp())
+        except ListReplaced:
+            flash(f"list {name} was dropped and loaded again since the page was shown: nothing was kicked", "error")
         else:
-            flash(f"job {name}/{token} is not dead: left as it is", "error")
+            if kicked:
+                flash(f"job {name}/{token} kicked: queued again with fresh attempts", "ok")
+            else:
+                flash(f"job {name}/{token} is not dead: left as it is", "error")
         return redirect(url_for("job_page", name=name, token=token))
 
     @app.errorhandler(400)
@@ -204,6 +217,20 @@ def _local_address(environ: dict[str, Any]) -> str | None:
         return str(sock.getsockname()[0]) if sock is not None else None
     except (OSError, AttributeError, IndexError, TypeError):
         return None
+
+
+def shown_stamp() -> int | None:
+    """The list stamp a kick form carries (`c`), None without one (a form of a page
+    served before forms carried it); one that is not an integer is refused (400)."""
+    text = request.form.get("c", "")
+    if not text:
+        return None
+    if not _STAMP.fullmatch(text):
+        abort(400, "the form's list stamp (c) is not an integer")
+    return int(text)
+
+
+_STAMP = re.compile(r"-?[0-9]{1,19}")
 
 
 def back(default: str) -> Response:

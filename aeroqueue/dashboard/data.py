@@ -479,13 +479,14 @@ class Store:
     def pause(self, name: str, paused: bool) -> None:
         self.lists.pause(name, paused)
 
-    def kick_job(self, name: str, token: int) -> bool:
+    def kick_job(self, name: str, token: int, created: int | None = None) -> bool:
         # The page offers a kick of a dead job: one delayed by the time the button is
-        # pressed (kicked by another since, failed again) keeps its wait.
-        return self.lists.kick(name, [token], dead_only=True) == 1
+        # pressed (kicked by another since, failed again) keeps its wait. `created`: the
+        # list stamp the page was shown with (`ListReplaced` for another list of the name).
+        return self.lists.kick(name, [token], dead_only=True, created=created) == 1
 
-    def kick_all(self, name: str) -> int:
-        return self.lists.kick(name)
+    def kick_all(self, name: str, created: int | None = None) -> int:
+        return self.lists.kick(name, created=created)
 
 
 def _session_row(sid: str, b: dict[str, Any], claims: int | None) -> SessionRow:

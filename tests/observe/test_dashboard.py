@@ -170,6 +170,38 @@ def test_the_kick_of_a_dead_job_leaves_a_job_delayed_since_as_it_is(
     assert lists.kick(list_name, [0]) == 1, "an operator's kick of that very job still runs it now"
 
 
+def test_a_kick_from_a_page_shown_before_a_drop_and_a_load_kicks_nothing(
+    app: Flask, registered: Backend, list_name: str
+) -> None:
+    """The kick forms name jobs by token: a page shown before the list was dropped and
+    loaded again under its name kicked the new list's jobs at those tokens (one an
+    operator had buried there came back). The forms carry the list's stamp now."""
+    lists = JobLists(registered)
+    lists.load(list_name, [JobSpec("a", {}), JobSpec("b", {})], max_attempts=1, seal=True)
+    lists.bury(list_name, "b", "the first list's")
+    client = app.test_client()
+    page = text(client.get(f"/lists/{list_name}"))
+    token, shown = csrf(client, f"/lists/{list_name}"), set(STAMP.findall(page))
+    assert shown == {str(lists.status(list_name).created)}, "both kick forms carry the list's stamp"
+    lists.drop(list_name, grace_s=0)
+    lists.load(list_name, [JobSpec("x", {}), JobSpec("y", {})], max_attempts=1, seal=True)
+    lists.bury(list_name, "y", "the operator's, on the new list")
+    (old,) = shown
+    for url in (f"/lists/{list_name}/jobs/1/kick", f"/lists/{list_name}/kick"):
+        resp = client.post(url, data={"csrf_token": token, "c": old}, follow_redirects=True)
+        assert "was dropped and loaded again since the page was shown: nothing was kicked" in text(resp)
+    assert job_state(registered, list_name, 1) == "dead"
+    assert client.post(f"/lists/{list_name}/kick", data={"csrf_token": token, "c": "1e3"}).status_code == 400
+    # The page shown now has the new list's stamp, and its kick runs.
+    (new,) = set(STAMP.findall(text(client.get(f"/lists/{list_name}"))))
+    assert new != old
+    resp = client.post(f"/lists/{list_name}/jobs/1/kick", data={"csrf_token": token, "c": new}, follow_redirects=True)
+    assert "kicked" in text(resp) and job_state(registered, list_name, 1) == "queued"
+
+
+STAMP = re.compile(r'name="c" value="(-?[0-9]+)"')
+
+
 def test_find_opens_the_job_with_exactly_that_id(app: Flask, registered: Backend, list_name: str) -> None:
     """Ids loaded from JSON Lines or Python keep their blanks: the search stripped them,
     so " a" opened job "a" and "b " was not found. Blanks a paste brings still match."""
