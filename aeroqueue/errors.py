@@ -168,11 +168,11 @@ class ListError(AeroqueueError):
 class ListNotFound(ListError):
     """No job list by that name exists."""
 
+    hint = "`aeroqueue lists` shows the lists; `aeroqueue load LIST FILE` creates one"
+
 
 class ListReplaced(ListError):
     """The list was dropped and loaded again under its name since it was read: nothing changed."""
-
-    hint = "`aeroqueue lists` shows the lists; `aeroqueue load LIST FILE` creates one"
 
 
 class ListSealed(ListError):

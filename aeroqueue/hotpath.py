@@ -66,11 +66,6 @@ def stamped(created: int) -> Any:
     return stamped_in_time(created, None)
 
 
-def ours(created: int) -> Any:
-    """A filter: a record of the list made at `created`, by its stamp (bin "c"), as
-    `keys.indexed_here` reads one (records written before stamps were have none).
-    (A filter is not applied to a record the write creates.)"""
-    return exp.Or(exp.Not(exp.BinExists("c")), exp.Eq(exp.IntBin("c"), created)).compile()
 
 # A batch record's codes for "the UDF decides": no record (2), filter false (27).
 TO_UDF = (2, 27)
@@ -108,6 +103,14 @@ _QUEUED = {
     (d, s): _template([exp.Eq(exp.StrBin("state"), "queued"), *([_OF_LIST] if s else [])], d)
     for d in (False, True) for s in (False, True)
 }
+_OURS = _template([_OF_LIST], False)
+
+
+def ours(created: int) -> list[tuple]:
+    """A filter: a record of the list made at `created`, by its stamp (bin "c"), as
+    `keys.indexed_here` reads one (records written before stamps were have none).
+    (A filter is not applied to a record the write creates.)"""
+    return _bind(_OURS, {_STAMP: created})
 _STAMPED = {d: _template([exp.Eq(exp.IntBin("c"), _STAMP)], d) for d in (False, True)}
 
 

@@ -167,12 +167,14 @@ class Queue:
     def _udf(self, set_name: str, name: str, module: str, function: str, *args: Any) -> Any:
         return self.backend.udf(set_name, name, module, function, *args, deadline_s=self.busy_deadline_s)
 
-    def _job_udf(self, job_name: str, function: str, *args: Any) -> Any:
+    def _job_udf(self, job_name: str, function: str, *args: Any, created: int | None = None) -> Any:
         """A job UDF that is safe to repeat (claim with its request id, complete: a repeat
         that finds it done answers as the first did), repeated while its answer is in
         doubt: a node that dies mid-call costs a retry, not a job. Each attempt carries
-        its deadline (`transitions.job_udf`)."""
-        return transitions.job_udf(self.backend, job_name, function, *args, deadline_s=self.busy_deadline_s)
+        its deadline (`transitions.job_udf`; `created`: a claim's list stamp)."""
+        return transitions.job_udf(
+            self.backend, job_name, function, *args, deadline_s=self.busy_deadline_s, created=created
+        )
 
     def _answer_lost(self, e: BackendTimeout) -> None:
         """A take or an ID-store pop lost its answer: its jobs are held by no one, and
@@ -247,7 +249,10 @@ class Queue:
         if out["st"] == "stale":  # nothing was taken: the loop's take repeats it
             return self._reserve(name, sess, 1, [])[0]
         if out["st"] != "ok" or out["retry"] or out["n"] != 1:
-            tokens, tlim, _, _, created = self._tokens(name, 1, out)
+            try:
+                tokens, tlim, _, _, created = self._tokens(name, 1, out)
+            except _ListReplaced:
+                return self._reserve(name, sess, 1, [])[0]
             return self._reserve(name, sess, 1, [], first=(tokens, tlim, created))[0]
         token, tlim, rid, created = out["start"], out.get("tlim") or 300_000, _request_id(), out.get("c")
         try:
@@ -329,7 +334,10 @@ class Queue:
                 if first is not None:
                     (taken, tlim, created), first = first, None
                 else:
-                    taken, tlim, now, fresh, created = self._take(list_name, count - len(got))
+                    try:
+                        taken, tlim, now, fresh, created = self._take(list_name, count - len(got))
+                    except _ListReplaced:
+                        continue  # the next take is the new list's
                 if created is not None and created != stamp:
                     if stamp is not None:
                         # The list was dropped and loaded again between two takes:
@@ -439,6 +447,8 @@ class Queue:
                     self._answer_lost(e)
                     raise
                 if popped == "other":  # the name's list since the take: its chunks are its own
+                    if not got and not held:
+                        raise _ListReplaced  # nothing taken: `_reserve` takes again, from the new list
                     break
                 got.extend(popped)
                 if len(got) < k:
@@ -765,10 +775,7 @@ class Queue:
         operation costs the client more CPU than the UDF costs the server
         (`hotpath`), so the native form is kept for batches. `created`: the stamp of
         the list the token was taken from (`_claim`)."""
-        return transitions.job_udf(
-            self.backend, keys.job_name(name, token), "claim", sess, rid, tlim, deadline_s=self.busy_deadline_s,
-            created=created,
-        )
+        return self._job_udf(keys.job_name(name, token), "claim", sess, rid, tlim, created=created)
 
     def _reschedule(self, name: str, answers: list[Any]) -> None:
         """Delayed jobs reached before their time (a recovered load range, the sweeper,
@@ -1105,6 +1112,11 @@ def _too_big(too_big: list[tuple[Job, Any]], of: int, lost: list[Job], max_recor
     err = RecordTooBig(f"acknowledging {what}: {why}{others}", code=13)
     err.too_big, err.lost = [j for j, _ in too_big], lost  # type: ignore[attr-defined]
     return err
+
+
+class _ListReplaced(Exception):
+    """An ID-mode take's cursor was of a list dropped and loaded again under its name
+    since, and it took nothing: the reservation takes again, from the new list."""
 
 
 def _checked_results(results: Sequence[Any]) -> list[Any]:

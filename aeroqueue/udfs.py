@@ -6,7 +6,9 @@ The modules ship inside the package (``aeroqueue.lua_udfs``, from the repo's
 gets a new version number, so old and new clients run side by side on one
 cluster during a rolling upgrade; a change within a version must keep the
 contract, and `verify` refuses a cluster whose copy differs from this
-client's (same name, other content).
+client's (same name, other content). Until the first release the `_v1` modules
+change in place (README, "Records"): what they gained since takes trailing
+arguments that an older caller leaves out (nil: the old behaviour).
 """
 
 from __future__ import annotations

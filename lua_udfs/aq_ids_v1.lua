@@ -11,7 +11,8 @@
 -- outgrows max-record-size. The list record's `cursor` says which chunk
 -- reservations pop from; it only moves forward (aq_list_v1.advance).
 --
--- Both functions write, so both take a last argument `deadline` and answer 'stale',
+-- Both functions write, so both take an argument `deadline` (their last but for
+-- `created`, added after it: nil from a caller that predates it) and answer 'stale',
 -- changing nothing, when the server runs them past it (aq_job_v1, `stale`): a
 -- frozen node that resumes runs the calls that waited in its sockets on its stale
 -- copy of the chunk, and its replica write replaces the live one. The chunk goes
@@ -23,6 +24,12 @@ local function stale(deadline)
   return deadline ~= nil and aerospike:get_current_time() > deadline
 end
 
+-- A chunk of another list of the name than the caller's (`created`: the stamp it
+-- read; nil: not checked): that list was dropped and loaded again since.
+local function other_list(rec, created)
+  return created ~= nil and rec['c'] ~= nil and rec['c'] ~= created
+end
+
 -- pop(rec, k, deadline, created) -> list of up to k entries (empty when the chunk is drained or missing)
 --                                  | 'other' | 'stale'
 --   `created`: the stamp of the list whose take gave the cursor (nil: not checked).
@@ -32,7 +39,7 @@ end
 function pop(rec, k, deadline, created)
   if stale(deadline) then return 'stale' end
   if not aerospike:exists(rec) then return list() end
-  if created ~= nil and rec['c'] ~= nil and rec['c'] ~= created then return 'other' end
+  if other_list(rec, created) then return 'other' end
   local ids = rec['ids']
   local n = list.size(ids)
   if n == 0 or k <= 0 then return list() end
@@ -52,7 +59,7 @@ end
 function remove(rec, tokens, deadline, created)
   if stale(deadline) then return 'stale' end
   if not aerospike:exists(rec) then return 0 end
-  if created ~= nil and rec['c'] ~= nil and rec['c'] ~= created then return 0 end
+  if other_list(rec, created) then return 0 end
   local want = map()
   for t in list.iterator(tokens) do want[t] = 1 end
   local kept, removed = list(), 0

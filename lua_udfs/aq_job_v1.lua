@@ -63,8 +63,9 @@
 -- queued | delayed -> dead (bury).
 -- Every function returns a status value instead of raising, so a batch call
 -- (batch_apply) reports each job's outcome. Every function but `synced` takes
--- a last argument `deadline` and answers 'stale' (changing nothing) when the
--- server runs it past it (see `stale` below).
+-- an argument `deadline`, its last but for those added after it (a caller that
+-- predates them leaves them out: nil), and answers 'stale' (changing nothing) when
+-- the server runs it past it (see `stale` below).
 
 local ERRS_KEPT = 10
 
@@ -187,6 +188,13 @@ local function stale(deadline)
   return deadline ~= nil and now() > deadline
 end
 
+-- A record of another list of the name than the caller's (`created`: the stamp it
+-- read; nil: not checked): that list was dropped and loaded again since, and this
+-- job is the new list's. A record without a stamp was written before stamps were.
+local function other_list(rec, created)
+  return created ~= nil and rec['c'] ~= nil and rec['c'] ~= created
+end
+
 local function late(rec, t)
   local dl = rec['dl']
   return dl ~= nil and t > dl
@@ -210,7 +218,7 @@ end
 function claim(rec, sess, rid, tlim, deadline, created)
   if stale(deadline) then return map{st = 'stale'} end
   if not aerospike:exists(rec) then return map{st = 'missing'} end
-  if created ~= nil and rec['c'] ~= nil and rec['c'] ~= created then return map{st = 'other', c = rec['c']} end
+  if other_list(rec, created) then return map{st = 'other', c = rec['c']} end
   local state = rec['state']
   if state == 'claimed' and rec['sess'] == sess and rid ~= nil and rec['rid'] == rid then
     return map{st = 'ok', jid = rec['jid'], payload = rec['payload'], att = rec['att'], token = rec['token'], dl = rec['dl'],
@@ -345,7 +353,7 @@ function touch(rec, sess, tlim, rid, deadline)
   return map{st = 'ok', dl = t + tlim}
 end
 
--- kick(rec, deadline, dead_only) -> 'ok' | 'not kickable' | 'missing' | 'stale'
+-- kick(rec, deadline, dead_only, created) -> 'ok' | 'not kickable' | 'missing' | 'other' | 'stale'
 --   dead -> queued with fresh attempts, or delayed -> queued now (an
 --   operator's decision). Replayed late on a stale copy, a kick would bring back,
 --   queued, a job the cluster has since run and completed: hence the deadline.
@@ -357,7 +365,7 @@ end
 function kick(rec, deadline, dead_only, created)
   if stale(deadline) then return 'stale' end
   if not aerospike:exists(rec) then return 'missing' end
-  if created ~= nil and rec['c'] ~= nil and rec['c'] ~= created then return 'other' end
+  if other_list(rec, created) then return 'other' end
   local state = rec['state']
   if state == 'dead' then
     rec['att'] = 0
@@ -387,7 +395,7 @@ end
 function bury(rec, why, deadline, created)
   if stale(deadline) then return 'stale' end
   if not aerospike:exists(rec) then return 'missing' end
-  if created ~= nil and rec['c'] ~= nil and rec['c'] ~= created then return 'other' end
+  if other_list(rec, created) then return 'other' end
   local state = rec['state']
   if state == 'dead' or state == 'done' or state == 'void' then return state end
   local t = now()

@@ -62,8 +62,9 @@
 -- reports the same way through apply and batch_apply.
 --
 -- Every function that writes (but `credit`, for the embedded store alone) takes an
--- argument `deadline`, its last but for the `created` of schedule and push_retry
--- (added later: a caller that predates it leaves it out), and answers 'stale'
+-- argument `deadline`, its last but for the `created` of schedule, push_retry,
+-- unschedule, reopen and advance (added later: a caller that predates it leaves
+-- it out), and answers 'stale'
 -- (map{st='stale'} where it answers a map), changing nothing, when the server runs
 -- it past it, as aq_job_v1's transitions do (see `stale` there): a frozen node that
 -- resumes runs the calls that waited in its sockets on its stale copy of this

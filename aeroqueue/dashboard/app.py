@@ -182,7 +182,7 @@ def create_app(
         try:
             n = data.kick_all(name, shown_stamp())
         except ListReplaced:
-            flash(f"list {name} was dropped and loaded again since the page was shown: nothing was kicked", "error")
+            flash(replaced(name), "error")
         else:
             flash(f"{n} dead job(s) of {name} put back in the queue", "ok")
         return back(url_for("list_page", name=name))
@@ -193,7 +193,7 @@ def create_app(
         try:
             kicked = data.kick_job(name, token, shown_stamp())
         except ListReplaced:
-            flash(f"list {name} was dropped and loaded again since the page was shown: nothing was kicked", "error")
+            flash(replaced(name), "error")
         else:
             if kicked:
                 flash(f"job {name}/{token} kicked: queued again with fresh attempts", "ok")
@@ -219,6 +219,11 @@ def _local_address(environ: dict[str, Any]) -> str | None:
         return None
 
 
+# A list stamp (`created`, server ms) as a form carries it: an integer within 64 bits
+# (19 digits), which the store's records hold.
+_STAMP = re.compile(r"-?[0-9]{1,19}")
+
+
 def shown_stamp() -> int | None:
     """The list stamp a kick form carries (`c`), None without one (a form of a page
     served before forms carried it); one that is not an integer is refused (400)."""
@@ -230,7 +235,9 @@ def shown_stamp() -> int | None:
     return int(text)
 
 
-_STAMP = re.compile(r"-?[0-9]{1,19}")
+def replaced(name: str) -> str:
+    """What a kick from a page older than the list of its name says."""
+    return f"list {name} was dropped and loaded again since the page was shown: nothing was kicked"
 
 
 def back(default: str) -> Response:

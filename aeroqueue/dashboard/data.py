@@ -49,7 +49,8 @@ HISTORY_BINS = ("errs", "errors", "err_hist")
 # What a dead job's row shows (_macros.html, dead_row): never the payload or the result,
 # which may fill the record; the overview and each list page re-read up to 100 of
 # these every few seconds per open page.
-DEAD_ROW_BINS = ["state", "jid", "att", "max_att", "done_at", "err", *HISTORY_BINS]
+# The stamp ("c") goes into each row's kick form (a page older than a drop and a load).
+DEAD_ROW_BINS = ["state", "jid", "att", "max_att", "done_at", "err", "c", *HISTORY_BINS]
 
 # What a node that does not answer (frozen, overloaded, cut off) makes a read raise:
 # the view goes on without that part. Other errors still make the page an error.

@@ -493,6 +493,9 @@ def test_a_claiming_reservation_across_a_drop_and_a_load_hands_out_each_new_job_
         claimed, lost = queue.complete_and_reserve(acks, list_name, session, count)
         assert lost == []
     assert paused
+    # It took again, from the new list: an ID-mode pop that met the new list's chunk
+    # and took nothing had returned nothing, though the list had jobs.
+    assert claimed, "the paused reservation returned no job"
     handed = list(claimed)
     while batch := queue.reserve(list_name, session, n, lease=True):
         handed += batch

@@ -10,11 +10,14 @@ import json
 import threading
 import time
 import uuid
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
 from aeroqueue import errors, keys, sessions, transitions
+from aeroqueue.backends import Backend
 from aeroqueue.backends.base import N_PARTITIONS
 from aeroqueue.cli import main
 from aeroqueue.lists import JobLists
@@ -748,7 +751,8 @@ def test_a_sweep_counts_no_job_record_of_a_list_dropped_before(registered, lists
 
 
 def _dropped_and_loaded_at(
-    registered, monkeypatch, lists: JobLists, name: str, function: str, mode: str, then=None
+    registered: Backend, monkeypatch: pytest.MonkeyPatch, lists: JobLists, name: str, function: str, mode: str,
+    then: Callable[[], object] | None = None,
 ) -> list[str]:
     """From now on, the first UDF call of `function` (on any record of list `name`) runs
     after the list is dropped and loaded again with jobs b0..b9 (a caller paused just
@@ -756,8 +760,8 @@ def _dropped_and_loaded_at(
     says whether it happened."""
     paused: list[str] = []
 
-    def wrapped(real):
-        def call(set_name, key, module, fn, *args, **kw):
+    def wrapped(real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(set_name: str, key: str, module: str, fn: str, *args: Any, **kw: Any) -> Any:
             if fn == function and key.split("/")[0] == name and not paused:
                 paused.append(fn)
                 lists.drop(name, grace_s=0)
@@ -771,7 +775,9 @@ def _dropped_and_loaded_at(
     return paused
 
 
-def _each_new_job_once(queue: Queue, lists: JobLists, name: str, session: Session, dead: set[str] = frozenset()) -> None:
+def _each_new_job_once(
+    queue: Queue, lists: JobLists, name: str, session: Session, dead: frozenset[str] = frozenset()
+) -> None:
     handed = []
     while batch := queue.reserve(name, session, 10, lease=True):
         handed += batch
@@ -812,7 +818,7 @@ def test_an_operators_kick_paused_across_a_drop_and_a_load_leaves_the_new_list_a
     )
     assert lists.kick_job(list_name, "a3") is False
     assert paused
-    _each_new_job_once(queue, lists, list_name, session, dead={"b3"})
+    _each_new_job_once(queue, lists, list_name, session, dead=frozenset({"b3"}))
 
 
 @pytest.mark.parametrize("mode", ["tokens", "ids"])
@@ -830,3 +836,27 @@ def test_a_kick_of_every_dead_job_paused_after_its_kicks_leaves_the_new_list_alo
     assert paused
     assert lists.status(list_name).reservable == 10
     _each_new_job_once(queue, lists, list_name, session)
+
+
+@pytest.mark.parametrize("mode", ["tokens", "ids"])
+def test_a_kicks_follow_up_steps_leave_another_list_of_the_name_alone(registered, lists, list_name, mode) -> None:
+    """The steps after a kick's own (the schedule's `unschedule`, the ID store's `remove`,
+    `reopen`), sent with the stamp of the list whose jobs were kicked, change nothing in
+    another list of the name: each checks the stamp itself (the Python before them reads
+    the list record first, which a drop and a load may follow)."""
+    lists.load(list_name, [JobSpec(f"b{i}", {"i": i}) for i in range(10)], mode=mode, seal=True)
+    head = registered.get(keys.LIST_SET, list_name).bins
+    stale = head["created"] - 1
+    chunk = keys.chunk_name(list_name, 0)
+    chunk_before = registered.get(keys.IDS_SET, chunk)
+    assert transitions.list_write(registered, list_name, "unschedule", [3], after=(stale,)) == 0
+    assert transitions.list_write(registered, list_name, "reopen", after=(stale,)) == "missing"
+    if mode == "ids":
+        assert transitions.ids_once(registered, chunk, "remove", [3], extra=(stale,)) == 0
+        assert registered.get(keys.IDS_SET, chunk).bins["ids"] == chunk_before.bins["ids"]
+    after = registered.get(keys.LIST_SET, list_name).bins
+    assert (after.get("timed"), after.get("reopens")) == (head.get("timed"), head.get("reopens"))
+    # With the list's own stamp they do their work.
+    assert transitions.list_write(registered, list_name, "reopen", after=(head["created"],)) == "ok"
+    if mode == "ids":
+        assert transitions.ids_once(registered, chunk, "remove", [3], extra=(head["created"],)) == 1

@@ -180,17 +180,23 @@ def test_a_kick_from_a_page_shown_before_a_drop_and_a_load_kicks_nothing(
     lists.load(list_name, [JobSpec("a", {}), JobSpec("b", {})], max_attempts=1, seal=True)
     lists.bury(list_name, "b", "the first list's")
     client = app.test_client()
-    page = text(client.get(f"/lists/{list_name}"))
-    token, shown = csrf(client, f"/lists/{list_name}"), set(STAMP.findall(page))
-    assert shown == {str(lists.status(list_name).created)}, "both kick forms carry the list's stamp"
+    forms = {}  # each kick form of the list page, the job's page and the overview: its fields
+    for path in ("/", f"/lists/{list_name}", f"/lists/{list_name}/jobs/1"):
+        for action, body in KICK_FORM.findall(text(client.get(path))):
+            if action.startswith(f"/lists/{list_name}/"):  # the overview shows every list of the store
+                forms.setdefault(action, []).append(dict(FIELD.findall(body)))
+    created = str(lists.status(list_name).created)
+    assert set(forms) == {f"/lists/{list_name}/jobs/1/kick", f"/lists/{list_name}/kick"}, forms
+    assert [f.get("c") for fs in forms.values() for f in fs] == [created] * sum(map(len, forms.values())), forms
     lists.drop(list_name, grace_s=0)
     lists.load(list_name, [JobSpec("x", {}), JobSpec("y", {})], max_attempts=1, seal=True)
     lists.bury(list_name, "y", "the operator's, on the new list")
-    (old,) = shown
-    for url in (f"/lists/{list_name}/jobs/1/kick", f"/lists/{list_name}/kick"):
-        resp = client.post(url, data={"csrf_token": token, "c": old}, follow_redirects=True)
-        assert "was dropped and loaded again since the page was shown: nothing was kicked" in text(resp)
+    for action, fields in forms.items():
+        for form in fields:
+            resp = client.post(action, data=form, follow_redirects=True)
+            assert "was dropped and loaded again since the page was shown: nothing was kicked" in text(resp)
     assert job_state(registered, list_name, 1) == "dead"
+    token, old = forms[f"/lists/{list_name}/kick"][0]["csrf_token"], created
     assert client.post(f"/lists/{list_name}/kick", data={"csrf_token": token, "c": "1e3"}).status_code == 400
     # The page shown now has the new list's stamp, and its kick runs.
     (new,) = set(STAMP.findall(text(client.get(f"/lists/{list_name}"))))
@@ -200,6 +206,8 @@ def test_a_kick_from_a_page_shown_before_a_drop_and_a_load_kicks_nothing(
 
 
 STAMP = re.compile(r'name="c" value="(-?[0-9]+)"')
+KICK_FORM = re.compile(r'<form class="inline" method="post" action="([^"]*/kick)"[^>]*>(.*?)</form>', re.S)
+FIELD = re.compile(r'<input type="hidden" name="([^"]+)" value="([^"]*)">')
 
 
 def test_find_opens_the_job_with_exactly_that_id(app: Flask, registered: Backend, list_name: str) -> None:
