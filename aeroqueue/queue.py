@@ -592,7 +592,8 @@ class Queue:
         if others:
             tokens = [t for t in tokens if t in fresh]
         lid, until, sess = _request_id(), now + tlim, session.claim_id()
-        leased: list[dict[str, Any]] = []
+        popped: list[tuple[int, list[Any]]] = []  # (token, its block entry [jid, payload])
+        leased: list[dict[str, Any]] = []  # the bins read of the others leased
         held: list[int] = []
         groups: dict[tuple[int, int | None, int | None], list[int]] = defaultdict(list)
         if created is not None:
@@ -600,17 +601,14 @@ class Queue:
             # list's. The ack's filter checks each record, as for any lease.
             entries = blocks.pop(self.backend, name, created, tokens)
             if entries:
-                for token in tokens:
-                    entry = entries.get(token)
-                    if entry is not None:
-                        leased.append({"token": token, "jid": entry[0], "payload": entry[1], "att": 0, "c": created})
-                        held.append(token)
+                popped = [(t, entries[t]) for t in tokens if t in entries]
+                held = [t for t, _ in popped]
                 groups[(0, None, created)] = list(held)
                 tokens = [t for t in tokens if t not in entries]
         try:
             recs = self.backend.batch_bins(keys.JOB_SET, keys.job_names(name, tokens), hotpath.LEASE_READS_LIST)
         except AeroqueueError:
-            if not leased:
+            if not popped:
                 # Nothing is leased: claimed instead, whose batch handles every failure.
                 return self._claim(name, sess, rid, tlim, others + tokens, [], [], [], created)
             # The popped ones are leased; the others claimed after them.
@@ -630,7 +628,7 @@ class Queue:
             else:
                 others.append(token)
         jobs: list[Job] = []
-        if leased:
+        if held:
             # Recorded before any job is handed out: a process that dies after this
             # leaves its jobs to the reaper. One that dies between the take and this
             # leaves them taken and held by no one: the sweeper's, as between a take
@@ -652,16 +650,17 @@ class Queue:
                 # record): claimed instead, which fences them whatever a sweep did. If
                 # the lease did land, the claims make it void, and it is forgotten.
                 log.warning("lease not recorded: jobs claimed instead", extra={
-                    "event": "lease_fallback", "list": name, "jobs": len(leased), "error": str(e)})
+                    "event": "lease_fallback", "list": name, "jobs": len(held), "error": str(e)})
                 session.settle(lid)
-                return self._claim(name, sess, lid, tlim, [b["token"] for b in leased] + others, [], [], [], created)
+                return self._claim(name, sess, lid, tlim, held + others, [], [], [], created)
             with self._lock:
                 # Leases whose jobs someone else acknowledged (or nobody did) end here,
                 # not in this dict: the reaper ends them on the server.
                 for old in [k for k, v in self._leases.items() if v[2] < now]:
                     del self._leases[old]
                 self._leases[lid] = (session, set(held), until)
-            jobs = self._jobs(name, sess, lid, tlim, leased, until=until)
+            jobs = self._popped_jobs(name, sess, lid, tlim, popped, until, created)
+            jobs += self._jobs(name, sess, lid, tlim, leased, until=until)
         if others:
             try:
                 jobs += self._claim(name, sess, lid, tlim, others, [], jobs, [], created)
@@ -721,6 +720,27 @@ class Queue:
         )[0]
         if code == 0 or not in_time:
             self._settled(job)
+
+    def _popped_jobs(
+        self, name: str, sess: str, lid: str, tlim: int, popped: list[tuple[int, list[Any]]], until: int,
+        created: int | None,
+    ) -> list[Job]:
+        """Jobs leased from their block entries (`_lease`): `_jobs` of bins as the loader
+        wrote them (attempt 0, never claimed), built straight from the entries. Every
+        job of the lease shares one fence tuple; a dict a job built first and read back
+        cost the client as much again (about 0.9 us a job, measured)."""
+        base = {"list": name, "session": sess, "timeout_s": tlim / 1000, "rid": lid, "toucher": self.touch,
+                "lease": (0, None, until, created), "created": created, "attempt": 1}
+        new = object.__new__
+        jobs: list[Job] = []
+        append = jobs.append
+        for token, (jid, payload) in popped:
+            job = new(Job)
+            d = job.__dict__
+            d.update(base)
+            d["token"], d["jid"], d["payload"] = token, jid, payload
+            append(job)
+        return jobs
 
     def _jobs(
         self, name: str, sess: str, rid: str, tlim: int, claims: list[dict[str, Any]], *, until: int | None = None
@@ -1122,6 +1142,9 @@ class _ListReplaced(Exception):
 def _checked_results(results: Sequence[Any]) -> list[Any]:
     """`checked_result` of each result, once per object: a result shared by a batch
     stays one object (`_one_lease` looks for that)."""
+    first = results[0] if results else None
+    if all(r is first for r in results):  # one result for a whole batch: checked once
+        return [checked_result(first)] * len(results)
     seen: dict[int, tuple[Any, Any]] = {}  # id -> (the object, kept alive so its id is not reused; its value)
     out = []
     for r in results:
