@@ -1142,6 +1142,8 @@ class _ListReplaced(Exception):
 def _checked_results(results: Sequence[Any]) -> list[Any]:
     """`checked_result` of each result, once per object: a result shared by a batch
     stays one object (`_one_lease` looks for that)."""
+    if not isinstance(results, (list, tuple)):
+        results = list(results)  # any iterable, a generator too
     first = results[0] if results else None
     if all(r is first for r in results):  # one result for a whole batch: checked once
         return [checked_result(first)] * len(results)
