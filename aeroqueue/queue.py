@@ -328,6 +328,7 @@ class Queue:
         pending = acks  # the acks, until they have been sent
         seen = set() if seen is None else seen
         these: list[tuple[Job, Any]] = []
+        replaced = 0  # takes whose cursor was another list's chunk (ID mode), in a row
         try:
             while len(got) < count:
                 now, fresh, took = None, range(0), time.monotonic()
@@ -337,7 +338,13 @@ class Queue:
                     try:
                         taken, tlim, now, fresh, created = self._take(list_name, count - len(got))
                     except _ListReplaced:
-                        continue  # the next take is the new list's
+                        # The next take is the new list's. Bounded all the same: a chunk
+                        # that stayed another list's would make this loop for ever.
+                        replaced += 1
+                        if replaced > REPLACED_RETAKES:
+                            break
+                        continue
+                    replaced = 0
                 if created is not None and created != stamp:
                     if stamp is not None:
                         # The list was dropped and loaded again between two takes:
@@ -1132,6 +1139,12 @@ def _too_big(too_big: list[tuple[Job, Any]], of: int, lost: list[Job], max_recor
     err = RecordTooBig(f"acknowledging {what}: {why}{others}", code=13)
     err.too_big, err.lost = [j for j, _ in too_big], lost  # type: ignore[attr-defined]
     return err
+
+
+# Takes again after an ID-mode take met another list's chunk with nothing taken (a
+# drop and a load of the name in between): one is enough unless the name is dropped
+# and loaded again over and over.
+REPLACED_RETAKES = 3
 
 
 class _ListReplaced(Exception):

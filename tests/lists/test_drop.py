@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from aerospike_helpers.operations import operations as op
 from click.testing import CliRunner
 
 from aeroqueue import errors, keys, sessions, transitions
@@ -22,7 +23,7 @@ from aeroqueue.backends.base import N_PARTITIONS
 from aeroqueue.cli import main
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import Checked, JobSpec
-from aeroqueue.queue import Job, Queue
+from aeroqueue.queue import REPLACED_RETAKES, Job, Queue
 from aeroqueue.sessions import Session
 from aeroqueue.worker import EXIT_OK, Worker
 from tests.conftest import mark_reaping
@@ -860,3 +861,35 @@ def test_a_kicks_follow_up_steps_leave_another_list_of_the_name_alone(registered
     assert transitions.list_write(registered, list_name, "reopen", after=(head["created"],)) == "ok"
     if mode == "ids":
         assert transitions.ids_once(registered, chunk, "remove", [3], extra=(head["created"],)) == 1
+
+
+def test_a_chunk_that_stays_another_lists_ends_the_reservation_without_looping(
+    registered, queue, lists, list_name, session
+) -> None:
+    """An ID-mode take whose chunk is another list's takes again (the name's list since
+    the take is the new one). A chunk that stayed another list's (none should: a loader
+    replaces one before it publishes) must not make a reservation loop for ever."""
+    lists.load(list_name, [JobSpec(f"j{i}", {"i": i}) for i in range(5)], mode="ids", seal=True)
+    chunk = keys.chunk_name(list_name, 0)
+    created = registered.get(keys.LIST_SET, list_name).bins["created"]
+    registered.operate(keys.IDS_SET, chunk, [op.write("c", created + 1)], update_only=True)
+    takes = []
+    real_udf = registered.udf
+
+    def counted(set_name, key, module, fn, *args, **kw):
+        takes.append(fn) if fn == "take" else None
+        return real_udf(set_name, key, module, fn, *args, **kw)
+
+    registered.udf = counted
+    got: list[list[Job]] = []
+    try:
+        # In a thread: a reservation that loops for ever fails the test instead of hanging it.
+        t = threading.Thread(target=lambda: got.append(queue.reserve(list_name, session, 5)), daemon=True)
+        t.start()
+        t.join(30)
+        assert not t.is_alive(), "the reservation kept taking"
+    finally:
+        registered.udf = real_udf
+    assert got == [[]]
+    assert len(takes) == 1 + REPLACED_RETAKES, takes  # the first take, then the bounded retakes
+    assert registered.get(keys.IDS_SET, chunk).bins["ids"] == [0, 1, 2, 3, 4]  # nothing popped
