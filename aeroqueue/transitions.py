@@ -617,7 +617,8 @@ def _transition(
     tx: str | None = None, off: str | None = None, offer: Callable[[list[int]], list[int]] | None = None,
     created: int | None = None,
 ) -> str:
-    """One job UDF that ends a claim (or buries a job), then its follow-up. Repeated
+    """One job UDF that ends a claim, then its follow-up (`bury` does the same with the
+    stamp given to the UDF as well, which these functions do not take). Repeated
     while its answer is in doubt, for `deadline_s`: a repeat answers as the first did,
     and the follow-up is idempotent. `tx`, `off`: as `job_udf` takes them; `created`:
     as `after_fail` does."""
