@@ -392,8 +392,9 @@ def _offer(backend: Backend, list_name: str, tokens: list[int], tx: str, created
     # 27: offered by another reaper, or ended again since, or past the deadline; 2: gone (a drop).
     failed = sorted({code for code in codes if code not in (0, 2, 27)})
     if failed:
+        unoffered = sum(code in failed for code in codes)
         log.warning("release: the offer of %d released jobs failed (codes %s); the sweep offers them",
-                    sum(code in failed for code in codes), failed)
+                    unoffered, failed, extra={"event": "release_offer_failed", "jobs": unoffered, "codes": failed})
     return [t for t, code in zip(tokens, codes, strict=True) if code == 0]
 
 
@@ -529,7 +530,8 @@ def _take_for_reaping(backend: Backend, session_id: str, gen: int) -> bool:
             continue  # reached the server past its deadline: nothing written, sent again once
     # Nothing else refuses the take: a reaper that never reaps should say why.
     log.warning("reap: taking session %s reached the server past its deadline twice; a later pass "
-                "tries again (if every pass says so, is the store's clock ahead of this host's?)", session_id)
+                "tries again (if every pass says so, is the store's clock ahead of this host's?)", session_id,
+                extra={"event": "reap_late", "session": session_id})
     return False
 
 
@@ -1030,20 +1032,23 @@ def _fence(backend: Backend, jobs: list[_Found], room: int) -> list[int]:
                 expression=None if deadline is None else hotpath.in_time(deadline).compile(),
             )
         except IN_DOUBT:
-            log.warning("sweep: the fence on %d lost jobs stayed in doubt; a later sweep offers them", len(batch))
+            log.warning("sweep: the fence on %d lost jobs stayed in doubt; a later sweep offers them", len(batch),
+                        extra={"event": "sweep_fence_in_doubt", "jobs": len(batch)})
             continue
         tokens += [j.bins["token"] for j, code in zip(batch, codes, strict=True) if code == 0]
         # 3: changed since the scan (another sweep, a claim); 2: gone (a drop); 27: past
         # the deadline (not written: a later sweep finds it lost again).
         failed = sorted({code for code in codes if code not in (0, 2, 3, 27)})
         if failed:
+            unfenced = sum(code in failed for code in codes)
             log.warning("sweep: the fence failed on %d lost jobs (codes %s); a later sweep offers them",
-                        sum(code in failed for code in codes), failed)
+                        unfenced, failed, extra={"event": "sweep_fence_failed", "jobs": unfenced, "codes": failed})
         if late := codes.count(27):
             # Nothing else refuses a fence (its generation check answers 3): a sweep that
             # does nothing every time should say why.
             log.warning("sweep: the fence on %d lost jobs reached the server past its deadline; a later sweep "
-                        "offers them (if every sweep says so, is the store's clock ahead of this host's?)", late)
+                        "offers them (if every sweep says so, is the store's clock ahead of this host's?)", late,
+                        extra={"event": "sweep_fence_late", "jobs": late})
     return tokens
 
 

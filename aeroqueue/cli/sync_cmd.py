@@ -369,7 +369,7 @@ def _sync_with_spark(
             except Exception as e:
                 if stop.is_set():
                     # Most often the cancel's own failure; with --verbose, whatever it was.
-                    log.debug("the run ended after SIGTERM: %s", e)
+                    log.debug("the run ended after SIGTERM: %s", e, extra={"event": "sync_stopped"})
                     raise Terminated(
                         "sync stopped by SIGTERM before its run ended: what it committed is marked, "
                         "the next run copies the rest"
@@ -385,7 +385,7 @@ def _sync_with_spark(
                 r = run_sync(options, spark, backend)
             report(r)
             if r.counts.rejected:
-                log.error("%s", r.rejects_note)
+                log.error("%s", r.rejects_note, extra={"event": "sync_rejects"})
 
         scheduler = Scheduler(backend, every, one_run, lease_s=lease_s, lock=target.lease_name, stop=stop)
         try:
@@ -415,7 +415,7 @@ def _sync_with_spark(
             try:
                 spark.stop()
             except Exception as e:  # its JVM gone (Ctrl-C, killed): whatever the run said stands
-                log.debug("stopping Spark failed: %s", e)
+                log.debug("stopping Spark failed: %s", e, extra={"event": "spark_stop_failed"})
 
 
 def print_bench(r: BenchResult, console: Console | None = None) -> None:

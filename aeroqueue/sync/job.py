@@ -290,13 +290,13 @@ class ProgressWatcher:
                 try:
                     self.on_progress(self._read(backend))
                 except BackendError as e:
-                    log.debug("reading the sync's progress failed: %s", e)
+                    log.debug("reading the sync's progress failed: %s", e, extra={"event": "sync_progress_failed"})
                 if stopping:
                     break
             for i in range(0, len(self.names), 500):
                 backend.batch_operate(keys.SYNC_SET, [(n, [_delete()]) for n in self.names[i:i + 500]])
         except BackendError as e:
-            log.debug("cleaning up the sync's progress records failed: %s", e)
+            log.debug("cleaning up the sync's progress records failed: %s", e, extra={"event": "sync_cleanup_failed"})
         finally:
             backend.close()
 
@@ -349,7 +349,7 @@ def run_sync(
         n_lists = write_summaries(backend, sink, synced_at, options.lists)
         forget_copied_rejects(sink)
     report = SyncReport(str(target), counts, n_lists, time.monotonic() - started, synced_at, options.resync)
-    log.debug("%s", report)
+    log.debug("%s", report, extra={"event": "sync_report"})
     return report
 
 
@@ -405,14 +405,14 @@ def _await_tasks(sc: Any, group: str) -> None:
                     for s in job.stageIds) for job in jobs):
                 return
         except Exception as e:  # the context stopped under the run: its tasks went with it
-            log.debug("reading the sync job's status failed: %s", e)
+            log.debug("reading the sync job's status failed: %s", e, extra={"event": "sync_status_failed"})
             return
         waited = time.monotonic() - started
         if not jobs and waited > JOB_SEEN_LIMIT_S:
             return
         if waited > TASKS_END_LIMIT_S:
             log.warning("tasks of the sync's Spark job were still running %.0f s after it ended; "
-                        "they may still copy and mark rows", waited)
+                        "they may still copy and mark rows", waited, extra={"event": "sync_tasks_running", "waited_s": round(waited)})
             return
         time.sleep(TASKS_POLL_S)
 

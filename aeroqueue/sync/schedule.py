@@ -127,7 +127,8 @@ class Lease:
                 self.backend.remove(keys.LOCK_SET, self.name, gen=rec.gen)
         except (GenerationConflict, BackendError):
             # Taken over or unreachable: it expires on its own.
-            log.debug("releasing the %s lease failed", self.name, exc_info=True)
+            log.debug("releasing the %s lease failed", self.name, exc_info=True,
+                      extra={"event": "lease_release_failed", "lease": self.name})
 
     def describe_holder(self) -> str:
         h = self.holder or {}
@@ -157,10 +158,12 @@ class LeaseKeeper:
             try:
                 ok = self.lease.renew()
             except BackendError as e:
-                log.warning("renewing the %s lease failed: %s", self.lease.name, e)
+                log.warning("renewing the %s lease failed: %s", self.lease.name, e,
+                            extra={"event": "lease_renew_failed", "lease": self.lease.name})
                 continue
             if not ok:
-                log.warning("the %s lease was lost (another process took it over)", self.lease.name)
+                log.warning("the %s lease was lost (another process took it over)", self.lease.name,
+                            extra={"event": "lease_lost", "lease": self.lease.name})
                 self.lost.set()
                 return
 
@@ -216,9 +219,9 @@ class Scheduler:
 
     def _run_failed(self, e: Exception) -> None:
         if self.stop.is_set():  # a run the stop cut short: what was asked for, not news
-            log.debug("sync run stopped: %s", e)
+            log.debug("sync run stopped: %s", e, extra={"event": "sync_stopped"})
         else:
-            log.error("sync run failed: %s", e)
+            log.error("sync run failed: %s", e, extra={"event": "sync_failed"})
 
     def run(self, max_runs: int | None = None) -> int:
         """Run until `stop` is set (or `max_runs` runs); returns how many ran."""
@@ -227,7 +230,8 @@ class Scheduler:
             while not self.stop.is_set():
                 if not self.lease.held and not self.lease.acquire():
                     if not standby_said:
-                        log.info("another sync scheduler holds the lease (%s): standing by", self.lease.describe_holder())
+                        log.info("another sync scheduler holds the lease (%s): standing by", self.lease.describe_holder(),
+                                 extra={"event": "standing_by"})
                         standby_said = True
                     self.stop.wait(min(self.every_s, self.lease.ttl_ms / 3000))
                     continue

@@ -133,7 +133,7 @@ def migrate(sink: Sink, *, at_ms: int | None = None) -> int:
             if not sink.dialect.transient_ddl(e) or attempt + 1 == MIGRATE_TRIES:
                 raise sink.fail(e, "creating or migrating the schema") from None
             log.warning("migrating the schema of %s failed (%s); trying again", sink.target,
-                        sink.target.redact(str(e)))
+                        sink.target.redact(str(e)), extra={"event": "schema_migrate_failed"})
             time.sleep(MIGRATE_PAUSE_S * 2 ** attempt)
     raise AssertionError("unreachable")
 
@@ -167,7 +167,8 @@ def _migrate_once(sink: Sink, steps: list[Migration], at_ms: int | None) -> int:
             )
             if sink.dialect.ddl_commits:  # else the whole migration is one transaction
                 sink.commit()
-            log.info("schema of %s migrated to version %d (%s)", sink.target, step.version, step.description)
+            log.info("schema of %s migrated to version %d (%s)", sink.target, step.version, step.description,
+                 extra={"event": "schema_migrated", "version": step.version})
         sink.commit()
     return newest
 

@@ -165,7 +165,8 @@ class RangeSync:
         if marks.too_big:
             self.counts.unmarked += len(marks.too_big)
             log.warning("%d copied job(s) could not be marked: their records are at the namespace's max-record-size "
-                        "(e.g. %s); every run copies them again", len(marks.too_big), marks.too_big[0])
+                        "(e.g. %s); every run copies them again", len(marks.too_big), marks.too_big[0],
+                        extra={"event": "marks_too_big", "jobs": len(marks.too_big)})
         self.counts.mark_s += time.perf_counter() - t0
         self.per_list.update(batch.rows[i][0] for i in keep)
         self._report()

@@ -470,7 +470,7 @@ class Sink:
         try:
             self.conn.close()
         except Exception:  # closing a connection the server already dropped
-            log.debug("closing %s failed", self.target, exc_info=True)
+            log.debug("closing %s failed", self.target, exc_info=True, extra={"event": "sink_close_failed"})
         finally:
             self._remove_infile_dir()
 
@@ -609,7 +609,8 @@ class Sink:
                 if not self.dialect.no_local_infile(e):  # type: ignore[attr-defined]
                     raise
                 log.warning("%s does not allow LOAD DATA LOCAL (local_infile): the sync writes by multi-row INSERT, "
-                            "slower (the upsert costs MariaDB about 30 percent more CPU per row)", self.target)
+                            "slower (the upsert costs MariaDB about 30 percent more CPU per row)", self.target,
+                            extra={"event": "local_infile_off"})
                 self.can_load = False
                 cur.execute("ROLLBACK TO SAVEPOINT aq_load")
                 return False
@@ -629,7 +630,7 @@ class Sink:
         try:
             self.conn.rollback()
         except Exception:
-            log.debug("rollback on %s failed", self.target, exc_info=True)
+            log.debug("rollback on %s failed", self.target, exc_info=True, extra={"event": "sink_rollback_failed"})
 
     def kill(self) -> None:
         """Fault injection: drop this connection the way a server restart would."""
