@@ -15,6 +15,7 @@ from aeroqueue import blocks, keys
 from aeroqueue import load as load_module
 from aeroqueue.backends import Backend
 from aeroqueue.backends.sizes import record_size
+from aeroqueue.errors import BackendTimeout
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Queue
@@ -507,3 +508,38 @@ def test_a_claiming_reservation_across_a_drop_and_a_load_hands_out_each_new_job_
     assert lists.status(list_name).done == n
     if acks:
         assert states(registered, other, 1) == {"j0": "done"}
+
+
+def test_a_lease_not_recorded_across_a_drop_and_a_load_claims_none_of_the_new_lists_jobs(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session, monkeypatch
+) -> None:
+    """A leased reservation whose lease was not recorded claims its jobs instead
+    (`lease_fallback`). The list dropped and loaded again while the lease was on its
+    way: those claims, with the take's stamp, refuse the new list's records at the
+    tokens taken, which the new list's own takes hand out, each once."""
+    n = 20
+    load(lists, list_name, n, tag="old")
+    real_lease = session.lease
+    paused: list[bool] = []
+
+    def dropped_and_loaded_then_refused(*args: Any, **kwargs: Any) -> Any:
+        if paused:
+            return real_lease(*args, **kwargs)
+        paused.append(True)
+        lists.drop(list_name, grace_s=0)
+        load(lists, list_name, n, tag="new")
+        raise BackendTimeout("the lease's answer was lost")
+
+    monkeypatch.setattr(session, "lease", dropped_and_loaded_then_refused)
+    claimed = queue.reserve(list_name, session, 5, lease=True)
+    assert paused
+    # Its claims refused the new list's records: it took again, from the new list.
+    assert claimed, "the reservation returned no job"
+    handed = list(claimed)
+    while batch := queue.reserve(list_name, session, n, lease=True):
+        handed += batch
+    assert sorted((j.jid, j.payload["tag"]) for j in handed) == sorted((f"j{i}", "new") for i in range(n))
+    assert queue.complete_many(handed) == []
+    queue.flush()
+    assert states(registered, list_name, n) == {f"j{i}": "done" for i in range(n)}
+    assert lists.status(list_name).done == n
