@@ -119,3 +119,44 @@ CREATE TABLE IF NOT EXISTS sync_rejects (
     WHERE typeof(jid) = 'text' */;
 /*sqlite DROP TABLE aq_jobs */;
 /*sqlite ALTER TABLE aq_jobs_v3 RENAME TO aq_jobs */;
+
+-- migration 4: aq_jobs and aq_list_summary carry the list's stamp; a job's row is unique by (list, created, jid)
+-- A list dropped and loaded again under its name is another list (its records
+-- carry another stamp, `c`, the list's creation time). Keyed on (list, jid),
+-- the new list's jobs took the old ones' rows: an old job processed and copied
+-- was gone from the copy once the new job of its id was copied, and the old
+-- jobs not reloaded stayed beside the new list's, counted as its. Each row now
+-- names the list it was copied from (`created`, the list's stamp; the summary
+-- names the list it counts, so `WHERE (list, created)` matches the two).
+-- Rows copied before this migration hold created 0: a job of theirs copied
+-- again (run again after a kick, or a resync) gets a row of its own beside it.
+/*! SET @aq_has_created = (SELECT COUNT(*) FROM information_schema.columns WHERE table_schema = DATABASE() AND table_name = 'aq_jobs' AND column_name = 'created') */;
+/*! SET @aq_alter = IF(@aq_has_created = 0, 'ALTER TABLE aq_jobs ADD COLUMN created BIGINT NOT NULL DEFAULT 0 AFTER list, DROP INDEX aq_jobs_job, ADD UNIQUE KEY aq_jobs_job (list, created, jid)', 'DO 0') */;
+/*! PREPARE aq_migrate_4 FROM @aq_alter */;
+/*! EXECUTE aq_migrate_4 */;
+/*! DEALLOCATE PREPARE aq_migrate_4 */;
+/*! SET @aq_has_created = (SELECT COUNT(*) FROM information_schema.columns WHERE table_schema = DATABASE() AND table_name = 'aq_list_summary' AND column_name = 'created') */;
+/*! SET @aq_alter = IF(@aq_has_created = 0, 'ALTER TABLE aq_list_summary ADD COLUMN created BIGINT NOT NULL DEFAULT 0 AFTER list', 'DO 0') */;
+/*! PREPARE aq_migrate_4s FROM @aq_alter */;
+/*! EXECUTE aq_migrate_4s */;
+/*! DEALLOCATE PREPARE aq_migrate_4s */;
+/*sqlite DROP TABLE IF EXISTS aq_jobs_v4 */;
+/*sqlite CREATE TABLE aq_jobs_v4 (
+    list      VARCHAR(64)    NOT NULL,
+    created   BIGINT         NOT NULL DEFAULT 0,
+    jid       TEXT           NOT NULL,
+    token     BIGINT         NOT NULL,
+    state     VARCHAR(8)     NOT NULL,
+    attempts  INT            NOT NULL,
+    payload   LONGTEXT       CHECK (payload IS NULL OR JSON_VALID(payload)),
+    result    LONGTEXT       CHECK (result IS NULL OR JSON_VALID(result)),
+    error     TEXT,
+    done_at   BIGINT,
+    synced_at BIGINT         NOT NULL,
+    PRIMARY KEY (list, created, jid)
+) */;
+/*sqlite INSERT INTO aq_jobs_v4 (list, created, jid, token, state, attempts, payload, result, error, done_at, synced_at)
+    SELECT list, 0, jid, token, state, attempts, payload, result, error, done_at, synced_at FROM aq_jobs */;
+/*sqlite DROP TABLE aq_jobs */;
+/*sqlite ALTER TABLE aq_jobs_v4 RENAME TO aq_jobs */;
+/*sqlite ALTER TABLE aq_list_summary ADD COLUMN created BIGINT NOT NULL DEFAULT 0 */;

@@ -435,7 +435,8 @@ def write_summaries(backend: Backend, sink: Sink, at_ms: int, only: tuple[str, .
             # summarise, and not this run's failure. Its last summary row stays.
             log.info("list dropped during the sync: no summary", extra={"event": "sync_list_gone", "list": name})
             continue
-        rows.append((name, st.mode, st.total, st.done, st.dead, int(st.sealed), int(st.complete), st.completed_at, at_ms))
+        rows.append((name, st.mode, st.total, st.done, st.dead, int(st.sealed), int(st.complete), st.completed_at, at_ms,
+                     st.created))
     try:
         sink.upsert(SUMMARY_TABLE, SUMMARY_COLUMNS, ("list",), rows)
         sink.commit()
@@ -468,11 +469,14 @@ def rows_to_copy(backend: Backend, options: SyncOptions) -> dict[str, int]:
     already holds for it (none counted for a resync). For the progress bar."""
     lists = JobLists(backend)
     names = list(options.lists) or lists.names()
-    held: dict[str, int] = {}
+    held: dict[tuple[str, int], int] = {}
     if not options.resync:
         with Sink(options.target) as sink:
             try:
-                held = {name: int(n) for name, n in sink.execute(f"SELECT list, COUNT(*) FROM {JOBS_TABLE} GROUP BY list")}
+                # The rows of each list as it is now: those of a list of the name
+                # dropped before are not its.
+                held = {(name, int(c)): int(n) for name, c, n in sink.execute(
+                    f"SELECT list, created, COUNT(*) FROM {JOBS_TABLE} GROUP BY list, created")}
             except Exception as e:
                 if not sink.dialect.is_error(e):
                     raise
@@ -483,5 +487,5 @@ def rows_to_copy(backend: Backend, options: SyncOptions) -> dict[str, int]:
             st = lists.status(name)
         except ListNotFound:
             continue  # dropped since it was listed (or named): nothing of it to copy
-        out[name] = max(0, st.done + st.dead - held.get(name, 0))
+        out[name] = max(0, st.done + st.dead - held.get((name, st.created), 0))
     return out

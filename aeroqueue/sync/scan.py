@@ -21,7 +21,7 @@ from .options import SyncOptions
 from .schema import Refused, job_row, reject_row
 from .write import utf8_len
 
-SCAN_BINS = ["list", "token", "jid", "state", "att", "payload", "result", "err", "done_at"]
+SCAN_BINS = ["list", "token", "jid", "state", "att", "payload", "result", "err", "done_at", "c"]
 
 PROCESSED = exp.Or(exp.Eq(exp.StrBin("state"), "done"), exp.Eq(exp.StrBin("state"), "dead"))
 

@@ -28,9 +28,15 @@ ENV_SCHEMA = "AEROQUEUE_SYNC_SCHEMA"
 SUMMARY_TABLE = "aq_list_summary"
 REJECTS_TABLE = "sync_rejects"
 VERSION_TABLE = "schema_version"
-JOB_COLUMNS = ("list", "jid", "token", "state", "attempts", "payload", "result", "error", "done_at", "synced_at")
-JOB_KEY = ("list", "jid")
-SUMMARY_COLUMNS = ("list", "mode", "total", "done", "dead", "sealed", "complete", "completed_at", "updated_at")
+# `created`: the list's stamp (its records' `c`): a list dropped and loaded again under
+# its name is another list, whose rows are not the old one's (schema.sql, migration 4).
+JOB_COLUMNS = (
+    "list", "jid", "token", "state", "attempts", "payload", "result", "error", "done_at", "synced_at", "created",
+)
+JOB_KEY = ("list", "created", "jid")
+SUMMARY_COLUMNS = (
+    "list", "mode", "total", "done", "dead", "sealed", "complete", "completed_at", "updated_at", "created",
+)
 REJECT_COLUMNS = ("list", "token", "jid", "state", "reason", "seen_at")
 MAX_REASON = 2000
 
@@ -236,6 +242,7 @@ def job_row(bins: dict[str, Any], synced_at: int) -> tuple[Any, ...]:
         _text(bins.get("err"), "the error"),
         bins.get("done_at"),
         synced_at,
+        bins.get("c") or 0,  # a record without a stamp (none since lists have one): 0, as rows of before
     )
 
 

@@ -50,11 +50,16 @@ def processed(backend: Backend, name: str) -> dict[str, dict[str, Any]]:
     return {job["jid"]: job for job in JobLists(backend).jobs(name) if job["state"] in ("done", "dead")}
 
 
-def mysql_rows(database: str, name: str, port: int = 3306) -> list[dict[str, Any]]:
+def mysql_rows(database: str, name: str, port: int = 3306, created: int | None = None) -> list[dict[str, Any]]:
+    """The list's rows; with `created`, only those of the list of that stamp (a list
+    dropped and loaded again under its name is another list)."""
     conn = root_connection(database, port)
     try:
         cur = conn.cursor(dictionary=True)
-        cur.execute("SELECT * FROM aq_jobs WHERE list = %s", (name,))
+        if created is None:
+            cur.execute("SELECT * FROM aq_jobs WHERE list = %s", (name,))
+        else:
+            cur.execute("SELECT * FROM aq_jobs WHERE list = %s AND created = %s", (name, created))
         return list(cur.fetchall())
     finally:
         conn.close()
@@ -72,9 +77,10 @@ def mysql_query(database: str, sql: str, params: tuple = ()) -> list[tuple]:
 
 def assert_exactly_once(backend: Backend, database: str, name: str, port: int = 3306) -> None:
     """Row by row: every processed job of the list is in MySQL once, as Aerospike
-    holds it, and nothing else of the list is."""
+    holds it, and nothing else of the list is (rows of a list of the name dropped
+    before are that list's, not this one's)."""
     want = processed(backend, name)
-    rows = mysql_rows(database, name, port)
+    rows = mysql_rows(database, name, port, created=JobLists(backend).status(name).created)
     jids = [bytes(r["jid"]).decode() for r in rows]
     assert sorted(jids) == sorted(want), "MySQL holds exactly the processed jobs"
     assert len(set(jids)) == len(jids) and len({r["token"] for r in rows}) == len(rows), "each once"

@@ -289,3 +289,34 @@ def test_a_job_whose_record_has_no_room_for_the_mark_does_not_stop_the_others(
     again = sync_once(options(store_url, mysql_url, partitions=1, batch_size=5, lists=(list_name,)), spark, store)
     assert again.counts.copied == 1 and again.counts.unmarked == 1, "copied again (harmless), never marked"
     assert_exactly_once(store, mysql_db, list_name)
+
+
+def test_a_list_dropped_and_loaded_again_keeps_each_lists_rows_apart(
+    store, store_url, mysql_db, mysql_url, list_name, spark
+):
+    """Invariant 5 across a drop and a load of the same name: rows were keyed on
+    (list, jid), so the new list's j0 took the old j0's row (a processed job gone
+    from the copy), and the old j1..j3 stayed beside the new list's rows, counted as
+    its. Each row names its list's stamp now: the old list's rows stay as copied,
+    the new list's processed jobs land once each, and the summary names the list it
+    counts."""
+    lists = JobLists(store)
+    make_jobs(store, list_name, done=4)
+    old = lists.status(list_name).created
+    sync_once(options(store_url, mysql_url, lists=(list_name,)), spark, store)
+    copied = sorted((bytes(r["jid"]), r["done_at"]) for r in mysql_rows(mysql_db, list_name, created=old))
+    assert [j for j, _ in copied] == [b"j0", b"j1", b"j2", b"j3"]
+
+    lists.drop(list_name, grace_s=0)
+    time.sleep(0.002)  # the new list's stamp is the next millisecond's at least
+    make_jobs(store, list_name, done=1, queued=2)
+    new = lists.status(list_name).created
+    assert new != old
+    sync_once(options(store_url, mysql_url, lists=(list_name,)), spark, store)
+
+    assert sorted((bytes(r["jid"]), r["done_at"]) for r in mysql_rows(mysql_db, list_name, created=old)) == copied, \
+        "the old list's rows stay as they were copied"
+    assert_exactly_once(store, mysql_db, list_name)  # the new list's: j0 alone
+    assert len(mysql_rows(mysql_db, list_name)) == 5
+    assert mysql_query(mysql_db, "SELECT created, total, done FROM aq_list_summary WHERE list = %s", (list_name,)) \
+        == [(new, 3, 1)]

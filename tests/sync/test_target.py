@@ -193,8 +193,9 @@ def test_migration_on_mysql(mysql_db):
     # Binary job ids: case and trailing spaces make different rows.
     ddl = mysql_query(mysql_db, "SHOW CREATE TABLE aq_jobs")[0][1]
     assert "varbinary(200)" in ddl.lower() and "InnoDB" in ddl
-    # Rows go in at the end of the clustered key; (list, jid) is what the upsert collides on.
-    assert "PRIMARY KEY (`id`)" in ddl and "UNIQUE KEY `aq_jobs_job` (`list`,`jid`)" in ddl
+    # Rows go in at the end of the clustered key; (list, created, jid) is what the upsert
+    # collides on: a job of one list, not of another list of the name (migration 4).
+    assert "PRIMARY KEY (`id`)" in ddl and "UNIQUE KEY `aq_jobs_job` (`list`,`created`,`jid`)" in ddl
 
 
 def _failing_once(sink: Sink, on: str, errno: int, times: int = 1) -> list[str]:
@@ -267,7 +268,7 @@ def test_migration_2_rebuilds_a_version_1_table_keeping_its_rows_and_can_run_aga
             for stmt in step.statements:
                 sink.execute(stmt)
         sink.execute("INSERT INTO schema_version (version, description, applied_at) VALUES (1, 'old', 0)")
-        sink.upsert(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, [_row("a", 100), _row("b", 100)])
+        sink.upsert(JOBS_TABLE, OLD_COLUMNS, OLD_KEY, [_old_row("a", 100), _old_row("b", 100)])
         sink.commit()
         assert "PRIMARY KEY (`list`,`jid`)" in mysql_query(mysql_db, "SHOW CREATE TABLE aq_jobs")[0][1]
         newest = migrations()[-1].version
@@ -296,13 +297,14 @@ def test_migration_3_gives_sqlite_job_ids_as_text_back_and_keeps_ids_equal_as_nu
             for stmt in step.statements:
                 sink.execute(stmt)
         sink.execute("INSERT INTO schema_version (version, description, applied_at) VALUES (1, 'old', 0), (2, 'old', 0)")
-        sink.upsert(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, [_row("0123", 100), _row("abc", 100)])
+        sink.upsert(JOBS_TABLE, OLD_COLUMNS, OLD_KEY, [_old_row("0123", 100), _old_row("abc", 100)])
         sink.commit()
         assert sink.execute("SELECT typeof(jid) FROM aq_jobs ORDER BY token, jid") == [("integer",), ("text",)], \
             "the old affinity, as found"
         sink.execute("CREATE TABLE aq_jobs_v3 (leftover INT)")  # a run that died before its commit
         sink.commit()
-        assert migrate(sink) == 3 and migrate(sink) == 3
+        newest = migrations()[-1].version
+        assert migrate(sink) == newest and migrate(sink) == newest
         # The mangled row cannot be told back ('0123' or '123'?): it goes, and a resync
         # copies its job again; a row kept as text stays as it was.
         assert sink.execute("SELECT jid, typeof(jid) FROM aq_jobs") == [("abc", "text")]
@@ -317,6 +319,15 @@ def test_migration_3_gives_sqlite_job_ids_as_text_back_and_keeps_ids_equal_as_nu
 def _row(jid: str, done_at: int, state: str = "done", synced_at: int = 1) -> tuple:
     return job_row({"list": "L", "token": 0, "jid": jid, "state": state, "att": 1, "payload": {"a": 1},
                     "result": [1], "done_at": done_at}, synced_at)
+
+
+# aq_jobs' columns and key before migration 4 (the list's stamp): rows as an older
+# aeroqueue wrote them, into a table of its schema.
+OLD_COLUMNS, OLD_KEY = JOB_COLUMNS[:JOB_COLUMNS.index("created")], ("list", "jid")
+
+
+def _old_row(jid: str, done_at: int) -> tuple:
+    return _row(jid, done_at)[:len(OLD_COLUMNS)]
 
 
 @pytest.mark.parametrize(("dialect", "method"), [("sqlite", "upsert"), ("mysql", "upsert"), ("mysql", "copy")])
@@ -547,3 +558,45 @@ def test_summaries_skip_a_list_dropped_during_the_run(tmp_path, backend, list_na
     options = SyncOptions(store_url=f"embedded://{tmp_path / 'unused.db'}", target=_sqlite(tmp_path), lists=(kept, gone))
     assert rows_to_copy(backend, options) == {kept: 0}  # the progress bar's count, before the run
     lists.drop(kept, grace_s=0)
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "mysql"])
+def test_migration_4_keeps_the_rows_of_before_under_stamp_0_and_keys_rows_on_the_lists_stamp(dialect, tmp_path, request):
+    """A version-3 table's rows stay, with created 0; a row of the same list and id
+    but another stamp (a list dropped and loaded again) is a row of its own, and one
+    of the same stamp is the same row. On MySQL a run that died after the ALTERs,
+    before recording the version, finishes the migration the next time."""
+    if dialect == "mysql":
+        db = request.getfixturevalue("mysql_db")
+        target = parse_target(f"mysql://root@127.0.0.1:3306/{db}")
+    else:
+        target = _sqlite(tmp_path)
+    with Sink(target) as sink:
+        for step in migrations()[:4]:  # as an aeroqueue of schema version 3 left it
+            for stmt in step.statements:
+                stmt_here = sink.dialect.ddl(stmt)
+                if stmt_here is not None:
+                    sink.execute(stmt_here)
+        sink.execute("INSERT INTO schema_version (version, description, applied_at) VALUES (1, 'old', 0), (2, 'old', 0), "
+                     "(3, 'old', 0)")
+        sink.upsert(JOBS_TABLE, OLD_COLUMNS, OLD_KEY, [_old_row("a", 100), _old_row("b", 100)])
+        sink.execute("INSERT INTO aq_list_summary (list, mode, total, done, dead, sealed, complete, updated_at) "
+                     "VALUES ('L', 'tokens', 2, 2, 0, 1, 1, 5)")
+        sink.commit()
+        newest = migrations()[-1].version
+        assert migrate(sink) == newest
+        if dialect == "mysql":
+            sink.execute("DELETE FROM schema_version WHERE version >= 4")  # as if it died before recording it
+            sink.commit()
+            assert migrate(sink) == newest
+        stamped = [job_row({"list": "L", "token": 0, "jid": "a", "state": "done", "att": 1, "payload": None,
+                            "done_at": done_at, "c": 7}, 2) for done_at in (300, 400)]
+        for row in stamped:  # the new list's a, copied twice: one row
+            assert sink.copy(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, [row], newer="done_at") == []
+        assert sink.copy(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, [_row("b", 200)], newer="done_at") == []  # stamp 0: b's row
+        sink.commit()
+        rows = sink.execute("SELECT created, jid, done_at FROM aq_jobs ORDER BY created, jid")
+        summary = sink.execute("SELECT list, created, total FROM aq_list_summary")
+    assert [(c, bytes(j) if isinstance(j, (bytes, bytearray)) else j.encode(), d) for c, j, d in rows] == [
+        (0, b"a", 100), (0, b"b", 200), (7, b"a", 400)]
+    assert summary == [("L", 0, 2)]
