@@ -42,7 +42,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from . import keys, udfs
+from . import keys, lease_entries, udfs
 from .backends import Backend, open_backend
 from .config import parse_url
 from .errors import SyncError
@@ -196,7 +196,8 @@ def _show_target(console: Console, target: str) -> None:
 
 def _victim(backend: Backend, workers: list[subprocess.Popen], logs: Path,
             wait_s: float = 5.0) -> tuple[subprocess.Popen, str, int]:
-    """The worker to kill, its session and how many jobs it holds claimed: the first
+    """The worker to kill, its session and how many jobs it holds, claimed or leased
+    (a worker's batches are leased: no job record names their session): the first
     found holding some, waiting up to `wait_s` for one to. Handlers take a few ms and
     threads spend much of their time queued on the store's write lock holding
     nothing, so a kill at a random moment found one in three runs with nothing to
@@ -210,13 +211,23 @@ def _victim(backend: Backend, workers: list[subprocess.Popen], logs: Path,
                         for e in _events(logs) if e.get("event") == "started"}
         running = [(w, sessions[w.pid]) for w in workers if w.poll() is None and sessions.get(w.pid)]
         for w, session in running:
-            held = len(backend.find(keys.JOB_SET, "sess", session))
+            held = len(backend.find(keys.JOB_SET, "sess", session)) + _leased(backend, session)
             if held:
                 return w, session, held
         if time.monotonic() >= deadline:
             w, session = running[0] if running else (workers[0], "")
             return w, session, 0
         time.sleep(0.005)
+
+
+def _leased(backend: Backend, session: str) -> int:
+    """How many jobs the session's leases hold not yet acknowledged (a lease's record
+    keeps its tokens until all are settled: those still queued are the held ones)."""
+    rec = backend.get(keys.SESS_SET, session, bins=["leases"])
+    leases = lease_entries.of_record(rec.bins) if rec is not None else {}
+    names = [keys.job_name(entry[0], t) for entry in leases.values() for t in lease_entries.tokens(entry)]
+    recs = backend.batch_get(keys.JOB_SET, names) if names else []
+    return sum(1 for r in recs if r is not None and r.bins.get("state") == "queued")
 
 
 def _run_workers(
@@ -235,7 +246,7 @@ def _run_workers(
                 victim.send_signal(signal.SIGKILL)
                 victim.wait()
                 killed, killed_time = True, time.perf_counter()
-                progress.console.print(f"[red]SIGKILL[/] worker pid {victim.pid}: it held {held} claimed job(s)")
+                progress.console.print(f"[red]SIGKILL[/] worker pid {victim.pid}: it held {held} claimed or leased job(s)")
             if killed and not reaped_in and victim_session and backend.get(keys.SESS_SET, victim_session) is None:
                 reaped_in = time.perf_counter() - killed_time
                 progress.console.print(f"[green]its session was reaped after {reaped_in:.1f}s: its jobs are back in the queue[/]")
