@@ -130,8 +130,11 @@ CREATE TABLE IF NOT EXISTS sync_rejects (
 -- names the list it counts, so `WHERE (list, created)` matches the two).
 -- Rows copied before this migration hold created 0: a job of theirs copied
 -- again (run again after a kick, or a resync) gets a row of its own beside it.
+-- (A table made by hand may lack aq_jobs_job: the key is then added, not
+-- replaced; what else such a table holds, `check_jobs_table` checks.)
 /*! SET @aq_has_created = (SELECT COUNT(*) FROM information_schema.columns WHERE table_schema = DATABASE() AND table_name = 'aq_jobs' AND column_name = 'created') */;
-/*! SET @aq_alter = IF(@aq_has_created = 0, 'ALTER TABLE aq_jobs ADD COLUMN created BIGINT NOT NULL DEFAULT 0 AFTER list, DROP INDEX aq_jobs_job, ADD UNIQUE KEY aq_jobs_job (list, created, jid)', 'DO 0') */;
+/*! SET @aq_has_key = (SELECT COUNT(*) FROM information_schema.statistics WHERE table_schema = DATABASE() AND table_name = 'aq_jobs' AND index_name = 'aq_jobs_job') */;
+/*! SET @aq_alter = IF(@aq_has_created = 0, CONCAT('ALTER TABLE aq_jobs ADD COLUMN created BIGINT NOT NULL DEFAULT 0 AFTER list, ', IF(@aq_has_key > 0, 'DROP INDEX aq_jobs_job, ', ''), 'ADD UNIQUE KEY aq_jobs_job (list, created, jid)'), 'DO 0') */;
 /*! PREPARE aq_migrate_4 FROM @aq_alter */;
 /*! EXECUTE aq_migrate_4 */;
 /*! DEALLOCATE PREPARE aq_migrate_4 */;

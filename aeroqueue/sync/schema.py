@@ -129,7 +129,9 @@ def migrate(sink: Sink, *, at_ms: int | None = None) -> int:
     steps = migrations()
     for attempt in range(MIGRATE_TRIES):
         try:
-            return _migrate_once(sink, steps, at_ms)
+            newest = _migrate_once(sink, steps, at_ms)
+            check_jobs_table(sink)
+            return newest
         except SyncError:
             raise
         except Exception as e:
@@ -142,6 +144,53 @@ def migrate(sink: Sink, *, at_ms: int | None = None) -> int:
                         sink.target.redact(str(e)), extra={"event": "schema_migrate_failed"})
             time.sleep(MIGRATE_PAUSE_S * 2 ** attempt)
     raise AssertionError("unreachable")
+
+
+# MySQL's types that compare bytes, whatever the collation.
+_BINARY_TYPES = {"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"}
+
+
+def check_jobs_table(sink: Sink) -> None:
+    """Refuse an aq_jobs the upsert cannot rely on: one made by someone else before the
+    first sync (the migrations create it only if it is not there). Without a unique
+    key on exactly JOB_KEY every copy of a job adds a row; with a job id or list
+    name compared without regard to case or trailing spaces, two jobs share a row
+    and one of them is marked copied without being in the table."""
+    if sink.dialect.name == "mysql":
+        found = sink.execute(
+            "SELECT index_name, column_name FROM information_schema.statistics WHERE table_schema = DATABASE() "
+            "AND table_name = %s AND non_unique = 0 ORDER BY index_name, seq_in_index", (JOBS_TABLE,))
+        columns = sink.execute(
+            "SELECT column_name, data_type, collation_name FROM information_schema.columns "
+            "WHERE table_schema = DATABASE() AND table_name = %s", (JOBS_TABLE,))
+        loose = sorted(str(name) for name, kind, collation in columns
+                       if str(name).lower() in ("list", "jid") and str(kind).lower() not in _BINARY_TYPES
+                       and not str(collation or "").lower().endswith("_bin"))
+        if loose:
+            raise SyncError(
+                f"{JOBS_TABLE} in {sink.target}: column(s) {', '.join(loose)} compare text without regard to case "
+                "or trailing spaces (not binary, no _bin collation): two jobs would share one row. Was the table "
+                "made by hand? Rename or drop it, and the sync creates its own (sync/schema.sql)")
+    else:
+        # An index's name comes from SQLite's own list (the primary key's is sqlite_autoindex_...).
+        found = [(index, column) for (_, index, unique, *_) in sink.execute(f"PRAGMA index_list({JOBS_TABLE})")
+                 if unique for (_, _, column) in sink.execute(f'PRAGMA index_info("{index}")')]
+    unique: dict[str, list[str]] = {}
+    for index, column in found:
+        unique.setdefault(str(index), []).append(str(column).lower())
+    keys = list(unique.values())
+    made_by_hand = "Was the table made by hand, or by another tool? Rename or drop it, and the sync creates its own " \
+                   "(sync/schema.sql)"
+    if list(JOB_KEY) not in keys:
+        raise SyncError(f"{JOBS_TABLE} in {sink.target} has no unique key on ({', '.join(JOB_KEY)}): every copy of "
+                        f"a job would add a row. {made_by_hand}")
+    # An upsert updates the row it collides with on any unique key: one of other
+    # columns (a job id alone, say) would make one job's row another's.
+    others = [k for k in keys if k not in (list(JOB_KEY), ["id"])]
+    if others:
+        raise SyncError(f"{JOBS_TABLE} in {sink.target} has a unique key on ({', '.join(others[0])}) besides "
+                        f"({', '.join(JOB_KEY)}): a copied job colliding on it would take another job's row. "
+                        f"{made_by_hand}")
 
 
 def _migrate_once(sink: Sink, steps: list[Migration], at_ms: int | None) -> int:

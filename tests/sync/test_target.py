@@ -600,3 +600,57 @@ def test_migration_4_keeps_the_rows_of_before_under_stamp_0_and_keys_rows_on_the
     assert [(c, bytes(j) if isinstance(j, (bytes, bytearray)) else j.encode(), d) for c, j, d in rows] == [
         (0, b"a", 100), (0, b"b", 200), (7, b"a", 400)]
     assert summary == [("L", 0, 2)]
+
+
+_OURS = ("list VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL, created BIGINT NOT NULL DEFAULT 0, "
+         "{jid}, token BIGINT NOT NULL, state VARCHAR(8) NOT NULL, attempts INT NOT NULL, payload LONGTEXT, "
+         "result LONGTEXT, error TEXT, done_at BIGINT, synced_at BIGINT NOT NULL")
+
+
+@pytest.mark.parametrize(("jid", "keys", "said"), [
+    ("jid VARBINARY(200) NOT NULL", "", r"has no unique key on \(list, created, jid\): every copy of a job would add a row"),
+    ("jid VARCHAR(200) CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci NOT NULL", ", UNIQUE KEY u (list, created, jid)",
+     r"column\(s\) jid compare text without regard to case"),
+    ("jid VARBINARY(200) NOT NULL", ", UNIQUE KEY u (list, created, jid), UNIQUE KEY by_jid (jid)",
+     r"has a unique key on \(jid\) besides \(list, created, jid\)"),
+], ids=["no-unique-key", "case-insensitive-id", "another-unique-key"])
+def test_an_aq_jobs_made_by_hand_that_the_upsert_cannot_rely_on_is_refused(mysql_db, jid, keys, said):
+    """The migrations create aq_jobs only if it is not there: a table made before the
+    first sync (by hand, by another tool) was taken as it was. Without the unique
+    key every resync added each job again; with a case-insensitive id, jobs 'Ab' and
+    'ab' shared a row and one was marked copied without being in the table."""
+    db = mysql_db
+    mysql_query(db, f"CREATE TABLE aq_jobs (id BIGINT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY, "
+                    f"{_OURS.format(jid=jid)}{keys}) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin")
+    with Sink(parse_target(f"mysql://root@127.0.0.1:3306/{db}")) as sink:
+        with pytest.raises(SyncError, match=f"aq_jobs in mysql://root@127.0.0.1:3306/{db}:? {said}.*made by hand"):
+            migrate(sink)
+    assert mysql_query(db, "SELECT COUNT(*) FROM aq_jobs") == [(0,)]
+
+
+def test_an_aq_jobs_made_by_hand_without_the_stamp_gets_the_key_from_migration_4(mysql_db):
+    """One made with the columns of before (no `created`) and no unique key: migration 4
+    adds the stamp and the key, and the table is then one the upsert can rely on."""
+    mysql_query(mysql_db, "CREATE TABLE aq_jobs (id BIGINT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY, "
+                          + _OURS.replace("created BIGINT NOT NULL DEFAULT 0, ", "").format(jid="jid VARBINARY(200) NOT NULL")
+                          + ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin")
+    with Sink(parse_target(f"mysql://root@127.0.0.1:3306/{mysql_db}")) as sink:
+        assert migrate(sink) == migrations()[-1].version
+        for _ in range(2):
+            assert sink.copy(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, [_row("a", 100)], newer="done_at") == []
+        sink.commit()
+    assert mysql_query(mysql_db, "SELECT COUNT(*) FROM aq_jobs") == [(1,)]
+
+
+def test_an_sqlite_aq_jobs_made_again_by_hand_without_a_unique_key_is_refused(tmp_path):
+    """SQLite's migrations 3 and 4 rebuild the table (with the key): one made by hand
+    after them is what the check meets."""
+    target = _sqlite(tmp_path)
+    with Sink(target) as sink:
+        migrate(sink)
+        sink.execute("DROP TABLE aq_jobs")
+        sink.execute("CREATE TABLE aq_jobs (" + _OURS.replace(" CHARACTER SET ascii COLLATE ascii_bin", "")
+                     .format(jid="jid TEXT NOT NULL") + ")")
+        sink.commit()
+        with pytest.raises(SyncError, match=r"has no unique key on \(list, created, jid\)"):
+            migrate(sink)
