@@ -131,8 +131,24 @@ class Lease:
                       extra={"event": "lease_release_failed", "lease": self.name})
 
     def describe_holder(self) -> str:
+        """Who holds the lease; said when its process is not running here any more (a
+        sync killed outright: its lease holds until it runs out)."""
         h = self.holder or {}
-        return f"host {h.get('host', '?')} pid {h.get('pid', '?')}"
+        said = f"host {h.get('host', '?')} pid {h.get('pid', '?')}"
+        pid = h.get("pid")
+        if h.get("host") == socket.gethostname()[:200] and isinstance(pid, int) and pid > 0 and not _running(pid):
+            said += ", no longer running on this host (killed?)"
+        return said
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
 
 
 class LeaseKeeper:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -62,9 +64,28 @@ def test_a_one_shot_sync_is_refused_while_the_lease_is_held(store_url, lock, tmp
             sync_once(options(store_url, f"sqlite://{tmp_path / 'c.db'}"), None, open_backend(store_url), lock=lock)  # type: ignore[arg-type]
         assert "another sync to sqlite://" in str(e.value) and "is running" in str(e.value) and f"pid {holder._bins()['pid']}" in str(e.value)
         assert "runs out 30s after" in str(e.value), "the holder's own lease length"
+        assert "no longer running" not in str(e.value), "its holder runs"
     finally:
         holder.release()
     assert Lease(open_backend(store_url), lock).acquire(), "free again once released"
+
+
+def test_a_refusal_says_when_the_leases_holder_on_this_host_was_killed(store_url, lock, tmp_path):
+    """A sync killed outright holds its lease until it runs out: the next run was told
+    "another sync ... is running (pid N)" of a process that was gone."""
+    take = (f"from aeroqueue.backends import open_backend; from aeroqueue.sync import Lease; "
+            f"import sys; assert Lease(open_backend({store_url!r}), {lock!r}, ttl_s=30).acquire(); "
+            f"print('held', flush=True); sys.stdin.read()")
+    proc = subprocess.Popen([sys.executable, "-c", take], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    finally:
+        proc.kill()
+        proc.wait()
+    with pytest.raises(SyncError) as e:
+        sync_once(options(store_url, f"sqlite://{tmp_path / 'c.db'}"), None, open_backend(store_url), lock=lock)  # type: ignore[arg-type]
+    assert f"pid {proc.pid}, no longer running on this host (killed?)" in str(e.value)
+    assert "runs out 30s after" in str(e.value)
 
 
 def test_a_dead_holders_lease_is_taken_over_once_it_expires(store_url, lock):
