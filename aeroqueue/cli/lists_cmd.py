@@ -239,15 +239,18 @@ def drop(obj: Context, list_name: str, yes: bool, as_json: bool) -> None:
 
     Asks first (--yes to skip). Safe with workers running: they stop taking from
     LIST, and the acknowledgement of a job they hold is refused. The copy in
-    MySQL is left alone. --json prints {"name", "jobs", "index", "id_chunks", "bitmaps"}
+    MySQL is left alone; done and dead jobs no sync has copied yet are lost. --json prints {"name", "jobs", "index", "id_chunks", "bitmaps"}
     (records deleted).
     """
     jl = JobLists(obj.backend())
     if not yes:
         st = jl.status(list_name)  # a missing list is an error before anything is asked
         waiting = st.reservable + st.delayed + st.retry_pending  # every job not done, dead or running
+        # The records go: a done or dead job that no sync has copied yet is gone with them.
+        unsynced = (" Done and dead jobs not yet copied by `aeroqueue sync` are lost with it."
+                    if st.done + st.dead else "")
         question = (f"Drop list {list_name!r} and all its records: {st.total:,} job(s), {waiting:,} waiting, "
-                    f"{st.in_flight:,} in flight, {st.done:,} done, {st.dead:,} dead? This cannot be undone.")
+                    f"{st.in_flight:,} in flight, {st.done:,} done, {st.dead:,} dead?{unsynced} This cannot be undone.")
         nobody = click.ClickException(f"list {list_name!r} not dropped: no confirmation (pass --yes to drop without asking)")
         if sys.stdin is None:  # file descriptor 0 closed (`<&-`): input() would raise RuntimeError
             raise nobody

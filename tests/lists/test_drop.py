@@ -396,9 +396,12 @@ def test_cli_asks_first_and_exits_1_for_a_missing_list(store_url, queue, lists, 
     out = cli(store_url, "drop", list_name, input="y\n")
     assert out.exit_code == 0, out.output
     assert "4 job(s), 3 waiting, 0 in flight, 1 done, 0 dead?" in out.output and "cannot be undone" in out.output
+    assert "not yet copied by `aeroqueue sync` are lost" in out.output, "one job done: the sync's copy is named"
     out = cli(store_url, "drop", list_name, "--yes")
     assert out.exit_code == 1 and f"no job list named '{list_name}'" in out.output
     lists.load(list_name, specs(2), seal=True)
+    out = cli(store_url, "drop", list_name, input="n\n")
+    assert "0 done, 0 dead?" in out.output and "aeroqueue sync" not in out.output, "nothing processed: nothing to lose"
     out = cli(store_url, "drop", list_name, "--yes", "--json")
     assert out.exit_code == 0
     assert json.loads(out.output) == {"name": list_name, "jobs": 2, "index": 2, "id_chunks": 0, "bitmaps": 0}
