@@ -622,9 +622,9 @@ def test_an_aq_jobs_made_by_hand_that_the_upsert_cannot_rely_on_is_refused(mysql
     db = mysql_db
     mysql_query(db, f"CREATE TABLE aq_jobs (id BIGINT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY, "
                     f"{_OURS.format(jid=jid)}{keys}) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin")
-    with Sink(parse_target(f"mysql://root@127.0.0.1:3306/{db}")) as sink:
-        with pytest.raises(SyncError, match=f"aq_jobs in mysql://root@127.0.0.1:3306/{db}:? {said}.*made by hand"):
-            migrate(sink)
+    with Sink(parse_target(f"mysql://root@127.0.0.1:3306/{db}")) as sink, \
+            pytest.raises(SyncError, match=f"aq_jobs in mysql://root@127.0.0.1:3306/{db}:? {said}.*made by hand"):
+        migrate(sink)
     assert mysql_query(db, "SELECT COUNT(*) FROM aq_jobs") == [(0,)]
 
 
