@@ -250,3 +250,7 @@ class SyncError(AeroqueueError):
 
 class Terminated(AeroqueueError):
     """Stopped by SIGTERM before it finished."""
+
+
+class Interrupted(AeroqueueError):
+    """Stopped by Ctrl-C (SIGINT) before it finished."""

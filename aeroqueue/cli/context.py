@@ -24,7 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from .. import udfs
 from ..backends import Backend, open_backend
 from ..config import ENV_URL, MAX_ATTEMPTS, MAX_SECONDS, mask_passwords, mask_url, may_create
-from ..errors import AeroqueueError, ConfigError, ListNotFound, Terminated
+from ..errors import AeroqueueError, ConfigError, Interrupted, ListNotFound, Terminated
 from ..keys import check_list_name, check_text
 from ..lists import DEFAULT_MAX_ATTEMPTS, JobLists, new_list_policy
 from ..sessions import check_timing
@@ -244,7 +244,8 @@ class AeroqueueGroup(click.Group):
         # One line, never wrapped, so scripts and people can both read it. The message may
         # quote an argument (a URL given where a file goes): masked as usage errors are.
         _say_error(_one_line(line) + "\n", AeroqueueGroup.argv)
-        ctx.exit(EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_ERROR)
+        ctx.exit(EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED if isinstance(e, Interrupted)
+                 else EXIT_ERROR)
 
     def main(
         self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,

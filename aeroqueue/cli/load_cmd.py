@@ -27,7 +27,7 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from ..errors import InputChanged, LoadError, Terminated
+from ..errors import InputChanged, Interrupted, LoadError, Terminated
 from ..lists import DEFAULT_CHUNK, JobLists, max_payload
 from ..load import EMBEDDED_CHUNK
 from ..loading import STDIN, Checked, read_file, sniff_format, spooled_stdin, validate
@@ -129,33 +129,35 @@ def _as_checked(rows: Iterable[Any], n: int, path: Path, before: Any, source: st
 
 
 class _SigTerm(BaseException):
-    """SIGTERM, out of the signal handler: a BaseException, as KeyboardInterrupt is,
-    so that no `except Exception` on the way takes it for an error it can handle."""
+    """SIGTERM or SIGINT, out of the signal handler: a BaseException, as KeyboardInterrupt
+    is, so that no `except Exception` on the way takes it for an error it can handle."""
 
 
 class _TermGuard:
-    """SIGTERM during a load. While the input is read and checked nothing is written
-    yet: the handler raises at once. While jobs are written it only assigns (a handler
-    may not take a lock: aeroqueue.stopping), and `rows` raises between two rows: no
-    range is started after it, those in flight finish (`load._run_concurrently`), so
-    the list holds whole ranges, none pending on a lease, and the same load run again
-    finishes it at once."""
+    """SIGTERM or Ctrl-C (SIGINT) during a load. While the input is read and checked
+    nothing is written yet: the handler raises at once. While jobs are written it only
+    assigns (a handler may not take a lock: aeroqueue.stopping), and `rows` raises
+    between two rows: no range is started after it, those in flight finish
+    (`load._run_concurrently`), so the list holds whole ranges, none pending on a lease,
+    and the same load run again finishes it at once. (A KeyboardInterrupt in the middle
+    of a range left it pending on its lease: the next load waited the lease out, and
+    behind many such ranges each list call grew slower.)"""
 
     def __init__(self) -> None:
         self.writing = False
-        self.asked = False
+        self.asked: int | None = None  # the signal that asked for the stop
         self.total: int | None = None  # jobs in the input, once checked
 
     def on_signal(self, signum: int, frame: Any = None) -> None:
-        if self.asked:
+        if self.asked is not None:
             return  # a second one: the stop is under way
-        self.asked = True
+        self.asked = signum
         if not self.writing:
             raise _SigTerm()
 
     def rows(self, rows: Iterable[Any]) -> Iterator[Any]:
         for row in rows:
-            if self.asked:
+            if self.asked is not None:
                 raise _SigTerm()
             yield row
 
@@ -165,11 +167,15 @@ def _sigterm_handled(guard: _TermGuard) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield  # only the main thread can handle a signal (CliRunner in a thread)
         return
-    previous = signal.signal(signal.SIGTERM, guard.on_signal)
+    handled = [signal.SIGTERM]
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        handled.append(signal.SIGINT)  # not when started with SIGINT ignored (`... &` in a script)
+    previous = {signum: signal.signal(signum, guard.on_signal) for signum in handled}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 @click.command()
@@ -208,8 +214,8 @@ def load(
     again to write, so memory stays bounded whatever its size (a file that
     changed meanwhile stops the load, unsealed). Re-running the
     same load adds nothing twice (jobs are keyed by their id); re-running it
-    on a list it sealed is a no-op. SIGTERM stops it between two load ranges
-    (exit 143); the same load run again finishes it.
+    on a list it sealed is a no-op. SIGTERM or Ctrl-C stops it between two load
+    ranges (exit 143 or 130); the same load run again finishes it.
     """
     _few_malloc_arenas()
     guard = _TermGuard()
@@ -231,9 +237,10 @@ def load(
             ) from None
         except _SigTerm:
             total = f" of {guard.total:,}" if guard.total is not None else ""
-            raise Terminated(
-                f"load stopped by SIGTERM before it finished: {written:,}{total} jobs loaded into {list_name}"
-                + (", and the list is not sealed" if seal else "")
+            ctrl_c = guard.asked == signal.SIGINT
+            raise (Interrupted if ctrl_c else Terminated)(
+                f"load stopped by {'Ctrl-C' if ctrl_c else 'SIGTERM'} before it finished: {written:,}{total} jobs "
+                f"loaded into {list_name}" + (", and the list is not sealed" if seal else "")
                 + "; run the same load again to finish it (it adds nothing twice)"
             ) from None
 
