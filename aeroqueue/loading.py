@@ -85,6 +85,9 @@ class Checked:
 
 
 RUN_AT = "run_at"  # the field (CSV column, JSON key) that delays one job
+# What a JSON input must be, said when its first line is a whole document's start (a
+# .json file, which the loader reads as JSON Lines).
+_ONE_A_LINE = " (JSON Lines: one job's object on each line, not one JSON document or array)"
 
 
 def _shown(value: Any, width: int = 40) -> str:
@@ -430,11 +433,14 @@ def _read_jsonl(handle: Any, source: str, id_field: str, max_payload: int, stric
         except json.JSONDecodeError as e:
             # The decoder counts the line's own newline as a line 2: a line cut short was "at column 1".
             column = min(e.pos, len(text.rstrip("\r\n"))) + 1
-            raise LoadError(f"malformed JSON: {e.msg} at column {column}", source=source, line=line) from None
+            # A first line of "{" or "[" alone: a JSON document (a .json file), pretty-printed.
+            whole = _ONE_A_LINE if line == 1 and text.strip() in ("{", "[") else ""
+            raise LoadError(f"malformed JSON: {e.msg} at column {column}{whole}", source=source, line=line) from None
         except _BadValue as e:
             raise LoadError(str(e), source=source, line=line, field=_bad_field(text)) from None
         if not isinstance(obj, dict):
-            raise LoadError(f"expected a JSON object, got {type(obj).__name__}", source=source, line=line)
+            raise LoadError(f"expected a JSON object, got {type(obj).__name__}"
+                            + (_ONE_A_LINE if line == 1 and isinstance(obj, list) else ""), source=source, line=line)
         if twice := _given_twice(text, (id_field, "payload", RUN_AT)):
             raise LoadError(f"field {twice!r} is given twice (which one is meant?)", source=source, line=line,
                             field=twice)

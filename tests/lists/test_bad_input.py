@@ -36,6 +36,9 @@ CASES = [
     ("cell.csv", 'id,payload\n1,"{""a"": }"\n', ["cell.csv", "line 2", "field 'payload'", "at character 7 of the cell"]),
     ("noid.jsonl", '{"id": 1}\n{"payload": 2}\n', ["noid.jsonl", "line 2", "field 'id'", "missing job id"]),
     ("notobj.jsonl", '{"id": 1}\n[1, 2]\n', ["notobj.jsonl", "line 2", "expected a JSON object"]),
+    # A .json file read as JSON Lines: a document pretty-printed, or an array of the jobs.
+    ("doc.json", '{\n  "id": 1\n}\n', ["doc.json", "line 1", "malformed JSON", "one job's object on each line"]),
+    ("array.json", '[{"id": 1}, {"id": 2}]\n', ["array.json", "line 1", "got list", "one job's object on each line"]),
     ("big.jsonl", '{"id": 1}\n{"id": 2, "payload": "' + "x" * 20_000 + '"}\n', ["big.jsonl", "line 2", "field 'payload'", "over the 10000-byte limit"]),
     ("dup.jsonl", '{"id": "a"}\n{"id": "b"}\n{"id": "a"}\n', ["dup.jsonl", "line 3", "duplicate job id 'a'"]),
     ("twice.jsonl", '{"id": "a", "payload": {"id": 1}}\n{"id": 1, "id": 2}\n', ["twice.jsonl", "line 2", "field 'id'", "given twice"]),
