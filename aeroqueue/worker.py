@@ -136,7 +136,11 @@ def load_handler(spec: str) -> Handler:
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise ConfigError(f"handler {spec!r}: cannot import {module_name!r} ({e})") from None
+        # The module itself not found (not one it imports): say where it was looked for.
+        top = module_name.partition(".")[0]
+        hint = (f"; looked in the current directory ({os.getcwd()}) and PYTHONPATH"
+                if isinstance(e, ModuleNotFoundError) and e.name == top else "")
+        raise ConfigError(f"handler {spec!r}: cannot import {module_name!r} ({e}){hint}") from None
     except Exception as e:  # the handler's module itself failed (a missing setting, a typo): its error, not ours
         where = ""
         if not isinstance(e, SyntaxError):  # a SyntaxError's message names its file and line already

@@ -198,6 +198,23 @@ def test_a_handler_module_that_fails_to_import_is_named_with_its_file_and_line(t
         "'AQ_TEST_UNSET_VAR'" if what == "KeyError" else "division by zero") + f" ({module}.py, line {line})"
 
 
+def test_a_handler_module_not_found_says_where_it_was_looked_for_and_one_it_imports_does_not(tmp_path, monkeypatch):
+    """A handler module not found said only "No module named 'myapp'": the worker
+    imports it from the current directory and PYTHONPATH, which a user started
+    elsewhere did not know. A module the handler's own module imports is its error."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(errors.ConfigError) as got:
+        load_handler("aq_no_such_pkg.jobs:send")
+    assert str(got.value) == ("handler 'aq_no_such_pkg.jobs:send': cannot import 'aq_no_such_pkg.jobs' (No module "
+                              f"named 'aq_no_such_pkg'); looked in the current directory ({tmp_path}) and PYTHONPATH")
+    module = f"aq_handler_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text("import aq_missing_dependency\ndef h(job):\n    return 1\n")
+    with pytest.raises(errors.ConfigError) as dependency:
+        load_handler(f"{module}:h")
+    assert "No module named 'aq_missing_dependency'" in str(dependency.value)
+    assert "looked in" not in str(dependency.value)
+
+
 def test_worker_needs_a_list(registered):
     with pytest.raises(errors.ConfigError):
         Worker(registered, lambda j: None, [])
