@@ -11,16 +11,18 @@ from rich.table import Table
 from rich.text import Text
 
 from ..lists import JobLists, check_bury_reason
+from ..sessions import lease_holder
 from .context import JSON_OPT, LIST_ARG, TEXT, Context, option, server_time, usage_check
 
 JOB_ID_ARG = click.argument("job_id", metavar="ID", type=TEXT)
 # What `job show` prints of a record, in this order (JSON keys; the table says them in words).
-SHOWN = ("id", "state", "attempts", "max_attempts", "session", "time_limit_s", "claimed_at", "deadline", "due",
+SHOWN = ("id", "state", "attempts", "max_attempts", "session", "leased_by", "time_limit_s", "claimed_at", "deadline", "due",
          "swept_at", "done_at", "by", "token", "payload", "result", "errors")
 
 
-def job_view(bins: dict[str, Any]) -> dict[str, Any]:
-    """The documented shape of `job show --json`."""
+def job_view(bins: dict[str, Any], leased_by: str | None = None) -> dict[str, Any]:
+    """The documented shape of `job show --json`. `leased_by`: the session whose lease
+    holds the job (a worker's batch), which its record does not name: it stays queued."""
     state = bins.get("state")
     claimed = state == "claimed"
     return {
@@ -29,6 +31,7 @@ def job_view(bins: dict[str, Any]) -> dict[str, Any]:
         "attempts": bins.get("att", 0),
         "max_attempts": bins.get("max_att"),
         "session": bins.get("sess") if claimed else None,
+        "leased_by": leased_by if state == "queued" else None,
         "time_limit_s": bins["tl"] / 1000 if claimed and bins.get("tl") else None,
         "claimed_at": server_time(bins.get("claimed")),
         "deadline": server_time(bins.get("dl")) if claimed else None,
@@ -58,7 +61,11 @@ def show(obj: Context, list_name: str, job_id: str, as_json: bool) -> None:
     """Print one job of LIST: its state (queued, delayed, claimed, done, dead), attempts,
     session, time limit, timestamps and its last errors, each with time, message and
     traceback."""
-    view = job_view(JobLists(obj.backend()).find_job(list_name, job_id))
+    backend = obj.backend()
+    bins = JobLists(backend).find_job(list_name, job_id)
+    # A queued job a worker leased shows no session of its own: it may be running.
+    leased = lease_holder(backend, list_name, bins["token"]) if bins.get("state") == "queued" else None
+    view = job_view(bins, leased)
     if as_json:
         click.echo(json.dumps(view, default=str))
         return
@@ -103,7 +110,13 @@ def kick(obj: Context, list_name: str, job_id: str) -> None:
 def bury(obj: Context, list_name: str, job_id: str, reason: str) -> None:
     """Send one job of LIST to dead by hand (queued, delayed or claimed: a worker holding
     it has its acknowledgement refused). A done job is left alone."""
-    state = JobLists(obj.backend()).bury(list_name, job_id, reason)
+    backend = obj.backend()
+    jl = JobLists(backend)
+    token = jl.find_job(list_name, job_id).get("token")
+    leased = lease_holder(backend, list_name, token) if isinstance(token, int) else None
+    state = jl.bury(list_name, job_id, reason)
     if state != "dead":
         raise click.ClickException(f"job {job_id!r} of {list_name!r} is {state}: not buried")
-    click.echo(f"{list_name}/{job_id}: dead")
+    click.echo(f"{list_name}/{job_id}: dead" + (
+        f" (leased by session {leased}: its worker may be running it still; its acknowledgement is refused)"
+        if leased else ""))

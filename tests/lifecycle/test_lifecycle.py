@@ -982,6 +982,25 @@ def test_cli_job_show_kick_bury(store_url, lists, list_name, cli):
     assert st["timeout_s"] == 42 and st["delayed"] == 0
 
 
+def test_cli_job_show_and_bury_name_the_session_that_leased_a_queued_job(queue, lists, list_name, session, cli):
+    """A worker's batch is leased: its jobs' records stay queued, naming no session.
+    `job show` said such a job was queued, held by nobody, and `job bury` said "dead"
+    while the worker ran it anyway (only its acknowledgement refused)."""
+    lists.load(list_name, specs(3))
+    leased = queue.reserve(list_name, session, 2, lease=True)
+    assert [j.lease is not None for j in leased] == [True, True]
+    view = json.loads(cli("job", "show", list_name, leased[0].jid, "--json"))
+    assert (view["state"], view["session"], view["leased_by"]) == ("queued", None, session.id)
+    assert session.id in cli("job", "show", list_name, leased[0].jid)
+    free = ({"job-0", "job-1", "job-2"} - {j.jid for j in leased}).pop()
+    assert json.loads(cli("job", "show", list_name, free, "--json"))["leased_by"] is None
+    said = cli("job", "bury", list_name, leased[1].jid)
+    assert said.strip() == (f"{list_name}/{leased[1].jid}: dead (leased by session {session.id}: its worker may be "
+                            "running it still; its acknowledgement is refused)")
+    assert cli("job", "bury", list_name, free).strip() == f"{list_name}/{free}: dead"
+    assert json.loads(cli("job", "show", list_name, leased[1].jid, "--json"))["leased_by"] is None, "dead: not leased"
+
+
 def test_cli_job_show_prints_ids_and_payloads_that_look_like_markup_as_they_are(lists, list_name, cli):
     """rich reads "[...]" as markup: an id "a[/]b" raised MarkupError, and a payload
     "[bold]x[/]" lost its brackets. Both are data, shown verbatim."""
