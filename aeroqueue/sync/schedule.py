@@ -42,6 +42,7 @@ from ..errors import (
 from ..stopping import Stop
 from .job import run_sync
 from .options import SyncOptions, SyncReport
+from .write import pid_alive
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -136,19 +137,10 @@ class Lease:
         h = self.holder or {}
         said = f"host {h.get('host', '?')} pid {h.get('pid', '?')}"
         pid = h.get("pid")
-        if h.get("host") == socket.gethostname()[:200] and isinstance(pid, int) and pid > 0 and not _running(pid):
+        if h.get("host") == socket.gethostname()[:200] and isinstance(pid, int) and pid > 0 and not pid_alive(pid):
             said += ", no longer running on this host (killed?)"
         return said
 
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True
 
 
 class LeaseKeeper:

@@ -378,7 +378,8 @@ def load_line(row: Sequence[Any]) -> str:
 _BATCH_FILE = re.compile(r"^batch-(\d+)-[0-9a-f]+\.txt$")
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` runs on this host (another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -410,7 +411,7 @@ def infile_dir() -> tuple[str, bool]:
         return tempfile.mkdtemp(prefix="aeroqueue-sync-"), True
     for name in os.listdir(path):
         found = _BATCH_FILE.match(name)
-        if found and not _pid_alive(int(found.group(1))):
+        if found and not pid_alive(int(found.group(1))):
             with contextlib.suppress(FileNotFoundError):  # another sink removed it first
                 os.unlink(os.path.join(path, name))
     return path, False

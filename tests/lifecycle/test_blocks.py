@@ -36,6 +36,22 @@ def states(backend: Backend, name: str, n: int) -> dict[str, str]:
     return {r.bins["jid"]: r.bins["state"] for r in recs if r is not None}
 
 
+def each_new_job_once(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session, n: int, claimed: list[Any]
+) -> None:
+    """After a drop and a load of `n` jobs tagged "new": what a paused reservation got
+    (`claimed`) and the list's own leased takes hand out each new job once, never an
+    old one, and every one is acknowledged."""
+    handed = list(claimed)
+    while batch := queue.reserve(list_name, session, n, lease=True):
+        handed += batch
+    assert sorted((j.jid, j.payload["tag"]) for j in handed) == sorted((f"j{i}", "new") for i in range(n))
+    assert queue.complete_many(handed) == []
+    queue.flush()
+    assert states(registered, list_name, n) == {f"j{i}": "done" for i in range(n)}
+    assert lists.status(list_name).done == n
+
+
 def all_but_j3_run(registered: Backend, queue: Queue, list_name: str, session: Session) -> None:
     """Of ten jobs j0..j9 with j3 buried: a leased batch hands out the nine others,
     each acknowledged once, and j3 stays dead."""
@@ -497,15 +513,8 @@ def test_a_claiming_reservation_across_a_drop_and_a_load_hands_out_each_new_job_
     # It took again, from the new list: an ID-mode pop that met the new list's chunk
     # and took nothing had returned nothing, though the list had jobs.
     assert claimed, "the paused reservation returned no job"
-    handed = list(claimed)
-    while batch := queue.reserve(list_name, session, n, lease=True):
-        handed += batch
-    assert sorted((j.jid, j.payload["tag"]) for j in handed) == sorted((f"j{i}", "new") for i in range(n))
     assert how.startswith("lease") or all(j.lease is None for j in claimed)
-    assert queue.complete_many(handed) == []
-    queue.flush()
-    assert states(registered, list_name, n) == {f"j{i}": "done" for i in range(n)}
-    assert lists.status(list_name).done == n
+    each_new_job_once(registered, queue, lists, list_name, session, n, claimed)
     if acks:
         assert states(registered, other, 1) == {"j0": "done"}
 
@@ -535,11 +544,4 @@ def test_a_lease_not_recorded_across_a_drop_and_a_load_claims_none_of_the_new_li
     assert paused
     # Its claims refused the new list's records: it took again, from the new list.
     assert claimed, "the reservation returned no job"
-    handed = list(claimed)
-    while batch := queue.reserve(list_name, session, n, lease=True):
-        handed += batch
-    assert sorted((j.jid, j.payload["tag"]) for j in handed) == sorted((f"j{i}", "new") for i in range(n))
-    assert queue.complete_many(handed) == []
-    queue.flush()
-    assert states(registered, list_name, n) == {f"j{i}": "done" for i in range(n)}
-    assert lists.status(list_name).done == n
+    each_new_job_once(registered, queue, lists, list_name, session, n, claimed)

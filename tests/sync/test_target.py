@@ -132,6 +132,13 @@ def _sqlite(tmp_path: Path) -> Target:
     return Target(dialect="sqlite", path=str(tmp_path / "copy.db"))
 
 
+def _target(dialect: str, tmp_path: Path, request: pytest.FixtureRequest) -> Target:
+    """A fresh target of `dialect`: a database of its own on the local MariaDB, or a SQLite file."""
+    if dialect == "mysql":
+        return parse_target(f"mysql://root@127.0.0.1:3306/{request.getfixturevalue('mysql_db')}")
+    return _sqlite(tmp_path)
+
+
 def test_migration_is_versioned_and_idempotent_on_sqlite(tmp_path):
     target = _sqlite(tmp_path)
     with Sink(target) as sink:
@@ -332,11 +339,7 @@ def _old_row(jid: str, done_at: int) -> tuple:
 
 @pytest.mark.parametrize(("dialect", "method"), [("sqlite", "upsert"), ("mysql", "upsert"), ("mysql", "copy")])
 def test_one_upsert_path_is_idempotent_and_never_takes_a_newer_copy_back(dialect, method, tmp_path, request):
-    if dialect == "mysql":
-        db = request.getfixturevalue("mysql_db")
-        target = parse_target(f"mysql://root@127.0.0.1:3306/{db}")
-    else:
-        target = _sqlite(tmp_path)
+    target = _target(dialect, tmp_path, request)
     with Sink(target) as sink:
         migrate(sink)
         write = getattr(sink, method)
@@ -566,11 +569,7 @@ def test_migration_4_keeps_the_rows_of_before_under_stamp_0_and_keys_rows_on_the
     but another stamp (a list dropped and loaded again) is a row of its own, and one
     of the same stamp is the same row. On MySQL a run that died after the ALTERs,
     before recording the version, finishes the migration the next time."""
-    if dialect == "mysql":
-        db = request.getfixturevalue("mysql_db")
-        target = parse_target(f"mysql://root@127.0.0.1:3306/{db}")
-    else:
-        target = _sqlite(tmp_path)
+    target = _target(dialect, tmp_path, request)
     with Sink(target) as sink:
         for step in migrations()[:4]:  # as an aeroqueue of schema version 3 left it
             for stmt in step.statements:
