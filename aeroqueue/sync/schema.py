@@ -193,6 +193,22 @@ def check_jobs_table(sink: Sink) -> None:
                         f"{made_by_hand}")
 
 
+_OWN_DATABASE = "give the sync a database of its own (another tool's tables share the names)"
+
+
+def _check_version_table(sink: Sink) -> None:
+    """A `schema_version` of another tool's (an older Flyway's has no applied_at)
+    made the migration compare its text versions with numbers (TypeError), or skip
+    creating aq_jobs for a version number it happened to hold."""
+    try:
+        sink.execute(f"SELECT version, description, applied_at FROM {VERSION_TABLE} WHERE 1 = 0")
+    except Exception as e:
+        if not sink.dialect.is_error(e):
+            raise
+        raise SyncError(f"table {VERSION_TABLE} in {sink.target} is not aeroqueue's (it has no version, description "
+                        f"and applied_at columns): {_OWN_DATABASE}") from None
+
+
 def _migrate_once(sink: Sink, steps: list[Migration], at_ms: int | None) -> int:
     newest = steps[-1].version
 
@@ -206,8 +222,12 @@ def _migrate_once(sink: Sink, steps: list[Migration], at_ms: int | None) -> int:
     with sink.dialect.schema_lock(sink):
         for stmt in steps[0].statements:
             run(stmt)
+        _check_version_table(sink)
         rows = sink.execute(f"SELECT MAX(version) FROM {VERSION_TABLE}")
         current = rows[0][0] if rows and rows[0][0] is not None else 0
+        if not isinstance(current, int):
+            raise SyncError(f"table {VERSION_TABLE} in {sink.target} is not aeroqueue's (its latest version is "
+                            f"{current!r}, not a number): {_OWN_DATABASE}")
         if current > newest:
             raise SyncError(
                 f"the schema of {sink.target} is at version {current}, newer than this aeroqueue's "

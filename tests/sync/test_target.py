@@ -653,3 +653,26 @@ def test_an_sqlite_aq_jobs_made_again_by_hand_without_a_unique_key_is_refused(tm
         sink.commit()
         with pytest.raises(SyncError, match=r"has no unique key on \(list, created, jid\)"):
             migrate(sink)
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "mysql"])
+@pytest.mark.parametrize(("table", "said"), [
+    # An older Flyway's history table: text versions, no applied_at.
+    ("CREATE TABLE schema_version (installed_rank INT NOT NULL DEFAULT 1, version VARCHAR(50), description VARCHAR(200))",
+     "it has no version, description and applied_at columns"),
+    ("CREATE TABLE schema_version (version VARCHAR(50) PRIMARY KEY, description VARCHAR(200), applied_at BIGINT)",
+     "its latest version is '1.2.0', not a number"),
+], ids=["other-columns", "text-versions"])
+def test_another_tools_schema_version_table_is_refused_by_name(dialect, table, said, tmp_path, request):
+    """The migration read another tool's schema_version as its own: a TypeError
+    comparing its text versions with numbers, or, for a number it happened to hold,
+    no aq_jobs created and every batch failing."""
+    target = _target(dialect, tmp_path, request)
+    with Sink(target) as sink:
+        sink.execute(table)
+        sink.execute("INSERT INTO schema_version (version, description) VALUES ('1.2.0', 'theirs')")
+        sink.commit()
+        with pytest.raises(SyncError, match=rf"table schema_version in .* is not aeroqueue's \({said}\): give the sync "
+                                            "a database of its own"):
+            migrate(sink)
+        assert [t for (t,) in sink.execute("SELECT version FROM schema_version")] == ["1.2.0"], "theirs, untouched"
