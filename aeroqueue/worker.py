@@ -97,6 +97,8 @@ PREFETCH_MAX = 100
 # --until-complete reads each list's done and dead bitmaps at most this often (and at
 # least once a reap interval): not on every tick.
 UNTIL_COMPLETE_CHECK_S = 1.0
+# A list held short of complete by a dead loader's range: how often its recovery is tried.
+RECOVER_EVERY_S = 5.0
 PREFETCH_HOLD_S = 0.02
 # How long a worker whose session was lost waits for acknowledgements under way: a
 # transition's call and its push, each repeated up to 5 s while in doubt.
@@ -502,6 +504,7 @@ class Worker:
         self._unstarted: set[str] = set()
         self._runners: set[_ChildRunner] = set()  # --pool process: the threads' handler processes
         self._warned: set[str] = set()  # what `_warn_once` said already
+        self._recover_at: dict[str, float] = {}  # list -> when `_recover_stalled` may try it again
         self._threads: list[threading.Thread] = []
         self._threads_died = False
         # The time limit, watched locally (the server's own limit is what decides):
@@ -1228,6 +1231,8 @@ class Worker:
                 continue
             complete = False
             total = head["total"]
+            if head.get("pend") and done + dead == total:
+                self._recover_stalled(lists, name)
             if head["sealed"] != 1 and total and done + dead == total:
                 # A load without --seal may be followed by more loads: the list is not
                 # complete, and this worker would wait for ever with no word why.
@@ -1235,6 +1240,26 @@ class Worker:
                                 "is complete once sealed (aeroqueue seal LIST, or load --seal)",
                                 {"event": "list_unsealed", "list": name, "total": total})
         return complete
+
+    def _recover_stalled(self, lists: JobLists, name: str) -> None:
+        """Every published job is done or dead and a load range is still pending: a
+        loader that died mid-range (SIGKILL) holds the list short of complete. Its range
+        is finished here once its lease has run out (`JobLists.recover`, which leaves a
+        live loader's alone), not at the next sweep, minutes later. At most every
+        RECOVER_EVERY_S a list."""
+        now = time.monotonic()
+        if now < self._recover_at.get(name, 0.0):
+            return
+        self._recover_at[name] = now + RECOVER_EVERY_S
+        try:
+            finished = lists.recover(name)
+        except AeroqueueError as e:
+            log.warning("finishing a dead loader's load range failed; a later check or sweep tries again",
+                        extra={"event": "load_recover_failed", "list": name, "error": str(e)})
+            return
+        if finished:
+            log.info("finished the load range(s) of a loader that died", extra={
+                "event": "load_recovered", "list": name, "ranges": finished})
 
     def _warn_once(self, key: str, message: str, extra: dict[str, Any]) -> None:
         """A warning the first time `key` comes up: what a worker meets at every poll

@@ -215,6 +215,43 @@ def test_a_handler_module_not_found_says_where_it_was_looked_for_and_one_it_impo
     assert "looked in" not in str(dependency.value)
 
 
+def test_an_until_complete_worker_finishes_a_dead_loaders_range_rather_than_wait_for_a_sweep(
+    registered, lists, list_name, caplog
+):
+    """A loader SIGKILLed mid-range leaves the range pending: every published job done
+    and the list sealed, it is not complete until the range is finished. A worker
+    --until-complete waited for a sweep (every 300 s) with no word; it finishes the
+    range itself once the loader's lease has run out, and runs its jobs."""
+    lists.load(list_name, [JobSpec(f"j{i}", {"n": i}) for i in range(4)])
+    # A loader allocates tokens 4..9 (a lease already run out), writes three of its six
+    # jobs, and dies.
+    got = registered.apply(keys.LIST_SET, list_name, keys.LIST_MOD, "alloc", 6, 0)
+    assert got["st"] == "ok" and got["start"] == 4
+    for i, t in enumerate(range(4, 7)):
+        registered.put(keys.JOB_SET, keys.job_name(list_name, t), {
+            "list": list_name, "token": t, "jid": f"dead-{i}", "payload": {"n": t}, "state": "queued", "att": 0,
+            "max_att": 5, "c": lists.status(list_name).created,
+        })
+        registered.put(keys.JIDX_SET, keys.jidx_name(list_name, f"dead-{i}"), {"tok": t})
+    lists.seal(list_name)
+    assert lists.status(list_name).pending_ranges == 1
+    ran: list[str] = []
+    w = fast_worker(registered, lambda job: ran.append(job.jid), list_name, sweep_every_s=3600)
+    codes: list[int] = []
+    thread = threading.Thread(target=lambda: codes.append(w.run(install_signals=False)))
+    with caplog.at_level(logging.INFO, logger="aeroqueue"):
+        thread.start()
+        thread.join(30)
+        if thread.is_alive():
+            w.request_stop()
+            thread.join(30)
+    assert codes == [EXIT_OK] and not thread.is_alive()
+    assert sorted(ran) == sorted([f"j{i}" for i in range(4)] + [f"dead-{i}" for i in range(3)])
+    st = lists.status(list_name)
+    assert (st.total, st.done, st.pending_ranges, st.complete) == (7, 7, 0, True)
+    assert any(getattr(r, "event", None) == "load_recovered" for r in caplog.records)
+
+
 def test_worker_needs_a_list(registered):
     with pytest.raises(errors.ConfigError):
         Worker(registered, lambda j: None, [])
