@@ -130,8 +130,9 @@ CREATE TABLE IF NOT EXISTS sync_rejects (
 -- names the list it counts, so `WHERE (list, created)` matches the two).
 -- Rows copied before this migration hold created 0: a job of theirs copied
 -- again (run again after a kick, or a resync) gets a row of its own beside it.
--- (A table made by hand may lack aq_jobs_job: the key is then added, not
--- replaced; what else such a table holds, `check_jobs_table` checks.)
+-- SQLite rebuilds both tables (it cannot add a column "if not exists"): the
+-- migration can run again on a file whose schema_version was dropped. Each
+-- summary gets its stamp at the next sync (every run rewrites the summaries).
 /*! SET @aq_has_created = (SELECT COUNT(*) FROM information_schema.columns WHERE table_schema = DATABASE() AND table_name = 'aq_jobs' AND column_name = 'created') */;
 /*! SET @aq_has_key = (SELECT COUNT(*) FROM information_schema.statistics WHERE table_schema = DATABASE() AND table_name = 'aq_jobs' AND index_name = 'aq_jobs_job') */;
 /*! SET @aq_alter = IF(@aq_has_created = 0, CONCAT('ALTER TABLE aq_jobs ADD COLUMN created BIGINT NOT NULL DEFAULT 0 AFTER list, ', IF(@aq_has_key > 0, 'DROP INDEX aq_jobs_job, ', ''), 'ADD UNIQUE KEY aq_jobs_job (list, created, jid)'), 'DO 0') */;
@@ -162,4 +163,20 @@ CREATE TABLE IF NOT EXISTS sync_rejects (
     SELECT list, 0, jid, token, state, attempts, payload, result, error, done_at, synced_at FROM aq_jobs */;
 /*sqlite DROP TABLE aq_jobs */;
 /*sqlite ALTER TABLE aq_jobs_v4 RENAME TO aq_jobs */;
-/*sqlite ALTER TABLE aq_list_summary ADD COLUMN created BIGINT NOT NULL DEFAULT 0 */;
+/*sqlite DROP TABLE IF EXISTS aq_list_summary_v4 */;
+/*sqlite CREATE TABLE aq_list_summary_v4 (
+    list         VARCHAR(64) NOT NULL PRIMARY KEY,
+    created      BIGINT      NOT NULL DEFAULT 0,
+    mode         VARCHAR(8)  NOT NULL,
+    total        BIGINT      NOT NULL,
+    done         BIGINT      NOT NULL,
+    dead         BIGINT      NOT NULL,
+    sealed       SMALLINT    NOT NULL,
+    complete     SMALLINT    NOT NULL,
+    completed_at BIGINT,
+    updated_at   BIGINT      NOT NULL
+) */;
+/*sqlite INSERT INTO aq_list_summary_v4 (list, mode, total, done, dead, sealed, complete, completed_at, updated_at)
+    SELECT list, mode, total, done, dead, sealed, complete, completed_at, updated_at FROM aq_list_summary */;
+/*sqlite DROP TABLE aq_list_summary */;
+/*sqlite ALTER TABLE aq_list_summary_v4 RENAME TO aq_list_summary */;

@@ -150,43 +150,56 @@ def migrate(sink: Sink, *, at_ms: int | None = None) -> int:
 _BINARY_TYPES = {"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"}
 
 
-def check_jobs_table(sink: Sink) -> None:
+def check_jobs_table(sink: Sink, *, before: bool = False) -> None:
     """Refuse an aq_jobs the upsert cannot rely on: one made by someone else before the
     first sync (the migrations create it only if it is not there). Without a unique
     key on exactly JOB_KEY every copy of a job adds a row; with a job id or list
     name compared without regard to case or trailing spaces, two jobs share a row
-    and one of them is marked copied without being in the table."""
+    and one of them is marked copied without being in the table; another unique key
+    lets a copy take another job's row.
+
+    `before`: run before the migrations alter a table that is there (an older
+    aeroqueue's, keyed on (list, jid), passes), so that a refused table is left as
+    it was found. After them, a missing table is refused too: it was dropped while
+    schema_version still records the versions that made it."""
     if sink.dialect.name == "mysql":
-        found = sink.execute(
-            "SELECT index_name, column_name FROM information_schema.statistics WHERE table_schema = DATABASE() "
-            "AND table_name = %s AND non_unique = 0 ORDER BY index_name, seq_in_index", (JOBS_TABLE,))
         columns = sink.execute(
             "SELECT column_name, data_type, collation_name FROM information_schema.columns "
             "WHERE table_schema = DATABASE() AND table_name = %s", (JOBS_TABLE,))
+        found = sink.execute(
+            "SELECT index_name, column_name FROM information_schema.statistics WHERE table_schema = DATABASE() "
+            "AND table_name = %s AND non_unique = 0 ORDER BY index_name, seq_in_index", (JOBS_TABLE,))
+    else:
+        columns = [(name, kind, None) for (_, name, kind, *_) in sink.execute(f"PRAGMA table_info({JOBS_TABLE})")]
+        # An index's name comes from SQLite's own list (the primary key's is sqlite_autoindex_...).
+        found = [(index, column) for (_, index, unique, *_) in sink.execute(f"PRAGMA index_list({JOBS_TABLE})")
+                 if unique for (_, _, column) in sink.execute(f'PRAGMA index_info("{index}")')]
+    if not columns:
+        if before:
+            return  # the migrations create it
+        raise SyncError(f"{JOBS_TABLE} is missing from {sink.target}, though {VERSION_TABLE} records the versions "
+                        f"that made it: drop {VERSION_TABLE} as well, and the sync creates its tables anew")
+    made_by_hand = (f"Was the table made by hand, or by another tool? Rename or drop it and {VERSION_TABLE} (or give "
+                    "the sync a database of its own), and the sync creates its own (sync/schema.sql)")
+    if sink.dialect.name == "mysql":
         loose = sorted(str(name) for name, kind, collation in columns
                        if str(name).lower() in ("list", "jid") and str(kind).lower() not in _BINARY_TYPES
                        and not str(collation or "").lower().endswith("_bin"))
         if loose:
             raise SyncError(
                 f"{JOBS_TABLE} in {sink.target}: column(s) {', '.join(loose)} compare text without regard to case "
-                "or trailing spaces (not binary, no _bin collation): two jobs would share one row. Was the table "
-                "made by hand? Rename or drop it, and the sync creates its own (sync/schema.sql)")
-    else:
-        # An index's name comes from SQLite's own list (the primary key's is sqlite_autoindex_...).
-        found = [(index, column) for (_, index, unique, *_) in sink.execute(f"PRAGMA index_list({JOBS_TABLE})")
-                 if unique for (_, _, column) in sink.execute(f'PRAGMA index_info("{index}")')]
+                f"or trailing spaces (not binary, no _bin collation): two jobs would share one row. {made_by_hand}")
     unique: dict[str, list[str]] = {}
     for index, column in found:
         unique.setdefault(str(index), []).append(str(column).lower())
     keys = list(unique.values())
-    made_by_hand = "Was the table made by hand, or by another tool? Rename or drop it, and the sync creates its own " \
-                   "(sync/schema.sql)"
-    if list(JOB_KEY) not in keys:
+    allowed = [list(JOB_KEY), *([["list", "jid"]] if before else [])]  # (list, jid): before migration 4
+    if not any(k in keys for k in allowed):
         raise SyncError(f"{JOBS_TABLE} in {sink.target} has no unique key on ({', '.join(JOB_KEY)}): every copy of "
                         f"a job would add a row. {made_by_hand}")
     # An upsert updates the row it collides with on any unique key: one of other
     # columns (a job id alone, say) would make one job's row another's.
-    others = [k for k in keys if k not in (list(JOB_KEY), ["id"])]
+    others = [k for k in keys if k not in [*allowed, ["id"]]]
     if others:
         raise SyncError(f"{JOBS_TABLE} in {sink.target} has a unique key on ({', '.join(others[0])}) besides "
                         f"({', '.join(JOB_KEY)}): a copied job colliding on it would take another job's row. "
@@ -228,6 +241,8 @@ def _migrate_once(sink: Sink, steps: list[Migration], at_ms: int | None) -> int:
         if not isinstance(current, int):
             raise SyncError(f"table {VERSION_TABLE} in {sink.target} is not aeroqueue's (its latest version is "
                             f"{current!r}, not a number): {_OWN_DATABASE}")
+        if current < newest:
+            check_jobs_table(sink, before=True)  # a table found there is not altered unless it passes
         if current > newest:
             raise SyncError(
                 f"the schema of {sink.target} is at version {current}, newer than this aeroqueue's "

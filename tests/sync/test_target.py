@@ -606,53 +606,70 @@ _OURS = ("list VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL, creat
          "result LONGTEXT, error TEXT, done_at BIGINT, synced_at BIGINT NOT NULL")
 
 
-@pytest.mark.parametrize(("jid", "keys", "said"), [
-    ("jid VARBINARY(200) NOT NULL", "", r"has no unique key on \(list, created, jid\): every copy of a job would add a row"),
-    ("jid VARCHAR(200) CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci NOT NULL", ", UNIQUE KEY u (list, created, jid)",
-     r"column\(s\) jid compare text without regard to case"),
-    ("jid VARBINARY(200) NOT NULL", ", UNIQUE KEY u (list, created, jid), UNIQUE KEY by_jid (jid)",
+@pytest.mark.parametrize(("columns", "keys", "said"), [
+    (_OURS.format(jid="jid VARBINARY(200) NOT NULL"), "",
+     r"has no unique key on \(list, created, jid\): every copy of a job would add a row"),
+    # The columns of before migration 4 (no stamp), no unique key either.
+    (_OURS.replace("created BIGINT NOT NULL DEFAULT 0, ", "").format(jid="jid VARBINARY(200) NOT NULL"), "",
+     r"has no unique key on \(list, created, jid\)"),
+    (_OURS.format(jid="jid VARCHAR(200) CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci NOT NULL"),
+     ", UNIQUE KEY u (list, created, jid)", r"column\(s\) jid compare text without regard to case"),
+    # Keyed as an older aeroqueue's table (list, jid), a case-insensitive id: refused
+    # before the migrations drop its key and add the stamp.
+    (_OURS.replace("created BIGINT NOT NULL DEFAULT 0, ", "").format(
+        jid="jid VARCHAR(200) CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci NOT NULL"),
+     ", UNIQUE KEY aq_jobs_job (list, jid)", r"column\(s\) jid compare text without regard to case"),
+    (_OURS.format(jid="jid VARBINARY(200) NOT NULL"), ", UNIQUE KEY u (list, created, jid), UNIQUE KEY by_jid (jid)",
      r"has a unique key on \(jid\) besides \(list, created, jid\)"),
-], ids=["no-unique-key", "case-insensitive-id", "another-unique-key"])
-def test_an_aq_jobs_made_by_hand_that_the_upsert_cannot_rely_on_is_refused(mysql_db, jid, keys, said):
+], ids=["no-unique-key", "no-stamp-no-key", "case-insensitive-id", "old-key-case-insensitive-id", "another-unique-key"])
+def test_an_aq_jobs_made_by_hand_that_the_upsert_cannot_rely_on_is_refused_as_found(mysql_db, columns, keys, said):
     """The migrations create aq_jobs only if it is not there: a table made before the
     first sync (by hand, by another tool) was taken as it was. Without the unique
     key every resync added each job again; with a case-insensitive id, jobs 'Ab' and
-    'ab' shared a row and one was marked copied without being in the table."""
+    'ab' shared a row and one was marked copied without being in the table. Refused
+    before any migration alters it; dropped with schema_version, as the message says,
+    the sync makes its own."""
     db = mysql_db
     mysql_query(db, f"CREATE TABLE aq_jobs (id BIGINT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY, "
-                    f"{_OURS.format(jid=jid)}{keys}) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin")
-    with Sink(parse_target(f"mysql://root@127.0.0.1:3306/{db}")) as sink, \
-            pytest.raises(SyncError, match=f"aq_jobs in mysql://root@127.0.0.1:3306/{db}:? {said}.*made by hand"):
+                    f"{columns}{keys}) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin")
+    found = mysql_query(db, "SHOW CREATE TABLE aq_jobs")
+    target = parse_target(f"mysql://root@127.0.0.1:3306/{db}")
+    with Sink(target) as sink, pytest.raises(
+            SyncError, match=f"aq_jobs in mysql://root@127.0.0.1:3306/{db}:? {said}.*Rename or drop it and schema_version"):
         migrate(sink)
-    assert mysql_query(db, "SELECT COUNT(*) FROM aq_jobs") == [(0,)]
-
-
-def test_an_aq_jobs_made_by_hand_without_the_stamp_gets_the_key_from_migration_4(mysql_db):
-    """One made with the columns of before (no `created`) and no unique key: migration 4
-    adds the stamp and the key, and the table is then one the upsert can rely on."""
-    mysql_query(mysql_db, "CREATE TABLE aq_jobs (id BIGINT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY, "
-                          + _OURS.replace("created BIGINT NOT NULL DEFAULT 0, ", "").format(jid="jid VARBINARY(200) NOT NULL")
-                          + ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin")
-    with Sink(parse_target(f"mysql://root@127.0.0.1:3306/{mysql_db}")) as sink:
-        assert migrate(sink) == migrations()[-1].version
-        for _ in range(2):
-            assert sink.copy(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, [_row("a", 100)], newer="done_at") == []
-        sink.commit()
-    assert mysql_query(mysql_db, "SELECT COUNT(*) FROM aq_jobs") == [(1,)]
-
-
-def test_an_sqlite_aq_jobs_made_again_by_hand_without_a_unique_key_is_refused(tmp_path):
-    """SQLite's migrations 3 and 4 rebuild the table (with the key): one made by hand
-    after them is what the check meets."""
-    target = _sqlite(tmp_path)
+    assert mysql_query(db, "SHOW CREATE TABLE aq_jobs") == found, "left as it was found"
+    assert mysql_query(db, "SELECT COUNT(*) FROM schema_version") == [(0,)]
+    mysql_query(db, "DROP TABLE aq_jobs")
+    mysql_query(db, "DROP TABLE schema_version")
     with Sink(target) as sink:
-        migrate(sink)
+        assert migrate(sink) == migrations()[-1].version
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "mysql"])
+def test_an_aq_jobs_dropped_or_made_again_by_hand_after_the_migrations_is_refused(dialect, tmp_path, request):
+    """After the migrations (SQLite's 3 and 4 rebuild any table they find): a table
+    made again by hand is refused, and one dropped says to drop schema_version too
+    (its migration 1 never runs again); with both dropped, the sync makes its own."""
+    target = _target(dialect, tmp_path, request)
+    with Sink(target) as sink:
+        newest = migrate(sink)
         sink.execute("DROP TABLE aq_jobs")
-        sink.execute("CREATE TABLE aq_jobs (" + _OURS.replace(" CHARACTER SET ascii COLLATE ascii_bin", "")
-                     .format(jid="jid TEXT NOT NULL") + ")")
+        sink.commit()
+        with pytest.raises(SyncError, match=r"aq_jobs is missing from .*drop schema_version as well"):
+            migrate(sink)
+        ours = _OURS if dialect == "mysql" else _OURS.replace(" CHARACTER SET ascii COLLATE ascii_bin", "")
+        sink.execute(f"CREATE TABLE aq_jobs ({ours.format(jid='jid VARBINARY(200) NOT NULL')})")
         sink.commit()
         with pytest.raises(SyncError, match=r"has no unique key on \(list, created, jid\)"):
             migrate(sink)
+        sink.execute("DROP TABLE aq_jobs")
+        sink.execute("DROP TABLE schema_version")
+        sink.commit()
+        assert migrate(sink) == newest
+        assert sink.copy(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, [_row("a", 100), _row("b", 100)], newer="done_at") == []
+        sink.commit()
+        assert sorted(c for (c,) in sink.execute("SELECT created FROM aq_list_summary")) == []
+        assert sink.execute("SELECT COUNT(*) FROM aq_jobs") == [(2,)]
 
 
 @pytest.mark.parametrize("dialect", ["sqlite", "mysql"])
