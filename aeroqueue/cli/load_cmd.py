@@ -141,7 +141,9 @@ class _TermGuard:
     (`load._run_concurrently`), so the list holds whole ranges, none pending on a lease,
     and the same load run again finishes it at once. (A KeyboardInterrupt in the middle
     of a range left it pending on its lease: the next load waited the lease out, and
-    behind many such ranges each list call grew slower.)"""
+    behind many such ranges each list call grew slower.) A second Ctrl-C stops it at
+    once, as Python's would: the first waits for what is under way, which a locked
+    store or a dead loader's range can make long."""
 
     def __init__(self) -> None:
         self.writing = False
@@ -150,7 +152,13 @@ class _TermGuard:
 
     def on_signal(self, signum: int, frame: Any = None) -> None:
         if self.asked is not None:
-            return  # a second one: the stop is under way
+            if signum == signal.SIGINT:
+                # A second Ctrl-C: now, as Python would, whatever is under way (a write
+                # waiting on a locked store, a wait for a dead loader's range). The range
+                # being written stays on its lease for the next load to finish.
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+                raise KeyboardInterrupt
+            return  # a second SIGTERM: the stop is under way
         self.asked = signum
         if not self.writing:
             raise _SigTerm()

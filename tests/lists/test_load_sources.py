@@ -282,6 +282,35 @@ def test_a_load_stopped_by_sigterm_says_what_it_loaded_and_the_same_load_finishe
         backend.close()
 
 
+def test_a_second_ctrl_c_stops_a_load_at_once_whatever_it_waits_for(tmp_path):
+    """The first Ctrl-C waits for the ranges under way; a store locked by another
+    process (or a dead loader's range) can make that long, and a second Ctrl-C was
+    thrown away. Now it stops the load at once, as Python's own would."""
+    url = f"embedded://{tmp_path / 's.db'}"
+    path = tmp_path / "jobs.csv"
+    path.write_text("id,n\n" + "".join(f"j{i},{i}\n" for i in range(50)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AEROQUEUE_")}
+    env["PYTHONPATH"] = str(ROOT)
+    stuck = _SLOW_LOAD.replace("time.sleep(0.05)", "print('writing', flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", stuck, "--url", url, "--create", "load", "L", str(path),
+                             "--chunk-size", "10"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "writing"
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        assert proc.poll() is None, "the first Ctrl-C waits for the range under way"
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, (proc.returncode, err)
+    assert took < 20, f"the second Ctrl-C took {took:.1f} s: it waited out the range (60 s)"
+    assert err.strip().splitlines()[-1] == "error: interrupted", err
+
+
 def test_a_load_stopped_by_sigterm_while_it_reads_its_input_loads_nothing_and_says_so(tmp_path):
     url = f"embedded://{tmp_path / 's.db'}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("AEROQUEUE_")}
