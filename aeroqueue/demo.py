@@ -144,7 +144,7 @@ def main(root: Path = ROOT) -> None:
     target, why = _choose_target(root)
     console.print(why, highlight=False)
     remember_demo_target(parse_url(url), target)
-    synced_rows, sync_note = _sync(console, url, target)
+    synced_rows, sync_note = _sync(console, url, target, {name: lists.status(name).created for name in LISTS})
 
     # 5. the summary
     elapsed = time.perf_counter() - t0
@@ -273,7 +273,9 @@ def _choose_target(root: Path) -> tuple[str, str]:
     return url, f"syncing into the machine's MariaDB/MySQL: {target} (set {ENV_DEMO_MYSQL} for another)"
 
 
-def _sync(console: Console, url: str, target: str) -> tuple[int | None, str]:
+def _sync(console: Console, url: str, target: str, stamps: dict[str, int]) -> tuple[int | None, str]:
+    """Runs the sync; the rows the target holds of this run's lists (`stamps`: each
+    list's stamp: the demo's database keeps the rows of earlier runs' lists too)."""
     if shutil.which("java") is None:
         return None, "skipped: Java 17 is needed for Spark"
     # The target through the environment (`sync --mysql` reads AEROQUEUE_MYSQL), not the
@@ -285,9 +287,10 @@ def _sync(console: Console, url: str, target: str) -> tuple[int | None, str]:
         console.print(f"[red]sync failed[/]: {out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode}")
         return None, "sync failed"
     with Sink(parse_target(target)) as sink:
+        ph = sink.dialect.placeholder
         rows = int(sink.execute(
-            f"SELECT count(*) FROM aq_jobs WHERE list IN ({', '.join([sink.dialect.placeholder] * len(LISTS))})",
-            list(LISTS),
+            "SELECT count(*) FROM aq_jobs WHERE " + " OR ".join([f"(list = {ph} AND created = {ph})"] * len(stamps)),
+            [v for item in stamps.items() for v in item],
         )[0][0])
     return rows, ""
 

@@ -30,8 +30,12 @@ def test_make_demo_drains_both_lists_through_a_killed_worker_and_syncs_each_job_
     env = {**os.environ, demo.ENV_DEMO_MYSQL: mysql_url, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
     # The demo's own code, on a tenth of its jobs: whole, it takes over a minute here.
     run = f"from aeroqueue import demo; demo.LISTS = {LISTS!r}; demo.main()"
-    out = subprocess.run([sys.executable, "-c", run], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stdout + out.stderr
+    # Run twice, as a user does: the second run's store is new (its lists another
+    # stamp), its MySQL database is the first's. Its summary counted both runs' rows.
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", run], cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=300)
+        assert out.returncode == 0, out.stdout + out.stderr
     said = out.stdout
 
     # What the summary says.
@@ -55,12 +59,17 @@ def test_make_demo_drains_both_lists_through_a_killed_worker_and_syncs_each_job_
         st = lists.status(name)
         assert (st.done, st.total, st.complete) == (n, n, True), st
 
-    # What MySQL holds: each job once, done, and a result written by the handler.
+    # What MySQL holds of this run's lists: each job once, done, and a result written
+    # by the handler; and as much of the first run's.
     conn = root_connection(mysql_db)
     try:
         cur = conn.cursor()
-        cur.execute("SELECT list, jid, state, result FROM aq_jobs")
+        stamps = [(name, lists.status(name).created) for name in LISTS]
+        cur.execute("SELECT list, jid, state, result FROM aq_jobs WHERE "
+                    + " OR ".join(["(list = %s AND created = %s)"] * len(stamps)), [v for s in stamps for v in s])
         rows = cur.fetchall()
+        cur.execute("SELECT count(*) FROM aq_jobs")
+        assert cur.fetchall() == [(2 * total,)], "the first run's rows stay beside them"
     finally:
         conn.close()
     assert len(rows) == total
