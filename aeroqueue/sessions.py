@@ -574,10 +574,27 @@ def leased_tokens(backend: Backend) -> set[tuple[str, int]]:
     return {(list_name, token) for _, list_name, token in _leased(backend)}
 
 
-def lease_holder(backend: Backend, list_name: str, token: int) -> str | None:
+def lease_holder(
+    backend: Backend, list_name: str, token: int, bins: dict[str, Any] | None = None
+) -> str | None:
     """The session holding a lease on job `token` of `list_name`, if any (a scan of the
-    sessions: for an operator's question, not a hot path)."""
-    return next((sid for sid, name, t in _leased(backend) if (name, t) == (list_name, token)), None)
+    sessions: for an operator's question, not a hot path). With the job record's
+    `bins`, only a lease whose fence the record still matches (as its ack's filter
+    would): not one the job left since (failed, kicked, another list of the name)."""
+    for sid, leases in lease_entries.scan(backend):
+        for entry in leases.values():
+            if entry[0] != list_name:
+                continue
+            for att, claimed, tokens, created in lease_entries.groups(entry):
+                if token in tokens and (bins is None or _fenced(bins, att, claimed, created)):
+                    return sid
+    return None
+
+
+def _fenced(bins: dict[str, Any], att: int, claimed: int | None, created: int | None) -> bool:
+    """The record is as the lease read it (hotpath.lease_filter's conditions)."""
+    return (bins.get("state") == "queued" and bins.get("att") == att and bins.get("claimed") == claimed
+            and bins.get("kicked") is None and (created is None or bins.get("c") == created))
 
 
 def _leased(backend: Backend) -> Iterator[tuple[str, str, int]]:

@@ -64,7 +64,7 @@ def show(obj: Context, list_name: str, job_id: str, as_json: bool) -> None:
     backend = obj.backend()
     bins = JobLists(backend).find_job(list_name, job_id)
     # A queued job a worker leased shows no session of its own: it may be running.
-    leased = lease_holder(backend, list_name, bins["token"]) if bins.get("state") == "queued" else None
+    leased = lease_holder(backend, list_name, bins["token"], bins) if bins.get("state") == "queued" else None
     view = job_view(bins, leased)
     if as_json:
         click.echo(json.dumps(view, default=str))
@@ -112,8 +112,9 @@ def bury(obj: Context, list_name: str, job_id: str, reason: str) -> None:
     it has its acknowledgement refused). A done job is left alone."""
     backend = obj.backend()
     jl = JobLists(backend)
-    token = jl.find_job(list_name, job_id).get("token")
-    leased = lease_holder(backend, list_name, token) if isinstance(token, int) else None
+    bins = jl.find_job(list_name, job_id)
+    token = bins.get("token")
+    leased = lease_holder(backend, list_name, token, bins) if isinstance(token, int) else None
     state = jl.bury(list_name, job_id, reason)
     if state != "dead":
         raise click.ClickException(f"job {job_id!r} of {list_name!r} is {state}: not buried")

@@ -986,7 +986,7 @@ def test_cli_job_show_and_bury_name_the_session_that_leased_a_queued_job(queue, 
     """A worker's batch is leased: its jobs' records stay queued, naming no session.
     `job show` said such a job was queued, held by nobody, and `job bury` said "dead"
     while the worker ran it anyway (only its acknowledgement refused)."""
-    lists.load(list_name, specs(3))
+    lists.load(list_name, specs(3), backoff_s=0)
     leased = queue.reserve(list_name, session, 2, lease=True)
     assert [j.lease is not None for j in leased] == [True, True]
     view = json.loads(cli("job", "show", list_name, leased[0].jid, "--json"))
@@ -999,6 +999,11 @@ def test_cli_job_show_and_bury_name_the_session_that_leased_a_queued_job(queue, 
                             "running it still; its acknowledgement is refused)")
     assert cli("job", "bury", list_name, free).strip() == f"{list_name}/{free}: dead"
     assert json.loads(cli("job", "show", list_name, leased[1].jid, "--json"))["leased_by"] is None, "dead: not leased"
+    # Failed and queued again (attempt 1): the lease's entry stays until settled, but
+    # the job is no longer as it read it: not held by it.
+    queue.fail(leased[0], "again")
+    view = json.loads(cli("job", "show", list_name, leased[0].jid, "--json"))
+    assert (view["state"], view["attempts"], view["leased_by"]) == ("queued", 1, None), view
 
 
 def test_cli_job_show_prints_ids_and_payloads_that_look_like_markup_as_they_are(lists, list_name, cli):
