@@ -108,7 +108,7 @@ def create_app(
 
     @app.errorhandler(AeroqueueError)
     def _store_error(e: AeroqueueError) -> tuple[str, int]:
-        app.logger.warning("store error: %s", e)
+        app.logger.warning("store error: %s", e, extra={"event": "store_error", "error": str(e)})
         return render_template("error.html", title="Store error", message=str(e)), 503
 
     # -- pages -------------------------------------------------------------------

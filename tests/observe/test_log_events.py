@@ -17,9 +17,11 @@ def calls_without_event(source: str) -> list[int]:
     caller's to fill)."""
     lines = []
     for node in ast.walk(ast.parse(source)):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and node.func.attr in LEVELS and isinstance(node.func.value, ast.Name)
-                and node.func.value.id in ("log", "logger")):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in LEVELS):
+            continue
+        target = node.func.value  # log.warning, logger.warning, app.logger.warning
+        if not ((isinstance(target, ast.Name) and target.id in ("log", "logger"))
+                or (isinstance(target, ast.Attribute) and target.attr == "logger")):
             continue
         extra = next((k.value for k in node.keywords if k.arg == "extra"), None)
         if extra is None or (isinstance(extra, ast.Dict) and not any(
@@ -40,5 +42,6 @@ def test_the_check_sees_a_call_without_an_event():
         'log.warning("b %s", 1)\n'
         'log.error("c", extra={"list": "L"})\n'
         'log.info("d", extra=fields)\n'
+        'app.logger.warning("e %s", 1)\n'
     )
-    assert calls_without_event(source) == [2, 3]
+    assert calls_without_event(source) == [2, 3, 5]
