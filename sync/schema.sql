@@ -128,8 +128,9 @@ CREATE TABLE IF NOT EXISTS sync_rejects (
 -- jobs not reloaded stayed beside the new list's, counted as its. Each row now
 -- names the list it was copied from (`created`, the list's stamp; the summary
 -- names the list it counts, so `WHERE (list, created)` matches the two).
--- Rows copied before this migration hold created 0: a job of theirs copied
--- again (run again after a kick, or a resync) gets a row of its own beside it.
+-- Rows copied before this migration hold created 0 (the stamp unknown): the
+-- first copy of a job of their (list, jid) since takes their place, as a copy
+-- took the row of its (list, jid) before (aeroqueue.sync.task).
 -- SQLite rebuilds both tables (it cannot add a column "if not exists"): the
 -- migration can run again on a file whose schema_version was dropped. Each
 -- summary gets its stamp at the next sync (every run rewrites the summaries).

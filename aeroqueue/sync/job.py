@@ -487,5 +487,7 @@ def rows_to_copy(backend: Backend, options: SyncOptions) -> dict[str, int]:
             st = lists.status(name)
         except ListNotFound:
             continue  # dropped since it was listed (or named): nothing of it to copy
-        out[name] = max(0, st.done + st.dead - held.get((name, st.created), 0))
+        # Rows copied before migration 4 (created 0) are counted as the list's: its jobs
+        # take their place when copied (`RangeSync._replace_legacy_rows`).
+        out[name] = max(0, st.done + st.dead - held.get((name, st.created), 0) - held.get((name, 0), 0))
     return out

@@ -109,6 +109,10 @@ def progress_name(run_id: str, begin: int) -> str:
     return f"{run_id}/{begin}"
 
 
+# (list, jid) pairs a statement of `_replace_legacy_rows`: well inside any server's limits.
+LEGACY_DELETE_ROWS = 500
+
+
 class RangeSync:
     """Syncs ranges of partitions from one backend into one sink (a task's work)."""
 
@@ -123,6 +127,7 @@ class RangeSync:
         self.mark_bin = options.target.mark_bin
         self.per_list: Counter[str] = Counter()
         self._commits = 0
+        self._legacy: bool | None = None  # the table holds rows copied before migration 4
         self._report_as = ""
         self._clock: Clock | None = None
 
@@ -190,11 +195,30 @@ class RangeSync:
             while not ((here / "go").exists() or mine.exists()) and time.monotonic() < give_up:
                 time.sleep(0.05)
 
+    def _replace_legacy_rows(self, batch: Batch) -> None:
+        """Rows copied before migration 4 hold created 0 (their list's stamp unknown):
+        the batch's jobs take the place of such rows of their (list, jid), in the
+        batch's transaction, as a copy took the row of its (list, jid) before the
+        migration; else a job copied again since (a kick, a resync) would get a second
+        row. Asked once a task whether the table holds any (a table made since holds none)."""
+        sink = self.sink
+        if self._legacy is None:
+            self._legacy = bool(sink.execute(f"SELECT 1 FROM {JOBS_TABLE} WHERE created = 0 LIMIT 1"))
+        if not self._legacy:
+            return
+        pairs = [(row[0], row[1]) for row in batch.rows if row[-1] != 0]  # list, jid; created last (JOB_COLUMNS)
+        ph = sink.dialect.placeholder
+        for at in range(0, len(pairs), LEGACY_DELETE_ROWS):
+            part = pairs[at:at + LEGACY_DELETE_ROWS]
+            sink.execute(f"DELETE FROM {JOBS_TABLE} WHERE created = 0 AND (list, jid) IN "
+                         f"({', '.join([f'({ph}, {ph})'] * len(part))})", [v for pair in part for v in pair])
+
     def _write(self, batch: Batch) -> list[tuple[int, str]]:
         """Upsert a batch and its rejects in one transaction; retried on a deadlock."""
         sink = self.sink
         for attempt in range(DEADLOCK_RETRIES):
             try:
+                self._replace_legacy_rows(batch)
                 refused = sink.copy(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, batch.rows, newer="done_at")
                 rejects = batch.rejects + [
                     reject_row(batch.bins[i], reason, self.synced_at) for i, reason in refused

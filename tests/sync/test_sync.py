@@ -320,3 +320,33 @@ def test_a_list_dropped_and_loaded_again_keeps_each_lists_rows_apart(
     assert len(mysql_rows(mysql_db, list_name)) == 5
     assert mysql_query(mysql_db, "SELECT created, total, done FROM aq_list_summary WHERE list = %s", (list_name,)) \
         == [(new, 3, 1)]
+
+
+def test_rows_copied_before_the_lists_stamp_was_kept_give_way_to_their_jobs_copied_since(
+    store, store_url, mysql_db, mysql_url, list_name, spark
+):
+    """A table of schema version 3 (rows keyed on (list, jid)) migrated to 4: its rows
+    hold created 0. A job of theirs copied since (processed again, a resync) got a
+    second row beside its first; now it takes that row's place, as a copy took the
+    row of its (list, jid) before, and rows no job copies again stay."""
+    from aeroqueue.sync import parse_target
+    from aeroqueue.sync.schema import migrations
+    from aeroqueue.sync.write import Sink
+
+    make_jobs(store, list_name, done=3)
+    with Sink(parse_target(mysql_url)) as sink:
+        for step in migrations()[:4]:
+            for stmt in step.statements:
+                if (here := sink.dialect.ddl(stmt)) is not None:
+                    sink.execute(here)
+        sink.execute("INSERT INTO schema_version (version, description, applied_at) VALUES (1, 'old', 0), "
+                     "(2, 'old', 0), (3, 'old', 0)")
+        for jid in ("j0", "j1", "old-x"):
+            sink.execute("INSERT INTO aq_jobs (list, jid, token, state, attempts, synced_at) "
+                         "VALUES (%s, %s, 0, 'done', 1, 1)", (list_name, jid))
+        sink.commit()
+    sync_once(options(store_url, mysql_url, lists=(list_name,)), spark, store)
+    created = JobLists(store).status(list_name).created
+    rows = sorted((r["created"], bytes(r["jid"]).decode()) for r in mysql_rows(mysql_db, list_name))
+    assert rows == sorted([(0, "old-x"), (created, "j0"), (created, "j1"), (created, "j2")])
+    assert_exactly_once(store, mysql_db, list_name)
