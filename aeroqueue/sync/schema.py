@@ -182,16 +182,16 @@ def check_jobs_table(sink: Sink, *, before: bool = False) -> None:
     made_by_hand = (f"Was the table made by hand, or by another tool? Rename or drop it and {VERSION_TABLE} (or give "
                     "the sync a database of its own), and the sync creates its own (sync/schema.sql)")
     if sink.dialect.name == "mysql":
-        loose = sorted(str(name) for name, kind, collation in columns
-                       if str(name).lower() in ("list", "jid") and str(kind).lower() not in _BINARY_TYPES
-                       and not str(collation or "").lower().endswith("_bin"))
+        loose = sorted(_name(name) for name, kind, collation in columns
+                       if _name(name).lower() in ("list", "jid") and _name(kind).lower() not in _BINARY_TYPES
+                       and not _name(collation).lower().endswith("_bin"))
         if loose:
             raise SyncError(
                 f"{JOBS_TABLE} in {sink.target}: column(s) {', '.join(loose)} compare text without regard to case "
                 f"or trailing spaces (not binary, no _bin collation): two jobs would share one row. {made_by_hand}")
     unique: dict[str, list[str]] = {}
     for index, column in found:
-        unique.setdefault(str(index), []).append(str(column).lower())
+        unique.setdefault(_name(index), []).append(_name(column).lower())
     keys = list(unique.values())
     allowed = [list(JOB_KEY), *([["list", "jid"]] if before else [])]  # (list, jid): before migration 4
     if not any(k in keys for k in allowed):
@@ -204,6 +204,14 @@ def check_jobs_table(sink: Sink, *, before: bool = False) -> None:
         raise SyncError(f"{JOBS_TABLE} in {sink.target} has a unique key on ({', '.join(others[0])}) besides "
                         f"({', '.join(JOB_KEY)}): a copied job colliding on it would take another job's row. "
                         f"{made_by_hand}")
+
+
+def _name(value: Any) -> str:
+    """A name or type read from information_schema: text, whichever the driver hands
+    over (MySQL 8's connector may give some of its columns as bytes)."""
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "replace")
+    return "" if value is None else str(value)
 
 
 _OWN_DATABASE = "give the sync a database of its own (another tool's tables share the names)"
