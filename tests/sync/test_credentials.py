@@ -93,14 +93,14 @@ def test_the_demo_shows_and_passes_its_target_without_the_password(registered, s
         def __enter__(self) -> Counted: return self
         def __exit__(self, *exc: object) -> None: ...
         def execute(self, sql: str, params: list[str]) -> list[tuple[int]]:
-            assert params == [list_name]
+            assert params == [list_name, 7]  # the list and its stamp
             return [(2,)]
 
     monkeypatch.setattr(demo.subprocess, "run", recorded)
     monkeypatch.setattr(demo, "Sink", Counted)
     shown = io.StringIO()
     console = Console(file=shown, width=200)
-    rows, note = demo._sync(console, store_url, target)
+    rows, note = demo._sync(console, store_url, target, {list_name: 7})
     demo._show_target(console, target)
     assert (rows, note) == (2, ""), shown.getvalue()
     assert f"sync target: mysql://{user}:***@127.0.0.1:3306/{mysql_db}" in shown.getvalue()
