@@ -127,7 +127,7 @@ class RangeSync:
         self.mark_bin = options.target.mark_bin
         self.per_list: Counter[str] = Counter()
         self._commits = 0
-        self._legacy: bool | None = None  # the table holds rows copied before migration 4
+        self._legacy: dict[str, bool] = {}  # list -> the table holds rows of it copied before migration 4
         self._report_as = ""
         self._clock: Clock | None = None
 
@@ -200,18 +200,20 @@ class RangeSync:
         the batch's jobs take the place of such rows of their (list, jid), in the
         batch's transaction, as a copy took the row of its (list, jid) before the
         migration; else a job copied again since (a kick, a resync) would get a second
-        row. Asked once a task whether the table holds any (a table made since holds none)."""
+        row. Asked once a task for each list whether the table holds any: one probe of
+        the unique key's (list, created) prefix (a table made since holds none)."""
         sink = self.sink
-        if self._legacy is None:
-            self._legacy = bool(sink.execute(f"SELECT 1 FROM {JOBS_TABLE} WHERE created = 0 LIMIT 1"))
-        if not self._legacy:
-            return
-        pairs = [(row[0], row[1]) for row in batch.rows if row[-1] != 0]  # list, jid; created last (JOB_COLUMNS)
         ph = sink.dialect.placeholder
+        for name in {row[0] for row in batch.rows} - self._legacy.keys():
+            self._legacy[name] = bool(sink.execute(
+                f"SELECT 1 FROM {JOBS_TABLE} WHERE list = {ph} AND created = 0 LIMIT 1", (name,)))
+        # list, jid; created is last (JOB_COLUMNS)
+        pairs = [(row[0], row[1]) for row in batch.rows if row[-1] != 0 and self._legacy[row[0]]]
         for at in range(0, len(pairs), LEGACY_DELETE_ROWS):
             part = pairs[at:at + LEGACY_DELETE_ROWS]
-            sink.execute(f"DELETE FROM {JOBS_TABLE} WHERE created = 0 AND (list, jid) IN "
-                         f"({', '.join([f'({ph}, {ph})'] * len(part))})", [v for pair in part for v in pair])
+            # The whole unique key, row by row: each row found by the index.
+            sink.execute(f"DELETE FROM {JOBS_TABLE} WHERE (list, created, jid) IN "
+                         f"({', '.join([f'({ph}, 0, {ph})'] * len(part))})", [v for pair in part for v in pair])
 
     def _write(self, batch: Batch) -> list[tuple[int, str]]:
         """Upsert a batch and its rejects in one transaction; retried on a deadlock."""
