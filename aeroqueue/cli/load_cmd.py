@@ -128,12 +128,12 @@ def _as_checked(rows: Iterable[Any], n: int, path: Path, before: Any, source: st
             f"checked were read again", source=source)
 
 
-class _SigTerm(BaseException):
+class _StopAsked(BaseException):
     """SIGTERM or SIGINT, out of the signal handler: a BaseException, as KeyboardInterrupt
     is, so that no `except Exception` on the way takes it for an error it can handle."""
 
 
-class _TermGuard:
+class _StopGuard:
     """SIGTERM or Ctrl-C (SIGINT) during a load. While the input is read and checked
     nothing is written yet: the handler raises at once. While jobs are written it only
     assigns (a handler may not take a lock: aeroqueue.stopping), and `rows` raises
@@ -161,17 +161,17 @@ class _TermGuard:
             return  # a second SIGTERM: the stop is under way
         self.asked = signum
         if not self.writing:
-            raise _SigTerm()
+            raise _StopAsked()
 
     def rows(self, rows: Iterable[Any]) -> Iterator[Any]:
         for row in rows:
             if self.asked is not None:
-                raise _SigTerm()
+                raise _StopAsked()
             yield row
 
 
 @contextlib.contextmanager
-def _sigterm_handled(guard: _TermGuard) -> Iterator[None]:
+def _stops_handled(guard: _StopGuard) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield  # only the main thread can handle a signal (CliRunner in a thread)
         return
@@ -226,14 +226,14 @@ def load(
     ranges (exit 143 or 130); the same load run again finishes it.
     """
     _few_malloc_arenas()
-    guard = _TermGuard()
+    guard = _StopGuard()
     written = 0
 
     def wrote(k: int) -> None:
         nonlocal written
         written += k
 
-    with _sigterm_handled(guard):
+    with _stops_handled(guard):
         try:
             _load(obj, list_name, file, fmt, id_field, strict, mode, max_attempts, timeout_s, backoff_s, backoff_max_s,
                   delay_s, seal, chunk_size, workers, as_json, guard, wrote)
@@ -243,7 +243,7 @@ def load(
                 f"{e.reason}; {written:,}{total} jobs were loaded into {list_name} before it was noticed",
                 source=e.source, line=e.line, field=e.field,
             ) from None
-        except _SigTerm:
+        except _StopAsked:
             total = f" of {guard.total:,}" if guard.total is not None else ""
             ctrl_c = guard.asked == signal.SIGINT
             raise (Interrupted if ctrl_c else Terminated)(
@@ -256,7 +256,7 @@ def load(
 def _load(
     obj: Context, list_name: str, file: Path, fmt: str | None, id_field: str, strict: bool, mode: str | None,
     max_attempts: int, timeout_s: float | None, backoff_s: float | None, backoff_max_s: float | None, delay_s: float,
-    seal: bool, chunk_size: int | None, workers: int | None, as_json: bool, guard: _TermGuard,
+    seal: bool, chunk_size: int | None, workers: int | None, as_json: bool, guard: _StopGuard,
     wrote: Callable[[int], None],
 ) -> None:
     backend = obj.backend()
