@@ -187,13 +187,18 @@ class JobLists:
         """Loading is finished: refuse further loads; the list can now become complete."""
         self._flag(name, "sealed", 1)
 
-    def pause(self, name: str, paused: bool = True) -> None:
-        self._flag(name, "paused", 1 if paused else 0)
+    def pause(self, name: str, paused: bool = True, *, created: int | None = None) -> None:
+        """Pause (or resume) the list. `created`: its stamp as the caller saw it (a
+        page): `ListReplaced` for another list of the name, nothing set."""
+        self._flag(name, "paused", 1 if paused else 0, created)
 
-    def _flag(self, name: str, flag: str, value: int) -> None:
-        st = self._list_udf(keys.check_list_name(name), "set_flag", flag, value)
+    def _flag(self, name: str, flag: str, value: int, created: int | None = None) -> None:
+        st = transitions.list_write(self.backend, keys.check_list_name(name), "set_flag", flag, value,
+                                    after=() if created is None else (created,))
         if st == "missing":
             raise ListNotFound(f"no job list named {name!r}")
+        if st == "other":
+            raise ListReplaced(f"list {name!r} was dropped and loaded again: {flag} left as it was")
         if st == "dropping":
             raise ListError(f"list {name!r} is being dropped (a drop started and did not finish): "
                             "run the drop again to finish it")

@@ -826,16 +826,20 @@ function push_retry(rec, tokens, cap, again, deadline, created)
   return accepted
 end
 
--- set_flag(rec, name, value, deadline) -> 'ok' | 'missing' | 'bad flag' | 'sealed' | 'dropping' | 'stale'
---   sealed / paused / dropping. Sealing is final: unsealing is refused. So is
+-- set_flag(rec, name, value, deadline, created) -> 'ok' | 'missing' | 'bad flag' | 'sealed' | 'dropping'
+--                                                  | 'stale' | 'other'
+--   sealed / paused / dropping. `created` (optional): the list's stamp as the caller
+--   saw it (a dashboard page): 'other', nothing set, for another list of the name
+--   (dropped and loaded again since). Sealing is final: unsealing is refused. So is
 --   dropping = 1 (set by a drop before it deletes anything): a list a drop left
 --   half-deleted stays paused until a drop finishes it. dropping = 2 (set by a
 --   drop before its seal, so that the list never looks complete while it goes)
 --   never lowers a 1, and a resume (paused = 0) clears it: that drop was given up
 --   before anything was deleted.
-function set_flag(rec, name, value, deadline)
+function set_flag(rec, name, value, deadline, created)
   if stale(deadline) then return 'stale' end
   if not live(rec) then return 'missing' end
+  if replaced(rec, created) then return 'other' end
   if name ~= 'sealed' and name ~= 'paused' and name ~= 'dropping' then return 'bad flag' end
   if name == 'sealed' and value == 0 and rec['sealed'] == 1 then return 'sealed' end
   if value == 0 and rec['dropping'] == 1 and (name == 'paused' or name == 'dropping') then return 'dropping' end

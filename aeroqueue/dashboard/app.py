@@ -159,23 +159,31 @@ def create_app(
         if read_only:
             abort(403, "this dashboard is read-only")
 
+    # The forms carry the list's stamp as the page showed it (`c`): a page shown before
+    # the list was dropped and loaded again under its name would otherwise kick the new
+    # list's jobs at the tokens it showed, or pause the new list.
     @app.post("/lists/<name>/pause")
     def pause(name: str) -> Response:
         writable()
-        data.pause(name, True)
-        flash(f"list {name} paused: workers take nothing more from it", "ok")
+        try:
+            data.pause(name, True, shown_stamp())
+        except ListReplaced:
+            flash(replaced(name, "paused"), "error")
+        else:
+            flash(f"list {name} paused: workers take nothing more from it", "ok")
         return back(url_for("list_page", name=name))
 
     @app.post("/lists/<name>/resume")
     def resume(name: str) -> Response:
         writable()
-        data.pause(name, False)
-        flash(f"list {name} resumed", "ok")
+        try:
+            data.pause(name, False, shown_stamp())
+        except ListReplaced:
+            flash(replaced(name, "resumed"), "error")
+        else:
+            flash(f"list {name} resumed", "ok")
         return back(url_for("list_page", name=name))
 
-    # The kick forms carry the list's stamp as the page showed it (`c`): a page shown
-    # before the list was dropped and loaded again under its name would otherwise kick
-    # the new list's jobs at the tokens it showed.
     @app.post("/lists/<name>/kick")
     def kick_all(name: str) -> Response:
         writable()
@@ -225,8 +233,8 @@ _STAMP = re.compile(r"-?[0-9]{1,19}")
 
 
 def shown_stamp() -> int | None:
-    """The list stamp a kick form carries (`c`), None without one (a form of a page
-    served before forms carried it); one that is not an integer is refused (400)."""
+    """The list stamp a form carries (`c`), None without one (a form of a page served
+    before forms carried it); one that is not an integer is refused (400)."""
     text = request.form.get("c", "")
     if not text:
         return None
@@ -235,9 +243,10 @@ def shown_stamp() -> int | None:
     return int(text)
 
 
-def replaced(name: str) -> str:
-    """What a kick from a page older than the list of its name says."""
-    return f"list {name} was dropped and loaded again since the page was shown: nothing was kicked"
+def replaced(name: str, done: str = "kicked") -> str:
+    """What an action from a page older than the list of its name says."""
+    what = "nothing was kicked" if done == "kicked" else f"it was not {done}"
+    return f"list {name} was dropped and loaded again since the page was shown: {what}"
 
 
 def back(default: str) -> Response:

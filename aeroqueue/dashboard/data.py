@@ -477,8 +477,10 @@ class Store:
 
     # -- actions -------------------------------------------------------------------
 
-    def pause(self, name: str, paused: bool) -> None:
-        self.lists.pause(name, paused)
+    def pause(self, name: str, paused: bool, created: int | None = None) -> None:
+        # `created`: the list stamp the page was shown with (`ListReplaced` for another
+        # list of the name).
+        self.lists.pause(name, paused, created=created)
 
     def kick_job(self, name: str, token: int, created: int | None = None) -> bool:
         # The page offers a kick of a dead job: one delayed by the time the button is

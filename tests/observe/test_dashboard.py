@@ -205,6 +205,42 @@ def test_a_kick_from_a_page_shown_before_a_drop_and_a_load_kicks_nothing(
     assert "kicked" in text(resp) and job_state(registered, list_name, 1) == "queued"
 
 
+def test_a_pause_or_resume_from_a_page_shown_before_a_drop_and_a_load_leaves_the_new_list_alone(
+    app: Flask, registered: Backend, list_name: str
+) -> None:
+    """The pause and resume forms named the list only: a page shown before it was
+    dropped and loaded again paused (or resumed) the new list. They carry its stamp."""
+    lists = JobLists(registered)
+    lists.load(list_name, [JobSpec("a", {})], seal=True)
+    client = app.test_client()
+    forms = {}
+    for path in ("/", f"/lists/{list_name}"):
+        for action, body in PAUSE_FORM.findall(text(client.get(path))):
+            if action == f"/lists/{list_name}/pause":
+                forms.setdefault(action, []).append(dict(FIELD.findall(body)))
+    created = str(lists.status(list_name).created)
+    assert [f.get("c") for f in forms[f"/lists/{list_name}/pause"]] == [created, created], forms
+    lists.drop(list_name, grace_s=0)
+    lists.load(list_name, [JobSpec("x", {})], seal=True)
+    for form in forms[f"/lists/{list_name}/pause"]:
+        resp = client.post(f"/lists/{list_name}/pause", data=form, follow_redirects=True)
+        assert "was dropped and loaded again since the page was shown: it was not paused" in text(resp)
+    assert not lists.status(list_name).paused
+    # The page shown now pauses it, and its resume form (stamped too) resumes it.
+    fresh = dict(FIELD.findall(PAUSE_FORM.findall(text(client.get(f"/lists/{list_name}")))[0][1]))
+    assert fresh["c"] == str(lists.status(list_name).created) != created
+    client.post(f"/lists/{list_name}/pause", data=fresh)
+    assert lists.status(list_name).paused
+    resume = [dict(FIELD.findall(body)) for action, body in PAUSE_FORM.findall(text(client.get(f"/lists/{list_name}")))
+              if action.endswith("/resume")]
+    assert resume and resume[0]["c"] == fresh["c"]
+    client.post(f"/lists/{list_name}/resume", data={**resume[0], "c": created})
+    assert lists.status(list_name).paused, "an old page's resume leaves the new list paused"
+    client.post(f"/lists/{list_name}/resume", data=resume[0])
+    assert not lists.status(list_name).paused
+
+
+PAUSE_FORM = re.compile(r'<form class="inline" method="post" action="([^"]*/(?:pause|resume))"[^>]*>(.*?)</form>', re.S)
 STAMP = re.compile(r'name="c" value="(-?[0-9]+)"')
 KICK_FORM = re.compile(r'<form class="inline" method="post" action="([^"]*/kick)"[^>]*>(.*?)</form>', re.S)
 FIELD = re.compile(r'<input type="hidden" name="([^"]+)" value="([^"]*)">')
