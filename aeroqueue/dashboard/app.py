@@ -162,27 +162,23 @@ def create_app(
     # The forms carry the list's stamp as the page showed it (`c`): a page shown before
     # the list was dropped and loaded again under its name would otherwise kick the new
     # list's jobs at the tokens it showed, or pause the new list.
-    @app.post("/lists/<name>/pause")
-    def pause(name: str) -> Response:
+    def set_paused(name: str, paused: bool) -> Response:
         writable()
         try:
-            data.pause(name, True, shown_stamp())
+            data.pause(name, paused, shown_stamp())
         except ListReplaced:
-            flash(replaced(name, "paused"), "error")
+            flash(replaced(name, "paused" if paused else "resumed"), "error")
         else:
-            flash(f"list {name} paused: workers take nothing more from it", "ok")
+            flash(f"list {name} paused: workers take nothing more from it" if paused else f"list {name} resumed", "ok")
         return back(url_for("list_page", name=name))
+
+    @app.post("/lists/<name>/pause")
+    def pause(name: str) -> Response:
+        return set_paused(name, True)
 
     @app.post("/lists/<name>/resume")
     def resume(name: str) -> Response:
-        writable()
-        try:
-            data.pause(name, False, shown_stamp())
-        except ListReplaced:
-            flash(replaced(name, "resumed"), "error")
-        else:
-            flash(f"list {name} resumed", "ok")
-        return back(url_for("list_page", name=name))
+        return set_paused(name, False)
 
     @app.post("/lists/<name>/kick")
     def kick_all(name: str) -> Response:
