@@ -66,7 +66,6 @@ def stamped(created: int) -> Any:
     return stamped_in_time(created, None)
 
 
-
 # A batch record's codes for "the UDF decides": no record (2), filter false (27).
 TO_UDF = (2, 27)
 
@@ -130,6 +129,8 @@ def ours(created: int) -> list[tuple]:
     `keys.indexed_here` reads one (records written before stamps were have none).
     (A filter is not applied to a record the write creates.)"""
     return _bind(_OURS, {_STAMP: created})
+
+
 _STAMPED = {d: _template([exp.Eq(exp.IntBin("c"), _STAMP)], d) for d in (False, True)}
 
 

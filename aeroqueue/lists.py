@@ -110,14 +110,15 @@ class JobLists:
 
     # -- small helpers ---------------------------------------------------------
 
-    def _list_udf(self, name: str, function: str, *args: Any) -> Any:
-        """A list UDF given every argument but its deadline (`transitions.list_once`)."""
+    def _list_udf(self, name: str, function: str, *args: Any, after: tuple[Any, ...] = ()) -> Any:
+        """A list UDF given every argument but its deadline (`transitions.list_once`;
+        `after`: the arguments that follow the deadline)."""
         # Every list call here is safe to repeat after a lost answer (a node died
         # mid-call), alloc only with the range's id (aq_list_v1.lua, alloc): without
         # one, a repeat would allocate a second range.
         if function == "alloc" and (len(args) < 3 or args[2] is None):
-            return transitions.list_once(self.backend, name, function, *args)
-        return transitions.list_write(self.backend, name, function, *args)
+            return transitions.list_once(self.backend, name, function, *args, after=after)
+        return transitions.list_write(self.backend, name, function, *args, after=after)
 
     def _batch_write(self, writes: list[Any], what: str, stamp: Any = None) -> list[int]:
         """Each write's result code, writes answered in doubt repeated for `write_retry_s`
@@ -193,8 +194,8 @@ class JobLists:
         self._flag(name, "paused", 1 if paused else 0, created)
 
     def _flag(self, name: str, flag: str, value: int, created: int | None = None) -> None:
-        st = transitions.list_write(self.backend, keys.check_list_name(name), "set_flag", flag, value,
-                                    after=() if created is None else (created,))
+        st = self._list_udf(keys.check_list_name(name), "set_flag", flag, value,
+                            after=() if created is None else (created,))
         if st == "missing":
             raise ListNotFound(f"no job list named {name!r}")
         if st == "other":

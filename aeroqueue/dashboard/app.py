@@ -167,7 +167,7 @@ def create_app(
         try:
             data.pause(name, paused, shown_stamp())
         except ListReplaced:
-            flash(replaced(name, "paused" if paused else "resumed"), "error")
+            flash(replaced(name, f"it was not {'paused' if paused else 'resumed'}"), "error")
         else:
             flash(f"list {name} paused: workers take nothing more from it" if paused else f"list {name} resumed", "ok")
         return back(url_for("list_page", name=name))
@@ -186,7 +186,7 @@ def create_app(
         try:
             n = data.kick_all(name, shown_stamp())
         except ListReplaced:
-            flash(replaced(name), "error")
+            flash(replaced(name, "nothing was kicked"), "error")
         else:
             flash(f"{n} dead job(s) of {name} put back in the queue", "ok")
         return back(url_for("list_page", name=name))
@@ -197,7 +197,7 @@ def create_app(
         try:
             kicked = data.kick_job(name, token, shown_stamp())
         except ListReplaced:
-            flash(replaced(name), "error")
+            flash(replaced(name, "nothing was kicked"), "error")
         else:
             if kicked:
                 flash(f"job {name}/{token} kicked: queued again with fresh attempts", "ok")
@@ -239,10 +239,10 @@ def shown_stamp() -> int | None:
     return int(text)
 
 
-def replaced(name: str, done: str = "kicked") -> str:
-    """What an action from a page older than the list of its name says."""
-    what = "nothing was kicked" if done == "kicked" else f"it was not {done}"
-    return f"list {name} was dropped and loaded again since the page was shown: {what}"
+def replaced(name: str, outcome: str) -> str:
+    """What an action from a page older than the list of its name says, `outcome`
+    saying what it left undone."""
+    return f"list {name} was dropped and loaded again since the page was shown: {outcome}"
 
 
 def back(default: str) -> Response:
