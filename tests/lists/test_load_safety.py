@@ -480,10 +480,10 @@ def _loses_the_seal_race(backend, lists: JobLists, name: str, winner: list[JobSp
     real_udf = late._list_udf
     won: list[load.LoadReport] = []
 
-    def udf(list_name, function, *args):
+    def udf(list_name, function, *args, **kw):
         if function == "alloc" and not won:
             won.append(lists.load(name, winner, seal=True, chunk_size=10))
-        return real_udf(list_name, function, *args)
+        return real_udf(list_name, function, *args, **kw)
 
     late._list_udf = udf  # type: ignore[method-assign]
     return late, won
