@@ -54,7 +54,7 @@ from prometheus_client.registry import Collector
 
 from . import keys
 from .backends import Backend
-from .backends.base import AFTER_TIMEOUT_BUDGET_S, AFTER_TIMEOUT_MS
+from .backends.base import AFTER_TIMEOUT_BUDGET_S, AFTER_TIMEOUT_MS, UnansweredLast
 from .errors import AeroqueueError, BackendTimeout, ClusterChanging, ConfigError, ListNotFound
 from .hosts import TrustedHosts
 from .lists import JobLists, ListStatus
@@ -231,6 +231,7 @@ class StoreCollector(Collector):
         self._errors = 0
         self._missing: set[str] = set()  # lists said to be missing (once each)
         self._lock = threading.Lock()
+        self._read_order = UnansweredLast()  # a frozen node's lists read after the others
 
     def collect(self) -> Iterator[Metric]:
         started = time.monotonic()
@@ -299,7 +300,9 @@ class StoreCollector(Collector):
         `AFTER_TIMEOUT_BUDGET_S` in all: those of healthy nodes still answer in
         milliseconds (a list's records live on the node its name hashes to, so one
         frozen node of several holds only some lists), and those of the frozen node
-        cost a scrape no more than the budget, however many there are."""
+        cost a scrape no more than the budget, however many there are. Those that did
+        not answer last scrape are read last (`UnansweredLast`)."""
+        names = self._read_order.order(names)
         out: list[tuple[str, ListStatus | None]] = []
         budget_end: float | None = None  # set by the first read that timed out
         unread = 0
@@ -320,6 +323,7 @@ class StoreCollector(Collector):
                     with self.backend.bounded_reads(record_ms=AFTER_TIMEOUT_MS):
                         st = self.lists.status(name)
                 out.append((name, st))
+                self._read_order.note(name, True)
             except ListNotFound:
                 # Named but not loaded (a typo?), or dropped since it was discovered:
                 # no series for it, and a word once, not one each scrape.
@@ -335,6 +339,7 @@ class StoreCollector(Collector):
                 else:
                     self._count_error()
                 out.append((name, None))
+                self._read_order.note(name, False)
                 unread += 1
             except AeroqueueError as e:
                 self._error(f"cannot read list {name!r}", e)

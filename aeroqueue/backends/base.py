@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -55,6 +56,32 @@ BOUNDED_SCAN_MS = 5000
 # is spent is not read (the lists of a frozen node would each wait out the limit).
 AFTER_TIMEOUT_MS = 250
 AFTER_TIMEOUT_BUDGET_S = 2.0
+
+
+class UnansweredLast:
+    """The order a looker (a dashboard, a scrape) reads its lists in: those whose read
+    did not answer last time go last. A frozen node's lists each wait out
+    AFTER_TIMEOUT_MS; read first, they spent the budget before the healthy ones were
+    tried, and a loaded host's page then showed no list at all. Thread-safe: views
+    and scrapes run side by side."""
+
+    def __init__(self) -> None:
+        self._late: set[str] = set()
+        self._lock = threading.Lock()
+
+    def order(self, names: Iterable[str]) -> list[str]:
+        """`names` in their order, those that did not answer last time moved last."""
+        with self._lock:
+            late = set(self._late)
+        return sorted(names, key=lambda name: name in late)  # stable: the order kept within each part
+
+    def note(self, name: str, answered: bool) -> None:
+        """Whether `name`'s read answered (a read not tried keeps its last word)."""
+        with self._lock:
+            if answered:
+                self._late.discard(name)
+            else:
+                self._late.add(name)
 # Allowance for the clocks of client and server disagreeing (NTP keeps them within
 # milliseconds), added to a job transition's deadline (`Backend.job_deadline`).
 CLOCK_MARGIN_MS = 500

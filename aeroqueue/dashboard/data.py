@@ -36,7 +36,7 @@ from aerospike_helpers import expressions as xp
 
 from .. import keys, lease_entries
 from ..backends import Backend, Record
-from ..backends.base import AFTER_TIMEOUT_BUDGET_S, AFTER_TIMEOUT_MS
+from ..backends.base import AFTER_TIMEOUT_BUDGET_S, AFTER_TIMEOUT_MS, UnansweredLast
 from ..errors import BackendError, BackendTimeout, ClusterChanging, JobNotFound, ListNotFound
 from ..lists import DROPPED, JobLists, ListStatus, is_tombstone
 
@@ -304,6 +304,7 @@ class Store:
         self._lock = threading.Lock()
         self._known: set[str] = set()  # the lists the views have found
         self._scan_again_at = float("-inf")  # after a scan that timed out (SCAN_RETRY_S)
+        self._read_order = UnansweredLast()  # a frozen node's lists read after the others
 
     # -- the overview --------------------------------------------------------------
 
@@ -314,15 +315,18 @@ class Store:
         other nodes hand over and those found by earlier views."""
         reads = PageReads(self.backend)
         names, whole = self._list_names(reads)
-        rows: list[ListRow | UnreadRow] = []
-        for name in names:
+        got: dict[str, ListRow | UnreadRow] = {}
+        for name in self._read_order.order(names):
             try:
                 row = reads.read(f"list {name}", functools.partial(self.list_row, name))
             except ListNotFound:
                 with self._lock:
                     self._known.discard(name)
                 continue  # dropped meanwhile
-            rows.append(row if row is not None else UnreadRow(name))
+            if row is not None or reads.last_error is not None:  # else not tried: the budget was spent
+                self._read_order.note(name, row is not None)
+            got[name] = row if row is not None else UnreadRow(name)
+        rows = [got[name] for name in names if name in got]  # shown by name, whatever the order read
         dead: list[JobView] = []
         dead_unread: list[str] = []
         for shown in rows:

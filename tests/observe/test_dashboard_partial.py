@@ -48,11 +48,14 @@ class Frozen:
         self.sessions = sessions
         self.queries = queries
         self.scans: list[str] = []
+        self.statuses: list[str] = []  # the lists read while on, in order
         self.on = False
         real_status, real_scan, real_scan_answered, real_find = (
             JobLists.status, backend.scan, backend.scan_answered, backend.find)
 
         def status(jl: JobLists, name: str, *args: Any, **kw: Any) -> Any:
+            if self.on:
+                self.statuses.append(name)
             if self.on and (self.lists is None or name in self.lists):
                 raise timed_out(f"read of aq_list/{name}")
             return real_status(jl, name, *args, **kw)
@@ -273,6 +276,41 @@ def test_after_a_timeout_the_views_reads_are_short_and_so_are_the_scans_until_on
     # no list is read, each one named.
     assert [row_numbers(page, n) for n in names] == [None] * 3
     assert {f"list {n}" for n in names} | {"the list of lists", "sessions"} <= set(unread(page))
+
+
+def test_the_lists_that_did_not_answer_are_read_after_the_others_at_the_next_view(
+    app: Flask, registered: Backend, three_lists: tuple[list[str], Session], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Read in their order, a frozen node's lists each waited out the short limit and
+    spent the budget before the healthy lists after them were tried: on a loaded
+    host (3 nodes, one frozen) a view showed none of the 9 lists, healthy ones
+    included. The next view reads those that did not answer last; the page still
+    shows the lists by name."""
+    names, _ = three_lists
+    first = names[0]  # first by name of this test's lists: its node is frozen
+    client = app.test_client()
+    client.get("/")
+    frozen = Frozen(registered, monkeypatch, {first})
+    frozen.on = True
+    _budget_for_every_list(monkeypatch)
+    page = page_text(client.get("/"))
+    mine = [n for n in frozen.statuses if n in names]
+    assert mine == sorted(names), mine  # by name while every list answered before
+    assert row_numbers(page, first) is None and row_numbers(page, names[2]) is not None
+
+    frozen.statuses.clear()
+    page = page_text(client.get("/"))
+    mine = [n for n in frozen.statuses if n in names]
+    assert mine == [*sorted(set(names) - {first}), first], mine
+    shown = re.findall(r'<tr class="list-row(?: unread)?" data-list="([^"]+)">', page)
+    assert [n for n in shown if n in names] == sorted(names), shown
+    assert f"list {first}" in unread(page)
+
+    frozen.on = False  # answered again: read in its place at the view after
+    client.get("/")
+    frozen.on, frozen.lists = True, set()
+    client.get("/")
+    assert [n for n in frozen.statuses if n in names][-3:] == sorted(names), frozen.statuses
 
 
 def _job_reads_unanswered(registered: Backend, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -424,15 +424,17 @@ def test_lists_after_a_timed_out_one_are_read_with_a_short_limit_within_a_budget
     """One frozen node of several holds only the lists whose names hash to it: a
     scrape that stopped at the first list that timed out exported nothing of the
     healthy nodes' lists after it. They are read on, each read within 100 ms, until
-    the budget is spent; the lists not read have no series, and store_up says so."""
+    the budget is spent; the lists not read have no series, and store_up says so.
+    The next scrape reads the lists that did not answer last: read first, a frozen
+    node's lists spent the budget before the healthy ones were tried."""
     names = [f"{list_name}-{i}" for i in range(4)]
     for i, name in enumerate(names):
         JobLists(registered).load(name, [JobSpec(f"j{k}", k) for k in range(i + 1)])
-    frozen = names[1]
+    frozen = {names[1]}
     real_status = JobLists.status
 
     def status(self: JobLists, name: str, *args: Any, **kw: Any) -> Any:
-        if name == frozen:
+        if name in frozen:
             raise BackendTimeout(f"read of aq_list/{name} failed: timed out", operation="get", key=name)
         return real_status(self, name, *args, **kw)
 
@@ -451,7 +453,15 @@ def test_lists_after_a_timed_out_one_are_read_with_a_short_limit_within_a_budget
 
     monkeypatch.setattr("aeroqueue.metrics.AFTER_TIMEOUT_BUDGET_S", 0.0)  # spent at once: nothing more is read
     samples = parse(generate_latest(registry).decode())
+    # names[1] read last: every healthy list before the budget starts.
+    assert [value(samples, "aeroqueue_list_jobs", list=n) for n in names] == [1, None, 3, 4]
+    assert value(samples, "aeroqueue_store_up") == 0
+
+    frozen.add(names[2])  # answered last time, so read before names[3]: nothing read after it
+    samples = parse(generate_latest(registry).decode())
     assert [value(samples, "aeroqueue_list_jobs", list=n) for n in names] == [1, None, None, None]
+    samples = parse(generate_latest(registry).decode())  # names[3] answered last time: before both
+    assert [value(samples, "aeroqueue_list_jobs", list=n) for n in names] == [1, None, None, 4]
     assert value(samples, "aeroqueue_store_up") == 0
 
 
