@@ -86,6 +86,9 @@ class ListStatus:
     backoff_s: float = DEFAULT_BACKOFF_S
     backoff_max_s: float = DEFAULT_BACKOFF_MAX_S
     dropping: bool = False  # a drop started and did not finish: run it again
+    # Of `pending_ranges`, those whose loader missed its lease (it died): the list is not
+    # complete until a sweep, `recover` or a worker --until-complete finishes them.
+    stalled_ranges: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -334,6 +337,7 @@ class JobLists:
                           - _pending_in(r[0], r[1], r[2] if len(r) > 2 else None, retry_set) for r in head.get("ready") or [])
         total = head["total"]
         pending = len(head.get("pend") or {})
+        stalled = len(self._live_ranges(head, expired=True))
         sealed = head["sealed"] == 1
         complete = is_complete(head, done, dead)
         # A kick cut short before its `reopen` leaves the completion time of an
@@ -358,6 +362,7 @@ class JobLists:
             paused=head["paused"] == 1,
             dropping=head.get("dropping") == 1,
             pending_ranges=pending,
+            stalled_ranges=stalled,
             max_attempts=head["max_att"],
             created=head["created"],
             completed_at=completed_at,
@@ -675,11 +680,14 @@ class JobLists:
             time.sleep(0.2)
 
     @staticmethod
-    def _live_ranges(head: dict[str, Any]) -> list[Any]:
+    def _live_ranges(head: dict[str, Any], *, expired: bool = False) -> list[Any]:
+        """The load ranges whose loader still holds its lease; `expired`: those whose
+        loader missed it (died), which `recover` finishes (aq_list_v1.expired)."""
         now_ms = time.time() * 1000
         # Lease expiry is the server's clock; a few seconds of skew only make the
         # check stricter or looser by that much, and the seal settles the rest.
-        return [r for r in (head.get("pend") or {}).values() if r.get("real") is None and r.get("exp", 0) > now_ms]
+        return [r for r in (head.get("pend") or {}).values()
+                if r.get("real") is None and (r.get("exp", 0) <= now_ms) == expired]
 
     def _delete_owned(self, name: str, alloc: int, ranges: int, before: int | None = None) -> tuple[int, int, int, int]:
         """Delete the records list `name` owns, given its `alloc` and load `ranges`: job

@@ -98,7 +98,11 @@ def test_store_options_work_after_the_command_too(tmp_path, monkeypatch):
     out = CliRunner().invoke(main, ["config", "--json", "--url", f"embedded://{store}"])
     assert out.exit_code == 0, out.output
     shown = json.loads(out.output)
-    assert shown["path"] == str(store) and shown["source"] == "--url"
+    assert shown["path"] == str(store) and shown["source"] == "--url" and shown["options"] == {}
+    out = CliRunner().invoke(main, ["config", "--json", "--url",
+                                    "aerospike://u:secret@h1:3000/ns?total_timeout=50&tls_name=n1"])
+    shown = json.loads(out.output)
+    assert shown["options"] == {"total_timeout": "50", "tls_name": "n1"} and "secret" not in out.output, out.output
     out = CliRunner().invoke(main, ["config", "--json"])
     assert json.loads(out.output)["source"] == "AEROQUEUE_URL"
 
@@ -273,7 +277,8 @@ def test_load_reserve_complete_status_end_to_end(tmp_path):
     st = json.loads(run("status", "customers", "--json", url=url).output)
     assert st == {"name": "customers", "mode": "tokens", "total": 12, "reservable": 9, "delayed": 0, "in_flight": 0,
                   "retry_pending": 0, "done": 3, "dead": 0, "sealed": True, "paused": False, "complete": False,
-                  "timeout_s": 300, "backoff_s": 1, "backoff_max_s": 3600, "max_attempts": 5, "dropping": False}
+                  "timeout_s": 300, "backoff_s": 1, "backoff_max_s": 3600, "max_attempts": 5, "dropping": False,
+                  "loads_in_progress": 0, "loads_stalled": 0}
     table = run("status", "customers", url=url).output
     assert "reservable" in table and "9" in table
     listed = json.loads(run("lists", "--json", url=url).output)

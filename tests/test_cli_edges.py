@@ -905,7 +905,8 @@ def test_status_json_has_paused(ready_url, list_name):
 
 
 STATUS_KEYS = {"name", "mode", "total", "reservable", "delayed", "in_flight", "retry_pending", "done", "dead", "sealed",
-               "paused", "complete", "timeout_s", "backoff_s", "backoff_max_s", "max_attempts", "dropping"}
+               "paused", "complete", "timeout_s", "backoff_s", "backoff_max_s", "max_attempts", "dropping",
+               "loads_in_progress", "loads_stalled"}
 
 
 def test_json_shapes_are_the_documented_ones(ready_url, list_name):

@@ -103,7 +103,7 @@ def status_json(st: Any) -> dict[str, Any]:
     """The documented JSON shape of one list (`status --json`, each row of `lists --json`)."""
     # `dropping`: a drop that did not finish (README, "Dropping a list"); scripts must see it as the table does.
     return {"name": st.name, "mode": st.mode, **{f: getattr(st, f) for f in (*STATUS_FIELDS, *POLICY_FIELDS)},
-            "dropping": st.dropping}
+            "dropping": st.dropping, "loads_in_progress": st.pending_ranges, "loads_stalled": st.stalled_ranges}
 
 
 def _cell(value: Any) -> str:
@@ -128,6 +128,11 @@ def status(obj: Context, list_name: str, as_json: bool) -> None:
         table.add_row(f.replace("_", " "), _cell(getattr(st, f)))
     if st.pending_ranges:
         table.add_row("loads in progress", str(st.pending_ranges))
+    if st.stalled_ranges:
+        # Else a list whose every job is done says only "not complete", and its workers
+        # wait for the next sweep (minutes) without a word.
+        table.add_row("loads stalled", f"{st.stalled_ranges}: their loader died; `aeroqueue sweep` (or a worker "
+                      "--until-complete) finishes them")
     if st.dropping:
         table.add_row("dropping", "a drop did not finish: run it again")
     table.add_row("time limit", f"{st.timeout_s:g} s")

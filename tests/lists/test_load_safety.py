@@ -5,6 +5,7 @@ re-run adds nothing twice, a failed range is left for recovery."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -15,9 +16,11 @@ from collections import Counter
 from collections.abc import Iterator
 
 import pytest
+from click.testing import CliRunner
 
 from aeroqueue import errors, keys, load, sessions, udfs
 from aeroqueue.backends import open_backend
+from aeroqueue.cli import main
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Queue
@@ -717,3 +720,28 @@ def test_a_recoverys_due_write_does_not_bring_back_a_chunk_deleted_since(env, li
     with pytest.raises(errors.RecordNotFound):
         load._write_chunk(lists, list_name, 0, {"due": {2: 5}}, create=False)
     assert b.get(keys.IDS_SET, chunk) is None
+
+
+def test_status_names_the_loads_whose_loader_died_and_sweep_finishes_them(registered, lists, list_name, store_url):
+    """A range whose loader died (its lease ran out) keeps a list short of complete
+    until it is finished; `status` said only "loads in progress", alike for a live
+    loader's range, and the list's workers waited for a sweep without a word why."""
+    lists.load(list_name, [JobSpec(f"j{i}", i) for i in range(3)])
+    created = lists.status(list_name).created
+    assert registered.apply(keys.LIST_SET, list_name, keys.LIST_MOD, "alloc", 2, 0, None, created)["st"] == "ok"
+    assert registered.apply(keys.LIST_SET, list_name, keys.LIST_MOD, "alloc", 2, 600_000, None, created)["st"] == "ok"
+    st = lists.status(list_name)
+    assert (st.pending_ranges, st.stalled_ranges) == (2, 1)
+
+    def status(*args: str) -> str:
+        out = CliRunner().invoke(main, ["--url", store_url, "status", list_name, *args])
+        assert out.exit_code == 0, out.output
+        return out.output
+
+    assert json.loads(status("--json"))["loads_in_progress"] == 2 and json.loads(status("--json"))["loads_stalled"] == 1
+    assert "loads stalled" in status() and "aeroqueue sweep" in status()
+    swept = CliRunner().invoke(main, ["--url", store_url, "sweep", "--json"])
+    assert swept.exit_code == 0 and json.loads(swept.output)["ranges"] >= 1, swept.output
+    st = lists.status(list_name)
+    assert (st.pending_ranges, st.stalled_ranges) == (1, 0)  # the live loader's range is left alone
+    assert "loads stalled" not in status()
