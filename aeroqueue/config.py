@@ -98,8 +98,13 @@ class StoreURL:
 
 def default_store_path() -> Path:
     """The embedded store used when no URL is configured:
-    ``$XDG_DATA_HOME/aeroqueue/store.db`` (``~/.local/share/aeroqueue/store.db``)."""
-    base = os.environ.get("XDG_DATA_HOME") or os.path.join(Path.home(), ".local", "share")
+    ``$XDG_DATA_HOME/aeroqueue/store.db`` (``~/.local/share/aeroqueue/store.db``).
+    A relative XDG_DATA_HOME is ignored, as the XDG Base Directory spec says: it
+    would name a store that moves with the working directory (and a URL, which
+    needs an absolute path, refuses it)."""
+    base = os.environ.get("XDG_DATA_HOME", "")
+    if not os.path.isabs(base):
+        base = os.path.join(Path.home(), ".local", "share")
     return Path(base) / "aeroqueue" / "store.db"
 
 

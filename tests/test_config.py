@@ -42,6 +42,18 @@ def test_default_is_the_embedded_store(monkeypatch, tmp_path):
     assert default_store_path() == tmp_path / "aeroqueue" / "store.db"
 
 
+def test_a_relative_xdg_data_home_is_ignored(monkeypatch, tmp_path):
+    """The XDG spec: a relative path there is invalid and ignored. Used, it named a
+    store that moved with the working directory, and one that `--url` refused."""
+    monkeypatch.delenv("AEROQUEUE_URL", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for relative in ("data", "./data", ""):
+        monkeypatch.setenv("XDG_DATA_HOME", relative)
+        assert default_store_path() == tmp_path / ".local" / "share" / "aeroqueue" / "store.db", relative
+        assert resolve_url(None).path == str(default_store_path())
+        assert parse_url(str(resolve_url(None))).path == str(default_store_path())  # a URL `--url` takes
+
+
 def test_environment_variable_is_used(monkeypatch):
     monkeypatch.setenv("AEROQUEUE_URL", "aerospike://h:3000/ns1")
     assert resolve_url(None).namespace == "ns1"

@@ -45,7 +45,8 @@ def init(obj: Context, as_json: bool) -> None:
 @click.pass_obj
 def show_config(obj: Context, as_json: bool) -> None:
     """Show the store URL in use (credentials masked); --json adds where it came from
-    (--url, AEROQUEUE_URL or the default) and the file or hosts it names."""
+    (--url, AEROQUEUE_URL or the default), the file or hosts it names, and the URL's
+    options (none of them a secret: credentials go before the host)."""
     url = resolve_url(obj.url)
     ctx = click.get_current_context()
     given = ctx.find_root().get_parameter_source("url")
@@ -62,4 +63,5 @@ def show_config(obj: Context, as_json: bool) -> None:
         out["exists"] = url.path == MEMORY or Path(url.path or "").is_file()
     else:
         out["hosts"] = [f"{h}:{p}" for h, p in url.hosts]
+    out["options"] = dict(url.options)
     click.echo(json.dumps(out))
