@@ -231,6 +231,7 @@ class JobLists:
         backoff_s: float | None = None,
         backoff_max_s: float | None = None,
         delay_s: float = 0.0,
+        stop: Callable[[], bool] | None = None,
     ) -> LoadReport:
         """Load jobs into a list, creating it if needed (see `aeroqueue.load`).
 
@@ -246,11 +247,14 @@ class JobLists:
         embedded store), of `chunk_size` jobs each (default: 1,000 on a server,
         10,000 on the embedded store but for lists in ID mode). `timeout_s`, `backoff_s` and
         `backoff_max_s` set a new list's time limit and backoff (`create`); `delay_s` holds these
-        jobs back for that long (server clock), and a job's own `run_at` until then."""
+        jobs back for that long (server clock), and a job's own `run_at` until then.
+        Once its jobs are written, a load whose ranges wait behind another loader's
+        waits up to a lease for it (recovering it if its loader died); `stop()` true
+        ends that wait (`LoadReport.waiting` counts the jobs still held back)."""
         return _load.load(
             self, name, jobs, mode=mode, seal=seal, chunk_size=chunk_size, lease_ms=lease_ms,
             max_attempts=max_attempts, progress=progress, workers=workers, timeout_s=timeout_s, backoff_s=backoff_s,
-            backoff_max_s=backoff_max_s, delay_s=delay_s,
+            backoff_max_s=backoff_max_s, delay_s=delay_s, stop=stop,
         )
 
     def recover(self, name: str) -> int:

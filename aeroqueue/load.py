@@ -180,6 +180,7 @@ def load(
     backoff_s: float | None = None,
     backoff_max_s: float | None = None,
     delay_s: float = 0.0,
+    stop: Callable[[], bool] | None = None,
 ) -> LoadReport:
     """See `JobLists.load`."""
     if not 0 <= delay_s <= MAX_SECONDS:  # NaN fails too
@@ -226,7 +227,7 @@ def load(
             _run_concurrently(loader, ranges, n_workers, add)
     finally:
         renewer.stop()
-    waiting = _await_earlier(lists, name, loader.published, lease_ms)
+    waiting = _await_earlier(lists, name, loader.published, lease_ms, stop)
     if seal:
         lists.seal(name)
     return LoadReport(loaded=totals[0], skipped=totals[1], voided=totals[2], waiting=waiting)
@@ -268,12 +269,16 @@ class _Renewer:
 AWAIT_STEP_S = 0.25
 
 
-def _await_earlier(lists: JobLists, name: str, ours: dict[int, int], lease_ms: int) -> int:
+def _await_earlier(
+    lists: JobLists, name: str, ours: dict[int, int], lease_ms: int, stop: Callable[[], bool] | None = None,
+) -> int:
     """Our ranges are published, but the list publishes in sequence order: one of
     another loader before them, unwritten, holds them back. A killed loader's (the
     load run again after it) runs out of lease and is recovered here; a live one
-    renews it, which shows within a quarter lease, and is not waited for. Returns
-    how many of our jobs still wait (`LoadReport.waiting`)."""
+    renews it, which shows within a quarter lease, and is not waited for. `stop()`
+    true ends the wait: our jobs are written, and a sweep or the next load finishes
+    the other range (a first Ctrl-C waited out the lease). Returns how many of our
+    jobs still wait (`LoadReport.waiting`)."""
     if not ours:
         return 0
     last = max(ours)
@@ -289,7 +294,7 @@ def _await_earlier(lists: JobLists, name: str, ours: dict[int, int], lease_ms: i
         blockers = {seq: r["exp"] - r.get("cr", 0)
                     for seq, r in (head.get("pend") or {}).items() if seq < last and r.get("real") is None}
         renewed = any(seq in seen and exp != seen[seq] for seq, exp in blockers.items())
-        if renewed or time.monotonic() > give_up:
+        if renewed or time.monotonic() > give_up or (stop is not None and stop()):
             return sum(n for seq, n in ours.items() if seq >= pubs)
         seen = blockers
         try:

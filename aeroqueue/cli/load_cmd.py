@@ -143,7 +143,8 @@ class _StopGuard:
     of a range left it pending on its lease: the next load waited the lease out, and
     behind many such ranges each list call grew slower.) A second Ctrl-C stops it at
     once, as Python's would: the first waits for what is under way, which a locked
-    store or a dead loader's range can make long."""
+    store can make long. Once every job is written, the first ends the load's wait for
+    another loader's range (`JobLists.load`'s `stop`)."""
 
     def __init__(self) -> None:
         self.writing = False
@@ -154,8 +155,8 @@ class _StopGuard:
         if self.asked is not None:
             if signum == signal.SIGINT:
                 # A second Ctrl-C: now, as Python would, whatever is under way (a write
-                # waiting on a locked store, a wait for a dead loader's range). The range
-                # being written stays on its lease for the next load to finish.
+                # waiting on a locked store). The range being written stays on its lease
+                # for the next load to finish.
                 signal.signal(signal.SIGINT, signal.default_int_handler)
                 raise KeyboardInterrupt
             return  # a second SIGTERM: the stop is under way
@@ -307,7 +308,7 @@ def _load(
             list_name, Checked(guard.rows(_as_checked(itertools.islice(read(), n), n, path, before, source))),
             mode=mode, seal=seal, chunk_size=chunk_size,
             max_attempts=max_attempts, workers=workers, progress=advance, timeout_s=timeout_s,
-            backoff_s=backoff_s, backoff_max_s=backoff_max_s, delay_s=delay_s,
+            backoff_s=backoff_s, backoff_max_s=backoff_max_s, delay_s=delay_s, stop=lambda: guard.asked is not None,
         )
         t2 = time.perf_counter()
     if as_json:
@@ -325,6 +326,14 @@ def _load(
             f"{list_name}: {report.loaded} loaded, {report.skipped} already there"
             + (f", {report.voided} duplicate(s) left void" if report.voided else "")
             + (" (sealed)" if seal else "")
+        )
+    if report.waiting and guard.asked is not None:
+        # Stopped while its jobs, all written, waited behind another loader's range.
+        ctrl_c = guard.asked == signal.SIGINT
+        raise (Interrupted if ctrl_c else Terminated)(
+            f"load stopped by {'Ctrl-C' if ctrl_c else 'SIGTERM'} while {report.waiting:,} of its jobs waited behind "
+            f"a load range of another load into {list_name} (its loader may have died): every job is written; a "
+            "sweep, or the same load run again, finishes that range"
         )
     if report.waiting:
         err_console.print(

@@ -19,10 +19,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+import aeroqueue
 from aeroqueue.backends import open_backend
 from aeroqueue.cli import load_cmd, main
 from aeroqueue.errors import ListNotFound
 from aeroqueue.lists import JobLists
+from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CLEAN = {"AEROQUEUE_URL": None, "AEROQUEUE_VERBOSE": None, "AEROQUEUE_CREATE": None, "AEROQUEUE_JSON": None}
@@ -309,6 +311,49 @@ def test_a_second_ctrl_c_stops_a_load_at_once_whatever_it_waits_for(tmp_path):
     assert proc.returncode == 130, (proc.returncode, err)
     assert took < 20, f"the second Ctrl-C took {took:.1f} s: it waited out the range (60 s)"
     assert err.strip().splitlines()[-1] == "error: interrupted", err
+
+
+@pytest.mark.parametrize(("signum", "code", "said"), [(signal.SIGTERM, 143, "SIGTERM"), (signal.SIGINT, 130, "Ctrl-C")],
+                         ids=["sigterm", "ctrl-c"])
+def test_a_load_waiting_behind_a_dead_loaders_range_stops_at_the_first_signal(tmp_path, signum, code, said):
+    """Its jobs written, a load waits up to a lease (60 s here) for a range of another
+    loader before them, which a dead loader never publishes. The first Ctrl-C (or
+    SIGTERM) was held until that wait ran out; it ends the wait now, and the load
+    says its jobs are written and what finishes the other range."""
+    url = f"embedded://{tmp_path / 's.db'}"
+    backend = aeroqueue.connect(url, create=True)
+    lists = JobLists(backend)
+    try:
+        lists.create("L")
+        assert lists._list_udf("L", "alloc", 5, 60_000, "dead")["st"] == "ok"
+        path = tmp_path / "jobs.csv"
+        path.write_text("id,n\n" + "".join(f"j{i},{i}\n" for i in range(10)))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AEROQUEUE_")}
+        env["PYTHONPATH"] = str(ROOT)
+        proc = subprocess.Popen([sys.executable, "-m", "aeroqueue", "--url", url, "load", "L", str(path)], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            wait_for("the load's own range written, waiting behind the dead one", lambda: any(
+                r.get("real") is not None for r in lists.header("L")["pend"].values()), 60)
+            sent = time.monotonic()
+            proc.send_signal(signum)
+            out, err = proc.communicate(timeout=60)
+            took = time.monotonic() - sent
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == code, (proc.returncode, err)
+        assert took < 10, f"the stop took {took:.1f} s: it waited out the dead loader's lease"
+        assert out == "L: 10 loaded, 0 already there\n", out
+        assert err.strip().splitlines()[-1] == (
+            f"error: load stopped by {said} while 10 of its jobs waited behind a load range of another load into L "
+            "(its loader may have died): every job is written; a sweep, or the same load run again, finishes that "
+            "range"), err
+        st = lists.status("L")
+        # Published, and held behind the dead range (a live lease: not yet stalled).
+        assert (st.total, st.pending_ranges, st.stalled_ranges) == (0, 2, 0)
+    finally:
+        backend.close()
 
 
 def test_a_load_stopped_by_sigterm_while_it_reads_its_input_loads_nothing_and_says_so(tmp_path):
