@@ -256,6 +256,8 @@ def _split_host_port(text: str, part: str) -> tuple[str, int]:
 # the record size it refuses past (a server's max-record-size, for tests of loading).
 EMBEDDED_OPTIONS = ("max_record_size", "namespace")
 MAX_RECORD_SIZE_LIMIT = 8 * 1024 * 1024  # the largest max-record-size a server takes
+# The smallest: Aerospike 8.1's set-config refuses 63 and takes 64 (asked of the server).
+MIN_RECORD_SIZE_LIMIT = 64
 
 
 def _parse_embedded(text: str, rest: str, options: tuple[tuple[str, str], ...]) -> StoreURL:
@@ -273,9 +275,10 @@ def _parse_embedded(text: str, rest: str, options: tuple[tuple[str, str], ...]) 
         raise InvalidURL(f"store URL {_safe(text)!r}: namespace {namespace!r} is not a valid Aerospike namespace")
     size = dict(options).get("max_record_size")
     # Refused here, not at the first write: 0 made every write fail with a bare RECORD_TOO_BIG.
-    if size is not None and not (_DIGITS.fullmatch(size) and 0 < int(size) <= MAX_RECORD_SIZE_LIMIT):
-        raise InvalidURL(f"store URL {_safe(text)!r}: option max_record_size={size!r} is not valid; it takes "
-                         f"a number of bytes from 1 to {MAX_RECORD_SIZE_LIMIT}, as a server's max-record-size")
+    if size is not None and not (_DIGITS.fullmatch(size)
+                                 and MIN_RECORD_SIZE_LIMIT <= int(size) <= MAX_RECORD_SIZE_LIMIT):
+        raise InvalidURL(f"store URL {_safe(text)!r}: option max_record_size={size!r} is not valid; it takes a number "
+                         f"of bytes from {MIN_RECORD_SIZE_LIMIT} to {MAX_RECORD_SIZE_LIMIT}, as a server's max-record-size")
     if rest == MEMORY:
         return StoreURL(scheme="embedded", namespace=namespace, path=MEMORY, options=options)
     if not rest.startswith("/") or rest == "/":
