@@ -133,6 +133,7 @@ class Session:
         self._thread: threading.Thread | None = None
         self._last_ok = time.monotonic()
         self.closed = False
+        self._closing = False  # close() has begun: no new claim under this id
         self._settled: list[str] = []  # leases to forget with the next lease write
         self._settled_lock = threading.Lock()
 
@@ -173,9 +174,13 @@ class Session:
         return self._lost.is_set()
 
     def claim_id(self) -> str:
-        """The id claims are made under; refuses once the session is lost."""
+        """The id claims are made under; refuses once the session is lost or closing.
+        A claim made under a closed session's id (its record deleted) is no reaper's to
+        give back: only a sweep's orphan pass found it, minutes later."""
         if self._lost.is_set():
             raise SessionLost(f"session {self.id} is lost: it stops taking work")
+        if self._closing:
+            raise SessionLost(f"session {self.id} is closed: open another to take work")
         return self.id
 
     def beat(self) -> bool:
@@ -280,6 +285,7 @@ class Session:
         still held, so nothing that became someone else's is touched."""
         if self.closed:
             return 0
+        self._closing = True  # before the release: a claim made after it would outlive the session
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=self.interval_s + 5)

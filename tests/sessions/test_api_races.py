@@ -22,6 +22,7 @@ import pytest
 
 from aeroqueue import hotpath, keys, transitions
 from aeroqueue.backends import Backend
+from aeroqueue.errors import SessionLost
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Job, Queue
@@ -655,3 +656,21 @@ def test_a_job_its_holder_gave_back_while_a_sweep_ran_waits_once(registered, lis
         assert queue.complete_many(got) == []
         assert queue.reserve(list_name, s, 10) == [], "a copy left behind"
     assert lists.status(list_name).complete
+
+
+def test_a_closed_session_takes_no_more_work(registered, lists, queue, list_name):
+    """After close() its acks were refused, but reserve still claimed jobs under its id:
+    with the session record deleted no reaper would ever give them back, only a
+    sweep's orphan pass, minutes later. Refused now, single, batch and leased alike,
+    and nothing is held under its id."""
+    lists.load(list_name, [JobSpec(f"j{i}", {"i": i}) for i in range(30)], seal=True, backoff_s=0)
+    s = Session.open(registered, heartbeat=False)
+    held = queue.reserve(list_name, s, 1) + queue.reserve(list_name, s, 5, lease=True)
+    assert len(held) == 6
+    assert s.close() == 6
+    for count, lease in ((1, False), (5, False), (5, True)):
+        with pytest.raises(SessionLost, match=f"session {s.id} is closed"):
+            queue.reserve(list_name, s, count, lease=lease)
+    assert registered.find(keys.JOB_SET, "sess", s.id) == []
+    st = lists.status(list_name)
+    assert (st.in_flight, st.reservable + st.retry_pending) == (0, 30), st
