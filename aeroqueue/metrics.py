@@ -83,8 +83,9 @@ class WorkerMetrics(WorkerObserver):
         self.jobs_reserved = jobs("reserved", "Jobs reserved (claimed) by this worker.")
         self.jobs_completed = jobs("completed", "Jobs this worker completed (acknowledged done).")
         self.jobs_failed = jobs("failed", "Failed attempts put back for a retry (a last attempt that fails counts as dead).")
-        self.jobs_timed_out = jobs("timed_out", "Attempts whose handler ran past the job's time limit.")
-        self.jobs_dead = jobs("dead", "Jobs that failed their last attempt here and went dead.")
+        self.jobs_timed_out = jobs("timed_out", "Attempts whose handler ran past the job's time limit, the job put "
+                                   "back for another (on its last attempt it counts as dead).")
+        self.jobs_dead = jobs("dead", "Jobs that failed or timed out on their last attempt here and went dead.")
         self.jobs_snoozed = jobs("snoozed", "Jobs whose handler asked to run them later (Retry(after=...)): not failures.")
         self.jobs_released = jobs("released", "Jobs given back unfinished (draining, or an acknowledgement that failed).")
         self.jobs_lost = jobs("lost", "Outcomes not acknowledged: the claim or the session was lost meanwhile.")

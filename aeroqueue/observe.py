@@ -32,10 +32,11 @@ class WorkerObserver:
         """A handler failed and the job was put back for another attempt."""
 
     def dead(self, list_name: str) -> None:
-        """A handler failed on the job's last attempt: the job is dead."""
+        """A handler failed or ran past the time limit on the job's last attempt: the job is dead."""
 
     def timed_out(self, list_name: str) -> None:
-        """A handler ran past the job's time limit: the worker stopped waiting for it."""
+        """A handler ran past the job's time limit, the worker stopped waiting for it, and
+        the job was put back for another attempt (on its last attempt: `dead`)."""
 
     def snoozed(self, list_name: str) -> None:
         """A handler asked to run its job later (`Retry(after=...)`): not a failure."""

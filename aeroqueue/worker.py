@@ -48,6 +48,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import keys
 from .acks import DEFAULT_LINGER_S, AckBatcher
 from .backends import Backend
 from .errors import (
@@ -273,8 +274,10 @@ def acknowledge(queue: Queue, job: Job, ok: bool, value: Any, session: Session |
             return "snoozed"
         if not ok:
             outcome = queue.fail(job, value)
-            log.info("job failed", extra={"event": "job_failed", "list": job.list, "token": job.token, "jid": job.jid,
-                                          "attempt": job.attempt, "outcome": outcome, "error": value.split("\n", 1)[0]})
+            # A dead job needs someone to look (a terminal shows warnings only); a retry does not.
+            log.log(logging.WARNING if outcome == "dead" else logging.INFO, "job failed", extra={
+                "event": "job_failed", "list": job.list, "token": job.token, "jid": job.jid, "attempt": job.attempt,
+                "outcome": outcome, "error": value.split("\n", 1)[0]})
             return outcome
         queue.complete(job, value)
     except ClaimLost:
@@ -1181,13 +1184,16 @@ class Worker:
                 waiting, left[:] = list(left), []
             # Its prefetched jobs never started: back, attempt refunded.
             self._release(waiting, session, why=f"not started: job {job.jid!r} ahead of it ran past its time limit")
-            self.counters.add(_COUNTER_OF[self._timed_out(job)])
-            self.observer.timed_out(job.list)
+            outcome = self._timed_out(job)
+            self.counters.add(_COUNTER_OF[outcome])
+            self.observer.outcome(job.list, outcome)
             if not self._stopping.is_set():
                 self._start_thread()  # the stuck thread's place: concurrency stays
 
     def _timed_out(self, job: Job) -> str:
-        """End a claim past its time limit, as a failed attempt; returns 'timed_out'."""
+        """End a claim past its time limit, as a failed attempt; returns 'dead' if that was
+        its last attempt (counted and observed as any dead job: an alert on dead jobs
+        missed every job its time limit killed), else 'timed_out'."""
         st = "early"
         for _ in range(50):  # the server's clock may lag ours by a little: its limit decides
             try:
@@ -1199,9 +1205,21 @@ class Worker:
             if st != "early":
                 break
             time.sleep(0.1)
+        if st not in ("retry", "delayed", "dead") and self._died_of_this_attempt(job):
+            st = "dead"  # a reaper (this worker's own, maybe) ended the overdue claim first
         log.warning("handler timed out", extra={"event": "timed_out", "list": job.list, "token": job.token,
                                                 "jid": job.jid, "limit_s": job.timeout_s, "outcome": st})
-        return "timed_out"
+        return "dead" if st == "dead" else "timed_out"
+
+    def _died_of_this_attempt(self, job: Job) -> bool:
+        """The job is dead with the attempt this worker ran (of this list, not one loaded
+        again under its name)."""
+        try:
+            rec = self.backend.get(keys.JOB_SET, job.name, bins=["state", "att", "c"])
+        except AeroqueueError:
+            return False  # counted as timed out: the store's counts are the truth
+        return (rec is not None and rec.bins.get("state") == "dead" and rec.bins.get("att") == job.attempt
+                and (job.created is None or rec.bins.get("c") == job.created))
 
     def _all_complete(self, lists: JobLists) -> bool:
         """--until-complete: every named list is complete, and so is every list each

@@ -22,6 +22,7 @@ from aeroqueue.backends import open_backend
 from aeroqueue.errors import ConfigError
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import Checked, JobSpec
+from aeroqueue.observe import WorkerObserver
 from aeroqueue.queue import Job, Queue, Retry
 from aeroqueue.sessions import Session
 from aeroqueue.worker import EXIT_OK, EXIT_THREADS_DIED, Worker
@@ -53,14 +54,24 @@ def test_thread_pool_abandons_a_hung_handler_and_keeps_its_concurrency(registere
             return "late"
         return "ok"
 
+    seen: list[str] = []
+
+    class Observer(WorkerObserver):
+        def outcome(self, list_name: str, outcome: str) -> None:
+            seen.append(outcome)
+            super().outcome(list_name, outcome)
+
     # One thread: if the hung handler held it, nothing else would ever run.
-    w = fast_worker(registered, handler, list_name, concurrency=1, batch=2)
+    w = fast_worker(registered, handler, list_name, concurrency=1, batch=2, observer=Observer())
     try:
         assert w.run(install_signals=False) == EXIT_OK
     finally:
         release.set()
     snap = w.counters.snapshot()
-    assert (snap["done"], snap["timed_out"], snap["dead"]) == (10, 2, 0)
+    # Timed out twice: put back after the first, dead after the second (its last attempt):
+    # an alert on dead jobs missed every job its time limit killed.
+    assert (snap["done"], snap["timed_out"], snap["dead"]) == (10, 1, 1)
+    assert sorted(seen) == sorted(["done"] * 10 + ["timed_out", "dead"]), seen
     hang = job_bins(registered, list_name, 0)
     assert hang["state"] == "dead" and hang["att"] == 2
     assert [e["err"].startswith("timed out") for e in hang["errs"]] == [True, True]
@@ -102,7 +113,7 @@ def test_process_pool_kills_the_overdue_handler(registered, lists, list_name):
     assert w.run(install_signals=False) == EXIT_OK
     assert time.monotonic() - started < 30  # not the handler's 60 s
     snap = w.counters.snapshot()
-    assert (snap["done"], snap["timed_out"]) == (5, 1)
+    assert (snap["done"], snap["timed_out"], snap["dead"]) == (5, 0, 1)  # its one attempt timed out: dead
     hang = job_bins(registered, list_name, 0)
     assert hang["state"] == "dead" and "timed out" in hang["err"]
     results = [job_bins(registered, list_name, t)["result"] for t in range(1, 6)]

@@ -556,8 +556,8 @@ def test_a_long_reap_does_not_hold_back_the_watchdog_and_renewals(registered, li
     try:
         assert reaping.wait(30), "no reap began"
         wait_for(f"j1's renewal while the reap lasts (renewed: {renewed})", lambda: "j1" in renewed, 10)
-        wait_for(f"j0 timed out while the reap lasts ({w.counters.snapshot()})",
-                 lambda: w.counters.snapshot()["timed_out"] == 1, 10)
+        wait_for(f"j0 timed out (its one attempt: dead) while the reap lasts ({w.counters.snapshot()})",
+                 lambda: w.counters.snapshot()["dead"] == 1, 10)
         assert not reap_returned, "the reap was still under way"
     finally:
         hang.set()
@@ -566,3 +566,17 @@ def test_a_long_reap_does_not_hold_back_the_watchdog_and_renewals(registered, li
     assert not maintenance.is_alive(), "the worker did not stop"
     assert stopped_early.is_set(), "the reap under way was told to stop when the worker stopped"
     assert reap_returned, "the worker waited for the reap under way"
+
+
+def test_a_job_that_goes_dead_is_logged_as_a_warning_and_a_retry_as_info(registered, lists, list_name, caplog):
+    """A dead job needs someone to look: it was logged at info, which a terminal (warnings
+    and up) never showed, while a timeout was a warning."""
+    lists.load(list_name, [JobSpec("j0", {})], max_attempts=2, backoff_s=0, seal=True)
+
+    def handler(job: Job) -> None:
+        raise RuntimeError(f"broken at attempt {job.attempt}")
+
+    with caplog.at_level(logging.INFO, logger="aeroqueue"):
+        assert fast_worker(registered, handler, list_name).run(install_signals=False) == EXIT_OK
+    failed = [(r.levelno, getattr(r, "outcome", None)) for r in caplog.records if r.getMessage() == "job failed"]
+    assert failed == [(logging.INFO, "retry"), (logging.WARNING, "dead")], failed
