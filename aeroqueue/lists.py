@@ -90,6 +90,13 @@ class ListStatus:
     # complete until a sweep, `recover` or a worker --until-complete finishes them.
     stalled_ranges: int = 0
 
+    @property
+    def queued(self) -> int:
+        """What a reserve can take now: the fresh jobs (`reservable`) and those back in the
+        retry store (`retry_pending`: failed, released or kicked, their backoff over), as
+        the dashboard and the exporter count `queued`."""
+        return self.reservable + self.retry_pending
+
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 

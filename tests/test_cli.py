@@ -275,7 +275,8 @@ def test_load_reserve_complete_status_end_to_end(tmp_path):
     lost = run("complete", "customers", str(jobs[0]["token"]), "--session", "someone-else", url=url)
     assert lost.exit_code == 1 and "already done" in lost.output
     st = json.loads(run("status", "customers", "--json", url=url).output)
-    assert st == {"name": "customers", "mode": "tokens", "total": 12, "reservable": 9, "delayed": 0, "in_flight": 0,
+    assert st == {"name": "customers", "mode": "tokens", "total": 12, "queued": 9, "reservable": 9, "delayed": 0,
+                  "in_flight": 0,
                   "retry_pending": 0, "done": 3, "dead": 0, "sealed": True, "paused": False, "complete": False,
                   "timeout_s": 300, "backoff_s": 1, "backoff_max_s": 3600, "max_attempts": 5, "dropping": False,
                   "loads_in_progress": 0, "loads_stalled": 0}

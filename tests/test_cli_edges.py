@@ -888,6 +888,27 @@ def test_lists_prints_whole_names_when_piped_and_fits_a_terminal(ready_url):
     assert "not shown" not in wide and "retry pending" in wide and long_name in wide
 
 
+def test_queued_counts_what_a_reserve_can_take_now_and_a_terminal_keeps_paused(ready_url, list_name):
+    """A helper's operator walk: after a kick, `reservable` read 0 while a reserve handed
+    out every kicked job (back in the retry store: `retry_pending`), and the dashboard
+    and the exporter called them queued. `queued` is that sum. And an 80-column
+    terminal's `lists` hid `paused` first: a paused list looked idle."""
+    backend = open_backend(ready_url)
+    JobLists(backend).load(list_name, [JobSpec(f"c{i}", {}) for i in range(3)], backoff_s=0)
+    with Session.open(backend) as holder:
+        (job,) = Queue(backend).reserve(list_name, holder, 1)
+        assert Queue(backend).fail(job, "broken") == "retry"
+        st = json.loads(cli("status", list_name, "--json", url=ready_url).stdout)
+        assert (st["queued"], st["reservable"], st["retry_pending"]) == (3, 2, 1), st
+        table = ANSI.sub("", cli("status", list_name, url=ready_url).stdout)
+        assert re.search(r"queued \(reservable now\)\s*│\s*3 │", table), table
+        assert (len(Queue(backend).reserve(list_name, holder, 10)), "what queued said") == (3, "what queued said")
+    assert cli("pause", list_name, url=ready_url).exit_code == 0
+    narrow = ANSI.sub("", cli("lists", url=ready_url, TTY_COMPATIBLE="1", COLUMNS="80").stdout)
+    header = next(line for line in narrow.splitlines() if "total" in line)
+    assert "paused" in header and "queued" in header, narrow
+
+
 def test_status_json_has_paused(ready_url, list_name):
     JobLists(open_backend(ready_url)).load(list_name, [JobSpec("c0", {})])
     assert json.loads(cli("status", list_name, "--json", url=ready_url).stdout)["paused"] is False
@@ -904,7 +925,7 @@ def test_status_json_has_paused(ready_url, list_name):
         assert json.loads(cli("reserve", list_name, "--session", holder.id, url=ready_url).stdout)["id"] == "c0"
 
 
-STATUS_KEYS = {"name", "mode", "total", "reservable", "delayed", "in_flight", "retry_pending", "done", "dead", "sealed",
+STATUS_KEYS = {"name", "mode", "total", "queued", "reservable", "delayed", "in_flight", "retry_pending", "done", "dead", "sealed",
                "paused", "complete", "timeout_s", "backoff_s", "backoff_max_s", "max_attempts", "dropping",
                "loads_in_progress", "loads_stalled"}
 

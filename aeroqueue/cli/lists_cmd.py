@@ -93,8 +93,11 @@ def pause(obj: Context, list_name: str, resume: bool) -> None:
 
 
 
+# `queued` first: what a reserve can take now. `reservable` alone left out the jobs back
+# in the retry store (a kicked list read "reservable 0" while reserve handed out jobs).
 STATUS_FIELDS = (
-    "total", "reservable", "delayed", "in_flight", "retry_pending", "done", "dead", "sealed", "paused", "complete",
+    "total", "queued", "reservable", "delayed", "in_flight", "retry_pending", "done", "dead", "sealed", "paused",
+    "complete",
 )
 POLICY_FIELDS = ("timeout_s", "backoff_s", "backoff_max_s", "max_attempts")
 
@@ -106,6 +109,12 @@ def status_json(st: Any) -> dict[str, Any]:
             "dropping": st.dropping, "loads_in_progress": st.pending_ranges, "loads_stalled": st.stalled_ranges}
 
 
+# The status table's words where a field's name alone misleads: `reservable` counts
+# only the fresh jobs, and `queued` is those and `retry_pending` together.
+_STATUS_LABELS = {"queued": "queued (reservable now)", "reservable": "fresh (never reserved)",
+                  "retry_pending": "retry pending (queued)"}
+
+
 def _cell(value: Any) -> str:
     return ("yes" if value else "no") if isinstance(value, bool) else f"{value:,}"
 
@@ -115,8 +124,9 @@ def _cell(value: Any) -> str:
 @JSON_OPT
 @click.pass_obj
 def status(obj: Context, list_name: str, as_json: bool) -> None:
-    """Show LIST's counts (total, reservable, delayed, in flight, retry pending, done, dead), its flags
-    (sealed, paused, complete) and its time limit, backoff and attempts."""
+    """Show LIST's counts (total; queued, what a reserve can take now: the fresh jobs
+    (reservable) and those back for a retry (retry pending); delayed, in flight, done,
+    dead), its flags (sealed, paused, complete) and its time limit, backoff and attempts."""
     st = JobLists(obj.backend()).status(list_name)
     if as_json:
         click.echo(json.dumps(status_json(st)))
@@ -125,7 +135,7 @@ def status(obj: Context, list_name: str, as_json: bool) -> None:
     table.add_column("")
     table.add_column("", justify="right")
     for f in STATUS_FIELDS:
-        table.add_row(f.replace("_", " "), _cell(getattr(st, f)))
+        table.add_row(_STATUS_LABELS.get(f, f.replace("_", " ")), _cell(getattr(st, f)))
     if st.pending_ranges:
         table.add_row("loads in progress", str(st.pending_ranges))
     if st.stalled_ranges:
@@ -191,7 +201,9 @@ def lists_cmd(obj: Context, as_json: bool) -> None:
 
 
 _NAME_MIN_WIDTH = 8
-_DROP_ORDER = ("paused", "mode", "sealed", "retry pending", "delayed", "in flight", "reservable", "dead")
+# `paused` late: a paused list looks idle (it is an outage's flag); `queued` is the
+# sum of `reservable` and `retry pending`, which go first.
+_DROP_ORDER = ("mode", "reservable", "retry pending", "sealed", "delayed", "in flight", "complete", "dead", "paused")
 
 
 def _table(header: list[str], cells: list[list[str]], shown: list[int]) -> Table:
