@@ -345,6 +345,10 @@ def process_one(queue: Queue, list_name: str, session: Session | str, handler: H
     return run_job(queue, jobs[0], handler, session if isinstance(session, Session) else None)
 
 
+# How often a worker says again that a list it follows is not there (a typo in --list
+# leaves it idle for ever otherwise).
+MISSING_AGAIN_S = 60.0
+
 _COUNTER_OF = {
     "done": "done", "retry": "retried", "delayed": "retried", "dead": "dead", "snoozed": "snoozed", "lost": "lost",
     "unacked": "unacked", "timed_out": "timed_out",
@@ -506,7 +510,7 @@ class Worker:
         # refunded, not with the attempt counted (with one attempt allowed, dead unrun).
         self._unstarted: set[str] = set()
         self._runners: set[_ChildRunner] = set()  # --pool process: the threads' handler processes
-        self._warned: set[str] = set()  # what `_warn_once` said already
+        self._warned: dict[str, float] = {}  # what `_warn_once` said already: when (time.monotonic)
         self._recover_at: dict[str, float] = {}  # list -> when `_recover_stalled` may try it again
         self._threads: list[threading.Thread] = []
         self._threads_died = False
@@ -766,8 +770,10 @@ class Worker:
             pass
         except ListNotFound as e:
             # Nothing to do until someone loads it (or, for a pattern's match, it was
-            # dropped and the next refresh forgets it): say so once, not every poll.
-            self._warn_once(f"missing:{name}", "list not found", {"event": "list_missing", "error": str(e)})
+            # dropped and the next refresh forgets it): said once a MISSING_AGAIN_S, not
+            # every poll (once only, a mistyped --list left a worker idle without a word).
+            self._warn_once(f"missing:{name}", "list not found", {"event": "list_missing", "error": str(e)},
+                            again_s=MISSING_AGAIN_S)
         except AeroqueueError as e:
             log.warning("reserve failed", extra={"event": "reserve_failed", "list": name, "error": str(e)})
         finally:
@@ -777,7 +783,7 @@ class Worker:
             # the next pick goes to another list at once, or waits when none is ready.
             (self.selector.got if jobs else self.selector.empty)(name)
         if found and self._warned:  # there again, if empty: should it go missing again, say so again
-            self._warned.discard(f"missing:{name}")
+            self._warned.pop(f"missing:{name}", None)
         if not jobs:
             return []
         self._hold(jobs)
@@ -1240,11 +1246,12 @@ class Worker:
                 head, done, dead = lists.finished(name)
             except ListNotFound as e:
                 # Not loaded yet, or dropped (a new load may bring it back): it is not
-                # complete. Said once, as a reservation says it, not once a second.
+                # complete. Said as a reservation says it, not once a second.
                 complete = False
-                self._warn_once(f"missing:{name}", "list not found", {"event": "list_missing", "error": str(e)})
+                self._warn_once(f"missing:{name}", "list not found", {"event": "list_missing", "error": str(e)},
+                                again_s=MISSING_AGAIN_S)
                 continue
-            self._warned.discard(f"missing:{name}")
+            self._warned.pop(f"missing:{name}", None)
             if is_complete(head, done, dead) and lists.status(name).complete:
                 continue
             complete = False
@@ -1279,11 +1286,14 @@ class Worker:
             log.info("finished the load range(s) of a loader that died", extra={
                 "event": "load_recovered", "list": name, "ranges": finished})
 
-    def _warn_once(self, key: str, message: str, extra: dict[str, Any]) -> None:
+    def _warn_once(self, key: str, message: str, extra: dict[str, Any], *, again_s: float | None = None) -> None:
         """A warning the first time `key` comes up: what a worker meets at every poll
-        or check (a missing list, an unsealed one) is said once, not once a second."""
-        if key not in self._warned:
-            self._warned.add(key)
+        or check (a missing list, an unsealed one) is said once, not once a second;
+        with `again_s`, again once that long has passed."""
+        now = time.monotonic()
+        said = self._warned.get(key)
+        if said is None or (again_s is not None and now - said >= again_s):
+            self._warned[key] = now
             log.warning(message, extra=extra)
 
     def _release_orphans(self, session: Session) -> None:

@@ -200,7 +200,8 @@ def test_an_empty_url_is_an_error_not_the_default(tmp_path, how, command):
 @pytest.mark.parametrize(
     ("args", "code", "says"),
     [
-        (("status", "nope"), 1, "no job list named 'nope'"),
+        # Which store: an unset AEROQUEUE_URL reads the default one, and the list looked lost.
+        (("status", "nope"), 1, "no job list named 'nope' (looked in embedded:///"),
         (("--url", "aerospike://h:notaport/test", "lists"), 1, "port 'notaport'"),
         (("frobnicate",), 2, "No such command 'frobnicate'"),
         (("status",), 2, "Missing argument 'LIST'"),

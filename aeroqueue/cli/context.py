@@ -233,7 +233,12 @@ class AeroqueueGroup(click.Group):
         verbose = bool(ctx.meta.get(_VERBOSE) or (ctx.obj and ctx.obj.verbose))
         if verbose:
             _say_error(traceback.format_exc())
-        if isinstance(e, AeroqueueError):
+        if isinstance(e, ListNotFound) and isinstance(ctx.obj, Context) and ctx.obj._backend is not None:
+            # Which store was looked in: an unset AEROQUEUE_URL reads the default store,
+            # and a list missing there looked like lost data.
+            hint = f"looked in {ctx.obj._backend.url}" + (f"; {e.hint}" if e.hint else "")
+            line = f"error: {e} ({hint})"
+        elif isinstance(e, AeroqueueError):
             line = f"error: {e}" + (f" ({e.hint})" if e.hint else "")
         elif isinstance(e, OSError):
             line = f"error: {e}"

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
+import threading
 
 import pytest
 
 from aeroqueue import keys, udfs
+from aeroqueue import worker as worker_module
 from aeroqueue.backends import open_backend
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.worker import EXIT_OK, Worker
+from tests.waiting import wait_for
 
 
 def _fail_acks_of(backend, key: str) -> None:
@@ -86,6 +90,28 @@ def test_a_missing_list_is_reported_once_not_every_poll(tmp_path, caplog):
     missing = [r for r in caplog.records if getattr(r, "event", "") == "list_missing"]
     assert len(missing) == 1 and "nope" in missing[0].error
     assert w.counters.snapshot()["done"] == 1, "the other list was served"
+
+
+def test_a_list_still_missing_is_reported_again_after_a_while(tmp_path, caplog, monkeypatch):
+    """Said once only, a mistyped --list left a worker idle for ever after one line."""
+    monkeypatch.setattr(worker_module, "MISSING_AGAIN_S", 0.4)
+    backend = open_backend(f"embedded://{tmp_path / 's.db'}")
+    udfs.register(backend)
+    w = Worker(backend, lambda job: None, ["nope"], interval_s=0.1, expiry_s=1.0, idle_s=0.01, until_complete=True)
+    def missing() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if getattr(r, "event", "") == "list_missing"]
+
+    with caplog.at_level(logging.WARNING, logger="aeroqueue.worker"):
+        t = threading.Thread(target=w.run, kwargs={"install_signals": False})
+        t.start()
+        try:
+            wait_for("the third warning", lambda: len(missing()) >= 3, 30)
+        finally:
+            w.request_stop()
+            t.join(10)
+    # Again and again, each at least 0.4 s after the last (it polls every 0.01 s).
+    said = [r.created for r in missing()]
+    assert all(b - a >= 0.39 for a, b in itertools.pairwise(said)), said
 
 
 @pytest.mark.parametrize("back", ["with-a-job", "empty"])
