@@ -420,6 +420,10 @@ def test_ack_refusals_name_the_job_id_and_say_why(ready_url, list_name):
     missing = one_error_line(cli("complete", list_name, "99", "--session", "s", url=ready_url), 1)
     assert f"list {list_name!r} has no job with token 99" in missing
     assert "no job list named" in one_error_line(cli("fail", "no-such-list", "0", "--session", "s", "--error", "e", url=ready_url), 1)
+    # A blank error is what the job's record would keep of the failure: refused, as a blank bury reason is.
+    for blank in ("", "  "):
+        said = one_error_line(cli("fail", list_name, str(j2.token), "--session", "s", "--error", blank, url=ready_url), 2)
+        assert "--error" in said and "the error is empty" in said, said
 
 
 

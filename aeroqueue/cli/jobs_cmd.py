@@ -19,7 +19,7 @@ import click
 
 from .. import keys
 from ..backends import Backend
-from ..errors import ClaimLost, JobNotFound, SessionLost
+from ..errors import ClaimLost, ConfigError, JobNotFound, SessionLost
 from ..lists import JobLists
 from ..queue import Job, Queue
 from ..results import ResultNotStorable, storable_result
@@ -37,6 +37,7 @@ from .context import (
     option,
     seconds,
     server_time,
+    usage_check,
 )
 
 
@@ -283,6 +284,14 @@ def complete(obj: Context, list_name: str, token: int, session: str, result: str
     click.echo(_ack_json(job, "done") if as_json else f"{list_name}/{token} (id {job.jid!r}) done")
 
 
+def _check_error(text: str) -> str:
+    """A fail's error is the job's last error, what an operator reads later (`job show`,
+    the dashboard): blank, it says nothing (a bury's reason is refused so too)."""
+    if not text.strip():
+        raise ConfigError("the error is empty: it is what the job's record keeps of this failure; say what went wrong")
+    return text
+
+
 # What `fail` says of each outcome of Queue.fail.
 _FAILED = {"retry": "will be retried", "delayed": "will be retried after the list's backoff", "dead": "is dead"}
 
@@ -291,7 +300,8 @@ _FAILED = {"retry": "will be retried", "delayed": "will be retried after the lis
 @LIST_ARG
 @TOKEN_ARG
 @option("--session", env="SESSION", type=TEXT, required=True, help="The session the job was reserved under.")
-@option("--error", "error_text", env="ERROR", type=TEXT, required=True, help="What went wrong.")
+@option("--error", "error_text", env="ERROR", type=TEXT, required=True, callback=usage_check(_check_error),
+        help="What went wrong (not blank).")
 @JSON_OPT
 @click.pass_obj
 def fail(obj: Context, list_name: str, token: int, session: str, error_text: str, as_json: bool) -> None:
