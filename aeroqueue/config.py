@@ -150,7 +150,8 @@ def parse_url(text: str) -> StoreURL:
     try:
         options = tuple(parse_qsl(query, keep_blank_values=True, strict_parsing=True)) if query else ()
     except ValueError:
-        shown = "" if "@" in query else f" {query!r}"  # a password's '?' may have cut it: not shown
+        # A password's '?' may have cut it: not shown; else with its values masked.
+        shown = "" if "@" in query else f" {_mask_query('?' + query)[1:]!r}"
         raise InvalidURL(f"store URL {_safe(text)!r}: malformed query string{shown}") from None
     if scheme == "aerospike":
         return _parse_aerospike(text, rest, options)
@@ -197,6 +198,7 @@ def _parse_aerospike(text: str, rest: str, options: tuple[tuple[str, str], ...])
 
 
 def _client_options(where: str, options: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+    where = mask_url(where)  # the URL as an error quotes it: an unknown option's value may be a secret
     out: dict[str, Any] = {}
     for name, value in options:
         what = CLIENT_OPTIONS.get(name)
@@ -297,9 +299,15 @@ def _parse_embedded(text: str, rest: str, options: tuple[tuple[str, str], ...]) 
 _PASSWORD_IN_URL = re.compile(r"(://[^:/\s]*:)\S*@")  # a user name may hold '@' (Azure: user@server)
 
 
+# A query parameter that names a secret (?password=..., &api_key=...): no URL here takes
+# one (credentials go before the host), but one given anyway is quoted by the error.
+_SECRET_IN_QUERY = re.compile(r"([?&][^=&\s#'\"]*(?:pass|pwd|secret|token|key|auth)[^=&\s#'\"]*=)[^&\s#'\"]*", re.I)
+
+
 def mask_passwords(text: str) -> str:
-    """`text` with the password of every user:password@ URL in it masked."""
-    return _PASSWORD_IN_URL.sub(r"\1***@", text)
+    """`text` with the password of every user:password@ URL in it masked, and the value
+    of every query parameter that names a secret."""
+    return _SECRET_IN_QUERY.sub(r"\1***", _PASSWORD_IN_URL.sub(r"\1***@", text))
 
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:/{0,2}")
@@ -313,14 +321,28 @@ def mask_url(url: str) -> str:
     than too little: the text is for an error message."""
     at = url.rfind("@")
     if at < 0:
-        return url
+        return _mask_query(url)
     start = 0
     if (sep := url.find("://", 0, at)) >= 0:
         start = sep + 3
     elif (m := _SCHEME.match(url)) and ":" in url[m.end():at]:
         start = m.end()
     colon = url.find(":", start, at)
-    return url if colon < 0 else f"{url[:colon + 1]}***{url[at:]}"
+    return _mask_query(url if colon < 0 else f"{url[:colon + 1]}***{url[at:]}")
+
+
+def _mask_query(url: str) -> str:
+    """The values after '?' masked, but those of the options a store URL takes (none a
+    secret): `?password=...` given by mistake is refused with the URL quoted."""
+    base, sep, query = url.partition("?")
+    if not sep:
+        return url
+    query, hash_sep, fragment = query.partition("#")
+    shown = []
+    for item in query.split("&"):
+        name, eq, _ = item.partition("=")
+        shown.append(item if not eq or name in CLIENT_OPTIONS or name in EMBEDDED_OPTIONS else f"{name}=***")
+    return f"{base}?{'&'.join(shown)}" + (f"{hash_sep}***" if fragment else hash_sep)
 
 
 def unencoded_in_credentials(url: str) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from aeroqueue.config import default_store_path, parse_url, resolve_url
+from aeroqueue.config import default_store_path, mask_passwords, mask_url, parse_url, resolve_url
 from aeroqueue.errors import InvalidURL
 
 
@@ -174,6 +174,21 @@ def test_an_encoded_password_with_those_characters_is_read_as_given():
 ])
 def test_an_at_sign_outside_the_credentials_is_not_taken_for_a_password(text):
     assert parse_url(text).password is None
+
+
+@pytest.mark.parametrize("url", [
+    "aerospike://127.0.0.1:3000/test?password=Hunter2",
+    "aerospike://127.0.0.1:3000/test?total_timeout=5&pwd=Hunter2",
+    "embedded:///tmp/s.db?secret=Hunter2",
+    "aerospike://127.0.0.1:3000/test?password=Hunter2&&x",  # malformed: its own message
+])
+def test_a_secret_given_as_a_url_option_is_masked_in_the_error(url):
+    """Credentials go before the host; one given as ?password=... was refused with the
+    URL quoted whole, password and all (a helper's walk)."""
+    with pytest.raises(InvalidURL) as refused:
+        parse_url(url)
+    assert "Hunter2" not in str(refused.value) and "***" in str(refused.value), str(refused.value)
+    assert "Hunter2" not in mask_url(url) and "Hunter2" not in mask_passwords(f"error: {url} failed")
 
 
 def test_a_user_name_holding_an_at_sign_keeps_its_password_masked():
