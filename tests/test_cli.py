@@ -281,7 +281,7 @@ def test_load_reserve_complete_status_end_to_end(tmp_path):
                   "timeout_s": 300, "backoff_s": 1, "backoff_max_s": 3600, "max_attempts": 5, "dropping": False,
                   "loads_in_progress": 0, "loads_stalled": 0}
     table = run("status", "customers", url=url).output
-    assert "reservable" in table and "9" in table
+    assert re.search(r"fresh \(never reserved\)[\s│]+9 ", table) and re.search(r"queued \(reservable now\)[\s│]+9 ", table), table
     listed = json.loads(run("lists", "--json", url=url).output)
     assert [row["name"] for row in listed] == ["customers"]
     exported = run("export", "customers", "--state", "done", url=url)

@@ -135,7 +135,10 @@ def status(obj: Context, list_name: str, as_json: bool) -> None:
     table.add_column("")
     table.add_column("", justify="right")
     for f in STATUS_FIELDS:
-        table.add_row(_STATUS_LABELS.get(f, f.replace("_", " ")), _cell(getattr(st, f)))
+        label = _STATUS_LABELS.get(f, f.replace("_", " "))
+        if f == "queued" and st.paused:
+            label = "queued (reservable once resumed)"
+        table.add_row(label, _cell(getattr(st, f)))
     if st.pending_ranges:
         table.add_row("loads in progress", str(st.pending_ranges))
     if st.stalled_ranges:
@@ -170,9 +173,11 @@ def lists_cmd(obj: Context, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps([status_json(r) for r in rows]))
         return
-    header = ["list", "mode", *(f.replace("_", " ") for f in STATUS_FIELDS)]
-    cells = [[r.name, r.mode, *(_cell(getattr(r, f)) for f in STATUS_FIELDS)] for r in rows]
     console = Console()
+    # Piped, `queued` (added since) comes last: the columns scripts cut stay where they were.
+    fields = STATUS_FIELDS if console.is_terminal else (*(f for f in STATUS_FIELDS if f != "queued"), "queued")
+    header = ["list", "mode", *(f.replace("_", " ") for f in fields)]
+    cells = [[r.name, r.mode, *(_cell(getattr(r, f)) for f in fields)] for r in rows]
     if not console.is_terminal:
         # For grep, awk and cut: nothing truncated, nothing wrapped.
         widths = [max(len(row[i]) for row in [header, *cells]) for i in range(len(header))]
@@ -203,7 +208,7 @@ def lists_cmd(obj: Context, as_json: bool) -> None:
 _NAME_MIN_WIDTH = 8
 # `paused` late: a paused list looks idle (it is an outage's flag); `queued` is the
 # sum of `reservable` and `retry pending`, which go first.
-_DROP_ORDER = ("mode", "reservable", "retry pending", "sealed", "delayed", "in flight", "complete", "dead", "paused")
+_DROP_ORDER = ("mode", "reservable", "retry pending", "sealed", "delayed", "in flight", "dead", "paused")
 
 
 def _table(header: list[str], cells: list[list[str]], shown: list[int]) -> Table:
