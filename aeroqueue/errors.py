@@ -244,6 +244,10 @@ class SessionLost(AeroqueueError):
     """The session is gone or no longer alive: stop taking work and do not acknowledge what it held."""
 
 
+class SessionClosed(SessionLost):
+    """The session was closed (or is closing): it takes no more work; open another."""
+
+
 class SyncError(AeroqueueError):
     """The sync to MySQL failed; rows it had committed are marked synced, the next run copies the rest."""
 

@@ -29,6 +29,7 @@ Each of these UDFs is O(1) in the list's size.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import logging
@@ -53,6 +54,7 @@ from .errors import (
     ListNotFound,
     RecordBusy,
     RecordTooBig,
+    SessionClosed,
     SessionLost,
     StaleRequest,
 )
@@ -237,7 +239,10 @@ class Queue:
         `_reserve`, from where this left off: a busy list record (nothing was taken),
         an answer that is not one fresh token, a claim in doubt or refused as stale
         (repeated under the same request id), a token that was not claimable."""
-        sess = session if isinstance(session, str) else session.claim_id()
+        if not isinstance(session, str):
+            with session.claiming() as sess:  # close() waits for it
+                return self._reserve_one(name, sess)
+        sess = session
         backend = self.backend
         try:
             out = backend.apply(keys.LIST_SET, name, keys.LIST_MOD, "take", 1, backend.job_deadline())
@@ -287,7 +292,8 @@ class Queue:
         first, in a batch of their own (they are not the UDF's to complete). A result
         JSON cannot hold raises `ResultNotStorable` before anything is sent. Results that
         would make their records too big raise `RecordTooBig` once everything else is
-        done: its ``too_big`` holds those jobs, ``lost`` and ``reserved`` the rest."""
+        done: its ``too_big`` holds those jobs, ``lost`` and ``reserved`` the rest. A
+        session being closed reserves nothing: the acks still go out."""
         results = _checked_results([r for _, r in done])
         done = [(j, r) for (j, _), r in zip(done, results, strict=True)]
         leased = [(j, r) for j, r in done if j.lease is not None]
@@ -321,7 +327,27 @@ class Queue:
         `session` being a `Session`."""
         if count < 1:
             raise ValueError(f"count must be at least 1, not {count}")
-        sess = session if isinstance(session, str) else session.claim_id()
+        with contextlib.ExitStack() as held:
+            if isinstance(session, str):
+                sess = session
+            else:
+                try:
+                    sess = held.enter_context(session.claiming())  # close() waits for it
+                except SessionClosed:
+                    if not acks:
+                        raise
+                    # Closing: no new claim, but the acks it carries go out (their jobs'
+                    # handlers are done: held back, close() gave the jobs back to run again).
+                    return [], self.complete_many([j for j, _ in acks], [r for _, r in acks])
+            return self._reserve_as(list_name, session, sess, count, acks, first=first, rid=rid, seen=seen,
+                                    stamp=stamp, lease=lease)
+
+    def _reserve_as(
+        self, list_name: str, session: Session | str, sess: str, count: int, acks: list[tuple[Job, Any]], *,
+        first: tuple[list[int], int, int | None] | None, rid: str | None, seen: set[int] | None, stamp: int | None,
+        lease: bool,
+    ) -> tuple[list[Job], list[Job]]:
+        """`_reserve`'s loop, under session id `sess` (`session` itself for a lease)."""
         rid = rid or _request_id()  # makes a claim whose answer was lost safe to repeat
         got: list[Job] = []
         lost: list[Job] = []
@@ -598,7 +624,7 @@ class Queue:
         others = [t for t in tokens if t not in fresh]
         if others:
             tokens = [t for t in tokens if t in fresh]
-        lid, until, sess = _request_id(), now + tlim, session.claim_id()
+        lid, until, sess = _request_id(), now + tlim, session.id  # under `Session.claiming` (`_reserve`)
         popped: list[tuple[int, list[Any]]] = []  # (token, its block entry [jid, payload])
         leased: list[dict[str, Any]] = []  # the bins read of the others leased
         held: list[int] = []

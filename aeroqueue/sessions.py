@@ -66,6 +66,7 @@ from .errors import (
     ListNotFound,
     RecordBusy,
     RecordNotFound,
+    SessionClosed,
     SessionLost,
 )
 from .lists import JobLists, backoff_of
@@ -134,6 +135,8 @@ class Session:
         self._last_ok = time.monotonic()
         self.closed = False
         self._closing = False  # close() has begun: no new claim under this id
+        self._claiming = 0  # reservations under way (`claiming`), which close() waits for
+        self._claims_done = threading.Condition()
         self._settled: list[str] = []  # leases to forget with the next lease write
         self._settled_lock = threading.Lock()
 
@@ -174,14 +177,30 @@ class Session:
         return self._lost.is_set()
 
     def claim_id(self) -> str:
-        """The id claims are made under; refuses once the session is lost or closing.
-        A claim made under a closed session's id (its record deleted) is no reaper's to
-        give back: only a sweep's orphan pass found it, minutes later."""
+        """The id claims are made under; refuses once the session is lost (`SessionLost`)
+        or closing (`SessionClosed`). A reservation holds `claiming` instead, which
+        close() waits for."""
         if self._lost.is_set():
             raise SessionLost(f"session {self.id} is lost: it stops taking work")
         if self._closing:
-            raise SessionLost(f"session {self.id} is closed: open another to take work")
+            raise SessionClosed(f"session {self.id} is closed: open another to take work")
         return self.id
+
+    @contextlib.contextmanager
+    def claiming(self) -> Iterator[str]:
+        """A reservation's claims (or lease) under this session: `claim_id`'s checks, and
+        close() waits until every one under way has ended before it gives back what the
+        session holds. A claim made under a closed session's id (its record deleted) is
+        no reaper's to give back: only a sweep's orphan pass found it, minutes later."""
+        with self._claims_done:
+            sess = self.claim_id()
+            self._claiming += 1
+        try:
+            yield sess
+        finally:
+            with self._claims_done:
+                self._claiming -= 1
+                self._claims_done.notify_all()
 
     def beat(self) -> bool:
         """One heartbeat. False (and the session lost) when the server says it is gone or reaping."""
@@ -285,7 +304,14 @@ class Session:
         still held, so nothing that became someone else's is touched."""
         if self.closed:
             return 0
-        self._closing = True  # before the release: a claim made after it would outlive the session
+        with self._claims_done:
+            # No new reservation from here; those under way end first (within the expiry:
+            # one waiting on a busy list is bounded by its own deadline): a claim they made
+            # after the release below would outlive the session.
+            self._closing = True
+            end = time.monotonic() + self.expiry_s
+            while self._claiming and (left := end - time.monotonic()) > 0:
+                self._claims_done.wait(left)
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=self.interval_s + 5)

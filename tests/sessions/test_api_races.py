@@ -22,7 +22,7 @@ import pytest
 
 from aeroqueue import hotpath, keys, transitions
 from aeroqueue.backends import Backend
-from aeroqueue.errors import SessionLost
+from aeroqueue.errors import SessionClosed
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Job, Queue
@@ -669,8 +669,51 @@ def test_a_closed_session_takes_no_more_work(registered, lists, queue, list_name
     assert len(held) == 6
     assert s.close() == 6
     for count, lease in ((1, False), (5, False), (5, True)):
-        with pytest.raises(SessionLost, match=f"session {s.id} is closed"):
+        with pytest.raises(SessionClosed, match=f"session {s.id} is closed"):
             queue.reserve(list_name, s, count, lease=lease)
     assert registered.find(keys.JOB_SET, "sess", s.id) == []
     st = lists.status(list_name)
     assert (st.in_flight, st.reservable + st.retry_pending) == (0, 30), st
+
+
+def test_close_waits_for_a_reservation_under_way_and_sends_the_acks_that_come_during_it(
+    registered, lists, queue, list_name, monkeypatch,
+):
+    """A second read of the fix above: a reserve that passed the check before close()
+    began still claimed after the release, the session record gone (the orphan the
+    fix was for); and a complete_and_reserve arriving during close() dropped its acks,
+    which close() then gave back to run again though their handlers were done. close()
+    now waits for the reservations under way, and the acks go out."""
+    lists.load(list_name, [JobSpec(f"j{i}", {"i": i}) for i in range(10)], seal=True, backoff_s=0)
+    s = Session.open(registered, heartbeat=False, expiry_s=30.0, interval_s=1.0)
+    (done_job,) = queue.reserve(list_name, s, 1)
+    claim_entered, claim_go = threading.Event(), threading.Event()
+    real_apply = registered.apply
+
+    def apply(set_name: str, name: str, module: str, function: str, *args: Any) -> Any:
+        if function == "claim" and not claim_go.is_set():
+            claim_entered.set()
+            assert claim_go.wait(30)
+        return real_apply(set_name, name, module, function, *args)
+
+    monkeypatch.setattr(registered, "apply", apply)
+    got: list[list[Job]] = []
+    reserving = threading.Thread(target=lambda: got.append(queue.reserve(list_name, s, 1)))
+    reserving.start()
+    assert claim_entered.wait(30), "the claim was not sent"
+    closing = threading.Thread(target=s.close)
+    closing.start()
+    wait_for("close() under way", lambda: s._closing, 10)
+    # Arriving during close(): no new job, but its ack lands.
+    assert queue.complete_and_reserve([(done_job, {"ok": 1})], list_name, s, 1) == ([], [])
+    time.sleep(0.3)
+    assert closing.is_alive(), "close() must wait for the reservation under way"
+    claim_go.set()
+    reserving.join(30)
+    closing.join(30)
+    assert not closing.is_alive() and len(got) == 1 and len(got[0]) == 1
+    assert registered.find(keys.JOB_SET, "sess", s.id) == [], "a claim outlived the session"
+    assert registered.get(keys.JOB_SET, done_job.name).bins["state"] == "done"
+    assert registered.get(keys.JOB_SET, got[0][0].name).bins["state"] == "queued"  # given back by close()
+    st = lists.status(list_name)
+    assert (st.done, st.in_flight, st.queued) == (1, 0, 9), st
