@@ -109,6 +109,9 @@ class LoadReport:
     # Of `loaded`, jobs written and committed but not reservable yet: they publish after
     # an earlier range of a load still running elsewhere, when it does.
     waiting: int = 0
+    # A load asked to seal that was stopped (`stop`) while its jobs waited: not sealed,
+    # so that the same load run again (which seals) is still the way to finish it.
+    seal_skipped: bool = False
 
 
 def max_payload(backend: Backend) -> int:
@@ -228,9 +231,10 @@ def load(
     finally:
         renewer.stop()
     waiting = _await_earlier(lists, name, loader.published, lease_ms, stop)
-    if seal:
+    seal_skipped = seal and waiting > 0 and stop is not None and stop()
+    if seal and not seal_skipped:
         lists.seal(name)
-    return LoadReport(loaded=totals[0], skipped=totals[1], voided=totals[2], waiting=waiting)
+    return LoadReport(loaded=totals[0], skipped=totals[1], voided=totals[2], waiting=waiting, seal_skipped=seal_skipped)
 
 
 class _Renewer:

@@ -314,7 +314,8 @@ def _load(
     if as_json:
         click.echo(json.dumps({
             "list": list_name, "source": source, "jobs": n, "loaded": report.loaded, "skipped": report.skipped,
-            "voided": report.voided, "waiting": report.waiting, "sealed": seal or report.already_sealed,
+            "voided": report.voided, "waiting": report.waiting,
+            "sealed": (seal and not report.seal_skipped) or report.already_sealed,
             "already_sealed": report.already_sealed,
             "check_s": round(t1 - t0, 3), "load_s": round(t2 - t1, 3),
             "jobs_per_s": round(n / (t2 - t0)) if t2 > t0 else None,
@@ -325,15 +326,16 @@ def _load(
         click.echo(
             f"{list_name}: {report.loaded} loaded, {report.skipped} already there"
             + (f", {report.voided} duplicate(s) left void" if report.voided else "")
-            + (" (sealed)" if seal else "")
+            + (" (sealed)" if seal and not report.seal_skipped else "")
         )
     if report.waiting and guard.asked is not None:
         # Stopped while its jobs, all written, waited behind another loader's range.
         ctrl_c = guard.asked == signal.SIGINT
         raise (Interrupted if ctrl_c else Terminated)(
             f"load stopped by {'Ctrl-C' if ctrl_c else 'SIGTERM'} while {report.waiting:,} of its jobs waited behind "
-            f"a load range of another load into {list_name} (its loader may have died): every job is written; a "
-            "sweep, or the same load run again, finishes that range"
+            f"a load range of another load into {list_name} (its loader may have died): every job is written"
+            + ("; the list is not sealed: run the same load again to seal it" if report.seal_skipped else "")
+            + "; once that range's lease runs out, a sweep or the same load run again finishes it"
         )
     if report.waiting:
         err_console.print(

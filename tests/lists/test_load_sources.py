@@ -330,7 +330,7 @@ def test_a_load_waiting_behind_a_dead_loaders_range_stops_at_the_first_signal(tm
         path.write_text("id,n\n" + "".join(f"j{i},{i}\n" for i in range(10)))
         env = {k: v for k, v in os.environ.items() if not k.startswith("AEROQUEUE_")}
         env["PYTHONPATH"] = str(ROOT)
-        proc = subprocess.Popen([sys.executable, "-m", "aeroqueue", "--url", url, "load", "L", str(path)], env=env,
+        proc = subprocess.Popen([sys.executable, "-m", "aeroqueue", "--url", url, "load", "L", str(path), "--seal"], env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             wait_for("the load's own range written, waiting behind the dead one", lambda: any(
@@ -347,11 +347,12 @@ def test_a_load_waiting_behind_a_dead_loaders_range_stops_at_the_first_signal(tm
         assert out == "L: 10 loaded, 0 already there\n", out
         assert err.strip().splitlines()[-1] == (
             f"error: load stopped by {said} while 10 of its jobs waited behind a load range of another load into L "
-            "(its loader may have died): every job is written; a sweep, or the same load run again, finishes that "
-            "range"), err
+            "(its loader may have died): every job is written; the list is not sealed: run the same load again to "
+            "seal it; once that range's lease runs out, a sweep or the same load run again finishes it"), err
         st = lists.status("L")
-        # Published, and held behind the dead range (a live lease: not yet stalled).
-        assert (st.total, st.pending_ranges, st.stalled_ranges) == (0, 2, 0)
+        # Published, and held behind the dead range (a live lease: not yet stalled); not
+        # sealed, so that the same load run again seals it (a sealed list's rerun is a no-op).
+        assert (st.total, st.pending_ranges, st.stalled_ranges, st.sealed) == (0, 2, 0, False)
     finally:
         backend.close()
 
