@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, unquote
+from urllib.parse import parse_qsl, quote, unquote
 
 from .errors import InvalidURL
 from .hosts import url_host
@@ -92,7 +92,9 @@ class StoreURL:
             return f"embedded://{self.path}"
         who = f"{self.user}:***@" if self.user else ""
         hosts = ",".join(f"{url_host(h)}:{p}" for h, p in self.hosts)  # an IPv6 address in brackets
-        query = "&".join(f"{k}={v}" for k, v in self.options)
+        # Encoded again as parsed: a decoded '&' or '#' in a value would end it early
+        # (and what follows would show as another option, unmasked in an error).
+        query = "&".join(f"{quote(k, safe='')}={quote(v, safe='/:,')}" for k, v in self.options)
         return f"aerospike://{who}{hosts}/{self.namespace}" + (f"?{query}" if query else "")
 
 
@@ -151,7 +153,7 @@ def parse_url(text: str) -> StoreURL:
         options = tuple(parse_qsl(query, keep_blank_values=True, strict_parsing=True)) if query else ()
     except ValueError:
         # A password's '?' may have cut it: not shown; else with its values masked.
-        shown = "" if "@" in query else f" {_mask_query('?' + query)[1:]!r}"
+        shown = "" if "@" in query else f" {_masked_values(query)!r}"
         raise InvalidURL(f"store URL {_safe(text)!r}: malformed query string{shown}") from None
     if scheme == "aerospike":
         return _parse_aerospike(text, rest, options)
@@ -301,7 +303,9 @@ _PASSWORD_IN_URL = re.compile(r"(://[^:/\s]*:)\S*@")  # a user name may hold '@'
 
 # A query parameter that names a secret (?password=..., &api_key=...): no URL here takes
 # one (credentials go before the host), but one given anyway is quoted by the error.
-_SECRET_IN_QUERY = re.compile(r"([?&][^=&\s#'\"]*(?:pass|pwd|secret|token|key|auth)[^=&\s#'\"]*=)[^&\s#'\"]*", re.I)
+_SECRET_IN_QUERY = re.compile(
+    r"([?&][^=&\s#'\"]*(?:pass|pw|secret|token|key|auth|sig|credential)[^=&\s#'\"]*=)"
+    r"(?:'[^']*'|\"[^\"]*\"|[^&\s#'\"]*)", re.I)
 
 
 def mask_passwords(text: str) -> str:
@@ -333,16 +337,22 @@ def mask_url(url: str) -> str:
 
 def _mask_query(url: str) -> str:
     """The values after '?' masked, but those of the options a store URL takes (none a
-    secret): `?password=...` given by mistake is refused with the URL quoted."""
+    secret): `?password=...` given by mistake is refused with the URL quoted. Only in
+    a URL (with '://'): a file name or a job id holding '?' is shown as it is."""
     base, sep, query = url.partition("?")
-    if not sep:
+    if not sep or "://" not in base:
         return url
     query, hash_sep, fragment = query.partition("#")
+    return f"{base}?{_masked_values(query)}" + (f"{hash_sep}***" if fragment else hash_sep)
+
+
+def _masked_values(query: str) -> str:
+    """A query string with the values of all but a store URL's options masked."""
     shown = []
     for item in query.split("&"):
         name, eq, _ = item.partition("=")
         shown.append(item if not eq or name in CLIENT_OPTIONS or name in EMBEDDED_OPTIONS else f"{name}=***")
-    return f"{base}?{'&'.join(shown)}" + (f"{hash_sep}***" if fragment else hash_sep)
+    return "&".join(shown)
 
 
 def unencoded_in_credentials(url: str) -> bool:

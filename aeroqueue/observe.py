@@ -35,8 +35,9 @@ class WorkerObserver:
         """A handler failed or ran past the time limit on the job's last attempt: the job is dead."""
 
     def timed_out(self, list_name: str) -> None:
-        """A handler ran past the job's time limit, the worker stopped waiting for it, and
-        the job was put back for another attempt (on its last attempt: `dead`)."""
+        """A handler ran past the job's time limit and the worker stopped waiting for it:
+        the job was put back for another attempt (on its last attempt it is `dead`), or,
+        when ending its claim failed, left to a reaper, which decides."""
 
     def snoozed(self, list_name: str) -> None:
         """A handler asked to run its job later (`Retry(after=...)`): not a failure."""

@@ -181,6 +181,7 @@ def test_an_at_sign_outside_the_credentials_is_not_taken_for_a_password(text):
     "aerospike://127.0.0.1:3000/test?total_timeout=5&pwd=Hunter2",
     "embedded:///tmp/s.db?secret=Hunter2",
     "aerospike://127.0.0.1:3000/test?password=Hunter2&&x",  # malformed: its own message
+    "aerospike://127.0.0.1:3000/test?password=Hun%26ter2",  # an encoded '&' decoded ended the mask early
 ])
 def test_a_secret_given_as_a_url_option_is_masked_in_the_error(url):
     """Credentials go before the host; one given as ?password=... was refused with the
@@ -189,6 +190,13 @@ def test_a_secret_given_as_a_url_option_is_masked_in_the_error(url):
         parse_url(url)
     assert "Hunter2" not in str(refused.value) and "***" in str(refused.value), str(refused.value)
     assert "Hunter2" not in mask_url(url) and "Hunter2" not in mask_passwords(f"error: {url} failed")
+    assert "ter2" not in str(refused.value)
+
+
+def test_what_is_not_a_url_keeps_its_query_and_free_text_masks_secret_parameters():
+    assert mask_url("jobs?v=2.csv") == "jobs?v=2.csv"  # a file name, a job id: not a URL
+    said = mask_passwords("x ?password='a b' &pw=z &X-Amz-Credential=abc&sig=q&total_timeout=5")
+    assert said == "x ?password=*** &pw=*** &X-Amz-Credential=***&sig=***&total_timeout=5", said
 
 
 def test_a_user_name_holding_an_at_sign_keeps_its_password_masked():
