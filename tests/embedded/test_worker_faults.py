@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import threading
+from collections.abc import Iterator
 
 import pytest
 
@@ -98,20 +100,27 @@ def test_a_list_still_missing_is_reported_again_after_a_while(tmp_path, caplog, 
     backend = open_backend(f"embedded://{tmp_path / 's.db'}")
     udfs.register(backend)
     w = Worker(backend, lambda job: None, ["nope"], interval_s=0.1, expiry_s=1.0, idle_s=0.01, until_complete=True)
-    def missing() -> list[logging.LogRecord]:
-        return [r for r in caplog.records if getattr(r, "event", "") == "list_missing"]
-
-    with caplog.at_level(logging.WARNING, logger="aeroqueue.worker"):
-        t = threading.Thread(target=w.run, kwargs={"install_signals": False})
-        t.start()
-        try:
-            wait_for("the third warning", lambda: len(missing()) >= 3, 30)
-        finally:
-            w.request_stop()
-            t.join(10)
+    with caplog.at_level(logging.WARNING, logger="aeroqueue.worker"), _running(w):
+        wait_for("the third warning", lambda: len(_missing(caplog)) >= 3, 30)
     # Again and again, each at least 0.4 s after the last (it polls every 0.01 s).
-    said = [r.created for r in missing()]
+    said = [r.created for r in _missing(caplog)]
     assert all(b - a >= 0.39 for a, b in itertools.pairwise(said)), said
+
+
+def _missing(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if getattr(r, "event", "") == "list_missing"]
+
+
+@contextlib.contextmanager
+def _running(w: Worker) -> Iterator[threading.Thread]:
+    """The worker running on a thread of its own, stopped (and joined) on the way out."""
+    t = threading.Thread(target=w.run, kwargs={"install_signals": False})
+    t.start()
+    try:
+        yield t
+    finally:
+        w.request_stop()
+        t.join(10)
 
 
 @pytest.mark.parametrize("back", ["with-a-job", "empty"])
@@ -119,10 +128,6 @@ def test_a_list_missing_again_after_it_came_back_is_reported_again(tmp_path, cap
     """Once per absence, not once per name ever: dropped, made again and dropped again,
     the list's second absence is said too; also when it came back with no job to
     take (created empty, or emptied by other workers): it was there all the same."""
-    import threading
-
-    from tests.waiting import wait_for
-
     backend = open_backend(f"embedded://{tmp_path / 's.db'}")
     udfs.register(backend)
     lists = JobLists(backend)
@@ -139,25 +144,16 @@ def test_a_list_missing_again_after_it_came_back_is_reported_again(tmp_path, cap
 
     w._reserve = counted  # type: ignore[method-assign]
 
-    def missing() -> list[logging.LogRecord]:
-        return [r for r in caplog.records if getattr(r, "event", "") == "list_missing"]
-
-    with caplog.at_level(logging.WARNING, logger="aeroqueue.worker"):
-        t = threading.Thread(target=w.run, kwargs={"install_signals": False})
-        t.start()
-        try:
-            wait_for("the first absence said", lambda: len(missing()) == 1, 10)
-            if back == "empty":
-                lists.create("later")
-                wait_for("the empty list polled", lambda: answered.count(0) >= 1, 10)
-            else:
-                lists.load("later", [JobSpec("a", {})], seal=True)
-                wait_for("the job run", lambda: ran == ["a"], 10)
-                wait_for("its ack", lambda: w.counters.snapshot()["done"] == 1, 10)
-            lists.drop("later", grace_s=0)
-            wait_for("the second absence said", lambda: len(missing()) == 2, 10)
-        finally:
-            w.request_stop()
-            t.join(10)
+    with caplog.at_level(logging.WARNING, logger="aeroqueue.worker"), _running(w) as t:
+        wait_for("the first absence said", lambda: len(_missing(caplog)) == 1, 10)
+        if back == "empty":
+            lists.create("later")
+            wait_for("the empty list polled", lambda: answered.count(0) >= 1, 10)
+        else:
+            lists.load("later", [JobSpec("a", {})], seal=True)
+            wait_for("the job run", lambda: ran == ["a"], 10)
+            wait_for("its ack", lambda: w.counters.snapshot()["done"] == 1, 10)
+        lists.drop("later", grace_s=0)
+        wait_for("the second absence said", lambda: len(_missing(caplog)) == 2, 10)
     assert not t.is_alive()
-    assert all("later" in r.error for r in missing())
+    assert all("later" in r.error for r in _missing(caplog))
