@@ -70,8 +70,11 @@ class UnansweredLast:
         self._lock = threading.Lock()
 
     def order(self, names: Iterable[str]) -> list[str]:
-        """`names` in their order, those that did not answer last time moved last."""
+        """`names` in their order, those that did not answer last time moved last. A name
+        not among them (a list dropped since) is forgotten."""
+        names = list(names)
         with self._lock:
+            self._late &= set(names)
             late = set(self._late)
         return sorted(names, key=lambda name: name in late)  # stable: the order kept within each part
 

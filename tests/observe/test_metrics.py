@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from aeroqueue import keys, udfs
 from aeroqueue.backends import Backend, open_backend
+from aeroqueue.backends.base import UnansweredLast
 from aeroqueue.errors import BackendTimeout
 from aeroqueue.hosts import TrustedHosts, host_name, is_wildcard
 from aeroqueue.lists import JobLists
@@ -463,6 +464,15 @@ def test_lists_after_a_timed_out_one_are_read_with_a_short_limit_within_a_budget
     samples = parse(generate_latest(registry).decode())  # names[3] answered last time: before both
     assert [value(samples, "aeroqueue_list_jobs", list=n) for n in names] == [1, None, None, 4]
     assert value(samples, "aeroqueue_store_up") == 0
+
+
+def test_the_read_order_forgets_a_list_no_longer_named():
+    """A dropped list's name is not kept for the life of the process."""
+    order = UnansweredLast()
+    order.note("a", False)
+    assert order.order(["a", "b"]) == ["b", "a"]
+    assert order.order(["b"]) == ["b"]  # "a" dropped: forgotten
+    assert order.order(["a", "b"]) == ["a", "b"]  # loaded again: read in its place
 
 
 def test_a_store_answering_every_read_slowly_costs_a_scrape_the_time_prometheus_gives_it(
