@@ -348,7 +348,7 @@ class JobLists:
                           - _pending_in(r[0], r[1], r[2] if len(r) > 2 else None, retry_set) for r in head.get("ready") or [])
         total = head["total"]
         pending = len(head.get("pend") or {})
-        stalled = len(self._live_ranges(head, expired=True))
+        stalled = len(self._pending_ranges(head, expired=True))
         sealed = head["sealed"] == 1
         complete = is_complete(head, done, dead)
         # A kick cut short before its `reopen` leaves the completion time of an
@@ -604,9 +604,9 @@ class JobLists:
                 f" (dropped; {found:,} of its records, brought back by a node that missed the drop, deleted now)"
                 if found else ""))
         head = self.header(name)
-        if self._live_ranges(head):
+        if self._pending_ranges(head):
             raise ListError(
-                f"list {name!r} has a load in progress ({len(self._live_ranges(head))} range(s) allocated and not "
+                f"list {name!r} has a load in progress ({len(self._pending_ranges(head))} range(s) allocated and not "
                 "published, their lease not run out): stop the loader, or wait for it, then drop again"
             )
         # Marked first, then sealed: an unsealed list whose jobs are all done would
@@ -623,7 +623,7 @@ class JobLists:
         # A load that allocated between the check and the seal: let its range land
         # (no new one can start now) so that its job records are deleted below.
         deadline = time.monotonic() + load_wait_s
-        while self._live_ranges(head):
+        while self._pending_ranges(head):
             if time.monotonic() >= deadline:
                 raise ListError(f"list {name!r}: a load into it is still writing (it is now sealed and paused); "
                                 "drop again once it has finished")
@@ -691,7 +691,7 @@ class JobLists:
             time.sleep(0.2)
 
     @staticmethod
-    def _live_ranges(head: dict[str, Any], *, expired: bool = False) -> list[Any]:
+    def _pending_ranges(head: dict[str, Any], *, expired: bool = False) -> list[Any]:
         """The load ranges whose loader still holds its lease; `expired`: those whose
         loader missed it (died), which `recover` finishes (aq_list_v1.expired)."""
         now_ms = time.time() * 1000

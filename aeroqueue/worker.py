@@ -682,8 +682,7 @@ class Worker:
             # "acking": `_ack_outcome` counts it once the ack is sent; "released": counted
             # as released when it was given back (`_ack_failed`).
             if outcome not in ("acking", "released"):
-                self.counters.add(_COUNTER_OF[outcome])
-                self.observer.outcome(job.list, outcome)
+                self._count(job, outcome)
 
     def _run(self, job: Job, session: Session, runner: _ChildRunner | None = None) -> str:
         """Run one job and acknowledge it (one round trip); returns the outcome."""
@@ -770,10 +769,8 @@ class Worker:
             pass
         except ListNotFound as e:
             # Nothing to do until someone loads it (or, for a pattern's match, it was
-            # dropped and the next refresh forgets it): said once a MISSING_AGAIN_S, not
-            # every poll (once only, a mistyped --list left a worker idle without a word).
-            self._warn_once(f"missing:{name}", "list not found", {"event": "list_missing", "error": str(e)},
-                            again_s=MISSING_AGAIN_S)
+            # dropped and the next refresh forgets it).
+            self._warn_missing(name, e)
         except AeroqueueError as e:
             log.warning("reserve failed", extra={"event": "reserve_failed", "list": name, "error": str(e)})
         finally:
@@ -848,6 +845,10 @@ class Worker:
             outcome = self._ack_failed(job, self.session)
         if outcome == "released":
             return  # counted as released by `_release` (`_ack_failed`): once, as every reserved job
+        self._count(job, outcome)
+
+    def _count(self, job: Job, outcome: str) -> None:
+        """One reserved job's outcome, in the counters and to the observer."""
         self.counters.add(_COUNTER_OF[outcome])
         self.observer.outcome(job.list, outcome)
 
@@ -1190,9 +1191,7 @@ class Worker:
                 waiting, left[:] = list(left), []
             # Its prefetched jobs never started: back, attempt refunded.
             self._release(waiting, session, why=f"not started: job {job.jid!r} ahead of it ran past its time limit")
-            outcome = self._timed_out(job)
-            self.counters.add(_COUNTER_OF[outcome])
-            self.observer.outcome(job.list, outcome)
+            self._count(job, self._timed_out(job))
             if not self._stopping.is_set():
                 self._start_thread()  # the stuck thread's place: concurrency stays
 
@@ -1246,10 +1245,9 @@ class Worker:
                 head, done, dead = lists.finished(name)
             except ListNotFound as e:
                 # Not loaded yet, or dropped (a new load may bring it back): it is not
-                # complete. Said as a reservation says it, not once a second.
+                # complete. Said as a reservation says it.
                 complete = False
-                self._warn_once(f"missing:{name}", "list not found", {"event": "list_missing", "error": str(e)},
-                                again_s=MISSING_AGAIN_S)
+                self._warn_missing(name, e)
                 continue
             self._warned.pop(f"missing:{name}", None)
             if is_complete(head, done, dead) and lists.status(name).complete:
@@ -1285,6 +1283,12 @@ class Worker:
         if finished:
             log.info("finished the load range(s) of a loader that died", extra={
                 "event": "load_recovered", "list": name, "ranges": finished})
+
+    def _warn_missing(self, name: str, e: ListNotFound) -> None:
+        """A followed list is not there: said once a MISSING_AGAIN_S, not every poll (said
+        once only, a mistyped --list left a worker idle without a word)."""
+        self._warn_once(f"missing:{name}", "list not found", {"event": "list_missing", "error": str(e)},
+                        again_s=MISSING_AGAIN_S)
 
     def _warn_once(self, key: str, message: str, extra: dict[str, Any], *, again_s: float | None = None) -> None:
         """A warning the first time `key` comes up: what a worker meets at every poll

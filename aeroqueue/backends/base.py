@@ -85,6 +85,8 @@ class UnansweredLast:
                 self._late.discard(name)
             else:
                 self._late.add(name)
+
+
 # Allowance for the clocks of client and server disagreeing (NTP keeps them within
 # milliseconds), added to a job transition's deadline (`Backend.job_deadline`).
 CLOCK_MARGIN_MS = 500

@@ -170,6 +170,12 @@ class _StopGuard:
                 raise _StopAsked()
             yield row
 
+    def stopped(self, what: str) -> Interrupted | Terminated:
+        """The error of a load the signal asked stopped: "load stopped by ... `what`",
+        exit 130 for Ctrl-C, 143 for SIGTERM."""
+        ctrl_c = self.asked == signal.SIGINT
+        return (Interrupted if ctrl_c else Terminated)(f"load stopped by {'Ctrl-C' if ctrl_c else 'SIGTERM'} {what}")
+
 
 @contextlib.contextmanager
 def _stops_handled(guard: _StopGuard) -> Iterator[None]:
@@ -246,10 +252,9 @@ def load(
             ) from None
         except _StopAsked:
             total = f" of {guard.total:,}" if guard.total is not None else ""
-            ctrl_c = guard.asked == signal.SIGINT
-            raise (Interrupted if ctrl_c else Terminated)(
-                f"load stopped by {'Ctrl-C' if ctrl_c else 'SIGTERM'} before it finished: {written:,}{total} jobs "
-                f"loaded into {list_name}" + (", and the list is not sealed" if seal else "")
+            raise guard.stopped(
+                f"before it finished: {written:,}{total} jobs loaded into {list_name}"
+                + (", and the list is not sealed" if seal else "")
                 + "; run the same load again to finish it (it adds nothing twice)"
             ) from None
 
@@ -330,9 +335,8 @@ def _load(
         )
     if report.waiting and guard.asked is not None:
         # Stopped while its jobs, all written, waited behind another loader's range.
-        ctrl_c = guard.asked == signal.SIGINT
-        raise (Interrupted if ctrl_c else Terminated)(
-            f"load stopped by {'Ctrl-C' if ctrl_c else 'SIGTERM'} while {report.waiting:,} of its jobs waited behind "
+        raise guard.stopped(
+            f"while {report.waiting:,} of its jobs waited behind "
             f"a load range of another load into {list_name} (its loader may have died): every job is written"
             + ("; the list is not sealed: run the same load again to seal it" if report.seal_skipped else "")
             + "; once that range's lease runs out, a sweep or the same load run again finishes it"
