@@ -102,7 +102,8 @@ def test_a_frozen_node_costs_the_overview_only_what_it_holds(
             # a tuple's repr is cut short in pytest's report.
             log_tail = logs[WARM_PORT if which.startswith("warm") else COLD_PORT].read_text()[-3000:]
             read = {n for n, r in shown.items() if r is not None}
-            said = f"{which}: shown {shown}\nnot read: {unread(page)}\nthe dashboard's log:\n{log_tail}"
+            said = (f"{which}: shown {shown}\nnot read: {unread(page)}\nlists a client read after the views: "
+                    f"{view['readable_after']}\nthe dashboard's log:\n{log_tail}")
             if which.endswith("again"):
                 # A view after a timeout gives every read 250 ms within 2 s from its first
                 # timeout: on a loaded host a healthy node's list can take longer (a full
