@@ -10,7 +10,8 @@ session at all while one node was frozen.
 The cluster has min-cluster-size 3: the two others then form no cluster without
 the frozen node, and its partitions stay its own, unanswered, for as long as it is
 frozen (what a node in trouble that still holds its partitions looks like to
-clients: a stalled disk, a long pause). With the tests' usual majority of 2, they
+clients: a stalled disk, a long pause). They answer for their own for some 10 s:
+then they turn orphan and refuse every read, so every view comes before that. With the tests' usual majority of 2, they
 drop it within 1.5 s and clients learn the new map 3 to 5 s after the freeze.
 
 Two dashboards run: one has shown the lists before the freeze, the other serves
