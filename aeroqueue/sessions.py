@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import logging
 import os
 import socket
@@ -135,7 +136,8 @@ class Session:
         self._last_ok = time.monotonic()
         self.closed = False
         self._closing = False  # close() has begun: no new claim under this id
-        self._claiming = 0  # reservations under way (`claiming`), which close() waits for
+        self._under_way: set[int] = set()  # reservations under way (`claiming`), which close() waits for
+        self._reservations = itertools.count()  # their numbers
         self._claims_done = threading.Condition()
         self._settled: list[str] = []  # leases to forget with the next lease write
         self._settled_lock = threading.Lock()
@@ -194,13 +196,21 @@ class Session:
         no reaper's to give back: only a sweep's orphan pass found it, minutes later."""
         with self._claims_done:
             sess = self.claim_id()
-            self._claiming += 1
+            number = next(self._reservations)
+            self._under_way.add(number)
         try:
             yield sess
         finally:
             with self._claims_done:
-                self._claiming -= 1
+                self._under_way.discard(number)
                 self._claims_done.notify_all()
+
+    def claims_under_way(self) -> frozenset[int]:
+        """The reservations under way (`claiming`), by number: a claim the session holds
+        that no caller has yet may be one of theirs, not forgotten (`Worker`'s orphan
+        check waits until those under way when it first saw it have ended)."""
+        with self._claims_done:
+            return frozenset(self._under_way)
 
     def beat(self) -> bool:
         """One heartbeat. False (and the session lost) when the server says it is gone or reaping."""
@@ -310,7 +320,7 @@ class Session:
             # after the release below would outlive the session.
             self._closing = True
             end = time.monotonic() + self.expiry_s
-            while self._claiming and (left := end - time.monotonic()) > 0:
+            while self._under_way and (left := end - time.monotonic()) > 0:
                 self._claims_done.wait(left)
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():

@@ -505,7 +505,9 @@ class Worker:
         self._held: dict[str, Job] = {}
         self._thread_state = threading.local()  # .asked: when this thread's last reserve was sent
         self._acking: dict[str, int] = {}  # jobs whose ack waits in `acks` (name -> how many)
-        self._orphans: set[str] = set()  # claims of our session no thread held at the last check
+        # Claims of our session no thread held at the last check, each with the session's
+        # reservations under way when it was first seen (one of them may have made it).
+        self._orphans: dict[tuple[str, str | None], frozenset[int]] = {}  # by (name, rid)
         # Jobs that never started whose release failed: an orphan check gives them back
         # refunded, not with the attempt counted (with one attempt allowed, dead unrun).
         self._unstarted: set[str] = set()
@@ -1305,15 +1307,28 @@ class Worker:
         was lost (a node died mid-call, and the retries ran out), or a release that
         failed after a failed acknowledgement, leaves such a claim: nobody would ever
         finish it, and no reaper takes jobs from a live session. A claim found orphaned
-        at two checks in a row (a reap interval apart) cannot be one a thread is
-        still picking up, and is released with its attempt counted."""
+        at two checks in a row (a reap interval apart), with every reservation under
+        way at the first ended since, cannot be one a thread is still picking up, and
+        is released with its attempt counted. A reservation's claims are a thread's
+        only once it returns, which can be seconds after they land (a busy list record
+        retried, a claim in doubt): released then, the job still ran, its ack was
+        refused, and with one attempt allowed it ended dead though it succeeded."""
         held = dict(session.held())
+        # Read after the claims: a reservation that made one of them and has not returned
+        # is among these.
+        under_way = session.claims_under_way()
         with self._in_flight_lock:
             orphans = set(held) - self._held.keys() - self._acking.keys()
             self._unstarted &= held.keys()  # given back since by someone else: forgotten
             unstarted = set(self._unstarted)
-        ripe, self._orphans = orphans & self._orphans, orphans - self._orphans
-        for name in sorted(ripe):
+        # A claim is its job's name and request id: the job claimed again since (given
+        # back and reserved anew between two checks) is another claim, seen anew.
+        claims = {(name, held[name].get("rid")) for name in orphans}
+        seen = self._orphans
+        ripe = {claim for claim in claims if claim in seen and not seen[claim] & under_way}
+        # The others wait, each with the reservations under way when it was first seen.
+        self._orphans = {claim: seen.get(claim, under_way) for claim in claims - ripe}
+        for name, _ in sorted(ripe):
             bins = held[name]
             job = Job(list=bins["list"], token=bins["token"], jid=bins["jid"], payload=None, rid=bins.get("rid", ""),
                       attempt=bins.get("att", 0), session=session.id, created=bins.get("c"))

@@ -580,3 +580,37 @@ def test_a_job_that_goes_dead_is_logged_as_a_warning_and_a_retry_as_info(registe
         assert fast_worker(registered, handler, list_name).run(install_signals=False) == EXIT_OK
     failed = [(r.levelno, getattr(r, "outcome", None)) for r in caplog.records if r.getMessage() == "job failed"]
     assert failed == [(logging.INFO, "retry"), (logging.WARNING, "dead")], failed
+
+
+def test_a_claim_whose_reservation_is_still_returning_is_not_an_orphan(registered, lists, list_name, caplog):
+    """A reservation can take seconds after its first claim lands (a busy list record
+    retried for up to 5 s, single claims retried in doubt), and its jobs are the
+    worker's threads' only once it returns. The orphan check (two checks a reap
+    interval apart) took such a claim for one no thread held and released it, its
+    attempt counted: the job then ran all the same, its ack was refused, and with one
+    attempt allowed it ended dead though its handler succeeded (a helper's chaos run).
+    Here every claim's reservation dawdles 1.5 s, several checks' worth, before it
+    returns."""
+    lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(3)], seal=True, max_attempts=1)
+    runs: list[str] = []
+    w = fast_worker(registered, lambda job: runs.append(job.jid) or "ok", list_name, concurrency=1, batch=2, lease=False,
+                    reap_every_s=0.2, expiry_s=3.0)
+    claim = w.queue._claim
+    slowed: list[int] = []
+
+    def slow_claim(*args, **kw):
+        out = claim(*args, **kw)  # landed: the session holds these claims now
+        if out:
+            slowed.append(len(out))
+            time.sleep(1.5)
+        return out
+
+    w.queue._claim = slow_claim  # type: ignore[method-assign]
+    with caplog.at_level(logging.INFO, logger="aeroqueue"):
+        assert w.run(install_signals=False) == EXIT_OK
+    assert sorted(runs) == ["j0", "j1", "j2"] and sum(slowed) == 3, (runs, slowed)
+    released = [r.jid for r in caplog.records if getattr(r, "event", None) == "orphan_released"]
+    assert released == [], f"live claims released as orphans: {released}"
+    for token in range(3):
+        rec = registered.get(keys.JOB_SET, keys.job_name(list_name, token)).bins
+        assert (rec["state"], rec["att"], rec.get("result")) == ("done", 1, "ok"), rec
