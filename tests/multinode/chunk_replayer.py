@@ -73,9 +73,11 @@ class _Routing:
     """A raw client for one list's load or recovery: the `nth` write of each of its ID
     store chunks (a put, an operate) goes through `stale` (the partition map of
     before the freeze), every other call through `live`. `dies`: publishing a range
-    raises `_Died`."""
+    raises `_Died`, once `dies` chunks have been written (every range's: raised at the
+    first publish, a loader's threads that had not yet begun their ranges on a loaded
+    host never did, and the recovery found fewer than the test's K)."""
 
-    def __init__(self, stale: Any, live: Any, nth: int, dies: bool = False) -> None:
+    def __init__(self, stale: Any, live: Any, nth: int, dies: int = 0) -> None:
         self.stale, self.live, self.nth, self.dies = stale, live, nth, dies
         self._lock = threading.Lock()
         self._writes: Counter[str] = Counter()
@@ -94,6 +96,9 @@ class _Routing:
 
     def apply(self, key: tuple, module: str, function: str, *args: Any, **kw: Any) -> Any:
         if self.dies and function == "publish":
+            give_up = time.monotonic() + 60
+            while len(self._writes) < self.dies and time.monotonic() < give_up:
+                time.sleep(0.01)
             raise _Died(key[2])
         return self.live.apply(key, module, function, *args, **kw)
 
@@ -123,7 +128,7 @@ class _Routing:
         return getattr(self.live, method)(key, *args, **kw)
 
 
-def routed(url: str, stale: Any, live: Backend, name: str, nth: int, dies: bool = False) -> tuple[JobLists, _Routing]:
+def routed(url: str, stale: Any, live: Backend, name: str, nth: int, dies: int = 0) -> tuple[JobLists, _Routing]:
     """The JobLists of list `name`'s load or recovery, and its client (`_Routing`);
     "*b" lists without a deadline."""
     client = _Routing(stale, live.client.raw, nth, dies)
@@ -181,7 +186,7 @@ def main(url: str, live_url: str, k: int) -> None:
         out: Any
         if cmd == "prep":
             for name in DUES:
-                lists, _ = routed(url, stale, open_backend(live_url), name, 0, dies=True)  # nothing through `stale`
+                lists, _ = routed(url, stale, open_backend(live_url), name, 0, dies=k)  # nothing through `stale`
                 try:
                     lists.load(name, specs(name, k), mode="ids", chunk_size=C, workers=k, lease_ms=0)
                     raise AssertionError(f"the loader of {name!r} published a range")
