@@ -63,6 +63,29 @@ CLIENT_MAX_CONNS = 100  # the client's default max_conns_per_node
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
 
+def whole(what: str, value: Any) -> int:
+    """`value`, checked to be an int (a bool is not): what a count or a limit must be
+    before it reaches a store. A float count taken by the list's Lua left a float in
+    the list record, and every read of the list failed after."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an int, not {value!r}")
+    return value
+
+
+def seconds(what: str, value: Any) -> float:
+    """`value`, checked to be a number of seconds (an int or a float, not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{what} must be a number of seconds, not {value!r}")
+    return value
+
+
+def flag(what: str, value: Any) -> bool:
+    """`value`, checked to be True or False: a string ("no") would be true."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{what} must be True or False, not {value!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class StoreURL:
     """A parsed store URL. ``str()`` never shows credentials."""

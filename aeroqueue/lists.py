@@ -21,7 +21,7 @@ from aerospike_helpers.operations import operations as op
 from . import blocks, keys, lease_entries, transitions
 from . import load as _load
 from .backends import Backend, retry_in_doubt
-from .config import LEASE_SETTLE_S, MAX_ATTEMPTS, MAX_SECONDS
+from .config import LEASE_SETTLE_S, MAX_ATTEMPTS, MAX_SECONDS, seconds, whole
 from .errors import (
     AeroqueueError,
     ConfigError,
@@ -820,7 +820,7 @@ def new_list_policy(
     record's tlim / bo / bo_max (ms); with `new`, also against the defaults of what was
     not given. Raises `ConfigError` naming what is wrong: a loader calls it before it
     reads a file, not after checking a million lines."""
-    if not 1 <= max_attempts <= MAX_ATTEMPTS:
+    if not 1 <= whole("max_attempts", max_attempts) <= MAX_ATTEMPTS:
         raise ConfigError(f"max_attempts must be from 1 to {MAX_ATTEMPTS:,}, not {max_attempts}")
     opts = _policy_opts(timeout_s, backoff_s, backoff_max_s)
     lo, hi = opts.get("bo", round(DEFAULT_BACKOFF_S * 1000)), opts.get("bo_max", round(DEFAULT_BACKOFF_MAX_S * 1000))
@@ -854,15 +854,15 @@ def _policy_opts(timeout_s: float | None, backoff_s: float | None, backoff_max_s
     """The list record's tlim / bo / bo_max (ms) for the values given; checks them."""
     opts: dict[str, int] = {}
     if timeout_s is not None:
-        if not 0 < timeout_s <= MAX_SECONDS:  # NaN fails too
+        if not 0 < seconds("timeout_s", timeout_s) <= MAX_SECONDS:  # NaN fails too
             raise ConfigError(f"time limit must be positive seconds up to {MAX_SECONDS:,}, not {timeout_s}")
         opts["tlim"] = max(1, round(timeout_s * 1000))
     if backoff_s is not None:
-        if not 0 <= backoff_s <= MAX_SECONDS:
+        if not 0 <= seconds("backoff_s", backoff_s) <= MAX_SECONDS:
             raise ConfigError(f"backoff must be from 0 to {MAX_SECONDS:,} seconds, not {backoff_s}")
         opts["bo"] = round(backoff_s * 1000)
     if backoff_max_s is not None:
-        if not 0 <= backoff_max_s <= MAX_SECONDS:
+        if not 0 <= seconds("backoff_max_s", backoff_max_s) <= MAX_SECONDS:
             raise ConfigError(f"backoff cap must be from 0 to {MAX_SECONDS:,} seconds, not {backoff_max_s}")
         opts["bo_max"] = round(backoff_max_s * 1000)
     if "bo" in opts and "bo_max" in opts and opts["bo_max"] < opts["bo"]:

@@ -53,7 +53,7 @@ from aerospike_helpers.operations import operations as op
 from . import blocks, keys, transitions
 from .backends import IN_DOUBT, Backend, Record, retry_in_doubt, wrap
 from .backends.sizes import record_size
-from .config import MAX_SECONDS
+from .config import MAX_SECONDS, flag, seconds, whole
 from .errors import (
     AeroqueueError,
     BackendError,
@@ -186,7 +186,13 @@ def load(
     stop: Callable[[], bool] | None = None,
 ) -> LoadReport:
     """See `JobLists.load`."""
-    if not 0 <= delay_s <= MAX_SECONDS:  # NaN fails too
+    # Checked before anything is written: a chunk size of 2.5 failed once the list was made.
+    flag("seal", seal)
+    whole("lease_ms", lease_ms)
+    for what, value in (("chunk_size", chunk_size), ("workers", workers)):
+        if value is not None:
+            whole(what, value)
+    if not 0 <= seconds("delay_s", delay_s) <= MAX_SECONDS:  # NaN fails too
         raise LoadError(f"delay must be from 0 to {MAX_SECONDS:,} seconds, not {delay_s}")
     backend = lists.backend
     if chunk_size is not None and chunk_size < 1:

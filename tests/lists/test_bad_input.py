@@ -337,3 +337,52 @@ def test_a_file_that_changes_while_it_is_loaded_is_reported_and_the_list_not_sea
         assert "line 201" in lines_out[0], out.output
     status = JobLists(registered).status(list_name)
     assert (status.sealed, status.total) == (False, loaded)
+
+
+@pytest.mark.parametrize("kw, says", [
+    ({"seal": "no"}, "seal must be True or False, not 'no'"),
+    ({"max_attempts": 1.5}, "max_attempts must be an int, not 1.5"),
+    ({"max_attempts": True}, "max_attempts must be an int, not True"),
+    ({"timeout_s": True}, "timeout_s must be a number of seconds, not True"),
+    ({"timeout_s": "5"}, "timeout_s must be a number of seconds, not '5'"),
+    ({"backoff_s": "1"}, "backoff_s must be a number of seconds, not '1'"),
+    ({"delay_s": "5"}, "delay_s must be a number of seconds, not '5'"),
+    ({"chunk_size": 2.5}, "chunk_size must be an int, not 2.5"),
+    ({"workers": 2.0}, "workers must be an int, not 2.0"),
+])
+def test_a_python_loads_settings_of_the_wrong_type_are_refused_before_anything_is_written(
+    registered, list_name, kw, says
+):
+    """Stored as given, `seal="no"` sealed the list and `max_attempts=1.5` showed in
+    status; a chunk size of 2.5 failed once the list had been made (a helper's audit)."""
+    lists = JobLists(registered)
+    with pytest.raises(TypeError, match=re.escape(says)):
+        lists.load(list_name, [JobSpec("a", {}), JobSpec("b", {})], **kw)
+    with pytest.raises(errors.ListNotFound):
+        lists.status(list_name)
+
+
+@pytest.mark.parametrize("count", [2.0, 1.0, "2", True, None])
+def test_a_reserve_count_that_is_not_an_int_is_refused_and_the_list_still_serves(registered, list_name, count):
+    """A float count reached the list's Lua take, which left a float in the list
+    record: every reserve, status, sweep and scrape of the store failed after, and
+    only a drop (its jobs lost) ended it (a helper's audit)."""
+    from aeroqueue.queue import Queue
+    from aeroqueue.sessions import Session
+
+    lists = JobLists(registered)
+    lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(3)], seal=True)
+    queue = Queue(registered)
+    session = Session.open(registered, heartbeat=False)
+    try:
+        with pytest.raises(TypeError, match=re.escape(f"count must be an int, not {count!r}")):
+            queue.reserve(list_name, session, count)
+        with pytest.raises(TypeError, match=re.escape(f"count must be an int, not {count!r}")):
+            queue.complete_and_reserve([], list_name, session, count)
+        jobs = queue.reserve(list_name, session, 3)
+        assert sorted(j.jid for j in jobs) == ["j0", "j1", "j2"]
+        queue.complete_many(jobs, ["ok"] * 3)
+        status = lists.status(list_name)
+        assert (status.done, status.complete) == (3, True), status
+    finally:
+        session.close()
