@@ -283,8 +283,12 @@ def _split_host_port(text: str, part: str) -> tuple[str, int]:
 # the record size it refuses past (a server's max-record-size, for tests of loading).
 EMBEDDED_OPTIONS = ("max_record_size", "namespace")
 MAX_RECORD_SIZE_LIMIT = 8 * 1024 * 1024  # the largest max-record-size a server takes
-# The smallest: Aerospike 8.1's set-config refuses 63 and takes 64 (asked of the server).
-MIN_RECORD_SIZE_LIMIT = 64
+# The smallest aeroqueue works with (a server takes 64 bytes): a job's failures (the last
+# error and ten before, 4,000 bytes each) and bins beside its payload (RECORD_OVERHEAD,
+# 64 KiB), and a completion bitmap record's 8 KiB bitmaps. Below it an ack wrote the job
+# done and not its bit (the list was never complete), and a fail past the room left a
+# job that could never go dead.
+MIN_RECORD_SIZE_LIMIT = 128 * 1024
 
 
 def _parse_embedded(text: str, rest: str, options: tuple[tuple[str, str], ...]) -> StoreURL:
@@ -305,7 +309,8 @@ def _parse_embedded(text: str, rest: str, options: tuple[tuple[str, str], ...]) 
     if size is not None and not (_DIGITS.fullmatch(size)
                                  and MIN_RECORD_SIZE_LIMIT <= int(size) <= MAX_RECORD_SIZE_LIMIT):
         raise InvalidURL(f"store URL {_safe(text)!r}: option max_record_size={size!r} is not valid; it takes a number "
-                         f"of bytes from {MIN_RECORD_SIZE_LIMIT} to {MAX_RECORD_SIZE_LIMIT}, as a server's max-record-size")
+                         f"of bytes from {MIN_RECORD_SIZE_LIMIT} (the least aeroqueue works with) to {MAX_RECORD_SIZE_LIMIT} "
+                         "(the most a server takes)")
     if rest == MEMORY:
         return StoreURL(scheme="embedded", namespace=namespace, path=MEMORY, options=options)
     if not rest.startswith("/") or rest == "/":

@@ -279,12 +279,12 @@ def test_an_id_mode_chunk_too_big_for_the_store_is_refused_before_anything_is_wr
 def test_the_id_mode_chunk_size_an_error_names_fits_the_store(tmp_path, list_name):
     """The largest chunk size the refusal names is one the store takes: a chunk of that
     many jobs, each with its own run_at, is written and published. On a store with
-    64 KiB records (a server's 1 MiB would take a batch of 55,000 job writes)."""
+    128 KiB records (a server's 1 MiB would take a batch of 55,000 job writes)."""
     from aeroqueue import udfs
     from aeroqueue.backends import open_backend
     from aeroqueue.lists import JobLists
 
-    backend = open_backend(f"embedded://{tmp_path / 'small.db'}", max_record_size=64 * 1024)
+    backend = open_backend(f"embedded://{tmp_path / 'small.db'}", max_record_size=128 * 1024)
     udfs.register(backend)
     lists = JobLists(backend)
     with pytest.raises(LoadError) as info:

@@ -122,13 +122,53 @@ def test_the_limit_is_read_from_the_store(url, tmp_path):
         assert max_payload(backend) == 1024 * 1024 - loading.RECORD_OVERHEAD
     finally:
         backend.close()
-    small = open_backend(f"embedded://{tmp_path / 'small.db'}?max_record_size=65536")
-    assert max_payload(small) == 65536 * 3 // 4  # a quarter of a small record is kept for the job's own bins
+    small = open_backend(f"embedded://{tmp_path / 'small.db'}?max_record_size=131072")
+    assert max_payload(small) == 131072 - loading.RECORD_OVERHEAD  # the least the store may have: half of it
     small.close()
 
 
+def test_on_the_smallest_store_a_job_of_the_largest_payload_records_every_failure_and_goes_dead(tmp_path):
+    """The README's promise at the least max-record-size aeroqueue takes: room beside the
+    payload for the last error and ten before (4,000 bytes each). Below 256 KiB a
+    quarter of the record was kept instead: at 128 KiB the 8th failure of such a job
+    was refused as too big, and the job could never go dead (a helper's audit)."""
+    from aeroqueue.queue import Queue
+    from aeroqueue.sessions import Session
+
+    backend = open_backend(f"embedded://{tmp_path / 'small.db'}?max_record_size=131072")
+    udfs.register(backend)
+    lists, queue = JobLists(backend), Queue(backend)
+    payload = {"blob": ""}
+    payload["blob"] = "x" * (max_payload(backend) - len(json.dumps(payload)) - 64)
+    lists.load("big", [JobSpec("a", payload)], seal=True, max_attempts=12, backoff_s=0)
+    session = Session.open(backend, heartbeat=False)
+    outcomes = []
+    for attempt in range(12):
+        job, = queue.reserve("big", session, 1)
+        outcomes.append(queue.fail(job, f"failure {attempt} " + "e" * 5000))
+    session.close()
+    assert outcomes == ["retry"] * 11 + ["dead"], outcomes
+    st = lists.status("big")
+    assert (st.dead, st.complete) == (1, True), st
+    backend.close()
+
+
+def test_a_store_whose_records_are_too_small_for_aeroqueue_is_refused_by_name(tmp_path):
+    """A server may be set to a max-record-size down to 64 bytes: below what aeroqueue
+    needs, an ack wrote the job done and not its bit, and the list was never complete.
+    Refused at the first use that reads it, naming the size, and nothing is created."""
+    from aeroqueue.errors import ConfigError
+
+    backend = open_backend(f"embedded://{tmp_path / 'tiny.db'}", max_record_size=100_000)
+    udfs.register(backend)
+    with pytest.raises(ConfigError, match="its max-record-size is 100,000 bytes; aeroqueue needs at least 131,072"):
+        JobLists(backend).load("L", [JobSpec("a", {})])
+    assert backend.get(keys.LIST_SET, "L") is None
+    backend.close()
+
+
 def test_a_field_over_the_stores_limit_names_its_line(tmp_path):
-    url = f"embedded://{tmp_path / 's.db'}?max_record_size=65536"
+    url = f"embedded://{tmp_path / 's.db'}?max_record_size=131072"
     path = tmp_path / "big.csv"
     path.write_text("id,blob\nok,1\nb1," + "x" * 70_000 + "\n")
     out = cli(url, "load", "L", str(path))
