@@ -230,6 +230,12 @@ def _check_version_table(sink: Sink) -> None:
                         f"and applied_at columns): {_OWN_DATABASE}") from None
 
 
+def _own_tables(steps: list[Migration]) -> set[str]:
+    """The tables the migrations create."""
+    return {name.lower() for step in steps for stmt in step.statements
+            for name in re.findall(r"CREATE TABLE (?:IF NOT EXISTS )?(\w+)", stmt, re.I)}
+
+
 def _migrate_once(sink: Sink, steps: list[Migration], at_ms: int | None) -> int:
     newest = steps[-1].version
 
@@ -241,6 +247,15 @@ def _migrate_once(sink: Sink, steps: list[Migration], at_ms: int | None) -> int:
     # One migration of a target at a time: two that read the same version both
     # run its next step (see Dialect.schema_lock).
     with sink.dialect.schema_lock(sink):
+        if sink.dialect.name == "sqlite":
+            # A file of its own: a mistyped path to another program's database got the
+            # sync's tables written into it (a MySQL database may be shared). One with any
+            # table of the sync's is its own (schema_version dropped, as an error advises).
+            tables = sorted(r[0] for r in sink.execute("SELECT name FROM sqlite_master WHERE type = 'table'"))
+            if tables and not {t.lower() for t in tables} & _own_tables(steps):
+                shown = ", ".join(tables[:5]) + (", ..." if len(tables) > 5 else "")
+                raise SyncError(f"SQLite target {sink.target} holds tables ({shown}), none of them a sync's: "
+                                "another program's file? Name a new file, or one an earlier sync made")
         for stmt in steps[0].statements:
             run(stmt)
         _check_version_table(sink)

@@ -317,7 +317,10 @@ class SQLiteDialect(Dialect):
             raise
 
     def connect(self, target: Target, infile_dir: str | None = None) -> Any:
-        Path(target.path).parent.mkdir(parents=True, exist_ok=True)
+        # Not made: a mistyped path took the copies (and, with --delete-after, the jobs
+        # were then deleted from the store, having gone only to that file).
+        if not Path(target.path).parent.is_dir():
+            raise SyncError(f"SQLite target {target.path}: its directory {Path(target.path).parent} does not exist")
         # Spark tasks write to the one file concurrently: wait for the lock.
         conn = sqlite3.connect(target.path, timeout=SQLITE_BUSY_S)
         # Two connections turning a new file to WAL at once can each hold the lock the

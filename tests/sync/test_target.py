@@ -166,6 +166,7 @@ def test_migrations_started_together_run_one_after_the_other(dialect, tmp_path, 
             conn.close()
             target = parse_target(f"mysql://root@127.0.0.1:3306/{db}")
         else:
+            (tmp_path / str(rnd)).mkdir()
             target = _sqlite(tmp_path / str(rnd))
         start = threading.Barrier(3)
         errors: list[BaseException] = []
@@ -693,3 +694,27 @@ def test_another_tools_schema_version_table_is_refused_by_name(dialect, table, s
                                             "a database of its own"):
             migrate(sink)
         assert [t for (t,) in sink.execute("SELECT version FROM schema_version")] == ["1.2.0"], "theirs, untouched"
+
+
+def test_a_sqlite_target_in_a_directory_that_does_not_exist_is_refused(tmp_path):
+    """The directories were made: a mistyped path took the copies (and with
+    --delete-after the jobs went only there). Nothing is made."""
+    target = Target(dialect="sqlite", path=str(tmp_path / "typo" / "dir" / "copy.db"))
+    with pytest.raises(SyncError, match=r"its directory .*/typo/dir does not exist"), Sink(target) as sink:
+        migrate(sink)
+    assert not (tmp_path / "typo").exists()
+
+
+def test_a_sqlite_file_of_another_program_is_refused_as_a_target_and_left_as_it_was(tmp_path):
+    """Another program's SQLite file (here an embedded aeroqueue store) got the sync's
+    tables written into it."""
+    from aeroqueue.backends import open_backend
+
+    store = tmp_path / "store.db"
+    open_backend(f"embedded://{store}").close()
+    before = sqlite3.connect(store).execute("SELECT name FROM sqlite_master ORDER BY name").fetchall()
+    assert before
+    refused = r"holds tables \(.*\), none of them a sync's: another program's file"
+    with pytest.raises(SyncError, match=refused), Sink(Target(dialect="sqlite", path=str(store))) as sink:
+        migrate(sink)
+    assert sqlite3.connect(store).execute("SELECT name FROM sqlite_master ORDER BY name").fetchall() == before
