@@ -27,7 +27,7 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from ..errors import InputChanged, Interrupted, LoadError, Terminated
+from ..errors import BackendError, InputChanged, Interrupted, LoadError, Terminated
 from ..lists import DEFAULT_CHUNK, JobLists, max_payload
 from ..load import EMBEDDED_CHUNK
 from ..loading import STDIN, Checked, read_file, sniff_format, spooled_stdin, validate
@@ -250,6 +250,15 @@ def load(
                 f"{e.reason}; {written:,}{total} jobs were loaded into {list_name} before it was noticed",
                 source=e.source, line=e.line, field=e.field,
             ) from None
+        except BackendError as e:
+            # The store failed mid-load: what was written stays (reservable), as after a
+            # stop, and the same load run again finishes it. Said, not left to guess.
+            total = f" of {guard.total:,}" if guard.total is not None else ""
+            said = (f"{written:,}{total} jobs were loaded into {list_name} before it failed"
+                    + (", and the list is not sealed" if seal else "")
+                    + "; once the store answers, run the same load again to finish it (it adds nothing twice)")
+            e.hint = f"{said}; {e.hint}" if e.hint else said
+            raise
         except _StopAsked:
             total = f" of {guard.total:,}" if guard.total is not None else ""
             raise guard.stopped(

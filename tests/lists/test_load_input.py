@@ -167,6 +167,41 @@ def test_a_store_whose_records_are_too_small_for_aeroqueue_is_refused_by_name(tm
     backend.close()
 
 
+def test_a_load_the_store_fails_part_way_says_what_was_loaded_and_that_a_rerun_finishes_it(tmp_path, monkeypatch):
+    """A store that fails mid-load (a disk full, a frozen node) left the first ranges'
+    jobs reservable, and the error said only what failed (a helper's audit): now it
+    says how many were loaded, that the list is not sealed, and to run the load again."""
+    from aeroqueue.errors import BackendTimeout
+
+    url = f"embedded://{tmp_path / 's.db'}"
+    path = tmp_path / "jobs.jsonl"
+    path.write_text("".join(f'{{"id": "j{i}"}}\n' for i in range(10)))
+    write = JobLists._batch_write
+    calls = []
+
+    def failing(self, writes, what, *args, **kw):
+        if what == "write jobs":
+            calls.append(len(writes))
+            if len(calls) == 2:
+                raise BackendTimeout("batch_write (write jobs) on [5 records] failed: timeout", code=9)
+        return write(self, writes, what, *args, **kw)
+
+    monkeypatch.setattr(JobLists, "_batch_write", failing)
+    out = cli(url, "load", "L", str(path), "--chunk-size", "5", "--workers", "1", "--seal")
+    assert out.exit_code == 1, out.output
+    assert ("5 of 10 jobs were loaded into L before it failed, and the list is not sealed; once the store answers, "
+            "run the same load again to finish it") in " ".join(out.output.split()), out.output
+    monkeypatch.setattr(JobLists, "_batch_write", write)
+    backend = open_backend(url)
+    st = JobLists(backend).status("L")
+    assert (st.total, st.reservable, st.sealed) == (5, 5, False), st
+    out = cli(url, "load", "L", str(path), "--chunk-size", "5", "--workers", "1", "--seal")
+    assert out.exit_code == 0, out.output
+    st = JobLists(backend).status("L")
+    assert (st.total, st.reservable, st.sealed) == (10, 10, True), st
+    backend.close()
+
+
 def test_a_field_over_the_stores_limit_names_its_line(tmp_path):
     url = f"embedded://{tmp_path / 's.db'}?max_record_size=131072"
     path = tmp_path / "big.csv"
