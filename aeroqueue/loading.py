@@ -144,9 +144,17 @@ def payload_size(payload: Any, limit: int | None = None) -> int:
     return max(text, bin_size(payload))
 
 
+def _json_msg(e: json.JSONDecodeError) -> str:
+    """The decoder's message without its own trailing "at" (it reads "Unterminated string
+    starting at"): the place follows in ours."""
+    return e.msg.removesuffix(" at")
+
+
 def detect_format(path: Path, fmt: str | None) -> str:
     if fmt:
         return fmt
+    if not path.exists():  # said so, rather than that its name's extension is unknown
+        raise LoadError("no such file", source=str(path))
     suffix = path.suffix.lower()
     if suffix == ".csv":
         return "csv"
@@ -311,7 +319,7 @@ def _json_cell(text: str, source: str, line: int) -> Any:
         value = _loads(text)
     except json.JSONDecodeError as e:
         # A cell may span lines: its own offset, not a column of the file's line (nor a CSV column).
-        raise LoadError(f"the payload column holds JSON: {e.msg} at character {e.pos + 1} of the cell", source=source,
+        raise LoadError(f"the payload column holds JSON: {_json_msg(e)} at character {e.pos + 1} of the cell", source=source,
                         line=line, field="payload") from None
     except _BadValue as e:
         raise LoadError(str(e), source=source, line=line, field="payload") from None
@@ -435,7 +443,7 @@ def _read_jsonl(handle: Any, source: str, id_field: str, max_payload: int, stric
             column = min(e.pos, len(text.rstrip("\r\n"))) + 1
             # A first line of "{" or "[" alone: a JSON document (a .json file), pretty-printed.
             whole = _ONE_A_LINE if line == 1 and text.strip() in ("{", "[") else ""
-            raise LoadError(f"malformed JSON: {e.msg} at column {column}{whole}", source=source, line=line) from None
+            raise LoadError(f"malformed JSON: {_json_msg(e)} at column {column}{whole}", source=source, line=line) from None
         except _BadValue as e:
             raise LoadError(str(e), source=source, line=line, field=_bad_field(text)) from None
         if not isinstance(obj, dict):

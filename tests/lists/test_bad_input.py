@@ -33,6 +33,9 @@ CASES = [
     ("cut.jsonl", '{"id": 1}\n{"id": 2, "x": 1\n', ["cut.jsonl", "line 2", "malformed JSON", "at column 17"]),
     ("cut-crlf.jsonl", '{"id": 1}\r\n{"id": 2, "x": 1\r\n', ["cut-crlf.jsonl", "line 2", "at column 17"]),
     ("colon.jsonl", '{"id": 1}\n{"id": 2, "x" 1}\n', ["colon.jsonl", "line 2", "Expecting ':'", "at column 15"]),
+    # The decoder's own message ends in "at": said once ("starting at at column" before).
+    ("unterminated.jsonl", '{"id": 1, "x": "abc', ["unterminated.jsonl", "line 1", "Unterminated string starting at column 16"]),
+    ("control.jsonl", '{"id": 1, "x": "a\x01"}\n', ["control.jsonl", "line 1", "Invalid control character at column 18"]),
     ("cell.csv", 'id,payload\n1,"{""a"": }"\n', ["cell.csv", "line 2", "field 'payload'", "at character 7 of the cell"]),
     ("noid.jsonl", '{"id": 1}\n{"payload": 2}\n', ["noid.jsonl", "line 2", "field 'id'", "missing job id"]),
     ("notobj.jsonl", '{"id": 1}\n[1, 2]\n', ["notobj.jsonl", "line 2", "expected a JSON object"]),

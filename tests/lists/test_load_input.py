@@ -438,3 +438,12 @@ def test_the_spilled_digests_stay_small():
     assert ids._seen is None, "past the threshold the set is gone"
     assert sum(len(b) for b in ids._bufs) <= 8 * 64, "only the write buffers stay in memory"
     assert ids.finish() == set()
+
+
+@pytest.mark.parametrize("name", ["missing.txt", "missing.csv"])
+def test_a_missing_file_is_said_missing_whatever_its_extension(tmp_path, name):
+    """A missing ok.txt was refused for its extension, as if it existed."""
+    out = cli(f"embedded://{tmp_path / 's.db'}", "load", "L", str(tmp_path / name))
+    assert out.exit_code != 0
+    assert f"{tmp_path / name}" in out.output and "no such file" in out.output.lower(), out.output
+    assert "extension" not in out.output, out.output
