@@ -243,7 +243,8 @@ class JobLists:
         """Load jobs into a list, creating it if needed (see `aeroqueue.load`).
 
         `jobs` yields `JobSpec`s, `(id, payload)` pairs or `{"id", "payload"}`
-        dicts, all checked here (ids, sizes, duplicates, run_at, values JSON or
+        dicts (other fields as in a JSON Lines file: the payload without one, else
+        merged into it), all checked here (ids, sizes, duplicates, run_at, values JSON or
         MySQL cannot hold) before anything is written: a `LoadError` names the
         item (its 1-based place, or a JobSpec's `line`) and field. Only jobs
         wrapped in `loading.Checked` (the CLI's, checked whole as it reads a file)

@@ -760,7 +760,13 @@ def from_iterable(items: Iterable[Any], *, max_payload: int, source: str = "<pyt
         elif isinstance(item, tuple) and len(item) == 2:
             spec = JobSpec(_checked_id(item[0], source, i), item[1], i)
         elif isinstance(item, dict) and "id" in item:
-            spec = JobSpec(_checked_id(item["id"], source, i), item.get("payload"), i, parse_run_at(item.get(RUN_AT), source, i))
+            # Its other fields as a JSON Lines line's (they were dropped without a word):
+            # the payload without one, else merged into it.
+            extra = {k: v for k, v in item.items() if k not in ("id", "payload", RUN_AT)}
+            payload = item.get("payload")
+            if extra:
+                payload = _merge_extra(payload, extra, source, i) if "payload" in item else extra
+            spec = JobSpec(_checked_id(item["id"], source, i), payload, i, parse_run_at(item.get(RUN_AT), source, i))
         else:
             raise LoadError(f"expected (id, payload), a JobSpec or a dict with 'id', got {item!r:.80}", source=source, line=i)
         try:

@@ -389,3 +389,21 @@ def test_a_reserve_count_that_is_not_an_int_is_refused_and_the_list_still_serves
         assert (status.done, status.complete) == (3, True), status
     finally:
         session.close()
+
+
+@pytest.mark.parametrize("item, payload", [
+    ({"id": "c", "x": 1, "y": 2}, {"x": 1, "y": 2}),
+    ({"id": "b", "payload": {"k": 1}, "zzz": 2}, {"k": 1, "zzz": 2}),
+    ({"id": "t", "paylaod": {"k": 1}}, {"paylaod": {"k": 1}}),
+    ({"id": "n", "payload": None}, None),
+])
+def test_a_python_dicts_other_fields_are_kept_as_a_json_lines_lines_are(item, payload):
+    """They were dropped without a word: {"id": "c", "x": 1} was stored with a null
+    payload, and a typo'd "paylaod" lost the payload (a helper's audit)."""
+    spec, = from_iterable([item], max_payload=10_000)
+    assert spec.payload == payload
+
+
+def test_a_python_dicts_extra_field_that_clashes_with_its_payload_is_refused_by_name():
+    with pytest.raises(LoadError, match=r"<python>, line 2, field 'k': extra field 'k' is also a field of the payload"):
+        from_iterable([{"id": "a"}, {"id": "b", "payload": {"k": 1}, "k": 2}], max_payload=10_000)
