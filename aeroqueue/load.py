@@ -1004,13 +1004,19 @@ def _sealed_again(
 ) -> LoadReport:
     """A sealed list takes no new job; loading what it already holds is a no-op."""
     n = new = 0
+    first: JobSpec | None = None
     for batch in _chunks(specs, SEALED_CHECK_BATCH):
         n += len(batch)
-        new += len(_not_indexed(b, name, created, batch))
+        missing = _not_indexed(b, name, created, batch)
+        new += len(missing)
+        first = first or next(iter(missing), None)
         if progress:
             progress(len(batch))
-    if new:
-        raise ListSealed(f"list {name!r} is sealed: {new:,} of these {n:,} jobs are not in it and cannot be added")
+    if first is not None:
+        # Which one, not only how many: the first found, by id and line.
+        where = f" (line {first.line})" if first.line else ""
+        raise ListSealed(f"list {name!r} is sealed: {new:,} of these {n:,} jobs are not in it and cannot be added, "
+                         f"the first job {first.jid!r}{where}")
     return LoadReport(loaded=0, skipped=n, voided=0, already_sealed=True)
 
 

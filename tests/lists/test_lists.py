@@ -73,6 +73,10 @@ def test_sealed_list_refuses_loads(lists, list_name):
     lists.load(list_name, specs(3), seal=True)
     with pytest.raises(errors.ListSealed):
         lists.load(list_name, specs(1, start=100))
+    # Which job, not only how many (the first found, by id and place).
+    with pytest.raises(errors.ListSealed, match=r"2 of these 5 jobs are not in it and cannot be added, the first job "
+                                                 r"'job-100' \(line 4\)"):
+        lists.load(list_name, specs(3) + specs(2, start=100))
     assert lists.status(list_name).total == 3
 
 
