@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import dataclasses
+import errno
 import json
 import math
 import os
@@ -154,7 +155,7 @@ def detect_format(path: Path, fmt: str | None) -> str:
     if fmt:
         return fmt
     if not path.exists():  # said so, rather than that its name's extension is unknown
-        raise LoadError("no such file", source=str(path))
+        raise LoadError(f"cannot read the file: {os.strerror(errno.ENOENT)}", source=str(path))
     suffix = path.suffix.lower()
     if suffix == ".csv":
         return "csv"
