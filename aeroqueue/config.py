@@ -14,6 +14,7 @@ store at :func:`default_store_path` is used.
 
 from __future__ import annotations
 
+import operator
 import os
 import re
 from dataclasses import dataclass, field
@@ -64,26 +65,34 @@ _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
 
 def whole(what: str, value: Any) -> int:
-    """`value`, checked to be an int (a bool is not): what a count or a limit must be
-    before it reaches a store. A float count taken by the list's Lua left a float in
-    the list record, and every read of the list failed after."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    """`value` as an int, checked to be a whole number (an int, or one that says it is
+    one: numpy's; not a bool, nor a float): what a count or a limit must be before it
+    reaches a store. A float count taken by the list's Lua left a float in the list
+    record, and every read of the list failed after."""
+    if isinstance(value, bool):
         raise TypeError(f"{what} must be an int, not {value!r}")
-    return value
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what} must be an int, not {value!r}") from None
 
 
 def seconds(what: str, value: Any) -> float:
-    """`value`, checked to be a number of seconds (an int or a float, not a bool)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    """`value`, checked to be a number of seconds: any real number (an int, a float, a
+    Decimal, numpy's), not a bool or a string."""
+    if isinstance(value, bool | str | bytes) or value is None:
         raise TypeError(f"{what} must be a number of seconds, not {value!r}")
-    return value
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{what} must be a number of seconds, not {value!r}") from None
 
 
 def flag(what: str, value: Any) -> bool:
-    """`value`, checked to be True or False: a string ("no") would be true."""
-    if not isinstance(value, bool):
+    """`value` as a bool; a string is refused ("no" would be true)."""
+    if isinstance(value, str | bytes):
         raise TypeError(f"{what} must be True or False, not {value!r}")
-    return value
+    return bool(value)
 
 
 @dataclass(frozen=True)

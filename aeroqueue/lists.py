@@ -821,7 +821,8 @@ def new_list_policy(
     record's tlim / bo / bo_max (ms); with `new`, also against the defaults of what was
     not given. Raises `ConfigError` naming what is wrong: a loader calls it before it
     reads a file, not after checking a million lines."""
-    if not 1 <= whole("max_attempts", max_attempts) <= MAX_ATTEMPTS:
+    max_attempts = whole("max_attempts", max_attempts)
+    if not 1 <= max_attempts <= MAX_ATTEMPTS:
         raise ConfigError(f"max_attempts must be from 1 to {MAX_ATTEMPTS:,}, not {max_attempts}")
     opts = _policy_opts(timeout_s, backoff_s, backoff_max_s)
     lo, hi = opts.get("bo", round(DEFAULT_BACKOFF_S * 1000)), opts.get("bo_max", round(DEFAULT_BACKOFF_MAX_S * 1000))

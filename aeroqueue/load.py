@@ -53,10 +53,11 @@ from aerospike_helpers.operations import operations as op
 from . import blocks, keys, transitions
 from .backends import IN_DOUBT, Backend, Record, retry_in_doubt, wrap
 from .backends.sizes import record_size
-from .config import MAX_SECONDS, flag, seconds, whole
+from .config import MAX_SECONDS, MIN_RECORD_SIZE_LIMIT, flag, seconds, whole
 from .errors import (
     AeroqueueError,
     BackendError,
+    ConfigError,
     GenerationConflict,
     ListNotFound,
     ListSealed,
@@ -115,8 +116,17 @@ class LoadReport:
 
 
 def max_payload(backend: Backend) -> int:
-    """The largest payload a job record can hold on this store."""
-    return backend.max_record_size() - RECORD_OVERHEAD  # the store's is at least twice it
+    """The largest payload a job record can hold on this store. A namespace whose records
+    are too small for aeroqueue (`MIN_RECORD_SIZE_LIMIT`) is refused here, before a list
+    is loaded into it: `ConfigError`, naming its size. (Not where an ack reads the size
+    to say why a result is too big: that job is failed with that reason.)"""
+    size = backend.max_record_size()
+    if size < MIN_RECORD_SIZE_LIMIT:
+        raise ConfigError(
+            f"namespace {backend.namespace!r}: its max-record-size is {size:,} bytes; aeroqueue needs at least "
+            f"{MIN_RECORD_SIZE_LIMIT:,} (a job's failures beside its payload, the completion bitmaps)"
+        )
+    return size - RECORD_OVERHEAD
 
 
 def default_chunk(backend: Backend, mode: str) -> int:
@@ -186,12 +196,10 @@ def load(
 ) -> LoadReport:
     """See `JobLists.load`."""
     # Checked before anything is written: a chunk size of 2.5 failed once the list was made.
-    flag("seal", seal)
-    whole("lease_ms", lease_ms)
-    for what, value in (("chunk_size", chunk_size), ("workers", workers)):
-        if value is not None:
-            whole(what, value)
-    if not 0 <= seconds("delay_s", delay_s) <= MAX_SECONDS:  # NaN fails too
+    seal, lease_ms, delay_s = flag("seal", seal), whole("lease_ms", lease_ms), seconds("delay_s", delay_s)
+    chunk_size = None if chunk_size is None else whole("chunk_size", chunk_size)
+    workers = None if workers is None else whole("workers", workers)
+    if not 0 <= delay_s <= MAX_SECONDS:  # NaN fails too
         raise LoadError(f"delay must be from 0 to {MAX_SECONDS:,} seconds, not {delay_s}")
     backend = lists.backend
     if chunk_size is not None and chunk_size < 1:

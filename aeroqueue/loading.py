@@ -327,14 +327,16 @@ def _json_cell(text: str, source: str, line: int) -> Any:
     return value
 
 
-def _merge_extra(payload: Any, extra: dict[str, Any], source: str, line: int) -> Any:
-    """Extra columns beside a payload go into it, never silently dropped."""
+def _merge_extra(payload: Any, extra: dict[str, Any], source: str, line: int, *, cli: bool = True) -> Any:
+    """Extra columns beside a payload go into it, never silently dropped. `cli`: the
+    error names the CLI's --strict (a Python caller has no such option)."""
     if payload is None:
         payload = {}
     if not isinstance(payload, dict):
         name = next(iter(extra))
-        raise LoadError(f"extra field {name!r} beside a payload that is not an object (use --strict to refuse "
-                        "extra fields, or move it into the payload)", source=source, line=line, field=name)
+        how = "use --strict to refuse extra fields, or move it into the payload" if cli else "move it into the payload"
+        raise LoadError(f"extra field {name!r} beside a payload that is not an object ({how})", source=source,
+                        line=line, field=name)
     clash = next((k for k in extra if k in payload), None)
     if clash is not None:
         raise LoadError(f"extra field {clash!r} is also a field of the payload", source=source, line=line, field=clash)
@@ -766,7 +768,7 @@ def from_iterable(items: Iterable[Any], *, max_payload: int, source: str = "<pyt
             extra = {k: v for k, v in item.items() if k not in ("id", "payload", RUN_AT)}
             payload = item.get("payload")
             if extra:
-                payload = _merge_extra(payload, extra, source, i) if "payload" in item else extra
+                payload = _merge_extra(payload, extra, source, i, cli=False) if "payload" in item else extra
             spec = JobSpec(_checked_id(item["id"], source, i), payload, i, parse_run_at(item.get(RUN_AT), source, i))
         else:
             raise LoadError(f"expected (id, payload), a JobSpec or a dict with 'id', got {item!r:.80}", source=source, line=i)

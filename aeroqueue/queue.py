@@ -225,7 +225,8 @@ class Queue:
         duplicate retry entry) are skipped, and the call tries again, so it
         returns nothing only when the list has nothing to give.
         """
-        if whole("count", count) == 1:
+        count = whole("count", count)
+        if count == 1:
             return self._reserve_one(list_name, session)
         reserved, _ = self._reserve(list_name, session, count, [], lease=lease and isinstance(session, Session))
         return reserved
@@ -294,7 +295,7 @@ class Queue:
         would make their records too big raise `RecordTooBig` once everything else is
         done: its ``too_big`` holds those jobs, ``lost`` and ``reserved`` the rest. A
         session being closed reserves nothing: the acks still go out."""
-        whole("count", count)
+        count = whole("count", count)
         results = _checked_results([r for _, r in done])
         done = [(j, r) for (j, _), r in zip(done, results, strict=True)]
         leased = [(j, r) for j, r in done if j.lease is not None]

@@ -27,7 +27,7 @@ from aerospike_helpers import expressions as xp
 from aerospike_helpers.batch.records import Apply, BatchRecords, Write
 
 from .. import errors
-from ..config import MIN_RECORD_SIZE_LIMIT, StoreURL
+from ..config import StoreURL
 from ..keys import check_text
 from .guard import ClientGuard
 
@@ -197,8 +197,7 @@ class Backend:
     def max_record_size(self) -> int:
         """The namespace's max-record-size in bytes, as the nodes report it (info
         ``namespace/<ns>``; the smallest, should nodes differ); 1 MiB, Aerospike's
-        default, when the store does not say. Below what aeroqueue works with
-        (`MIN_RECORD_SIZE_LIMIT`), `ConfigError`."""
+        default, when the store does not say."""
         if self._max_record_size is None:
             sizes = []
             try:
@@ -211,13 +210,7 @@ class Backend:
                     name, _, value = item.partition("=")
                     if name.strip() == "max-record-size" and value.strip().isdigit() and int(value) > 0:
                         sizes.append(int(value))
-            size = min(sizes) if sizes else DEFAULT_MAX_RECORD_SIZE
-            if size < MIN_RECORD_SIZE_LIMIT:
-                raise errors.ConfigError(
-                    f"namespace {self.namespace!r}: its max-record-size is {size:,} bytes; aeroqueue needs at least "
-                    f"{MIN_RECORD_SIZE_LIMIT:,} (a job's failures beside its payload, the completion bitmaps)"
-                )
-            self._max_record_size = size
+            self._max_record_size = min(sizes) if sizes else DEFAULT_MAX_RECORD_SIZE
         return self._max_record_size
 
     def job_deadline(self) -> int | None:

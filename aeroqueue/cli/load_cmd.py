@@ -252,12 +252,16 @@ def load(
             ) from None
         except BackendError as e:
             # The store failed mid-load: what was written stays (reservable), as after a
-            # stop, and the same load run again finishes it. Said, not left to guess.
-            total = f" of {guard.total:,}" if guard.total is not None else ""
-            said = (f"{written:,}{total} jobs were loaded into {list_name} before it failed"
-                    + (", and the list is not sealed" if seal else "")
-                    + "; once the store answers, run the same load again to finish it (it adds nothing twice)")
-            e.hint = f"{said}; {e.hint}" if e.hint else said
+            # stop, and the same load run again finishes it. Said, not left to guess; not
+            # of a failure before the writing began (nothing written, nothing to finish).
+            if guard.writing:
+                total = f" of {guard.total:,}" if guard.total is not None else ""
+                # Jobs written: the list took new ones, so it was not sealed, and is not yet.
+                said = (f"{written:,}{total} jobs were loaded into {list_name} before it failed"
+                        + (", and the list is not sealed" if seal else "")
+                        + "; once the store answers, run the same load again to finish it (it adds nothing twice)"
+                        if written else "once the store answers, run the same load again (it adds nothing twice)")
+                e.hint = f"{said}; {e.hint}" if e.hint else said
             raise
         except _StopAsked:
             total = f" of {guard.total:,}" if guard.total is not None else ""

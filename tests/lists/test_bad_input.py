@@ -407,3 +407,33 @@ def test_a_python_dicts_other_fields_are_kept_as_a_json_lines_lines_are(item, pa
 def test_a_python_dicts_extra_field_that_clashes_with_its_payload_is_refused_by_name():
     with pytest.raises(LoadError, match=r"<python>, line 2, field 'k': extra field 'k' is also a field of the payload"):
         from_iterable([{"id": "a"}, {"id": "b", "payload": {"k": 1}, "k": 2}], max_payload=10_000)
+    # Beside a payload that is not an object: nowhere to keep it (a Python caller has no --strict).
+    with pytest.raises(LoadError) as e:
+        from_iterable([{"id": "a", "payload": [1, 2], "tag": "x"}], max_payload=10_000)
+    assert str(e.value) == ("<python>, line 1, field 'tag': extra field 'tag' beside a payload that is not an object "
+                            "(move it into the payload)"), str(e.value)
+
+
+class _Index:
+    """A whole number that is not an int (numpy's are such): `operator.index` takes it."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __index__(self) -> int:
+        return self.n
+
+
+def test_numbers_of_other_types_that_loaded_before_still_do(registered, list_name):
+    """A Decimal or a Fraction of seconds, a whole number that is not an int (numpy's)
+    and seal=1 loaded before the type checks; they must not be refused by them (a
+    second read of the checks)."""
+    from decimal import Decimal
+    from fractions import Fraction
+
+    lists = JobLists(registered)
+    report = lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(6)], timeout_s=Decimal("5"),
+                        backoff_s=Fraction(1, 2), delay_s=Decimal("0"), chunk_size=_Index(4), workers=_Index(1), seal=1)
+    assert report.loaded == 6
+    st = lists.status(list_name)
+    assert (st.total, st.sealed, st.timeout_s, st.backoff_s) == (6, True, 5.0, 0.5), st

@@ -202,6 +202,46 @@ def test_a_load_the_store_fails_part_way_says_what_was_loaded_and_that_a_rerun_f
     backend.close()
 
 
+def test_a_load_the_store_fails_before_it_writes_does_not_say_jobs_were_loaded(tmp_path, monkeypatch):
+    """A failure before the writing began (the list's policy read) wrote nothing: the
+    load's 'N jobs were loaded ... run the same load again to finish it' is not said
+    there (a second read found it said of a list that did not exist)."""
+    from aeroqueue.cli import load_cmd
+    from aeroqueue.errors import BackendTimeout
+
+    def failing(*args, **kw):
+        raise BackendTimeout("get on aq_list/L failed: timeout", code=9)
+
+    monkeypatch.setattr(load_cmd, "check_new_list_policy", failing)
+    path = tmp_path / "jobs.jsonl"
+    path.write_text('{"id": "a"}\n')
+    out = cli(f"embedded://{tmp_path / 's.db'}", "load", "L", str(path), "--seal")
+    assert out.exit_code == 1 and "get on aq_list/L failed: timeout" in out.output, out.output
+    assert "were loaded" not in out.output and "not sealed" not in out.output, out.output
+
+
+def test_an_ack_whose_result_is_too_big_for_a_small_store_fails_the_job_with_that_reason(tmp_path):
+    """The least record size aeroqueue takes is refused at load only: an ack's too-big
+    check reads the size too, and raised that refusal instead of RecordTooBig (the
+    worker then gave the job back to run again, not failed with the reason)."""
+    from aeroqueue.errors import RecordTooBig
+    from aeroqueue.queue import Queue
+    from aeroqueue.sessions import Session
+
+    url = f"embedded://{tmp_path / 's.db'}"
+    backend = open_backend(url)
+    udfs.register(backend)
+    JobLists(backend).load("L", [JobSpec("a", {})], seal=True)
+    backend.close()
+    small = open_backend(url, max_record_size=100_000)  # as a server's limit lowered since
+    queue, session = Queue(small), Session.open(small, heartbeat=False)
+    job, = queue.reserve("L", session, 1)
+    with pytest.raises(RecordTooBig, match="too big"):
+        queue.complete(job, "x" * 150_000)
+    session.close()
+    small.close()
+
+
 def test_a_field_over_the_stores_limit_names_its_line(tmp_path):
     url = f"embedded://{tmp_path / 's.db'}?max_record_size=131072"
     path = tmp_path / "big.csv"
