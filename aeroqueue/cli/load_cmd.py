@@ -240,14 +240,17 @@ def load(
         nonlocal written
         written += k
 
+    def loaded() -> str:
+        """What every error of a load cut short says it wrote: "N of M jobs"."""
+        return f"{written:,}" + (f" of {guard.total:,}" if guard.total is not None else "") + " jobs"
+
     with _stops_handled(guard):
         try:
             _load(obj, list_name, file, fmt, id_field, strict, mode, max_attempts, timeout_s, backoff_s, backoff_max_s,
                   delay_s, seal, chunk_size, workers, as_json, guard, wrote)
         except InputChanged as e:
-            total = f" of {guard.total:,}" if guard.total is not None else ""
             raise InputChanged(
-                f"{e.reason}; {written:,}{total} jobs were loaded into {list_name} before it was noticed",
+                f"{e.reason}; {loaded()} were loaded into {list_name} before it was noticed",
                 source=e.source, line=e.line, field=e.field,
             ) from None
         except BackendError as e:
@@ -255,18 +258,16 @@ def load(
             # stop, and the same load run again finishes it. Said, not left to guess; not
             # of a failure before the writing began (nothing written, nothing to finish).
             if guard.writing:
-                total = f" of {guard.total:,}" if guard.total is not None else ""
                 # Jobs written: the list took new ones, so it was not sealed, and is not yet.
-                said = (f"{written:,}{total} jobs were loaded into {list_name} before it failed"
+                said = (f"{loaded()} were loaded into {list_name} before it failed"
                         + (", and the list is not sealed" if seal else "")
                         + "; once the store answers, run the same load again to finish it (it adds nothing twice)"
                         if written else "once the store answers, run the same load again (it adds nothing twice)")
                 e.hint = f"{said}; {e.hint}" if e.hint else said
             raise
         except _StopAsked:
-            total = f" of {guard.total:,}" if guard.total is not None else ""
             raise guard.stopped(
-                f"before it finished: {written:,}{total} jobs loaded into {list_name}"
+                f"before it finished: {loaded()} loaded into {list_name}"
                 + (", and the list is not sealed" if seal else "")
                 + "; run the same load again to finish it (it adds nothing twice)"
             ) from None
