@@ -226,6 +226,7 @@ class Queue:
         returns nothing only when the list has nothing to give.
         """
         count = whole("count", count)
+        _checked_target(list_name, session)
         if count == 1:
             return self._reserve_one(list_name, session)
         reserved, _ = self._reserve(list_name, session, count, [], lease=lease and isinstance(session, Session))
@@ -296,6 +297,12 @@ class Queue:
         done: its ``too_big`` holds those jobs, ``lost`` and ``reserved`` the rest. A
         session being closed reserves nothing: the acks still go out."""
         count = whole("count", count)
+        _checked_target(list_name, session)
+        try:
+            done = [(j, r) for j, r in done]
+        except (TypeError, ValueError):
+            raise TypeError("complete_and_reserve: done must hold (job, result) pairs") from None
+        _checked_jobs("complete_and_reserve", [j for j, _ in done])
         results = _checked_results([r for _, r in done])
         done = [(j, r) for (j, _), r in zip(done, results, strict=True)]
         leased = [(j, r) for j, r in done if j.lease is not None]
@@ -848,6 +855,7 @@ class Queue:
         """Mark a job done, exactly once. Repeating a successful complete is harmless;
         a complete from a session that lost the claim raises `ClaimLost`. A result
         that cannot be stored as JSON raises `ResultNotStorable`, with nothing sent."""
+        _checked_jobs("complete", [job])
         result = checked_result(result)
         try:
             self._complete_one(job, result)
@@ -913,6 +921,7 @@ class Queue:
         jobs and its ``lost`` what this call would have returned."""
         if not jobs:
             return []
+        _checked_jobs("complete_many", jobs)
         results = _checked_results(results) if results is not None else [None] * len(jobs)
         if len(results) != len(jobs):
             # Checked before anything is written: a mismatch found later would leave
@@ -1053,6 +1062,9 @@ class Queue:
     def fail(self, job: Job, error: str) -> str:
         """Record a failure: back to the queue while attempts remain, after the list's
         backoff ('delayed', or 'retry' with no backoff), else 'dead'."""
+        _checked_jobs("fail", [job])
+        if not isinstance(error, str):
+            raise TypeError(f"fail: error must be text (str), not {error!r:.60}")
         self._adopt(job, _ms(job.timeout_s), in_time=True)
         st = transitions.fail(
             self.backend, job.list, job.token, job.session, error, delay_ms=self.backoff_ms(job.list, job.attempt),
@@ -1063,6 +1075,7 @@ class Queue:
 
     def snooze(self, job: Job, after_s: float) -> str:
         """Run the job again `after_s` from now, without counting this attempt ('delayed')."""
+        _checked_jobs("snooze", [job])
         after_s = _delay_s(after_s, "Retry(after=...)")
         self._adopt(job, _ms(job.timeout_s), in_time=True)
         st = transitions.snooze(self.backend, job.list, job.token, job.session, round(after_s * 1000), rid=job.rid,
@@ -1074,6 +1087,7 @@ class Queue:
         """End a claim that ran past its time limit, as a failed attempt whose error says
         so: 'retry', 'delayed', 'dead', or 'early' (not past it by the server's clock
         yet), 'lost' (not ours any more)."""
+        _checked_jobs("expire", [job])
         why = why or f"timed out: not acknowledged within its time limit of {job.timeout_s:g} s"
         self._adopt(job, PAST_LIMIT)  # the caller judged it past its limit: so is the claim's
         return transitions.expire(
@@ -1084,6 +1098,7 @@ class Queue:
     def touch(self, job: Job, seconds: float | None = None) -> float:
         """Extend a claim's time limit to `seconds` (default: the job's own) from now.
         Returns the seconds granted; `ClaimLost` if the claim is gone or already late."""
+        _checked_jobs("touch", [job])
         seconds = _delay_s(job.timeout_s if seconds is None else seconds, "touch", positive=True)
         self._adopt(job, _ms(seconds), in_time=True)
         sent = time.monotonic()
@@ -1119,6 +1134,7 @@ class Queue:
     def release(self, job: Job, why: str = "released", *, refund: bool = True) -> str:
         """Give a claimed job back, if this session still holds it. With `refund` the
         attempt is returned (it never ran); without, it counts (it ran, or may have)."""
+        _checked_jobs("release", [job])
         self._adopt(job, _ms(job.timeout_s))
         return transitions.release(
             self.backend, job.list, job.token, job.session, refund=refund, why=why, rid=job.rid,
@@ -1183,6 +1199,8 @@ class _ListReplaced(Exception):
 def _checked_results(results: Sequence[Any]) -> list[Any]:
     """`checked_result` of each result, once per object: a result shared by a batch
     stays one object (`_one_lease` looks for that)."""
+    if isinstance(results, str | bytes):  # a sequence too: its characters would be the results
+        raise TypeError(f"results must hold one result per job, not be one {type(results).__name__}: {results!r:.40}")
     if not isinstance(results, (list, tuple)):
         results = list(results)  # any iterable, a generator too
     first = results[0] if results else None
@@ -1222,6 +1240,24 @@ def _new_rid_prefix() -> None:
 
 _new_rid_prefix()
 os.register_at_fork(after_in_child=_new_rid_prefix)
+
+
+def _checked_target(list_name: Any, session: Any) -> None:
+    """A reservation's list and session, checked before any call: a wrong one surfaced
+    as an AttributeError deep in the reservation, and an empty session id made claims
+    that no session's heartbeat keeps (the reaper's, minutes later)."""
+    keys.check_list_name(list_name)
+    if isinstance(session, str):
+        if not session:
+            raise ValueError("session id must not be empty: pass a Session, or the id of an open one")
+    elif not isinstance(session, Session):
+        raise TypeError(f"session must be a Session or a session id (str), not {session!r:.60}")
+
+
+def _checked_jobs(what: str, jobs: Sequence[Any]) -> None:
+    for job in jobs:
+        if not isinstance(job, Job):
+            raise TypeError(f"{what} takes Jobs (as Queue.reserve returns them), not {job!r:.60}")
 
 
 def _request_id() -> str:

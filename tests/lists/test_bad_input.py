@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from aeroqueue import errors
+from aeroqueue import errors, keys
 from aeroqueue.cli import main
 from aeroqueue.errors import LoadError
 from aeroqueue.lists import JobLists, max_payload
@@ -385,6 +385,59 @@ def test_a_reserve_count_that_is_not_an_int_is_refused_and_the_list_still_serves
         jobs = queue.reserve(list_name, session, 3)
         assert sorted(j.jid for j in jobs) == ["j0", "j1", "j2"]
         queue.complete_many(jobs, ["ok"] * 3)
+        status = lists.status(list_name)
+        assert (status.done, status.complete) == (3, True), status
+    finally:
+        session.close()
+
+
+def test_the_queues_calls_refuse_what_is_not_a_list_a_session_a_job_or_text_before_the_store(registered, list_name):
+    """None or a typo reached the store: `reserve(name, None)` and `complete(None)` were
+    AttributeErrors from deep inside, `reserve(name, "")` claimed a job for a session id
+    no heartbeat keeps, `fail(job, None)` an AttributeError after the claim was adopted
+    and `complete_many(jobs, "ok")` took the string's characters for results (an audit of
+    the Python API)."""
+    from aeroqueue.queue import Queue
+    from aeroqueue.sessions import Session
+
+    lists = JobLists(registered)
+    lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(3)], seal=True, timeout_s=60)
+    queue = Queue(registered)
+    session = Session.open(registered, heartbeat=False)
+    try:
+        refusals = [
+            (lambda: queue.reserve(None, session), errors.AeroqueueError, "invalid list name None"),
+            (lambda: queue.reserve("no such", session), errors.AeroqueueError, "invalid list name 'no such'"),
+            (lambda: queue.reserve(list_name, None), TypeError, "session must be a Session or a session id (str), "
+                                                                "not None"),
+            (lambda: queue.reserve(list_name, ""), ValueError, "session id must not be empty"),
+            (lambda: queue.reserve(list_name, "", 2), ValueError, "session id must not be empty"),
+            (lambda: queue.complete_and_reserve([], list_name, None), TypeError, "session must be a Session"),
+            (lambda: queue.complete(None), TypeError, "complete takes Jobs (as Queue.reserve returns them), not None"),
+            (lambda: queue.complete_many([None, None]), TypeError, "complete_many takes Jobs"),
+            (lambda: queue.release("j0"), TypeError, "release takes Jobs (as Queue.reserve returns them), not 'j0'"),
+        ]
+        for call, kind, says in refusals:
+            with pytest.raises(kind, match=re.escape(says)):
+                call()
+        (job,) = queue.reserve(list_name, session)
+        before = registered.get(keys.JOB_SET, keys.job_name(list_name, job.token)).bins
+        held = [
+            (lambda: queue.fail(job, None), TypeError, "fail: error must be text (str), not None"),
+            (lambda: queue.touch(job, "soon"), TypeError, "touch takes seconds (a number), not 'soon'"),
+            (lambda: queue.complete_many([job], "ok"), TypeError, "results must hold one result per job, not be "
+                                                                  "one str: 'ok'"),
+            (lambda: queue.complete_and_reserve([job], list_name, session), TypeError,
+             "complete_and_reserve: done must hold (job, result) pairs"),
+        ]
+        for call, kind, says in held:
+            with pytest.raises(kind, match=re.escape(says)):
+                call()
+        assert registered.get(keys.JOB_SET, keys.job_name(list_name, job.token)).bins == before, "nothing was written"
+        queue.complete(job, "ok")
+        rest = queue.reserve(list_name, session, 5)
+        assert all(j.session == session.id for j in rest) and len(rest) == 2
+        queue.complete_many(rest, ["ok"] * 2)
         status = lists.status(list_name)
         assert (status.done, status.complete) == (3, True), status
     finally:
