@@ -242,9 +242,25 @@ def _field_limit(max_payload: int) -> None:
     csv.field_size_limit(max(csv.field_size_limit(), max_payload + 1))
 
 
+def _lines(handle: Any, source: str, max_payload: int) -> Iterator[str]:
+    """The file's lines, each refused once it is longer than any job's line can be: six
+    characters a byte of the payload limit at most (\\u0001 in JSON; a CSV cell's
+    doubled quotes take two), and room for the id and field names. Read whole, a line
+    of gigabytes (no newline in a binary file, a runaway export, a CSV file of one line)
+    took that much memory, several times over, before the payload check refused it."""
+    longest = 6 * max_payload + 65_536
+    line = 0
+    while text := handle.readline(longest + 1):
+        line += 1
+        if len(text) > longest:
+            raise LoadError(f"too long (over {longest:,} characters: a line may take six a byte of the payload "
+                            f"limit of {max_payload:,} bytes, and 64 KiB more)", source=source, line=line)
+        yield text
+
+
 def _read_csv(handle: Any, source: str, id_field: str, max_payload: int, strict: bool) -> Iterator[JobSpec]:
     _field_limit(max_payload)
-    reader = csv.reader(handle, strict=True)
+    reader = csv.reader(_lines(handle, source, max_payload), strict=True)
     try:
         header = next(reader)
     except StopIteration:
@@ -425,17 +441,7 @@ def _depth(value: Any) -> int:
 def _read_jsonl(handle: Any, source: str, id_field: str, max_payload: int, strict: bool) -> Iterator[JobSpec]:
     # Lines this short cannot reach the payload limit, however their numbers re-encode.
     fast = max_payload // 20
-    # Nor can lines this long fit it: six characters a byte at most (\u0001), and room for
-    # the id and field names. Read whole, a line of gigabytes (no newline in a binary
-    # file, a runaway export) took that much memory, several times over, before the
-    # payload check refused it.
-    longest = 6 * max_payload + 65_536
-    line = 0
-    while text := handle.readline(longest + 1):
-        line += 1
-        if len(text) > longest:
-            raise LoadError(f"too long (over {longest:,} characters: a line may take six a byte of the payload "
-                            f"limit of {max_payload:,} bytes, and 64 KiB more)", source=source, line=line)
+    for line, text in enumerate(_lines(handle, source, max_payload), 1):
         if not text.strip():
             continue
         try:

@@ -412,18 +412,25 @@ def test_repeated_sealed_load_is_a_noop_that_says_so(url, list_name, tmp_path):
     backend.close()
 
 
-def test_a_json_line_too_long_for_any_payload_is_refused_without_reading_it_whole(tmp_path):
-    """A JSON Lines file whose line 2 runs for 20 MB (no newline in a binary file, a
-    runaway export): read whole it took that memory several times over before the
-    payload check refused it; a multi-gigabyte one could take the machine's. Refused
-    once past the longest line a payload within the limit can take, naming its line."""
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_a_line_too_long_for_any_payload_is_refused_without_reading_it_whole(tmp_path, fmt):
+    """A file whose line 2 runs for 20 MB (no newline in a binary file, a runaway
+    export): read whole it took that memory several times over before the payload
+    check refused it; a multi-gigabyte one could take the machine's. Refused once past
+    the longest line a payload within the limit can take, naming its line. (A CSV file
+    was still read a line whole until the csv module's field limit refused it.)"""
     import tracemalloc
 
-    path = tmp_path / "jobs.jsonl"
+    head, start, end = {
+        "jsonl": ('{"id": "a", "payload": {}}\n', '{"id": "b", "payload": "', '"}\n'),
+        "csv": ("id,note\na,x\n", "b,", "\n"),
+    }[fmt]
+    path = tmp_path / f"jobs.{fmt}"
     with path.open("w") as f:
-        f.write('{"id": "a", "payload": {}}\n{"id": "b", "payload": "')
+        f.write(head + start)
         f.write("x" * (20 << 20))
-        f.write('"}\n')
+        f.write(end)
+    line = 2 if fmt == "jsonl" else 3
     tracemalloc.start()
     try:
         with pytest.raises(LoadError) as e:
@@ -431,11 +438,11 @@ def test_a_json_line_too_long_for_any_payload_is_refused_without_reading_it_whol
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert "line 2: too long (over 125,536 characters: a line may take six a byte" in str(e.value), str(e.value)
+    assert f"line {line}: too long (over 125,536 characters: a line may take six a byte" in str(e.value), str(e.value)
     assert peak < 4 << 20, f"{peak:,} bytes at the peak for a 20 MB line"
     # A line just within it is read, and judged by its payload as before.
-    path.write_text('{"id": "b", "payload": "' + "x" * 9_000 + '"}\n')
-    assert validate(lambda: read_file(path, max_payload=10_000), str(path)) == 1
+    path.write_text(head + start + "x" * 9_000 + end)
+    assert validate(lambda: read_file(path, max_payload=10_000), str(path)) == 2
 
 
 # -- duplicate ids in bounded memory ----------------------------------------------------------------
