@@ -860,9 +860,9 @@ class Queue:
         try:
             self._complete_one(job, result)
         except RecordTooBig as e:
-            # The store's own answer names the UDF and the code, not the sizes nor what to do.
-            raise RecordTooBig(f"acknowledging job {job.jid!r}: "
-                               + too_big_to_store(result, self.backend.max_record_size()), code=13) from e
+            # The store's own answer names the UDF and the code, not the sizes nor what to do;
+            # ``too_big`` and ``lost`` as complete_many's, so one handler serves both.
+            raise _too_big([(job, result)], 1, [], self.backend.max_record_size()) from e
 
     def _complete_one(self, job: Job, result: Any) -> None:
         if job.lease is not None:

@@ -882,6 +882,8 @@ def test_a_result_too_big_says_its_size_the_limit_and_what_to_do(
     assert str(caught.value) == (
         f"acknowledging job {jobs[0].jid!r}: the result is too big to store: it is 2,000,011 bytes of JSON, more "
         f"than its job's record can hold (the store's {limit}, for the whole record); {advice}")
+    # As complete_many's (README): the job to fail, nothing refused. They were missing.
+    assert (caught.value.too_big, caught.value.lost) == ([jobs[0]], [])  # type: ignore[attr-defined]
     with pytest.raises(errors.RecordTooBig) as caught:
         queue.complete_many(jobs[1:], ["x" * 3_000_000, 1, "é" * 1_600_000])
     message = str(caught.value)
