@@ -30,6 +30,9 @@ def test_udf_status_register_and_refusal(store_url):
         out = run("udf", "status", "--json", url=store_url)
         assert out.exit_code == 1
         assert {m["state"] for m in json.loads(out.output)} == {"missing"}
+        # The advice names the store: typed without it, it registered on the default one.
+        out = run("udf", "status", url=store_url)
+        assert f"run `aeroqueue udf register --url {backend.url}`" in out.stderr, out.output
         with pytest.raises(UDFModulesError) as e:
             udfs.verify(backend)
         assert "aeroqueue udf register" in str(e.value)

@@ -70,5 +70,7 @@ def udf_status(obj: Context, as_json: bool) -> None:
         Console().print(table)
     if any(s.state != "ok" for s in rows):
         if not as_json:
-            err_console.print("run `aeroqueue udf register` to upload the packaged modules", highlight=False)
+            # With the store's URL: typed without it, the advice registered on the default store.
+            err_console.print(f"run `aeroqueue udf register --url {backend.url}` to upload the packaged modules",
+                              highlight=False, soft_wrap=True)
         sys.exit(1)
