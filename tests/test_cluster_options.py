@@ -107,3 +107,15 @@ def test_no_seed_answering_is_one_clear_error_quickly():
                            "through any of its 2 seeds: "), text
     assert isinstance(e.value.__cause__, aerospike.exception.AerospikeError)
     assert time.monotonic() - t < 5
+
+
+def test_a_server_of_another_cluster_name_is_said_to_be_one_possibility(real_url):
+    """The client refuses a seed of another cluster with "Failed to connect" only, and
+    the hint asked whether the server was running: a user who had a running server and
+    a wrong cluster_name looked at the network (a README walk-through)."""
+    with pytest.raises(BackendError) as e:
+        open_backend(real_url + ("&" if "?" in real_url else "?") + "cluster_name=not-this-one&connect_timeout=500")
+    assert e.value.hint == (  # type: ignore[attr-defined]
+        "is the server running and reachable, and is its cluster name 'not-this-one' (cluster_name)? "
+        "check --url or AEROQUEUE_URL")
+    open_backend(real_url).close()  # the same server, its name not asked: it answers

@@ -72,6 +72,11 @@ def open_backend(url: str | StoreURL | None = None, *, create: bool = True, **em
         seeds = "its seed" if len(parsed.hosts) == 1 else f"any of its {len(parsed.hosts)} seeds"
         why = getattr(e, "msg", e)
         hint = "is the server running and reachable? check --url or AEROQUEUE_URL"
+        cluster = dict(parsed.options).get("cluster_name")
+        if cluster is not None:
+            # A seed of another cluster is refused with the same "Failed to connect".
+            hint = (f"is the server running and reachable, and is its cluster name {cluster!r} (cluster_name)? "
+                    "check --url or AEROQUEUE_URL")
         if isinstance(e, aerospike.exception.AdminError):
             # The client says only "Failed to connect" for a refused login too: the
             # server answered, so "is it running?" would send the user the wrong way.
