@@ -168,6 +168,20 @@ def test_a_file_that_is_not_a_store_is_a_clear_error_and_stays_untouched(tmp_pat
         assert path.read_bytes() == content
 
 
+def test_an_empty_file_becomes_a_store_only_when_asked(tmp_path):
+    """A store emptied by accident (truncated to 0 bytes, replaced by `touch`) was made
+    again, empty, by the next command, its jobs gone without a word (a README
+    walk-through). It is made there only with --create, as a missing one."""
+    path = tmp_path / "store.db"
+    path.touch()
+    line = one_error_line(cli("lists", url=f"embedded://{path}"), 1)
+    assert f"embedded store {path} is an empty file, not a store yet" in line and "--create" in line, line
+    assert path.stat().st_size == 0 and sorted(p.name for p in tmp_path.iterdir()) == ["store.db"]
+    out = cli("--create", "lists", "--json", url=f"embedded://{path}")
+    assert out.exit_code == 0 and json.loads(out.stdout) == [], out.output
+    assert cli("lists", url=f"embedded://{path}").exit_code == 0  # a store now
+
+
 def test_etc_passwd_is_one_line(tmp_path):
     line = one_error_line(cli("lists", url="embedded:///etc/passwd"), 1)
     assert "/etc/passwd" in line and "not" in line

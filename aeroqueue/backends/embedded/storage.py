@@ -162,7 +162,11 @@ def _check_path(path: Path, create: bool) -> None:
             raise StoreNotFound(f"embedded store {path} does not exist")
         return
     if path.stat().st_size == 0:
-        return  # an empty file: a new store
+        if not create:
+            # A store emptied by accident (truncated, replaced) would have been made
+            # again, empty, without a word: made only when asked, as a missing one is.
+            raise StoreNotFound(f"embedded store {path} is an empty file, not a store yet")
+        return  # an empty file: a new store (mktemp's, or a first open cut short)
     # Look before touching: switching a file to WAL mode, or adding our tables,
     # would change someone else's database.
     try:
