@@ -586,6 +586,24 @@ def test_contradicting_list_options_are_refused_before_the_input_is_read(ready_u
         JobLists(open_backend(ready_url)).header(list_name)
 
 
+def test_tuning_a_backoff_cap_below_its_base_is_usage_naming_the_options(ready_url, list_name):
+    """`tune --backoff 5 --backoff-max 2` was refused with exit 1 and "the backoff cap (2 s)
+    is below its base (5 s)", naming no option, where load and create call it usage (a
+    README walk-through). The option not given is the list's own value."""
+    assert cli("create", list_name, "--backoff", "1", "--backoff-max", "60", url=ready_url).exit_code == 0
+    for args, says in [
+        (("--backoff", "5", "--backoff-max", "2"), "--backoff-max (2 s) is below --backoff (5 s)"),
+        (("--backoff-max", "0.5"), "--backoff-max (0.5 s) is below --backoff (1 s, the list's)"),
+        (("--backoff", "90"), "--backoff-max (60 s, the list's) is below --backoff (90 s)"),
+    ]:
+        assert says in one_error_line(cli("tune", list_name, *args, url=ready_url), 2)
+    st = json.loads(cli("status", list_name, "--json", url=ready_url).stdout)
+    assert (st["backoff_s"], st["backoff_max_s"]) == (1, 60), "nothing changed"
+    assert cli("tune", list_name, "--backoff", "90", "--backoff-max", "120", url=ready_url).exit_code == 0
+    st = json.loads(cli("status", list_name, "--json", url=ready_url).stdout)
+    assert (st["backoff_s"], st["backoff_max_s"]) == (90, 120)
+
+
 def test_creating_a_list_that_exists_says_its_setup_options_change_nothing(ready_url, list_name):
     made = cli("create", list_name, "--timeout", "42", url=ready_url)
     assert made.exit_code == 0 and "note:" not in made.stderr, "a new list takes them"

@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,27 @@ def test_a_drop_with_standard_input_closed_is_no_confirmation_not_an_internal_er
                          timeout=60)
     assert out.returncode == 1
     assert "internal error" not in out.stderr.decode() and "no confirmation" in out.stderr.decode(), out.stderr
+    assert subprocess.run([*aq, "status", "L"], env=env, capture_output=True).returncode == 0, "left alone"
+
+
+def test_ctrl_c_at_the_drop_question_is_an_interruption_and_leaves_the_list(tmp_path):
+    """Ctrl-C at the question exited 1 ("not dropped: no confirmation", as for standard
+    input at its end), where every other command's Ctrl-C is 130 (README's table)."""
+    import signal
+
+    env, aq = _a_loaded_list(tmp_path)
+    proc = subprocess.Popen([*aq, "drop", "L"], env=env, stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        asked, deadline = b"", time.monotonic() + 60
+        while b"[y/N]" not in asked and time.monotonic() < deadline:
+            asked += os.read(proc.stderr.fileno(), 4096) or b""  # type: ignore[union-attr]
+        assert b"[y/N]" in asked, asked
+        proc.send_signal(signal.SIGINT)
+        rest = proc.communicate(timeout=60)[1]
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, (asked + rest).decode()
+    assert rest.decode().splitlines()[-1] == "error: interrupted", rest
     assert subprocess.run([*aq, "status", "L"], env=env, capture_output=True).returncode == 0, "left alone"
 
 

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..errors import ListNotFound
-from ..lists import JobLists
+from ..lists import JobLists, backoff_of
 from ..sessions import reap
 from .context import (
     BACKOFF_MAX_OPT,
@@ -52,6 +52,19 @@ def create(
     note_new_list_options(lists, list_name, exists=not made)
 
 
+def _check_backoff(jl: JobLists, name: str, backoff_s: float | None, backoff_max_s: float | None) -> None:
+    """A cap below the base, as wrong usage naming the options (exit 2, as `load` and
+    `create` say it); the one not given is the list's own. The library's refusal (exit
+    1) named neither option."""
+    base, cap = (ms / 1000 for ms in backoff_of(jl.header(name)))
+    lo, hi = base if backoff_s is None else backoff_s, cap if backoff_max_s is None else backoff_max_s
+    if hi < lo:
+        cap_is = f"{hi:g} s" + (", the list's" if backoff_max_s is None else "")
+        base_is = f"{lo:g} s" + (", the list's" if backoff_s is None else "")
+        raise click.UsageError(f"--backoff-max ({cap_is}) is below --backoff ({base_is}): the cap must be at "
+                               "least the base")
+
+
 @click.command()
 @LIST_ARG
 @TIMEOUT_OPT
@@ -67,6 +80,8 @@ def tune(
     if timeout_s is None and backoff_s is None and backoff_max_s is None:
         raise click.UsageError("nothing to change: give --timeout, --backoff or --backoff-max")
     jl = JobLists(obj.backend())
+    if backoff_s is not None or backoff_max_s is not None:
+        _check_backoff(jl, list_name, backoff_s, backoff_max_s)
     jl.tune(list_name, timeout_s=timeout_s, backoff_s=backoff_s, backoff_max_s=backoff_max_s)
     st = jl.status(list_name)
     click.echo(f"{list_name}: time limit {st.timeout_s:g} s, backoff {st.backoff_s:g} s up to {st.backoff_max_s:g} s")
@@ -278,8 +293,10 @@ def drop(obj: Context, list_name: str, yes: bool, as_json: bool) -> None:
             raise nobody
         try:
             confirmed = click.confirm(question, default=False, err=True)
-        except click.Abort:  # standard input at its end: nobody to ask
-            raise nobody from None
+        except click.Abort as e:
+            if isinstance(e.__context__, KeyboardInterrupt):  # click's `from None` keeps it here
+                raise  # Ctrl-C: 130, "interrupted", as in every command
+            raise nobody from None  # standard input at its end: nobody to ask
         finally:
             if not sys.stdin.isatty():
                 # An answer from a pipe is not echoed: end the question's line, so
