@@ -78,7 +78,7 @@ def reserve(obj: Context, list_name: str, count: int, hold_s: float | None, sess
     The session is heartbeated until reserve exits: when every job is
     acknowledged, after --hold seconds, or on SIGTERM/SIGINT, whichever comes
     first. On exit the jobs not acknowledged are released at once (their
-    attempt refunded) for others to take; a summary goes to stderr.
+    attempt refunded) for others to take, and stderr says how many.
     """
     if session is None and hold_s is None:
         raise click.UsageError(
