@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import shlex
 import time
 from dataclasses import dataclass
 from importlib import resources
@@ -144,10 +145,17 @@ def verify(backend: Backend) -> None:
     bad = [s for s in status(backend) if s.state != "ok"]
     if bad:
         detail = ", ".join(f"{s.name} ({s.state})" for s in bad)
-        raise UDFModulesError(
-            f"UDF modules on {backend.url} are not this client's: {detail}; "
-            f"run `aeroqueue udf register --url {backend.url}` to upload them"
-        )
+        raise UDFModulesError(f"UDF modules on {backend.url} are not this client's: {detail}; "
+                              f"{register_advice(backend)} to upload them")
+
+
+def register_advice(backend: Backend) -> str:
+    """"run `aeroqueue udf register --url URL`" for this store, ready to paste into a
+    shell (quoted: a URL's options hold '&'), the password shown as *** (said so)."""
+    advice = f"run `aeroqueue udf register --url {shlex.quote(str(backend.url))}`"
+    if backend.url.password is not None:
+        advice += " (with the password in place of ***)"
+    return advice
 
 
 def ensure(backend: Backend) -> None:

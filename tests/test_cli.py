@@ -55,6 +55,24 @@ def test_udf_status_register_and_refusal(store_url):
     udfs.verify(backend)  # no complaint
 
 
+def test_the_register_advice_is_one_command_a_shell_takes_whole():
+    """The advice printed the URL as it is: a URL's '&' between options split the
+    pasted command in two (the rest ran in the background), and a login's *** was
+    not said to stand for the password (a second read)."""
+    from types import SimpleNamespace
+
+    from aeroqueue.config import parse_url
+
+    url = "aerospike://app:s3cret@127.0.0.1:3000/test?connect_timeout=500&total_timeout=2000"
+    advice = udfs.register_advice(SimpleNamespace(url=parse_url(url)))  # type: ignore[arg-type]
+    assert advice == ("run `aeroqueue udf register --url "
+                      "'aerospike://app:***@127.0.0.1:3000/test?connect_timeout=500&total_timeout=2000'` "
+                      "(with the password in place of ***)"), advice
+    assert "s3cret" not in advice
+    plain = udfs.register_advice(SimpleNamespace(url=parse_url("aerospike://127.0.0.1:3000/test")))  # type: ignore[arg-type]
+    assert plain == "run `aeroqueue udf register --url aerospike://127.0.0.1:3000/test`", plain
+
+
 class SpyClient:
     """Passes every call to the real client, noting the ones that block for seconds."""
 

@@ -71,6 +71,6 @@ def udf_status(obj: Context, as_json: bool) -> None:
     if any(s.state != "ok" for s in rows):
         if not as_json:
             # With the store's URL: typed without it, the advice registered on the default store.
-            err_console.print(f"run `aeroqueue udf register --url {backend.url}` to upload the packaged modules",
-                              highlight=False, soft_wrap=True)
+            err_console.print(f"{udfs.register_advice(backend)} to upload the packaged modules", highlight=False,
+                              soft_wrap=True, markup=False)
         sys.exit(1)
