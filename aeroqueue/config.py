@@ -148,7 +148,12 @@ def may_create(url: str | None = None) -> bool:
     with AEROQUEUE_CREATE set as click reads a flag (1, true, yes, on). Anyone
     else's path must exist: a typo is an error, not a new empty store."""
     if url is None and os.environ.get(ENV_URL) is None:
-        return True
+        # Made on first use; an empty file there is no first use but a store emptied by
+        # accident, refused as a named one is (`init` or --create makes it).
+        try:
+            return default_store_path().stat().st_size > 0
+        except OSError:
+            return True  # not there yet
     return os.environ.get(ENV_CREATE, "").strip().lower() in ("1", "true", "t", "yes", "y", "on")
 
 

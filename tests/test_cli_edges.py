@@ -182,6 +182,24 @@ def test_an_empty_file_becomes_a_store_only_when_asked(tmp_path):
     assert cli("lists", url=f"embedded://{path}").exit_code == 0  # a store now
 
 
+def test_an_empty_default_store_is_refused_too_and_init_says_it_made_it(tmp_path):
+    """The default store is made on first use: an empty file there is no first use,
+    and was made again, empty, as a named one was. `init`, which the refusal points
+    to, then said the store "was there" (a second read)."""
+    xdg = tmp_path / "xdg"
+    path = xdg / "aeroqueue" / "store.db"
+    path.parent.mkdir(parents=True)
+    path.touch()
+    line = one_error_line(cli("lists", XDG_DATA_HOME=str(xdg)), 1)
+    assert f"embedded store {path} is an empty file, not a store yet" in line, line
+    assert path.stat().st_size == 0
+    made = cli("init", "--json", XDG_DATA_HOME=str(xdg))
+    assert made.exit_code == 0 and json.loads(made.stdout)["created"] is True, made.output
+    assert cli("lists", XDG_DATA_HOME=str(xdg)).exit_code == 0
+    again = cli("init", "--json", XDG_DATA_HOME=str(xdg))
+    assert json.loads(again.stdout)["created"] is False, again.output
+
+
 def test_etc_passwd_is_one_line(tmp_path):
     line = one_error_line(cli("lists", url="embedded:///etc/passwd"), 1)
     assert "/etc/passwd" in line and "not" in line

@@ -27,7 +27,8 @@ def init(obj: Context, as_json: bool) -> None:
     url = resolve_url(obj.url)
     created = False
     if url.is_embedded and url.path != MEMORY:
-        created = not Path(url.path or "").exists()
+        path = Path(url.path or "")
+        created = not path.exists() or (path.is_file() and path.stat().st_size == 0)  # an empty file: made now
     backend = obj.backend(check_udfs=False, create=True)
     done = udfs.register(backend)
     if as_json:
