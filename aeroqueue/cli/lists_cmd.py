@@ -295,7 +295,9 @@ def drop(obj: Context, list_name: str, yes: bool, as_json: bool) -> None:
             confirmed = click.confirm(question, default=False, err=True)
         except click.Abort as e:
             if isinstance(e.__context__, KeyboardInterrupt):  # click's `from None` keeps it here
-                raise  # Ctrl-C: 130, "interrupted", as in every command
+                if sys.stdin.isatty():
+                    click.echo(err=True)  # after the terminal's ^C: "error: interrupted" on a line of its own
+                raise  # Ctrl-C: 130, as in every command
             raise nobody from None  # standard input at its end: nobody to ask
         finally:
             if not sys.stdin.isatty():
