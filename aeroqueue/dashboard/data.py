@@ -28,6 +28,7 @@ import functools
 import logging
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -51,6 +52,12 @@ HISTORY_BINS = ("errs", "errors", "err_hist")
 # these every few seconds per open page.
 # The stamp ("c") goes into each row's kick form (a page older than a drop and a load).
 DEAD_ROW_BINS = ["state", "jid", "att", "max_att", "done_at", "err", "c", *HISTORY_BINS]
+# The overview's rows: the last error only (the list and job pages show the history).
+# It ranks up to 20 dead jobs of every list by their time of death from these two
+# bins, then reads the rows of the 50 it shows: read whole, 300 lists' histories of
+# 4 KB errors took half a gigabyte a view (a helper's audit).
+OVERVIEW_ROW_BINS = ["state", "jid", "att", "max_att", "done_at", "err", "c"]
+DEAD_RANK_BINS = ["state", "done_at"]
 
 # What a node that does not answer (frozen, overloaded, cut off) makes a read raise:
 # the view goes on without that part. Other errors still make the page an error.
@@ -327,25 +334,45 @@ class Store:
                 self._read_order.note(name, row is not None)
             got[name] = row if row is not None else UnreadRow(name)
         rows = [got[name] for name in names if name in got]  # shown by name, whatever the order read
-        dead: list[JobView] = []
-        dead_unread: list[str] = []
-        for shown in rows:
-            if isinstance(shown, ListRow) and shown.status.dead:
-                try:
-                    jobs = reads.read(f"dead jobs of {shown.name}", functools.partial(self.dead_jobs, shown.name, dead_per_list))
-                except ListNotFound:
-                    continue
-                if jobs is None:
-                    dead_unread.append(shown.name)
-                else:
-                    dead.extend(jobs)
-        # The latest deaths first: with many lists, the ones shown are those an
-        # operator opens the page for, not those of the lists first by name.
-        dead.sort(key=lambda job: (job.last_error.at or 0) if job.last_error else 0, reverse=True)
+        dead, dead_unread = self._latest_dead(reads, rows, dead_per_list, dead_shown)
         sessions, sessions_whole = self._sessions(reads)
         dead_total = sum(row.status.dead for row in rows if isinstance(row, ListRow))
-        return Overview(rows, whole, sessions, sessions_whole, dead[:dead_shown], dead_unread, dead_total, dead_per_list,
+        return Overview(rows, whole, sessions, sessions_whole, dead, dead_unread, dead_total, dead_per_list,
                         reads.unread, reads.answered, reads.error)
+
+    def _latest_dead(
+        self, reads: PageReads, rows: list[ListRow | UnreadRow], per_list: int, shown: int,
+    ) -> tuple[list[JobView], list[str]]:
+        """The overview's dead jobs: the `shown` latest deaths among up to `per_list` of
+        each list (with many lists, those an operator opens the page for, not those of
+        the lists first by name), and the lists whose dead jobs were not read."""
+        ranked: list[tuple[int, str, int]] = []  # (died at, list, token)
+        unread: list[str] = []
+        for row in rows:
+            if not (isinstance(row, ListRow) and row.status.dead):
+                continue
+            part = f"dead jobs of {row.name}"
+            try:
+                got = reads.read(part, functools.partial(self.dead_ranked, row.name, per_list))
+            except ListNotFound:
+                continue
+            if got is None:
+                unread.append(row.name)
+            else:
+                ranked += [(at, row.name, token) for at, token in got]
+        ranked.sort(key=lambda r: r[0], reverse=True)
+        chosen: dict[str, list[int]] = defaultdict(list)
+        for _, name, token in ranked[:shown]:
+            chosen[name].append(token)
+        dead: list[JobView] = []
+        for name, tokens in chosen.items():
+            jobs = reads.read(f"dead jobs of {name}", functools.partial(self.dead_rows, name, tokens))
+            if jobs is None:
+                unread.append(name)
+            else:
+                dead += jobs
+        dead.sort(key=lambda job: job.bins.get("done_at") or 0, reverse=True)
+        return dead, unread
 
     def _list_names(self, reads: PageReads) -> tuple[list[str], bool]:
         """The lists to show, and whether that is all of them (the scan answered)."""
@@ -451,6 +478,25 @@ class Store:
         return len(self.backend.find(keys.JOB_SET, "sess", sid, expression=_CLAIMED, bins=["state"]))
 
     @_bounded
+    def dead_ranked(self, name: str, limit: int) -> list[tuple[int, int]]:
+        """(died at, token) of up to `limit` dead jobs of a list, two small bins a job."""
+        head = self.lists.header(name)
+        tokens = dead_tokens(self.backend, name, head["alloc"], limit, head["created"])
+        recs = self.backend.batch_get(keys.JOB_SET, [keys.job_name(name, t) for t in tokens], bins=DEAD_RANK_BINS)
+        return [
+            (int(rec.bins.get("done_at") or 0), t) for t, rec in zip(tokens, recs, strict=True)
+            if rec is not None and rec.bins.get("state") == "dead"  # a bit may lag a kick
+        ]
+
+    def dead_rows(self, name: str, tokens: list[int]) -> list[JobView]:
+        """The overview's rows of these dead jobs of a list (OVERVIEW_ROW_BINS)."""
+        recs = self.backend.batch_get(keys.JOB_SET, [keys.job_name(name, t) for t in tokens], bins=OVERVIEW_ROW_BINS)
+        return [
+            JobView(name, t, rec.bins, error_history(rec.bins))
+            for t, rec in zip(tokens, recs, strict=True)
+            if rec is not None and rec.bins.get("state") == "dead"  # kicked since it was ranked
+        ]
+
     def dead_jobs(self, name: str, limit: int = DEAD_PAGE) -> list[JobView]:
         """Up to `limit` dead jobs of a list, in token order, found from its dead bitmap."""
         head = self.lists.header(name)
