@@ -222,6 +222,10 @@ class LoadAbandoned(ListError):
     """This load's range outlived its lease and was finished by a recovery; run the same load again (it is idempotent)."""
 
 
+class IntegerTooBig(AeroqueueError, ValueError):
+    """An integer is outside the 64 bits a record holds; nothing was sent."""
+
+
 class InvalidText(AeroqueueError):
     """Text the store keeps (a record's name, a bin) must be valid UTF-8."""
 

@@ -444,6 +444,27 @@ def test_the_queues_calls_refuse_what_is_not_a_list_a_session_a_job_or_text_befo
         session.close()
 
 
+def test_an_integer_past_64_bits_is_refused_before_the_client_corrupts_its_heap(registered, list_name):
+    """The aerospike client refused such a UDF argument ("integer value exceeds
+    sys.maxsize") and corrupted its heap doing so: the process aborted later (a
+    dashboard form's stamp of 19 nines took the dashboard down; a helper's audit)."""
+    from aeroqueue.queue import Queue
+    from aeroqueue.sessions import Session
+
+    lists = JobLists(registered)
+    lists.load(list_name, [JobSpec("a", {})], seal=True)
+    session = Session.open(registered, heartbeat=False)
+    try:
+        for call in (lambda: Queue(registered).reserve(list_name, session, 2**70),
+                     lambda: lists.pause(list_name, True, created=-(2**63) - 1)):
+            with pytest.raises(errors.IntegerTooBig, match="is outside the 64 bits a record holds; nothing was sent"):
+                call()
+        lists.pause(list_name, True, created=lists.status(list_name).created)  # 64 bits: as before
+        assert lists.status(list_name).paused
+    finally:
+        session.close()
+
+
 @pytest.mark.parametrize("item, payload", [
     ({"id": "c", "x": 1, "y": 2}, {"x": 1, "y": 2}),
     ({"id": "b", "payload": {"k": 1}, "zzz": 2}, {"k": 1, "zzz": 2}),
