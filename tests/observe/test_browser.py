@@ -430,7 +430,7 @@ def test_a_link_from_another_site_leaves_the_open_pages_buttons_working(
         runbook = f'<!doctype html><a id="go" href="{base}/">the dashboard</a>'.encode()
 
         class Runbook(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+            def do_GET(self) -> None:
                 self.send_response(200)
                 self.send_header("Content-Type", "text/html")
                 self.end_headers()
