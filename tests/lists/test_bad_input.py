@@ -6,6 +6,7 @@ import os
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -382,13 +383,21 @@ def test_a_reserve_count_that_is_not_an_int_is_refused_and_the_list_still_serves
             queue.reserve(list_name, session, count)
         with pytest.raises(TypeError, match=re.escape(f"count must be an int, not {count!r}")):
             queue.complete_and_reserve([], list_name, session, count)
-        jobs = queue.reserve(list_name, session, 3)
+        jobs = _serve_the_rest(queue, lists, list_name, session, 3)
         assert sorted(j.jid for j in jobs) == ["j0", "j1", "j2"]
-        queue.complete_many(jobs, ["ok"] * 3)
-        status = lists.status(list_name)
-        assert (status.done, status.complete) == (3, True), status
     finally:
         session.close()
+
+
+def _serve_the_rest(queue: Any, lists: JobLists, list_name: str, session: Any, total: int) -> list[Any]:
+    """The list still serves: its jobs left are reserved and acknowledged, and it ends
+    complete with all `total` done. Returns the jobs served."""
+    jobs = queue.reserve(list_name, session, total)
+    assert all(j.session == session.id for j in jobs), jobs
+    queue.complete_many(jobs, ["ok"] * len(jobs))
+    status = lists.status(list_name)
+    assert (status.done, status.complete) == (total, True), status
+    return jobs
 
 
 def test_the_queues_calls_refuse_what_is_not_a_list_a_session_a_job_or_text_before_the_store(registered, list_name):
@@ -435,11 +444,7 @@ def test_the_queues_calls_refuse_what_is_not_a_list_a_session_a_job_or_text_befo
                 call()
         assert registered.get(keys.JOB_SET, keys.job_name(list_name, job.token)).bins == before, "nothing was written"
         queue.complete(job, "ok")
-        rest = queue.reserve(list_name, session, 5)
-        assert all(j.session == session.id for j in rest) and len(rest) == 2
-        queue.complete_many(rest, ["ok"] * 2)
-        status = lists.status(list_name)
-        assert (status.done, status.complete) == (3, True), status
+        assert len(_serve_the_rest(queue, lists, list_name, session, 3)) == 2
     finally:
         session.close()
 
