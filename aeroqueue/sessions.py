@@ -230,7 +230,13 @@ class Session:
             raise
         finally:
             if self.on_beat:  # failed heartbeats (errors) are worth counting too
-                self.on_beat(ok)
+                try:
+                    self.on_beat(ok)
+                except Exception:
+                    # An observer's error (a user's WorkerObserver) is not the heartbeat's:
+                    # raised from here it undid a beat that landed, and ended the thread.
+                    log.exception("heartbeat observer failed", extra={"event": "heartbeat_observer_failed",
+                                                                       "session": self.id})
         if st != "ok":
             self._lose(st)
             return False
@@ -292,10 +298,14 @@ class Session:
             try:
                 if not self.beat():
                     return
-            except BackendError as e:
+            except Exception as e:
                 # Unconfirmed for a whole expiry: a reaper may have given our jobs
-                # away, so act as lost rather than acknowledge them.
-                log.warning("heartbeat failed", extra={"event": "heartbeat_failed", "session": self.id, "error": str(e)})
+                # away, so act as lost rather than acknowledge them. Any error, not only
+                # the store's: one the store did not translate ended this thread, and the
+                # session, reaped meanwhile, was never known lost (its worker went on
+                # claiming under an id no reaper looks at).
+                log.warning("heartbeat failed", extra={"event": "heartbeat_failed", "session": self.id,
+                                                       "error": f"{type(e).__name__}: {e}"})
                 if time.monotonic() - self._last_ok > self.expiry_s:
                     self._lost.set()
                     return

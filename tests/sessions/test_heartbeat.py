@@ -1,0 +1,66 @@
+"""The heartbeat thread outlives what is not the store's doing: an observer's error, an
+error the store did not translate. On every backend.
+
+Both ended the thread (it caught only `BackendError`), found by a read of the worker's
+threads: with an observer that raises, a beat that landed was undone and no other
+was sent, so the session was reaped while its worker went on; with an untranslated
+error, the session was never known lost, and its worker went on claiming under an id
+no reaper looks at."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from aeroqueue import keys, transitions
+from aeroqueue.backends import Backend
+from aeroqueue.sessions import Session, reap
+
+
+def _until(condition: Any, timeout_s: float) -> bool:
+    give_up = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > give_up:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_an_observer_that_raises_neither_undoes_a_beat_nor_stops_the_heartbeat(registered: Backend) -> None:
+    told: list[bool] = []
+
+    def observer(ok: bool) -> None:
+        told.append(ok)
+        raise RuntimeError("a bug in the observer")
+
+    session = Session.open(registered, interval_s=0.1, expiry_s=1.0, on_beat=observer)
+    try:
+        assert _until(lambda: len(told) >= 15, 10), f"{len(told)} heartbeats in 10 s: the thread stopped"
+        assert all(told) and not session.lost
+        reap(registered)  # 1.5 s and more since the session opened: past its expiry unless it beat
+        rec = registered.get(keys.SESS_SET, session.id)
+        assert rec is not None and rec.bins.get("state") == "alive", rec
+    finally:
+        session.close()
+
+
+def test_a_heartbeat_error_that_is_not_the_stores_still_ends_in_a_lost_session(
+    registered: Backend, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = transitions.sess_once
+
+    def broken(backend: Backend, sid: str, function: str, *args: Any, **kw: Any) -> Any:
+        if function == "beat":
+            raise TypeError("an error the store's wrapper did not translate")
+        return real(backend, sid, function, *args, **kw)
+
+    session = Session.open(registered, interval_s=0.1, expiry_s=1.0)
+    try:
+        monkeypatch.setattr(transitions, "sess_once", broken)
+        # Unconfirmed for a whole expiry: lost, as after the store's own errors.
+        assert _until(lambda: session.lost, 5), "never known lost: the heartbeat thread died at the first error"
+    finally:
+        monkeypatch.undo()
+        session.close()
