@@ -204,6 +204,12 @@ class Counters:
             return {k: v for k, v in vars(self).items() if not k.startswith("_")}
 
 
+def _copy(job: Job) -> tuple[str, str | None]:
+    """A reserved copy of a job: its name and the request id (or lease id) that reserved
+    it. A job reserved again (its claim ended by a reaper) has another."""
+    return job.name, job.rid
+
+
 def handler_pace(previous: float | None, took: float) -> float:
     """A handler's recent run time: a moving average that follows changes within a
     few jobs (what `prefetch_for` sizes a reservation by)."""
@@ -494,7 +500,13 @@ class Worker:
         self._stopping = threading.Event()
         # A stop asked by SIGTERM/SIGINT (`on_signal`) that the main thread has not acted on yet.
         self._signalled = False
-        self._in_flight: dict[str, Job] = {}
+        # The jobs whose handler runs or whose ack is on its way, with their deadlines and
+        # threads, by copy (`_copy`: name and request id), not by name: a job a reaper
+        # ended past its limit can be reserved again by another thread of this worker
+        # while the first still runs it, and the second copy, filed under the name,
+        # hid the first from the watchdog (never retired, its prefetched jobs renewed
+        # for ever) and was wiped when the first returned (a read of the worker's threads).
+        self._in_flight: dict[tuple[str, str | None], Job] = {}
         self._in_flight_lock = threading.Lock()
         # Every job a thread reserved and has not finished with, by name. The Job itself is
         # kept, and the entry (as `_reserved_at`'s) goes only with that very Job: a job
@@ -517,8 +529,8 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._threads_died = False
         # The time limit, watched locally (the server's own limit is what decides):
-        self._deadlines: dict[str, float] = {}  # job name -> monotonic deadline of its running handler
-        self._runner_of: dict[str, threading.Thread] = {}  # job name -> the thread running it
+        self._deadlines: dict[tuple[str, str | None], float] = {}  # copy -> monotonic deadline of its running handler
+        self._runner_of: dict[tuple[str, str | None], threading.Thread] = {}  # copy -> the thread running it
         self._reserved_at: dict[str, tuple[Job, float]] = {}  # job name -> (it, monotonic time of its claim)
         # Keyed by the Thread itself: an ident is reused once its thread ends.
         self._prefetched: dict[threading.Thread, list[Job]] = {}  # jobs a thread holds, not started
@@ -645,8 +657,8 @@ class Worker:
                 if not jobs or self._stopping.is_set() or session.lost:
                     continue
                 job = jobs.pop(0)
-                self._in_flight[job.name] = job
-                self._runner_of[job.name] = threading.current_thread()
+                self._in_flight[_copy(job)] = job
+                self._runner_of[_copy(job)] = threading.current_thread()
             try:
                 outcome = self._run(job, session, runner)
             except _StartFailed as e:
@@ -674,7 +686,7 @@ class Worker:
                     self._abandoned.discard(id(job))
                     # Unless the watchdog cleared it (a new claim may use the name); the
                     # drain, giving it back at its deadline, leaves that to this thread.
-                    if self._in_flight.get(job.name) is job:
+                    if self._in_flight.get(_copy(job)) is job:
                         self._forget(job)
             if abandoned:
                 # Given up past its time limit, at the drain deadline, or with the session.
@@ -714,9 +726,9 @@ class Worker:
                 return "unacked" if session.lost else "released"
             reserved_at = started
         with self._in_flight_lock:
-            self._deadlines[job.name] = reserved_at + job.timeout_s
+            self._deadlines[_copy(job)] = reserved_at + job.timeout_s
         if runner is not None:
-            ok, value = runner.run(job, lambda: self._deadlines.get(job.name, 0.0), self.queue.touch)
+            ok, value = runner.run(job, lambda: self._deadlines.get(_copy(job), 0.0), self.queue.touch)
             if ok is None:  # killed past the time limit
                 self.observer.handler_duration(job.list, time.monotonic() - started)
                 with self._in_flight_lock:
@@ -724,7 +736,7 @@ class Worker:
                         return "abandoned"
                     # No handler runs any more: what follows is an acknowledgement, which
                     # a worker whose session is lost lets finish (`_await_acks`).
-                    self._runner_of.pop(job.name, None)
+                    self._runner_of.pop(_copy(job), None)
                 return self._timed_out(job)
         else:
             ok, value = run_handler(job, self.handler)
@@ -736,14 +748,14 @@ class Worker:
                 return "abandoned"
             # Returned in time: the watchdog's no more. A slow ack past the limit is the
             # server's to refuse (ClaimLost), not a handler that timed out.
-            self._runner_of.pop(job.name, None)
+            self._runner_of.pop(_copy(job), None)
         if ok and self.acks is not None and not session.lost:
             # Sent with the next batch; held until then, so that no orphan check
             # gives back a claim whose ack is on its way.
             with self._in_flight_lock:
                 self._acking[job.name] = self._acking.get(job.name, 0) + 1
             # Before its claim ends, whatever the linger: a late ack is refused.
-            if self.acks.add(job, value, started, by=self._deadlines.get(job.name)):
+            if self.acks.add(job, value, started, by=self._deadlines.get(_copy(job))):
                 return "acking"
             self._unack(job.name)  # closed (draining past its deadline): acknowledged below, alone
         outcome = acknowledge(self.queue, job, ok, value, session)
@@ -1148,7 +1160,7 @@ class Worker:
         flight, its handler returned."""
         while time.monotonic() < give_up:
             with self._in_flight_lock:
-                if all(name in self._runner_of for name in self._in_flight):
+                if all(copy in self._runner_of for copy in self._in_flight):
                     return
             time.sleep(0.01)
 
@@ -1156,10 +1168,10 @@ class Worker:
         """A job's claim is over for this worker (call with the lock held, `job` in
         flight). Its hold and claim time go only if they are this copy's, not those of
         another thread that reserved the job again since (`_held`)."""
-        name = job.name
-        self._in_flight.pop(name, None)
-        self._deadlines.pop(name, None)
-        self._runner_of.pop(name, None)
+        name, copy = job.name, _copy(job)
+        self._in_flight.pop(copy, None)
+        self._deadlines.pop(copy, None)
+        self._runner_of.pop(copy, None)
         if self._held.get(name) is job:
             del self._held[name]
         if self._reserved_at.get(name, (None,))[0] is job:
@@ -1172,19 +1184,19 @@ class Worker:
 
     def _touched(self, job: Job, seconds: float) -> None:
         with self._in_flight_lock:
-            if job.name in self._deadlines:
-                self._deadlines[job.name] = time.monotonic() + seconds
+            if _copy(job) in self._deadlines:
+                self._deadlines[_copy(job)] = time.monotonic() + seconds
 
     def _watch(self, session: Session) -> None:
         """Thread mode's watchdog: stop waiting for handlers past their time limit."""
         now = time.monotonic()
         with self._in_flight_lock:
-            overdue = [self._in_flight[name] for name, dl in self._deadlines.items()
-                       if now > dl and name in self._in_flight]
+            overdue = [self._in_flight[copy] for copy, dl in self._deadlines.items()
+                       if now > dl and copy in self._in_flight]
         for job in overdue:
             with self._in_flight_lock:
-                thread = self._runner_of.get(job.name)
-                if thread is None or self._in_flight.get(job.name) is not job:
+                thread = self._runner_of.get(_copy(job))
+                if thread is None or self._in_flight.get(_copy(job)) is not job:
                     continue  # it finished meanwhile
                 self._abandoned.add(id(job))
                 self._forget(job)
@@ -1387,7 +1399,7 @@ class Worker:
             # (their threads discard what comes back, as at the drain deadline), not
             # after the last count was logged, or never, the process gone by then.
             with self._in_flight_lock:
-                running = [job for name, job in self._in_flight.items() if name in self._runner_of]
+                running = [job for copy, job in self._in_flight.items() if copy in self._runner_of]
                 self._abandoned.update(id(job) for job in running)
             self._count_unacked(running)
             # Handler processes ignore SIGTERM, which is how Python ends daemonic
@@ -1402,7 +1414,7 @@ class Worker:
             # given back here and counted released, a handler process that died of
             # `_stop_runners` below had its job failed too (refused: counted lost),
             # and a thread's late return counted it unacked: one job, two outcomes.
-            stuck = [job for name, job in self._in_flight.items() if name in self._runner_of]
+            stuck = [job for copy, job in self._in_flight.items() if copy in self._runner_of]
             self._abandoned.update(id(job) for job in stuck)
         if stuck:
             # Past the deadline: give these back now; their handlers' late acks will be

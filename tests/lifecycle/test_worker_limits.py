@@ -817,3 +817,48 @@ def test_a_prefetched_job_whose_renewal_fails_is_given_back_uncharged(registered
     states = [job_bins(registered, list_name, i)["state"] for i in range(2)]
     assert states == ["done", "done"], (states, ran, w.counters.snapshot())
     assert sorted(ran) == ["j0", "j1"]
+
+
+def test_a_job_reserved_again_while_its_first_run_hangs_leaves_the_first_to_the_watchdog(
+    registered, lists, list_name, monkeypatch,
+):
+    """A reaper ended the claim of a handler hung past its limit before this worker's
+    watchdog came round; another thread of the worker reserved the job again. The
+    worker filed running jobs by name: the second copy hid the first from the watchdog
+    and, done, wiped its entry, so the hung thread was never retired and the job it had
+    prefetched ("y") waited behind it, renewed, until the handler returned (a read of
+    the worker's threads). Both copies are kept apart now (name and request id)."""
+    lists.load(list_name, [JobSpec("x", {}), JobSpec("y", {})], timeout_s=1, backoff_s=0, max_attempts=3, seal=True)
+    hung, runs = threading.Event(), []
+
+    def handler(job: Job) -> str:
+        runs.append(job.jid)
+        if job.jid == "x" and runs.count("x") == 1:
+            hung.wait(30)  # the first run hangs
+        return "ok"
+
+    held_back = threading.Event()  # the watchdog's rounds are skipped until set
+    real_watch = Worker._watch
+
+    def late_watch(self: Worker, session: Session) -> None:
+        if held_back.is_set():
+            real_watch(self, session)
+
+    monkeypatch.setattr(Worker, "_watch", late_watch)
+    w = fast_worker(registered, handler, list_name, concurrency=2, batch=2, reap_every_s=0.3, drain_timeout_s=5)
+    exit_code: list[int] = []
+    runner = threading.Thread(target=lambda: exit_code.append(w.run(install_signals=False)))
+    runner.start()
+    try:
+        # The reaper ends x's claim (past its 1 s limit) and the other thread runs it again.
+        wait_for("x run again by the other thread", lambda: runs.count("x") == 2, 20)
+        assert "y" not in runs, "y waits behind the hung x, prefetched by its thread"
+        held_back.set()
+        # The watchdog retires the hung thread and gives y back: run at once, not when x's
+        # first handler returns (30 s).
+        wait_for("y done", lambda: lists.status(list_name).done == 2, 10)
+        assert w.counters.snapshot().get("timed_out") == 1, w.counters.snapshot()
+    finally:
+        hung.set()
+        runner.join(60)
+    assert exit_code == [EXIT_OK] and sorted(runs) == ["x", "x", "y"], (exit_code, runs)
