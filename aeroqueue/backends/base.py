@@ -179,6 +179,26 @@ def _record(meta: dict | None, bins: dict | None) -> Record:
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 
 
+def _ints_fit(args: Iterable[Any], call: str) -> None:
+    """Refuse (`IntegerTooBig`) an integer outside 64 bits among a UDF's arguments, or
+    the keys and values of a map or list among them ({token: result}: an ack's). Not
+    deeper: a result or payload is checked whole where it is made (results.py, loading)."""
+    for a in args:
+        kind = a.__class__
+        if kind is int:
+            if not _I64_MIN <= a <= _I64_MAX:
+                _too_big_int(a, call)
+        elif kind is dict:
+            for k, v in a.items():
+                for x in (k, v):
+                    if x.__class__ is int and not _I64_MIN <= x <= _I64_MAX:
+                        _too_big_int(x, call)
+        elif kind is list or kind is tuple:
+            for x in a:
+                if x.__class__ is int and not _I64_MIN <= x <= _I64_MAX:
+                    _too_big_int(x, call)
+
+
 def _too_big_int(value: int, call: str) -> None:
     raise errors.IntegerTooBig(f"{call}: the integer {value} is outside the 64 bits a record holds; nothing was sent")
 
@@ -397,9 +417,7 @@ class Backend:
         configured apply policy sends the key, `_base_policies`); a policy dict
         converted per call and the layers of closures cost the API path about a
         third of its client CPU over the bare client (issue 14)."""
-        for a in args:
-            if a.__class__ is int and not _I64_MIN <= a <= _I64_MAX:
-                _too_big_int(a, f"{module}.{function}")
+        _ints_fit(args, f"{module}.{function}")
         self.round_trips += 1
         try:
             return self.client.apply(self.key(set_name, name), module, function, list(args))
@@ -426,9 +444,7 @@ class Backend:
         """One UDF on many records in one round trip; never raises for a single record."""
         if not names:
             return []
-        for a in args:
-            if a.__class__ is int and not _I64_MIN <= a <= _I64_MAX:
-                _too_big_int(a, f"batch {module}.{function}")
+        _ints_fit(args, f"batch {module}.{function}")
         keys = [self.key(set_name, n) for n in names]
         self.round_trips += 1
         try:
@@ -451,9 +467,7 @@ class Backend:
         if not calls:
             return []
         for _, f, args in calls:
-            for a in args:
-                if a.__class__ is int and not _I64_MIN <= a <= _I64_MAX:
-                    _too_big_int(a, f"batch {module}.{f}")
+            _ints_fit(args, f"batch {module}.{f}")
         policy = {"key": aerospike.POLICY_KEY_SEND}
         batch = BatchRecords([Apply(self.key(set_name, n), module, f, args, policy=policy) for n, f, args in calls])
         self.round_trips += 1
