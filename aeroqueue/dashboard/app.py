@@ -33,7 +33,7 @@ from ..backends import Backend, open_backend
 from ..config import may_create
 from ..errors import AeroqueueError, ListNotFound, ListReplaced
 from ..hosts import TrustedHosts
-from ..keys import InvalidName
+from ..keys import InvalidName, check_list_name
 from .data import PageReads, Store, format_ms, now_ms
 
 ENV_SECRET = "AEROQUEUE_DASHBOARD_SECRET"
@@ -143,6 +143,7 @@ def create_app(
     def find_job(name: str) -> Response:
         # Ids loaded from JSON Lines or Python keep their blanks: the id as typed first,
         # then without the blanks a paste may have brought along.
+        check_list_name(name)  # before anything of it is shown: a name is no text of a notice either
         jid = request.args.get("id", "")
         token = data.token_of(name, jid) if jid.strip() else None
         if token is None and jid.strip() and jid.strip() != jid:

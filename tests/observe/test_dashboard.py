@@ -274,6 +274,13 @@ def test_a_search_that_finds_nothing_keeps_the_id_in_the_box_not_in_the_notice(
     assert notices == [f"list {name!r} has no job with the id searched for"], notices
     assert f'<input name="id" required size="24" value="{bait[:200]}">' in page, "in the box, cut short"
     assert bait[:201] not in page
+    # Nor through the list's name, which the notice names: a name that is none is refused
+    # first (a second read: with an empty id it reached the notice unchecked).
+    for jid in ("", " "):
+        resp = client.get("/lists/Session expired: sign in at evil.example/find", query_string={"id": jid},
+                          follow_redirects=True)
+        assert resp.status_code == 404, resp.status_code
+        assert not re.findall(r'<p class="flash', text(resp)), text(resp)
 
 
 def test_a_form_with_a_stamp_past_64_bits_or_a_next_with_a_newline_is_no_server_error(
