@@ -127,6 +127,7 @@ class Session:
     ) -> None:
         self.backend = backend
         self.on_beat = on_beat  # told each heartbeat's outcome (metrics)
+        self._observer_failed = False  # its error was logged with its traceback once
         self.id = session_id
         self.interval_s = interval_s
         self.expiry_s = expiry_s
@@ -235,8 +236,10 @@ class Session:
                 except Exception:
                     # An observer's error (a user's WorkerObserver) is not the heartbeat's:
                     # raised from here it undid a beat that landed, and ended the thread.
-                    log.exception("heartbeat observer failed", extra={"event": "heartbeat_observer_failed",
-                                                                       "session": self.id})
+                    # Its traceback once; after that, a beat a second would fill the log.
+                    (log.exception if not self._observer_failed else log.debug)(
+                        "heartbeat observer failed", extra={"event": "heartbeat_observer_failed", "session": self.id})
+                    self._observer_failed = True
         if st != "ok":
             self._lose(st)
             return False

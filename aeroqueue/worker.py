@@ -1387,8 +1387,8 @@ class Worker:
             # has run, and its session may be gone.
             try:
                 session.beat()
-            except AeroqueueError as e:
-                log.warning("last heartbeat failed", extra={"event": "heartbeat_failed", "error": str(e)})
+            except Exception as e:  # any: the drain goes on to close the session (its heartbeat thread's rule)
+                log.warning("last heartbeat failed", extra={"event": "heartbeat_failed", "error": f"{type(e).__name__}: {e}"})
         if session.lost:
             # An acknowledgement under way (sent before the session was known lost) may
             # have ended its claim and not offered the job yet: its thread is the only
