@@ -480,33 +480,30 @@ class Store:
     @_bounded
     def dead_ranked(self, name: str, limit: int) -> list[tuple[int, int]]:
         """(died at, token) of up to `limit` dead jobs of a list, two small bins a job."""
-        head = self.lists.header(name)
-        tokens = dead_tokens(self.backend, name, head["alloc"], limit, head["created"])
-        recs = self.backend.batch_get(keys.JOB_SET, [keys.job_name(name, t) for t in tokens], bins=DEAD_RANK_BINS)
-        return [
-            (int(rec.bins.get("done_at") or 0), t) for t, rec in zip(tokens, recs, strict=True)
-            if rec is not None and rec.bins.get("state") == "dead"  # a bit may lag a kick
-        ]
+        dead = self._dead(name, self._dead_tokens(name, limit), DEAD_RANK_BINS)
+        return [(int(bins.get("done_at") or 0), t) for t, bins in dead]
 
-    def dead_rows(self, name: str, tokens: list[int]) -> list[JobView]:
-        """The overview's rows of these dead jobs of a list (OVERVIEW_ROW_BINS)."""
-        recs = self.backend.batch_get(keys.JOB_SET, [keys.job_name(name, t) for t in tokens], bins=OVERVIEW_ROW_BINS)
-        return [
-            JobView(name, t, rec.bins, error_history(rec.bins))
-            for t, rec in zip(tokens, recs, strict=True)
-            if rec is not None and rec.bins.get("state") == "dead"  # kicked since it was ranked
-        ]
+    @_bounded
+    def dead_rows(self, name: str, tokens: list[int], bins: list[str] = OVERVIEW_ROW_BINS) -> list[JobView]:
+        """The rows of those of these jobs of a list that are dead (the overview's bins,
+        by default)."""
+        return [JobView(name, t, got, error_history(got)) for t, got in self._dead(name, tokens, bins)]
 
+    @_bounded
     def dead_jobs(self, name: str, limit: int = DEAD_PAGE) -> list[JobView]:
         """Up to `limit` dead jobs of a list, in token order, found from its dead bitmap."""
+        return self.dead_rows(name, self._dead_tokens(name, limit), DEAD_ROW_BINS)
+
+    def _dead_tokens(self, name: str, limit: int) -> list[int]:
         head = self.lists.header(name)
-        tokens = dead_tokens(self.backend, name, head["alloc"], limit, head["created"])
-        recs = self.backend.batch_get(keys.JOB_SET, [keys.job_name(name, t) for t in tokens], bins=DEAD_ROW_BINS)
-        return [
-            JobView(name, t, rec.bins, error_history(rec.bins))
-            for t, rec in zip(tokens, recs, strict=True)
-            if rec is not None and rec.bins.get("state") == "dead"  # a bit may lag a kick
-        ]
+        return dead_tokens(self.backend, name, head["alloc"], limit, head["created"])
+
+    def _dead(self, name: str, tokens: list[int], bins: list[str]) -> list[tuple[int, dict[str, Any]]]:
+        """(token, bins) of those of these jobs that are dead: a bitmap's bit may lag a
+        kick, and a job ranked dead may have been kicked since."""
+        recs = self.backend.batch_get(keys.JOB_SET, [keys.job_name(name, t) for t in tokens], bins=bins)
+        return [(t, rec.bins) for t, rec in zip(tokens, recs, strict=True)
+                if rec is not None and rec.bins.get("state") == "dead"]
 
     @_bounded
     def job(self, name: str, token: int) -> JobView | None:
