@@ -43,6 +43,8 @@ SESS_INDEX = "aq_job_sess"  # secondary index on aq_job.sess: a session's claims
 
 BITS_PER_CHUNK = 1 << 16  # 8 KiB of bits per bitmap record
 
+INT64 = (-(1 << 63), (1 << 63) - 1)  # the integers a record holds (and MySQL's JSON integers)
+
 _LIST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
 
 

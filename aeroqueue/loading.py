@@ -43,6 +43,7 @@ from typing import IO, Any
 
 from .backends.sizes import bin_size
 from .errors import LoadError
+from .keys import INT64
 
 # What a job record holds besides its payload, at most: its bins (id, names,
 # bookkeeping: about 1 KiB) and its failures (the last error and a history of 10,
@@ -56,7 +57,6 @@ MAX_ID_BYTES = 200
 # more; MySQL's limit is 100.
 MAX_DEPTH = 31
 _DEPTH_WHY = "MariaDB's JSON limit, where the sync copies it"
-INT64 = (-(1 << 63), (1 << 63) - 1)  # Aerospike integers (and MySQL's JSON integers)
 STDIN = "-"
 
 

@@ -16,7 +16,8 @@ import math
 from typing import Any
 
 from .errors import ResultNotStorable
-from .loading import INT64, MAX_DEPTH, NUL_WHY, holds_nul, too_deep
+from .keys import INT64
+from .loading import MAX_DEPTH, NUL_WHY, holds_nul, too_deep
 
 __all__ = ["ResultNotStorable", "checked_result", "result_size", "storable_result", "too_big_to_store"]
 

@@ -28,7 +28,7 @@ from aerospike_helpers.batch.records import Apply, BatchRecords, Write
 
 from .. import errors
 from ..config import StoreURL
-from ..keys import check_text
+from ..keys import INT64, check_text
 from .guard import ClientGuard
 
 log = logging.getLogger("aeroqueue.backends")
@@ -171,12 +171,11 @@ def _record(meta: dict | None, bins: dict | None) -> Record:
     return Record(gen=meta.get("gen", 0), ttl=None if ttl in (None, 0xFFFFFFFF) else ttl, bins=bins or {})
 
 
-
-# The integers a record holds. The aerospike client refuses a UDF argument outside
-# them with "integer value exceeds sys.maxsize", and corrupts its own heap doing so:
-# the process aborted later ("malloc(): unaligned tcache chunk detected"; a dashboard
-# form's stamp of 19 nines took the dashboard down). Refused here, before the client.
-_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
+# The aerospike client refuses a UDF argument outside the integers a record holds
+# (keys.INT64) with "integer value exceeds sys.maxsize", and corrupts its own heap
+# doing so: the process aborted later ("malloc(): unaligned tcache chunk detected"; a
+# dashboard form's stamp of 19 nines took the dashboard down). Refused here, before it.
+_I64_MIN, _I64_MAX = INT64
 
 
 def _ints_fit(args: Iterable[Any], call: str) -> None:

@@ -33,7 +33,7 @@ from ..backends import Backend, open_backend
 from ..config import may_create
 from ..errors import AeroqueueError, ListNotFound, ListReplaced
 from ..hosts import TrustedHosts
-from ..keys import InvalidName, check_list_name
+from ..keys import INT64, InvalidName, check_list_name
 from .data import PageReads, Store, format_ms, now_ms
 
 ENV_SECRET = "AEROQUEUE_DASHBOARD_SECRET"
@@ -241,7 +241,7 @@ def shown_stamp() -> int | None:
     text = request.form.get("c", "")
     if not text:
         return None
-    if not _STAMP.fullmatch(text) or not -(2**63) <= int(text) < 2**63:  # 19 digits may pass 64 bits
+    if not _STAMP.fullmatch(text) or not INT64[0] <= int(text) <= INT64[1]:  # 19 digits may pass 64 bits
         abort(400, "the form's list stamp (c) is not an integer")
     return int(text)
 
