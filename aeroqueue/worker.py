@@ -204,7 +204,10 @@ class Counters:
             return {k: v for k, v in vars(self).items() if not k.startswith("_")}
 
 
-def _copy(job: Job) -> tuple[str, str | None]:
+_Copy = tuple[str, str | None]
+
+
+def _copy(job: Job) -> _Copy:
     """A reserved copy of a job: its name and the request id (or lease id) that reserved
     it. A job reserved again (its claim ended by a reaper) has another."""
     return job.name, job.rid
@@ -506,7 +509,7 @@ class Worker:
         # while the first still runs it, and the second copy, filed under the name,
         # hid the first from the watchdog (never retired, its prefetched jobs renewed
         # for ever) and was wiped when the first returned (a read of the worker's threads).
-        self._in_flight: dict[tuple[str, str | None], Job] = {}
+        self._in_flight: dict[_Copy, Job] = {}
         self._in_flight_lock = threading.Lock()
         # Every job a thread reserved and has not finished with, by name. The Job itself is
         # kept, and the entry (as `_reserved_at`'s) goes only with that very Job: a job
@@ -529,8 +532,8 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._threads_died = False
         # The time limit, watched locally (the server's own limit is what decides):
-        self._deadlines: dict[tuple[str, str | None], float] = {}  # copy -> monotonic deadline of its running handler
-        self._runner_of: dict[tuple[str, str | None], threading.Thread] = {}  # copy -> the thread running it
+        self._deadlines: dict[_Copy, float] = {}  # copy -> monotonic deadline of its running handler
+        self._runner_of: dict[_Copy, threading.Thread] = {}  # copy -> the thread running it
         self._reserved_at: dict[str, tuple[Job, float]] = {}  # job name -> (it, monotonic time of its claim)
         # Keyed by the Thread itself: an ident is reused once its thread ends.
         self._prefetched: dict[threading.Thread, list[Job]] = {}  # jobs a thread holds, not started

@@ -244,6 +244,8 @@ PAUSE_FORM = re.compile(r'<form class="inline" method="post" action="([^"]*/(?:p
 STAMP = re.compile(r'name="c" value="(-?[0-9]+)"')
 KICK_FORM = re.compile(r'<form class="inline" method="post" action="([^"]*/kick)"[^>]*>(.*?)</form>', re.S)
 FIELD = re.compile(r'<input type="hidden" name="([^"]+)" value="([^"]*)">')
+# An overview's dead-job row: (token, list).
+DEAD_ROW_OF = re.compile(r'<tr class="dead-job" data-token="(\d+)">\s*<td><a href="[^"]*">([^<]+)</a>')
 
 
 def test_find_opens_the_job_with_exactly_that_id(app: Flask, registered: Backend, list_name: str) -> None:
@@ -328,7 +330,7 @@ def test_the_overview_shows_the_latest_dead_jobs_first(app: Flask, registered: B
     page = text(app.test_client().get("/"))
     # The rows of this test's lists: a shared server may hold other tests' dead jobs
     # that died later (a kick's clock moved on), which come first, as they should.
-    rows = re.findall(r'<tr class="dead-job" data-token="(\d+)">\s*<td><a href="[^"]*">([^<]+)</a>', page)
+    rows = DEAD_ROW_OF.findall(page)
     assert len(rows) == 50, rows
     ours = [name for name, *_ in (*olds, (f"b-{list_name}",))]
     shown = [(name[0], token) for token, name in rows if name in ours]
@@ -366,7 +368,7 @@ def test_the_overview_reads_the_rows_it_shows_and_no_error_histories(
 
     monkeypatch.setattr(registered, "batch_get", spy)
     page = text(app.test_client().get("/"))
-    rows = re.findall(r'<tr class="dead-job" data-token="(\d+)">\s*<td><a href="[^"]*">([^<]+)</a>', page)
+    rows = DEAD_ROW_OF.findall(page)
     ours = [name for _, name in rows if name in names]  # a shared server's other lists may have later deaths
     assert len(rows) == 50 and ours, rows
     assert page.count("HistError: ") == len(ours), "each row with its last error only"
