@@ -80,6 +80,10 @@ class BackendError(AeroqueueError):
         super().__init__(message, operation=operation, key=key, code=code, **context)
 
 
+class StoreUnreachable(BackendError):
+    """No node of the store answered the connection: the server is down or unreachable."""
+
+
 class RecordNotFound(BackendError):
     """The record does not exist."""
 

@@ -55,7 +55,14 @@ from prometheus_client.registry import Collector
 from . import keys
 from .backends import Backend
 from .backends.base import AFTER_TIMEOUT_BUDGET_S, AFTER_TIMEOUT_MS, UnansweredLast
-from .errors import AeroqueueError, BackendTimeout, ClusterChanging, ConfigError, ListNotFound
+from .errors import (
+    AeroqueueError,
+    BackendTimeout,
+    ClusterChanging,
+    ConfigError,
+    ListNotFound,
+    StoreUnreachable,
+)
 from .hosts import TrustedHosts
 from .lists import JobLists, ListStatus
 from .observe import WorkerObserver
@@ -363,6 +370,71 @@ def store_registry(backend: Backend, names: Callable[[], Iterable[str]]) -> Coll
     registry = CollectorRegistry()
     registry.register(StoreCollector(backend, names))
     return registry
+
+
+class StoreLater(Collector):
+    """The exporter of a store that did not answer when it started (a server still
+    coming up, or down): it serves anyway, `aeroqueue_store_up` 0, rather than exit,
+    which Prometheus would see as the exporter down, for a reason on another host.
+    A scrape connects (`connect`: the `StoreCollector` of the store once it answers),
+    one scrape at a time and at most every `retry_s`; from then on the scrapes are
+    that collector's."""
+
+    def __init__(self, connect: Callable[[], StoreCollector], error: AeroqueueError, *, retry_s: float = 10.0) -> None:
+        self._connect = connect
+        self.retry_s = retry_s
+        self._collector: StoreCollector | None = None
+        self._next = float("-inf")  # the first scrape tries again
+        self._errors = 1  # `error`, the attempt that failed
+        self._said = ""
+        self._lock = threading.Lock()
+        self._failed(error)
+
+    def collect(self) -> Iterator[Metric]:
+        started = time.monotonic()
+        collector = self._collector or self._try()
+        if collector is not None:
+            yield from collector.collect()
+            return
+        yield GaugeMetricFamily("aeroqueue_lists", "Job lists exported.", value=0)
+        yield GaugeMetricFamily(
+            "aeroqueue_store_up", "1 if this scrape read every list from the store, 0 if a read failed "
+            "(the lists it could not read have no series: alert on this).", value=0,
+        )
+        yield CounterMetricFamily("aeroqueue_exporter_errors", "Store reads that failed during scrapes.", value=self._errors)
+        yield GaugeMetricFamily(
+            "aeroqueue_exporter_scrape_duration_seconds", "Time this scrape took to read the store.",
+            value=time.monotonic() - started,
+        )
+
+    def _try(self) -> StoreCollector | None:
+        # Not blocking: a scrape that comes while another connects answers at once.
+        if time.monotonic() < self._next or not self._lock.acquire(blocking=False):
+            return None
+        try:
+            if self._collector is None and time.monotonic() >= self._next:
+                try:
+                    collector = self._connect()
+                except AeroqueueError as e:
+                    self._errors += 1
+                    self._next = time.monotonic() + self.retry_s
+                    self._failed(e)
+                    return None
+                collector._errors = self._errors  # the counter goes on, no reset
+                self._collector = collector
+                log.info("store reachable: exporting its lists", extra={"event": "store_reachable"})
+            return self._collector
+        finally:
+            self._lock.release()
+
+    def _failed(self, e: AeroqueueError) -> None:
+        # Once per different reason, not every retry.
+        (log.warning if str(e) != self._said else log.debug)(
+            # Not reachable, or reachable but refused (its modules not registered yet).
+            f"store not {'reachable' if isinstance(e, StoreUnreachable) else 'usable'}: serving "
+            "aeroqueue_store_up 0 until it answers",
+            extra={"event": "store_unreachable", "error": str(e), "hint": getattr(e, "hint", None)})
+        self._said = str(e)
 
 
 # How long the scrape being collected may read the store (seconds; None: no bound but

@@ -6,16 +6,18 @@ server", as if the server were too old for scans). A node of its own, started fr
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from aeroqueue import errors
+from aeroqueue import errors, udfs
 from aeroqueue.backends import open_backend
 from aeroqueue.cli import main
 from aeroqueue.lists import JobLists
+from aeroqueue.loading import JobSpec
 from tests.conftest import port_open, require
 
 SERVER = Path(__file__).resolve().parents[2] / "shared" / "aerospike" / "server"
@@ -63,3 +65,42 @@ def test_a_scan_and_a_read_on_a_stopped_server_say_it_may_be_down(stopped_server
     # The CLI, started after the stop: it cannot connect at all, and says so.
     out = CliRunner().invoke(main, ["--url", url, "lists"])
     assert out.exit_code == 1 and "is the server running" in out.output, out.output
+
+
+def test_the_exporter_serves_store_up_0_until_its_server_comes_up(tmp_path: Path) -> None:
+    """`aeroqueue metrics` started before its server (a deploy brings both up at once):
+    it serves `aeroqueue_store_up` 0 instead of exiting (Prometheus would see the
+    exporter down), and exports the lists once the server answers."""
+    from tests.observe.conftest import free_port, spawn, stop
+    from tests.observe.test_metrics import scrape, value, wait_for
+
+    require(SERVER.is_file(), f"{SERVER} is missing: no Aerospike server to start")
+    port, where = _free_port(), tmp_path / "node"
+    run = [str(SERVER), "--port", str(port), "--dir", str(where)]
+    url, metrics_port, log = f"aerospike://127.0.0.1:{port}/test", free_port(), tmp_path / "exporter.log"
+    proc = spawn(["--url", url, "metrics", "--port", str(metrics_port), "--discover-every", "1"], log)
+    endpoint = f"http://127.0.0.1:{metrics_port}/metrics"
+    try:
+        samples = wait_for(endpoint, proc, log)
+        assert value(samples, "aeroqueue_store_up") == 0 and value(samples, "aeroqueue_lists") == 0, samples
+        subprocess.run([run[0], "start", *run[1:]], check=True, capture_output=True, timeout=90)
+        backend = open_backend(url)
+        try:
+            udfs.register(backend)
+            JobLists(backend).load("up-later", [JobSpec(str(i), i) for i in range(3)], seal=True)
+        finally:
+            backend.close()
+        deadline = time.monotonic() + 30  # the exporter connects again every 10 s
+        while value(samples := scrape(endpoint), "aeroqueue_store_up") != 1:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, f"never connected:\n{log.read_text()[-3000:]}"
+            time.sleep(0.5)
+        assert value(samples, "aeroqueue_list_jobs", list="up-later") == 3, samples
+        assert value(samples, "aeroqueue_exporter_errors_total") >= 2, "the failed connects stay counted"
+    finally:
+        code = stop(proc)
+        subprocess.run([run[0], "stop", *run[1:]], capture_output=True, timeout=60)
+    said = log.read_text()
+    assert code == 0, said[-3000:]
+    assert said.count("store not reachable") == 1, f"said once, not at each retry:\n{said[-3000:]}"
+    assert "is the server running and reachable" in said and "store reachable: exporting its lists" in said, said

@@ -7,7 +7,7 @@ import tempfile
 from typing import Any
 
 from ..config import StoreURL, default_store_path, resolve_url
-from ..errors import BackendError, ConfigError
+from ..errors import BackendError, ConfigError, StoreUnreachable
 from .base import (
     FRESH_DEADLINE,
     IN_DOUBT,
@@ -86,7 +86,10 @@ def open_backend(url: str | StoreURL | None = None, *, create: bool = True, **em
                         "remove user:password@ from --url or AEROQUEUE_URL")
             else:
                 hint = "check the user name and password in --url or AEROQUEUE_URL"
-        err = BackendError(f"cannot connect to {parsed} through {seeds}: {why}", operation="connect")
+        # Unreachable, or refused (a login, a cluster name): a caller that waits for a
+        # server coming up (the metrics exporter) waits only for the first.
+        kind = BackendError if isinstance(e, aerospike.exception.AdminError) else StoreUnreachable
+        err = kind(f"cannot connect to {parsed} through {seeds}: {why}", operation="connect")
         err.hint = hint
         raise err from e
     return Backend(client, parsed)

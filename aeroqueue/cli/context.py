@@ -61,9 +61,16 @@ class Context:
     def backend(self, *, check_udfs: bool = True, create: bool = False) -> Backend:
         if self._backend is None:
             # The default store, or AEROQUEUE_CREATE: config.may_create, as for connect().
-            self._backend = open_backend(self.url, create=create or self.create or may_create(self.url))
+            backend = open_backend(self.url, create=create or self.create or may_create(self.url))
             if check_udfs:
-                udfs.ensure(self._backend)
+                try:
+                    udfs.ensure(backend)
+                except BaseException:
+                    # Not kept: a caller that asks again (the metrics exporter, at its
+                    # next scrape) gets the check again, not a store it refused.
+                    backend.close()
+                    raise
+            self._backend = backend
         return self._backend
 
 

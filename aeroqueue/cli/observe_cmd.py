@@ -15,9 +15,10 @@ from typing import Any
 
 import click
 
-from ..errors import ConfigError
+from ..errors import ConfigError, StoreUnreachable
 from ..hosts import is_wildcard, url_host
 from ..keys import check_list_name
+from ..logs import command_info
 from ..stopping import Stop
 from .context import Context, check_bind_host, err_console, option, seconds, usage_check
 
@@ -47,12 +48,27 @@ def metrics(
 ) -> None:
     """Export every list's counts to Prometheus: total, queued, delayed, claimed, done,
     dead and completion, read from the store at each scrape (a few reads per list:
-    its header and completion bitmaps, never a scan of its jobs)."""
-    from ..metrics import ListNames, serve, store_registry
+    its header and completion bitmaps, never a scan of its jobs).
+
+    A store that does not answer at the start (a server still coming up) is no
+    reason to stop: the exporter serves aeroqueue_store_up 0 and connects at a
+    later scrape."""
+    from prometheus_client import CollectorRegistry
+
+    from ..metrics import ListNames, StoreCollector, StoreLater, serve
 
     stop = _stop_on_signals()
-    backend = obj.backend()
-    registry = store_registry(backend, ListNames(backend, lists, discover_every_s=discover_every))
+
+    def collector() -> StoreCollector:
+        backend = obj.backend()
+        return StoreCollector(backend, ListNames(backend, lists, discover_every_s=discover_every))
+
+    registry = CollectorRegistry()
+    try:
+        registry.register(collector())
+    except StoreUnreachable as e:
+        command_info("aeroqueue.metrics")  # it says when the store answers
+        registry.register(StoreLater(collector, e))
     server = serve(registry, port, host, trusted_hosts)
     err_console.print(f"serving metrics on http://{url_host(host)}:{server.server_port}/metrics", highlight=False)
     _serve_until(stop, server)

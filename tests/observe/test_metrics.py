@@ -24,13 +24,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from aeroqueue import keys, udfs
 from aeroqueue.backends import Backend, open_backend
 from aeroqueue.backends.base import UnansweredLast
-from aeroqueue.errors import BackendTimeout
+from aeroqueue.errors import BackendTimeout, StoreUnreachable
 from aeroqueue.hosts import TrustedHosts, host_name, is_wildcard
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.metrics import (
     ListNames,
     StoreCollector,
+    StoreLater,
     WorkerMetrics,
     completion,
     serve,
@@ -711,3 +712,51 @@ def test_an_ipv6_address_is_printed_in_brackets_as_a_url_that_opens(tmp_path: Pa
     finally:
         codes = {name: stop(proc) for name, proc in procs.items()}
     assert codes == {name: 0 for name in procs}, codes
+
+
+def test_an_exporter_whose_store_did_not_answer_connects_at_a_later_scrape(
+    registered: Backend, list_name: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`StoreLater`: until the store answers, each scrape says `aeroqueue_store_up` 0 at
+    once (no scrape waits for another's connect, nor connects more often than its
+    retry time), the failures counted and said once; then the store's own gauges."""
+    JobLists(registered).load(list_name, [JobSpec("a", 1), JobSpec("b", 2)])
+    attempts: list[float] = []
+    up, connecting, release = threading.Event(), threading.Event(), threading.Event()
+    down = StoreUnreachable("cannot connect to aerospike://nowhere:3000/test through its seed: Failed to connect")
+
+    def connect() -> StoreCollector:
+        attempts.append(time.monotonic())
+        if not up.is_set():
+            raise down
+        connecting.set()
+        assert release.wait(10)
+        return StoreCollector(registered, lambda: [list_name])
+
+    registry = CollectorRegistry()
+    with caplog.at_level(logging.DEBUG, logger="aeroqueue.metrics"):
+        registry.register(StoreLater(connect, down, retry_s=0.3))
+        for _ in range(5):
+            samples = parse(generate_latest(registry).decode())
+            assert value(samples, "aeroqueue_store_up") == 0 and value(samples, "aeroqueue_lists") == 0
+        assert len(attempts) == 1, "one attempt within the retry time, not one a scrape"
+        time.sleep(0.35)
+        generate_latest(registry)
+        assert len(attempts) == 2
+        assert value(parse(generate_latest(registry).decode()), "aeroqueue_exporter_errors_total") == 3
+        said = [r for r in caplog.records if r.levelno == logging.WARNING and "store not reachable" in r.message]
+        assert len(said) == 1, "the same reason said once"
+        up.set()
+        time.sleep(0.35)
+        slow = threading.Thread(target=generate_latest, args=(registry,))
+        slow.start()
+        assert connecting.wait(10)
+        started = time.monotonic()
+        samples = parse(generate_latest(registry).decode())  # while the other scrape connects
+        assert time.monotonic() - started < 1 and value(samples, "aeroqueue_store_up") == 0
+        release.set()
+        slow.join(10)
+        samples = parse(generate_latest(registry).decode())
+    assert value(samples, "aeroqueue_store_up") == 1 and value(samples, "aeroqueue_list_jobs", list=list_name) == 2
+    assert value(samples, "aeroqueue_exporter_errors_total") == 3, "the counter goes on from the failed connects"
+    assert len(attempts) == 3
