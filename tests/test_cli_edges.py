@@ -615,6 +615,9 @@ def test_tuning_a_backoff_cap_below_its_base_is_usage_naming_the_options(ready_u
         (("--backoff", "90"), "--backoff-max (60 s, the list's) is below --backoff (90 s)"),
     ]:
         assert says in one_error_line(cli("tune", list_name, *args, url=ready_url), 2)
+    # Values from the environment are named by their variables, as --heartbeat's are.
+    said = one_error_line(cli("tune", list_name, url=ready_url, AEROQUEUE_BACKOFF="5", AEROQUEUE_BACKOFF_MAX="2"), 2)
+    assert "--backoff-max (2 s, from AEROQUEUE_BACKOFF_MAX) is below --backoff (5 s, from AEROQUEUE_BACKOFF)" in said, said
     st = json.loads(cli("status", list_name, "--json", url=ready_url).stdout)
     assert (st["backoff_s"], st["backoff_max_s"]) == (1, 60), "nothing changed"
     assert cli("tune", list_name, "--backoff", "90", "--backoff-max", "120", url=ready_url).exit_code == 0

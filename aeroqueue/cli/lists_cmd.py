@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 import click
+from click.core import ParameterSource
 from rich.console import Console
 from rich.table import Table
 
@@ -59,8 +60,15 @@ def _check_backoff(jl: JobLists, name: str, backoff_s: float | None, backoff_max
     base, cap = (ms / 1000 for ms in backoff_of(jl.header(name)))
     lo, hi = base if backoff_s is None else backoff_s, cap if backoff_max_s is None else backoff_max_s
     if hi < lo:
-        cap_is = f"{hi:g} s" + (", the list's" if backoff_max_s is None else "")
-        base_is = f"{lo:g} s" + (", the list's" if backoff_s is None else "")
+        ctx = click.get_current_context()
+
+        def whose(param: str, env: str) -> str:
+            if ctx.get_parameter_source(param) is ParameterSource.ENVIRONMENT:
+                return f", from AEROQUEUE_{env}"
+            return ", the list's" if ctx.params.get(param) is None else ""
+
+        cap_is = f"{hi:g} s" + whose("backoff_max_s", "BACKOFF_MAX")
+        base_is = f"{lo:g} s" + whose("backoff_s", "BACKOFF")
         raise click.UsageError(f"--backoff-max ({cap_is}) is below --backoff ({base_is}): the cap must be at "
                                "least the base")
 
