@@ -232,11 +232,11 @@ def completion(st: ListStatus) -> float:
 class StoreCollector(Collector):
     """Per-list gauges, read from the store at each scrape (within `Backend.bounded_reads`)."""
 
-    def __init__(self, backend: Backend, names: Callable[[], Iterable[str]]) -> None:
+    def __init__(self, backend: Backend, names: Callable[[], Iterable[str]], *, errors: int = 0) -> None:
         self.backend = backend
         self.lists = JobLists(backend)
         self.names = names
-        self._errors = 0
+        self._errors = errors  # counted before (`StoreLater`)
         self._missing: set[str] = set()  # lists said to be missing (once each)
         self._lock = threading.Lock()
         self._read_order = UnansweredLast()  # a frozen node's lists read after the others
@@ -376,23 +376,29 @@ class StoreLater(Collector):
     """The exporter of a store that did not answer when it started (a server still
     coming up, or down): it serves anyway, `aeroqueue_store_up` 0, rather than exit,
     which Prometheus would see as the exporter down, for a reason on another host.
-    A scrape connects (`connect`: the `StoreCollector` of the store once it answers),
-    one scrape at a time and at most every `retry_s`; from then on the scrapes are
-    that collector's."""
+    A thread of its own connects (`connect`: the `StoreCollector` of the store once
+    it answers) every `retry_s` until it does, so that no scrape waits on a connect;
+    from then on the scrapes are that collector's. `error`: why the first attempt
+    failed."""
 
-    def __init__(self, connect: Callable[[], StoreCollector], error: AeroqueueError, *, retry_s: float = 10.0) -> None:
+    def __init__(self, connect: Callable[[int], StoreCollector], error: Exception, *, retry_s: float = 10.0) -> None:
         self._connect = connect
         self.retry_s = retry_s
         self._collector: StoreCollector | None = None
-        self._next = float("-inf")  # the first scrape tries again
-        self._errors = 1  # `error`, the attempt that failed
+        self._errors = 1  # `error`, the attempt that failed; written by the thread only
         self._said = ""
-        self._lock = threading.Lock()
         self._failed(error)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._keep_trying, name="store-connect", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop trying (a connect under way ends first)."""
+        self._stop.set()
+        self._thread.join()
 
     def collect(self) -> Iterator[Metric]:
-        started = time.monotonic()
-        collector = self._collector or self._try()
+        collector = self._collector
         if collector is not None:
             yield from collector.collect()
             return
@@ -402,39 +408,31 @@ class StoreLater(Collector):
             "(the lists it could not read have no series: alert on this).", value=0,
         )
         yield CounterMetricFamily("aeroqueue_exporter_errors", "Store reads that failed during scrapes.", value=self._errors)
-        yield GaugeMetricFamily(
-            "aeroqueue_exporter_scrape_duration_seconds", "Time this scrape took to read the store.",
-            value=time.monotonic() - started,
-        )
+        yield GaugeMetricFamily("aeroqueue_exporter_scrape_duration_seconds", "Time this scrape took to read the store.",
+                                value=0.0)
 
-    def _try(self) -> StoreCollector | None:
-        # Not blocking: a scrape that comes while another connects answers at once.
-        if time.monotonic() < self._next or not self._lock.acquire(blocking=False):
-            return None
-        try:
-            if self._collector is None and time.monotonic() >= self._next:
-                try:
-                    collector = self._connect()
-                except AeroqueueError as e:
-                    self._errors += 1
-                    self._next = time.monotonic() + self.retry_s
-                    self._failed(e)
-                    return None
-                collector._errors = self._errors  # the counter goes on, no reset
-                self._collector = collector
-                log.info("store reachable: exporting its lists", extra={"event": "store_reachable"})
-            return self._collector
-        finally:
-            self._lock.release()
+    def _keep_trying(self) -> None:
+        while not self._stop.wait(self.retry_s):
+            try:
+                # The failures so far: the collector's counter goes on from them, no reset.
+                collector = self._connect(self._errors)
+            except Exception as e:  # any: the client's own errors too (a UDF check's timeout)
+                self._errors += 1
+                self._failed(e)
+                continue
+            self._collector = collector
+            log.info("store reachable: exporting its lists", extra={"event": "store_reachable"})
+            return
 
-    def _failed(self, e: AeroqueueError) -> None:
-        # Once per different reason, not every retry.
-        (log.warning if str(e) != self._said else log.debug)(
-            # Not reachable, or reachable but refused (its modules not registered yet).
-            f"store not {'reachable' if isinstance(e, StoreUnreachable) else 'usable'}: serving "
-            "aeroqueue_store_up 0 until it answers",
-            extra={"event": "store_unreachable", "error": str(e), "hint": getattr(e, "hint", None)})
-        self._said = str(e)
+    def _failed(self, e: Exception) -> None:
+        said = str(e) if isinstance(e, AeroqueueError) else f"{type(e).__name__}: {e}"
+        # Once per reason, not every retry. Not reachable, or reachable but refused
+        # (its modules not registered yet, a login).
+        what = "reachable" if isinstance(e, StoreUnreachable) else "usable"
+        (log.warning if said != self._said else log.debug)(
+            f"store not {what}: serving aeroqueue_store_up 0 until it answers",
+            extra={"event": f"store_un{what}", "error": said, "hint": getattr(e, "hint", None)})
+        self._said = said
 
 
 # How long the scrape being collected may read the store (seconds; None: no bound but

@@ -6,8 +6,9 @@ server", as if the server were too old for scans). A node of its own, started fr
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,8 @@ from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from tests.conftest import port_open, require
 
-SERVER = Path(__file__).resolve().parents[2] / "shared" / "aerospike" / "server"
+ROOT = Path(__file__).resolve().parents[1]
+SERVER = ROOT.parent / "shared" / "aerospike" / "server"
 
 
 def _free_port() -> int:
@@ -70,7 +72,8 @@ def test_a_scan_and_a_read_on_a_stopped_server_say_it_may_be_down(stopped_server
 def test_the_exporter_serves_store_up_0_until_its_server_comes_up(tmp_path: Path) -> None:
     """`aeroqueue metrics` started before its server (a deploy brings both up at once):
     it serves `aeroqueue_store_up` 0 instead of exiting (Prometheus would see the
-    exporter down), and exports the lists once the server answers."""
+    exporter down), still 0 while the new server lacks the Lua modules (each attempt
+    checks them again), and exports the lists once both are there."""
     from tests.observe.conftest import free_port, spawn, stop
     from tests.observe.test_metrics import scrape, value, wait_for
 
@@ -78,29 +81,51 @@ def test_the_exporter_serves_store_up_0_until_its_server_comes_up(tmp_path: Path
     port, where = _free_port(), tmp_path / "node"
     run = [str(SERVER), "--port", str(port), "--dir", str(where)]
     url, metrics_port, log = f"aerospike://127.0.0.1:{port}/test", free_port(), tmp_path / "exporter.log"
-    proc = spawn(["--url", url, "metrics", "--port", str(metrics_port), "--discover-every", "1"], log)
+    proc = spawn(["--url", url, "metrics", "--port", str(metrics_port), "--connect-every", "1"], log)
     endpoint = f"http://127.0.0.1:{metrics_port}/metrics"
+
+    def until(what: str, ok: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 30
+        while not ok():
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, f"never {what}:\n{log.read_text()[-3000:]}"
+            time.sleep(0.2)
+
     try:
         samples = wait_for(endpoint, proc, log)
         assert value(samples, "aeroqueue_store_up") == 0 and value(samples, "aeroqueue_lists") == 0, samples
         subprocess.run([run[0], "start", *run[1:]], check=True, capture_output=True, timeout=90)
+        until("refused for the missing modules", lambda: "store not usable" in log.read_text())
+        time.sleep(2.5)  # two more attempts: a store whose check failed is not taken as checked
+        assert value(scrape(endpoint), "aeroqueue_store_up") == 0, log.read_text()[-3000:]
         backend = open_backend(url)
         try:
             udfs.register(backend)
             JobLists(backend).load("up-later", [JobSpec(str(i), i) for i in range(3)], seal=True)
         finally:
             backend.close()
-        deadline = time.monotonic() + 30  # the exporter connects again every 10 s
-        while value(samples := scrape(endpoint), "aeroqueue_store_up") != 1:
-            assert proc.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, f"never connected:\n{log.read_text()[-3000:]}"
-            time.sleep(0.5)
+        until("connected", lambda: value(scrape(endpoint), "aeroqueue_store_up") == 1)
+        samples = scrape(endpoint)
         assert value(samples, "aeroqueue_list_jobs", list="up-later") == 3, samples
-        assert value(samples, "aeroqueue_exporter_errors_total") >= 2, "the failed connects stay counted"
+        assert value(samples, "aeroqueue_exporter_errors_total") >= 4, "the failed connects stay counted"
     finally:
         code = stop(proc)
         subprocess.run([run[0], "stop", *run[1:]], capture_output=True, timeout=60)
     said = log.read_text()
     assert code == 0, said[-3000:]
-    assert said.count("store not reachable") == 1, f"said once, not at each retry:\n{said[-3000:]}"
+    assert said.count("store not reachable") == 1, f"said once, not at each attempt:\n{said[-3000:]}"
     assert "is the server running and reachable" in said and "store reachable: exporting its lists" in said, said
+
+
+def test_an_exporter_whose_login_is_refused_ends_at_once(real_url: str) -> None:
+    """Only an unreachable store is waited for: a refused login is the URL's fault, and
+    a wait would serve `aeroqueue_store_up` 0 for ever."""
+    scheme, rest = real_url.split("://", 1)
+    url = f"{scheme}://app:pw-not-shown@{rest}"
+    with pytest.raises(errors.BackendError) as refused:
+        open_backend(url)
+    assert not isinstance(refused.value, errors.StoreUnreachable), refused.value
+    out = subprocess.run([sys.executable, "-m", "aeroqueue", "--url", url, "metrics", "--port", "0"],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 1 and "the server refused the login" in out.stderr, out.stderr
+    assert "pw-not-shown" not in out.stderr

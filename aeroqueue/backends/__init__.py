@@ -86,8 +86,9 @@ def open_backend(url: str | StoreURL | None = None, *, create: bool = True, **em
                         "remove user:password@ from --url or AEROQUEUE_URL")
             else:
                 hint = "check the user name and password in --url or AEROQUEUE_URL"
-        # Unreachable, or refused (a login, a cluster name): a caller that waits for a
-        # server coming up (the metrics exporter) waits only for the first.
+        # Unreachable, or a login refused: a caller that waits for a server coming up
+        # (the metrics exporter) waits only for the first. (A seed of another cluster,
+        # or a TLS handshake that fails, the client reports as unreachable: so is it.)
         kind = BackendError if isinstance(e, aerospike.exception.AdminError) else StoreUnreachable
         err = kind(f"cannot connect to {parsed} through {seeds}: {why}", operation="connect")
         err.hint = hint

@@ -42,33 +42,37 @@ METRICS_TRUSTED_HELP = (
 @option("--discover-every", env="METRICS_DISCOVER_EVERY", type=seconds(1), default=60.0,
         help="Without --list: seconds between scans of the list set for new lists (never one per scrape).")
 @option("--trusted-host", "trusted_hosts", env="METRICS_TRUSTED_HOSTS", multiple=True, help=METRICS_TRUSTED_HELP)
+@option("--connect-every", env="METRICS_CONNECT_EVERY", type=seconds(1), default=10.0,
+        help="While the store does not answer (it did not at the start): seconds between attempts to connect, "
+             "meanwhile serving aeroqueue_store_up 0.")
 @click.pass_obj
 def metrics(
     obj: Context, port: int, host: str, lists: tuple[str, ...], discover_every: float, trusted_hosts: tuple[str, ...],
+    connect_every: float,
 ) -> None:
     """Export every list's counts to Prometheus: total, queued, delayed, claimed, done,
     dead and completion, read from the store at each scrape (a few reads per list:
     its header and completion bitmaps, never a scan of its jobs).
 
     A store that does not answer at the start (a server still coming up) is no
-    reason to stop: the exporter serves aeroqueue_store_up 0 and connects at a
-    later scrape."""
+    reason to stop: the exporter serves aeroqueue_store_up 0 and tries again every
+    --connect-every seconds."""
     from prometheus_client import CollectorRegistry
 
     from ..metrics import ListNames, StoreCollector, StoreLater, serve
 
     stop = _stop_on_signals()
 
-    def collector() -> StoreCollector:
+    def collector(errors: int = 0) -> StoreCollector:
         backend = obj.backend()
-        return StoreCollector(backend, ListNames(backend, lists, discover_every_s=discover_every))
+        return StoreCollector(backend, ListNames(backend, lists, discover_every_s=discover_every), errors=errors)
 
     registry = CollectorRegistry()
     try:
         registry.register(collector())
     except StoreUnreachable as e:
         command_info("aeroqueue.metrics")  # it says when the store answers
-        registry.register(StoreLater(collector, e))
+        registry.register(StoreLater(collector, e, retry_s=connect_every))
     server = serve(registry, port, host, trusted_hosts)
     err_console.print(f"serving metrics on http://{url_host(host)}:{server.server_port}/metrics", highlight=False)
     _serve_until(stop, server)

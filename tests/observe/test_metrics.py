@@ -714,49 +714,55 @@ def test_an_ipv6_address_is_printed_in_brackets_as_a_url_that_opens(tmp_path: Pa
     assert codes == {name: 0 for name in procs}, codes
 
 
-def test_an_exporter_whose_store_did_not_answer_connects_at_a_later_scrape(
+def test_an_exporter_whose_store_did_not_answer_connects_later_and_no_scrape_waits(
     registered: Backend, list_name: str, caplog: pytest.LogCaptureFixture,
 ) -> None:
     """`StoreLater`: until the store answers, each scrape says `aeroqueue_store_up` 0 at
-    once (no scrape waits for another's connect, nor connects more often than its
-    retry time), the failures counted and said once; then the store's own gauges."""
+    once, also while a connect is under way; its thread tries again every retry time,
+    whatever the error (the client's own too), each reason said once and every failure
+    counted; then the store's own gauges, the counter going on."""
     JobLists(registered).load(list_name, [JobSpec("a", 1), JobSpec("b", 2)])
-    attempts: list[float] = []
-    up, connecting, release = threading.Event(), threading.Event(), threading.Event()
+    attempts: list[int] = []
+    connecting, release = threading.Event(), threading.Event()
     down = StoreUnreachable("cannot connect to aerospike://nowhere:3000/test through its seed: Failed to connect")
+    answers: list[Exception | None] = [down, down, RuntimeError("the client's own"), None]
 
-    def connect() -> StoreCollector:
-        attempts.append(time.monotonic())
-        if not up.is_set():
-            raise down
+    def connect(errors: int) -> StoreCollector:
+        attempts.append(errors)
+        answer = answers[len(attempts) - 1]
+        if answer is not None:
+            raise answer
         connecting.set()
         assert release.wait(10)
-        return StoreCollector(registered, lambda: [list_name])
+        return StoreCollector(registered, lambda: [list_name], errors=errors)
 
     registry = CollectorRegistry()
     with caplog.at_level(logging.DEBUG, logger="aeroqueue.metrics"):
-        registry.register(StoreLater(connect, down, retry_s=0.3))
-        for _ in range(5):
+        later = StoreLater(connect, down, retry_s=0.2)
+        try:
+            registry.register(later)
             samples = parse(generate_latest(registry).decode())
             assert value(samples, "aeroqueue_store_up") == 0 and value(samples, "aeroqueue_lists") == 0
-        assert len(attempts) == 1, "one attempt within the retry time, not one a scrape"
-        time.sleep(0.35)
-        generate_latest(registry)
-        assert len(attempts) == 2
-        assert value(parse(generate_latest(registry).decode()), "aeroqueue_exporter_errors_total") == 3
-        said = [r for r in caplog.records if r.levelno == logging.WARNING and "store not reachable" in r.message]
-        assert len(said) == 1, "the same reason said once"
-        up.set()
-        time.sleep(0.35)
-        slow = threading.Thread(target=generate_latest, args=(registry,))
-        slow.start()
-        assert connecting.wait(10)
-        started = time.monotonic()
-        samples = parse(generate_latest(registry).decode())  # while the other scrape connects
-        assert time.monotonic() - started < 1 and value(samples, "aeroqueue_store_up") == 0
-        release.set()
-        slow.join(10)
-        samples = parse(generate_latest(registry).decode())
-    assert value(samples, "aeroqueue_store_up") == 1 and value(samples, "aeroqueue_list_jobs", list=list_name) == 2
-    assert value(samples, "aeroqueue_exporter_errors_total") == 3, "the counter goes on from the failed connects"
-    assert len(attempts) == 3
+            assert attempts == [], "no attempt before the retry time"
+            assert connecting.wait(10), "the thread kept trying past the errors"
+            for _ in range(3):  # while the connect is under way
+                started = time.monotonic()
+                samples = parse(generate_latest(registry).decode())
+                assert time.monotonic() - started < 1 and value(samples, "aeroqueue_store_up") == 0
+            assert value(samples, "aeroqueue_exporter_errors_total") == 4
+            release.set()
+            deadline = time.monotonic() + 10
+            while value(samples := parse(generate_latest(registry).decode()), "aeroqueue_store_up") != 1:
+                assert time.monotonic() < deadline, "never connected"
+                time.sleep(0.05)
+        finally:
+            release.set()
+            later.close()
+    assert value(samples, "aeroqueue_list_jobs", list=list_name) == 2
+    assert value(samples, "aeroqueue_exporter_errors_total") == 4, "the counter goes on from the failed connects"
+    assert attempts == [1, 2, 3, 4], "one attempt each retry time, no more"
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warned.count("store not reachable: serving aeroqueue_store_up 0 until it answers") == 1, warned
+    assert warned.count("store not usable: serving aeroqueue_store_up 0 until it answers") == 1, warned
+    said = [getattr(r, "error", "") for r in caplog.records if r.levelno == logging.WARNING]
+    assert "RuntimeError: the client's own" in said, said
