@@ -96,7 +96,7 @@ def test_the_exporter_serves_store_up_0_until_its_server_comes_up(tmp_path: Path
         assert value(samples, "aeroqueue_store_up") == 0 and value(samples, "aeroqueue_lists") == 0, samples
         subprocess.run([run[0], "start", *run[1:]], check=True, capture_output=True, timeout=90)
         until("refused for the missing modules", lambda: "store not usable" in log.read_text())
-        time.sleep(2.5)  # two more attempts: a store whose check failed is not taken as checked
+        time.sleep(1.5)  # another attempt: a store whose check failed is not taken as checked
         assert value(scrape(endpoint), "aeroqueue_store_up") == 0, log.read_text()[-3000:]
         backend = open_backend(url)
         try:
