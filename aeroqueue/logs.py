@@ -16,6 +16,27 @@ from rich.console import Console
 _STANDARD_LOG_ATTRS = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
 
 
+def visible(text: str, *, keep: str = "") -> str:
+    """`text` for a terminal or a log line: every character a terminal acts on, or that
+    reorders the text shown (control and format characters: ESC, CR, BEL, DEL, the
+    bidirectional overrides, line separators), written as its JSON escape (\\u001b,
+    \\u202e), the characters in `keep` (a traceback's newlines) and all others as they
+    are. Job ids, payloads and handler errors come from customers' files and handlers:
+    printed raw, "\\u001b]52;..." would set an operator's clipboard, "\\r" overwrite
+    the line before, and U+202E show "invoice\\u202egpj.exe" as "invoiceexe.jpg"."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c in keep else _escaped(c) for c in text)
+
+
+def _escaped(c: str) -> str:
+    n = ord(c)
+    if n < 0x10000:
+        return f"\\u{n:04x}"
+    n -= 0x10000  # beyond the BMP: a surrogate pair, as JSON writes one
+    return f"\\u{0xD800 + (n >> 10):04x}\\u{0xDC00 + (n & 0x3FF):04x}"
+
+
 class JsonLines(logging.Formatter):
     """One JSON object per log line: time, level, message and the record's extra fields."""
 
@@ -47,13 +68,15 @@ class TextLines(logging.Formatter):
             line += "\n" + self.formatException(record.exc_info)
         if record.stack_info:
             line += "\n" + self.formatStack(record.stack_info)
-        return line
+        # The message and a traceback may quote a job's id or error too.
+        return visible(line, keep="\n")
 
 
 def _logfmt(value: object) -> str:
     text = str(value)
-    if text and not any(c in text for c in ' "=\n\t'):
+    if text and text.isprintable() and not any(c in text for c in ' "='):
         return text
+    # JSON escapes the C0 controls; `format` the rest (DEL, C1, format characters).
     return json.dumps(text, ensure_ascii=False)
 
 

@@ -1120,3 +1120,38 @@ def test_text_in_another_encoding_is_wrong_usage_not_a_crash(ready_url, args, en
     assert run.returncode == 2, (run.returncode, err[-2000:])
     assert f"Invalid value for {names}" in err and "is not valid UTF-8 text" in err, err
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+
+
+EVIL_ID = "inv\x1b]52;c;cm0gLXJmIH4=\x07oice\x1b[2J\u202egpj.exe\r"  # clipboard, clear screen, bidi, CR
+
+
+def test_a_customers_terminal_controls_reach_no_terminal(ready_url, list_name, caplog):
+    """A job id (a customer's file) and a handler's error are printed for an operator:
+    `job show`, an error line, a worker's log line. Raw, ESC sequences would set the
+    operator's clipboard (OSC 52) or clear the screen, CR overwrite a line, U+202E
+    show "exe.jpg" for "gpj.exe". They are shown as escapes; the JSON forms were and
+    are escaped by JSON itself."""
+    import logging
+
+    from aeroqueue.logs import TextLines
+
+    lists = JobLists(open_backend(ready_url))
+    lists.load(list_name, [JobSpec(EVIL_ID, {"note": "\x1b[31mred"})], max_attempts=1)
+    q = Queue(lists.backend)
+    with Session.open(lists.backend, heartbeat=False) as s:
+        job = q.reserve(list_name, s)[0]
+        q.fail(job, "boom\x1b]0;owned\x07\n  at line\u2028two")
+    shown = cli("job", "show", list_name, EVIL_ID, url=ready_url)
+    assert shown.exit_code == 0, shown.output
+    missing = cli("job", "show", list_name, EVIL_ID + "x", url=ready_url)
+    assert missing.exit_code == 1
+    record = logging.LogRecord("aeroqueue.worker", logging.WARNING, "", 0, "job %s failed", (EVIL_ID,), None)
+    record.jid, record.error = EVIL_ID, "a\x85b"
+    line = TextLines().format(record)
+    for out in (shown.stdout, missing.stderr, line):
+        assert not any(c in out for c in "\x1b\x07\r\u202e\u2028\x85"), repr(out)
+    assert "inv\\u001b]52;c;cm0gLXJmIH4=\\u0007oice\\u001b[2J\\u202egpj.exe\\u000d" in shown.stdout, shown.stdout
+    assert "boom\\u001b]0;owned\\u0007" in shown.stdout and "\n  at line\\u2028two" in shown.stdout, shown.stdout
+    assert "inv\\u001b]52" in missing.stderr or "inv\\x1b]52" in missing.stderr, missing.stderr
+    assert 'jid="inv\\u001b]52' in line and 'error="a\\u0085b"' in line, line
+    assert json.loads(line.split("jid=", 1)[1].split(" error=")[0]) == EVIL_ID, "still JSON, read back whole"

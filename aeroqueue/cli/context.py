@@ -27,6 +27,7 @@ from ..config import ENV_URL, MAX_ATTEMPTS, MAX_SECONDS, mask_passwords, mask_ur
 from ..errors import AeroqueueError, ConfigError, Interrupted, ListNotFound, Terminated
 from ..keys import check_list_name, check_text
 from ..lists import DEFAULT_MAX_ATTEMPTS, JobLists, new_list_policy
+from ..logs import visible
 from ..sessions import check_timing
 
 T = TypeVar("T")
@@ -172,7 +173,8 @@ def _say_error(text: str, argv: Sequence[str] = ()) -> None:
         for value in {arg, arg.partition("=")[2], str(PurePath(arg)) if arg else ""}:
             if value and (shown := mask_url(value)) != value:
                 text = text.replace(value, shown)
-    click.echo(mask_passwords(text), err=True, nl=False)
+    # A job's id or error quoted in it is the customer's text: no terminal controls.
+    click.echo(visible(mask_passwords(text), keep="\n"), err=True, nl=False)
 
 
 def _stdout_fd() -> int | None:

@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..lists import JobLists, check_bury_reason
+from ..logs import visible
 from ..sessions import lease_holder
 from .context import JSON_OPT, LIST_ARG, TEXT, Context, option, server_time, usage_check
 
@@ -70,21 +71,24 @@ def show(obj: Context, list_name: str, job_id: str, as_json: bool) -> None:
         click.echo(json.dumps(view, default=str))
         return
     # Text, not markup: a job id or payload such as "[/]" or "[link=...]" is shown as
-    # it is stored (as markup it raised MarkupError, or vanished into styles).
-    table = Table(title=Text(f"{list_name} / {job_id}"), show_header=False)
+    # it is stored (as markup it raised MarkupError, or vanished into styles); its
+    # terminal controls as escapes (`visible`): the id and the errors are the
+    # customer's and the handler's text.
+    table = Table(title=Text(visible(f"{list_name} / {job_id}")), show_header=False)
     table.add_column("")
     table.add_column("")
     for key in SHOWN[:-1]:
         value = view[key]
         if value is not None:
-            table.add_row(key.replace("_", " "), Text(value if isinstance(value, str) else json.dumps(value, default=str)))
+            table.add_row(key.replace("_", " "),
+                          Text(visible(value) if isinstance(value, str) else json.dumps(value, default=str)))
     console = Console()
     console.print(table)
     errors = view["errors"]
     console.print(f"errors: {len(errors)}" + (" (the last ones, oldest first)" if errors else ""), highlight=False)
     for e in errors:
         console.print(f"--- {e['at']}", style="bold", highlight=False)
-        console.print(e["error"], highlight=False, markup=False)
+        console.print(visible(str(e["error"]), keep="\n\t"), highlight=False, markup=False)
 
 
 @job.command()

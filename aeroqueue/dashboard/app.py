@@ -34,6 +34,7 @@ from ..config import may_create
 from ..errors import AeroqueueError, ListNotFound, ListReplaced
 from ..hosts import TrustedHosts
 from ..keys import INT64, InvalidName, check_list_name
+from ..logs import visible
 from .data import PageReads, Store, format_ms, now_ms
 
 ENV_SECRET = "AEROQUEUE_DASHBOARD_SECRET"
@@ -86,6 +87,10 @@ def create_app(
     def _globals() -> dict[str, Any]:
         return {"read_only": read_only, "now_ms": now_ms(), "refresh_s": refresh_s}
 
+    # Every value a page shows, its control and format characters as escapes (`visible`):
+    # a job id or error with U+202E showed "gpj.exe" as "exe.jpg". Markup (a macro's
+    # output, made of values shown so already) is left alone.
+    app.jinja_env.finalize = _visible
     app.add_template_filter(format_ms, "time")
     app.add_template_filter(_percent, "percent")
     app.add_template_filter(_pretty, "pretty")
@@ -262,6 +267,12 @@ def back(default: str) -> Response:
             or not target.isprintable():
         target = default
     return redirect(target)
+
+
+def _visible(value: Any) -> Any:
+    if type(value) is str:  # not Markup, a str subclass
+        return visible(value, keep="\n\t")
+    return value
 
 
 def _percent(share: float) -> str:

@@ -460,3 +460,27 @@ def test_a_link_from_another_site_leaves_the_open_pages_buttons_working(
             if browser.current_window_handle != first:
                 browser.switch_to.window(first)
             browser.get("about:blank")
+
+
+def test_an_id_that_reorders_its_text_is_shown_as_it_is_stored(browser: Any, registered: Backend, list_name: str) -> None:
+    """A job id or error with a bidirectional override (a customer's file, a handler's
+    message): raw, U+202E shows "invoice\u202egpj.exe" as "invoiceexe.jpg" in the
+    page, as the live refresh redraws it too. The override is shown as its escape."""
+    lists, queue = JobLists(registered), Queue(registered)
+    jid = "invoice\u202egpj.exe"
+    lists.load(list_name, [JobSpec(jid, 1)], max_attempts=1)
+    with Session.open(registered, heartbeat=False) as session:
+        queue.fail(queue.reserve(list_name, session)[0], "opened \u202etxt.exe\x1b[2J")
+    browser.get("about:blank")
+    browser.get_log("browser")
+    with serving(create_app(registered, secret_key="browser-test", refresh_s=1)) as base:
+        for path in (f"/lists/{list_name}", f"/lists/{list_name}/jobs/0", "/"):
+            browser.get(base + path)
+            wait_text(browser, "main", "invoice\\u202egpj.exe")
+            text = browser.execute_script("return document.querySelector('main').innerText")
+            assert "\u202e" not in text and "\x1b" not in text, repr(text)
+            if path != f"/lists/{list_name}/jobs/0":
+                assert "opened \\u202etxt.exe\\u001b[2J" in text, text
+        time.sleep(1.5)  # a live refresh redraws the rows the same way
+        text = browser.execute_script("return document.querySelector('main').innerText")
+        assert "invoice\\u202egpj.exe" in text and "\u202e" not in text, repr(text)
