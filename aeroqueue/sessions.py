@@ -619,9 +619,32 @@ def claim_leases(
             # Undecided at the deadline, it raises and the lease stays, for the next pass.
             codes = hotpath.until_decided(send, len(names), 5.0, f"claiming the leased jobs of session {session_id}")
             claimed += codes.count(0)
+            _check_refused(backend, session_id, [n for n, code in zip(names, codes, strict=True) if code == 27],
+                           att, at, created)
     if leases:
         retry_in_doubt(lambda: transitions.sess_once(backend, session_id, "unlease", list(leases)))
     return claimed
+
+
+_FENCE_BINS = ["state", "att", "claimed", "kicked", "c"]
+
+
+def _check_refused(
+    backend: Backend, session_id: str, names: list[str], att: int, at: int | None, created: int | None
+) -> None:
+    """Claims of leased jobs the filter refused (27): the job left the lease (acked,
+    claimed, kicked), or both tries reached the server past their deadline (a store
+    whose clock is ahead, a request held up). A record still as the lease read it is
+    the second: the lease must stay (raised: the next pass tries again), or its job,
+    held by no one, would take its frozen holder's late ack."""
+    if not names:
+        return
+    still = [n for n, (code, bins) in zip(names, backend.batch_bins(keys.JOB_SET, names, _FENCE_BINS), strict=True)
+             if code == 0 and bins is not None and _fenced(bins, att, at, created)]
+    if still:
+        raise BackendTimeout(f"claiming the leased jobs of session {session_id}: {len(still)} still leased were "
+                             "refused as past their deadline; a later pass tries again (if every pass says so, is "
+                             "the store's clock ahead of this host's?)", key=session_id)
 
 
 def leased_tokens(backend: Backend) -> set[tuple[str, int]]:

@@ -765,6 +765,42 @@ def test_a_claim_of_a_leased_job_run_past_its_deadline_changes_nothing(
     assert record(registered, job)["state"] == "done"
 
 
+def test_a_reaper_whose_claims_all_land_past_their_deadline_keeps_the_lease(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The reaper's claim of a leased job refused twice as past its deadline (a store
+    whose clock is ahead, requests held up) was taken for a job that left the lease,
+    and the lease forgotten: the job, still queued as leased, was held by no one, and
+    its frozen holder's late ack was taken. The lease stays until a pass claims it."""
+    load(lists, list_name, 3)
+    dead = Session.open(registered, interval_s=0.2, expiry_s=0.5, heartbeat=False)
+    held = queue.reserve(list_name, dead, 3, lease=True)
+    assert len(held) == 3 and all(j.lease is not None for j in held)
+    queue.complete(held[0], "acked in time")  # refused by the reaper's filter as well: left
+    queue.flush()
+    time.sleep(0.8)
+    real = hotpath.claim_leased
+
+    def held_up(backend: Backend, names: list[str], sess: str, rid: str, tlim: int, att: int, claimed: Any,
+                deadline: Any = None, **kw: Any) -> list[int]:
+        return real(backend, names, sess, rid, tlim, att, claimed, int(time.time() * 1000) - 60_000, **kw)
+
+    monkeypatch.setattr(hotpath, "claim_leased", held_up)
+    with pytest.raises(errors.BackendTimeout, match="still leased"):
+        reap(registered)
+    assert leases_of(registered, dead), "the lease is kept for a later pass"
+    assert all(record(registered, j)["state"] == "queued" for j in held[1:])
+    monkeypatch.undo()
+    reap(registered)
+    assert registered.get(keys.SESS_SET, dead.id) is None
+    with pytest.raises(errors.ClaimLost):
+        queue.complete(held[1], "late")  # the frozen holder's ack, refused
+    for job in held[1:]:
+        rec = record(registered, job)
+        assert rec["state"] == "queued" and rec["att"] == 1 and "sess" not in rec, rec
+    assert record(registered, held[0])["result"] == "acked in time"
+
+
 @pytest.mark.parametrize("lease", [False, True], ids=["claimed", "leased"])
 def test_reserved_jobs_are_plain_jobs(queue: Queue, lists: JobLists, list_name: str, session: Session, lease: bool) -> None:
     """`Queue._jobs` fills each Job's dict directly, not through the frozen dataclass's
