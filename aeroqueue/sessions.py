@@ -335,6 +335,11 @@ class Session:
             end = time.monotonic() + self.expiry_s
             while self._under_way and (left := end - time.monotonic()) > 0:
                 self._claims_done.wait(left)
+            # Still under way (a take retried on a busy list, a call held up): its lease
+            # may land after the leases are read below, and a record deleted then would
+            # take it along, its jobs held by no one while they run. The record is left
+            # to expire: the reaper gives back whatever it holds by then.
+            left_running = len(self._under_way)
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=self.interval_s + 5)
@@ -371,7 +376,11 @@ class Session:
                         # no reap's recount would offer it (only the regular sweep, minutes
                         # later). Offered here, as a reap would, before the record goes.
                         recount_session(self.backend, self.id)
-                self.backend.remove(keys.SESS_SET, self.id)
+                if left_running:
+                    log.warning("reservations still under way at close: the session is left to expire", extra={
+                        "event": "close_left_to_expire", "session": self.id, "reservations": left_running})
+                else:
+                    self.backend.remove(keys.SESS_SET, self.id)
         except BackendError as e:
             # The session record stays: it expires, and the reaper gives back what it
             # still holds. Deleting it would leave those claims to the rare sweep.

@@ -450,6 +450,52 @@ def test_closing_gives_leased_jobs_back_with_their_attempt(
     assert queue.complete_many(jobs[1:]) == jobs[1:]
 
 
+def test_a_close_that_outwaits_a_reservation_leaves_the_session_to_expire(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """close() waits for reservations under way up to the expiry. One still under way
+    past it (its lease held up) could record its lease after close read the leases
+    and before it deleted the record, which took the lease along: its jobs, handed
+    out, were held by no one (a sweep offers them to others while they run). The
+    record is left to expire instead, and the reaper gives the jobs back."""
+    load(lists, list_name, 4)
+    closing = Session.open(registered, interval_s=0.1, expiry_s=0.3, heartbeat=False)
+    sent, go = threading.Event(), threading.Event()
+    real_udf, real_remove = registered.udf, registered.remove
+
+    def udf(set_name: str, name: str, module: str, function: str, *args: Any, **kw: Any) -> Any:
+        if function == "lease":
+            sent.set()
+            go.wait(30)
+        return real_udf(set_name, name, module, function, *args, **kw)
+
+    def remove(set_name: str, name: str, **kw: Any) -> bool:
+        if set_name == keys.SESS_SET and name == closing.id:  # the lease lands just before
+            go.set()
+            t.join(30)
+        return real_remove(set_name, name, **kw)
+
+    monkeypatch.setattr(registered, "udf", udf)
+    monkeypatch.setattr(registered, "remove", remove)
+    got: dict[str, Any] = {}
+    t = threading.Thread(target=lambda: got.update(jobs=queue.reserve(list_name, closing, 4, lease=True)))
+    t.start()
+    assert sent.wait(10)
+    closing.close()
+    go.set()
+    t.join(30)
+    monkeypatch.undo()
+    assert len(got.get("jobs", [])) == 4, "the reservation got its jobs, leased"
+    assert registered.get(keys.SESS_SET, closing.id) is not None, "left to expire, not deleted"
+    assert leases_of(registered, closing), "with the lease that landed late"
+    time.sleep(0.5)
+    reap(registered)  # (on a shared server, other tests' dead sessions too)
+    assert registered.get(keys.SESS_SET, closing.id) is None
+    for job in got["jobs"]:
+        assert record(registered, job)["att"] == 1, "given back by the reaper, its attempt counted"
+    assert sorted(lists.header(list_name)["retry"]) == [0, 1, 2, 3]
+
+
 def test_claiming_a_lease_twice_claims_once(
     registered: Backend, queue: Queue, lists: JobLists, list_name: str, session: Session
 ) -> None:
