@@ -55,13 +55,13 @@ from prometheus_client.registry import Collector
 from . import keys
 from .backends import Backend
 from .backends.base import AFTER_TIMEOUT_BUDGET_S, AFTER_TIMEOUT_MS, UnansweredLast
+from .backends.later import Later
 from .errors import (
     AeroqueueError,
     BackendTimeout,
     ClusterChanging,
     ConfigError,
     ListNotFound,
-    StoreUnreachable,
 )
 from .hosts import TrustedHosts
 from .lists import JobLists, ListStatus
@@ -376,29 +376,20 @@ class StoreLater(Collector):
     """The exporter of a store that did not answer when it started (a server still
     coming up, or down): it serves anyway, `aeroqueue_store_up` 0, rather than exit,
     which Prometheus would see as the exporter down, for a reason on another host.
-    A thread of its own connects (`connect`: the `StoreCollector` of the store once
-    it answers) every `retry_s` until it does, so that no scrape waits on a connect;
-    from then on the scrapes are that collector's. `error`: why the first attempt
-    failed."""
+    `connect(failures)` (the `StoreCollector` of the store once it answers, its error
+    counter going on from `failures`) is called every `retry_s` by a thread of its
+    own (`backends.later.Later`), so that no scrape waits on a connect; from then on
+    the scrapes are that collector's. `error`: why the first attempt failed."""
 
     def __init__(self, connect: Callable[[int], StoreCollector], error: Exception, *, retry_s: float = 10.0) -> None:
-        self._connect = connect
-        self.retry_s = retry_s
-        self._collector: StoreCollector | None = None
-        self._errors = 1  # `error`, the attempt that failed; written by the thread only
-        self._said = ""
-        self._failed(error)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._keep_trying, name="store-connect", daemon=True)
-        self._thread.start()
+        self._later = Later(connect, error, retry_s=retry_s, log=log, meanwhile="serving aeroqueue_store_up 0")
 
     def close(self) -> None:
         """Stop trying (a connect under way ends first)."""
-        self._stop.set()
-        self._thread.join()
+        self._later.close()
 
     def collect(self) -> Iterator[Metric]:
-        collector = self._collector
+        collector = self._later.value
         if collector is not None:
             yield from collector.collect()
             return
@@ -407,32 +398,10 @@ class StoreLater(Collector):
             "aeroqueue_store_up", "1 if this scrape read every list from the store, 0 if a read failed "
             "(the lists it could not read have no series: alert on this).", value=0,
         )
-        yield CounterMetricFamily("aeroqueue_exporter_errors", "Store reads that failed during scrapes.", value=self._errors)
+        yield CounterMetricFamily("aeroqueue_exporter_errors", "Store reads that failed during scrapes.",
+                                  value=self._later.failures)
         yield GaugeMetricFamily("aeroqueue_exporter_scrape_duration_seconds", "Time this scrape took to read the store.",
                                 value=0.0)
-
-    def _keep_trying(self) -> None:
-        while not self._stop.wait(self.retry_s):
-            try:
-                # The failures so far: the collector's counter goes on from them, no reset.
-                collector = self._connect(self._errors)
-            except Exception as e:  # any: the client's own errors too (a UDF check's timeout)
-                self._errors += 1
-                self._failed(e)
-                continue
-            self._collector = collector
-            log.info("store reachable: exporting its lists", extra={"event": "store_reachable"})
-            return
-
-    def _failed(self, e: Exception) -> None:
-        said = str(e) if isinstance(e, AeroqueueError) else f"{type(e).__name__}: {e}"
-        # Once per reason, not every retry. Not reachable, or reachable but refused
-        # (its modules not registered yet, a login).
-        what = "reachable" if isinstance(e, StoreUnreachable) else "usable"
-        (log.warning if said != self._said else log.debug)(
-            f"store not {what}: serving aeroqueue_store_up 0 until it answers",
-            extra={"event": f"store_un{what}", "error": said, "hint": getattr(e, "hint", None)})
-        self._said = said
 
 
 # How long the scrape being collected may read the store (seconds; None: no bound but

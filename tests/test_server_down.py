@@ -114,7 +114,7 @@ def test_the_exporter_serves_store_up_0_until_its_server_comes_up(tmp_path: Path
     said = log.read_text()
     assert code == 0, said[-3000:]
     assert said.count("store not reachable") == 1, f"said once, not at each attempt:\n{said[-3000:]}"
-    assert "is the server running and reachable" in said and "store reachable: exporting its lists" in said, said
+    assert "is the server running and reachable" in said and "event=store_reachable" in said, said
 
 
 def test_an_exporter_whose_login_is_refused_ends_at_once(real_url: str) -> None:

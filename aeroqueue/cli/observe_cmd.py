@@ -7,6 +7,7 @@ neither has a login, so another address belongs behind a proxy that has one.
 
 from __future__ import annotations
 
+import logging
 import signal
 import socket
 import sys
@@ -15,6 +16,7 @@ from typing import Any
 
 import click
 
+from ..backends.later import Later
 from ..errors import ConfigError, StoreUnreachable
 from ..hosts import is_wildcard, url_host
 from ..keys import check_list_name
@@ -87,14 +89,20 @@ def metrics(
              "proxy in front of it. Ports, case and a trailing dot are ignored. Loopback names, the --host address and, "
              "with a wildcard --host (0.0.0.0, ::), the address a request came in at are always served; any other Host "
              "is refused, so that no other site's page can reach it by DNS rebinding.")
+@option("--connect-every", env="DASHBOARD_CONNECT_EVERY", type=seconds(1), default=10.0,
+        help="While the store does not answer (it did not at the start): seconds between attempts to connect, "
+             "meanwhile answering every page with a 503 that says why.")
 @click.pass_obj
-def dashboard(obj: Context, port: int, host: str, read_only: bool, trusted_hosts: tuple[str, ...]) -> None:
+def dashboard(
+    obj: Context, port: int, host: str, read_only: bool, trusted_hosts: tuple[str, ...], connect_every: float,
+) -> None:
     """Serve the web dashboard: lists with progress and counts, live sessions, dead
     jobs with their errors, each job's detail; pause/resume a list, kick dead jobs.
 
     The CSRF tokens of its forms are signed with AEROQUEUE_DASHBOARD_SECRET when
     set (needed when several processes serve one address), else a key made up
-    for this process."""
+    for this process. A store that does not answer at the start is tried again
+    every --connect-every seconds; meanwhile each page says why it cannot show."""
     try:
         from werkzeug.serving import make_server
 
@@ -104,7 +112,14 @@ def dashboard(obj: Context, port: int, host: str, read_only: bool, trusted_hosts
     stop = _stop_on_signals()
     # The bound address itself is a name it is reached by (a wildcard is not).
     bound = () if is_wildcard(host) else (host,)
-    app = create_app(obj.backend(), read_only=read_only, trusted_hosts=(*bound, *trusted_hosts))
+    try:
+        app = create_app(obj.backend(), read_only=read_only, trusted_hosts=(*bound, *trusted_hosts))
+    except StoreUnreachable as e:
+        log = logging.getLogger("aeroqueue.dashboard")
+        command_info(log.name)  # it says when the store answers
+        later = Later(lambda _failures: obj.backend(), e, retry_s=connect_every, log=log,
+                      meanwhile="answering every page with a 503")
+        app = create_app(read_only=read_only, trusted_hosts=(*bound, *trusted_hosts), later=later)
     listener = _dashboard_socket(host, port)
     try:
         # werkzeug takes a duplicate of the descriptor: ours is closed either way.

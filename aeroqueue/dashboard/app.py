@@ -21,8 +21,9 @@ import json
 import os
 import re
 import secrets
-from collections.abc import Iterable
-from typing import Any
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 from flask import Flask, abort, flash, redirect, render_template, request, url_for
@@ -30,8 +31,9 @@ from flask_wtf.csrf import CSRFError, CSRFProtect
 from werkzeug.wrappers import Response
 
 from ..backends import Backend, open_backend
+from ..backends.later import Later
 from ..config import may_create
-from ..errors import AeroqueueError, ListNotFound, ListReplaced
+from ..errors import AeroqueueError, BackendError, ListNotFound, ListReplaced
 from ..hosts import TrustedHosts
 from ..keys import INT64, InvalidName, check_list_name
 from ..logs import visible
@@ -45,9 +47,12 @@ CSP = "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'no
 
 def create_app(
     store: Backend | str | None = None, *, read_only: bool = False, secret_key: str | None = None,
-    refresh_s: float = REFRESH_S, trusted_hosts: Iterable[str] = (),
+    refresh_s: float = REFRESH_S, trusted_hosts: Iterable[str] = (), later: Later[Backend] | None = None,
 ) -> Flask:
     """The dashboard app on a backend (or a store URL; default: AEROQUEUE_URL).
+
+    `later` (the command's, when the store did not answer at its start): the
+    backend once it answers; until then every page is a 503 naming the last error.
 
     `secret_key` signs the session cookie that holds the CSRF token; by default
     it is read from AEROQUEUE_DASHBOARD_SECRET, else made up for this process
@@ -60,7 +65,10 @@ def create_app(
     rebinding) could otherwise read its CSRF token and post actions (aeroqueue.hosts)."""
     # A store named by URL must exist, as for the CLI (config.may_create): a typo in
     # AEROQUEUE_URL is an error, not a dashboard of a new empty store.
-    backend = store if isinstance(store, Backend) else open_backend(store, create=may_create(store))
+    connected: Store | None = None
+    if later is None:
+        backend = store if isinstance(store, Backend) else open_backend(store, create=may_create(store))
+        connected = Store(backend)
     app = Flask(__name__)
     app.config.update(
         SECRET_KEY=secret_key or os.environ.get(ENV_SECRET) or secrets.token_hex(32),
@@ -80,8 +88,26 @@ def create_app(
         host = request.headers.get("Host", "")
         if not trusted.allows(host, _local_address(request.environ)):
             abort(400, trusted.refusal(host, "this dashboard"))
-    data = Store(backend)
-    app.extensions["aeroqueue"] = data
+
+    made = threading.Lock()
+
+    def store_now() -> Store:
+        nonlocal connected
+        if connected is None:
+            assert later is not None
+            backend = later.value
+            if backend is None:
+                # A 503 (`_store_error`) that says why.
+                err = later.error
+                raise err if isinstance(err, AeroqueueError) else BackendError(f"{type(err).__name__}: {err}")
+            with made:
+                if connected is None:
+                    connected = app.extensions["aeroqueue"] = Store(backend)
+        return connected
+
+    # The pages' reads, on the store once it answers (`store_now`).
+    data = cast(Store, _Deferred(store_now))
+    app.extensions["aeroqueue"] = connected
 
     @app.context_processor
     def _globals() -> dict[str, Any]:
@@ -116,8 +142,9 @@ def create_app(
 
     @app.errorhandler(AeroqueueError)
     def _store_error(e: AeroqueueError) -> tuple[str, int]:
-        app.logger.warning("store error: %s", e, extra={"event": "store_error", "error": str(e)})
-        return render_template("error.html", title="Store error", message=str(e)), 503
+        if connected is not None:  # not connected yet: `Later` said why, once
+            app.logger.warning("store error: %s", e, extra={"event": "store_error", "error": str(e)})
+        return render_template("error.html", title="Store error", message=str(e) + (f" ({e.hint})" if e.hint else "")), 503
 
     # -- pages -------------------------------------------------------------------
 
@@ -133,7 +160,7 @@ def create_app(
     @app.get("/lists/<name>")
     def list_page(name: str) -> str:
         row = data.list_row(name)  # the page's subject: if it does not answer, 503
-        reads = PageReads(backend)
+        reads = PageReads(data.backend)
         dead = reads.read("dead jobs", functools.partial(data.dead_jobs, name))
         return render_template("list.html", row=row, dead=dead, searched=request.args.get("id", "")[:FIND_ID_SHOWN])
 
@@ -267,6 +294,17 @@ def back(default: str) -> Response:
             or not target.isprintable():
         target = default
     return redirect(target)
+
+
+class _Deferred:
+    """Attributes of what `get()` answers when asked: a `Store` made once the store
+    answers, or the error that says why not yet."""
+
+    def __init__(self, get: Callable[[], Any]) -> None:
+        self._get = get
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._get(), name)
 
 
 def _visible(value: Any) -> Any:

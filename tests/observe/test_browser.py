@@ -484,3 +484,44 @@ def test_an_id_that_reorders_its_text_is_shown_as_it_is_stored(browser: Any, reg
         time.sleep(1.5)  # a live refresh redraws the rows the same way
         text = browser.execute_script("return document.querySelector('main').innerText")
         assert "invoice\\u202egpj.exe" in text and "\u202e" not in text, repr(text)
+
+
+def test_a_dashboard_started_before_its_store_says_why_then_shows_it(
+    browser: Any, registered: Backend, list_name: str,
+) -> None:
+    """The page an operator opens while the dashboard waits for its store: the error
+    and its hint in the page's own layout (the stylesheet loads under the CSP); the
+    overview once the store answers."""
+    import logging
+
+    from aeroqueue.backends.later import Later
+    from aeroqueue.errors import StoreUnreachable
+
+    JobLists(registered).load(list_name, [JobSpec("a", 1)])
+    down = StoreUnreachable("cannot connect to aerospike://nowhere:3000/test through its seed: Failed to connect")
+    down.hint = "is the server running and reachable?"
+    up = threading.Event()
+
+    def make(_failures: int) -> Backend:
+        if not up.is_set():
+            raise down
+        return registered
+
+    later = Later(make, down, retry_s=0.1, log=logging.getLogger("aeroqueue.dashboard"), meanwhile="a 503")
+    browser.get("about:blank")
+    browser.get_log("browser")
+    try:
+        with serving(create_app(later=later, secret_key="browser-test", refresh_s=1)) as base:
+            browser.get(base + "/")
+            wait_text(browser, "main", "Failed to connect (is the server running and reachable?)")
+            assert "Store error" in browser.find_element("css selector", "main h2").text
+            bg = browser.execute_script("return getComputedStyle(document.body).backgroundColor")
+            assert bg == "rgb(246, 247, 249)", f"the stylesheet applies: {bg}"
+            up.set()
+            time.sleep(0.3)
+            browser.get(base + "/")
+            wait_text(browser, f'tr.list-row[data-list="{list_name}"]', list_name)
+    finally:
+        later.close()
+    severe = [e for e in browser.get_log("browser") if e.get("level") == "SEVERE" and "503" not in e.get("message", "")]
+    assert severe == [], severe

@@ -644,3 +644,74 @@ def test_dashboard_command_names_an_address_it_cannot_serve_on(registered: Backe
     assert foreign.exit_code == 1, foreign.output
     assert foreign.output.startswith("error: cannot serve the dashboard on 192.0.2.1:0: "), foreign.output
     assert len(foreign.output.strip().splitlines()) == 1, foreign.output
+
+
+def test_a_dashboard_whose_store_did_not_answer_says_why_until_it_does(
+    registered: Backend, list_name: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Started before its server (`Later`): every page is a 503 naming the error and
+    its hint, without a warning a page (the refresh asks every 5 s), the stylesheet
+    still served; once the store answers, the pages are the store's."""
+    import logging
+
+    from aeroqueue.backends.later import Later
+    from aeroqueue.errors import StoreUnreachable
+
+    JobLists(registered).load(list_name, [JobSpec("a", 1)])
+    down = StoreUnreachable("cannot connect to aerospike://nowhere:3000/test through its seed: Failed to connect")
+    down.hint = "is the server running and reachable?"
+    up = {"now": False}
+
+    def make(_failures: int) -> Backend:
+        if not up["now"]:
+            raise down
+        return registered
+
+    log = logging.getLogger("aeroqueue.dashboard")
+    later = Later(make, down, retry_s=0.1, log=log, meanwhile="answering every page with a 503")
+    try:
+        client = create_app(later=later, secret_key="s").test_client()
+        with caplog.at_level(logging.WARNING):
+            for path in ("/", f"/lists/{list_name}", f"/lists/{list_name}/jobs/0"):
+                page = client.get(path)
+                body = html.unescape(page.get_data(as_text=True))
+                assert page.status_code == 503, (path, body)
+                assert "Failed to connect (is the server running and reachable?)" in body, body
+        assert not [r for r in caplog.records if "store error" in r.getMessage()], "said once, by Later"
+        assert client.get("/static/dashboard.css").status_code == 200
+        up["now"] = True
+        deadline = time.monotonic() + 10
+        while (page := client.get(f"/lists/{list_name}")).status_code != 200:
+            assert time.monotonic() < deadline, page.get_data(as_text=True)
+            time.sleep(0.05)
+        assert list_name in page.get_data(as_text=True)
+        assert client.get("/").status_code == 200
+    finally:
+        later.close()
+
+
+def test_the_dashboard_command_serves_while_its_store_is_unreachable(tmp_path: Path) -> None:
+    """`aeroqueue dashboard` started with its server down serves a 503 that says why,
+    rather than exit (a deploy starts it beside the server), and stops on SIGTERM."""
+    port, log = free_port(), tmp_path / "dashboard.log"
+    proc = spawn(["--url", "aerospike://127.0.0.1:3999/test", "dashboard", "--port", str(port),
+                  "--connect-every", "1"], log)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5)
+            except urllib.error.HTTPError as e:
+                assert e.code == 503 and "is the server running" in html.unescape(e.read().decode()), e
+                break
+            except (urllib.error.URLError, ConnectionError):
+                assert proc.poll() is None, log.read_text()[-3000:]
+                assert time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.1)
+        time.sleep(1.5)  # an attempt more: said once
+        assert proc.poll() is None
+    finally:
+        code = stop(proc)
+    said = log.read_text()
+    assert code == 0, said[-3000:]
+    assert said.count("store not reachable") == 1 and "store error" not in said, said
