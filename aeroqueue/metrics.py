@@ -56,13 +56,7 @@ from . import keys
 from .backends import Backend
 from .backends.base import AFTER_TIMEOUT_BUDGET_S, AFTER_TIMEOUT_MS, UnansweredLast
 from .backends.later import Later
-from .errors import (
-    AeroqueueError,
-    BackendTimeout,
-    ClusterChanging,
-    ConfigError,
-    ListNotFound,
-)
+from .errors import AeroqueueError, BackendTimeout, ClusterChanging, ConfigError, ListNotFound
 from .hosts import TrustedHosts
 from .lists import JobLists, ListStatus
 from .observe import WorkerObserver
