@@ -31,6 +31,7 @@ elsewhere are not waited for: the jobs behind them are reported as waiting.
 
 from __future__ import annotations
 
+import array
 import collections
 import contextlib
 import functools
@@ -39,7 +40,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -243,7 +244,7 @@ def load(
             _run_concurrently(loader, ranges, n_workers, add)
     finally:
         renewer.stop()
-    waiting = _await_earlier(lists, name, loader.published, lease_ms, stop)
+    waiting = _await_earlier(lists, name, loader.published, lease_ms, stop, skipped=loader.skipped_tokens)
     seal_skipped = seal and waiting > 0 and stop is not None and stop()
     if seal and not seal_skipped:
         lists.seal(name)
@@ -288,31 +289,41 @@ AWAIT_STEP_S = 0.25
 
 def _await_earlier(
     lists: JobLists, name: str, ours: dict[int, int], lease_ms: int, stop: Callable[[], bool] | None = None,
+    *, skipped: Sequence[int] = (),
 ) -> int:
     """Our ranges are published, but the list publishes in sequence order: one of
     another loader before them, unwritten, holds them back. A killed loader's (the
     load run again after it) runs out of lease and is recovered here; a live one
     renews it, which shows within a quarter lease, and is not waited for. `stop()`
     true ends the wait: our jobs are written, and a sweep or the next load finishes
-    the other range (a first Ctrl-C waited out the lease). Returns how many of our
+    the other range (a first Ctrl-C waited out the lease). The same for the jobs
+    `skipped` (their tokens) as indexed by an earlier loader: a load run again
+    after two killed ones found every job indexed, and returned (sealing the list)
+    while a third of them were in ranges not published. Returns how many of our
     jobs still wait (`LoadReport.waiting`)."""
-    if not ours:
+    top = max(skipped, default=-1)
+    if not ours and top < 0:
         return 0
-    last = max(ours)
+    last = max(ours, default=-1)
     give_up = time.monotonic() + lease_ms / 1000 + 2 * AWAIT_STEP_S
     seen: dict[int, int] = {}
+
+    def still_waiting(head: dict[str, Any]) -> int:
+        pubs, tail = head["pubs"], head["tail"]
+        return sum(n for seq, n in ours.items() if seq >= pubs) + (
+            sum(1 for t in skipped if t >= tail) if top >= tail else 0)
+
     while True:
         head = lists.header(name)
-        pubs = head["pubs"]
-        if pubs > last:
+        if head["pubs"] > last and head["tail"] > top:
             return 0
         # A lease moved by an embedded store's hold credit (aq_list_v1 `credit`) is no
         # sign of life: only what the loader renewed counts.
-        blockers = {seq: r["exp"] - r.get("cr", 0)
-                    for seq, r in (head.get("pend") or {}).items() if seq < last and r.get("real") is None}
+        blockers = {seq: r["exp"] - r.get("cr", 0) for seq, r in (head.get("pend") or {}).items()
+                    if (seq < last or r["start"] <= top) and r.get("real") is None}
         renewed = any(seq in seen and exp != seen[seq] for seq, exp in blockers.items())
         if renewed or time.monotonic() > give_up or (stop is not None and stop()):
-            return sum(n for seq, n in ours.items() if seq >= pubs)
+            return still_waiting(head)
         seen = blockers
         try:
             if recover(lists, name):
@@ -322,7 +333,7 @@ def _await_earlier(
             # recovery is the next load's or sweep's to finish.
             log.warning("load: recovering an earlier range failed", extra={
                 "event": "load_recover_failed", "list": name, "error": str(e)})
-            return sum(n for seq, n in ours.items() if seq >= pubs)
+            return still_waiting(head)
         time.sleep(AWAIT_STEP_S)
 
 
@@ -389,6 +400,9 @@ class _RangeLoader:
         self._turns = threading.Condition()
         self._flying: set[int] = set()  # ranges allocated and not yet published or given up
         self.published: dict[int, int] = {}  # range -> its real jobs, once this loader published it
+        # Tokens of the jobs skipped as indexed already: an earlier loader's, which may
+        # not be published yet (it was killed, or runs still): `_await_earlier`.
+        self.skipped_tokens = array.array("q")
 
     def in_flight(self) -> list[int]:
         with self._turns:
@@ -397,7 +411,12 @@ class _RangeLoader:
     def load_range(self, i: int, batch: list[JobSpec]) -> tuple[int, int, int]:
         b, name = self.b, self.name
         try:
-            new = _not_indexed(b, name, self.created, batch) if self.check_index else batch
+            if self.check_index:
+                new, indexed = _split_indexed(b, name, self.created, batch)
+                with self._turns:
+                    self.skipped_tokens.extend(indexed)
+            else:
+                new = batch
             with self._turns:
                 self._turns.wait_for(lambda: self._turn == i)
                 if not new:
@@ -1044,8 +1063,19 @@ def _delete_left_by_another(lists: JobLists, set_name: str, left: Iterable[tuple
 
 def _not_indexed(b: Backend, name: str, created: int, batch: list[JobSpec]) -> list[JobSpec]:
     """The jobs of `batch` the list made at `created` does not hold (by its job-id index)."""
+    return _split_indexed(b, name, created, batch)[0]
+
+
+def _split_indexed(b: Backend, name: str, created: int, batch: list[JobSpec]) -> tuple[list[JobSpec], list[int]]:
+    """`_not_indexed`, and the tokens of the others (as their index entries say)."""
     recs = b.batch_get(keys.JIDX_SET, [keys.jidx_name(name, s.jid) for s in batch], bins=keys.INDEX_BINS)
-    return [s for s, r in zip(batch, recs, strict=True) if r is None or not keys.indexed_here(r.bins, created)]
+    new, tokens = [], []
+    for s, r in zip(batch, recs, strict=True):
+        if r is None or not keys.indexed_here(r.bins, created):
+            new.append(s)
+        elif type(tok := r.bins.get("tok")) is int:
+            tokens.append(tok)
+    return new, tokens
 
 
 def _specs(jobs: Iterable[Any], limit: int) -> Iterable[JobSpec]:

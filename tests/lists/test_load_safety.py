@@ -281,6 +281,68 @@ def test_a_load_behind_a_dead_loaders_range_finishes_it_and_returns_reservable(e
     assert waited >= 1.0, "it waited for the dead loader's lease, not less"
 
 
+class _DiesBeforePublishing(Exception):
+    pass
+
+
+def _indexed_not_published(lists: JobLists, name: str, jobs: list[JobSpec], lease_ms: int, monkeypatch) -> None:
+    """A loader that wrote and indexed `jobs` (committed) and died before publishing them."""
+    real = JobLists._list_udf
+
+    def udf(self: JobLists, list_name: str, function: str, *args, **kw):
+        if function == "publish":
+            raise _DiesBeforePublishing
+        return real(self, list_name, function, *args, **kw)
+
+    with monkeypatch.context() as m:
+        m.setattr(JobLists, "_list_udf", udf)
+        with pytest.raises(_DiesBeforePublishing):
+            lists.load(name, jobs, lease_ms=lease_ms, workers=1)
+
+
+def test_a_load_whose_jobs_a_dead_loader_indexed_waits_for_them_to_be_reservable(env, list_name, monkeypatch):
+    """Run again after loaders killed past their index writes, a load found every job
+    indexed, loaded none, and returned (and sealed) at once while the dead loader's
+    ranges, their leases still running, held the jobs unpublished: 86,000 of 200,000
+    reservable (a helper's crash audit). It waits for them as for its own."""
+    _, lists, _, _ = env
+    lists.create(list_name)
+    _indexed_not_published(lists, list_name, specs(10), 1500, monkeypatch)
+    st = lists.status(list_name)
+    assert (st.total, st.pending_ranges) == (0, 1), "the test needs the jobs indexed, not published"
+    t0 = time.monotonic()
+    report = lists.load(list_name, specs(10), seal=True)
+    assert (report.loaded, report.skipped, report.waiting) == (0, 10, 0)
+    assert time.monotonic() - t0 >= 1.0, "it waited for the dead loader's lease"
+    st = lists.status(list_name)
+    assert (st.total, st.reservable, st.pending_ranges, st.sealed) == (10, 10, 0, True)
+    # Run again once they are: nothing to wait for.
+    t0 = time.monotonic()
+    assert lists.load(list_name, specs(10)).skipped == 10 and time.monotonic() - t0 < 1.0
+
+
+def test_a_load_whose_jobs_a_live_loader_indexed_reports_them_waiting(env, list_name, monkeypatch):
+    _, lists, _, _ = env
+    lists.create(list_name)
+    lease_ms = 1200
+    _indexed_not_published(lists, list_name, specs(4), lease_ms, monkeypatch)
+    seq = next(iter(lists.header(list_name)["pend"]))
+    stop = threading.Event()
+
+    def live_loader() -> None:  # renews as a loader does, every quarter lease
+        while not stop.wait(lease_ms / 4000):
+            lists._list_udf(list_name, "renew", [seq], lease_ms)
+
+    t = threading.Thread(target=live_loader, daemon=True)
+    t.start()
+    try:
+        report = lists.load(list_name, specs(10), lease_ms=lease_ms)
+        assert (report.loaded, report.skipped, report.waiting) == (6, 4, 10), "all ten behind the live range"
+    finally:
+        stop.set()
+        t.join()
+
+
 def test_a_hold_credited_while_a_load_waits_for_a_dead_loaders_range_is_no_renewal(env, list_name):
     """An embedded store's long hold (250 ms or more, common on a loaded machine) moves
     every unpublished lease later (aq_list_v1 `credit`). The load waiting behind a dead
