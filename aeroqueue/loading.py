@@ -297,8 +297,13 @@ def _read_csv(handle: Any, source: str, id_field: str, max_payload: int, strict:
         except csv.Error as e:
             msg = str(e)
             if "field larger than field limit" in msg:
+                # A quote opened and never closed takes the lines after it into its
+                # field, until the limit: say so, not only the size.
+                spans = reader.line_num - last
+                why = (f"; its row runs on over {spans:,} lines from here: a quote opened in it and never closed?"
+                       if spans > 1 else "")
                 raise LoadError(f"a field is over the {max_payload}-byte payload limit (max-record-size less room "
-                                "for the job's own bins and failures)", source=source, line=last + 1) from None
+                                f"for the job's own bins and failures){why}", source=source, line=last + 1) from None
             # The error is in the row after the last good one (an unclosed quote runs
             # to the end of the file, where line_num points).
             raise LoadError(f"malformed CSV: {msg}", source=source, line=last + 1) from None

@@ -129,6 +129,27 @@ def test_bad_file_names_file_line_and_field(tmp_path, name, content, fragments):
         assert fragment in str(e.value)
 
 
+def test_an_unclosed_quote_far_from_the_end_is_named_as_one(tmp_path):
+    """A quote opened and never closed takes the lines after it into its field until
+    the payload limit: the error said only "a field is over the limit", at a line
+    whose fields are all short (a helper's audit). It says the row runs on."""
+    path = tmp_path / "quote.csv"
+    rows = ["id,name", *(f"c{i},name{i}" for i in range(20_000))]
+    rows[1001] = 'c1000,"name1000'
+    path.write_text("\n".join(rows) + "\n")
+    with pytest.raises(LoadError) as e:
+        load_file(path, limit=5_000)
+    said = str(e.value)
+    assert "line 1002" in said and "over the 5000-byte payload limit" in said, said
+    assert "its row runs on over" in said and "a quote opened in it and never closed?" in said, said
+    # A field over the limit on its own line: the size, nothing of quotes.
+    path = tmp_path / "long.csv"
+    path.write_text("id,name\nc1," + "x" * 200_000 + "\n")
+    with pytest.raises(LoadError) as e:
+        load_file(path, limit=5_000)
+    assert "line 2" in str(e.value) and "never closed" not in str(e.value), str(e.value)
+
+
 def test_unreadable_file(tmp_path):
     with pytest.raises(LoadError) as e:
         load_file(tmp_path / "absent.csv")
