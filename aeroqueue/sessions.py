@@ -319,7 +319,8 @@ class Session:
 
     def close(self, *, release: bool = True) -> int:
         """Stop heartbeating, give back what the session holds so others can take it at
-        once, and delete the session. Returns jobs released.
+        once, and delete the session (left to expire, for a reaper, if a reservation
+        is still under way after the wait, or the store fails). Returns jobs released.
 
         A lost session still gives back the claims it holds under its id (a claim
         made after a reaper looked, by a process paused past its expiry): nobody
@@ -502,7 +503,13 @@ def reap(backend: Backend, *, stop: Callable[[], bool] | None = None) -> ReapRep
             expired.add(session_id)
             if rec.bins.get("state") == "alive" and not _take_for_reaping(backend, session_id, rec.gen):
                 continue
-            claim_leases(backend, session_id, rec.bins.get("leases"))
+            try:
+                claim_leases(backend, session_id, rec.bins.get("leases"))
+            except LeasesKept as e:
+                # As for a take refused past its deadline: this session is a later pass's,
+                # the others are reaped now.
+                log.warning(str(e), extra={"event": "reap_late", "session": session_id})
+                continue
             released += release_claims(backend, session_id, refund=False, why="session expired")
             # A process that died may not have written the bits of its last acks.
             recount_session(backend, session_id)
@@ -534,7 +541,10 @@ def expire_overdue(backend: Backend, session_id: str, leases: dict[str, Any] | N
     session record's, as a scan read them). One index query on the session's claims;
     returns how many it ended."""
     if leases and (cutoff := lease_entries.cutoff_ms(backend, session_id)) is not None:
-        claim_leases(backend, session_id, lease_entries.overdue(leases, cutoff))
+        try:
+            claim_leases(backend, session_id, lease_entries.overdue(leases, cutoff))
+        except LeasesKept as e:  # a later pass's; the session's claims are ended below all the same
+            log.warning(str(e), extra={"event": "reap_late", "session": session_id})
     lists = JobLists(backend)
     policies: dict[str, tuple[int, int]] = {}
     ended = 0
@@ -648,12 +658,17 @@ def _check_refused(
     held by no one, would take its frozen holder's late ack."""
     if not names:
         return
+    # A record not read (any code but 0 and 2: missing) may be as leased still: kept too.
     still = [n for n, (code, bins) in zip(names, backend.batch_bins(keys.JOB_SET, names, _FENCE_BINS), strict=True)
-             if code == 0 and bins is not None and _fenced(bins, att, at, created)]
+             if code != 2 and (code != 0 or (bins is not None and _fenced(bins, att, at, created)))]
     if still:
-        raise BackendTimeout(f"claiming the leased jobs of session {session_id}: {len(still)} still leased were "
-                             "refused as past their deadline; a later pass tries again (if every pass says so, is "
-                             "the store's clock ahead of this host's?)", key=session_id)
+        raise LeasesKept(f"claiming the leased jobs of session {session_id}: {len(still)} still leased were "
+                         "refused as past their deadline (or could not be read back); a later pass tries again (if "
+                         "every pass says so, is the store's clock ahead of this host's?)", key=session_id)
+
+
+class LeasesKept(BackendTimeout):
+    """Leases a reaper could not claim were kept for a later pass."""
 
 
 def leased_tokens(backend: Backend) -> set[tuple[str, int]]:
