@@ -108,8 +108,9 @@ class LoadReport:
     skipped: int  # already loaded (same job id)
     voided: int  # tokens left void (another loader indexed the id first)
     already_sealed: bool = False  # the list was sealed and already held every job: nothing to do
-    # Of `loaded`, jobs written and committed but not reservable yet: they publish after
-    # an earlier range of a load still running elsewhere, when it does.
+    # This load's jobs (loaded, or skipped as written by another loader) committed but
+    # not reservable yet: in or after a range of another load, whose loader renews its
+    # lease (still running) or whose lease runs longer than this load waited.
     waiting: int = 0
     # A load asked to seal that was stopped (`stop`) while its jobs waited: not sealed,
     # so that the same load run again (which seals) is still the way to finish it.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 
 from rich.console import Console
@@ -16,25 +17,31 @@ from rich.console import Console
 _STANDARD_LOG_ATTRS = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
 
 
+# What a terminal acts on, or what reorders the text shown: C0 controls, DEL and C1
+# controls, the bidirectional marks, embeddings, overrides and isolates, and the
+# line and paragraph separators. Not other format characters or spaces: the zero
+# width joiner of an emoji sequence, a no-break or ideographic space, are shown.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+
+
 def visible(text: str, *, keep: str = "") -> str:
     """`text` for a terminal or a log line: every character a terminal acts on, or that
-    reorders the text shown (control and format characters: ESC, CR, BEL, DEL, the
-    bidirectional overrides, line separators), written as its JSON escape (\\u001b,
-    \\u202e), the characters in `keep` (a traceback's newlines) and all others as they
-    are. Job ids, payloads and handler errors come from customers' files and handlers:
-    printed raw, "\\u001b]52;..." would set an operator's clipboard, "\\r" overwrite
-    the line before, and U+202E show "invoice\\u202egpj.exe" as "invoiceexe.jpg"."""
-    if text.isprintable():
+    reorders the text shown (`_UNSAFE`: ESC, CR, BEL, DEL, U+202E and the other
+    bidirectional controls, line separators) written as its JSON escape (\\u001b,
+    \\u202e), the characters in `keep` (a traceback's newlines; with them, a CRLF line
+    end is one) and all others as they are. Job ids, payloads and handler errors
+    come from customers' files and handlers: printed raw, "\\u001b]52;..." would set
+    an operator's clipboard, "\\r" overwrite the line before, and U+202E show
+    "invoice\\u202egpj.exe" as "invoiceexe.jpg"."""
+    if "\n" in keep:
+        text = text.replace("\r\n", "\n")
+    if not _UNSAFE.search(text):
         return text
-    return "".join(c if c.isprintable() or c in keep else _escaped(c) for c in text)
+    return _UNSAFE.sub(lambda m: m.group() if m.group() in keep else _escaped(m.group()), text)
 
 
 def _escaped(c: str) -> str:
-    n = ord(c)
-    if n < 0x10000:
-        return f"\\u{n:04x}"
-    n -= 0x10000  # beyond the BMP: a surrogate pair, as JSON writes one
-    return f"\\u{0xD800 + (n >> 10):04x}\\u{0xDC00 + (n & 0x3FF):04x}"
+    return f"\\u{ord(c):04x}"  # all of `_UNSAFE` is in the BMP
 
 
 class JsonLines(logging.Formatter):
@@ -74,7 +81,7 @@ class TextLines(logging.Formatter):
 
 def _logfmt(value: object) -> str:
     text = str(value)
-    if text and text.isprintable() and not any(c in text for c in ' "='):
+    if text and not _UNSAFE.search(text) and not any(c in text for c in ' "='):
         return text
     # JSON escapes the C0 controls; `format` the rest (DEL, C1, format characters).
     return json.dumps(text, ensure_ascii=False)

@@ -1155,3 +1155,22 @@ def test_a_customers_terminal_controls_reach_no_terminal(ready_url, list_name, c
     assert "inv\\u001b]52" in missing.stderr or "inv\\x1b]52" in missing.stderr, missing.stderr
     assert 'jid="inv\\u001b]52' in line and 'error="a\\u0085b"' in line, line
     assert json.loads(line.split("jid=", 1)[1].split(" error=")[0]) == EVIL_ID, "still JSON, read back whole"
+
+
+def test_text_that_moves_no_cursor_is_shown_as_it_is(ready_url, list_name, capsys):
+    """Only what a terminal acts on or what reorders text is escaped: an ideographic or
+    no-break space, an emoji's zero width joiners, a CRLF line end in a traceback are
+    shown as they are (a second read: str.isprintable escaped them all, and an id
+    copied from the page was no longer found). An error line quoting raw text (no
+    repr) gets the same treatment as the rest."""
+    from aeroqueue.cli.context import _say_error
+    from aeroqueue.logs import visible
+
+    jid = "東京\u3000支店 \U0001f468\u200d\U0001f469\u200d\U0001f467 \u00a0x"
+    lists = JobLists(open_backend(ready_url))
+    lists.load(list_name, [JobSpec(jid, 1)])
+    shown = cli("job", "show", list_name, jid, url=ready_url)
+    assert shown.exit_code == 0 and jid in shown.stdout, shown.stdout
+    assert visible("Traceback\r\n  line\r\n", keep="\n") == "Traceback\n  line\n"
+    _say_error("error: job a\x1b[2Jb\u202ec failed\n")
+    assert capsys.readouterr().err == "error: job a\\u001b[2Jb\\u202ec failed\n"

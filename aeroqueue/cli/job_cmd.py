@@ -102,7 +102,7 @@ def kick(obj: Context, list_name: str, job_id: str) -> None:
     if not jl.kick_job(list_name, job_id):
         state = jl.find_job(list_name, job_id).get("state")
         raise click.ClickException(f"job {job_id!r} of {list_name!r} is {state}: only a dead or delayed job is kicked")
-    click.echo(f"{list_name}/{job_id}: queued")
+    click.echo(visible(f"{list_name}/{job_id}: queued"))
 
 
 @job.command()
@@ -122,6 +122,6 @@ def bury(obj: Context, list_name: str, job_id: str, reason: str) -> None:
     state = jl.bury(list_name, job_id, reason)
     if state != "dead":
         raise click.ClickException(f"job {job_id!r} of {list_name!r} is {state}: not buried")
-    click.echo(f"{list_name}/{job_id}: dead" + (
+    click.echo(visible(f"{list_name}/{job_id}: dead") + (
         f" (leased by session {leased}: its worker may be running it still; its acknowledgement is refused)"
         if leased else ""))

@@ -357,6 +357,7 @@ def _load(
         )
     if report.waiting:
         err_console.print(
-            f"[yellow]note:[/] {report.waiting:,} of the jobs loaded wait behind a load range of another load still "
-            f"running into {list_name}: they become reservable when it publishes that range"
+            f"[yellow]note:[/] {report.waiting:,} of this load's jobs are written but wait for a load range of "
+            f"another load into {list_name} (still running, or its lease not run out yet): they become reservable "
+            "when that load publishes the range, or once its lease runs out, at a sweep or the same load run again"
         )

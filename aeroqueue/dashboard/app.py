@@ -33,7 +33,7 @@ from werkzeug.wrappers import Response
 from ..backends import Backend, open_backend
 from ..backends.later import Later
 from ..config import may_create
-from ..errors import AeroqueueError, BackendError, ListNotFound, ListReplaced
+from ..errors import AeroqueueError, BackendError, ListNotFound, ListReplaced, StoreUnreachable
 from ..hosts import TrustedHosts
 from ..keys import INT64, InvalidName, check_list_name
 from ..logs import visible
@@ -97,9 +97,13 @@ def create_app(
             assert later is not None
             backend = later.value
             if backend is None:
-                # A 503 (`_store_error`) that says why.
+                # A 503 (`_store_error`) that says why: a new error each time (one raised
+                # again and again would keep every request's frames in its traceback).
                 err = later.error
-                raise err if isinstance(err, AeroqueueError) else BackendError(f"{type(err).__name__}: {err}")
+                fresh = (StoreUnreachable if isinstance(err, StoreUnreachable) else BackendError)(
+                    str(err) if isinstance(err, AeroqueueError) else f"{type(err).__name__}: {err}")
+                fresh.hint = getattr(err, "hint", None)
+                raise fresh
             with made:
                 if connected is None:
                     connected = app.extensions["aeroqueue"] = Store(backend)
