@@ -326,18 +326,24 @@ def test_a_load_whose_jobs_a_live_loader_indexed_reports_them_waiting(env, list_
     lists.create(list_name)
     lease_ms = 1200
     _indexed_not_published(lists, list_name, specs(4), lease_ms, monkeypatch)
-    seq = next(iter(lists.header(list_name)["pend"]))
+    with _renewed(lists, list_name, next(iter(lists.header(list_name)["pend"])), lease_ms):
+        report = lists.load(list_name, specs(10), lease_ms=lease_ms)
+    assert (report.loaded, report.skipped, report.waiting) == (6, 4, 10), "all ten behind the live range"
+
+
+@contextlib.contextmanager
+def _renewed(lists: JobLists, name: str, seq: int, lease_ms: int) -> Iterator[None]:
+    """Range `seq`'s lease renewed as its loader would, every quarter lease: a live loader."""
     stop = threading.Event()
 
-    def live_loader() -> None:  # renews as a loader does, every quarter lease
+    def live_loader() -> None:
         while not stop.wait(lease_ms / 4000):
-            lists._list_udf(list_name, "renew", [seq], lease_ms)
+            lists._list_udf(name, "renew", [seq], lease_ms)
 
     t = threading.Thread(target=live_loader, daemon=True)
     t.start()
     try:
-        report = lists.load(list_name, specs(10), lease_ms=lease_ms)
-        assert (report.loaded, report.skipped, report.waiting) == (6, 4, 10), "all ten behind the live range"
+        yield
     finally:
         stop.set()
         t.join()
@@ -395,23 +401,12 @@ def test_a_load_behind_a_live_loaders_range_reports_its_jobs_waiting(env, list_n
     lists.create(list_name)
     lease_ms = 1200
     seq = lists._list_udf(list_name, "alloc", 5, lease_ms, "live")["seq"]
-    stop = threading.Event()
-
-    def live_loader() -> None:  # renews as a loader does, every quarter lease
-        while not stop.wait(lease_ms / 4000):
-            lists._list_udf(list_name, "renew", [seq], lease_ms)
-
-    t = threading.Thread(target=live_loader, daemon=True)
-    t.start()
-    try:
+    with _renewed(lists, list_name, seq, lease_ms):
         time.sleep(lease_ms / 1000 + 0.3)  # past the lease it was allocated with: only renewals keep it
         report = lists.load(list_name, specs(10), lease_ms=lease_ms)
         assert (report.loaded, report.waiting) == (10, 10), "not recovered: its loader lives"
         st = lists.status(list_name)
         assert (st.reservable, st.pending_ranges) == (0, 2)
-    finally:
-        stop.set()
-        t.join()
 
 
 def test_a_loader_keeps_its_ranges_in_flight_leased(env, list_name):
