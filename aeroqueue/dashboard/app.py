@@ -117,9 +117,9 @@ def create_app(
     def _globals() -> dict[str, Any]:
         return {"read_only": read_only, "now_ms": now_ms(), "refresh_s": refresh_s}
 
-    # Every value a page shows, its control and format characters as escapes (`visible`):
-    # a job id or error with U+202E showed "gpj.exe" as "exe.jpg". Markup (a macro's
-    # output, made of values shown so already) is left alone.
+    # Every value a page shows, its controls and bidirectional marks as escapes
+    # (`visible`): a job id or error with U+202E showed "gpj.exe" as "exe.jpg". Markup (a
+    # macro's output, made of values shown so already) is left alone.
     app.jinja_env.finalize = _visible
     app.add_template_filter(format_ms, "time")
     app.add_template_filter(_percent, "percent")
