@@ -278,20 +278,9 @@ class StoreCollector(Collector):
             paused.add_metric([name], 1 if st.paused else 0)
             sealed.add_metric([name], 1 if st.sealed else 0)
         yield from (total, by_state, ratio, complete, paused, sealed)
-        yield GaugeMetricFamily("aeroqueue_lists", "Job lists exported.", value=n)
-        # A list the store could not answer for has no series this scrape: an alert on
-        # its dead jobs would quietly resolve during an outage. This says so.
-        yield GaugeMetricFamily(
-            "aeroqueue_store_up", "1 if this scrape read every list from the store, 0 if a read failed "
-            "(the lists it could not read have no series: alert on this).", value=1 if read_all else 0,
-        )
         with self._lock:
             errors = self._errors
-        yield CounterMetricFamily("aeroqueue_exporter_errors", "Store reads that failed during scrapes.", value=errors)
-        yield GaugeMetricFamily(
-            "aeroqueue_exporter_scrape_duration_seconds", "Time this scrape took to read the store.",
-            value=time.monotonic() - started,
-        )
+        yield from _scrape_families(n, read_all, errors, time.monotonic() - started)
 
     def _statuses(self, names: list[str], give_up: float) -> list[tuple[str, ListStatus | None]]:
         """Each list's status, None for those not read: after `give_up` (time.monotonic),
@@ -387,15 +376,22 @@ class StoreLater(Collector):
         if collector is not None:
             yield from collector.collect()
             return
-        yield GaugeMetricFamily("aeroqueue_lists", "Job lists exported.", value=0)
-        yield GaugeMetricFamily(
-            "aeroqueue_store_up", "1 if this scrape read every list from the store, 0 if a read failed "
-            "(the lists it could not read have no series: alert on this).", value=0,
-        )
-        yield CounterMetricFamily("aeroqueue_exporter_errors", "Store reads that failed during scrapes.",
-                                  value=self._later.failures)
-        yield GaugeMetricFamily("aeroqueue_exporter_scrape_duration_seconds", "Time this scrape took to read the store.",
-                                value=0.0)
+        yield from _scrape_families(0, False, self._later.failures, 0.0)
+
+
+def _scrape_families(lists: int, up: bool, errors: int, took_s: float) -> Iterator[Metric]:
+    """What every scrape says of itself, whether or not the store answered."""
+    yield GaugeMetricFamily("aeroqueue_lists", "Job lists exported.", value=lists)
+    # A list the store could not answer for has no series this scrape: an alert on
+    # its dead jobs would quietly resolve during an outage. This says so.
+    yield GaugeMetricFamily(
+        "aeroqueue_store_up", "1 if this scrape read every list from the store, 0 if a read failed "
+        "(the lists it could not read have no series: alert on this).", value=1 if up else 0,
+    )
+    yield CounterMetricFamily("aeroqueue_exporter_errors", "Store reads that failed during scrapes.", value=errors)
+    yield GaugeMetricFamily(
+        "aeroqueue_exporter_scrape_duration_seconds", "Time this scrape took to read the store.", value=took_s,
+    )
 
 
 # How long the scrape being collected may read the store (seconds; None: no bound but
