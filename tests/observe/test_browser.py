@@ -490,8 +490,9 @@ def test_a_dashboard_started_before_its_store_says_why_then_shows_it(
     browser: Any, registered: Backend, list_name: str,
 ) -> None:
     """The page an operator opens while the dashboard waits for its store: the error
-    and its hint in the page's own layout (the stylesheet loads under the CSP); the
-    overview once the store answers."""
+    and its hint in the page's own layout (the stylesheet loads under the CSP), which
+    says it is tried again; the overview, title and all, once the store answers,
+    without anyone reloading the page."""
     import logging
 
     from aeroqueue.backends.later import Later
@@ -517,10 +518,12 @@ def test_a_dashboard_started_before_its_store_says_why_then_shows_it(
             assert "Store error" in browser.find_element("css selector", "main h2").text
             bg = browser.execute_script("return getComputedStyle(document.body).backgroundColor")
             assert bg == "rgb(246, 247, 249)", f"the stylesheet applies: {bg}"
+            wait_text(browser, "#stale", "tried again at")
+            assert browser.title.startswith("Store error"), browser.title
             up.set()
-            time.sleep(0.3)
-            browser.get(base + "/")
             wait_text(browser, f'tr.list-row[data-list="{list_name}"]', list_name)
+            assert not browser.title.startswith("Store error"), browser.title
+            assert browser.find_elements("css selector", ".error-page") == []
     finally:
         later.close()
     severe = [e for e in browser.get_log("browser") if e.get("level") == "SEVERE" and "503" not in e.get("message", "")]

@@ -27,9 +27,15 @@
     return [date.getHours(), date.getMinutes(), date.getSeconds()].map((n) => String(n).padStart(2, "0")).join(":");
   }
 
+  // An error page (the store did not answer when it was asked for) has no counts to
+  // keep: once its address answers, the whole page is loaded, its title and crumbs too.
+  const errorPage = live && live.hasAttribute("data-error-page");
+
   function notAnswered(why) {
     if (!stale) return;
-    stale.textContent = why + ": counts as of " + clock(shownAt) + ".";
+    stale.textContent = errorPage
+      ? why + ": tried again at " + clock(new Date()) + ", and every " + every + " s."
+      : why + ": counts as of " + clock(shownAt) + ".";
     stale.hidden = false;
   }
 
@@ -65,6 +71,11 @@
         notAnswered(resp.status === 503
           ? "Store not answering (" + errorOf(await resp.text()) + ")"
           : "Not refreshed: the dashboard answered HTTP " + resp.status);
+        return;
+      }
+      if (errorPage) {
+        // A GET of the address, never reload(): after a refused action that would post it again.
+        window.location.replace(window.location.href);
         return;
       }
       const doc = new DOMParser().parseFromString(await resp.text(), "text/html");
