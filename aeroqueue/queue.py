@@ -30,6 +30,7 @@ Each of these UDFs is O(1) in the list's size.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import functools
 import itertools
 import logging
@@ -82,7 +83,7 @@ class Job:
     session: str
     timeout_s: float = 300.0
     rid: str = ""  # the claim's request id: an ack names the claim, not only the session
-    toucher: Callable[[Job, float | None], object] | None = field(default=None, compare=False, repr=False)
+    toucher: Callable[[Job, float | datetime.timedelta | None], object] | None = field(default=None, compare=False, repr=False)
     # Leased, not claimed (`Queue.reserve(..., lease=True)`): the record's attempt count,
     # last claim time and list stamp as read, and the server ms the lease's time limit
     # ends (`hotpath.LeaseFence`).
@@ -96,7 +97,7 @@ class Job:
     def name(self) -> str:
         return keys.job_name(self.list, self.token)
 
-    def touch(self, seconds: float | None = None) -> None:
+    def touch(self, seconds: float | datetime.timedelta | None = None) -> None:
         """The handler needs longer: its claim's time limit becomes `seconds` (default:
         the list's time limit) from now. Raises `ClaimLost` when the claim is gone or
         already past its limit."""
@@ -113,13 +114,16 @@ def _delay_s(seconds: Any, what: str, *, positive: bool = False) -> float:
     allows (ten years), else ValueError naming `what`: an infinite or huge delay
     never reaches the store (the aerospike client refuses an integer past 64 bits
     and was seen to corrupt its own heap doing so). Without `positive`, a delay
-    already past (a computed `next_slot - time.time()`) is zero."""
+    already past (a computed `next_slot - time.time()`) is zero. A `timedelta` is
+    its seconds; so is numeric text, as float() reads it (a Retry-After header)."""
+    if isinstance(seconds, datetime.timedelta):
+        seconds = seconds.total_seconds()
     if isinstance(seconds, bool):
-        raise TypeError(f"{what} takes seconds (a number), not {seconds!r}")
+        raise TypeError(f"{what} takes seconds (a number or a timedelta), not {seconds!r}")
     try:
         value = float(seconds)
     except (TypeError, ValueError):
-        raise TypeError(f"{what} takes seconds (a number), not {seconds!r}") from None
+        raise TypeError(f"{what} takes seconds (a number or a timedelta), not {seconds!r}") from None
     if not positive and -math.inf < value < 0:
         value = 0.0
     low_ok = value > 0 if positive else value >= 0
@@ -133,7 +137,7 @@ class Retry(Exception):
     """Raised by a handler: run this job again `after` seconds from now. The attempt
     is given back and no error is recorded (River's snooze, Sidekiq's retry_in)."""
 
-    def __init__(self, after: float = 0.0, reason: str = "") -> None:
+    def __init__(self, after: float | datetime.timedelta = 0.0, reason: str = "") -> None:
         after = _delay_s(after, "Retry(after=...)")
         super().__init__(reason or f"retry after {after:g} s")
         self.after = after
@@ -1095,7 +1099,7 @@ class Queue:
             rid=job.rid, deadline_s=self.busy_deadline_s, holder=True, created=job.created,
         )
 
-    def touch(self, job: Job, seconds: float | None = None) -> float:
+    def touch(self, job: Job, seconds: float | datetime.timedelta | None = None) -> float:
         """Extend a claim's time limit to `seconds` (default: the job's own) from now.
         Returns the seconds granted; `ClaimLost` if the claim is gone or already late."""
         _checked_jobs("touch", [job])

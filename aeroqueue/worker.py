@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import datetime
 import functools
 import importlib
 import logging
@@ -1639,7 +1640,7 @@ def _child_main(handler: Handler, conn: Any, parent_pid: int | None = None) -> N
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _CHILD_IGNORES)  # blocked while it started (`_ChildRunner.start`)
     conn.send(("ready",))
 
-    def touch(job: Job, seconds: float | None) -> None:
+    def touch(job: Job, seconds: float | datetime.timedelta | None) -> None:
         conn.send(("touch", seconds))
         answer = conn.recv()
         if answer[0] == "bad":

@@ -3,6 +3,7 @@ pools), touch, Retry(after=...), draining without refunds. Both backends."""
 
 from __future__ import annotations
 
+import datetime
 import multiprocessing
 import os
 import signal
@@ -391,14 +392,15 @@ def test_touch_in_a_thread(registered, lists, list_name):
     assert (snap["done"], snap["timed_out"]) == (1, 0)
 
 
-def test_retry_after_snoozes_without_counting_a_failure(registered, lists, list_name):
+@pytest.mark.parametrize("after", [0.5, datetime.timedelta(milliseconds=500)], ids=["seconds", "timedelta"])
+def test_retry_after_snoozes_without_counting_a_failure(registered, lists, list_name, after):
     lists.load(list_name, [JobSpec("s", {})], max_attempts=1, seal=True)
     calls: list[float] = []
 
     def handler(job: Job) -> str:
         calls.append(time.monotonic())
         if len(calls) == 1:
-            raise Retry(after=0.5)
+            raise Retry(after=after)
         return "ok"
 
     w = fast_worker(registered, handler, list_name)
@@ -565,8 +567,12 @@ def test_touch_and_snooze_out_of_range_are_refused_before_the_store(registered, 
         for bad in (float("inf"), 1e17, float("-inf")):
             with pytest.raises(ValueError, match=r"Retry\(after=\.\.\.\) takes seconds from 0"):
                 queue.snooze(job, bad)
+        granted = queue.touch(job, datetime.timedelta(minutes=2))
+        assert 119 < granted <= 120, granted
+        assert job_bins(registered, list_name, 0)["tl"] == 120_000
+        before = job_bins(registered, list_name, 0)
         for bad in ("soon", None, True):
-            with pytest.raises(TypeError, match="takes seconds \\(a number\\)"):
+            with pytest.raises(TypeError, match="takes seconds \\(a number or a timedelta\\)"):
                 queue.snooze(job, bad)
         assert job_bins(registered, list_name, 0) == before, "nothing was written"
         job.touch(315_360_000)  # ten years: the most a time limit may be

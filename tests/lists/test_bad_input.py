@@ -455,7 +455,7 @@ def test_the_queues_calls_refuse_what_is_not_a_list_a_session_a_job_or_text_befo
         before = registered.get(keys.JOB_SET, keys.job_name(list_name, job.token)).bins
         held = [
             (lambda: queue.fail(job, None), TypeError, "fail: error must be text (str), not None"),
-            (lambda: queue.touch(job, "soon"), TypeError, "touch takes seconds (a number), not 'soon'"),
+            (lambda: queue.touch(job, "soon"), TypeError, "touch takes seconds (a number or a timedelta), not 'soon'"),
             (lambda: queue.complete_many([job], "ok"), TypeError, "results must hold one result per job, not be "
                                                                   "one str: 'ok'"),
             (lambda: queue.complete_and_reserve([job], list_name, session), TypeError,
