@@ -479,10 +479,13 @@ class JobLists:
     # -- walking a list ----------------------------------------------------------
 
     def jobs(self, name: str, state: str | None = None) -> Iterator[dict[str, Any]]:
-        """Every job record of a list, in token order (batch reads, O(list size))."""
+        """Every job of a list, in token order (batch reads, O(list size)): the records
+        of its published ranges. A range still loading holds no job of the list yet: one
+        a killed loader left showed its records as queued, beside the same ids the load
+        run again wrote at tokens of their own, until a recovery voided them."""
         head = self.header(name)
-        for lo in range(0, head["alloc"], PAGE):
-            names = [keys.job_name(name, t) for t in range(lo, min(lo + PAGE, head["alloc"]))]
+        for lo in range(0, head["tail"], PAGE):
+            names = [keys.job_name(name, t) for t in range(lo, min(lo + PAGE, head["tail"]))]
             for rec in self.backend.batch_get(keys.JOB_SET, names):
                 if rec is None or rec.bins.get("state") == "void":
                     continue

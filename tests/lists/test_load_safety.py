@@ -5,6 +5,7 @@ re-run adds nothing twice, a failed range is left for recovery."""
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import signal
@@ -224,6 +225,23 @@ def test_a_kick_leaves_alone_a_delayed_job_of_a_range_not_yet_published(env, lis
     assert lists.kick_job(list_name, "d2") is False
     assert not lists.header(list_name).get("retry")
     assert [j.jid for j in queue.reserve(list_name, session, 10)] == ["a0", "a1"]
+
+
+def test_export_leaves_out_the_records_of_a_range_not_yet_published(env, list_name):
+    """A killed loader's range, written and not published: its records are no jobs of
+    the list (a load run again writes the same ids at tokens of their own), so an
+    export shows the list's jobs once each, as many as its status counts."""
+    backend, lists, _, _ = env
+    lists.load(list_name, specs(2, "a"))
+    assert lists._list_udf(list_name, "alloc", 3, 60_000, "killed-loader")["st"] == "ok"
+    for t, jid in zip(range(2, 5), ["a0", "x1", "x2"], strict=True):
+        backend.put(keys.JOB_SET, keys.job_name(list_name, t),
+                    {"list": list_name, "token": t, "jid": jid, "state": "queued", "att": 0})
+    out = io.StringIO()
+    assert lists.export(list_name, out) == 2
+    exported = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [(j["jid"], j["token"]) for j in exported] == [("a0", 0), ("a1", 1)]
+    assert lists.status(list_name).total == len(exported)
 
 
 def test_void_tokens_are_not_counted_as_reservable(env, list_name):
