@@ -195,6 +195,7 @@ class Session:
         close() waits until every one under way has ended before it gives back what the
         session holds. A claim made under a closed session's id (its record deleted) is
         no reaper's to give back: only a sweep's orphan pass found it, minutes later."""
+        self._confirm_alive()
         with self._claims_done:
             sess = self.claim_id()
             number = next(self._reservations)
@@ -205,6 +206,21 @@ class Session:
             with self._claims_done:
                 self._under_way.discard(number)
                 self._claims_done.notify_all()
+
+    def _confirm_alive(self) -> None:
+        """Before a reservation: if the heartbeat has not been confirmed for half the
+        expiry (the process was paused: SIGSTOP, a suspended VM, a long GC), ask the
+        server now. Resumed, a worker's threads reserved before its heartbeat thread
+        ran; a reaper had deleted the session meanwhile, so those claims were under an
+        id no reaper looks at, and the close that gave them back charged each an
+        attempt (with one allowed: dead, never run). Raises `SessionLost`, or the
+        store's error."""
+        if self._thread is None or self._lost.is_set() or self._closing:
+            return  # no heartbeat to be late (an API handler's session), or refused by `claim_id`
+        if time.monotonic() - self._last_ok <= self.expiry_s / 2:
+            return
+        if not self.beat():
+            raise SessionLost(f"session {self.id} is lost: it stops taking work")
 
     def claims_under_way(self) -> frozenset[int]:
         """The reservations under way (`claiming`), by number: a claim the session holds

@@ -527,6 +527,11 @@ class Worker:
         # Jobs that never started whose release failed: an orphan check gives them back
         # refunded, not with the attempt counted (with one attempt allowed, dead unrun).
         self._unstarted: set[str] = set()
+        # Jobs whose release failed (the store did not answer): still ours, maybe. Counted
+        # when a later release (the orphan check, the drain) ends them, else at the end:
+        # counted at the failure too, one job had two outcomes (unacked, then released).
+        self._release_failed: dict[str, Job] = {}
+        self._giving_back = 0  # threads giving back their prefetched jobs (`_work_loop`)
         self._runners: set[_ChildRunner] = set()  # --pool process: the threads' handler processes
         self._warned: dict[str, float] = {}  # what `_warn_once` said already: when (time.monotonic)
         self._recover_at: dict[str, float] = {}  # list -> when `_recover_stalled` may try it again
@@ -641,7 +646,12 @@ class Worker:
             if self._stopping.is_set() or session.lost:
                 with self._in_flight_lock:
                     left, jobs[:] = list(jobs), []
-                self._release_unstarted(left, session)
+                    self._giving_back += 1  # a lost session's close waits for it (`_await_acks`)
+                try:
+                    self._release_unstarted(left, session)
+                finally:
+                    with self._in_flight_lock:
+                        self._giving_back -= 1
                 return
             if not jobs:
                 got = self._reserve_any(session)
@@ -725,9 +735,9 @@ class Worker:
                 log.warning("renewing a prefetched job's claim failed: given back", extra={
                     "event": "renew_failed", "list": job.list, "token": job.token, "jid": job.jid, "error": str(e)})
                 self._release([job], session, why=f"not started: renewing its claim failed ({e})")
-                # Counted where it is given back: here, or (the release failed too) by the
-                # orphan check, refunded; lost with the session, it was never ours to give.
-                return "unacked" if session.lost else "released"
+                # Counted where it is given back: by `_release`, or (the release failed too)
+                # by the orphan check or the drain, refunded.
+                return "released"
             reserved_at = started
         with self._in_flight_lock:
             self._deadlines[_copy(job)] = reserved_at + job.timeout_s
@@ -873,12 +883,13 @@ class Worker:
     def _ack_failed(self, job: Job, session: Session, error: AeroqueueError | None = None) -> str:
         """The store failed mid-acknowledgement: the ack may or may not have landed. If
         the claim is still ours, the job goes back (its attempt counted) rather than
-        stay held until this worker exits: a live session is never reaped."""
+        stay held until this worker exits: a live session is never reaped. Counted by
+        `_release` (or, its release failed too, by whatever gives it back later): its
+        outcome is 'released', which `_settle` and `_work` count no further."""
         if error is not None:
             log.error("acknowledgement failed", extra={"event": "ack_failed", "jid": job.jid, "error": str(error)})
-        # Given back (or sent dead, its attempts spent, or gone with its dropped list):
-        # counted there, once; else not ours any more: lost.
-        return "released" if self._release([job], session, refund=False) else "unacked"
+        self._release([job], session, refund=False)
+        return "released"
 
     def _unack(self, name: str) -> None:
         with self._in_flight_lock:
@@ -900,55 +911,80 @@ class Worker:
 
     def _release(self, jobs: list[Job], session: Session, *, refund: bool = True, why: str | None = None) -> int:
         """Give `jobs` back; this worker holds them no more. Returns how many it ended,
-        each counted here: released, or (without `refund`) dead, its last attempt spent;
-        a dead one was counted nowhere, and an ack that failed called it 'unacked'; or
-        lost, gone with its dropped list.
+        each counted here once: released, or (without `refund`) dead, its last attempt
+        spent; or lost: gone with its dropped list, or no longer held (a reaper or an
+        operator took it: counted nowhere, a prefetched job buried before the drain
+        left the counts one short). A release that fails is counted later, by the
+        release that ends it (`_release_failed`).
+        A lost session still gives back the claims it holds under its id: the release
+        acts only on those, and a job never started goes back with its attempt (given
+        back by the close, it was charged one: with one attempt allowed, dead unrun).
         Each job's hold ends just before its own release, not after the loop: released,
         a job may be reserved again at once by another thread, which holds it under the
         same name, and a late unhold would wipe that hold (the orphan check then gave the
         live claim away, and the job ran twice)."""
-        if session.lost or session.closed:
+        if session.closed:
             self._unhold(jobs)
-            return 0  # not ours to give back any more, or given back when it closed
+            return 0  # given back, and counted, when it closed
         released = 0
+        failed = False
         for job in jobs:
             self._unhold([job])
+            if failed and session.lost:
+                # A lost session's store failing (as it likely is): each release would
+                # wait out its deadline, a drain of many jobs minutes long. The rest are
+                # left to the close, and counted unacked at the end.
+                with self._in_flight_lock:
+                    self._release_failed[job.name] = job
+                continue
             try:
                 why = why or ("worker draining" if refund else "acknowledgement failed")
                 st = self.queue.release(job, why, refund=refund)
-                if st == "released":
-                    self.counters.add("released")
-                    self.observer.released(job.list)
-                    released += 1
-                elif st == "dead":
-                    self.counters.add("dead")
-                    self.observer.outcome(job.list, "dead")
-                    released += 1
-                elif st == "missing":
-                    # Its list was dropped: the job is gone, as an ack of it is refused ('lost').
-                    # Uncounted, a prefetched job of a dropped list given back at the drain
-                    # was reserved and never accounted for.
-                    log.warning("job gone (its list was dropped): nothing to give back", extra={
-                        "event": "claim_lost", "list": job.list, "token": job.token, "jid": job.jid})
-                    self.counters.add("lost")
-                    self.observer.outcome(job.list, "lost")
-                    released += 1
             except AeroqueueError as e:
                 log.warning("release failed", extra={"event": "release_failed", "jid": job.jid, "error": str(e)})
-                if refund:
-                    with self._in_flight_lock:
+                failed = True
+                with self._in_flight_lock:
+                    self._release_failed[job.name] = job
+                    if refund:
                         self._unstarted.add(job.name)
+                continue
+            with self._in_flight_lock:
+                self._release_failed.pop(job.name, None)
+            released += 1
+            if st == "released":
+                self.counters.add("released")
+                self.observer.released(job.list)
+            elif st == "dead":
+                self._count(job, "dead")
+            else:
+                if st == "missing":
+                    # Its list was dropped: the job is gone, as an ack of it is refused ('lost').
+                    log.warning("job gone (its list was dropped): nothing to give back", extra={
+                        "event": "claim_lost", "list": job.list, "token": job.token, "jid": job.jid})
+                else:  # 'not held': a reaper (its time limit, or the session's) or an operator took it
+                    log.warning("claim lost: nothing to give back", extra={
+                        "event": "claim_lost", "list": job.list, "token": job.token, "jid": job.jid})
+                self._count(job, "lost")
         return released
 
     def _release_unstarted(self, jobs: list[Job], session: Session) -> None:
-        """Give back jobs that never started, their attempts refunded. With the session
-        lost they are not ours to give back: they end unacked, so that each reserved
-        job is counted once (`_release` counts nothing then)."""
-        if jobs and session.lost:
-            self._unhold(jobs)
-            self._count_unacked(jobs)
-            return
+        """Give back jobs that never started, their attempts refunded, the session lost
+        or not (`_release`)."""
         self._release(jobs, session)
+
+    def _settle_release_failed(self, session: Session) -> None:
+        """At the end: jobs whose release failed are given back once more, each counted
+        by that release; those it cannot end are counted unacked (the close, or a
+        reaper, gives them back: their fate is not this worker's to know)."""
+        with self._in_flight_lock:
+            failed, unstarted = list(self._release_failed.values()), set(self._unstarted)
+        for job in failed:
+            refund = job.name in unstarted
+            self._release([job], session, refund=refund,
+                          why="not started: an earlier release failed" if refund else None)
+        with self._in_flight_lock:
+            left, self._release_failed = list(self._release_failed.values()), {}
+        self._count_unacked(left)
 
     def _count_unacked(self, jobs: list[Job]) -> None:
         for job in jobs:
@@ -1160,11 +1196,12 @@ class Worker:
                     self._reserved_at[job.name] = (job, sent)
 
     def _await_acks(self, give_up: float) -> None:
-        """Wait, until `give_up` (monotonic), for the threads acknowledging a job: in
-        flight, its handler returned."""
+        """Wait, until `give_up` (monotonic), for the threads acknowledging a job (in
+        flight, its handler returned) or giving back the jobs they prefetched: a lost
+        session's close, first, gave those back with their attempts charged."""
         while time.monotonic() < give_up:
             with self._in_flight_lock:
-                if all(copy in self._runner_of for copy in self._in_flight):
+                if not self._giving_back and all(copy in self._runner_of for copy in self._in_flight):
                     return
             time.sleep(0.01)
 
@@ -1409,6 +1446,7 @@ class Worker:
             # Handler processes ignore SIGTERM, which is how Python ends daemonic
             # children at exit: it would wait for a hung one for ever.
             self._stop_runners()
+            self._settle_release_failed(session)
             session.close(release=False)
             log.error("exiting: session lost", extra={"event": "stopped", "session": session.id, **self.counters.snapshot()})
             return EXIT_SESSION_LOST
@@ -1434,6 +1472,7 @@ class Worker:
             self.queue.flush()
         except AeroqueueError as e:  # the reaper's recount sets them if this process cannot
             log.warning("writing completion bits failed", extra={"event": "bits_failed", "error": str(e)})
+        self._settle_release_failed(session)
         self.counters.add("released", session.close(release=True))
         log.info("worker stopped", extra={"event": "stopped", "session": session.id, **self.counters.snapshot()})
         return EXIT_THREADS_DIED if self._threads_died else EXIT_OK

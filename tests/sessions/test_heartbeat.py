@@ -64,3 +64,35 @@ def test_a_heartbeat_error_that_is_not_the_stores_still_ends_in_a_lost_session(
     finally:
         monkeypatch.undo()
         session.close()
+
+
+def test_a_session_paused_past_its_heartbeat_asks_the_server_before_it_reserves(
+    registered: Backend, lists: Any, list_name: str,
+) -> None:
+    """A worker resumed after a pause (SIGSTOP, a suspended VM) reserved before its
+    heartbeat thread ran, under a session a reaper had deleted meanwhile: claims no
+    reaper looks at, which the close then gave back with an attempt charged (with one
+    allowed: dead, never run). Unconfirmed for half its expiry, a session asks the
+    server before it reserves: reaped, nothing is claimed; alive, the reserve goes on."""
+    from aeroqueue.errors import SessionLost
+    from aeroqueue.loading import JobSpec
+    from aeroqueue.queue import Queue
+
+    lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(4)], max_attempts=1, seal=True)
+    queue = Queue(registered)
+    alive = Session.open(registered, interval_s=5.0, expiry_s=11.0)
+    reaped = Session.open(registered, interval_s=5.0, expiry_s=11.0)
+    try:
+        for session in (alive, reaped):
+            session._last_ok -= 6.0  # as after a pause of 6 s: no beat confirmed since
+        registered.remove(keys.SESS_SET, reaped.id)  # a reaper's work meanwhile
+        with pytest.raises(SessionLost):
+            queue.reserve(list_name, reaped, 2)
+        assert reaped.lost
+        assert lists.status(list_name).reservable == 4, "nothing was claimed under the reaped session"
+        got = queue.reserve(list_name, alive, 2)
+        assert len(got) == 2 and time.monotonic() - alive._last_ok < 5.0, "asked the server, and went on"
+        queue.complete_many(got)
+    finally:
+        alive.close()
+        reaped.close()

@@ -105,15 +105,24 @@ def test_a_lost_session_stops_work_acks_nothing_and_exits_non_zero(registered, l
     t.join(30)
     assert w.session.lost
     # run() returns without waiting for a lost session's handlers; the one woken
-    # above returns meanwhile. Every job it reserved (the running one, and those
-    # prefetched behind it, once uncounted) ends unacked, once.
+    # above returns meanwhile. Every job it reserved is counted once: the running one
+    # unacked; those prefetched behind it, never started, released with their
+    # attempts refunded (given back by the close, each was charged one: with one
+    # attempt allowed, dead unrun).
     for thread in w._threads:
         thread.join(10)
+    # (Released, or lost if a reaper, this worker's own taking up the half-done reap,
+    # gave them back first, their attempts counted.)
     snap = w.counters.snapshot()
-    assert snap["done"] == 0 and snap["unacked"] == snap["reserved"] > 1, snap
+    assert snap["reserved"] > 1, snap
+    assert (snap["done"], snap["unacked"]) == (0, 1), snap
+    assert snap["released"] + snap["lost"] == snap["reserved"] - 1, snap
     held = registered.get(keys.JOB_SET, keys.job_name(list_name, 0)).bins
     # Nothing acknowledged: the job is given back (its attempt counted), not done.
     assert held["state"] == "queued" and "result" not in held and held["att"] == 1
+    prefetched = [registered.get(keys.JOB_SET, keys.job_name(list_name, t)).bins for t in range(1, snap["reserved"])]
+    assert all(b["state"] == "queued" for b in prefetched), prefetched
+    assert [b["att"] for b in prefetched].count(0) == snap["released"], "each released one refunded"
     assert lists.status(list_name).done == 0
 
 
@@ -614,3 +623,67 @@ def test_a_claim_whose_reservation_is_still_returning_is_not_an_orphan(registere
     for token in range(3):
         rec = registered.get(keys.JOB_SET, keys.job_name(list_name, token)).bins
         assert (rec["state"], rec["att"], rec.get("result")) == ("done", 1, "ok"), rec
+
+
+def _outcomes(snap: dict[str, int]) -> int:
+    return sum(snap[k] for k in ("done", "retried", "dead", "snoozed", "timed_out", "lost", "unacked", "released"))
+
+
+def test_a_prefetched_job_buried_before_the_drain_is_counted_lost_once(registered, lists, list_name):
+    """An operator buries a job a worker prefetched; the worker drains. Its release is
+    refused ('not held'): that job was counted nowhere, the counts one short."""
+    lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(3)], seal=True)
+    running, go_on = threading.Event(), threading.Event()
+
+    def handler(job: Job) -> str:
+        running.set()
+        go_on.wait(10)
+        return "ok"
+
+    w = fast_worker(registered, handler, list_name, until_complete=False, batch=3)
+    t = threading.Thread(target=w.run, kwargs={"install_signals": False})
+    t.start()
+    try:
+        assert running.wait(10)
+        assert lists.bury(list_name, "j1", "buried while prefetched") == "dead"
+        w.request_stop()
+    finally:
+        go_on.set()
+        t.join(30)
+    snap = w.counters.snapshot()
+    assert (snap["reserved"], snap["done"], snap["lost"], snap["released"]) == (3, 1, 1, 1), snap
+    assert _outcomes(snap) == snap["reserved"], snap
+    assert registered.get(keys.JOB_SET, keys.job_name(list_name, 1)).bins["state"] == "dead"
+    assert registered.get(keys.JOB_SET, keys.job_name(list_name, 2)).bins["att"] == 0, "refunded"
+
+
+def test_a_failed_ack_whose_release_fails_too_is_counted_once(registered, lists, list_name, monkeypatch):
+    """The store fails a job's acknowledgement and then its release: it was counted
+    unacked there, and released again by the orphan check (or the close) that gave
+    it back: one job, two outcomes."""
+    from aeroqueue.errors import BackendTimeout
+
+    lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(3)], max_attempts=2, seal=True)
+    failing = {"complete": 1, "release": 1}
+    real_complete, real_release = Queue.complete, Queue.release
+
+    def complete(self, job, *a, **kw):
+        if job.jid == "j1" and failing["complete"]:
+            failing["complete"] -= 1
+            raise BackendTimeout("the store did not answer (test)")
+        return real_complete(self, job, *a, **kw)
+
+    def release(self, job, *a, **kw):
+        if job.jid == "j1" and failing["release"]:
+            failing["release"] -= 1
+            raise BackendTimeout("the store did not answer (test)")
+        return real_release(self, job, *a, **kw)
+
+    monkeypatch.setattr(Queue, "complete", complete)
+    monkeypatch.setattr(Queue, "release", release)
+    w = fast_worker(registered, lambda job: "ok", list_name, batch=1, ack_linger_s=0, reap_every_s=0.2)
+    assert w.run(install_signals=False) == EXIT_OK
+    snap = w.counters.snapshot()
+    assert failing == {"complete": 0, "release": 0}, "the test's failures happened"
+    assert _outcomes(snap) == snap["reserved"], snap
+    assert registered.get(keys.JOB_SET, keys.job_name(list_name, 1)).bins["state"] == "done"
