@@ -659,7 +659,10 @@ class JobLists:
         if grace_s > 0:
             time.sleep(grace_s)
             transitions.flush_bits(self.backend)  # this process's own, if any
-            bitmaps += self._delete_all(keys.DONE_SET, _bitmap_names(name, alloc))
+            # Not the chunks of a list of the name loaded during the grace (stamped later):
+            # deleted, its done jobs counted as in flight until a sweep recounted them.
+            later = exp.And(exp.BinExists("c"), exp.GT(exp.IntBin("c"), head["created"]))
+            bitmaps += self._delete_all(keys.DONE_SET, _bitmap_names(name, alloc), only=exp.Not(later).compile())
         return DropReport(name=name, jobs=jobs, index=index, id_chunks=id_chunks, bitmaps=bitmaps)
 
     def _await_leases(self, name: str, wait_s: float) -> None:

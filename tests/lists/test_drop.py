@@ -896,3 +896,36 @@ def test_a_chunk_that_stays_another_lists_ends_the_reservation_without_looping(
     assert got == [[]]
     assert len(takes) == 1 + REPLACED_RETAKES, takes  # the first take, then the bounded retakes
     assert registered.get(keys.IDS_SET, chunk).bins["ids"] == [0, 1, 2, 3, 4]  # nothing popped
+
+
+def test_a_list_loaded_again_during_a_drops_grace_keeps_its_completion_bits(registered, lists, list_name):
+    """The drop's last step, after its grace, deleted the bitmap chunks of the list's
+    name without looking whose they were: a list loaded again meanwhile lost the bits
+    of the jobs it had completed (status said in flight, export said done)."""
+    lists.load(list_name, [JobSpec(f"o{i}", {}) for i in range(10)], seal=True)
+    dropped: list[Any] = []
+    t = threading.Thread(target=lambda: dropped.append(lists.drop(list_name, grace_s=4.0)))
+    t.start()
+    try:
+        give_up = time.monotonic() + 30
+        while time.monotonic() < give_up:
+            try:
+                lists.header(list_name)
+            except errors.ListNotFound:
+                break  # the tombstone: the drop is in its grace
+            time.sleep(0.01)
+        else:
+            pytest.fail("the drop never got to its tombstone")
+        lists.load(list_name, [JobSpec(f"n{i}", {}) for i in range(10)], seal=True)
+        queue, session = Queue(registered), Session.open(registered, heartbeat=False)
+        try:
+            assert queue.complete_many(queue.reserve(list_name, session, 4)) == []
+            queue.flush()
+        finally:
+            session.close()
+        assert t.is_alive(), "the load and the acks came within the grace"
+    finally:
+        t.join(30)
+    assert dropped and dropped[0].jobs == 10
+    st = lists.status(list_name)
+    assert (st.done, st.in_flight, st.total) == (4, 0, 10), st
