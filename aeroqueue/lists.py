@@ -213,6 +213,8 @@ class JobLists:
         if st == "dropping":
             raise ListError(f"list {name!r} is being dropped (a drop started and did not finish): "
                             "run the drop again to finish it")
+        if st == "given up":
+            raise ListError(_given_up(name))
         if st != "ok":
             raise ListSealed(f"list {name!r}: cannot set {flag}={value} ({st})")
 
@@ -628,13 +630,16 @@ class JobLists:
         # (no new one can start now) so that its job records are deleted below.
         deadline = time.monotonic() + load_wait_s
         while self._pending_ranges(head):
+            if _drop_given_up(head):
+                raise ListError(_given_up(name))
             if time.monotonic() >= deadline:
                 raise ListError(f"list {name!r}: a load into it is still writing (it is now sealed and paused); "
                                 "drop again once it has finished")
             time.sleep(0.1)
             head = self.header(name)
-        # Leased jobs: acknowledged (or ended) before their records go.
-        self._await_leases(name, lease_wait_s)
+        # Leased jobs: acknowledged (or ended) before their records go. A resume meanwhile
+        # gives the drop up (the step to dropping=1 below is refused then, too).
+        self._await_leases(name, lease_wait_s, given_up=lambda: _drop_given_up(self.header(name)))
         # From here records go: a drop that stops half-way leaves a list that could never
         # complete, which `pause` will not resume (only a drop finishes it).
         self._flag(name, "dropping", 1)
@@ -665,7 +670,7 @@ class JobLists:
             bitmaps += self._delete_all(keys.DONE_SET, _bitmap_names(name, alloc), only=exp.Not(later).compile())
         return DropReport(name=name, jobs=jobs, index=index, id_chunks=id_chunks, bitmaps=bitmaps)
 
-    def _await_leases(self, name: str, wait_s: float) -> None:
+    def _await_leases(self, name: str, wait_s: float, given_up: Callable[[], bool] | None = None) -> None:
         """Wait until no session holds a lease on a job of list `name` that may still
         be acknowledged: each ends acknowledged or claimed (settled, then forgotten with
         its session's next heartbeat), reaped, or past its time limit (forgotten here).
@@ -689,6 +694,8 @@ class JobLists:
                 held += sum(len(list(lease_entries.tokens(e))) for lid, e in mine.items() if lid not in over)
             if not held:
                 return
+            if given_up is not None and given_up():
+                raise ListError(_given_up(name))
             if time.monotonic() >= deadline:
                 raise ListError(
                     f"list {name!r}: sessions still hold leases on {held} of its jobs (it is now sealed and paused); "
@@ -835,6 +842,17 @@ def new_list_policy(
     if new and hi < lo:
         raise ConfigError(f"the backoff cap ({hi / 1000:g} s) would be below its base ({lo / 1000:g} s)")
     return opts
+
+
+def _given_up(name: str) -> str:
+    return (f"list {name!r}: the drop was given up: the list was resumed (`aeroqueue pause --resume`, or the "
+            "dashboard) before anything was deleted; nothing was deleted")
+
+
+def _drop_given_up(head: dict[str, Any]) -> bool:
+    """A drop that marked the list begun (DROP_BEGUN) and has deleted nothing finds it
+    resumed since: the resume cleared the mark (aq_list_v1.set_flag)."""
+    return head.get("dropping") != 1 and (head.get("dropping") != DROP_BEGUN or head.get("paused") != 1)
 
 
 def _published(head: dict[str, Any], tokens: Iterable[int]) -> list[int]:

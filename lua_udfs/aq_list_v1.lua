@@ -827,7 +827,7 @@ function push_retry(rec, tokens, cap, again, deadline, created)
 end
 
 -- set_flag(rec, name, value, deadline, created) -> 'ok' | 'missing' | 'bad flag' | 'sealed' | 'dropping'
---                                                  | 'stale' | 'other'
+--                                                  | 'given up' | 'stale' | 'other'
 --   sealed / paused / dropping. `created` (optional): the list's stamp as the caller
 --   saw it (a dashboard page): 'other', nothing set, for another list of the name
 --   (dropped and loaded again since). Sealing is final: unsealing is refused. So is
@@ -835,7 +835,10 @@ end
 --   half-deleted stays paused until a drop finishes it. dropping = 2 (set by a
 --   drop before its seal, so that the list never looks complete while it goes)
 --   never lowers a 1, and a resume (paused = 0) clears it: that drop was given up
---   before anything was deleted.
+--   before anything was deleted. So dropping = 1 is set only over a 2 on a list
+--   still paused (or over a 1: a drop finishing one that stopped half-way); else
+--   'given up', nothing set: resumed while the drop waited, the list is worked on
+--   again, and the drop must not delete it under its workers.
 function set_flag(rec, name, value, deadline, created)
   if stale(deadline) then return 'stale' end
   if not live(rec) then return 'missing' end
@@ -844,6 +847,10 @@ function set_flag(rec, name, value, deadline, created)
   if name == 'sealed' and value == 0 and rec['sealed'] == 1 then return 'sealed' end
   if value == 0 and rec['dropping'] == 1 and (name == 'paused' or name == 'dropping') then return 'dropping' end
   if name == 'dropping' and value == 2 and rec['dropping'] == 1 then return 'ok' end
+  if name == 'dropping' and value == 1 and rec['dropping'] ~= 1
+      and (rec['dropping'] ~= 2 or rec['paused'] ~= 1) then
+    return 'given up'
+  end
   if name == 'paused' and value == 0 and rec['dropping'] == 2 then rec['dropping'] = nil end
   rec[name] = value
   aerospike:update(rec)

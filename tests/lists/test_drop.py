@@ -135,7 +135,7 @@ def test_an_interrupted_drop_finishes_when_run_again(registered, store_url, queu
     assert leftovers(registered, list_name) == {}
 
 
-def _leases_still_held(self: JobLists, name: str, wait_s: float) -> None:
+def _leases_still_held(self: JobLists, name: str, wait_s: float, given_up: Any = None) -> None:
     """`JobLists._await_leases` as when a lease is still held at its deadline: the drop
     fails before it deletes anything."""
     raise errors.ListError(f"list {name!r}: sessions still hold leases on 1 of its jobs")
@@ -153,10 +153,10 @@ def test_an_unsealed_list_whose_jobs_are_all_done_never_looks_complete_while_it_
     seen = []
     real = JobLists._await_leases
 
-    def looks_first(self, name, wait_s):
+    def looks_first(self, name, wait_s, given_up=None):
         st = lists.status(list_name)
         seen.append((st.sealed, st.complete, lists.header(list_name).get("done_at")))
-        return real(self, name, wait_s)
+        return real(self, name, wait_s, given_up)
 
     monkeypatch.setattr(JobLists, "_await_leases", looks_first)
     lists.drop(list_name, grace_s=0)
@@ -929,3 +929,41 @@ def test_a_list_loaded_again_during_a_drops_grace_keeps_its_completion_bits(regi
     assert dropped and dropped[0].jobs == 10
     st = lists.status(list_name)
     assert (st.done, st.in_flight, st.total) == (4, 0, 10), st
+
+
+@pytest.mark.parametrize("acked", [True, False], ids=["leases-acked", "leases-held"])
+def test_a_resume_while_a_drop_waits_for_leases_gives_the_drop_up(queue, lists, list_name, session, acked):
+    """A resume during a drop's wait for leases was accepted (the list worked on
+    again), and then the drop deleted every job under its workers, their acks refused;
+    or, with the leases still held, failed saying the list was 'sealed and paused'. The
+    drop is given up: it says so and deletes nothing."""
+    lists.load(list_name, specs(40))
+    leased = queue.reserve(list_name, session, 20, lease=True)
+    assert leased and leased[0].lease is not None, "the test needs a lease"
+    failed: list[BaseException] = []
+
+    def drop() -> None:
+        try:
+            lists.drop(list_name, grace_s=0, lease_wait_s=20)
+        except errors.ListError as e:
+            failed.append(e)
+
+    t = threading.Thread(target=drop)
+    t.start()
+    try:
+        give_up = time.monotonic() + 20
+        while not (lists.header(list_name).get("paused") == 1 and lists.header(list_name).get("dropping") == 2):
+            assert time.monotonic() < give_up, "the drop never began waiting"
+            time.sleep(0.01)
+        lists.pause(list_name, False)
+        if acked:
+            assert queue.complete_many(leased) == []
+    finally:
+        t.join(30)
+    assert not t.is_alive()
+    assert failed and "the drop was given up: the list was resumed" in str(failed[0]), failed
+    st = lists.status(list_name)
+    assert (st.total, st.paused, st.dropping) == (40, False, False), st
+    rest = queue.reserve(list_name, session, 40)
+    assert len(rest) == 20, "the jobs not leased are still there, reservable"
+    assert queue.complete_many(rest + ([] if acked else leased)) == []
