@@ -45,7 +45,7 @@ import socket
 import threading
 import time
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -136,6 +136,7 @@ class Session:
         self._thread: threading.Thread | None = None
         self._last_ok = time.monotonic()
         self.closed = False
+        self.released_at_close: Counter[str] = Counter()  # list -> jobs `close` gave back (metrics)
         self._closing = False  # close() has begun: no new claim under this id
         self._under_way: set[int] = set()  # reservations under way (`claiming`), which close() waits for
         self._reservations = itertools.count()  # their numbers
@@ -384,7 +385,8 @@ class Session:
                     def release_pass() -> int:
                         nonlocal passes
                         passes += 1
-                        return release_claims(self.backend, self.id, refund=True, why="session closed")
+                        return release_claims(self.backend, self.id, refund=True, why="session closed",
+                                              by_list=self.released_at_close)
 
                     released = retry_in_doubt(release_pass, deadline_s=self.expiry_s)
                     if passes > 1:
@@ -412,9 +414,12 @@ class Session:
         self.close()
 
 
-def release_claims(backend: Backend, session_id: str, *, refund: bool, why: str) -> int:
+def release_claims(
+    backend: Backend, session_id: str, *, refund: bool, why: str, by_list: Counter[str] | None = None
+) -> int:
     """Release every job still claimed by a session onto its list's retry store.
-    Idempotent: the release UDF only acts on a claim the session still holds."""
+    Idempotent: the release UDF only acts on a claim the session still holds. With
+    `by_list`, each job ended is counted there under its list's name too."""
     released: dict[tuple[str, int | None], list[int]] = defaultdict(list)  # by list and its stamp (push_retry)
     dead: dict[tuple[str, int | None], list[int]] = defaultdict(list)
     tx = transitions.reaper_tx()  # another reaper's pass releasing the same claims offers none of them again
@@ -427,6 +432,8 @@ def release_claims(backend: Backend, session_id: str, *, refund: bool, why: str)
                 released[(rec.bins["list"], rec.bins.get("c"))].append(rec.bins["token"])
             elif st == "dead":
                 dead[(rec.bins["list"], rec.bins.get("c"))].append(rec.bins["token"])
+            if by_list is not None and st in ("released", "dead"):
+                by_list[rec.bins["list"]] += 1
     finally:
         # Whatever cut the pass short, what it released is offered again now: a
         # repeated pass no longer finds those jobs (their claim is gone from the index).

@@ -1474,6 +1474,8 @@ class Worker:
             log.warning("writing completion bits failed", extra={"event": "bits_failed", "error": str(e)})
         self._settle_release_failed(session)
         self.counters.add("released", session.close(release=True))
+        for list_name, n in session.released_at_close.items():  # the metrics too, by list
+            self.observer.released(list_name, n)
         log.info("worker stopped", extra={"event": "stopped", "session": session.id, **self.counters.snapshot()})
         return EXIT_THREADS_DIED if self._threads_died else EXIT_OK
 

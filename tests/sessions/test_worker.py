@@ -687,3 +687,34 @@ def test_a_failed_ack_whose_release_fails_too_is_counted_once(registered, lists,
     assert failing == {"complete": 0, "release": 0}, "the test's failures happened"
     assert _outcomes(snap) == snap["reserved"], snap
     assert registered.get(keys.JOB_SET, keys.job_name(list_name, 1)).bins["state"] == "done"
+
+
+def test_what_the_close_gives_back_reaches_the_observer_by_list(registered, lists, list_name):
+    """The claims the session's close gives back at the end of a drain (one whose
+    answer was lost, say: no thread of the worker knew of it) were counted released
+    in the worker's counters and not in its metrics."""
+    from collections import Counter
+
+    from aeroqueue.observe import WorkerObserver
+
+    other = list_name + "-x"
+    lists.load(other, [JobSpec("x", {})], seal=True)
+    lists.create(list_name)
+    told: Counter[str] = Counter()
+
+    class Told(WorkerObserver):
+        def released(self, name: str, n: int = 1) -> None:
+            told[name] += n
+
+    w = fast_worker(registered, lambda job: "ok", list_name, until_complete=False, observer=Told(), reap_every_s=60)
+    t = threading.Thread(target=w.run, kwargs={"install_signals": False})
+    t.start()
+    try:
+        wait_for("the worker's session", lambda: w.session is not None, 10)
+        assert len(Queue(registered).reserve(other, w.session.id, 1)) == 1  # a claim no thread of it knows
+    finally:
+        w.request_stop()
+        t.join(30)
+    assert w.counters.snapshot()["released"] == 1
+    assert told == {other: 1}, told
+    assert registered.get(keys.JOB_SET, keys.job_name(other, 0)).bins["state"] == "queued"
