@@ -633,23 +633,21 @@ def test_a_prefetched_job_buried_before_the_drain_is_counted_lost_once(registere
     """An operator buries a job a worker prefetched; the worker drains. Its release is
     refused ('not held'): that job was counted nowhere, the counts one short."""
     lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(3)], seal=True)
-    running, go_on = threading.Event(), threading.Event()
+    started, go_on = threading.Event(), threading.Event()
 
     def handler(job: Job) -> str:
-        running.set()
+        started.set()
         go_on.wait(10)
         return "ok"
 
     w = fast_worker(registered, handler, list_name, until_complete=False, batch=3)
-    t = threading.Thread(target=w.run, kwargs={"install_signals": False})
-    t.start()
-    try:
-        assert running.wait(10)
-        assert lists.bury(list_name, "j1", "buried while prefetched") == "dead"
-        w.request_stop()
-    finally:
-        go_on.set()
-        t.join(30)
+    with running(w):
+        try:
+            assert started.wait(10)
+            assert lists.bury(list_name, "j1", "buried while prefetched") == "dead"
+            w.request_stop()  # the drain gives the prefetched jobs back first
+        finally:
+            go_on.set()
     snap = w.counters.snapshot()
     assert (snap["reserved"], snap["done"], snap["lost"], snap["released"]) == (3, 1, 1, 1), snap
     assert _outcomes(snap) == snap["reserved"], snap
@@ -707,14 +705,9 @@ def test_what_the_close_gives_back_reaches_the_observer_by_list(registered, list
             told[name] += n
 
     w = fast_worker(registered, lambda job: "ok", list_name, until_complete=False, observer=Told(), reap_every_s=60)
-    t = threading.Thread(target=w.run, kwargs={"install_signals": False})
-    t.start()
-    try:
+    with running(w):
         wait_for("the worker's session", lambda: w.session is not None, 10)
         assert len(Queue(registered).reserve(other, w.session.id, 1)) == 1  # a claim no thread of it knows
-    finally:
-        w.request_stop()
-        t.join(30)
     assert w.counters.snapshot()["released"] == 1
     assert told == {other: 1}, told
     assert registered.get(keys.JOB_SET, keys.job_name(other, 0)).bins["state"] == "queued"
