@@ -154,6 +154,13 @@ class StoreClosed(BackendError):
     """The store connection is closed: nothing was sent."""
 
 
+class StoreForked(StoreClosed):
+    """This store connection was opened in another process, before a fork: the aerospike
+    client cannot be shared across one (its sockets would carry both processes' calls,
+    and answers cross). Connect in each process after it forks (gunicorn: without
+    --preload, or in a post_fork hook). Nothing was sent."""
+
+
 class Unsupported(BackendError):
     """The embedded backend does not implement this client call or option."""
 
@@ -254,6 +261,12 @@ class SessionLost(AeroqueueError):
 
 class SessionClosed(SessionLost):
     """The session was closed (or is closing): it takes no more work; open another."""
+
+
+class SessionForked(SessionClosed):
+    """The session was opened in another process, before a fork: it is that process's
+    (its heartbeat thread does not cross a fork, and a close here would give back that
+    process's jobs). Open a session in each process after it forks."""
 
 
 class SyncError(AeroqueueError):

@@ -30,6 +30,7 @@ Each of these UDFs is O(1) in the list's size.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import functools
 import itertools
@@ -96,6 +97,13 @@ class Job:
     @property
     def name(self) -> str:
         return keys.job_name(self.list, self.token)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled (handed to another process, kept for a later ack) or deep-copied, a job
+        # leaves its `toucher` behind: a bound method of its Queue, the store's client
+        # and all, failed with "cannot pickle 'aerospike.Client' object". The copy
+        # acknowledges as the original does; its `touch` says it has no queue.
+        return (Job, tuple(None if f.name == "toucher" else getattr(self, f.name) for f in dataclasses.fields(Job)))
 
     def touch(self, seconds: float | datetime.timedelta | None = None) -> None:
         """The handler needs longer: its claim's time limit becomes `seconds` (default:

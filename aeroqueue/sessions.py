@@ -68,6 +68,7 @@ from .errors import (
     RecordBusy,
     RecordNotFound,
     SessionClosed,
+    SessionForked,
     SessionLost,
 )
 from .lists import JobLists, backoff_of
@@ -135,6 +136,7 @@ class Session:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_ok = time.monotonic()
+        self._pid = os.getpid()  # the process it belongs to (`SessionForked`)
         self.closed = False
         self.released_at_close: Counter[str] = Counter()  # list -> jobs `close` gave back (metrics)
         self._closing = False  # close() has begun: no new claim under this id
@@ -184,6 +186,11 @@ class Session:
         """The id claims are made under; refuses once the session is lost (`SessionLost`)
         or closing (`SessionClosed`). A reservation holds `claiming` instead, which
         close() waits for."""
+        if os.getpid() != self._pid:
+            # Shared across a fork (a pre-fork server's master opened it): its heartbeat
+            # runs in the other process only, and a close here gave back the other's jobs.
+            raise SessionForked(f"session {self.id} was opened in process {self._pid}, before a fork: open a "
+                                "session in each process after it forks")
         if self._lost.is_set():
             raise SessionLost(f"session {self.id} is lost: it stops taking work")
         if self._closing:
@@ -344,6 +351,11 @@ class Session:
         else can hold a claim under this id, and the release only acts on claims
         still held, so nothing that became someone else's is touched."""
         if self.closed:
+            return 0
+        if os.getpid() != self._pid:
+            # A copy inherited through a fork: the session, and what it holds, are the
+            # other process's, which closes it. Its jobs here were never this copy's.
+            self.closed = True
             return 0
         with self._claims_done:
             # No new reservation from here; those under way end first (within the expiry:

@@ -34,6 +34,7 @@ import atexit
 import contextlib
 import functools
 import logging
+import os
 import random
 import threading
 import time
@@ -426,9 +427,31 @@ class BitBuffer:
         self._wake.set()
         self.flush()
 
+    def _forked(self) -> None:
+        """In a forked child: only the thread that forked lives on, so the writer is
+        gone (the child's bits waited for 512 of them, a flush or the exit: a pre-fork
+        server's worker never counted its jobs done), and a lock another thread held
+        at the fork would stay held. The parent's pending bits are the parent's to write."""
+        self._lock = threading.Lock()
+        self._flushing = threading.Lock()
+        self._wake = threading.Event()
+        self._thread = None
+        self._pending = defaultdict(set)
+        self._count = 0
+
 
 _BUFFERS: weakref.WeakKeyDictionary[Backend, BitBuffer] = weakref.WeakKeyDictionary()
 _BUFFERS_LOCK = threading.Lock()
+
+
+def _after_fork() -> None:
+    global _BUFFERS_LOCK
+    _BUFFERS_LOCK = threading.Lock()
+    for buf in list(_BUFFERS.values()):
+        buf._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def bit_buffer(backend: Backend) -> BitBuffer:

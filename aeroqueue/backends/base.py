@@ -207,7 +207,9 @@ class Backend:
 
     def __init__(self, client: Any, url: StoreURL) -> None:
         # Every call counted while in flight, so that `close` can wait for them.
-        self.client = ClientGuard(client)
+        # The aerospike client is one process's; the embedded one is made for forks
+        # (README, "The embedded store").
+        self.client = ClientGuard(client, fork_safe=url.is_embedded)
         self.url = url
         self.namespace = url.namespace
         # Calls that reach the server: the benchmark reports them per job.

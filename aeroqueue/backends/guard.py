@@ -21,7 +21,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import StoreClosed
+from ..errors import StoreClosed, StoreForked
 
 # Client calls that hand back an object whose own calls reach the server later
 # (a query's results, foreach, paginate): that object is guarded too.
@@ -33,8 +33,10 @@ _LOCAL = frozenset({"is_connected", "get_key_partition_id", "get_policies", "get
 class _InFlight:
     """The calls in flight on one client, and whether it is closing."""
 
-    def __init__(self) -> None:
+    def __init__(self, fork_safe: bool = True) -> None:
         self.closed = False
+        self.fork_safe = fork_safe
+        self.forked = False  # this process is a fork of the one that opened the client
         self._fresh()
         _STATES.add(self)
 
@@ -47,11 +49,15 @@ class _InFlight:
 _STATES: weakref.WeakSet[_InFlight] = weakref.WeakSet()
 
 
+_FORKED = " ".join((StoreForked.__doc__ or "").split())
+
+
 def _after_fork() -> None:
     # A forked child has none of its parent's calls in flight, and a lock another
     # thread held at the fork would stay held in the child for ever.
     for state in list(_STATES):
         state._fresh()
+        state.forked = not state.fork_safe
 
 
 os.register_at_fork(after_in_child=_after_fork)
@@ -60,9 +66,9 @@ os.register_at_fork(after_in_child=_after_fork)
 class ClientGuard:
     """Passes every attribute of `raw` through; its methods are counted while they run."""
 
-    def __init__(self, raw: Any, state: _InFlight | None = None) -> None:
+    def __init__(self, raw: Any, state: _InFlight | None = None, *, fork_safe: bool = True) -> None:
         object.__setattr__(self, "raw", raw)  # for a caller that must measure the client alone (benchmarks)
-        object.__setattr__(self, "_state", state or _InFlight())
+        object.__setattr__(self, "_state", state or _InFlight(fork_safe))
 
     def __setattr__(self, name: str, value: Any) -> None:
         # A query is set up by its attributes (max_records, paginate's state): they are the raw object's.
@@ -85,6 +91,10 @@ class ClientGuard:
             with state.lock:  # looked up each time: a forked child gets a new one
                 if state.closed:
                     raise StoreClosed(f"{name}: the store connection is closed")
+                if state.forked:
+                    # Shared with the parent, its sockets carried both processes' calls:
+                    # answers crossed (a session 'already exists', another call's reply).
+                    raise StoreForked(f"{name}: {_FORKED}")
                 state.count += 1
             try:
                 out = fn(*args, **kwargs)
@@ -116,5 +126,7 @@ class ClientGuard:
                 if left <= 0:
                     return False
                 state.idle.wait(left)
+        if state.forked:
+            return True  # the parent's client: its close (its threads are not here) is the parent's to make
         self.raw.close()
         return True
