@@ -239,6 +239,8 @@ class Queue:
         """
         count = whole("count", count)
         _checked_target(list_name, session)
+        if not isinstance(lease, bool):  # lease="no" read as true
+            raise TypeError(f"reserve: lease must be True or False, not {lease!r:.60}")
         if count == 1:
             return self._reserve_one(list_name, session)
         reserved, _ = self._reserve(list_name, session, count, [], lease=lease and isinstance(session, Session))
@@ -886,7 +888,14 @@ class Queue:
                 self._settled(job)
                 self.bits.add(job.list, [job.token], job.created)
                 return
-            self._complete_claim(job, result)
+            try:
+                self._complete_claim(job, result)
+            except ClaimLost:
+                if time.time() * 1000 > job.lease[2]:
+                    # Past the lease's end (by this host's clock: the refusal was the server's),
+                    # say so, as for a claim: 'lost' named an expiry, a reap or a bury.
+                    self._check(job, "late")
+                raise
             self._settled(job)  # done, by a claim made from the lease, or before ('again')
             return
         self._complete_claim(job, result)
@@ -1267,6 +1276,8 @@ def _checked_target(list_name: Any, session: Any) -> None:
 
 
 def _checked_jobs(what: str, jobs: Sequence[Any]) -> None:
+    if isinstance(jobs, Job):  # complete_many(job): "'Job' object is not iterable" named no call
+        raise TypeError(f"{what} takes a list of Jobs, not one Job: {what}([job])")
     for job in jobs:
         if not isinstance(job, Job):
             raise TypeError(f"{what} takes Jobs (as Queue.reserve returns them), not {job!r:.60}")

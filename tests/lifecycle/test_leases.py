@@ -272,7 +272,8 @@ def test_a_lease_past_its_limit_ends_as_timed_out(
     reap(registered)
     assert record(registered, late)["state"] == "queued" and leases_of(registered, session), "not past its limit yet"
     time.sleep(0.3 + CLOCK_MARGIN_MS / 1000 + 0.2)
-    with pytest.raises(errors.ClaimLost):  # the server's clock: past the lease's limit
+    # The server's clock: past the lease's limit; said as a claim's is ('lost' named an expiry or a bury).
+    with pytest.raises(errors.ClaimLost, match="ran past its time limit"):
         queue.complete(late, "too late")
     assert reap(registered).timed_out >= 3
     rec = record(registered, late)

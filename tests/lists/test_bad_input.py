@@ -443,6 +443,8 @@ def test_the_queues_calls_refuse_what_is_not_a_list_a_session_a_job_or_text_befo
                                                                 "not None"),
             (lambda: queue.reserve(list_name, ""), ValueError, "session id must not be empty"),
             (lambda: queue.reserve(list_name, "", 2), ValueError, "session id must not be empty"),
+            (lambda: queue.reserve(list_name, session, 2, lease="no"), TypeError,
+             "reserve: lease must be True or False, not 'no'"),
             (lambda: queue.complete_and_reserve([], list_name, None), TypeError, "session must be a Session"),
             (lambda: queue.complete(None), TypeError, "complete takes Jobs (as Queue.reserve returns them), not None"),
             (lambda: queue.complete_many([None, None]), TypeError, "complete_many takes Jobs"),
@@ -456,6 +458,7 @@ def test_the_queues_calls_refuse_what_is_not_a_list_a_session_a_job_or_text_befo
         held = [
             (lambda: queue.fail(job, None), TypeError, "fail: error must be text (str), not None"),
             (lambda: queue.touch(job, "soon"), TypeError, "touch takes seconds (a number or a timedelta), not 'soon'"),
+            (lambda: queue.complete_many(job), TypeError, "complete_many takes a list of Jobs, not one Job"),
             (lambda: queue.complete_many([job], "ok"), TypeError, "results must hold one result per job, not be "
                                                                   "one str: 'ok'"),
             (lambda: queue.complete_and_reserve([job], list_name, session), TypeError,
