@@ -400,7 +400,9 @@ class Session:
                         return release_claims(self.backend, self.id, refund=True, why="session closed",
                                               by_list=self.released_at_close)
 
-                    released = retry_in_doubt(release_pass, deadline_s=self.expiry_s)
+                    retry_in_doubt(release_pass, deadline_s=self.expiry_s)
+                    # Every pass's, not the last one's: a pass cut short had released some.
+                    released = sum(self.released_at_close.values())
                     if passes > 1:
                         # A pass cut short may have released a claim whose answer it lost:
                         # the next pass no longer finds it, and with the session record gone

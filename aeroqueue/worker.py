@@ -530,8 +530,17 @@ class Worker:
         # Jobs whose release failed (the store did not answer): still ours, maybe. Counted
         # when a later release (the orphan check, the drain) ends them, else at the end:
         # counted at the failure too, one job had two outcomes (unacked, then released).
-        self._release_failed: dict[str, Job] = {}
-        self._giving_back = 0  # threads giving back their prefetched jobs (`_work_loop`)
+        # By claim (`_copy`), with the release's refund and reason: repeated, a release
+        # that landed is known by its reason (aq_job_v1's `repeated`), and its follow-up
+        # (offering the job again) is redone.
+        self._release_failed: dict[_Copy, tuple[Job, bool, str]] = {}
+        # Threads reserving, or giving back the jobs they prefetched (`_work_loop`): a lost
+        # session's close waits for them (`_await_acks`), or it gave those jobs back first,
+        # their attempts charged.
+        self._giving_back = 0
+        # Jobs (by id) the lost session's drain counted unacked: a release of one after
+        # (its renewal failing as the drain looked) counts it no more.
+        self._counted: set[int] = set()
         self._runners: set[_ChildRunner] = set()  # --pool process: the threads' handler processes
         self._warned: dict[str, float] = {}  # what `_warn_once` said already: when (time.monotonic)
         self._recover_at: dict[str, float] = {}  # list -> when `_recover_stalled` may try it again
@@ -654,16 +663,22 @@ class Worker:
                         self._giving_back -= 1
                 return
             if not jobs:
-                got = self._reserve_any(session)
-                if not got:
-                    continue
-                # The claims' limits run from the server's take, inside the call: from
-                # when it was sent, so that local deadlines (renewals, acks) are never late.
-                now = self._thread_state.asked
                 with self._in_flight_lock:
-                    self._drop_stale_copies(me, got)
-                    jobs.extend(got)
-                    self._reserved_at.update((j.name, (j, now)) for j in got)
+                    self._giving_back += 1
+                try:
+                    got = self._reserve_any(session)
+                    if not got:
+                        continue
+                    # The claims' limits run from the server's take, inside the call: from
+                    # when it was sent, so that local deadlines (renewals, acks) are never late.
+                    now = self._thread_state.asked
+                    with self._in_flight_lock:
+                        self._drop_stale_copies(me, got)
+                        jobs.extend(got)
+                        self._reserved_at.update((j.name, (j, now)) for j in got)
+                finally:
+                    with self._in_flight_lock:
+                        self._giving_back -= 1
             with self._in_flight_lock:
                 # Checked under the lock the drain takes its list of unstarted jobs
                 # with: a reservation that came back after the stop (it was on its
@@ -923,9 +938,12 @@ class Worker:
         a job may be reserved again at once by another thread, which holds it under the
         same name, and a late unhold would wipe that hold (the orphan check then gave the
         live claim away, and the job ran twice)."""
+        why = why or ("worker draining" if refund else "acknowledgement failed")
         if session.closed:
             self._unhold(jobs)
-            return 0  # given back, and counted, when it closed
+            if session.lost:  # the lost session's close gave them back, and counted nothing
+                self._count_unacked(jobs)
+            return 0  # else given back, and counted, when it closed
         released = 0
         failed = False
         for job in jobs:
@@ -935,22 +953,24 @@ class Worker:
                 # wait out its deadline, a drain of many jobs minutes long. The rest are
                 # left to the close, and counted unacked at the end.
                 with self._in_flight_lock:
-                    self._release_failed[job.name] = job
+                    self._release_failed[_copy(job)] = (job, refund, why)
                 continue
             try:
-                why = why or ("worker draining" if refund else "acknowledgement failed")
                 st = self.queue.release(job, why, refund=refund)
             except AeroqueueError as e:
                 log.warning("release failed", extra={"event": "release_failed", "jid": job.jid, "error": str(e)})
                 failed = True
                 with self._in_flight_lock:
-                    self._release_failed[job.name] = job
+                    self._release_failed[_copy(job)] = (job, refund, why)
                     if refund:
                         self._unstarted.add(job.name)
                 continue
             with self._in_flight_lock:
-                self._release_failed.pop(job.name, None)
+                self._release_failed.pop(_copy(job), None)
+                counted = id(job) in self._counted
             released += 1
+            if counted:
+                continue  # counted unacked by the lost session's drain already
             if st == "released":
                 self.counters.add("released")
                 self.observer.released(job.list)
@@ -973,20 +993,27 @@ class Worker:
         self._release(jobs, session)
 
     def _settle_release_failed(self, session: Session) -> None:
-        """At the end: jobs whose release failed are given back once more, each counted
-        by that release; those it cannot end are counted unacked (the close, or a
-        reaper, gives them back: their fate is not this worker's to know)."""
+        """At the end: jobs whose release failed. A live session's are given back once
+        more, as first asked (same refund and reason: one that landed is known so, and
+        its job offered again), each counted by that release, until one fails; a lost
+        session's are not tried again (its store is likely failing: a deadline each).
+        Those left are counted unacked: the close, or a reaper, gives them back."""
         with self._in_flight_lock:
-            failed, unstarted = list(self._release_failed.values()), set(self._unstarted)
-        for job in failed:
-            refund = job.name in unstarted
-            self._release([job], session, refund=refund,
-                          why="not started: an earlier release failed" if refund else None)
+            failed = list(self._release_failed.values())
+        if not session.lost:
+            for job, refund, why in failed:
+                self._release([job], session, refund=refund, why=why)
+                with self._in_flight_lock:
+                    if _copy(job) in self._release_failed:
+                        break  # the store fails again: the rest are not tried either
         with self._in_flight_lock:
-            left, self._release_failed = list(self._release_failed.values()), {}
+            left, self._release_failed = [job for job, _, _ in self._release_failed.values()], {}
         self._count_unacked(left)
 
     def _count_unacked(self, jobs: list[Job]) -> None:
+        with self._in_flight_lock:
+            jobs = [job for job in jobs if id(job) not in self._counted]
+            self._counted.update(id(job) for job in jobs)
         for job in jobs:
             self.counters.add("unacked")
             self.observer.outcome(job.list, "unacked")
@@ -1387,8 +1414,14 @@ class Worker:
                       attempt=bins.get("att", 0), session=session.id, created=bins.get("c"))
             log.warning("orphaned claim released", extra={"event": "orphan_released", "list": job.list,
                                                           "token": job.token, "jid": job.jid})
-            self._release([job], session, refund=name in unstarted,
-                          why="not started: an earlier release failed" if name in unstarted else None)
+            with self._in_flight_lock:
+                failed = self._release_failed.get(_copy(job))
+            if failed is not None:  # repeated as first asked: one that landed is known by its reason
+                _, refund, why = failed
+                self._release([job], session, refund=refund, why=why)
+            else:
+                self._release([job], session, refund=name in unstarted,
+                              why="not started: an earlier release failed" if name in unstarted else None)
 
     def _drain(self, session: Session) -> int:
         self._stopping.set()
@@ -1436,6 +1469,13 @@ class Worker:
             # one that will, the transition having marked the job offered
             # (`transitions.holder_mark`: a reaper's recount leaves it). It is let finish.
             self._await_acks(time.monotonic() + LOST_ACK_WAIT_S)
+            # Jobs a reservation brought back after the drain's first look: given back
+            # here, refunded, before the close would give them back charged.
+            with self._in_flight_lock:
+                late = [j for jobs in self._prefetched.values() for j in jobs]
+                for jobs in self._prefetched.values():
+                    jobs[:] = []
+            self._release_unstarted(late, session)
             # The handlers still running are not waited for: their jobs end here, unacked
             # (their threads discard what comes back, as at the drain deadline), not
             # after the last count was logged, or never, the process gone by then.
