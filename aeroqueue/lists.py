@@ -664,10 +664,11 @@ class JobLists:
         if grace_s > 0:
             time.sleep(grace_s)
             transitions.flush_bits(self.backend)  # this process's own, if any
-            # Not the chunks of a list of the name loaded during the grace (stamped later):
-            # deleted, its done jobs counted as in flight until a sweep recounted them.
-            later = exp.And(exp.BinExists("c"), exp.GT(exp.IntBin("c"), head["created"]))
-            bitmaps += self._delete_all(keys.DONE_SET, _bitmap_names(name, alloc), only=exp.Not(later).compile())
+            # Only this list's chunks (its stamp, or none), not those of a list of the name
+            # loaded during the grace: deleted, its done jobs were counted in flight until
+            # a sweep recounted them. By identity, as stamps are compared everywhere.
+            ours = exp.Or(exp.Not(exp.BinExists("c")), exp.Eq(exp.IntBin("c"), head["created"]))
+            bitmaps += self._delete_all(keys.DONE_SET, _bitmap_names(name, alloc), only=ours.compile())
         return DropReport(name=name, jobs=jobs, index=index, id_chunks=id_chunks, bitmaps=bitmaps)
 
     def _await_leases(self, name: str, wait_s: float, given_up: Callable[[], bool] | None = None) -> None:
@@ -846,7 +847,7 @@ def new_list_policy(
 
 def _given_up(name: str) -> str:
     return (f"list {name!r}: the drop was given up: the list was resumed (`aeroqueue pause --resume`, or the "
-            "dashboard) before anything was deleted; nothing was deleted")
+            "dashboard) before anything was deleted; nothing was deleted (the list stays sealed: no load adds to it)")
 
 
 def _drop_given_up(head: dict[str, Any]) -> bool:

@@ -148,7 +148,8 @@ def create_app(
     def _store_error(e: AeroqueueError) -> tuple[str, int]:
         if connected is not None:  # not connected yet: `Later` said why, once
             app.logger.warning("store error: %s", e, extra={"event": "store_error", "error": str(e)})
-        return render_template("error.html", title="Store error", message=str(e) + (f" ({e.hint})" if e.hint else "")), 503
+        return render_template("error.html", title="Store error", message=str(e) + (f" ({e.hint})" if e.hint else ""),
+                               reload_when_up=request.method == "GET"), 503
 
     # -- pages -------------------------------------------------------------------
 

@@ -898,24 +898,28 @@ def test_a_chunk_that_stays_another_lists_ends_the_reservation_without_looping(
     assert registered.get(keys.IDS_SET, chunk).bins["ids"] == [0, 1, 2, 3, 4]  # nothing popped
 
 
-def test_a_list_loaded_again_during_a_drops_grace_keeps_its_completion_bits(registered, lists, list_name):
+def test_a_list_loaded_again_during_a_drops_grace_keeps_its_completion_bits(
+    registered, lists, list_name, monkeypatch,
+):
     """The drop's last step, after its grace, deleted the bitmap chunks of the list's
     name without looking whose they were: a list loaded again meanwhile lost the bits
     of the jobs it had completed (status said in flight, export said done)."""
     lists.load(list_name, [JobSpec(f"o{i}", {}) for i in range(10)], seal=True)
+    in_grace, go_on = threading.Event(), threading.Event()
+    real_flush = transitions.flush_bits
+
+    def held_in_grace(backend):  # the drop's flush after its grace: held until the new list is done
+        if threading.current_thread() is dropper:
+            in_grace.set()
+            assert go_on.wait(30)
+        return real_flush(backend)
+
     dropped: list[Any] = []
-    t = threading.Thread(target=lambda: dropped.append(lists.drop(list_name, grace_s=4.0)))
-    t.start()
+    dropper = threading.Thread(target=lambda: dropped.append(lists.drop(list_name, grace_s=0.01)))
+    monkeypatch.setattr(transitions, "flush_bits", held_in_grace)
+    dropper.start()
     try:
-        give_up = time.monotonic() + 30
-        while time.monotonic() < give_up:
-            try:
-                lists.header(list_name)
-            except errors.ListNotFound:
-                break  # the tombstone: the drop is in its grace
-            time.sleep(0.01)
-        else:
-            pytest.fail("the drop never got to its tombstone")
+        assert in_grace.wait(30), "the drop never got to its grace"
         lists.load(list_name, [JobSpec(f"n{i}", {}) for i in range(10)], seal=True)
         queue, session = Queue(registered), Session.open(registered, heartbeat=False)
         try:
@@ -923,9 +927,9 @@ def test_a_list_loaded_again_during_a_drops_grace_keeps_its_completion_bits(regi
             queue.flush()
         finally:
             session.close()
-        assert t.is_alive(), "the load and the acks came within the grace"
     finally:
-        t.join(30)
+        go_on.set()
+        dropper.join(30)
     assert dropped and dropped[0].jobs == 10
     st = lists.status(list_name)
     assert (st.done, st.in_flight, st.total) == (4, 0, 10), st
@@ -967,3 +971,23 @@ def test_a_resume_while_a_drop_waits_for_leases_gives_the_drop_up(queue, lists, 
     rest = queue.reserve(list_name, session, 40)
     assert len(rest) == 20, "the jobs not leased are still there, reservable"
     assert queue.complete_many(rest + ([] if acked else leased)) == []
+
+
+def test_a_resume_just_before_the_drop_starts_deleting_gives_the_drop_up(queue, lists, list_name, session, monkeypatch):
+    """The resume lands after the drop's last look at the list, before it marks the
+    list as being deleted: the store refuses that mark (aq_list_v1.set_flag, 'given
+    up'), and nothing is deleted."""
+    lists.load(list_name, specs(5))
+    real = JobLists._await_leases
+
+    def then_resumed(self, name, wait_s, given_up=None):
+        real(self, name, wait_s, given_up)
+        lists.pause(list_name, False)  # an operator's resume, just after the wait saw none
+
+    monkeypatch.setattr(JobLists, "_await_leases", then_resumed)
+    with pytest.raises(errors.ListError, match="the drop was given up: the list was resumed"):
+        lists.drop(list_name, grace_s=0)
+    monkeypatch.undo()
+    st = lists.status(list_name)
+    assert (st.total, st.paused, st.dropping) == (5, False, False), st
+    assert queue.complete_many(queue.reserve(list_name, session, 5)) == []

@@ -18,7 +18,7 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
-from aeroqueue import keys
+from aeroqueue import errors, keys
 from aeroqueue.backends import Backend
 from aeroqueue.dashboard import create_app
 from aeroqueue.dashboard.data import DEAD_CHUNKS_READ, Store, dead_tokens, error_history
@@ -715,3 +715,25 @@ def test_the_dashboard_command_serves_while_its_store_is_unreachable(tmp_path: P
     said = log.read_text()
     assert code == 0, said[-3000:]
     assert said.count("store not reachable") == 1 and "store error" not in said, said
+
+
+def test_a_store_error_reloads_a_page_when_it_answers_but_never_an_action(
+    app: Flask, registered: Backend, list_name: str, monkeypatch
+) -> None:
+    """A 503 page of a GET asks its address again (dashboard.js) and loads it once it
+    answers. One of a POST (a kick the store failed) has no address to ask: a GET
+    there answered 405 at every refresh, the page 'not refreshed' for ever."""
+    JobLists(registered).load(list_name, [JobSpec("a", {})])
+    client = app.test_client()
+    token = csrf(client, f"/lists/{list_name}")
+
+    def down(*_a: Any, **_kw: Any) -> Any:
+        raise errors.BackendTimeout("the store did not answer (test)")
+
+    monkeypatch.setattr(JobLists, "status", down)
+    monkeypatch.setattr(JobLists, "kick", down)
+    page = client.get(f"/lists/{list_name}")
+    assert page.status_code == 503 and "data-error-page" in text(page)
+    action = client.post(f"/lists/{list_name}/kick", data={"csrf_token": token})
+    assert action.status_code == 503 and "the store did not answer" in text(action)
+    assert "data-error-page" not in text(action)

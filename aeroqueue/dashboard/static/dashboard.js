@@ -27,8 +27,8 @@
     return [date.getHours(), date.getMinutes(), date.getSeconds()].map((n) => String(n).padStart(2, "0")).join(":");
   }
 
-  // An error page (the store did not answer when it was asked for) has no counts to
-  // keep: once its address answers, the whole page is loaded, its title and crumbs too.
+  // A page the store did not answer (a 503 for a GET) has no counts to keep: once its
+  // address answers, the whole page is loaded, its title and crumbs too.
   const errorPage = live && live.hasAttribute("data-error-page");
 
   function notAnswered(why) {
@@ -74,7 +74,7 @@
         return;
       }
       if (errorPage) {
-        // A GET of the address, never reload(): after a refused action that would post it again.
+        // A GET of the address, never reload(), which after a POST would post it again.
         window.location.replace(window.location.href);
         return;
       }
