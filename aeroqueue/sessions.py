@@ -217,7 +217,7 @@ class Session:
 
     def _confirm_alive(self) -> None:
         """Before a reservation: if the heartbeat has not been confirmed for half the
-        expiry (the process was paused: SIGSTOP, a suspended VM, a long GC), ask the
+        expiry (the process was paused: SIGSTOP, a long GC), ask the
         server now. Resumed, a worker's threads reserved before its heartbeat thread
         ran; a reaper had deleted the session meanwhile, so those claims were under an
         id no reaper looks at, and the close that gave them back charged each an
