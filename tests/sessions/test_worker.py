@@ -629,10 +629,11 @@ def _outcomes(snap: dict[str, int]) -> int:
     return sum(snap[k] for k in ("done", "retried", "dead", "snoozed", "timed_out", "lost", "unacked", "released"))
 
 
-def test_a_prefetched_job_buried_before_the_drain_is_counted_lost_once(registered, lists, list_name):
-    """An operator buries a job a worker prefetched; the worker drains. Its release is
-    refused ('not held'): that job was counted nowhere, the counts one short."""
-    lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(3)], seal=True)
+@contextmanager
+def drained_with_a_job_running(registered, list_name: str, batch: int) -> Iterator[Worker]:
+    """A worker running its first job, whose handler waits, the rest of its batch
+    prefetched behind it: the block runs then. At its end the worker is asked to stop,
+    its drain gives the prefetched jobs back, the handler returns, and it has stopped."""
     started, go_on = threading.Event(), threading.Event()
 
     def handler(job: Job) -> str:
@@ -640,14 +641,23 @@ def test_a_prefetched_job_buried_before_the_drain_is_counted_lost_once(registere
         go_on.wait(10)
         return "ok"
 
-    w = fast_worker(registered, handler, list_name, until_complete=False, batch=3)
+    w = fast_worker(registered, handler, list_name, until_complete=False, batch=batch)
     with running(w):
         try:
             assert started.wait(10)
-            assert lists.bury(list_name, "j1", "buried while prefetched") == "dead"
-            w.request_stop()  # the drain gives the prefetched jobs back first
+            yield w
+            w.request_stop()
+            wait_for("the drain to give back the prefetched jobs", lambda: not any(w._prefetched.values()), 10)
         finally:
             go_on.set()
+
+
+def test_a_prefetched_job_buried_before_the_drain_is_counted_lost_once(registered, lists, list_name):
+    """An operator buries a job a worker prefetched; the worker drains. Its release is
+    refused ('not held'): that job was counted nowhere, the counts one short."""
+    lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(3)], seal=True)
+    with drained_with_a_job_running(registered, list_name, 3) as w:
+        assert lists.bury(list_name, "j1", "buried while prefetched") == "dead"
     snap = w.counters.snapshot()
     assert (snap["reserved"], snap["done"], snap["lost"], snap["released"]) == (3, 1, 1, 1), snap
     assert _outcomes(snap) == snap["reserved"], snap

@@ -16,7 +16,27 @@ from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Job, Queue
 from aeroqueue.worker import Worker
 from tests.conftest import mark_reaping
-from tests.sessions.test_worker import _outcomes, fast_worker
+from tests.sessions.test_worker import _outcomes, drained_with_a_job_running, fast_worker
+
+
+def _lost_while(registered, w: Worker, reached: threading.Event, held: threading.Event, *,
+                let_go_after_s: float | None = None) -> dict[str, int]:
+    """Run `w` until `reached` (a hook in a chosen spot); then its session is lost (a
+    reaper marked it) and the worker exits; `held` lets the hook go (after
+    `let_go_after_s`, if given, else once the worker ran): its counters, threads ended."""
+    t = threading.Thread(target=w.run, kwargs={"install_signals": False})
+    t.start()
+    try:
+        assert reached.wait(10)
+        mark_reaping(registered, w.session.id)
+        if let_go_after_s is not None:
+            threading.Timer(let_go_after_s, held.set).start()
+        t.join(30)
+    finally:
+        held.set()
+    for th in w._threads:
+        th.join(10)
+    return w.counters.snapshot()
 
 
 def test_a_lost_session_with_its_store_down_tries_one_release_not_one_per_job(registered, lists, list_name, monkeypatch):
@@ -40,21 +60,10 @@ def test_a_lost_session_with_its_store_down_tries_one_release_not_one_per_job(re
         time.sleep(0.5)
         raise BackendTimeout("store down (test)")
 
+    monkeypatch.setattr(Queue, "release", release)  # nothing is released before the session is lost
     w = fast_worker(registered, handler, list_name, until_complete=False, batch=n)
-    result = []
-    t = threading.Thread(target=lambda: result.append(w.run(install_signals=False)))
-    t.start()
-    try:
-        assert started.wait(10)
-        monkeypatch.setattr(Queue, "release", release)
-        mark_reaping(registered, w.session.id)
-        t0 = time.monotonic()
-        t.join(60)
-        took = time.monotonic() - t0
-    finally:
-        go_on.set()
-    assert len(calls) == 1, f"{len(calls)} releases tried, the drain took {took:.1f} s"
-    snap = w.counters.snapshot()
+    snap = _lost_while(registered, w, started, go_on)
+    assert len(calls) == 1, f"{len(calls)} releases tried"
     assert _outcomes(snap) == snap["reserved"], snap
 
 
@@ -119,18 +128,7 @@ def test_a_renewal_failing_as_a_lost_sessions_drain_counts_its_job_counts_it_onc
         real_stop_runners()
 
     w._stop_runners = stop_runners
-    result = []
-    t = threading.Thread(target=lambda: result.append(w.run(install_signals=False)))
-    t.start()
-    try:
-        assert in_touch.wait(10)
-        mark_reaping(registered, w.session.id)
-        t.join(30)
-    finally:
-        go.set()
-    for th in w._threads:
-        th.join(10)
-    snap = w.counters.snapshot()
+    snap = _lost_while(registered, w, in_touch, go)
     assert _outcomes(snap) == snap["reserved"], snap
 
 
@@ -154,19 +152,7 @@ def test_a_reservation_returning_as_a_lost_session_drains_is_refunded_and_counte
 
     monkeypatch.setattr(Worker, "_reserve", slow_return)
     w = fast_worker(registered, lambda job: "ok", list_name, until_complete=False, batch=3)
-    result = []
-    t = threading.Thread(target=lambda: result.append(w.run(install_signals=False)))
-    t.start()
-    try:
-        assert in_reserve.wait(10)
-        mark_reaping(registered, w.session.id)
-        threading.Timer(1.5, go.set).start()
-        t.join(30)
-    finally:
-        go.set()
-    for th in w._threads:
-        th.join(10)
-    snap = w.counters.snapshot()
+    snap = _lost_while(registered, w, in_reserve, go, let_go_after_s=1.5)
     states = [registered.get(keys.JOB_SET, keys.job_name(list_name, i)).bins for i in range(3)]
     assert _outcomes(snap) == snap["reserved"], snap
     assert all(b["state"] == "queued" for b in states), states
@@ -181,7 +167,6 @@ def test_a_release_repeated_at_the_end_is_known_as_a_repeat_and_its_job_offered(
     from aeroqueue import transitions
 
     lists.load(list_name, [JobSpec("j0", {}), JobSpec("j1", {})], seal=True)
-    started, go_on = threading.Event(), threading.Event()
     real_after = transitions.after_fail
     fail = {"n": 1}
 
@@ -191,22 +176,8 @@ def test_a_release_repeated_at_the_end_is_known_as_a_repeat_and_its_job_offered(
             raise BackendTimeout("push_retry in doubt (test)")
         return real_after(backend, list_name_, token, outcome, *a, **kw)
 
-    def handler(job: Job) -> str:
-        started.set()
-        go_on.wait(10)
-        return "ok"
-
-    w = fast_worker(registered, handler, list_name, until_complete=False, batch=2)
-    t = threading.Thread(target=w.run, kwargs={"install_signals": False})
-    t.start()
-    try:
-        assert started.wait(10)
+    with drained_with_a_job_running(registered, list_name, 2) as w:
         monkeypatch.setattr(transitions, "after_fail", after_fail)
-        w.request_stop()
-        time.sleep(0.5)
-    finally:
-        go_on.set()
-    t.join(30)
     snap = w.counters.snapshot()
     st = lists.status(list_name)
     j1 = registered.get(keys.JOB_SET, keys.job_name(list_name, 1)).bins
