@@ -524,6 +524,7 @@ def test_a_dashboard_started_before_its_store_says_why_then_shows_it(
             wait_text(browser, f'tr.list-row[data-list="{list_name}"]', list_name)
             assert not browser.title.startswith("Store error"), browser.title
             assert browser.find_elements("css selector", ".error-page") == []
+            browser.get("about:blank")  # no refresh of the page left to meet the server stopping
     finally:
         later.close()
     severe = [e for e in browser.get_log("browser") if e.get("level") == "SEVERE" and "503" not in e.get("message", "")]

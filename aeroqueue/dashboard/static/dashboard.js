@@ -74,7 +74,10 @@
         return;
       }
       if (errorPage) {
-        // A GET of the address, never reload(), which after a POST would post it again.
+        // Read whole first: a response left unread as the page goes is cut off (the
+        // browser logs a reset). A GET of the address, never reload(), which after a
+        // POST would post it again.
+        await resp.text();
         window.location.replace(window.location.href);
         return;
       }
