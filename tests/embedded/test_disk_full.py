@@ -74,3 +74,30 @@ def test_a_load_onto_a_full_disk_says_so_and_a_rerun_with_room_loads_each_job_on
         assert ids == Counter({f"j{i}": 1 for i in range(N)}), "each job id loaded exactly once"
     finally:
         backend.close()
+
+
+def test_a_store_file_the_process_may_not_write_says_so(tmp_path: Path) -> None:
+    """A store on a read-only mount, or a file made immutable: every write failed as
+    "internal error, OperationalError: attempt to write a readonly database". It names
+    the store and what to check now, and nothing is written; reads still work."""
+    import pytest
+
+    from aeroqueue import connect
+
+    db = tmp_path / "s.db"
+    url = f"embedded://{db}"
+    backend = connect(url, create=True)
+    JobLists(backend).load("L", [("a", {}), ("b", {})])
+    backend.close()
+    if subprocess.run(["chattr", "+i", str(db)], capture_output=True).returncode != 0:
+        pytest.skip("this file system cannot make a file immutable (chattr +i)")
+    try:
+        out = _aq(url, "pause", "L")
+        assert out.returncode == 1, out
+        assert "internal error" not in out.stderr, out.stderr
+        assert f"embedded store {db} is read-only to this process" in out.stderr, out.stderr
+        assert "check the file's, its directory's and the mount's permissions" in out.stderr, out.stderr
+        listed = _aq(url, "status", "L", "--json")
+        assert listed.returncode == 0 and json.loads(listed.stdout)["paused"] is False, listed
+    finally:
+        subprocess.run(["chattr", "-i", str(db)], check=True)

@@ -204,12 +204,17 @@ def _indexed(kind: str, value: Any) -> Any:
 
 
 # SQLite's primary result codes for a write the file system refused.
-_SQLITE_IOERR, _SQLITE_FULL = 10, 13
+_SQLITE_READONLY, _SQLITE_IOERR, _SQLITE_FULL = 8, 10, 13
 
 
 def _out_of_space(e: sqlite3.Error) -> bool:
     code = getattr(e, "sqlite_errorcode", None)
     return code is not None and code & 0xFF in (_SQLITE_IOERR, _SQLITE_FULL)
+
+
+def _read_only(e: sqlite3.Error) -> bool:
+    code = getattr(e, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF == _SQLITE_READONLY
 
 
 def _lock_holders(lock_path: str) -> list[int]:
@@ -457,6 +462,8 @@ class Storage:
                         db.execute("ROLLBACK")
                     if isinstance(e, sqlite3.Error) and _out_of_space(e):
                         raise self._full(e) from None
+                    if isinstance(e, sqlite3.Error) and _read_only(e):
+                        raise self._read_only(e) from None
                     if isinstance(e, Exception):
                         self._credit_refused(db, since)
                     raise
@@ -468,6 +475,8 @@ class Storage:
                             db.execute("ROLLBACK")
                         if _out_of_space(e):
                             raise self._full(e) from None
+                        if _read_only(e):
+                            raise self._read_only(e) from None
                         raise
                 finally:
                     db.index_defs = None  # type: ignore[attr-defined]  # only valid under the lock
@@ -591,6 +600,20 @@ class Storage:
             "ServerFull", 8,
             f"AEROSPIKE_ERR_SERVER_FULL (embedded store {self.path}: the file system refused the write ({e}); "
             "nothing of it was written)",
+        )
+
+    def _read_only(self, e: sqlite3.Error) -> Exception:
+        """A write to a store file (or directory) this process may not write: a read-only
+        mount, its permissions, an immutable file. It reached the user as "internal
+        error, OperationalError: attempt to write a readonly database". Raised as a
+        server refusing the write (code 22, forbidden), naming the store."""
+        from .operations import server_error
+
+        return server_error(
+            "ForbiddenError", 22,
+            f"AEROSPIKE_ERR_FAIL_FORBIDDEN (embedded store {self.path} is read-only to this process: the file "
+            f"system refused the write ({e}); nothing of it was written: check the file's, its directory's and "
+            "the mount's permissions)",
         )
 
     def _locked_for_too_long(self) -> str:
