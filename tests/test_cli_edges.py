@@ -432,7 +432,8 @@ def test_ack_refusals_name_the_job_id_and_say_why(ready_url, list_name):
         assert "job 'c0'" in never and "never reserved" in never and "another session" not in never
         [j0, j1, j2] = queue.reserve(list_name, holder, 3)
         other = one_error_line(cli("complete", list_name, str(j0.token), "--session", "intruder", url=ready_url), 1)
-        assert f"job {j0.jid!r}" in other and f"claimed by session {holder.id}, not intruder" in other
+        assert f"job {j0.jid!r}" in other and "claimed by another session, not intruder" in other
+        assert holder.id not in other, "the holder's id is what complete asks: never quoted to another"
 
         ok = cli("complete", list_name, str(j0.token), "--session", holder.id, "--result", '{"n": 1}', "--json", url=ready_url)
         assert ok.exit_code == 0, ok.output
@@ -670,7 +671,8 @@ def test_complete_and_fail_act_on_a_job_the_session_holds_by_a_lease(ready_url, 
         assert failed.exit_code == 0, failed.output
         assert json.loads(failed.stdout)["outcome"] == "retry"
         other = one_error_line(cli("complete", list_name, str(j2.token), "--session", "intruder", url=ready_url), 1)
-        assert f"job {j2.jid!r}" in other and f"leased by session {holder.id}, not intruder" in other
+        assert f"job {j2.jid!r}" in other and "leased by another session, not intruder" in other
+        assert holder.id not in other, "the holder's id is what complete asks: never quoted to another"
         Queue(backend).complete(j0, "twice")  # the same session and lease: a repeat, harmless
         rec0 = backend.get(keys.JOB_SET, j0.name)
         rec1 = backend.get(keys.JOB_SET, j1.name)

@@ -195,7 +195,9 @@ def _refusal(backend: Backend, job: Job, what: str) -> ClaimLost:
         limit = f" ({tl / 1000:g} s)" if isinstance(tl, int) and tl > 0 else ""
         text, hint = f"{who}: the time limit{limit} of its claim by session {holder}{_ran_out(bins.get('dl'))}", _TOO_LATE
     elif state == "claimed":
-        text, hint = f"{who} is claimed by session {holder}, not {job.session}", "only the holding session can acknowledge it"
+        # Not the holder's id: it is all that `complete` and `fail` ask, so quoting it to
+        # whoever gave another would let them acknowledge the job.
+        text, hint = f"{who} is claimed by another session, not {job.session}", "only the holding session can acknowledge it"
     elif state == "done":
         text, hint = f"{who} is already done (completed by session {by})", "nothing to do: drop this result"
     elif state == "dead" and by == "operator":  # aq_job_v1.bury
@@ -212,7 +214,7 @@ def _refusal(backend: Backend, job: Job, what: str) -> ClaimLost:
             until = job.lease[2] if job.lease is not None else None
             text, hint = f"{who}: the time limit of its lease by session {lessee}{_ran_out(until)}", _TOO_LATE
         else:
-            text = f"{who} is leased by session {lessee}, not {job.session}"
+            text = f"{who} is leased by another session, not {job.session}"
             hint = "only the holding session can acknowledge it"
     elif state == "queued" and by is None and not bins.get("claimed"):
         text, hint = f"{who} was never reserved", "reserve it first: `aeroqueue reserve --hold SECONDS`"
