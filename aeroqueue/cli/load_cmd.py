@@ -90,6 +90,12 @@ def _format_of(file: Path) -> str | None:
     return "csv" if suffix == ".csv" else "jsonl" if suffix in (".jsonl", ".ndjson", ".json") else None
 
 
+def _unnamed(file: Path) -> bool:
+    """Standard input or another descriptor by a path of its own (/dev/stdin, /dev/fd/N)."""
+    text = str(file)
+    return text in ("/dev/stdin", "/proc/self/fd/0") or text.startswith(("/dev/fd/", "/proc/self/fd/"))
+
+
 def _open_input(file: Path, source: str) -> Any:
     try:
         return file.open("rb")
@@ -296,6 +302,10 @@ def _load(
             fmt = fmt or sniff_format(path)
         else:
             path, source = file, str(file)
+            if fmt is None and _format_of(file) is None and _unnamed(file):
+                # /dev/stdin or /dev/fd/N redirected from a file: standard input by another
+                # name, whose name tells no format ("cannot tell the format from the extension ''").
+                fmt = sniff_format(path)
 
         def read() -> Any:
             return read_file(path, fmt=fmt, id_field=id_field, max_payload=limit, strict=strict, source=source)

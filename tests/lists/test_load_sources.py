@@ -55,6 +55,21 @@ def test_load_from_process_substitution_loads_every_job(tmp_path):
     assert json.loads(out.stdout)["loaded"] == 2
 
 
+@pytest.mark.parametrize("name", ["/dev/stdin", "/dev/fd/0"])
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_load_from_standard_input_by_name_redirected_from_a_file_tells_its_format(tmp_path, name, fmt):
+    """`aeroqueue load L /dev/stdin < jobs.csv`: standard input by a name of its own,
+    a regular file there, failed "cannot tell the format from the extension ''",
+    where `-` (and a pipe by name) sniffs it."""
+    url = f"embedded://{tmp_path / 's.db'}"
+    src = tmp_path / "jobs"
+    src.write_text("id,email\na1,x@y\na2,z@w\n" if fmt == "csv" else '{"id": "a1"}\n{"id": "a2"}\n')
+    with src.open("rb") as stdin:
+        out = _aq("--url", url, "--create", "load", "L", name, "--json", stdin=stdin)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["loaded"] == 2
+
+
 def test_load_from_a_named_pipe_does_not_hang(tmp_path):
     url = f"embedded://{tmp_path / 's.db'}"
     fifo = tmp_path / "jobs.csv"
