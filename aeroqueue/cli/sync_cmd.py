@@ -27,6 +27,7 @@ from ..backends import Backend
 from ..backends.base import N_PARTITIONS
 from ..config import ENV_URL, MAX_SECONDS, default_store_path, parse_url
 from ..errors import ListNotFound, SyncError, Terminated
+from ..keys import check_list_name
 from ..lists import JobLists
 from ..logs import command_info
 from ..stopping import Stop
@@ -269,7 +270,7 @@ class SyncProgress:
         help="Run on a schedule (e.g. 5m) instead of once; one scheduler per target holds its lease, others stand by.")
 @option("--resync", env="SYNC_RESYNC", is_flag=True,
         help="Copy again what the target already holds (idempotent); with --list and --since to narrow it.")
-@option("--list", "only", env="SYNC_LISTS", multiple=True, metavar="LIST",
+@option("--list", "only", env="SYNC_LISTS", multiple=True, metavar="LIST", callback=usage_check(check_list_name),
         help="Only these lists (repeat the option; the variable takes names separated by spaces).")
 @option("--since", env="SYNC_SINCE", type=Since(), default=None,
         help="Only jobs processed since: a duration back from now (2h, 7d) or a date (2026-11-01, UTC).")
