@@ -206,7 +206,8 @@ def _stops_handled(guard: _StopGuard) -> Iterator[None]:
         help="Input format (default: from the extension; for standard input, JSON Lines if it starts with '{').")
 @option("--id-field", env="ID_FIELD", default="id", help="The column (CSV) or field (JSON Lines) holding the job id.")
 @option("--strict", env="STRICT", is_flag=True,
-        help="Refuse columns (fields) other than the id and 'payload' instead of merging them into the payload.")
+        help="With a 'payload' column (field): refuse the others beside the id instead of merging them into "
+             "the payload. Without one, the other columns (fields) are the payload, strict or not.")
 @MODE_OPT
 @MAX_ATT_OPT
 @TIMEOUT_OPT
