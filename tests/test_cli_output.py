@@ -111,6 +111,19 @@ def test_export_of_a_missing_list_leaves_the_file_alone(tmp_path):
     assert out.exit_code == 1 and out_file.read_text() == "keep\n"
 
 
+def test_an_export_the_file_system_refuses_names_the_file(tmp_path):
+    """`export -o /dev/full` said "[Errno 28] No space left on device": which file,
+    and that what it holds is incomplete, went unsaid."""
+    url = f"embedded://{tmp_path / 's.db'}"
+    assert CliRunner().invoke(main, ["--url", url, "--create", "init"], env=CLEAN).exit_code == 0
+    backend = open_backend(url)
+    JobLists(backend).load("L", [JobSpec(f"c{i}", {"x": "y" * 100}) for i in range(100)])
+    backend.close()
+    out = CliRunner().invoke(main, ["--url", url, "export", "L", "-o", "/dev/full"], env=CLEAN)
+    assert out.exit_code == 1, out.output
+    assert "error: /dev/full: cannot write the export: No space left on device; what it holds is incomplete" in out.stderr
+
+
 # `aeroqueue lists` on a terminal: "a table that fits the terminal" (README). With
 # list names shorter than the name column's minimum width (8), the table came out
 # wider than the terminal and rich cut its last column ("complet", "n" for "no").

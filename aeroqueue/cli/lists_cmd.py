@@ -11,7 +11,7 @@ from click.core import ParameterSource
 from rich.console import Console
 from rich.table import Table
 
-from ..errors import ListNotFound
+from ..errors import ConfigError, ListNotFound
 from ..lists import JobLists, backoff_of
 from ..sessions import reap
 from .context import (
@@ -261,7 +261,14 @@ def export(obj: Context, list_name: str, state: str | None, output: Any) -> None
     opener = getattr(output, "open", None)  # click's LazyFile
     if callable(opener):
         opener()
-    n = jl.export(list_name, output, state)
+    try:
+        n = jl.export(list_name, output, state)
+        output.flush()
+    except BrokenPipeError:
+        raise  # the reader went away (`| head`): the CLI's quiet 141
+    except OSError as e:  # "[Errno 28] No space left on device" named no file
+        where = getattr(output, "name", None) or "the output"
+        raise ConfigError(f"{where}: cannot write the export: {e.strerror or e}; what it holds is incomplete") from None
     err_console.print(f"{n} job(s) exported", highlight=False)
 
 
