@@ -122,7 +122,9 @@ class StoreURL:
         if self.is_embedded:
             # An absolute path brings the third slash: embedded:///abs/path.db
             return f"embedded://{self.path}"
-        who = f"{self.user}:***@" if self.user else ""
+        # The user as a URL holds it ("us%3Aer", not "us:er", which read as user "us" and
+        # a password); '***' only for a password there is.
+        who = f"{quote(self.user, safe='')}{':***' if self.password else ''}@" if self.user else ""
         hosts = ",".join(f"{url_host(h)}:{p}" for h, p in self.hosts)  # an IPv6 address in brackets
         # Encoded again as parsed: a decoded '&' or '#' in a value would end it early
         # (and what follows would show as another option, unmasked in an error).

@@ -208,3 +208,12 @@ def test_a_user_name_holding_an_at_sign_keeps_its_password_masked():
     with pytest.raises(SyncError) as e:
         parse_target("mysql://me@corp.com:s3cr3t@h:3306/bad-db")  # Azure: user@server
     assert "s3cr3t" not in str(e.value) and "me@corp.com:***@h" in str(e.value)
+
+
+def test_a_store_url_shown_keeps_its_user_encoded_and_masks_only_a_password():
+    """`config` showed 'aerospike://us:er:***@...' for the user 'us:er' (given as
+    us%3Aer), which reads as user 'us' and a password; and 'admin:***@' for a URL
+    without a password, implying one."""
+    assert str(parse_url("aerospike://us%3Aer:pw@127.0.0.1:3801/test")) == "aerospike://us%3Aer:***@127.0.0.1:3801/test"
+    assert str(parse_url("aerospike://admin@127.0.0.1:3801/test")) == "aerospike://admin@127.0.0.1:3801/test"
+    assert str(parse_url("aerospike://admin:pw@127.0.0.1:3801/test")) == "aerospike://admin:***@127.0.0.1:3801/test"
