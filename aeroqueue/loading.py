@@ -275,6 +275,11 @@ def _read_csv(handle: Any, source: str, id_field: str, max_payload: int, strict:
     nul = next((h for h in header if "\x00" in h), None)
     if nul is not None:  # a payload key: the client cut it short, and two such columns became one
         raise LoadError(f"a column name: {NUL_WHY}", source=source, line=1, field=nul)
+    blank = next((i for i, h in enumerate(header) if not h.strip()), None)
+    if blank is not None:
+        # Its cells went into the payload under the key "" (a header's trailing comma, say).
+        raise LoadError(f"column {blank + 1} of the header has no name: name it, or remove it (a trailing comma?)",
+                        source=source, line=1)
     if len(set(header)) != len(header):
         dup = next(h for h in header if header.count(h) > 1)
         raise LoadError("duplicate column in the header", source=source, line=1, field=dup)

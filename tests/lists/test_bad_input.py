@@ -53,6 +53,8 @@ CASES = [
     # A column name is a payload key: two cut at their NUL became one, a value lost.
     ("nulcol.csv", "id,x\x00a,x\x00b\nk,1,2\n", ["nulcol.csv", "line 1", "field 'x\\x00a'", "a column name", "NUL"]),
     ("blankfirst.csv", "\nid,a\nk,1\n", ["blankfirst.csv", "line 1", "the first line is empty"]),
+    # Its cells went into the payload under the key "".
+    ("blankcol.csv", "id,a,\nk,1,2\n", ["blankcol.csv", "line 1", "column 3 of the header has no name"]),
     ("nul.jsonl", '{"id": "a", "payload": {"k": ["x\\u0000y"]}}\n', ["nul.jsonl", "line 1", "field 'payload'", "NUL"]),
     ("nulkey.jsonl", '{"id": "a", "payload": {"k\\u0000": 1}}\n', ["nulkey.jsonl", "line 1", "NUL"]),
     ("nulid.jsonl", '{"id": "a\\u0000b"}\n', ["nulid.jsonl", "line 1", "field 'id'", "NUL character"]),
