@@ -139,6 +139,7 @@ class Session:
         self._pid = os.getpid()  # the process it belongs to (`SessionForked`)
         self.closed = False
         self.released_at_close: Counter[str] = Counter()  # list -> jobs `close` gave back (metrics)
+        self.ended_at_close: set[str] = set()  # the job records whose claims `close` gave back
         self._closing = False  # close() has begun: no new claim under this id
         self._under_way: set[int] = set()  # reservations under way (`claiming`), which close() waits for
         self._reservations = itertools.count()  # their numbers
@@ -398,11 +399,9 @@ class Session:
                         nonlocal passes
                         passes += 1
                         return release_claims(self.backend, self.id, refund=True, why="session closed",
-                                              by_list=self.released_at_close)
+                                              by_list=self.released_at_close, ended=self.ended_at_close)
 
                     retry_in_doubt(release_pass, deadline_s=self.expiry_s)
-                    # Every pass's, not the last one's: a pass cut short had released some.
-                    released = sum(self.released_at_close.values())
                     if passes > 1:
                         # A pass cut short may have released a claim whose answer it lost:
                         # the next pass no longer finds it, and with the session record gone
@@ -418,6 +417,10 @@ class Session:
             # The session record stays: it expires, and the reaper gives back what it
             # still holds. Deleting it would leave those claims to the rare sweep.
             log.warning("session left to expire", extra={"event": "close_failed", "session": self.id, "error": str(e)})
+        if release and not self._lost.is_set():
+            # Every pass's, not the last one's: a pass cut short (or the close, given up)
+            # had released some.
+            released = sum(self.released_at_close.values())
         self.closed = True
         return released
 
@@ -429,11 +432,13 @@ class Session:
 
 
 def release_claims(
-    backend: Backend, session_id: str, *, refund: bool, why: str, by_list: Counter[str] | None = None
+    backend: Backend, session_id: str, *, refund: bool, why: str, by_list: Counter[str] | None = None,
+    ended: set[str] | None = None,
 ) -> int:
     """Release every job still claimed by a session onto its list's retry store.
     Idempotent: the release UDF only acts on a claim the session still holds. With
-    `by_list`, each job ended is counted there under its list's name too."""
+    `by_list`, each job ended is counted there under its list's name too; with
+    `ended`, its record's name is added there."""
     released: dict[tuple[str, int | None], list[int]] = defaultdict(list)  # by list and its stamp (push_retry)
     dead: dict[tuple[str, int | None], list[int]] = defaultdict(list)
     tx = transitions.reaper_tx()  # another reaper's pass releasing the same claims offers none of them again
@@ -448,6 +453,8 @@ def release_claims(
                 dead[(rec.bins["list"], rec.bins.get("c"))].append(rec.bins["token"])
             if by_list is not None and st in ("released", "dead"):
                 by_list[rec.bins["list"]] += 1
+            if ended is not None and st in ("released", "dead"):
+                ended.add(name)
     finally:
         # Whatever cut the pass short, what it released is offered again now: a
         # repeated pass no longer finds those jobs (their claim is gone from the index).

@@ -538,9 +538,9 @@ class Worker:
         # session's close waits for them (`_await_acks`), or it gave those jobs back first,
         # their attempts charged.
         self._giving_back = 0
-        # Jobs (by id) the lost session's drain counted unacked: a release of one after
-        # (its renewal failing as the drain looked) counts it no more.
-        self._counted: set[int] = set()
+        # Claims (`_copy`) the lost session's drain counted unacked: a release of one
+        # after (its renewal failing as the drain looked) counts it no more.
+        self._counted: set[_Copy] = set()
         self._runners: set[_ChildRunner] = set()  # --pool process: the threads' handler processes
         self._warned: dict[str, float] = {}  # what `_warn_once` said already: when (time.monotonic)
         self._recover_at: dict[str, float] = {}  # list -> when `_recover_stalled` may try it again
@@ -967,7 +967,7 @@ class Worker:
                 continue
             with self._in_flight_lock:
                 self._release_failed.pop(_copy(job), None)
-                counted = id(job) in self._counted
+                counted = _copy(job) in self._counted
             released += 1
             if counted:
                 continue  # counted unacked by the lost session's drain already
@@ -992,28 +992,27 @@ class Worker:
         or not (`_release`)."""
         self._release(jobs, session)
 
-    def _settle_release_failed(self, session: Session) -> None:
-        """At the end: jobs whose release failed. A live session's are given back once
-        more, as first asked (same refund and reason: one that landed is known so, and
-        its job offered again), each counted by that release, until one fails; a lost
-        session's are not tried again (its store is likely failing: a deadline each).
-        Those left are counted unacked: the close, or a reaper, gives them back."""
+    def _settle_release_failed(self, session: Session) -> list[Job]:
+        """At the end: jobs whose release failed are given back once more, as first
+        asked (same refund and reason: one that landed is known so, and its job offered
+        again), each counted by that release, until one fails: the store fails again,
+        and the rest would wait out a deadline each. Returns those left, uncounted: the
+        close gives back what is still claimed (the caller counts the others unacked)."""
         with self._in_flight_lock:
             failed = list(self._release_failed.values())
-        if not session.lost:
-            for job, refund, why in failed:
-                self._release([job], session, refund=refund, why=why)
-                with self._in_flight_lock:
-                    if _copy(job) in self._release_failed:
-                        break  # the store fails again: the rest are not tried either
+        for job, refund, why in failed:
+            self._release([job], session, refund=refund, why=why)
+            with self._in_flight_lock:
+                if _copy(job) in self._release_failed:
+                    break  # the store fails again: the rest are not tried either
         with self._in_flight_lock:
             left, self._release_failed = [job for job, _, _ in self._release_failed.values()], {}
-        self._count_unacked(left)
+        return left
 
     def _count_unacked(self, jobs: list[Job]) -> None:
         with self._in_flight_lock:
-            jobs = [job for job in jobs if id(job) not in self._counted]
-            self._counted.update(id(job) for job in jobs)
+            jobs = [job for job in jobs if _copy(job) not in self._counted]
+            self._counted.update(_copy(job) for job in jobs)
         for job in jobs:
             self.counters.add("unacked")
             self.observer.outcome(job.list, "unacked")
@@ -1486,7 +1485,9 @@ class Worker:
             # Handler processes ignore SIGTERM, which is how Python ends daemonic
             # children at exit: it would wait for a hung one for ever.
             self._stop_runners()
-            self._settle_release_failed(session)
+            # Those whose release failed twice: the close gives them back (charged), its
+            # count no worker's: unacked.
+            self._count_unacked(self._settle_release_failed(session))
             session.close(release=False)
             log.error("exiting: session lost", extra={"event": "stopped", "session": session.id, **self.counters.snapshot()})
             return EXIT_SESSION_LOST
@@ -1512,10 +1513,13 @@ class Worker:
             self.queue.flush()
         except AeroqueueError as e:  # the reaper's recount sets them if this process cannot
             log.warning("writing completion bits failed", extra={"event": "bits_failed", "error": str(e)})
-        self._settle_release_failed(session)
+        left = self._settle_release_failed(session)
         self.counters.add("released", session.close(release=True))
         for list_name, n in session.released_at_close.items():  # the metrics too, by list
             self.observer.released(list_name, n)
+        # Counted by the close if it gave them back; else (ended by someone else since,
+        # or the close failed) their fate is not this worker's to know: unacked.
+        self._count_unacked([job for job in left if job.name not in session.ended_at_close])
         log.info("worker stopped", extra={"event": "stopped", "session": session.id, **self.counters.snapshot()})
         return EXIT_THREADS_DIED if self._threads_died else EXIT_OK
 

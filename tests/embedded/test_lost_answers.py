@@ -183,3 +183,16 @@ def test_a_reaper_killed_mid_reap_leaves_no_job_for_the_sweep(tmp_path):
     assert (st.retry_pending, st.reservable, st.in_flight) == (3, 1, 0), st
     with Session.open(backend) as s:
         assert sorted(j.jid for j in queue.reserve("L", s, 4)) == ["j0", "j1", "j2", "j3"]
+
+
+def test_a_close_given_up_counts_what_its_passes_released(backend):
+    """The store stops answering after the close released one job: the close gives up
+    (the record left to expire), and returned 0 where its by-list tally said 1."""
+    lists, queue = JobLists(backend), Queue(backend)
+    lists.load("L", [JobSpec(f"j{i}", {"i": i}) for i in range(3)], seal=True)
+    s = Session.open(backend, heartbeat=False, interval_s=0.2, expiry_s=0.5)
+    assert len(queue.reserve("L", s, 3)) == 3
+    backend.client.faults.add(op="apply", function="release", error="TimeoutError", skip=1, times=10_000)
+    released = s.close()
+    assert released == sum(s.released_at_close.values()) == 1, (released, s.released_at_close)
+    assert len(s.ended_at_close) == 1

@@ -734,6 +734,7 @@ def test_a_store_error_reloads_a_page_when_it_answers_but_never_an_action(
     monkeypatch.setattr(JobLists, "kick", down)
     page = client.get(f"/lists/{list_name}")
     assert page.status_code == 503 and "data-error-page" in text(page)
+    assert 'data-refresh="0"' not in text(page)
     action = client.post(f"/lists/{list_name}/kick", data={"csrf_token": token})
     assert action.status_code == 503 and "the store did not answer" in text(action)
-    assert "data-error-page" not in text(action)
+    assert "data-error-page" not in text(action) and 'data-refresh="0"' in text(action), "it asks nothing again"

@@ -629,6 +629,11 @@ def _outcomes(snap: dict[str, int]) -> int:
     return sum(snap[k] for k in ("done", "retried", "dead", "snoozed", "timed_out", "lost", "unacked", "released"))
 
 
+def _prefetched(w: Worker) -> list[Job]:
+    with w._in_flight_lock:
+        return [j for jobs in w._prefetched.values() for j in jobs]
+
+
 @contextmanager
 def drained_with_a_job_running(registered, list_name: str, batch: int) -> Iterator[Worker]:
     """A worker running its first job, whose handler waits, the rest of its batch
@@ -647,7 +652,7 @@ def drained_with_a_job_running(registered, list_name: str, batch: int) -> Iterat
             assert started.wait(10)
             yield w
             w.request_stop()
-            wait_for("the drain to give back the prefetched jobs", lambda: not any(w._prefetched.values()), 10)
+            wait_for("the drain to give back the prefetched jobs", lambda: not _prefetched(w), 10)
         finally:
             go_on.set()
 

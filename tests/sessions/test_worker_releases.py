@@ -42,8 +42,9 @@ def _lost_while(registered, w: Worker, reached: threading.Event, held: threading
 def test_a_lost_session_with_its_store_down_tries_one_release_not_one_per_job(registered, lists, list_name, monkeypatch):
     """Store down (each release waits out its deadline, 5 s; here 0.5 s), session lost:
     the drain tried every prefetched job's release again at the end, each in a call of
-    its own, a deadline each (with 100 prefetched, minutes). One failure stops them:
-    the rest are counted unacked, for the close or a reaper to give back."""
+    its own, a deadline each (with 100 prefetched, minutes). One failure stops them
+    (and its repeat at the end): the rest are counted unacked, for the close or a
+    reaper to give back."""
     n = 12
     lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(n)], seal=True)
     started, go_on = threading.Event(), threading.Event()
@@ -63,7 +64,7 @@ def test_a_lost_session_with_its_store_down_tries_one_release_not_one_per_job(re
     monkeypatch.setattr(Queue, "release", release)  # nothing is released before the session is lost
     w = fast_worker(registered, handler, list_name, until_complete=False, batch=n)
     snap = _lost_while(registered, w, started, go_on)
-    assert len(calls) == 1, f"{len(calls)} releases tried"
+    assert len(calls) == 2, f"{len(calls)} releases tried"  # the first, and its repeat at the end
     assert _outcomes(snap) == snap["reserved"], snap
 
 
@@ -184,3 +185,53 @@ def test_a_release_repeated_at_the_end_is_known_as_a_repeat_and_its_job_offered(
     assert (j1["state"], j1["att"]) == ("queued", 0), j1
     assert snap["released"] == 1 and snap["lost"] == 0, snap
     assert st.reservable + st.retry_pending == 1, "j1 offered again"
+
+
+def test_a_lost_session_whose_store_fails_once_still_refunds_every_job_it_never_started(
+        registered, lists, list_name, monkeypatch):
+    """One failed release stopped the others; the end tried none again, and the close
+    gave them all back charged: with one attempt allowed, dead, never run."""
+    n = 6
+    lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(n)], max_attempts=1, seal=True)
+    started, go_on = threading.Event(), threading.Event()
+
+    def handler(job: Job) -> str:
+        started.set()
+        go_on.wait(30)
+        return "ok"
+
+    real_release, failed = Queue.release, []
+
+    def release(self, job, *a, **kw):
+        if not failed:
+            failed.append(job.jid)
+            raise BackendTimeout("a blip (test)")
+        return real_release(self, job, *a, **kw)
+
+    monkeypatch.setattr(Queue, "release", release)
+    w = fast_worker(registered, handler, list_name, until_complete=False, batch=n)
+    snap = _lost_while(registered, w, started, go_on)
+    assert failed, "the test's failure happened"
+    assert _outcomes(snap) == snap["reserved"], snap
+    never_ran = [registered.get(keys.JOB_SET, keys.job_name(list_name, t)).bins for t in range(1, n)]
+    assert [(b["state"], b["att"]) for b in never_ran] == [("queued", 0)] * (n - 1), never_ran
+
+
+def test_a_live_drain_whose_releases_fail_counts_each_job_once(registered, lists, list_name, monkeypatch):
+    """The drain's releases of the prefetched jobs fail, and their repeat at the end too:
+    they were counted unacked there, then released by the close and counted again."""
+    lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(4)], seal=True)
+    real_release, fails = Queue.release, {"n": 4}  # the drain's three, and the end's first repeat
+
+    def release(self, job, *a, **kw):
+        if fails["n"]:
+            fails["n"] -= 1
+            raise BackendTimeout("a blip (test)")
+        return real_release(self, job, *a, **kw)
+
+    with drained_with_a_job_running(registered, list_name, 4) as w:
+        monkeypatch.setattr(Queue, "release", release)
+    snap = w.counters.snapshot()
+    assert fails["n"] == 0, "the test's failures happened"
+    assert _outcomes(snap) == snap["reserved"] == 4, snap
+    assert (snap["done"], snap["released"]) == (1, 3), snap
