@@ -101,3 +101,28 @@ def test_a_store_file_the_process_may_not_write_says_so(tmp_path: Path) -> None:
         assert listed.returncode == 0 and json.loads(listed.stdout)["paused"] is False, listed
     finally:
         subprocess.run(["chattr", "-i", str(db)], check=True)
+
+
+def test_a_store_in_a_directory_the_process_may_not_write_is_not_called_no_store(tmp_path: Path) -> None:
+    """A WAL store on a read-only mount (here its directory made immutable) cannot make
+    its shared-memory file even to be read: that was "not an aeroqueue store", which
+    invited making it again. It says the file or its directory is read-only."""
+    import pytest
+
+    from aeroqueue import connect
+
+    home = tmp_path / "ro"
+    home.mkdir()
+    url = f"embedded://{home / 's.db'}"
+    backend = connect(url, create=True)
+    JobLists(backend).load("L", [("a", {})])
+    backend.close()
+    if subprocess.run(["chattr", "+i", str(home)], capture_output=True).returncode != 0:
+        pytest.skip("this file system cannot make a directory immutable (chattr +i)")
+    try:
+        out = _aq(url, "status", "L")
+        assert out.returncode == 1, out
+        assert "not an aeroqueue store" not in out.stderr, out.stderr
+        assert "cannot be opened by this process" in out.stderr and "is read-only to it" in out.stderr, out.stderr
+    finally:
+        subprocess.run(["chattr", "-i", str(home)], check=True)

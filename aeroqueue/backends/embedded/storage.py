@@ -177,6 +177,14 @@ def _check_path(path: Path, create: bool) -> None:
         finally:
             probe.close()
     except sqlite3.DatabaseError as e:
+        if not os.access(path.parent, os.W_OK) or not os.access(path, os.W_OK) or _read_only(e) \
+                or getattr(e, "sqlite_errorcode", 0) & 0xFF == _SQLITE_CANTOPEN:
+            # A WAL store read on a read-only mount (or an immutable directory) cannot
+            # make its shared-memory file: "not an aeroqueue store" invited making it again.
+            err = NotAStore(f"embedded store {path} cannot be opened by this process ({e}): the file or its "
+                            "directory is read-only to it")
+            err.hint = "check the file's, its directory's and the mount's permissions"
+            raise err from None
         raise NotAStore(f"embedded store {path}: not an aeroqueue store ({e})") from None
     if not tables and journal == "wal":
         return  # what a new store's first open leaves if it stops before its tables (WAL is set first)
@@ -204,7 +212,7 @@ def _indexed(kind: str, value: Any) -> Any:
 
 
 # SQLite's primary result codes for a write the file system refused.
-_SQLITE_READONLY, _SQLITE_IOERR, _SQLITE_FULL = 8, 10, 13
+_SQLITE_READONLY, _SQLITE_IOERR, _SQLITE_FULL, _SQLITE_CANTOPEN = 8, 10, 13, 14
 
 
 def _out_of_space(e: sqlite3.Error) -> bool:
