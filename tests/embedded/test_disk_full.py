@@ -10,13 +10,17 @@ full disk."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import resource
 import signal
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from aeroqueue.backends import open_backend
 from aeroqueue.lists import JobLists
@@ -76,22 +80,31 @@ def test_a_load_onto_a_full_disk_says_so_and_a_rerun_with_room_loads_each_job_on
         backend.close()
 
 
-def test_a_store_file_the_process_may_not_write_says_so(tmp_path: Path) -> None:
-    """A store on a read-only mount, or a file made immutable: every write failed as
-    "internal error, OperationalError: attempt to write a readonly database". It names
-    the store and what to check now, and nothing is written; reads still work."""
-    import pytest
-
+@contextlib.contextmanager
+def _immutable_with_a_list(db: Path, made_immutable: Path) -> Iterator[str]:
+    """A store at `db` holding list L of two jobs, then `made_immutable` (the store file
+    or its directory) made immutable (chattr +i: what a read-only mount does, even to
+    root) for the block: the store's URL."""
     from aeroqueue import connect
 
-    db = tmp_path / "s.db"
     url = f"embedded://{db}"
     backend = connect(url, create=True)
     JobLists(backend).load("L", [("a", {}), ("b", {})])
     backend.close()
-    if subprocess.run(["chattr", "+i", str(db)], capture_output=True).returncode != 0:
+    if subprocess.run(["chattr", "+i", str(made_immutable)], capture_output=True).returncode != 0:
         pytest.skip("this file system cannot make a file immutable (chattr +i)")
     try:
+        yield url
+    finally:
+        subprocess.run(["chattr", "-i", str(made_immutable)], check=True)
+
+
+def test_a_store_file_the_process_may_not_write_says_so(tmp_path: Path) -> None:
+    """A store on a read-only mount, or a file made immutable: every write failed as
+    "internal error, OperationalError: attempt to write a readonly database". It names
+    the store and what to check now, and nothing is written; reads still work."""
+    db = tmp_path / "s.db"
+    with _immutable_with_a_list(db, db) as url:
         out = _aq(url, "pause", "L")
         assert out.returncode == 1, out
         assert "internal error" not in out.stderr, out.stderr
@@ -99,30 +112,16 @@ def test_a_store_file_the_process_may_not_write_says_so(tmp_path: Path) -> None:
         assert "check the file's, its directory's and the mount's permissions" in out.stderr, out.stderr
         listed = _aq(url, "status", "L", "--json")
         assert listed.returncode == 0 and json.loads(listed.stdout)["paused"] is False, listed
-    finally:
-        subprocess.run(["chattr", "-i", str(db)], check=True)
 
 
 def test_a_store_in_a_directory_the_process_may_not_write_is_not_called_no_store(tmp_path: Path) -> None:
     """A WAL store on a read-only mount (here its directory made immutable) cannot make
     its shared-memory file even to be read: that was "not an aeroqueue store", which
     invited making it again. It says the file or its directory is read-only."""
-    import pytest
-
-    from aeroqueue import connect
-
     home = tmp_path / "ro"
     home.mkdir()
-    url = f"embedded://{home / 's.db'}"
-    backend = connect(url, create=True)
-    JobLists(backend).load("L", [("a", {})])
-    backend.close()
-    if subprocess.run(["chattr", "+i", str(home)], capture_output=True).returncode != 0:
-        pytest.skip("this file system cannot make a directory immutable (chattr +i)")
-    try:
+    with _immutable_with_a_list(home / "s.db", home) as url:
         out = _aq(url, "status", "L")
         assert out.returncode == 1, out
         assert "not an aeroqueue store" not in out.stderr, out.stderr
         assert "cannot be opened by this process" in out.stderr and "is read-only to it" in out.stderr, out.stderr
-    finally:
-        subprocess.run(["chattr", "-i", str(home)], check=True)
