@@ -181,10 +181,10 @@ def _check_path(path: Path, create: bool) -> None:
                 or getattr(e, "sqlite_errorcode", 0) & 0xFF == _SQLITE_CANTOPEN:
             # A WAL store read on a read-only mount (or an immutable directory) cannot
             # make its shared-memory file: "not an aeroqueue store" invited making it again.
-            err = NotAStore(f"embedded store {path} cannot be opened by this process ({e}): the file or its "
-                            "directory is read-only to it")
-            err.hint = "check the file's, its directory's and the mount's permissions"
-            raise err from None
+            refused = NotAStore(f"embedded store {path} cannot be opened by this process ({e}): the file or its "
+                                "directory is read-only to it")
+            refused.hint = "check the file's, its directory's and the mount's permissions"
+            raise refused from None
         raise NotAStore(f"embedded store {path}: not an aeroqueue store ({e})") from None
     if not tables and journal == "wal":
         return  # what a new store's first open leaves if it stops before its tables (WAL is set first)
