@@ -357,13 +357,21 @@ class BitBuffer:
         self.backend = backend
         self.max_pending = max_pending
         self.max_delay_s = max_delay_s
+        self._fresh()
+        self._closed = False
+
+    def _fresh(self) -> None:
+        """No bits pending, no writer yet, locks free. Also in a forked child
+        (`_after_fork`): only the thread that forked lives on, so the writer is gone (the
+        child's bits waited for 512 of them, a flush or the exit: a pre-fork server's
+        worker never counted its jobs done), and a lock another thread held at the fork
+        would stay held. The parent's pending bits are the parent's to write."""
         self._pending: dict[tuple[str, int | None], set[int]] = defaultdict(set)
         self._count = 0
         self._lock = threading.Lock()
         self._flushing = threading.Lock()  # one writer at a time keeps chunks in order
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
-        self._closed = False
 
     def add(self, list_name: str, tokens: Iterable[int], created: int | None = None) -> None:
         """Bits to write for `tokens` of list `list_name`, made at `created` (the jobs'
@@ -427,18 +435,6 @@ class BitBuffer:
         self._wake.set()
         self.flush()
 
-    def _forked(self) -> None:
-        """In a forked child: only the thread that forked lives on, so the writer is
-        gone (the child's bits waited for 512 of them, a flush or the exit: a pre-fork
-        server's worker never counted its jobs done), and a lock another thread held
-        at the fork would stay held. The parent's pending bits are the parent's to write."""
-        self._lock = threading.Lock()
-        self._flushing = threading.Lock()
-        self._wake = threading.Event()
-        self._thread = None
-        self._pending = defaultdict(set)
-        self._count = 0
-
 
 _BUFFERS: weakref.WeakKeyDictionary[Backend, BitBuffer] = weakref.WeakKeyDictionary()
 _BUFFERS_LOCK = threading.Lock()
@@ -448,7 +444,7 @@ def _after_fork() -> None:
     global _BUFFERS_LOCK
     _BUFFERS_LOCK = threading.Lock()
     for buf in list(_BUFFERS.values()):
-        buf._forked()
+        buf._fresh()
 
 
 os.register_at_fork(after_in_child=_after_fork)
