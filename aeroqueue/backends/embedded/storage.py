@@ -177,8 +177,8 @@ def _check_path(path: Path, create: bool) -> None:
         finally:
             probe.close()
     except sqlite3.DatabaseError as e:
-        if not os.access(path.parent, os.W_OK) or not os.access(path, os.W_OK) or _read_only(e) \
-                or getattr(e, "sqlite_errorcode", 0) & 0xFF == _SQLITE_CANTOPEN:
+        if not os.access(path.parent, os.W_OK) or not os.access(path, os.W_OK) \
+                or _primary_code(e) in (_SQLITE_READONLY, _SQLITE_CANTOPEN):
             # A WAL store read on a read-only mount (or an immutable directory) cannot
             # make its shared-memory file: "not an aeroqueue store" invited making it again.
             refused = NotAStore(f"embedded store {path} cannot be opened by this process ({e}): the file or its "
@@ -215,14 +215,10 @@ def _indexed(kind: str, value: Any) -> Any:
 _SQLITE_READONLY, _SQLITE_IOERR, _SQLITE_FULL, _SQLITE_CANTOPEN = 8, 10, 13, 14
 
 
-def _out_of_space(e: sqlite3.Error) -> bool:
+def _primary_code(e: sqlite3.Error) -> int | None:
+    """SQLite's primary result code of an error (its extended code's low byte)."""
     code = getattr(e, "sqlite_errorcode", None)
-    return code is not None and code & 0xFF in (_SQLITE_IOERR, _SQLITE_FULL)
-
-
-def _read_only(e: sqlite3.Error) -> bool:
-    code = getattr(e, "sqlite_errorcode", None)
-    return code is not None and code & 0xFF == _SQLITE_READONLY
+    return None if code is None else code & 0xFF
 
 
 def _lock_holders(lock_path: str) -> list[int]:
@@ -468,10 +464,8 @@ class Storage:
                 except BaseException as e:
                     with suppress(sqlite3.Error):  # SQLite may have rolled back itself (a full disk)
                         db.execute("ROLLBACK")
-                    if isinstance(e, sqlite3.Error) and _out_of_space(e):
-                        raise self._full(e) from None
-                    if isinstance(e, sqlite3.Error) and _read_only(e):
-                        raise self._read_only(e) from None
+                    if isinstance(e, sqlite3.Error) and (refused := self._refused(e)) is not None:
+                        raise refused from None
                     if isinstance(e, Exception):
                         self._credit_refused(db, since)
                     raise
@@ -481,10 +475,8 @@ class Storage:
                     except sqlite3.Error as e:
                         with suppress(sqlite3.Error):
                             db.execute("ROLLBACK")
-                        if _out_of_space(e):
-                            raise self._full(e) from None
-                        if _read_only(e):
-                            raise self._read_only(e) from None
+                        if (refused := self._refused(e)) is not None:
+                            raise refused from None
                         raise
                 finally:
                     db.index_defs = None  # type: ignore[attr-defined]  # only valid under the lock
@@ -609,6 +601,16 @@ class Storage:
             f"AEROSPIKE_ERR_SERVER_FULL (embedded store {self.path}: the file system refused the write ({e}); "
             "nothing of it was written)",
         )
+
+    def _refused(self, e: sqlite3.Error) -> Exception | None:
+        """A write the file system refused, as a server refusing it answers (`_full`,
+        `_read_only`); None for any other error."""
+        code = _primary_code(e)
+        if code in (_SQLITE_IOERR, _SQLITE_FULL):
+            return self._full(e)
+        if code == _SQLITE_READONLY:
+            return self._read_only(e)
+        return None
 
     def _read_only(self, e: sqlite3.Error) -> Exception:
         """A write to a store file (or directory) this process may not write: a read-only
