@@ -138,8 +138,7 @@ class Session:
         self._last_ok = time.monotonic()
         self._pid = os.getpid()  # the process it belongs to (`SessionForked`)
         self.closed = False
-        self.released_at_close: Counter[str] = Counter()  # list -> jobs `close` gave back (metrics)
-        self.ended_at_close: set[str] = set()  # the job records whose claims `close` gave back
+        self.ended_at_close: dict[str, str] = {}  # job record -> its list: the claims `close` gave back
         self._closing = False  # close() has begun: no new claim under this id
         self._under_way: set[int] = set()  # reservations under way (`claiming`), which close() waits for
         self._reservations = itertools.count()  # their numbers
@@ -215,6 +214,11 @@ class Session:
             with self._claims_done:
                 self._under_way.discard(number)
                 self._claims_done.notify_all()
+
+    @property
+    def released_at_close(self) -> Counter[str]:
+        """The jobs `close` gave back, by list (the worker's metrics)."""
+        return Counter(self.ended_at_close.values())
 
     def _confirm_alive(self) -> None:
         """Before a reservation: if the heartbeat has not been confirmed for half the
@@ -399,7 +403,7 @@ class Session:
                         nonlocal passes
                         passes += 1
                         return release_claims(self.backend, self.id, refund=True, why="session closed",
-                                              by_list=self.released_at_close, ended=self.ended_at_close)
+                                              ended=self.ended_at_close)
 
                     retry_in_doubt(release_pass, deadline_s=self.expiry_s)
                     if passes > 1:
@@ -420,7 +424,7 @@ class Session:
         if release and not self._lost.is_set():
             # Every pass's, not the last one's: a pass cut short (or the close, given up)
             # had released some.
-            released = sum(self.released_at_close.values())
+            released = len(self.ended_at_close)
         self.closed = True
         return released
 
@@ -432,13 +436,11 @@ class Session:
 
 
 def release_claims(
-    backend: Backend, session_id: str, *, refund: bool, why: str, by_list: Counter[str] | None = None,
-    ended: set[str] | None = None,
+    backend: Backend, session_id: str, *, refund: bool, why: str, ended: dict[str, str] | None = None,
 ) -> int:
     """Release every job still claimed by a session onto its list's retry store.
     Idempotent: the release UDF only acts on a claim the session still holds. With
-    `by_list`, each job ended is counted there under its list's name too; with
-    `ended`, its record's name is added there."""
+    `ended`, each job it ended is added there: its record's name -> its list."""
     released: dict[tuple[str, int | None], list[int]] = defaultdict(list)  # by list and its stamp (push_retry)
     dead: dict[tuple[str, int | None], list[int]] = defaultdict(list)
     tx = transitions.reaper_tx()  # another reaper's pass releasing the same claims offers none of them again
@@ -451,10 +453,8 @@ def release_claims(
                 released[(rec.bins["list"], rec.bins.get("c"))].append(rec.bins["token"])
             elif st == "dead":
                 dead[(rec.bins["list"], rec.bins.get("c"))].append(rec.bins["token"])
-            if by_list is not None and st in ("released", "dead"):
-                by_list[rec.bins["list"]] += 1
             if ended is not None and st in ("released", "dead"):
-                ended.add(name)
+                ended[name] = rec.bins["list"]
     finally:
         # Whatever cut the pass short, what it released is offered again now: a
         # repeated pass no longer finds those jobs (their claim is gone from the index).
