@@ -1617,7 +1617,7 @@ class _ChildRunner:
         if self.proc is None or not self.proc.is_alive():
             self.start()
         try:
-            self.conn.send(dataclasses.replace(job, toucher=None))
+            self.conn.send(job)  # pickled without its queue's `touch` (`Job.__reduce__`)
         except OSError:  # it died since the check (BrokenPipeError): the job never reached it
             return self._died()
         while True:
