@@ -242,25 +242,57 @@ def _field_limit(max_payload: int) -> None:
     csv.field_size_limit(max(csv.field_size_limit(), max_payload + 1))
 
 
-def _lines(handle: Any, source: str, max_payload: int) -> Iterator[str]:
+def _lines(handle: Any, source: str, max_payload: int, kept: list[str] | None = None) -> Iterator[str]:
     """The file's lines, each refused once it is longer than any job's line can be: six
     characters a byte of the payload limit at most (\\u0001 in JSON; a CSV cell's
     doubled quotes take two), and room for the id and field names. Read whole, a line
     of gigabytes (no newline in a binary file, a runaway export, a CSV file of one line)
-    took that much memory, several times over, before the payload check refused it."""
+    took that much memory, several times over, before the payload check refused it.
+    Each line is also appended to `kept`, if given (its reader clears it)."""
     longest = 6 * max_payload + 65_536
     line = 0
+    keep = kept.append if kept is not None else None
     while text := handle.readline(longest + 1):
         line += 1
         if len(text) > longest:
             raise LoadError(f"too long (over {longest:,} characters: a line may take six a byte of the payload "
                             f"limit of {max_payload:,} bytes, and 64 KiB more)", source=source, line=line)
+        if keep is not None:
+            keep(text)
         yield text
+
+
+def _column_over(text: str, limit: int) -> int | None:
+    """The 0-based column of the first field of a CSV row's text (quotes and doubled
+    quotes as the csv module's defaults read them) longer than `limit` characters; None
+    if none is."""
+    column, size, quoted, prev = 0, 0, False, ""
+    for ch in text:
+        if quoted:
+            if ch == '"':
+                quoted = False
+            else:
+                size += 1
+        elif ch == '"':
+            quoted = True
+            if prev == '"':  # a doubled quote: one quote in the field
+                size += 1
+        elif ch == ",":
+            column, size = column + 1, 0
+        elif ch not in "\r\n":
+            size += 1
+        if size > limit:
+            return column
+        prev = ch
+    return None
 
 
 def _read_csv(handle: Any, source: str, id_field: str, max_payload: int, strict: bool) -> Iterator[JobSpec]:
     _field_limit(max_payload)
-    reader = csv.reader(_lines(handle, source, max_payload), strict=True)
+    # The text of the row being read: the csv module's "field larger than field limit"
+    # names no field, so the error finds it there.
+    row_text: list[str] = []
+    reader = csv.reader(_lines(handle, source, max_payload, row_text), strict=True)
     try:
         header = next(reader)
     except StopIteration:
@@ -295,6 +327,7 @@ def _read_csv(handle: Any, source: str, id_field: str, max_payload: int, strict:
     fast = max_payload // 6 - 8 * width - sum(len(h) for h in header)
     last = reader.line_num  # the physical line the previous row ended on
     while True:
+        row_text.clear()
         try:
             row = next(reader)
         except StopIteration:
@@ -307,8 +340,11 @@ def _read_csv(handle: Any, source: str, id_field: str, max_payload: int, strict:
                 spans = reader.line_num - last
                 why = (f"; its row runs on over {spans:,} lines from here: a quote opened in it and never closed?"
                        if spans > 1 else "")
+                column = _column_over("".join(row_text), max_payload + 1)  # as _field_limit set it
+                field = header[column] if column is not None and column < width else None
                 raise LoadError(f"a field is over the {max_payload}-byte payload limit (max-record-size less room "
-                                f"for the job's own bins and failures){why}", source=source, line=last + 1) from None
+                                f"for the job's own bins and failures){why}", source=source, line=last + 1,
+                                field=field) from None
             # The error is in the row after the last good one (an unclosed quote runs
             # to the end of the file, where line_num points).
             raise LoadError(f"malformed CSV: {msg}", source=source, line=last + 1) from None
