@@ -124,6 +124,9 @@ def test_store_options_work_after_the_command_too(tmp_path, monkeypatch):
                                     "aerospike://u:secret@h1:3000/ns?total_timeout=50&tls_name=n1"])
     shown = json.loads(out.output)
     assert shown["options"] == {"total_timeout": "50", "tls_name": "n1"} and "secret" not in out.output, out.output
+    # An IPv6 address keeps its brackets, as in the URL: "::1:3000" names no port.
+    out = CliRunner().invoke(main, ["config", "--json", "--url", "aerospike://[::1]:3000,h2:3001/ns"])
+    assert json.loads(out.output)["hosts"] == ["[::1]:3000", "h2:3001"], out.output
     out = CliRunner().invoke(main, ["config", "--json"])
     assert json.loads(out.output)["source"] == "AEROQUEUE_URL"
 

@@ -11,6 +11,7 @@ from click.core import ParameterSource
 
 from .. import udfs
 from ..config import ENV_URL, MEMORY, resolve_url
+from ..hosts import url_host
 from .context import JSON_OPT, Context, url_given_after_command
 
 
@@ -63,6 +64,6 @@ def show_config(obj: Context, as_json: bool) -> None:
         out["path"] = url.path
         out["exists"] = url.path == MEMORY or Path(url.path or "").is_file()
     else:
-        out["hosts"] = [f"{h}:{p}" for h, p in url.hosts]
+        out["hosts"] = [f"{url_host(h)}:{p}" for h, p in url.hosts]  # "::1:3000" was ambiguous
     out["options"] = dict(url.options)
     click.echo(json.dumps(out))
