@@ -212,7 +212,10 @@ def _parse_aerospike(text: str, rest: str, options: tuple[tuple[str, str], ...])
         if not user:
             raise InvalidURL(f"store URL {_safe(text)!r}: empty user name before '@'")
         # Percent-encoding lets a password hold ':', '/', '@', '?' or '&'.
-        user, password = unquote(user), unquote(password)
+        try:
+            user, password = decoded_credential(user, "user name"), decoded_credential(password, "password")
+        except ValueError as e:
+            raise InvalidURL(f"store URL {_safe(text)!r}: {e}") from None
     if not authority:
         raise InvalidURL(f"store URL {_safe(text)!r}: no host; expected aerospike://host:3000/namespace")
     hosts = []
@@ -419,6 +422,25 @@ def unencoded_in_credentials(url: str) -> bool:
 
 CREDENTIALS_ENCODING = ("a user name or password holding '/', '@', '?' or '#' must be percent-encoded "
                         "(%2F, %40, %3F, %23)")
+
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+
+
+def decoded_credential(raw: str, what: str) -> str:
+    """A URL's user name or password (`what`), percent-decoded. Raises ValueError, its
+    message never quoting the value, for what no server would take as meant: a '%'
+    that starts no escape (decoded as itself, it left '%41' and '%zz' to mean two
+    things), an escape of a NUL (the client cuts the value there: another password),
+    or escapes that are not UTF-8 (decoded as U+FFFD: another password again)."""
+    if _BAD_ESCAPE.search(raw):
+        raise ValueError(f"the {what} holds a '%' that starts no percent-escape: write a '%' itself as %25")
+    try:
+        value = unquote(raw, errors="strict")
+    except UnicodeDecodeError:
+        raise ValueError(f"the {what}'s percent-escapes are not UTF-8") from None
+    if "\x00" in value:
+        raise ValueError(f"the {what} holds a NUL (%00), which the client would cut it at")
+    return value
 
 
 def _safe(text: str) -> str:

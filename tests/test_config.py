@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from aeroqueue.config import default_store_path, mask_passwords, mask_url, parse_url, resolve_url
@@ -167,6 +169,32 @@ def test_an_encoded_password_with_those_characters_is_read_as_given():
     assert parse_url("aerospike://admin:s3%2F%40%3F%23@h:3000/test").password == "s3/@?#"
     assert parse_target("mysql://root:s3%2F%40%3F%23@h:3306/test").password == "s3/@?#"
     assert parse_url("aerospike://admin:s3@cr3t@h:3000/test").password == "s3@cr3t", "the last '@' ends it"
+
+
+@pytest.mark.parametrize(("creds", "says"), [
+    ("admin:s3%zzcr3t", "password holds a '%' that starts no percent-escape"),
+    ("admin:s3cr3t%4", "password holds a '%' that starts no percent-escape"),
+    ("admin:s3%00cr3t", "password holds a NUL"),
+    ("admin:s3%FFcr3t", "password's percent-escapes are not UTF-8"),
+    ("ad%zzmin:s3cr3t", "user name holds a '%'"),
+    ("ad%00min:s3cr3t", "user name holds a NUL"),
+])
+def test_a_credential_no_server_would_read_as_meant_is_refused_unquoted(creds, says):
+    """'%zz' was kept as it is and '%41' decoded, a NUL escape reached the client
+    (which cuts the value there), bad UTF-8 became U+FFFD: each a password other
+    than the one typed, refused at connect time as a wrong one, or not at all. The
+    error says which and never shows the value."""
+    from aeroqueue.errors import SyncError
+    from aeroqueue.sync import parse_target
+
+    with pytest.raises(InvalidURL, match=re.escape(says)) as e:
+        parse_url(f"aerospike://{creds}@h:3000/test")
+    with pytest.raises(SyncError, match=re.escape(says)) as f:
+        parse_target(f"mysql://{creds}@h:3306/test")
+    for err in (e, f):
+        assert "s3" not in str(err.value) and "cr3t" not in str(err.value), str(err.value)
+    assert parse_url("aerospike://admin:100%25%C3%A9@h:3000/test").password == "100%\u00e9"
+    assert parse_target("mysql://root:100%25@h:3306/test").password == "100%"
 
 
 @pytest.mark.parametrize("text", [

@@ -16,12 +16,13 @@ import os
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import quote, urlsplit
 
 from ..config import (
     CREDENTIALS_ENCODING,
     MEMORY,
     StoreURL,
+    decoded_credential,
     mask_passwords,
     mask_url,
     unencoded_in_credentials,
@@ -119,12 +120,15 @@ def parse_target(text: str) -> Target:
         raise SyncError(
             f"target URL {shown!r}: database name {database!r} must be 1 to 64 letters, digits, '_' or '$'"
         )
-    password = unquote(parts.password) if parts.password is not None else None
+    try:
+        user = decoded_credential(parts.username, "user name")
+        password = decoded_credential(parts.password, "password") if parts.password is not None else None
+    except ValueError as e:
+        raise SyncError(f"target URL {shown!r}: {e}") from None
     if password is None:
         password = os.environ.get(ENV_PASSWORD) or os.environ.get(ENV_MYSQL_PWD)
     return Target(
-        dialect="mysql", host=parts.hostname, port=port, user=unquote(parts.username), password=password,
-        database=database,
+        dialect="mysql", host=parts.hostname, port=port, user=user, password=password, database=database,
     )
 
 
