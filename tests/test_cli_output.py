@@ -61,6 +61,20 @@ def test_a_drop_with_standard_input_closed_is_no_confirmation_not_an_internal_er
     assert subprocess.run([*aq, "status", "L"], env=env, capture_output=True).returncode == 0, "left alone"
 
 
+@pytest.mark.parametrize("args", [["status", "L", "--json"], ["lists"], ["export", "L"]])
+def test_a_command_whose_output_has_nowhere_to_go_says_so(tmp_path, args):
+    """With file descriptor 1 closed (`>&-`) Python sets sys.stdout to None and
+    click.echo prints nothing: `status --json` exited 0 with its answer lost. A
+    write fails, as GNU tools' do: one error line, status 1."""
+    env, aq = _a_loaded_list(tmp_path)
+    out = subprocess.run(["/bin/sh", "-c", 'exec "$@" >&-', "sh", *aq, *args], env=env, capture_output=True,
+                         timeout=60)
+    said = out.stderr.decode()
+    assert out.returncode == 1 and said.startswith("error: ") and "standard output is closed" in said, said
+    assert len(said.splitlines()) == 1 and "internal error" not in said, said
+    assert subprocess.run([*aq, *args], env=env, capture_output=True).returncode == 0, "with it open: fine"
+
+
 def test_ctrl_c_at_the_drop_question_is_an_interruption_and_leaves_the_list(tmp_path):
     """Ctrl-C at the question exited 1 ("not dropped: no confirmation", as for standard
     input at its end), where every other command's Ctrl-C is 130 (README's table)."""

@@ -7,6 +7,8 @@ library (design.md's modules), and these helpers are its common ground.
 from __future__ import annotations
 
 import datetime as dt
+import errno
+import io
 import os
 import select
 import sys
@@ -206,6 +208,21 @@ def _quiet_stdout() -> None:
     os.close(devnull)
 
 
+class _ClosedStdout(io.TextIOBase):
+    """Standard output when the process started with it closed (`aeroqueue status --json
+    >&-`): Python sets sys.stdout to None and click.echo then prints nothing, so a
+    command whose output is its result exited 0 with the result lost. A write fails
+    here instead, as GNU tools' do: one error line, exit 1."""
+
+    encoding = "utf-8"
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, s: str) -> int:
+        raise OSError(errno.EBADF, "standard output is closed: what this command prints has nowhere to go")
+
+
 # click 8.2+ raises this (a UsageError whose message is the help) for a group given
 # no command; older click prints the help and exits itself.
 _NoArgsIsHelp: tuple[type[click.UsageError], ...] = tuple(
@@ -269,6 +286,8 @@ class AeroqueueGroup(click.Group):
             return super().main(args, prog_name, complete_var, False, **extra)
         argv = list(args) if args is not None else sys.argv[1:]
         AeroqueueGroup.argv = argv  # for `_fail`, which a subgroup's invoke may call
+        if sys.stdout is None:
+            sys.stdout = _ClosedStdout()
         try:
             rv = super().main(args, prog_name, complete_var, False, **extra)
         except _NoArgsIsHelp as e:
