@@ -43,6 +43,9 @@ _UPDATE_ONLY = {"exists": aerospike.POLICY_EXISTS_UPDATE}
 _UNCHANGED = {"exists": aerospike.POLICY_EXISTS_UPDATE, "gen": aerospike.POLICY_GEN_EQ}
 # The client's default total timeout of one command (write, apply, batch), ms.
 CLIENT_TIMEOUT_MS = 1000
+# The client's default socket timeout (an attempt idle on its socket), ms: what limits
+# a command whose URL sets total_timeout=0 alone ("Client timeout: socket=30000 total=0").
+CLIENT_SOCKET_TIMEOUT_MS = 30_000
 # What `Backend.bounded_reads` allows a scan page or an index query. A scan of a small
 # set (the lists, the sessions) walks the whole namespace's index on each node (no
 # set index by default): 0.19 s over 2M records on one node, so this allows some 50M
@@ -259,7 +262,10 @@ class Backend:
             timeout = 0
             if not self.is_embedded:
                 options = self.url.client_options()
-                timeout = options.get("total_timeout", CLIENT_TIMEOUT_MS) or options.get("socket_timeout", 0)
+                # total_timeout=0 alone still leaves the client's socket timeout: the call is
+                # given up after it, and a late run of it needs its deadline all the same.
+                timeout = (options.get("total_timeout", CLIENT_TIMEOUT_MS)
+                           or options.get("socket_timeout", CLIENT_SOCKET_TIMEOUT_MS))
             self._guard_ms = timeout + CLOCK_MARGIN_MS if timeout else 0
         return int(time.time() * 1000) + self._guard_ms if self._guard_ms else None
 

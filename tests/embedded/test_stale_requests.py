@@ -15,7 +15,7 @@ import pytest
 
 from aeroqueue import errors, keys, udfs
 from aeroqueue.backends import Backend, open_backend
-from aeroqueue.backends.base import CLIENT_TIMEOUT_MS, CLOCK_MARGIN_MS
+from aeroqueue.backends.base import CLIENT_SOCKET_TIMEOUT_MS, CLIENT_TIMEOUT_MS, CLOCK_MARGIN_MS
 from aeroqueue.config import parse_url
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
@@ -138,6 +138,11 @@ def test_the_deadline_is_the_clients_timeout_plus_a_margin():
     assert got is not None and -1 <= got - now - (300 + CLOCK_MARGIN_MS) < 1000
     got = deadline("aerospike://10.0.0.1:3000/test?total_timeout=0&socket_timeout=200")
     assert got is not None and -1 <= got - now - (200 + CLOCK_MARGIN_MS) < 1000
+    # total_timeout=0 alone: the client still gives a call up after its own socket
+    # timeout (30 s), so a late run of it is refused past that (README: "socket_timeout
+    # when that is 0"), not let through with no deadline at all.
+    got = deadline("aerospike://10.0.0.1:3000/test?total_timeout=0")
+    assert got is not None and -1 <= got - now - (CLIENT_SOCKET_TIMEOUT_MS + CLOCK_MARGIN_MS) < 1000
     assert deadline("aerospike://10.0.0.1:3000/test?total_timeout=0&socket_timeout=0") is None, "no limit: no deadline"
     assert deadline("embedded:///tmp/x.db") is None, "one process, no replicas: nothing to replay"
 
