@@ -285,6 +285,11 @@ def test_session_timing_that_does_not_fit_names_where_each_value_came_from(tmp_p
         (("sync", "--mysql", "mysql://root:pw@:3306/db"), 2, "target URL 'mysql://root:***@:3306/db': no host"),
         (("sync", "--mysql", "mysql://u@127.0.0.1:3306/db", "--list", "bad name"), 2,
          "Invalid value for '--list' (env var: 'AEROQUEUE_SYNC_LISTS'): invalid list name 'bad name'"),
+        # Retention with a narrowed run: options that do not go together, wrong usage.
+        (("sync", "--mysql", "mysql://u@127.0.0.1:3306/db", "--delete-after", "7d", "--list", "L"), 2,
+         "retention (--delete-after) applies to the whole store: not with --list or --since"),
+        (("sync", "--mysql", "mysql://u@127.0.0.1:3306/db", "--delete-after", "7d", "--since", "2d"), 2,
+         "applies to the whole store"),
         (("worker", "--handler", "json:dumps", "--list", "L", "--drain-timeout", "nan"), 2, "'nan' is not a number"),
         (("worker", "--handler", "json:dumps", "--list", "L", "--heartbeat", "2", "--expiry", "3"), 2,
          "more than twice the heartbeat interval"),

@@ -298,6 +298,10 @@ def sync(
     SIGTERM cancels the run under way and releases the lease: on a schedule
     the command then exits 0, a single run cut short 143.
     """
+    if delete_after is not None and (only or since is not None):
+        # Wrong usage (status 2), said before the store is opened, as SyncOptions would
+        # refuse it only after the lists were looked up.
+        raise click.UsageError("retention (--delete-after) applies to the whole store: not with --list or --since")
     text = store_url_text(obj.url)
     store = parse_url(text)
     backend = obj.backend()
