@@ -90,6 +90,10 @@ class WorkerMetrics(WorkerObserver):
         self.jobs_snoozed = jobs("snoozed", "Jobs whose handler asked to run them later (Retry(after=...)): not failures.")
         self.jobs_released = jobs("released", "Jobs given back unfinished (draining, or an acknowledgement that failed).")
         self.jobs_lost = jobs("lost", "Outcomes not acknowledged: the claim or the session was lost meanwhile.")
+        self._per_list = (self.jobs_reserved, self.jobs_completed, self.jobs_failed, self.jobs_timed_out,
+                          self.jobs_dead, self.jobs_snoozed, self.jobs_released, self.jobs_lost)
+        self._followed: set[str] = set()
+        self._follow_lock = threading.Lock()
         self.handler_seconds = Histogram(
             "aeroqueue_handler_duration_seconds", "Time a handler took on one job, whatever its outcome.",
             buckets=HANDLER_BUCKETS, registry=r,
@@ -118,6 +122,23 @@ class WorkerMetrics(WorkerObserver):
         self.in_flight.set_function(in_flight)
 
     # -- WorkerObserver -----------------------------------------------------------
+
+    def following(self, lists: list[str]) -> None:
+        """Each followed list's counters at 0 from the start, and those of a list no
+        longer followed (dropped, so a pattern no longer matches it) gone. A series
+        that appears with its first increment hides that increment from rate() and
+        increase(): the first dead job of a list, often its only one, never showed.
+        And a worker following a pattern for months kept the series of every list it
+        ever saw, one set a list dropped long ago, to every scrape."""
+        now = set(lists)
+        with self._follow_lock:
+            for name in now - self._followed:
+                for counter in self._per_list:
+                    counter.labels(name)
+            for name in self._followed - now:
+                for counter in self._per_list:
+                    counter.remove(name)
+            self._followed = now
 
     def reserve_latency(self, list_name: str, seconds: float) -> None:
         self.reserve_seconds.observe(seconds)

@@ -16,6 +16,10 @@ from __future__ import annotations
 class WorkerObserver:
     """No-op observer: subclass and override the points you want."""
 
+    def following(self, lists: list[str]) -> None:
+        """The lists the worker follows now: at its start, and each time a pattern's
+        matches change (a list loaded, or one dropped)."""
+
     def reserve_latency(self, list_name: str, seconds: float) -> None:
         """One reservation call on a list took this long (also when it found nothing)."""
 

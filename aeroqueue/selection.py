@@ -136,6 +136,7 @@ class ListSelector:
         refresh_s: float = DEFAULT_REFRESH_S,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        on_change: Callable[[list[str]], None] | None = None,
     ) -> None:
         if not specs:
             raise ConfigError("a worker needs at least one list (--list)")
@@ -158,6 +159,8 @@ class ListSelector:
         # picking thread's may overlap) and must not hide a list the later one found.
         self._reads_started = 0
         self._read_landed = 0
+        # Told the followed lists whenever they change (with the lock held: it must be quick).
+        self._on_change = on_change
         self._resolve(set())
 
     @property
@@ -185,12 +188,15 @@ class ListSelector:
         for name in list(self._states):
             if name not in wanted:
                 del self._states[name]
+        changed = set(wanted) != set(self._states)
         for name, w in wanted.items():
             st = self._states.get(name)
             if st is None:
                 self._states[name] = _State(weight=w)
             else:
                 st.weight = w
+        if changed and self._on_change is not None:
+            self._on_change(sorted(self._states))
 
     def refresh(self) -> list[str]:
         """Read the store's lists now (patterns only); returns the followed lists."""

@@ -479,8 +479,10 @@ class Worker:
         self.backend = backend
         self.queue = Queue(backend)
         self.handler = handler
+        self.observer = observer or NULL_OBSERVER
         self.selector = ListSelector(
-            specs, JobLists(backend).names, backoff_s=idle_s, backoff_max_s=idle_max_s, refresh_s=refresh_lists_s
+            specs, JobLists(backend).names, backoff_s=idle_s, backoff_max_s=idle_max_s, refresh_s=refresh_lists_s,
+            on_change=self.observer.following,
         )
         self.lists = [str(s) for s in specs]
         self.concurrency = concurrency
@@ -499,7 +501,6 @@ class Worker:
         self.idle_s = idle_s
         self.until_complete = until_complete
         self.counters = Counters()
-        self.observer = observer or NULL_OBSERVER
         self.session: Session | None = None
         self._stopping = threading.Event()
         # A stop asked by SIGTERM/SIGINT (`on_signal`) that the main thread has not acted on yet.

@@ -163,6 +163,47 @@ def test_worker_metrics_count_each_outcome_by_list() -> None:
     assert value(s, "aeroqueue_session_heartbeats_total", result="failed") == 1
 
 
+def _series(registry: CollectorRegistry, name: str) -> dict[str, float]:
+    """list -> value of counter `name`'s series."""
+    return {s.labels["list"]: s.value for f in text_string_to_metric_families(generate_latest(registry).decode())
+            for s in f.samples if s.name == name}
+
+
+def test_a_workers_counters_are_there_from_the_start_and_go_with_a_dropped_list(
+    registered: Backend, list_name: str,
+) -> None:
+    """A series that appeared with its first increment hid it from rate()/increase(): a
+    list's first dead job, often its only one, never showed on the dashboard or in an
+    alert. And a worker following a pattern kept the series of every list it had ever
+    seen: dropped lists' series stayed in every scrape for the life of the process."""
+    lists, first, second = JobLists(registered), f"{list_name}-a", f"{list_name}-b"
+    lists.load(first, [JobSpec(f"j{i}", {}) for i in range(2)], seal=True)
+    metrics = WorkerMetrics()
+    worker = Worker(registered, lambda job: "ok", [f"{list_name}-*"], observer=metrics, ack_linger_s=0,
+                    interval_s=0.2, expiry_s=2, refresh_lists_s=0.1)
+    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False}, daemon=True)
+    thread.start()
+    try:
+        def wait(until: Any) -> None:
+            deadline = time.monotonic() + 30
+            while not until():
+                assert time.monotonic() < deadline, _series(metrics.registry, "aeroqueue_jobs_completed_total")
+                assert thread.is_alive()
+                time.sleep(0.05)
+
+        wait(lambda: _series(metrics.registry, "aeroqueue_jobs_completed_total").get(first) == 2)
+        for name in ("dead", "failed", "timed_out", "snoozed", "released", "lost"):
+            assert _series(metrics.registry, f"aeroqueue_jobs_{name}_total") == {first: 0}, name
+        lists.drop(first, grace_s=0)
+        lists.load(second, [JobSpec("k", {})], seal=True)
+        wait(lambda: _series(metrics.registry, "aeroqueue_jobs_completed_total") == {second: 1})
+        assert _series(metrics.registry, "aeroqueue_jobs_dead_total") == {second: 0}
+    finally:
+        worker.request_stop()
+        thread.join(timeout=30)
+    assert not thread.is_alive()
+
+
 def test_a_failed_acknowledgement_is_counted_once(registered: Backend, list_name: str) -> None:
     """An ack the store failed gives the job back: it was counted released and lost, so
     a worker's outcomes added up to more than it reserved."""
