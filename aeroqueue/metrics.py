@@ -109,9 +109,9 @@ class WorkerMetrics(WorkerObserver):
             "aeroqueue_session_heartbeats", "Session heartbeats, by result (ok, or failed: refused or not answered).",
             ["result"], registry=r,
         )
-        self.last_heartbeat = Gauge(
-            "aeroqueue_session_last_heartbeat_timestamp_seconds", "When the session's last heartbeat succeeded (Unix time).",
-            registry=r,
+        self.last_heartbeat = _Timestamp(
+            "aeroqueue_session_last_heartbeat_timestamp_seconds",
+            "When the session's last heartbeat succeeded (Unix time); no sample before the first.", registry=r,
         )
         for result in ("ok", "failed"):  # both series exist from the start, so rate() sees the first one
             self.heartbeats.labels(result)
@@ -174,6 +174,30 @@ class WorkerMetrics(WorkerObserver):
         self.heartbeats.labels("ok" if ok else "failed").inc()
         if ok:
             self.last_heartbeat.set_to_current_time()
+
+
+class _Timestamp(Collector):
+    """A gauge of a time, with no sample until it is first set. A Gauge's 0 until the
+    first heartbeat (a heartbeat interval at each worker's start) made
+    `time() - aeroqueue_session_last_heartbeat_timestamp_seconds` some 56 years: a
+    stale-heartbeat alert fired, and the dashboard's panel scaled to the spike."""
+
+    def __init__(self, name: str, documentation: str, *, registry: CollectorRegistry) -> None:
+        self.name, self.documentation = name, documentation
+        self.value: float | None = None
+        registry.register(self)
+
+    def set_to_current_time(self) -> None:
+        self.value = time.time()
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(self.name, self.documentation)
+        if self.value is not None:
+            family.add_metric([], self.value)
+        yield family
+
+    def describe(self) -> Iterator[Metric]:  # registered without a first collect
+        yield GaugeMetricFamily(self.name, self.documentation)
 
 
 # -- the store exporter -----------------------------------------------------------------

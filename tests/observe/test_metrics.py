@@ -163,6 +163,20 @@ def test_worker_metrics_count_each_outcome_by_list() -> None:
     assert value(s, "aeroqueue_session_heartbeats_total", result="failed") == 1
 
 
+def test_no_last_heartbeat_time_before_the_first_heartbeat() -> None:
+    """It was 0 until then (a heartbeat interval at each worker's start): time() minus
+    it, the dashboard's panel and a stale-heartbeat alert, said 56 years."""
+    m = WorkerMetrics()
+    name = "aeroqueue_session_last_heartbeat_timestamp_seconds"
+    for beat in (None, False):
+        if beat is not None:
+            m.heartbeat(beat)
+        families = {f.name: f for f in text_string_to_metric_families(generate_latest(m.registry).decode())}
+        assert families[name].type == "gauge" and families[name].samples == [], beat
+    m.heartbeat(True)
+    assert abs((value(parse(generate_latest(m.registry).decode()), name) or 0) - time.time()) < 30
+
+
 def _series(registry: CollectorRegistry, name: str) -> dict[str, float]:
     """list -> value of counter `name`'s series."""
     return {s.labels["list"]: s.value for f in text_string_to_metric_families(generate_latest(registry).decode())
