@@ -462,7 +462,8 @@ def serve(
     registry: CollectorRegistry, port: int, host: str = "127.0.0.1", trusted_hosts: Iterable[str] = (),
     *, option: str = "--trusted-host",
 ) -> Any:
-    """Serve /metrics from `registry` in a daemon thread; returns the HTTP server
+    """Serve /metrics from `registry` (and /healthz: "ok", read from nothing) in a
+    daemon thread; returns the HTTP server
     (`server_port` is the port bound, useful with port 0; `shutdown()` stops it).
 
     Requests whose Host header names none of a loopback name, `host` (unless a
@@ -472,6 +473,8 @@ def serve(
     metrics_app = make_wsgi_app(registry)
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") == HEALTH_PATH:  # "ok" tells no other site anything: any Host
+            return _healthy(start_response)
         host_header = environ.get("HTTP_HOST", "")
         if not trusted.allows(host_header, environ.get(_LOCAL_ADDRESS)):
             body = (trusted.refusal(host_header, "this metrics port") + "\n").encode()
@@ -503,6 +506,20 @@ def serve(
 
 
 _LOCAL_ADDRESS = "aeroqueue.local_address"
+
+# A liveness probe's path: answered without reading the registry, so without a read of
+# the store. Every path was the metrics: a probe of /healthz read every list, and with
+# the store frozen took 3 s, past a kubelet's 1 s default, so the exporter was
+# restarted again and again during a store outage, and its `aeroqueue_store_up 0`
+# went with it. Whether the store answers is `aeroqueue_store_up`'s to say.
+HEALTH_PATH = "/healthz"
+
+
+def _healthy(start_response: Callable[..., Any]) -> Iterable[bytes]:
+    body = b"ok\n"
+    start_response("200 OK", [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body))),
+                              ("Cache-Control", "no-store")])
+    return [body]
 
 
 class _ThreadingServer(ThreadingMixIn, WSGIServer):

@@ -711,6 +711,35 @@ def test_the_bound_address_is_a_name_the_metrics_are_served_as() -> None:
         server.server_close()
 
 
+def test_healthz_answers_at_once_whatever_the_store_and_the_host() -> None:
+    """Every path was the metrics, read from the store: a liveness probe of /healthz took a
+    frozen store's 3 s, past a kubelet's 1 s default, and the exporter was restarted over
+    and over during the outage, its `aeroqueue_store_up 0` with it."""
+    frozen = threading.Event()
+
+    class Frozen:
+        def collect(self) -> Any:
+            frozen.wait(10)  # a scrape of a store that does not answer
+            return iter(())
+
+    registry = CollectorRegistry()
+    registry.register(Frozen())  # type: ignore[arg-type]
+    frozen.set()  # registering collects once
+    frozen.clear()
+    server = serve(registry, 0)
+    try:
+        port = server.server_port
+        for host in (f"127.0.0.1:{port}", f"10.1.2.3:{port}", "rebind.example"):  # a kubelet sends the pod's address
+            started = time.monotonic()
+            status, body = get_as(port, host, path="/healthz")
+            assert (status, body) == (200, "ok\n"), host
+            assert time.monotonic() - started < 1, host
+    finally:
+        frozen.set()
+        server.shutdown()
+        server.server_close()
+
+
 def test_trusted_hosts_rule() -> None:
     """One rule for the dashboard and the metrics ports (aeroqueue.hosts)."""
     assert host_name("[::1]:8420") == "::1" and host_name("Proxy.Example.:443") == "proxy.example"
