@@ -92,8 +92,8 @@ class WorkerMetrics(WorkerObserver):
         self.jobs_lost = jobs("lost", "Outcomes not acknowledged: the claim or the session was lost meanwhile.")
         self._per_list = (self.jobs_reserved, self.jobs_completed, self.jobs_failed, self.jobs_timed_out,
                           self.jobs_dead, self.jobs_snoozed, self.jobs_released, self.jobs_lost)
-        self._followed: set[str] = set()
-        self._follow_lock = threading.Lock()
+        self._worked: set[str] = set()  # lists reserved from: their series exist
+        self._lists_lock = threading.Lock()
         self.handler_seconds = Histogram(
             "aeroqueue_handler_duration_seconds", "Time a handler took on one job, whatever its outcome.",
             buckets=HANDLER_BUCKETS, registry=r,
@@ -124,26 +124,33 @@ class WorkerMetrics(WorkerObserver):
     # -- WorkerObserver -----------------------------------------------------------
 
     def following(self, lists: list[str]) -> None:
-        """Each followed list's counters at 0 from the start, and those of a list no
-        longer followed (dropped, so a pattern no longer matches it) gone. A series
-        that appears with its first increment hides that increment from rate() and
-        increase(): the first dead job of a list, often its only one, never showed.
-        And a worker following a pattern for months kept the series of every list it
-        ever saw, one set a list dropped long ago, to every scrape."""
+        """The series of a list no longer followed (dropped, so that a pattern no longer
+        matches it) go: a worker following a pattern for months kept those of every
+        list it had ever worked on, dropped long ago, in every scrape."""
         now = set(lists)
-        with self._follow_lock:
-            for name in now - self._followed:
+        with self._lists_lock:
+            self._worked &= now
+            for counter in self._per_list:
+                for family in counter.collect():
+                    for name in {s.labels["list"] for s in family.samples} - now:
+                        counter.remove(name)
+
+    def _first_reservation(self, list_name: str) -> None:
+        """All of a list's counters at 0 from its first reservation here: a series that
+        appears with its first increment hides that increment from rate() and
+        increase(), and a list's first dead job, often its only one, never showed."""
+        with self._lists_lock:
+            if list_name not in self._worked:
+                self._worked.add(list_name)
                 for counter in self._per_list:
-                    counter.labels(name)
-            for name in self._followed - now:
-                for counter in self._per_list:
-                    counter.remove(name)
-            self._followed = now
+                    counter.labels(list_name)
 
     def reserve_latency(self, list_name: str, seconds: float) -> None:
         self.reserve_seconds.observe(seconds)
 
     def reserved(self, list_name: str, n: int) -> None:
+        if list_name not in self._worked:
+            self._first_reservation(list_name)
         self.jobs_reserved.labels(list_name).inc(n)
 
     def handler_duration(self, list_name: str, seconds: float) -> None:

@@ -157,7 +157,8 @@ def test_worker_metrics_count_each_outcome_by_list() -> None:
                 ("a", "timed_out"): 1, ("a", "snoozed"): 1, ("b", "reserved"): 1, ("b", "completed"): 1, ("b", "released"): 1}
     for (lst, name), n in expected.items():
         assert value(s, f"aeroqueue_jobs_{name}_total", list=lst) == n, (lst, name)
-    assert value(s, "aeroqueue_jobs_dead_total", list="b") is None
+    assert value(s, "aeroqueue_jobs_dead_total", list="b") == 0  # there from b's first reservation
+    assert value(s, "aeroqueue_jobs_dead_total", list="c") is None  # never reserved from: no series
     assert value(s, "aeroqueue_worker_jobs_in_flight") == 3
     assert value(s, "aeroqueue_session_heartbeats_total", result="ok") == 1
     assert value(s, "aeroqueue_session_heartbeats_total", result="failed") == 1
@@ -183,17 +184,19 @@ def _series(registry: CollectorRegistry, name: str) -> dict[str, float]:
             for s in f.samples if s.name == name}
 
 
-def test_a_workers_counters_are_there_from_the_start_and_go_with_a_dropped_list(
+def test_a_workers_counters_are_there_from_a_lists_first_reservation_and_go_with_the_list(
     registered: Backend, list_name: str,
 ) -> None:
     """A series that appeared with its first increment hid it from rate()/increase(): a
     list's first dead job, often its only one, never showed on the dashboard or in an
     alert. And a worker following a pattern kept the series of every list it had ever
-    seen: dropped lists' series stayed in every scrape for the life of the process."""
+    worked on: dropped lists' series stayed in every scrape for the life of the process.
+    A list followed but never reserved from (none loaded yet) has none: a worker's
+    series are per list it works on, times the workers."""
     lists, first, second = JobLists(registered), f"{list_name}-a", f"{list_name}-b"
     lists.load(first, [JobSpec(f"j{i}", {}) for i in range(2)], seal=True)
     metrics = WorkerMetrics()
-    worker = Worker(registered, lambda job: "ok", [f"{list_name}-*"], observer=metrics, ack_linger_s=0,
+    worker = Worker(registered, lambda job: "ok", [f"{list_name}-*", f"{list_name}.none"], observer=metrics, ack_linger_s=0,
                     interval_s=0.2, expiry_s=2, refresh_lists_s=0.1)
     thread = threading.Thread(target=worker.run, kwargs={"install_signals": False}, daemon=True)
     thread.start()
