@@ -481,7 +481,7 @@ def serve(
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         if environ.get("PATH_INFO") == HEALTH_PATH:  # "ok" tells no other site anything: any Host
-            return _healthy(start_response)
+            return _healthy(start_response, head=environ.get("REQUEST_METHOD") == "HEAD")
         host_header = environ.get("HTTP_HOST", "")
         if not trusted.allows(host_header, environ.get(_LOCAL_ADDRESS)):
             body = (trusted.refusal(host_header, "this metrics port") + "\n").encode()
@@ -522,11 +522,14 @@ _LOCAL_ADDRESS = "aeroqueue.local_address"
 HEALTH_PATH = "/healthz"
 
 
-def _healthy(start_response: Callable[..., Any]) -> Iterable[bytes]:
+def _healthy(start_response: Callable[..., Any], *, head: bool = False) -> Iterable[bytes]:
+    """200 "ok"; to a HEAD (a load balancer's check) the headers alone: wsgiref sends
+    whatever body it is given, which a client keeping the connection reads as the
+    start of its next answer."""
     body = b"ok\n"
     start_response("200 OK", [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body))),
                               ("Cache-Control", "no-store")])
-    return [body]
+    return [] if head else [body]
 
 
 class _ThreadingServer(ThreadingMixIn, WSGIServer):

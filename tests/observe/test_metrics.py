@@ -737,6 +737,12 @@ def test_healthz_answers_at_once_whatever_the_store_and_the_host() -> None:
             status, body = get_as(port, host, path="/healthz")
             assert (status, body) == (200, "ok\n"), host
             assert time.monotonic() - started < 1, host
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:  # a HEAD: the headers only
+            sock.sendall(b"HEAD /healthz HTTP/1.0\r\nHost: localhost\r\n\r\n")
+            answer = b""
+            while chunk := sock.recv(4096):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.0 200") and answer.endswith(b"\r\n\r\n"), answer
     finally:
         frozen.set()
         server.shutdown()
