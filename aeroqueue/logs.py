@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import sys
 
@@ -99,17 +100,24 @@ class _Stderr(logging.StreamHandler):
         return sys.stderr
 
 
+ENV_LOG_FORMAT = "AEROQUEUE_LOG_FORMAT"
+
+
 def default_command_logging() -> None:
     """Warnings and errors as text lines (time, level, message, fields) for a command
     that sets up no logging of its own: without a handler, Python prints the bare
-    message, with neither its level nor the job it names. Leaves alone a process where
-    anyone configured logging already (an embedding app, a test runner, the worker)."""
+    message, with neither its level nor the job it names. JSON lines when
+    AEROQUEUE_LOG_FORMAT says json, as for the worker: the compose stack sets it for
+    every service, and the exporter's, the dashboard's and the sync's lines reached a
+    JSON log pipeline as text. Leaves alone a process where anyone configured logging
+    already (an embedding app, a test runner, the worker)."""
     root = logging.getLogger("aeroqueue")
     if root.handlers or logging.getLogger().handlers:
         return
     handler = _Stderr()
     handler.setLevel(logging.WARNING)
-    handler.setFormatter(TextLines())
+    json_lines = os.environ.get(ENV_LOG_FORMAT, "").strip().lower() == "json"
+    handler.setFormatter(JsonLines() if json_lines else TextLines())
     root.addHandler(handler)
 
 

@@ -5,6 +5,7 @@ audited against the store job by job; the exporter's per-list gauges against
 from __future__ import annotations
 
 import http.client
+import json
 import logging
 import re
 import socket
@@ -859,3 +860,27 @@ def test_an_exporter_whose_store_did_not_answer_connects_later_and_no_scrape_wai
     assert warned.count("store not usable: serving aeroqueue_store_up 0 until it answers") == 1, warned
     said = [getattr(r, "error", "") for r in caplog.records if r.levelno == logging.WARNING]
     assert "RuntimeError: the client's own" in said, said
+
+
+def test_the_exporters_log_lines_are_json_when_the_log_format_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """AEROQUEUE_LOG_FORMAT=json (set for every service of the compose stack) made only
+    the worker's lines JSON: the exporter's, the dashboard's and the sync's reached the
+    JSON log pipeline as text, which it could not parse or filter by event."""
+    monkeypatch.setenv("AEROQUEUE_LOG_FORMAT", "json")
+    port, log = free_port(), tmp_path / "exporter.log"
+    nowhere = f"aerospike://admin:pw-{free_port()}@127.0.0.1:{free_port()}/test"  # nothing listens there
+    proc = spawn(["--url", nowhere, "metrics", "--port", str(port), "--connect-every", "1"], log)
+    try:
+        samples = wait_for(f"http://127.0.0.1:{port}/metrics", proc, log)
+        assert value(samples, "aeroqueue_store_up") == 0
+    finally:
+        assert stop(proc) == 0, log.read_text()[-3000:]
+    lines = [line for line in log.read_text().splitlines() if line.startswith(("{", "20"))]  # not the banner
+    assert lines, log.read_text()
+    for line in lines:
+        entry = json.loads(line)
+        assert {"ts", "level", "msg", "event"} <= set(entry), entry
+    assert any(json.loads(line)["event"] == "store_unreachable" for line in lines), lines
+    assert ":pw-" not in log.read_text()
