@@ -185,10 +185,11 @@ class ListSelector:
                 if w is not None:
                     wanted[name] = w
         self._matched = {n for n in wanted if any(s.is_pattern and fnmatch.fnmatchcase(n, s.name) for s in self.specs)}
+        # Before the removals: a list dropped, and none new, is a change too.
+        changed = set(wanted) != set(self._states)
         for name in list(self._states):
             if name not in wanted:
                 del self._states[name]
-        changed = set(wanted) != set(self._states)
         for name, w in wanted.items():
             st = self._states.get(name)
             if st is None:
