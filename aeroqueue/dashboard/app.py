@@ -37,7 +37,7 @@ from ..errors import AeroqueueError, BackendError, ListNotFound, ListReplaced, S
 from ..hosts import TrustedHosts
 from ..keys import INT64, InvalidName, check_list_name
 from ..logs import visible
-from .data import PageReads, Store, format_ms, now_ms
+from .data import PageReads, Store, clip, format_ms, now_ms, tail
 
 ENV_SECRET = "AEROQUEUE_DASHBOARD_SECRET"
 REFRESH_S = 5.0  # the pages re-read the store this often (dashboard.js); 0: never
@@ -124,6 +124,8 @@ def create_app(
     app.add_template_filter(format_ms, "time")
     app.add_template_filter(_percent, "percent")
     app.add_template_filter(_pretty, "pretty")
+    app.add_template_filter(clip, "clip")
+    app.add_template_filter(tail, "tail")
 
     @app.after_request
     def _headers(resp: Response) -> Response:
@@ -166,7 +168,8 @@ def create_app(
     def list_page(name: str) -> str:
         row = data.list_row(name)  # the page's subject: if it does not answer, 503
         reads = PageReads(data.backend)
-        dead = reads.read("dead jobs", functools.partial(data.dead_jobs, name))
+        # A page of the dead jobs at a time, past the token `after` (the "next" link's).
+        dead = reads.read("dead jobs", functools.partial(data.dead_jobs, name, after=_after()))
         return render_template("list.html", row=row, dead=dead, searched=request.args.get("id", "")[:FIND_ID_SHOWN])
 
     @app.get("/lists/<name>/jobs/<int:token>")
@@ -270,6 +273,14 @@ def _local_address(environ: dict[str, Any]) -> str | None:
 # (19 digits), which the store's records hold.
 _STAMP = re.compile(r"-?[0-9]{1,19}")
 FIND_ID_SHOWN = 200  # characters of a searched-for id put back in the search box
+
+
+def _after() -> int | None:
+    """The token a list page's dead jobs start past (`?after=`), None for the first
+    page: also for a value that is no token (the page a link of another site asks
+    for is the first, not an error)."""
+    text = request.args.get("after", "")
+    return int(text) if re.fullmatch(r"[0-9]{1,19}", text) and int(text) <= INT64[1] else None
 
 
 def shown_stamp() -> int | None:

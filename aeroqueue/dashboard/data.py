@@ -43,20 +43,24 @@ from ..lists import DROPPED, JobLists, ListStatus, is_tombstone
 
 log = logging.getLogger("aeroqueue.dashboard")
 
-DEAD_PAGE = 100  # dead jobs shown per list page
+# Dead jobs shown per list page, in token order; the page links to the next ones
+# (`dead_jobs`' `after`). It showed 100, each with its whole error history: 1 MB
+# a page for a list whose jobs died of 5 attempts' tracebacks, fetched again at
+# every refresh (5 s) of every open page.
+DEAD_PAGE = 50
 DEAD_CHUNKS_READ = 4  # dead bitmap chunks (8 KiB each) read a call while looking for dead jobs
 # Bins that may hold a job's earlier errors (newest last), besides `err` (the last one).
 HISTORY_BINS = ("errs", "errors", "err_hist")
-# What a dead job's row shows (_macros.html, dead_row): never the payload or the result,
-# which may fill the record; the overview and each list page re-read up to 100 of
-# these every few seconds per open page.
+# What a dead job's row shows (_macros.html, dead_row), on the overview and the list
+# pages alike: its last error, never its history (up to 10 errors of 4 KB: the job
+# page shows it), nor the payload or the result, which may fill the record. Each
+# open page reads these again every few seconds. The overview ranks up to 20 dead
+# jobs of every list by their time of death from two bins (DEAD_RANK_BINS), then
+# reads the rows of the 50 it shows: read whole, 300 lists' histories of 4 KB errors
+# took half a gigabyte a view (a helper's audit).
 # The stamp ("c") goes into each row's kick form (a page older than a drop and a load).
-DEAD_ROW_BINS = ["state", "jid", "att", "max_att", "done_at", "err", "c", *HISTORY_BINS]
-# The overview's rows: the last error only (the list and job pages show the history).
-# It ranks up to 20 dead jobs of every list by their time of death from these two
-# bins, then reads the rows of the 50 it shows: read whole, 300 lists' histories of
-# 4 KB errors took half a gigabyte a view (a helper's audit).
-OVERVIEW_ROW_BINS = ["state", "jid", "att", "max_att", "done_at", "err", "c"]
+DEAD_ROW_BINS = ["state", "jid", "att", "max_att", "done_at", "err", "c"]
+OVERVIEW_ROW_BINS = DEAD_ROW_BINS
 DEAD_RANK_BINS = ["state", "done_at"]
 
 # What a node that does not answer (frozen, overloaded, cut off) makes a read raise:
@@ -159,6 +163,11 @@ class JobView:
     def last_error(self) -> ErrorEntry | None:
         return self.errors[-1] if self.errors else None
 
+    @property
+    def attempts(self) -> int:
+        att = self.bins.get("att")
+        return att if isinstance(att, int) and not isinstance(att, bool) else 0
+
 
 def now_ms() -> int:
     return int(time.time() * 1000)
@@ -169,6 +178,35 @@ def format_ms(ms: Any) -> str:
     if not isinstance(ms, (int, float)) or isinstance(ms, bool) or ms <= 0:
         return ""
     return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+
+
+# A dead job's row shows its last error's message and the end of its traceback, no
+# more (the job page shows each error whole): an error may hold 4 KB, and a page
+# 50 rows, re-read every few seconds.
+ROW_MESSAGE_CHARS = 300
+ROW_TRACEBACK_CHARS = 1200
+
+
+def clip(text: str, limit: int = ROW_MESSAGE_CHARS) -> str:
+    """`text`'s first `limit` characters, and an ellipsis if it is longer."""
+    return text if len(text) <= limit else text[:limit].rstrip() + " …"
+
+
+def tail(text: str, limit: int = ROW_TRACEBACK_CHARS) -> str:
+    """The last whole lines of `text` that fit in `limit` characters (its last line
+    cut to them if it alone does not), after a line saying how many lines are left
+    out: a traceback's end, where it says what failed."""
+    if len(text) <= limit:
+        return text
+    lines = text.splitlines()
+    kept: list[str] = []
+    size = 0
+    for line in reversed(lines):
+        if kept and size + len(line) + 1 > limit:
+            break
+        kept.append(line if len(line) <= limit else "…" + line[-limit:])
+        size += len(line) + 1
+    return f"[{len(lines) - len(kept)} earlier line(s): the job's page shows them]\n" + "\n".join(reversed(kept))
 
 
 def split_error(text: str) -> tuple[str, str | None]:
@@ -269,6 +307,16 @@ class PageReads:
             self.error = error
             log.warning(f"{part}: not read; the page's other reads get {AFTER_TIMEOUT_MS} ms each",
                         extra={"event": "page_partial", "error": str(error)})
+
+
+@dataclass(frozen=True)
+class DeadPage:
+    """One page of a list's dead jobs, in token order (`Store.dead_jobs`)."""
+
+    jobs: list[JobView]  # fewer than `limit` when a job's dead bit lags its kick
+    limit: int  # dead jobs a page
+    after: int | None  # the page holds the dead jobs past this token (None: from the first)
+    next_after: int | None  # the next page's `after`; None: no dead job past this page's
 
 
 @dataclass
@@ -490,13 +538,19 @@ class Store:
         return [JobView(name, t, got, error_history(got)) for t, got in self._dead(name, tokens, bins)]
 
     @_bounded
-    def dead_jobs(self, name: str, limit: int = DEAD_PAGE) -> list[JobView]:
-        """Up to `limit` dead jobs of a list, in token order, found from its dead bitmap."""
-        return self.dead_rows(name, self._dead_tokens(name, limit), DEAD_ROW_BINS)
+    def dead_jobs(self, name: str, limit: int | None = None, after: int | None = None) -> DeadPage:
+        """Up to `limit` (DEAD_PAGE) dead jobs of a list past token `after` (None: from
+        the first), in token order, found from its dead bitmap: one page of them, and
+        where the next starts. What a page costs follows `limit`, not the list's size."""
+        limit = DEAD_PAGE if limit is None else limit
+        tokens = self._dead_tokens(name, limit + 1, after)  # one more: is there a next page?
+        shown = tokens[:limit]
+        return DeadPage(self.dead_rows(name, shown, DEAD_ROW_BINS), limit, after,
+                        shown[-1] if len(tokens) > limit else None)
 
-    def _dead_tokens(self, name: str, limit: int) -> list[int]:
+    def _dead_tokens(self, name: str, limit: int, after: int | None = None) -> list[int]:
         head = self.lists.header(name)
-        return dead_tokens(self.backend, name, head["alloc"], limit, head["created"])
+        return dead_tokens(self.backend, name, head["alloc"], limit, head["created"], after)
 
     def _dead(self, name: str, tokens: list[int], bins: list[str]) -> list[tuple[int, dict[str, Any]]]:
         """(token, bins) of those of these jobs that are dead: a bitmap's bit may lag a
@@ -552,24 +606,31 @@ def _sessions_order(rows: list[SessionRow]) -> list[SessionRow]:
     return sorted(rows, key=lambda r: (r.host, r.started or 0, r.id))
 
 
-def dead_tokens(backend: Backend, name: str, alloc: int, limit: int, created: int | None = None) -> list[int]:
-    """Tokens whose bit is set in a list's dead bitmap, lowest first, at most `limit`
-    (in the chunks of the list made at `created`: `keys.bitmap_of`).
-    The chunks are read a few at a time until `limit` are found: the overview asks
-    this of every list with dead jobs, and a list of a million jobs has 16 chunks."""
+def dead_tokens(
+    backend: Backend, name: str, alloc: int, limit: int, created: int | None = None, after: int | None = None,
+) -> list[int]:
+    """Tokens whose bit is set in a list's dead bitmap, lowest first, at most `limit`,
+    past token `after` if given (in the chunks of the list made at `created`:
+    `keys.bitmap_of`). The chunks are read a few at a time, from the one that holds
+    `after`, until `limit` are found: the overview asks this of every list with
+    dead jobs, and a list of a million jobs has 16 chunks."""
     n_chunks = -(-alloc // keys.BITS_PER_CHUNK)
+    start = 0 if after is None else max(0, after + 1)
     out: list[int] = []
-    for first in range(0, n_chunks, DEAD_CHUNKS_READ):
+    for first in range(start // keys.BITS_PER_CHUNK, n_chunks, DEAD_CHUNKS_READ):
         chunks = range(first, min(n_chunks, first + DEAD_CHUNKS_READ))
         recs = backend.batch_get(keys.DONE_SET, [keys.chunk_name(name, c) for c in chunks], bins=["dead", "c"])
         for chunk, rec in zip(chunks, (keys.bitmap_of(r, created) for r in recs), strict=True):
             data = bytes(rec.bins.get("dead") or b"") if rec is not None else b""
-            for i, byte in enumerate(data):
+            base = chunk * keys.BITS_PER_CHUNK
+            for i in range(max(0, start - base) // 8, len(data)):
+                byte = data[i]
                 if not byte:
                     continue
                 for bit in range(8):
-                    if byte & (0x80 >> bit):
-                        out.append(chunk * keys.BITS_PER_CHUNK + i * 8 + bit)
+                    token = base + i * 8 + bit
+                    if byte & (0x80 >> bit) and token >= start:
+                        out.append(token)
                         if len(out) >= limit:
                             return out
     return out

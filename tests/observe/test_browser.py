@@ -157,6 +157,62 @@ def test_the_live_refresh_leaves_a_control_under_the_pointer_alone(browser: Any,
         browser.get("about:blank")
 
 
+def test_a_list_pages_dead_jobs_page_by_page(
+    browser: Any, registered: Backend, list_name: str, monkeypatch: pytest.MonkeyPatch,
+    screenshot_dir: Callable[[str], Path] | None,
+) -> None:
+    """A list page shows a page of its dead jobs at a time (DEAD_PAGE; 2 here), in token
+    order, and says which of how many: "next" leads to the following ones, "first"
+    back. An open page keeps its place at each refresh, and shows there a job that
+    dies since."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from aeroqueue.dashboard import data as dashboard_data
+
+    monkeypatch.setattr(dashboard_data, "DEAD_PAGE", 2)
+    lists, queue = JobLists(registered), Queue(registered)
+    lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(6)], max_attempts=1, seal=True)
+    with Session.open(registered, heartbeat=False) as session:
+        for job in queue.reserve(list_name, session, 5):
+            queue.fail(job, f"RuntimeError: job {job.token} broke")
+    tokens = "return [...document.querySelectorAll('tr.dead-job')].map(r => Number(r.dataset.token))"
+
+    def rows(expected: list[int]) -> None:
+        WebDriverWait(browser, 10).until(lambda drv: drv.execute_script(tokens) == expected,
+                                         f"the rows never were those of tokens {expected}")
+
+    browser.get("about:blank")
+    browser.get_log("browser")
+    with serving(create_app(registered, secret_key="browser-test", refresh_s=0.5)) as base:
+        browser.get(f"{base}/lists/{list_name}")
+        wait_text(browser, "#dead-pager", "Showing 2 of 5 dead jobs: tokens 0 to 1")
+        rows([0, 1])
+        assert not browser.find_elements("css selector", "#dead-first")
+        click(browser, "#dead-next")
+        rows([2, 3])
+        assert browser.current_url.endswith(f"/lists/{list_name}?after=1"), browser.current_url
+        wait_text(browser, 'tr.dead-job[data-token="3"]', "RuntimeError: job 3 broke")
+        if screenshot_dir:
+            browser.save_screenshot(str(screenshot_dir("list-page-2")))
+        click(browser, "#dead-next")
+        rows([4])
+        assert not browser.find_elements("css selector", "#dead-next")
+        # The last job dies meanwhile: the open page shows it in its place at a refresh
+        # (once the pointer leaves the link it clicked: the page waits while it rests there).
+        point_at(browser, "header.top")
+        with Session.open(registered, heartbeat=False) as session:
+            (job,) = queue.reserve(list_name, session, 1)
+            queue.fail(job, "RuntimeError: the last one broke")
+        rows([4, 5])
+        wait_text(browser, "#dead-pager", "Showing 2 of 6 dead jobs: tokens 4 to 5")
+        click(browser, "#dead-first")
+        rows([0, 1])
+        assert browser.current_url.endswith(f"/lists/{list_name}"), browser.current_url
+        severe = [e for e in browser.get_log("browser") if e.get("level") == "SEVERE"]
+        browser.get("about:blank")
+    assert not severe, f"the browser reported errors: {severe}"
+
+
 def counting_pages(app: Any, hold: Callable[[int], None]) -> dict[str, int]:
     """Wrap `app` so that each page request (not its static files) is counted: how many
     so far ("seen"), at once now and at most; `hold(seen)` runs before it is answered

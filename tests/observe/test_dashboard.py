@@ -21,7 +21,7 @@ from flask.testing import FlaskClient
 from aeroqueue import errors, keys
 from aeroqueue.backends import Backend
 from aeroqueue.dashboard import create_app
-from aeroqueue.dashboard.data import DEAD_CHUNKS_READ, Store, dead_tokens, error_history
+from aeroqueue.dashboard.data import DEAD_CHUNKS_READ, DEAD_PAGE, Store, dead_tokens, error_history
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Queue
@@ -550,6 +550,89 @@ def test_dead_job_rows_read_no_payload(
         assert "job-6" in page and "ValueError: <bad> input 6" in page and "1/1" in page, path
     assert read, "the dead jobs were read"
     assert not [b for b in read if "payload" in b], "a dead job's row read its payload"
+
+
+def dead_rows_of(page: str) -> list[int]:
+    """The tokens of a page's dead-job rows, in their order."""
+    return [int(t) for t in re.findall(r'<tr class="dead-job" data-token="(\d+)"', page)]
+
+
+def test_a_list_page_shows_a_page_of_dead_jobs_each_with_its_last_error_only(
+    app: Flask, registered: Backend, list_name: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A list page showed 100 dead jobs, each with its whole error history (up to 10
+    errors of 4 KB, read from the store too): 1 MB for a list of 200,000 jobs whose
+    1,000 dead ones died of 5 attempts' tracebacks, fetched again at every refresh of
+    every open page. It shows a page of DEAD_PAGE, in token order, each row with its
+    last error's message and the end of its traceback; a link leads to the next page,
+    the job's page to every attempt's error. What a page costs does not grow with the
+    dead jobs: its size, the job records read, the round trips."""
+    lists, queue = JobLists(registered), Queue(registered)
+    n = DEAD_PAGE + 5
+    lists.load(list_name, [JobSpec(f"j{i}", {}) for i in range(n)], max_attempts=3, backoff_s=0, seal=True)
+    with Session.open(registered, heartbeat=False) as session:
+        for _ in range(3):  # three failures each, of 4 KB (what a job's history keeps of an error)
+            for job in queue.reserve(list_name, session, n):
+                queue.fail(job, f"HistError: job {job.token} failed\nTraceback (most recent call last):\n"
+                                + "".join(f'  File "h.py", line {i}, in f\n    g()\n' for i in range(200)))
+    assert lists.status(list_name).dead == n
+    reads: list[tuple[int, tuple[str, ...]]] = []
+    real = registered.batch_get
+
+    def spy(set_name: str, names: list[str], *args: Any, **kw: Any) -> Any:
+        if set_name == keys.JOB_SET:
+            reads.append((len(names), tuple(kw.get("bins") or ())))
+        return real(set_name, names, *args, **kw)
+
+    monkeypatch.setattr(registered, "batch_get", spy)
+    client = app.test_client()
+    trips = registered.round_trips
+    first = client.get(f"/lists/{list_name}")
+    trips = registered.round_trips - trips
+    page = text(first)
+    assert dead_rows_of(page) == list(range(DEAD_PAGE)), dead_rows_of(page)
+    assert len(first.get_data()) < 200_000, f"{len(first.get_data()):,} bytes for {DEAD_PAGE} dead jobs"
+    assert page.count("HistError: job ") == DEAD_PAGE, "each row with its last error, none of the earlier ones"
+    assert f'href="/lists/{list_name}/jobs/7#errors"' in page, "the job's page has every attempt's error"
+    assert "earlier line(s): the job's page shows them" in page, "the end of each traceback"
+    assert reads and all("errs" not in bins and "payload" not in bins for _, bins in reads), reads
+    assert sum(k for k, _ in reads) <= DEAD_PAGE, reads
+    # The next page: the rest, a link back to the first, none further.
+    pager = re.search(r'<p class="pager" id="dead-pager">(.*?)</p>', page, re.S)
+    assert pager and f"Showing {DEAD_PAGE} of {n} dead jobs: tokens 0 to {DEAD_PAGE - 1}" in " ".join(pager.group(1).split())
+    after = re.search(r'<a href="([^"]+)" id="dead-next" rel="next">next', page)
+    assert after and after.group(1) == f"/lists/{list_name}?after={DEAD_PAGE - 1}", pager.group(1)
+    trips2 = registered.round_trips
+    second = text(client.get(after.group(1)))
+    trips2 = registered.round_trips - trips2
+    assert dead_rows_of(second) == list(range(DEAD_PAGE, n))
+    assert 'id="dead-first"' in second and 'id="dead-next"' not in second
+    # A list of a few jobs costs its page the same round trips.
+    small = f"{list_name}-small"
+    lists.load(small, [JobSpec("a", {})], max_attempts=1, seal=True)
+    with Session.open(registered, heartbeat=False) as session:
+        (job,) = queue.reserve(small, session, 1)
+        queue.fail(job, "boom")
+    assert lists.status(small).complete  # marked so (a step of its own) before the page is read
+    trips_small = registered.round_trips
+    assert dead_rows_of(text(client.get(f"/lists/{small}"))) == [0]
+    assert trips == trips2 == registered.round_trips - trips_small, (trips, trips2, registered.round_trips - trips_small)
+    # A page past the last dead job, or an `after` that is no token: nothing past it, or the first page.
+    assert dead_rows_of(text(client.get(f"/lists/{list_name}?after={n + 10}"))) == []
+    for bad in ("-1", "x", "99999999999999999999"):
+        assert dead_rows_of(text(client.get(f"/lists/{list_name}?after={bad}")))[:1] == [0], bad
+    lists.drop(small, grace_s=0)
+
+
+def test_dead_jobs_are_found_past_a_token(registered: Backend, list_name: str) -> None:
+    """A list page's next page starts past the last token of the one before: in the
+    chunk that holds it, not from the first."""
+    set_bits(registered, list_name, [3, 9, 10, 70_000, 70_001], "dead", 1)
+    assert dead_tokens(registered, list_name, 70_002, 2, after=3) == [9, 10]
+    assert dead_tokens(registered, list_name, 70_002, 10, after=10) == [70_000, 70_001]
+    assert dead_tokens(registered, list_name, 70_002, 10, after=70_000) == [70_001]
+    assert dead_tokens(registered, list_name, 70_002, 10, after=70_001) == []
+    assert dead_tokens(registered, list_name, 70_002, 3, after=None) == [3, 9, 10]
 
 
 def test_error_history_bins_are_shown(app: Flask, registered: Backend, dead_list: tuple[str, Session]) -> None:
