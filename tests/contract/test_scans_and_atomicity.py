@@ -6,6 +6,7 @@ import contextlib
 import itertools
 import multiprocessing as mp
 import time
+from typing import Any
 
 import aerospike
 import pytest
@@ -13,7 +14,7 @@ from aerospike import exception as aex
 from aerospike_helpers import expressions as xp
 from aerospike_helpers.operations import operations as op
 
-from aeroqueue import errors
+from aeroqueue import errors, keys
 from aeroqueue.backends import Backend, open_backend
 
 from .conftest import MODULE
@@ -93,6 +94,44 @@ def test_secondary_index_finds_exactly_the_matching_records(backend: Backend, se
     assert "r1" in {n for n, _ in backend.find(set_name, "owner", "s2")}
     small = xp.LT(xp.IntBin("n"), 20).compile()
     assert sorted(n for n, _ in backend.find(set_name, "owner", "s1", expression=small)) == ["r10", "r13", "r16", "r19"]
+
+
+def test_a_numeric_index_finds_a_range_in_one_query(backend: Backend, set_name):
+    """A numeric index holds a bin's integers only (a string, a missing bin: no entry);
+    `find_between` takes both ends; a range with no such index is refused (201). What
+    the dashboard counts every session's claims with (the claims' deadlines, `dl`)."""
+    index = f"{set_name}_dl"
+    for i, value in enumerate([-5, 0, 7, 10, 11, "10", None, 2**62]):
+        backend.put(set_name, f"r{i}", {"dl": value, "sess": f"s{i % 2}"})
+    with pytest.raises(errors.BackendError) as refused:
+        backend.find_between(set_name, "dl", 0, 10)
+    assert refused.value.code == 201, refused.value
+    try:
+        assert backend.create_index(set_name, "dl", index, kind="numeric") is True
+        assert backend.create_index(set_name, "dl", index, kind="numeric") is False  # already there, nothing sent
+        assert backend.indexes()[index] == (set_name, "dl", "numeric")
+
+        def between(low: int, high: int, **kw: Any) -> list[str]:
+            return sorted(n for n, _ in backend.find_between(set_name, "dl", low, high, **kw))
+
+        for _ in range(50):  # a real server builds a new index in the background
+            with contextlib.suppress(errors.BackendError):
+                if between(*keys.INT64) == ["r0", "r1", "r2", "r3", "r4", "r7"]:
+                    break
+            time.sleep(0.1)
+        assert between(*keys.INT64) == ["r0", "r1", "r2", "r3", "r4", "r7"]
+        assert between(0, 10) == ["r1", "r2", "r3"], "both ends in; the string '10' is not indexed"
+        assert between(-5, -5) == ["r0"] and between(12, 2**62 - 1) == []
+        backend.put(set_name, "r2", {"dl": None})  # leaves the index
+        backend.put(set_name, "r5", {"dl": 3})  # joins it
+        even = xp.Eq(xp.StrBin("sess"), "s0").compile()
+        assert between(0, 10) == ["r1", "r3", "r5"]
+        assert between(*keys.INT64, expression=even) == ["r0", "r4"]
+        got = dict(backend.find_between(set_name, "dl", 3, 3, bins=["sess"]))
+        assert list(got) == ["r5"] and got["r5"].bins == {"sess": "s1"}
+    finally:
+        with contextlib.suppress(aex.AerospikeError):
+            backend.client.index_remove(backend.namespace, index)
 
 
 def test_index_creation_answers_as_the_server_does(backend: Backend, set_name):

@@ -818,11 +818,17 @@ class EmbeddedClient:
         return 0
 
     def _index_name(self, set_name: str | None, predicate: tuple) -> tuple[str, Any]:
-        """The index an equality predicate uses, and the value it looks up."""
-        kind, bin_name, value = predicate[0], predicate[2], predicate[3]
-        if kind != 0:
-            raise NotImplementedError("embedded backend: only equality predicates (predicates.equals) are implemented")
-        index_type = "string" if isinstance(value, str) else "numeric"
+        """The index a predicate uses, and the value it looks up: an equality's
+        (`predicates.equals`), or an integer range's (`predicates.between`: low, high)."""
+        kind, bin_name = predicate[0], predicate[2]
+        if kind == 0:
+            value: Any = predicate[3]
+            index_type = "string" if isinstance(value, str) else "numeric"
+        elif kind == 1 and all(isinstance(v, int) and not isinstance(v, bool) for v in predicate[3:5]):
+            value, index_type = (predicate[3], predicate[4]), "numeric"
+        else:
+            raise NotImplementedError("embedded backend: only predicates.equals and an integer predicates.between "
+                                      "are implemented")
         with self._storage.read() as db:
             found = db.execute(
                 "SELECT name FROM sindexes WHERE ns = ? AND set_name = ? AND bin = ? AND type = ?",
@@ -854,7 +860,10 @@ class EmbeddedClient:
             # Through the secondary index: the cost follows the matches, not the set.
             index, value = self._index_name(set_name, predicate)
             source = "sindex_entries e JOIN records r ON r.ns = e.ns AND r.digest = e.digest"
-            where, params = "e.ns = ? AND e.name = ? AND e.value = ?", [self.namespace, index, value]
+            if isinstance(value, tuple):  # a range, both ends in (as the server's)
+                where, params = "e.ns = ? AND e.name = ? AND e.value BETWEEN ? AND ?", [self.namespace, index, *value]
+            else:
+                where, params = "e.ns = ? AND e.name = ? AND e.value = ?", [self.namespace, index, value]
         else:
             source = "records r"
             where, params = "r.ns = ?", [self.namespace]
@@ -946,7 +955,8 @@ class EmbeddedQuery:
         self._bins = list(bins)
 
     def where(self, predicate: tuple, *rest: Any) -> None:
-        """An equality predicate on a bin with a secondary index (`aerospike.predicates.equals`)."""
+        """A predicate on a bin with a secondary index: `aerospike.predicates.equals`, or
+        `predicates.between` on integers."""
         if rest:
             raise NotImplementedError("embedded backend: Query.where takes one predicate")
         self._predicate = predicate
