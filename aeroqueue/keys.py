@@ -40,6 +40,9 @@ SWEEP_GATE = "sweep_v1"
 LOST_TAKE_MARK = "lost_take_v1"
 
 SESS_INDEX = "aq_job_sess"  # secondary index on aq_job.sess: a session's claims
+# Numeric secondary index on aq_job.dl, the claim's deadline, which a job holds only
+# while claimed: every session's claims in one query (the dashboard's sessions).
+CLAIMS_INDEX = "aq_job_dl"
 
 BITS_PER_CHUNK = 1 << 16  # 8 KiB of bits per bitmap record
 

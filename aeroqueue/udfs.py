@@ -76,8 +76,10 @@ def status(backend: Backend) -> list[ModuleStatus]:
     return out
 
 
-# Secondary indexes the client relies on: (set, bin, index name).
-INDEXES = [(keys.JOB_SET, "sess", keys.SESS_INDEX)]
+# Secondary indexes the client relies on: (set, bin, index name, type). A store
+# without the claims index still works: the dashboard then reads each session's
+# claims with a query of its own (aeroqueue.dashboard.data).
+INDEXES = [(keys.JOB_SET, "sess", keys.SESS_INDEX, "string"), (keys.JOB_SET, "dl", keys.CLAIMS_INDEX, "numeric")]
 
 
 @dataclass(frozen=True)
@@ -103,9 +105,9 @@ def register(backend: Backend, *, wait_s: float = 10.0, force: bool = False) -> 
     wait for them can time out: they are repeated then."""
     present = backend.indexes()
     created = []
-    for set_name, bin_name, index_name in INDEXES:
-        if present.get(index_name) != (set_name, bin_name, "string") and retry_in_doubt(
-            functools.partial(backend.create_index, set_name, bin_name, index_name), deadline_s=wait_s * 3
+    for set_name, bin_name, index_name, kind in INDEXES:
+        if present.get(index_name) != (set_name, bin_name, kind) and retry_in_doubt(
+            functools.partial(backend.create_index, set_name, bin_name, index_name, kind), deadline_s=wait_s * 3
         ):
             created.append(index_name)
     stale = {s.name for s in status(backend) if force or s.state != "ok"}

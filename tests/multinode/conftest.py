@@ -114,7 +114,7 @@ def _wait_for_modules(cluster: Cluster, timeout_s: float = 30.0) -> None:
     for node in cluster.nodes:
         while True:
             listed = cluster.info(node.index, "udf-list") + cluster.info(node.index, "sindex-list:ns=test")
-            missing = [m for m in modules if m not in listed] + [i for _, _, i in udfs.INDEXES if i not in listed]
+            missing = [m for m in modules if m not in listed] + [i for _, _, i, _ in udfs.INDEXES if i not in listed]
             if not missing:
                 break
             assert time.monotonic() < give_up, f"node {node.index} still lacks {missing} after {timeout_s:.0f}s"
