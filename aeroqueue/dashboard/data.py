@@ -2,9 +2,10 @@
 
 Reads stay cheap whatever a list's size: a list's counts are `JobLists.status`
 (its header and completion bitmaps); its dead jobs are found from the dead
-bitmap (one bit per job) and only those job records are read; sessions are
-the (small) session set, and each session's claims come from the secondary
-index on ``sess``. Kicking every dead job of a list walks the list's job
+bitmap (one bit per job) and only those job records are read, a page of them
+at a time; sessions are the (small) session set, and their claims come from
+one query of the claims index (the claimed jobs' deadlines, ``dl``), whatever
+the number of sessions. Kicking every dead job of a list walks the list's job
 records (`JobLists.kick`): an operator's action, not a page view.
 
 The page views' reads are bounded in time (`Backend.bounded_reads`): a frozen or
@@ -16,8 +17,8 @@ index query needs every node: the overview (`Store.overview`) reads each part on
 its own (`PageReads`), shows those that answered, and names those that did not,
 as a scrape does (aeroqueue.metrics): once a read has not answered in time, the
 view's other reads get short limits within a budget. The scans of the list set
-and of the sessions show the records the other nodes handed over; a session
-whose claims (an index query) did not answer is shown without them. Only a view
+and of the sessions show the records the other nodes handed over; sessions
+whose claims (an index query) did not answer are shown without them. Only a view
 of which nothing answered is an error.
 """
 
@@ -28,7 +29,7 @@ import functools
 import logging
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -81,6 +82,12 @@ AFTER_TIMEOUT_SCAN_MS = 1000
 # after the node is back. Only an attempt at the full limit starts the wait again
 # (a healthy scan slower than the short limit is not held to it for good).
 SCAN_RETRY_S = 10.0
+# A store without the claims index (`keys.CLAIMS_INDEX`: registered before it; `udf
+# register` creates it) gets a query per session, as it did: it is asked for again
+# this long after.
+CLAIMS_INDEX_RETRY_S = 60.0
+# What a query through an index that is not there (201), or still being built (203), answers.
+NO_INDEX = (201, 203)
 
 T = TypeVar("T")
 
@@ -360,6 +367,7 @@ class Store:
         self._known: set[str] = set()  # the lists the views have found
         self._scan_again_at = float("-inf")  # after a scan that timed out (SCAN_RETRY_S)
         self._read_order = UnansweredLast()  # a frozen node's lists read after the others
+        self._no_claims_index_until = float("-inf")  # the store had no claims index (CLAIMS_INDEX_RETRY_S)
 
     # -- the overview --------------------------------------------------------------
 
@@ -441,22 +449,39 @@ class Store:
 
     def _sessions(self, reads: PageReads) -> tuple[list[SessionRow] | None, bool]:
         """The sessions to show (None: none read), and whether that is all of them:
-        those the nodes that answered the scan hold, each with its claims where
-        their index query answered (a query needs every node too)."""
+        those the nodes that answered the scan hold, with their claims if the query
+        of the claims index answered (a query needs every node too). One query for
+        all of them: it was one a session, 50 queries a view with 50 workers."""
         got = self._scanned(reads, "sessions", keys.SESS_SET, None)
         if got is None:
             return None, False
         recs, whole = got
+        sessions = dict(recs)  # a record that migrates during the scan may come twice (`scan_answered`)
         short = self._scans_held()
-        rows = []
-        # A record that migrates during the scan may come twice (`scan_answered`): one row each.
-        for sid, rec in dict(recs).items():
-            claims = reads.read(f"claims of session {sid[:12]}", functools.partial(self._claims, sid), short=short)
-            if reads.last_error is not None and not short:
+        claimed: dict[str, int] | None = {}
+        if sessions:
+            held = reads.read("claims of the sessions", lambda: (self._all_claims(),), short=short)
+            if held is None and reads.last_error is not None and not short:
                 self._scan_failed(reads.last_error)  # a query needs every node, as a scan does
                 short = True
-            rows.append(_session_row(sid, rec.bins, claims))
+            claimed = None if held is None else held[0]
+            if held is not None and claimed is None:  # no claims index: a query a session
+                return self._sessions_one_by_one(reads, sessions, short), whole
+        rows = [_session_row(sid, rec.bins, None if claimed is None else claimed.get(sid, 0))
+                for sid, rec in sessions.items()]
         return _sessions_order(rows), whole
+
+    def _sessions_one_by_one(self, reads: PageReads, sessions: dict[str, Record], short: bool) -> list[SessionRow]:
+        """The sessions' rows, each with its claims read by an index query of its own
+        (a store without the claims index)."""
+        rows = []
+        for sid, rec in sessions.items():
+            claims = reads.read(f"claims of session {sid[:12]}", functools.partial(self._claims, sid), short=short)
+            if reads.last_error is not None and not short:
+                self._scan_failed(reads.last_error)
+                short = True
+            rows.append(_session_row(sid, rec.bins, claims))
+        return _sessions_order(rows)
 
     def _scanned(
         self, reads: PageReads, part: str, set_name: str, bins: list[str] | None,
@@ -518,8 +543,40 @@ class Store:
     def sessions(self) -> list[SessionRow]:
         """Every session with its claims, or an error if any did not answer (the
         overview reads them part by part: `_sessions`)."""
-        return _sessions_order([_session_row(sid, rec.bins, self._claims(sid))
-                                for sid, rec in self.backend.scan(keys.SESS_SET)])
+        recs = list(self.backend.scan(keys.SESS_SET))
+        claimed = self._all_claims() if recs else {}
+        return _sessions_order([
+            _session_row(sid, rec.bins, claimed.get(sid, 0) if claimed is not None else self._claims(sid))
+            for sid, rec in recs
+        ])
+
+    def _all_claims(self) -> dict[str, int] | None:
+        """How many jobs each session holds claimed (those holding none left out), in one
+        query: every claimed job, through the claims index (a job has a deadline,
+        ``dl``, only while claimed). None if the store has no claims index (then
+        `_claims`, a query a session), which is asked for again CLAIMS_INDEX_RETRY_S later."""
+        with self._lock:
+            if time.monotonic() < self._no_claims_index_until:
+                return None
+        try:
+            found = self.backend.find_between(keys.JOB_SET, "dl", *keys.INT64, expression=_CLAIMED, bins=["sess"])
+        except BackendError as e:
+            if e.code not in NO_INDEX:
+                raise
+            with self._lock:
+                said = self._no_claims_index_until != float("-inf")
+                self._no_claims_index_until = time.monotonic() + CLAIMS_INDEX_RETRY_S
+            if not said:
+                log.warning(f"the store has no claims index ({keys.CLAIMS_INDEX}: {e}): the sessions' claims are read "
+                            "with a query a session; `aeroqueue udf register` creates it",
+                            extra={"event": "claims_index_missing", "error": str(e)})
+            return None
+        held: Counter[str] = Counter()
+        for _, rec in found:
+            sess = rec.bins.get("sess")
+            if isinstance(sess, str):
+                held[sess] += 1
+        return dict(held)
 
     def _claims(self, sid: str) -> int:
         """How many jobs a session holds claimed (the secondary index on ``sess``)."""

@@ -21,6 +21,7 @@ from flask.testing import FlaskClient
 from aeroqueue import errors, keys
 from aeroqueue.backends import Backend
 from aeroqueue.dashboard import create_app
+from aeroqueue.dashboard import data as dashboard_data
 from aeroqueue.dashboard.data import DEAD_CHUNKS_READ, DEAD_PAGE, Store, dead_tokens, error_history
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
@@ -28,6 +29,7 @@ from aeroqueue.queue import Queue
 from aeroqueue.sessions import Session
 from aeroqueue.transitions import set_bits
 from tests.observe.conftest import free_port, spawn, stop
+from tests.observe.test_dashboard_partial import session_claims
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -665,6 +667,78 @@ def test_sessions_show_their_heartbeat_and_claims(registered: Backend, dead_list
     session.beat()
     again = {r.id: r for r in Store(registered).sessions()}[session.id]
     assert again.beat is not None and again.beat > mine.beat
+
+
+def test_the_overview_reads_every_sessions_claims_in_one_query(
+    app: Flask, registered: Backend, list_name: str,
+) -> None:
+    """The sessions section read each session's claims with an index query of its own:
+    with 50 workers, 50 queries a view. One query of the claims index (the claimed
+    jobs' deadlines) reads them all: a view costs the same round trips whatever the
+    number of sessions, each shown with its own claims."""
+    lists, queue = JobLists(registered), Queue(registered)
+    lists.load(list_name, [JobSpec(f"j{i}", i) for i in range(12)], seal=True)
+    client = app.test_client()
+    opened: list[Session] = []
+
+    def view() -> tuple[int, str]:
+        before = registered.round_trips
+        page = text(client.get("/"))
+        return registered.round_trips - before, page
+
+    try:
+        trips = []
+        for more, claims in ((1, 1), (5, 2)):  # a session holding 1 claim; then 5 more holding 2 each
+            for _ in range(more):
+                opened.append(Session.open(registered, heartbeat=False))
+                assert len(queue.reserve(list_name, opened[-1], claims)) == claims
+            view()  # what a first view of the new jobs' list does once
+            n, page = view()
+            trips.append(n)
+        assert trips[0] == trips[1], f"round trips of a view with 1 and 6 sessions: {trips}"
+        shown = session_claims(page)
+        assert [shown[s.id] for s in opened] == ["1", "2", "2", "2", "2", "2"], shown
+        rows = {r.id: r.claims for r in Store(registered).sessions()}  # the same read, outside a view
+        assert [rows[s.id] for s in opened] == [1, 2, 2, 2, 2, 2], rows
+    finally:
+        for s in opened:
+            s.close()
+
+
+def test_a_store_without_the_claims_index_reads_each_sessions_claims(
+    registered: Backend, list_name: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A store registered before the claims index existed (`udf register` creates it):
+    each session's claims are read with a query of their own, as before; said once,
+    and the index asked for again later."""
+    import logging
+
+    lists, queue = JobLists(registered), Queue(registered)
+    lists.load(list_name, [JobSpec(f"j{i}", i) for i in range(3)], seal=True)
+    asked: list[str] = []
+
+    def no_index(set_name: str, bin_name: str, *args: Any, **kw: Any) -> Any:
+        asked.append(bin_name)
+        raise errors.BackendError("query failed: AEROSPIKE_ERR_INDEX_NOT_FOUND (Aerospike code 201)", code=201)
+
+    monkeypatch.setattr(registered, "find_between", no_index)
+    client = create_app(registered, secret_key="s").test_client()
+    with Session.open(registered, heartbeat=False) as a, Session.open(registered, heartbeat=False) as b:
+        queue.reserve(list_name, a, 1)
+        queue.reserve(list_name, b, 2)
+        with caplog.at_level(logging.WARNING, logger="aeroqueue.dashboard"):
+            for _ in range(2):
+                page = text(client.get("/"))
+                shown = session_claims(page)
+                assert (shown[a.id], shown[b.id]) == ("1", "2") and 'id="partial"' not in page, shown
+        assert asked == ["dl"], "asked once, then not for a while"
+        said = [r for r in caplog.records if getattr(r, "event", None) == "claims_index_missing"]
+        assert len(said) == 1 and "udf register" in said[0].getMessage(), said
+        monkeypatch.setattr(dashboard_data, "CLAIMS_INDEX_RETRY_S", 0.0)
+        client.get("/")  # the last wait was set with the minute: still on
+        monkeypatch.setattr(dashboard_data.time, "monotonic", lambda: 1e12)
+        client.get("/")
+        assert asked == ["dl", "dl"], "asked for again once the wait is over"
 
 
 def test_dashboard_command_serves_on_loopback(registered: Backend, store_url: str, dead_list: tuple[str, Session], tmp_path: Path) -> None:
