@@ -55,8 +55,9 @@ from aerospike_helpers.operations import expression_operations as eo
 from aerospike_helpers.operations import operations as op
 
 from . import blocks, hotpath, keys, lease_entries, transitions
-from .backends import IN_DOUBT, Backend, retry_in_doubt
-from .config import LEASE_SETTLE_S, MAX_SECONDS
+from .backends import IN_DOUBT, Backend, Record, retry_in_doubt
+from .backends.base import NO_INDEX
+from .config import CLOCK_MARGIN_MS, LEASE_SETTLE_S, MAX_SECONDS
 from .errors import (
     AeroqueueError,
     BackendError,
@@ -564,10 +565,17 @@ def reap(backend: Backend, *, stop: Callable[[], bool] | None = None) -> ReapRep
             sessions += 1
             log.info("session reaped", extra={"event": "reaped", "session": session_id, "released": released})
         live = [(sid, rec) for sid, rec in backend.scan(keys.SESS_SET, bins=["state", "leases"]) if sid not in expired]
+        # Leases past their limit become claims first, so that the one query below
+        # finds them among the claims past theirs.
         for sid, rec in live:
             if stop is not None and stop():
                 break
-            timed_out += expire_overdue(backend, sid, rec.bins.get("leases"))
+            end_overdue_leases(backend, sid, rec.bins.get("leases"))
+        claims = overdue_claims(backend) if live else {}
+        for sid, _ in live:
+            if stop is not None and stop():
+                break
+            timed_out += expire_overdue(backend, sid, claims=None if claims is None else claims.get(sid, []))
     except AeroqueueError as e:
         e.reaped = ReapReport(sessions, released, timed_out, ended, ended_expiry_ms)
         raise
@@ -578,22 +586,67 @@ def reap(backend: Backend, *, stop: Callable[[], bool] | None = None) -> ReapRep
 _TIMED_OUT = {"retry": "to be retried", "delayed": "to be retried after the list's backoff", "dead": "now dead"}
 
 
-def expire_overdue(backend: Backend, session_id: str, leases: dict[str, Any] | None = None) -> int:
+# The bins of an overdue claim that `expire_overdue` reads.
+_OVERDUE_BINS = ["sess", "list", "token", "tl", "att", "jid", "c"]
+
+
+def end_overdue_leases(backend: Backend, session_id: str, leases: dict[str, Any] | None) -> None:
+    """Turn a live session's leases past their limit into claims past theirs, which
+    `expire_overdue` then ends (`leases`: the session record's, as a scan read them).
+    The server's clock is read (`lease_entries.cutoff_ms`, a read of the session
+    record) only if a lease may be past its limit by this host's clock and the margin
+    allowed between clocks: a worker's leases are almost always fresh, and every live
+    session's read on every reaper's pass was a round trip a session a pass."""
+    if not leases or all(e[1] >= time.time() * 1000 + CLOCK_MARGIN_MS for e in leases.values()):
+        return
+    cutoff = lease_entries.cutoff_ms(backend, session_id)
+    if cutoff is None:
+        return
+    try:
+        claim_leases(backend, session_id, lease_entries.overdue(leases, cutoff))
+    except LeasesKept as e:  # a later pass's; the session's claims are ended all the same
+        log.warning(str(e), extra={"event": "reap_late", "session": session_id})
+
+
+def overdue_claims(backend: Backend) -> dict[str, list[Record]] | None:
+    """Every claim past its time limit, by session, in one query of the claims index
+    (`keys.CLAIMS_INDEX`: a job holds its deadline `dl` only while claimed, and a claim
+    past its limit has one behind the server's clock). None without that index (a store
+    registered before it): then `expire_overdue` queries each session's claims, one
+    query a live session on every reaper's pass, each on every node."""
+    high = int(time.time() * 1000) + CLOCK_MARGIN_MS  # the server's clock at most this far ahead
+    try:
+        found = backend.find_between(keys.JOB_SET, "dl", keys.INT64[0], high, expression=_OVERDUE,
+                                     bins=_OVERDUE_BINS)
+    except BackendError as e:
+        if e.code not in NO_INDEX:
+            raise
+        return None
+    out: dict[str, list[Record]] = defaultdict(list)
+    for _, rec in found:
+        sess = rec.bins.get("sess")
+        if isinstance(sess, str):
+            out[sess].append(rec)
+    return out
+
+
+
+def expire_overdue(
+    backend: Backend, session_id: str, leases: dict[str, Any] | None = None, *, claims: list[Record] | None = None,
+) -> int:
     """End a live session's claims that ran past their time limit, each as a failed
     attempt whose error says it timed out (retried after the list's backoff, or
-    dead), its leases past their limit first turned into such claims (`leases`: the
-    session record's, as a scan read them). One index query on the session's claims;
-    returns how many it ended."""
-    if leases and (cutoff := lease_entries.cutoff_ms(backend, session_id)) is not None:
-        try:
-            claim_leases(backend, session_id, lease_entries.overdue(leases, cutoff))
-        except LeasesKept as e:  # a later pass's; the session's claims are ended below all the same
-            log.warning(str(e), extra={"event": "reap_late", "session": session_id})
+    dead), its leases past their limit first turned into such claims
+    (`end_overdue_leases`). `claims`: those claims as `overdue_claims` found them;
+    else one index query on the session's claims. Returns how many it ended."""
+    end_overdue_leases(backend, session_id, leases)
     lists = JobLists(backend)
     policies: dict[str, tuple[int, int]] = {}
     ended = 0
     tx = transitions.reaper_tx()  # another reaper ending the same claims at once offers none of them again
-    for _, rec in backend.find(keys.JOB_SET, "sess", session_id, expression=_OVERDUE):
+    if claims is None:
+        claims = [rec for _, rec in backend.find(keys.JOB_SET, "sess", session_id, expression=_OVERDUE)]
+    for rec in claims:
         bins = rec.bins
         name = bins["list"]
         if name not in policies:

@@ -41,6 +41,8 @@ DEFAULT_MAX_RECORD_SIZE = 1024 * 1024  # Aerospike's default max-record-size (1 
 # dict per record cost more than the record's share of the call.
 _UPDATE_ONLY = {"exists": aerospike.POLICY_EXISTS_UPDATE}
 _UNCHANGED = {"exists": aerospike.POLICY_EXISTS_UPDATE, "gen": aerospike.POLICY_GEN_EQ}
+# What a query through an index that is not there (201), or still being built (203), answers.
+NO_INDEX = (201, 203)
 # The client's default total timeout of one command (write, apply, batch), ms.
 CLIENT_TIMEOUT_MS = 1000
 # The client's default socket timeout (an attempt idle on its socket), ms: what limits

@@ -38,7 +38,7 @@ from aerospike_helpers import expressions as xp
 
 from .. import keys, lease_entries
 from ..backends import Backend, Record
-from ..backends.base import AFTER_TIMEOUT_BUDGET_S, AFTER_TIMEOUT_MS, UnansweredLast
+from ..backends.base import AFTER_TIMEOUT_BUDGET_S, AFTER_TIMEOUT_MS, NO_INDEX, UnansweredLast
 from ..errors import BackendError, BackendTimeout, ClusterChanging, JobNotFound, ListNotFound
 from ..lists import DROPPED, JobLists, ListStatus, is_tombstone
 
@@ -86,8 +86,6 @@ SCAN_RETRY_S = 10.0
 # register` creates it) gets a query per session, as it did: it is asked for again
 # this long after.
 CLAIMS_INDEX_RETRY_S = 60.0
-# What a query through an index that is not there (201), or still being built (203), answers.
-NO_INDEX = (201, 203)
 
 T = TypeVar("T")
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from aeroqueue import keys, sessions
+from aeroqueue import errors, keys, sessions
 from aeroqueue.backends import Backend, open_backend
 from aeroqueue.errors import ClaimLost
 from aeroqueue.lists import JobLists
@@ -412,3 +412,78 @@ def test_of_two_reapers_passing_a_dead_session_only_the_one_that_deletes_it_ende
     assert report.sessions >= 2  # the shared server may hold other tests' dead sessions too
     assert report.ended == report.sessions - 1, report
     assert registered.get(keys.SESS_SET, first.id) is None and registered.get(keys.SESS_SET, second.id) is None
+
+
+def test_a_reap_pass_costs_the_same_whatever_the_number_of_live_sessions(
+    registered, lists, queue, store_url, list_name, monkeypatch,
+):
+    """On every reaper's pass (every worker's, every half expiry) each live session's
+    claims were read with an index query of their own, and its leases' server clock
+    with a read of its record: N workers sent N x N of each a pass. Now one query of
+    the claims index finds every claim past its limit, and a lease's clock is read
+    only when the lease may be past its own. Those claims are still ended, each
+    session's, with the index and without it (a store registered before it)."""
+    fresh, short = f"{list_name}-fresh", f"{list_name}-short"
+    lists.load(fresh, [JobSpec(f"f{i}", {}) for i in range(130)], timeout_s=600, seal=True)
+    lists.load(short, [JobSpec(f"s{i}", {}) for i in range(12)], timeout_s=1.0, backoff_s=0, max_attempts=10,
+               seal=True)
+    reaper = open_backend(store_url)
+    opened: list[Session] = []
+
+    def more_sessions(n: int) -> None:
+        # Live, each holding a fresh lease and a fresh claim: nothing for a reap to end.
+        for _ in range(n):
+            s = Session.open(registered, heartbeat=False, expiry_s=120)
+            opened.append(s)
+            assert len(queue.reserve(fresh, s, 20, lease=True)) == 20
+            assert len(queue.reserve(fresh, s, 1)) == 1
+
+    def pass_cost() -> int:
+        # The least of two passes: a session left by an earlier test, reaped in one of
+        # them, costs that pass more.
+        costs = []
+        for _ in range(2):
+            before = reaper.round_trips
+            reap(reaper)
+            costs.append(reaper.round_trips - before)
+        return min(costs)
+
+    try:
+        more_sessions(1)
+        reap(reaper)
+        one = pass_cost()
+        more_sessions(5)
+        six = pass_cost()
+        assert six - one < 5, (one, six)  # per session it was two round trips: 10 more
+
+        # Claims past their limit, two sessions' each, ended in one pass.
+        ended: list[tuple[str, int]] = []
+        expire = sessions.expire_overdue
+
+        def expire_noted(backend: Backend, session_id: str, *args: Any, **kw: Any) -> int:
+            n = expire(backend, session_id, *args, **kw)
+            ended.append((session_id, n))
+            return n
+
+        for use_index in (True, False):
+            if not use_index:
+                def no_index(*_args: Any, **_kw: Any) -> Any:
+                    raise errors.BackendError("AEROSPIKE_ERR_INDEX_NOT_FOUND (Aerospike code 201)", code=201)
+
+                monkeypatch.setattr(reaper, "find_between", no_index)
+            held = {s.id: [j.jid for j in queue.reserve(short, s, 3)] for s in opened[:2]}
+            assert all(len(v) == 3 for v in held.values()), held
+            time.sleep(1.3)
+            ended.clear()
+            monkeypatch.setattr(sessions, "expire_overdue", expire_noted)
+            report = reap(reaper)
+            monkeypatch.setattr(sessions, "expire_overdue", expire)
+            assert {sid: n for sid, n in ended if sid in held} == {sid: 3 for sid in held}, (use_index, ended)
+            assert report.timed_out >= 6, report
+            for jids in held.values():
+                for jid in jids:
+                    assert lists.find_job(short, jid)["state"] == "queued", (use_index, jid)
+    finally:
+        for s in opened:
+            s.close()
+        reaper.close()
