@@ -44,7 +44,7 @@ from ..sync import (
     rows_to_copy,
     run_sync,
     spark_session,
-    sync_once,
+    sync_lease,
 )
 from ..sync.bench import DEFAULT_JOBS, BenchResult, run_bench
 from ..sync.target import ENV_MYSQL_PWD, ENV_PASSWORD
@@ -348,6 +348,30 @@ def sync(
             signal.signal(signal.SIGTERM, previous)
 
 
+class _Spark:
+    """The command's Spark session, started on first use: once the run holds the
+    target's lease. A run another sync holds the lease for is refused (once), or
+    stands by (--every), before a JVM starts: seconds of CPU, for nothing."""
+
+    def __init__(self, master: str | None, verbose: bool, ignored: bool) -> None:
+        self.master, self.verbose, self.ignored = master, verbose, ignored
+        self.session: SparkSession | None = None
+        self.created = False  # started here (else one already running: spark-submit's, a test's)
+
+    def get(self) -> SparkSession:
+        if self.session is None:
+            sigint = signal.SIG_IGN if self.ignored else _on_sigint
+            self.session, self.created = spark_session(self.master, verbose=self.verbose, sigint=sigint)
+            if not self.created:  # a context already running keeps the handler PySpark installed then
+                _plain_interrupts(self.verbose, self.ignored)
+        return self.session
+
+    @property
+    def quiet(self) -> bool:
+        """Spark's logging may be silenced at a stop: the context is ours, and no --verbose."""
+        return self.created and not self.verbose
+
+
 def _sync_with_spark(
     backend: Backend, options: SyncOptions, target: Target, master: str | None, every: float | None, lease_s: float,
     as_json: bool, verbose: bool, stop: Stop, report: Callable[[SyncReport], None],
@@ -356,21 +380,24 @@ def _sync_with_spark(
     # From before the JVM starts: Ctrl-C is ours (and py4j's report of a call it cut
     # short is kept, not printed with its traceback) through the context's start too.
     _plain_interrupts(verbose, ignored)
-    spark, created = spark_session(master, verbose=verbose, sigint=signal.SIG_IGN if ignored else _on_sigint)
+    spark = _Spark(master, verbose, ignored)
 
-    def once() -> SyncReport:
+    def once(session: SparkSession) -> SyncReport:
         if not as_json and err_console.is_terminal:
             with SyncProgress(rows_to_copy(backend, options)) as bar:
-                return sync_once(options, spark, backend, lease_s=lease_s, on_progress=bar.update)
-        return sync_once(options, spark, backend, lease_s=lease_s)
+                return run_sync(options, session, backend, bar.update)
+        return run_sync(options, session, backend)
 
     def work() -> None:
         if every is None:
             try:
-                if stop.is_set():  # during the JVM's start-up
-                    raise Terminated()
-                with _cancelled_on(stop, spark, quiet=created and not verbose):
-                    r = once()
+                # The lease first (refused at once if another sync holds it), then the JVM.
+                with sync_lease(options, backend, lease_s=lease_s):
+                    session = spark.get()
+                    if stop.is_set():  # during the JVM's start-up
+                        raise Terminated()
+                    with _cancelled_on(stop, session, quiet=spark.quiet):
+                        r = once(session)
             except Exception as e:
                 if stop.is_set():
                     # Most often the cancel's own failure; with --verbose, whatever it was.
@@ -386,8 +413,11 @@ def _sync_with_spark(
             return
 
         def one_run() -> None:
-            with _cancelled_on(stop, spark, quiet=created and not verbose):
-                r = run_sync(options, spark, backend)
+            session = spark.get()  # the first run's: once the scheduler holds the lease
+            if stop.is_set():  # during the JVM's start-up: no run
+                return
+            with _cancelled_on(stop, session, quiet=spark.quiet):
+                r = run_sync(options, session, backend)
             report(r)
             if r.counts.rejected:
                 log.error("%s", r.rejects_note, extra={"event": "sync_rejects"})
@@ -398,8 +428,6 @@ def _sync_with_spark(
         except KeyboardInterrupt:
             scheduler.stop.set()
 
-    if not created:  # a context already running keeps the handler PySpark installed then
-        _plain_interrupts(verbose, ignored)
     try:
         try:
             work()
@@ -408,17 +436,17 @@ def _sync_with_spark(
                 raise KeyboardInterrupt from None
             raise
     except KeyboardInterrupt:
-        if created and not verbose:
+        if spark.session is not None and spark.quiet:
             # The tasks still running fail as the context stops under them, and Spark
             # logs each failure, with its stack: what Ctrl-C asked for, not news.
-            _silence(spark)
+            _silence(spark.session)
         raise
     finally:
-        if created:
+        if spark.session is not None and spark.created:
             if stop.is_set() and not verbose:  # as in `_cancelled_on`
-                _silence(spark)
+                _silence(spark.session)
             try:
-                spark.stop()
+                spark.session.stop()
             except Exception as e:  # its JVM gone (Ctrl-C, killed): whatever the run said stands
                 log.debug("stopping Spark failed: %s", e, extra={"event": "spark_stop_failed"})
 

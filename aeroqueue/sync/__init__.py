@@ -36,7 +36,7 @@ from .options import (
     ranges,
 )
 from .scan import SCAN_BINS, to_copy
-from .schedule import DEFAULT_LEASE_S, Lease, LeaseKeeper, Scheduler, sync_once
+from .schedule import DEFAULT_LEASE_S, Lease, LeaseKeeper, Scheduler, sync_lease, sync_once
 from .schema import (
     ENV_SCHEMA,
     JOB_COLUMNS,
@@ -56,5 +56,5 @@ __all__ = [
     "JOB_COLUMNS", "JOB_KEY", "REJECTS_TABLE", "SCAN_BINS", "Counts", "Lease", "LeaseKeeper", "ProgressWatcher",
     "Refused", "Scheduler", "Sink", "SyncError", "SyncFaults", "SyncOptions", "SyncReport", "Target", "demo_target", "job_row",
     "mark", "migrate", "migrations", "parse_target", "ranges", "redact", "remember_demo_target", "retain",
-    "rows_to_copy", "run_sync", "spark_session", "sync_once", "to_copy", "write_summaries",
+    "rows_to_copy", "run_sync", "spark_session", "sync_lease", "sync_once", "to_copy", "write_summaries",
 ]

@@ -22,7 +22,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from aerospike_helpers import expressions as exp
@@ -176,11 +176,15 @@ class LeaseKeeper:
                 return
 
 
-def sync_once(
-    options: SyncOptions, spark: SparkSession, backend: Backend, *, lease_s: float = DEFAULT_LEASE_S,
-    lock: str | None = None, on_progress: Callable[[dict[str, int]], None] | None = None,
-) -> SyncReport:
-    """One run under the target's sync lease; refused if another sync of it holds it."""
+@contextlib.contextmanager
+def sync_lease(
+    options: SyncOptions, backend: Backend, *, lease_s: float = DEFAULT_LEASE_S, lock: str | None = None,
+) -> Iterator[Lease]:
+    """The target's sync lease, taken (atomically: `Lease.acquire`) and renewed for
+    the block, released after it; refused with a SyncError if another sync of the
+    target holds it. Cheap (a write and a read of one record): a caller that must
+    start something slow for its run (Spark's JVM, seconds) takes it first, so that
+    a run another sync holds the lease for is refused at once, not after that."""
     lease = Lease(backend, lock or options.target.lease_name, ttl_s=lease_s)
     if not lease.acquire():
         ttl_ms = (lease.holder or {}).get("ttl_ms")
@@ -191,9 +195,18 @@ def sync_once(
         )
     try:
         with LeaseKeeper(lease):
-            return run_sync(options, spark, backend, on_progress)
+            yield lease
     finally:
         lease.release()
+
+
+def sync_once(
+    options: SyncOptions, spark: SparkSession, backend: Backend, *, lease_s: float = DEFAULT_LEASE_S,
+    lock: str | None = None, on_progress: Callable[[dict[str, int]], None] | None = None,
+) -> SyncReport:
+    """One run under the target's sync lease; refused if another sync of it holds it."""
+    with sync_lease(options, backend, lease_s=lease_s, lock=lock):
+        return run_sync(options, spark, backend, on_progress)
 
 
 class Scheduler:

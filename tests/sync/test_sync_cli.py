@@ -23,7 +23,7 @@ from aeroqueue import keys
 from aeroqueue.backends import Backend
 from aeroqueue.cli import main
 from aeroqueue.config import parse_url
-from aeroqueue.sync import parse_target, remember_demo_target, run_sync, sync_once
+from aeroqueue.sync import Lease, parse_target, remember_demo_target, run_sync, sync_once
 from aeroqueue.sync.job import DAEMON_MODULE
 from aeroqueue.sync.scan import to_copy
 from tests.waiting import wait_for
@@ -451,6 +451,61 @@ def test_sigterm_to_the_group_while_the_jvm_starts_stops_the_schedule_with_statu
     assert proc.returncode == 0, err[-3000:]
     assert "Traceback" not in err and " ERROR " not in err, err[-3000:]
     assert registered.get(keys.LOCK_SET, parse_target(mysql_url).lease_name) is None, "no lease left held"
+
+
+@pytest.fixture
+def no_jvm(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """An environment whose JAVA_HOME's `java` only leaves a file behind (and fails):
+    whether a command started its JVM, seen without the seconds one takes."""
+    home = tmp_path / "java-home"
+    (home / "bin").mkdir(parents=True)
+    started = tmp_path / "jvm-started"
+    java = home / "bin" / "java"
+    java.write_text(f"#!/bin/sh\ntouch '{started}'\nexit 1\n")
+    java.chmod(0o755)
+    return {**os.environ, "JAVA_HOME": str(home)}, started
+
+
+@pytest.mark.parametrize("schedule", ["once", "every"])
+def test_a_sync_another_holds_the_lease_for_starts_no_jvm(registered, store_url, list_name, mysql_url, no_jvm,
+                                                          schedule):
+    """A sync killed outright leaves its lease held until it runs out, and the next
+    run started its JVM (seconds of CPU) before it looked at the lease, to be refused
+    only then; a second scheduler started one to stand by with. The lease comes
+    first now: a single run is refused at once, a scheduler stands by, and neither
+    starts a JVM (which would leave `no_jvm`'s file)."""
+    make_jobs(registered, list_name, done=3)
+    holder = Lease(registered, parse_target(mysql_url).lease_name, ttl_s=30)
+    assert holder.acquire()
+    env, jvm_started = no_jvm
+    command = [sys.executable, "-m", "aeroqueue", "--url", store_url, "sync", "--mysql", mysql_url, "--list", list_name]
+    try:
+        if schedule == "once":
+            out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+            assert out.returncode == 1, out.stderr[-3000:]
+            last = out.stderr.rstrip().splitlines()[-1]
+            assert last.startswith(f"error: another sync to {mysql_url} is running"), out.stderr[-3000:]
+            assert f"pid {os.getpid()}" in last and "Traceback" not in out.stderr
+        else:
+            proc = subprocess.Popen([*command, "--every", "1s"], env=env, stderr=subprocess.PIPE, text=True,
+                                    start_new_session=True)
+            try:
+                for line in proc.stderr:  # type: ignore[union-attr]
+                    if "standing by" in line:
+                        break
+                assert proc.poll() is None, f"the scheduler ended (status {proc.returncode}) instead of standing by"
+                time.sleep(1.5)  # it looks at the lease again every second
+                assert not jvm_started.exists(), "a scheduler on standby started a JVM"
+                proc.send_signal(signal.SIGTERM)
+                assert proc.wait(30) == 0
+            finally:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+        assert not jvm_started.exists(), "a JVM was started for a run the lease refused"
+    finally:
+        holder.release()
+    assert marked_anywhere(registered, list_name) == set()
 
 
 def test_a_sync_started_with_sigint_ignored_runs_through_sigints(
