@@ -273,6 +273,12 @@ class SyncError(AeroqueueError):
     """The sync to MySQL failed; rows it had committed are marked synced, the next run copies the rest."""
 
 
+class SparkDriverLost(SyncError):
+    """The Spark driver's JVM ended under the sync (killed, or out of memory); rows committed so far are marked synced, the next run copies the rest."""
+
+    hint = "see why it ended: the JVM's output above, or the kernel's log if its OOM killer took it; then run the sync again"
+
+
 class Terminated(AeroqueueError):
     """Stopped by SIGTERM before it finished."""
 

@@ -47,6 +47,7 @@ from ..sync import (
     sync_lease,
 )
 from ..sync.bench import DEFAULT_JOBS, BenchResult, run_bench
+from ..sync.job import stop_spark
 from ..sync.target import ENV_MYSQL_PWD, ENV_PASSWORD
 from .context import Context, err_console, option, progress_bar, usage_check, verbose_requested
 
@@ -446,7 +447,7 @@ def _sync_with_spark(
             if stop.is_set() and not verbose:  # as in `_cancelled_on`
                 _silence(spark.session)
             try:
-                spark.session.stop()
+                stop_spark(spark.session)
             except Exception as e:  # its JVM gone (Ctrl-C, killed): whatever the run said stands
                 log.debug("stopping Spark failed: %s", e, extra={"event": "spark_stop_failed"})
 

@@ -20,6 +20,7 @@ import logging
 import os
 import re
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import keys
 from ..backends import Backend, open_backend
-from ..errors import AeroqueueError, BackendError, ListNotFound, SyncError
+from ..errors import AeroqueueError, BackendError, ListNotFound, SparkDriverLost, SyncError
 from ..lists import JobLists
 from .options import Counts, SyncOptions, SyncReport, ranges
 from .schema import (
@@ -68,6 +69,20 @@ logger.repl.name = org.apache.spark.repl.Main
 logger.repl.level = error
 logger.pygateway.name = org.apache.spark.api.python.PythonGatewayServer
 logger.pygateway.level = error
+# A failed task is the run's failure, which the command says in one line (the task's
+# own error: its target, the reason): not Spark's reports of it besides, each with the
+# task's Python traceback inside a Java stack (a target gone mid-run printed dozens of
+# lines). Their levels stay the root's; --verbose logs them (Spark's own configuration).
+logger.executor.name = org.apache.spark.executor.Executor
+logger.executor.filter.task.type = RegexFilter
+logger.executor.filter.task.regex = Exception in task .*
+logger.executor.filter.task.onMatch = DENY
+logger.executor.filter.task.onMismatch = NEUTRAL
+logger.tasksets.name = org.apache.spark.scheduler.TaskSetManager
+logger.tasksets.filter.abort.type = RegexFilter
+logger.tasksets.filter.abort.regex = Task .* failed [0-9]+ times?; aborting job
+logger.tasksets.filter.abort.onMatch = DENY
+logger.tasksets.filter.abort.onMismatch = NEUTRAL
 """
 
 
@@ -116,12 +131,38 @@ def spark_session(
             builder = builder.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{_quiet_log4j2()}")
     # The context starts here (under spark-submit too, whose JVM is already up): its
     # start's SIGINT handler is the caller's.
-    with _jvm_launched_for_this_driver() if created and not under_submit else contextlib.nullcontext(), \
-            _sigint_from_the_start(sigint if created else None):
-        spark = builder.getOrCreate()
-    if created:
-        spark.sparkContext.setLogLevel("WARN" if verbose else "ERROR")
+    try:
+        with _jvm_launched_for_this_driver() if created and not under_submit else contextlib.nullcontext(), \
+                _sigint_from_the_start(sigint if created else None):
+            spark = builder.getOrCreate()
+        if created:
+            spark.sparkContext.setLogLevel("WARN" if verbose else "ERROR")
+            _accumulator_errors_logged(spark.sparkContext)
+    except Exception as e:
+        # The JVM exited as it started (killed; or no Java, or a wrong option: it said
+        # why on stderr): PySpark's JAVA_GATEWAY_EXITED, or a py4j error, said as an
+        # internal error.
+        lost = driver_lost(e, "as it started", "what it printed above says why")
+        if lost is None:
+            raise
+        raise lost from None
     return spark, created
+
+
+def _accumulator_errors_logged(sc: Any) -> None:
+    """PySpark's accumulator server (the JVM connects to it once a task has ended)
+    printed socketserver's report of a failed request, a traceback ending in EOFError,
+    when that connection broke: the JVM killed under a schedule. The run's own error
+    says that; the report goes to the debug log (--verbose) instead."""
+    server = getattr(sc, "_accumulatorServer", None)
+    if server is None:
+        return
+
+    def handle_error(request: Any, client_address: Any) -> None:
+        log.debug("Spark's connection to the accumulator server broke (its JVM gone?)", exc_info=True,
+                  extra={"event": "spark_accumulators_failed"})
+
+    server.handle_error = handle_error
 
 
 # The driver's JVM only hands out tasks and gathers their counts (the records go from
@@ -201,7 +242,9 @@ def _jvm_launched_for_this_driver() -> Iterator[None]:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
         kwargs["preexec_fn"] = preexec
+        global _driver_jvm
         started.append(popen(*args, **kwargs))
+        _driver_jvm = started[-1]
         return started[-1]
 
     started: list[Any] = []
@@ -227,6 +270,82 @@ def _jvm_launched_for_this_driver() -> Iterator[None]:
         java_gateway.Popen = popen  # type: ignore[misc]
 
 
+# The process of the JVM this process launched for Spark's driver (PySpark's Popen of
+# spark-submit, which execs the JVM): PySpark keeps it on its gateway, which a JVM that
+# exited as it started never made.
+_driver_jvm: Any = None
+
+
+def _driver_process() -> Any:
+    """The process of the Spark driver's JVM this process launched, or None (under
+    spark-submit, whose JVM started this process)."""
+    try:
+        from pyspark import SparkContext
+    except ImportError:
+        return None
+    return getattr(SparkContext._gateway, "proc", None) or _driver_jvm
+
+
+def driver_ended() -> int | None:
+    """The exit status of the Spark driver's JVM this process launched (negative: the
+    signal that killed it), once it has ended; None while it runs, or when this
+    process launched none."""
+    proc = _driver_process()
+    return None if proc is None else proc.poll()
+
+
+# How long a JVM whose py4j connection broke is given to be seen ended: its sockets
+# close as it exits, a moment before its parent can reap it.
+DRIVER_END_WAIT_S = 2.0
+
+
+def driver_lost(e: BaseException, when: str, then: str) -> SparkDriverLost | None:
+    """The error to say for `e` if the Spark driver's JVM is gone (`when`: what it was
+    doing, `then`: what follows), else None. Its end reaches py4j's calls as a broken
+    or refused connection ("[Errno 111] Connection refused", "Answer from Java side is
+    empty"), which said nothing of the JVM; and a schedule went on failing so, run
+    after run, with no JVM to run them."""
+    proc = _driver_process()
+    broken = _py4j_lost(e)
+    status = None if proc is None else proc.poll()
+    if status is None and proc is not None and broken:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            status = proc.wait(DRIVER_END_WAIT_S)
+    if status is None:
+        return SparkDriverLost(f"the Spark driver (its JVM) stopped answering {when}; {then}") if broken else None
+    how = f"exit status {status}"
+    if status < 0:
+        with contextlib.suppress(ValueError):
+            how = f"killed by {signal.Signals(-status).name}"
+    return SparkDriverLost(f"the Spark driver (its JVM, pid {proc.pid}) ended {when} ({how}); {then}")
+
+
+def _py4j_lost(e: BaseException) -> bool:
+    """py4j lost its connection to the JVM somewhere in `e`'s chain: the sign of its end
+    when this process did not launch it (spark-submit's)."""
+    try:
+        from py4j.protocol import Py4JNetworkError
+    except ImportError:
+        return False
+    seen: BaseException | None = e
+    for _ in range(20):
+        if seen is None:
+            return False
+        if isinstance(seen, Py4JNetworkError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def stop_spark(spark: SparkSession) -> None:
+    """Stop a session this process started. With its JVM gone (killed) nothing is
+    asked of it: every call would fail, and PySpark warns of the first on stderr."""
+    if driver_ended() is not None:
+        return
+    spark.stop()
+
+
+_RUN_LOST = "rows committed so far are marked synced, the next run copies the rest"
 _TASK_ERROR = re.compile(r"SyncError: ([^\n]+)")
 _PY_ERROR = re.compile(r"^\s*((?:[a-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)): (.+)$", re.M)
 _JVM_PREFIXES = ("org.", "java.", "scala.", "py4j.")
@@ -341,7 +460,7 @@ def run_sync(
     except Exception as e:
         if isinstance(e, AeroqueueError):
             raise
-        raise _spark_failure(e, target) from None
+        raise driver_lost(e, "during the run", _RUN_LOST) or _spark_failure(e, target) from None
     counts = Counts()
     for c in per_task:
         counts.add(c)

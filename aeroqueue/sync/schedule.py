@@ -37,6 +37,7 @@ from ..errors import (
     GenerationConflict,
     RecordExists,
     RecordNotFound,
+    SparkDriverLost,
     SyncError,
 )
 from ..stopping import Stop
@@ -214,7 +215,8 @@ class Scheduler:
 
     It keeps the lease between runs, so a second scheduler waits on standby
     and takes over only once the first stops (or dies and its lease expires).
-    A failed run is logged and the next one tries again.
+    A failed run is logged and the next one tries again, except when the Spark
+    driver is gone (`SparkDriverLost`): that ends the schedule, raised from `run`.
     """
 
     def __init__(
@@ -262,6 +264,8 @@ class Scheduler:
                         started = time.monotonic()
                         try:
                             self.run_once()
+                        except SparkDriverLost:
+                            raise  # no later run has a driver to run on: the schedule ends (and says why)
                         except AeroqueueError as e:
                             self.on_error(e)
                         self.runs += 1

@@ -168,3 +168,27 @@ class SparkCluster:
                 except subprocess.TimeoutExpired:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
+
+
+class TcpProxy:
+    """A proxy process in front of a local port (tcp_proxy.py): a database that a test
+    kills (SIGKILL: every connection through it drops at once) and brings back on the
+    same port, without stopping the machine's server that others use."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("tcp_proxy.py")), str(self.port), str(self.target_port)],
+            stdout=subprocess.PIPE, text=True,
+        )
+        assert self.proc.stdout is not None and self.proc.stdout.readline().strip() == "ready", "the proxy did not start"
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None

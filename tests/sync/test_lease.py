@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from aeroqueue.backends import open_backend
-from aeroqueue.errors import AeroqueueError, SyncError
+from aeroqueue.errors import AeroqueueError, SparkDriverLost, SyncError
 from aeroqueue.keys import LOCK_SET
 from aeroqueue.sync import Lease, LeaseKeeper, Scheduler, sync_once
 
@@ -122,3 +122,20 @@ def test_a_failed_run_does_not_stop_the_scheduler(store_url, lock):
     assert s.run(max_runs=3) == 3
     assert len(calls) == 3 and [str(e) for e in errors] == ["MySQL is down"]
     assert isinstance(errors[0], AeroqueueError)
+
+
+def test_a_lost_spark_driver_ends_the_schedule(store_url, lock):
+    """Every later run would fail the same way with its JVM gone: the schedule ends,
+    raising it for the command to say (status 1), its lease released."""
+    errors: list[Exception] = []
+    calls = []
+
+    def lost() -> None:
+        calls.append(1)
+        raise SparkDriverLost("the Spark driver (its JVM, pid 1) ended during the run (killed by SIGKILL)")
+
+    s = Scheduler(open_backend(store_url), 0.05, lost, lease_s=2.0, on_error=errors.append, lock=lock)
+    with pytest.raises(SparkDriverLost):
+        s.run(max_runs=3)
+    assert len(calls) == 1 and errors == []
+    assert open_backend(store_url).get(LOCK_SET, lock) is None, "released on the way out"

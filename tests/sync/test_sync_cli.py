@@ -12,10 +12,11 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import mysql.connector
 import pytest
 from click.testing import CliRunner
 
@@ -39,6 +40,7 @@ from .helpers import (
     root_connection,
     synced_marks,
 )
+from .servers import TcpProxy
 
 
 @pytest.fixture
@@ -451,6 +453,139 @@ def test_sigterm_to_the_group_while_the_jvm_starts_stops_the_schedule_with_statu
     assert proc.returncode == 0, err[-3000:]
     assert "Traceback" not in err and " ERROR " not in err, err[-3000:]
     assert registered.get(keys.LOCK_SET, parse_target(mysql_url).lease_name) is None, "no lease left held"
+
+
+@pytest.fixture
+def mysql_proxy(mysql_available) -> Iterator[TcpProxy]:
+    """The machine's MySQL behind a proxy process of the test's own: killed, it is a
+    database gone in the middle of a run, and it comes back on the same port."""
+    proxy = TcpProxy(3306)
+    proxy.start()
+    yield proxy
+    proxy.kill()
+
+
+def _rows_copied(database: str, name: str) -> int:
+    """The list's rows in the database (read past the proxy); 0 before its table exists."""
+    try:
+        return len(mysql_rows(database, name))
+    except mysql.connector.Error:
+        return 0
+
+
+def _read_lines(stream: Any) -> tuple[list[str], threading.Thread]:
+    """A stream's lines as they come, read by a thread of their own."""
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(stream.readline, "")), daemon=True)
+    reader.start()
+    return lines, reader
+
+
+def _assert_one_clean_line(err: str, password: str) -> str:
+    """No traceback, no Spark report or stack, no password: the error's one line, returned."""
+    for noise in ("Traceback", "Exception", " ERROR ", "\tat ", "py4j", "Py4J"):
+        assert noise not in err, err[-3000:]
+    assert password not in err, "the password shown"
+    last = err.rstrip().splitlines()[-1]
+    assert last.startswith("error: "), err[-3000:]
+    return last
+
+
+def _kill_jvm(proc: subprocess.Popen) -> None:
+    [jvm] = _group_pids(proc.pid, b"org.apache.spark.deploy.SparkSubmit")
+    os.kill(jvm, signal.SIGKILL)
+
+
+def test_mysql_or_the_jvm_killed_under_a_single_sync_ends_it_with_one_line(
+    registered, java, store_url, list_name, mysql_db, mysql_user, mysql_proxy
+):
+    """The target's server gone in the middle of a run: Spark reported the failed
+    task at ERROR, with the task's Python traceback inside a Java stack, dozens of
+    lines before the command's own. The Spark driver's JVM killed under a run: the
+    command said "the Spark job failed: [Errno 111] Connection refused", nothing of
+    the JVM. Each now ends with one line naming what failed (the target without its
+    password, the Spark driver), status 1 and the lease released; a rerun copies each
+    job once."""
+    user, password = mysql_user
+    url = f"mysql://{user}:{password}@127.0.0.1:{mysql_proxy.port}/{mysql_db}"
+    shown = f"mysql://{user}:***@127.0.0.1:{mysql_proxy.port}/{mysql_db}"
+    make_jobs(registered, list_name, done=3000)
+    lease = parse_target(url).lease_name
+
+    def run_and(kill: Callable[[subprocess.Popen], None]) -> str:
+        proc = _sync_process(store_url, url, list_name)
+        before = _rows_copied(mysql_db, list_name)
+
+        def act() -> None:
+            _await_in_group(proc, DAEMON, "a task of the run", 120)
+            wait_for("rows committed by the run", lambda: proc.poll() is not None
+                     or _rows_copied(mysql_db, list_name) > before, 60, step_s=0.05)
+            assert proc.poll() is None, "the run ended before it could be cut short"
+            kill(proc)
+
+        err = _stderr_after(proc, act, 120)
+        assert proc.returncode == 1, err[-3000:]
+        assert registered.get(keys.LOCK_SET, lease) is None, "the lease is released"
+        return _assert_one_clean_line(err, password)
+
+    line = run_and(lambda proc: mysql_proxy.kill())
+    assert shown in line and ("failed while writing" in line or "cannot connect" in line), line
+    mysql_proxy.start()
+    line = run_and(_kill_jvm)
+    assert line.startswith("error: the Spark driver (its JVM, pid ") and "ended during the run (killed by SIGKILL)" in line
+    assert len(processed(registered, list_name)) > _rows_copied(mysql_db, list_name), "both runs were cut short"
+    again = _sync(store_url, "--mysql", url, "--list", list_name, "--json")
+    assert again.exit_code == 0, again.output
+    assert_exactly_once(registered, mysql_db, list_name)
+    assert set(synced_marks(registered, list_name, url)) == set(processed(registered, list_name))
+
+
+def test_mysql_then_the_jvm_killed_under_a_sync_every(
+    registered, java, store_url, list_name, mysql_db, mysql_user, mysql_proxy
+):
+    """On a schedule, the target's server gone mid-run fails that run (one line, no
+    Spark report or stack), and once it is back the next run copies the rest. The
+    Spark driver's JVM killed: every later run failed the same way ("the Spark job
+    failed: [Errno 111] Connection refused"), for as long as the service ran, exiting
+    0 when stopped. Now the schedule ends there: one line naming the Spark driver,
+    status 1, the lease released."""
+    user, password = mysql_user
+    url = f"mysql://{user}:{password}@127.0.0.1:{mysql_proxy.port}/{mysql_db}"
+    shown = f"mysql://{user}:***@127.0.0.1:{mysql_proxy.port}/{mysql_db}"
+    make_jobs(registered, list_name, done=3000)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "aeroqueue", "--url", store_url, "sync", "--mysql", url, "--list", list_name,
+         "--partitions", "4", "--batch-size", "10", "--json", "--every", "1s"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    out, _ = _read_lines(proc.stdout)
+    errs, err_reader = _read_lines(proc.stderr)
+    try:
+        _await_in_group(proc, DAEMON, "a task of the first run", 120)
+        wait_for("rows committed by the first run", lambda: _rows_copied(mysql_db, list_name) > 0, 60)
+        assert not out, "the first run ended before it could be cut short"
+        mysql_proxy.kill()
+        wait_for("the failed run said", lambda: any("sync run failed" in line for line in errs), 60)
+        mysql_proxy.start()
+        wait_for("a run after the failed one", lambda: proc.poll() is not None or out, 120)
+        assert proc.poll() is None, "".join(errs)[-3000:]
+        _kill_jvm(proc)
+        proc.wait(60)
+        err_reader.join(10)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    err = "".join(errs)
+    assert proc.returncode == 1, err[-3000:]
+    last = _assert_one_clean_line(err, password)
+    assert last.startswith("error: the Spark driver (its JVM, pid ") and "killed by SIGKILL" in last, err[-3000:]
+    failed = [line for line in errs if "sync run failed" in line]
+    assert failed and all(shown in line for line in failed), err[-3000:]
+    assert registered.get(keys.LOCK_SET, parse_target(url).lease_name) is None, "the lease is released"
+    assert json.loads(out[0])["copied"] > 0
+    assert_exactly_once(registered, mysql_db, list_name)
+    assert set(synced_marks(registered, list_name, url)) == set(processed(registered, list_name))
 
 
 @pytest.fixture
