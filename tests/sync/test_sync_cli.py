@@ -588,6 +588,66 @@ def test_mysql_then_the_jvm_killed_under_a_sync_every(
     assert set(synced_marks(registered, list_name, url)) == set(processed(registered, list_name))
 
 
+# `python -m aeroqueue`, with PySpark's accumulator server taking 30 s to shut down
+# (its real wait: up to 1.5 s, see `stop_spark`): a command that waits for it shows.
+_SLOW_ACCUMULATORS = (
+    "import time\n"
+    "import pyspark.accumulators as a\n"
+    "for cls in (a.AccumulatorTCPServer, getattr(a, 'AccumulatorUnixServer', None)):\n"
+    "    if cls is not None:\n"
+    "        cls.shutdown = lambda self, real=cls.shutdown: (time.sleep(30), real(self))[1]\n"
+    "from aeroqueue.cli import main\n"
+    "main()\n"
+)
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie waiting to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_sigterm_ends_a_sync_every_and_its_jvm_promptly(registered, java, store_url, list_name, mysql_db, mysql_url):
+    """A SIGTERM'd `sync --every` kept its JVM up about 2 s: stopping the Spark
+    session waited for PySpark's accumulator server, whose thread serves the JVM's
+    connection (open once a task has ended) and looks for the shutdown once a second,
+    the JVM up until the command ended. Here that server takes 30 s to shut down: the
+    command and its JVM end well before, the run under way cancelled, each job in
+    MySQL once (every run of --resync copies them all again) and its lease released."""
+    make_jobs(registered, list_name, done=3000)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SLOW_ACCUMULATORS, "--url", store_url, "sync", "--mysql", mysql_url, "--list",
+         list_name, "--partitions", "4", "--batch-size", "10", "--json", "--resync", "--every", "1s"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    out, _ = _read_lines(proc.stdout)
+    errs, err_reader = _read_lines(proc.stderr)
+    try:
+        wait_for("the first run's report", lambda: proc.poll() is not None or out, 180)
+        assert proc.poll() is None, "".join(errs)[-3000:]
+        time.sleep(1.0)  # into the second run (the first took more than its 1 s)
+        [jvm] = _group_pids(proc.pid, b"org.apache.spark.deploy.SparkSubmit")
+        signalled = time.monotonic()
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(60)
+        wait_for("the JVM ended", lambda: not _alive(jvm), 60, step_s=0.02)
+        took = time.monotonic() - signalled
+        err_reader.join(10)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    err = "".join(errs)
+    assert proc.returncode == 0, err[-3000:]
+    assert took < 15, f"the JVM ended {took:.1f} s after SIGTERM"
+    for noise in ("Traceback", "Exception", " ERROR ", "sync run failed"):
+        assert noise not in err, err[-3000:]
+    assert registered.get(keys.LOCK_SET, parse_target(mysql_url).lease_name) is None, "the lease is released"
+    assert_exactly_once(registered, mysql_db, list_name)
+
+
 @pytest.fixture
 def no_jvm(tmp_path: Path) -> tuple[dict[str, str], Path]:
     """An environment whose JAVA_HOME's `java` only leaves a file behind (and fails):
