@@ -271,6 +271,7 @@ def _migrate_once(sink: Sink, steps: list[Migration], at_ms: int | None) -> int:
                 f"the schema of {sink.target} is at version {current}, newer than this aeroqueue's "
                 f"{newest}: upgrade aeroqueue before syncing into it"
             )
+        server = sink.dialect.server(sink) if current < newest else ""
         for step in steps[current + 1:]:
             for stmt in step.statements:
                 run(stmt)
@@ -280,8 +281,14 @@ def _migrate_once(sink: Sink, steps: list[Migration], at_ms: int | None) -> int:
             )
             if sink.dialect.ddl_commits:  # else the whole migration is one transaction
                 sink.commit()
-            log.info("schema of %s migrated to version %d (%s)", sink.target, step.version, step.description,
-                 extra={"event": "schema_migrated", "version": step.version})
+            if any(sink.dialect.ddl(stmt) is not None for stmt in step.statements):
+                log.info("schema of %s (%s) migrated to version %d (%s)", sink.target, server, step.version,
+                         step.description, extra={"event": "schema_migrated", "version": step.version})
+            else:
+                # Another kind of target's alone (migration 3 is SQLite's): its description,
+                # logged as what was done, named the wrong database.
+                log.info("schema of %s (%s) at version %d: nothing to change on %s", sink.target, server,
+                         step.version, server.split()[0], extra={"event": "schema_migrated", "version": step.version})
         sink.commit()
     return newest
 

@@ -111,6 +111,10 @@ class Dialect:
         """The largest statement, in bytes, the server takes on `conn`; None: no limit that matters."""
         return None
 
+    def server(self, sink: Sink) -> str:
+        """What the target is, for people: the database and its version ("MariaDB 10.11.6")."""
+        raise NotImplementedError
+
     # Whether schema changes commit on their own (MySQL's DDL does): if not, a
     # migration runs as one transaction, which `schema_lock` opens.
     ddl_commits = True
@@ -281,6 +285,12 @@ class MySQLDialect(Dialect):
 
         return isinstance(error, me.Error)
 
+    def server(self, sink: Sink) -> str:
+        # MariaDB says so in its version ("10.11.6-MariaDB-0+deb12u1"); MySQL does not ("8.0.36").
+        version = str(sink.execute("SELECT VERSION()")[0][0])
+        number = version.split("-", 1)[0]
+        return f"MariaDB {number}" if "mariadb" in version.lower() else f"MySQL {number}"
+
     def max_statement(self, conn: Any) -> int | None:
         cur = conn.cursor()
         try:
@@ -351,6 +361,9 @@ class SQLiteDialect(Dialect):
 
     def is_error(self, error: BaseException) -> bool:
         return isinstance(error, sqlite3.Error)
+
+    def server(self, sink: Sink) -> str:
+        return f"SQLite {sqlite3.sqlite_version}"
 
 
 DIALECTS: dict[str, Dialect] = {"mysql": MySQLDialect(), "sqlite": SQLiteDialect()}

@@ -4,6 +4,7 @@ upsert path on both dialects, and turning job records into rows or rejects."""
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import sqlite3
 import subprocess
@@ -204,6 +205,30 @@ def test_migration_on_mysql(mysql_db):
     # Rows go in at the end of the clustered key; (list, created, jid) is what the upsert
     # collides on: a job of one list, not of another list of the name (migration 4).
     assert "PRIMARY KEY (`id`)" in ddl and "UNIQUE KEY `aq_jobs_job` (`list`,`created`,`jid`)" in ddl
+
+
+@pytest.mark.parametrize("dialect", ["mysql", "sqlite"])
+def test_the_migrations_log_names_the_kind_of_target(dialect, tmp_path, request, caplog):
+    """Migration 3 is SQLite's alone (nothing of it runs on MySQL), and a MariaDB
+    target's log said it had been "migrated to version 3 (SQLite: aq_jobs.jid holds
+    job ids as text)". Each line names the target's kind and version; one that ran
+    nothing there says so."""
+    target = _target(dialect, tmp_path, request)
+    caplog.set_level(logging.INFO, logger="aeroqueue.sync.schema")
+    with Sink(target) as sink:
+        newest = migrate(sink)
+        kind = "MariaDB" if dialect == "mysql" and "mariadb" in str(sink.execute("SELECT VERSION()")[0][0]).lower() \
+            else "MySQL" if dialect == "mysql" else "SQLite"
+    said = {r.version: r.getMessage() for r in caplog.records if getattr(r, "event", "") == "schema_migrated"}
+    assert sorted(said) == list(range(1, newest + 1))
+    for line in said.values():
+        assert line.startswith(f"schema of {target} ({kind} "), line
+        if dialect == "mysql":
+            assert "SQLite" not in line, line
+    if dialect == "mysql":
+        assert said[3].endswith(f"at version 3: nothing to change on {kind}"), said[3]
+    else:
+        assert "migrated to version 3 (SQLite: aq_jobs.jid holds job ids as text)" in said[3]
 
 
 def _failing_once(sink: Sink, on: str, errno: int, times: int = 1) -> list[str]:
