@@ -47,7 +47,7 @@ from ..sync import (
     sync_lease,
 )
 from ..sync.bench import DEFAULT_JOBS, BenchResult, run_bench
-from ..sync.job import stop_spark
+from ..sync.job import require_pyspark, stop_spark
 from ..sync.target import ENV_MYSQL_PWD, ENV_PASSWORD
 from .context import Context, err_console, option, progress_bar, usage_check, verbose_requested
 
@@ -297,7 +297,9 @@ def sync(
     re-copies some rows and loses none. Records that cannot be stored go to
     the sync_rejects table with the reason, and the run exits non-zero.
     SIGTERM cancels the run under way and releases the lease: on a schedule
-    the command then exits 0, a single run cut short 143.
+    the command then exits 0, a single run cut short 143. On a schedule a
+    failed run (the target down, say) is logged in one line and the next one
+    tries again; a Spark driver that died ends it, with status 1.
     """
     if delete_after is not None and (only or since is not None):
         # Wrong usage (status 2), said before the store is opened, as SyncOptions would
@@ -377,6 +379,8 @@ def _sync_with_spark(
     backend: Backend, options: SyncOptions, target: Target, master: str | None, every: float | None, lease_s: float,
     as_json: bool, verbose: bool, stop: Stop, report: Callable[[SyncReport], None],
 ) -> None:
+    # Said at once: a schedule, which starts Spark at its first run, would log it run after run.
+    require_pyspark()
     ignored = _sigint_ignored()  # before anything installs a handler
     # From before the JVM starts: Ctrl-C is ours (and py4j's report of a call it cut
     # short is kept, not printed with its traceback) through the context's start too.

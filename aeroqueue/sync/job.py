@@ -95,6 +95,18 @@ def _quiet_log4j2() -> str:
     return str(path)
 
 
+_NO_PYSPARK = "PySpark is not installed: pip install 'aeroqueue[spark]' (and Java 17 for Spark)"
+
+
+def require_pyspark() -> None:
+    """Refuse at once (SyncError) where PySpark is not installed: before a run takes
+    its lease, and before a schedule that starts Spark at its first run starts."""
+    try:
+        import pyspark  # noqa: F401  (what the run imports next)
+    except ImportError:
+        raise SyncError(_NO_PYSPARK) from None
+
+
 def spark_session(
     master: str | None = None, app_name: str = "aeroqueue-sync", *, verbose: bool = False, sigint: Any = None
 ) -> tuple[SparkSession, bool]:
@@ -112,7 +124,7 @@ def spark_session(
         from pyspark import SparkContext
         from pyspark.sql import SparkSession
     except ImportError:
-        raise SyncError("PySpark is not installed: pip install 'aeroqueue[spark]' (and Java 17 for Spark)") from None
+        raise SyncError(_NO_PYSPARK) from None
 
     created = SparkContext._active_spark_context is None
     builder = SparkSession.builder.appName(app_name).config("spark.ui.showConsoleProgress", "false")

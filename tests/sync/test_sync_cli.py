@@ -703,6 +703,22 @@ def test_a_sync_another_holds_the_lease_for_starts_no_jvm(registered, store_url,
     assert marked_anywhere(registered, list_name) == set()
 
 
+@pytest.mark.parametrize("schedule", ["once", "every"])
+def test_without_pyspark_a_sync_says_so_at_once(registered, store_url, list_name, mysql_url, schedule):
+    """A schedule starts Spark at its first run, once it holds the lease: a failure
+    there is a failed run, logged, and tried again at the next. PySpark missing is
+    said before, and ends the command."""
+    make_jobs(registered, list_name, done=1)
+    hide = "import sys\nsys.modules['pyspark'] = None\nfrom aeroqueue.cli import main\nmain()\n"
+    every = ["--every", "1s"] if schedule == "every" else []
+    out = subprocess.run([sys.executable, "-c", hide, "--url", store_url, "sync", "--mysql", mysql_url, "--list",
+                          list_name, *every], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert out.stderr.rstrip().splitlines()[-1] == (
+        "error: PySpark is not installed: pip install 'aeroqueue[spark]' (and Java 17 for Spark)")
+    assert registered.get(keys.LOCK_SET, parse_target(mysql_url).lease_name) is None
+
+
 def test_a_sync_started_with_sigint_ignored_runs_through_sigints(
     registered, java, store_url, list_name, mysql_db, mysql_url
 ):
