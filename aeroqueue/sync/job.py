@@ -154,7 +154,7 @@ def spark_session(
         # The JVM exited as it started (killed; or no Java, or a wrong option: it said
         # why on stderr): PySpark's JAVA_GATEWAY_EXITED, or a py4j error, said as an
         # internal error.
-        lost = driver_lost(e, "as it started", "what it printed above says why")
+        lost = driver_lost(e, "as it started")
         if lost is None:
             raise
         raise lost from None
@@ -311,9 +311,9 @@ def driver_ended() -> int | None:
 DRIVER_END_WAIT_S = 2.0
 
 
-def driver_lost(e: BaseException, when: str, then: str) -> SparkDriverLost | None:
+def driver_lost(e: BaseException, when: str, then: str = "") -> SparkDriverLost | None:
     """The error to say for `e` if the Spark driver's JVM is gone (`when`: what it was
-    doing, `then`: what follows), else None. Its end reaches py4j's calls as a broken
+    doing, `then`: what follows for the copy), else None. Its end reaches py4j's calls as a broken
     or refused connection ("[Errno 111] Connection refused", "Answer from Java side is
     empty"), which said nothing of the JVM; and a schedule went on failing so, run
     after run, with no JVM to run them."""
@@ -323,13 +323,14 @@ def driver_lost(e: BaseException, when: str, then: str) -> SparkDriverLost | Non
     if status is None and proc is not None and broken:
         with contextlib.suppress(subprocess.TimeoutExpired):
             status = proc.wait(DRIVER_END_WAIT_S)
+    then = f"; {then}" if then else ""
     if status is None:
-        return SparkDriverLost(f"the Spark driver (its JVM) stopped answering {when}; {then}") if broken else None
-    how = f"exit status {status}"
+        return SparkDriverLost(f"the Spark driver (its JVM) stopped answering {when}{then}") if broken else None
+    how = f"with exit status {status}"
     if status < 0:
         with contextlib.suppress(ValueError):
             how = f"killed by {signal.Signals(-status).name}"
-    return SparkDriverLost(f"the Spark driver (its JVM, pid {proc.pid}) ended {when} ({how}); {then}")
+    return SparkDriverLost(f"the Spark driver (its JVM, pid {proc.pid}) ended {when}, {how}{then}")
 
 
 def _py4j_lost(e: BaseException) -> bool:

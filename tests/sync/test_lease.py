@@ -132,7 +132,7 @@ def test_a_lost_spark_driver_ends_the_schedule(store_url, lock):
 
     def lost() -> None:
         calls.append(1)
-        raise SparkDriverLost("the Spark driver (its JVM, pid 1) ended during the run (killed by SIGKILL)")
+        raise SparkDriverLost("the Spark driver (its JVM, pid 1) ended during the run, killed by SIGKILL")
 
     s = Scheduler(open_backend(store_url), 0.05, lost, lease_s=2.0, on_error=errors.append, lock=lock)
     with pytest.raises(SparkDriverLost):

@@ -532,7 +532,7 @@ def test_mysql_or_the_jvm_killed_under_a_single_sync_ends_it_with_one_line(
     assert shown in line and ("failed while writing" in line or "cannot connect" in line), line
     mysql_proxy.start()
     line = run_and(_kill_jvm)
-    assert line.startswith("error: the Spark driver (its JVM, pid ") and "ended during the run (killed by SIGKILL)" in line
+    assert line.startswith("error: the Spark driver (its JVM, pid ") and "ended during the run, killed by SIGKILL" in line
     assert len(processed(registered, list_name)) > _rows_copied(mysql_db, list_name), "both runs were cut short"
     again = _sync(store_url, "--mysql", url, "--list", list_name, "--json")
     assert again.exit_code == 0, again.output
@@ -701,6 +701,27 @@ def test_a_sync_another_holds_the_lease_for_starts_no_jvm(registered, store_url,
     finally:
         holder.release()
     assert marked_anywhere(registered, list_name) == set()
+
+
+@pytest.mark.parametrize("schedule", ["once", "every"])
+def test_a_jvm_that_ends_as_it_starts_is_said_in_one_line(registered, store_url, list_name, mysql_url, no_jvm,
+                                                         schedule):
+    """Spark's JVM gone before it answered (killed, no Java, a wrong option): the
+    command said "internal error, PySparkRuntimeError: [JAVA_GATEWAY_EXITED] ...
+    please report it". Now it names the Spark driver and how it ended; a schedule
+    ends there, as no later run could start one either."""
+    make_jobs(registered, list_name, done=1)
+    env, jvm_started = no_jvm
+    every = ["--every", "1s"] if schedule == "every" else []
+    out = subprocess.run([sys.executable, "-m", "aeroqueue", "--url", store_url, "sync", "--mysql", mysql_url,
+                          "--list", list_name, *every], env=env, capture_output=True, text=True, timeout=120)
+    assert jvm_started.exists()
+    assert out.returncode == 1, out.stderr[-3000:]
+    last = out.stderr.rstrip().splitlines()[-1]
+    assert last.startswith("error: the Spark driver (its JVM, pid ") and "ended as it started, with exit status" in last, \
+        out.stderr[-3000:]
+    assert "Traceback" not in out.stderr
+    assert registered.get(keys.LOCK_SET, parse_target(mysql_url).lease_name) is None
 
 
 @pytest.mark.parametrize("schedule", ["once", "every"])
