@@ -287,7 +287,8 @@ class MySQLDialect(Dialect):
 
     def server(self, sink: Sink) -> str:
         # MariaDB says so in its version ("10.11.6-MariaDB-0+deb12u1"); MySQL does not ("8.0.36").
-        version = str(sink.execute("SELECT VERSION()")[0][0])
+        value = sink.execute("SELECT VERSION()")[0][0]
+        version = bytes(value).decode() if isinstance(value, (bytes, bytearray)) else str(value)
         number = version.split("-", 1)[0]
         return f"MariaDB {number}" if "mariadb" in version.lower() else f"MySQL {number}"
 
