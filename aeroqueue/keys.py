@@ -43,6 +43,11 @@ SESS_INDEX = "aq_job_sess"  # secondary index on aq_job.sess: a session's claims
 # Numeric secondary index on aq_job.dl, the claim's deadline, which a job holds only
 # while claimed: every session's claims in one query (the dashboard's sessions).
 CLAIMS_INDEX = "aq_job_dl"
+# Set indexes on the small sets every worker and every view scans (sessions: twice a
+# reaper's pass; lists: pattern discovery, the dashboard, a scrape): without one a scan
+# of a set walks the whole namespace's primary index on each node.
+SESS_SET_INDEX = "aq_sess_set"
+LIST_SET_INDEX = "aq_list_set"
 
 BITS_PER_CHUNK = 1 << 16  # 8 KiB of bits per bitmap record
 

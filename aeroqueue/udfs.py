@@ -76,10 +76,17 @@ def status(backend: Backend) -> list[ModuleStatus]:
     return out
 
 
-# Secondary indexes the client relies on: (set, bin, index name, type). A store
-# without the claims index still works: the dashboard then reads each session's
-# claims with a query of its own (aeroqueue.dashboard.data).
-INDEXES = [(keys.JOB_SET, "sess", keys.SESS_INDEX, "string"), (keys.JOB_SET, "dl", keys.CLAIMS_INDEX, "numeric")]
+# Indexes the client relies on: (set, bin, index name, type). A store without the
+# claims index still works: the reaper and the dashboard then read each session's
+# claims with a query of its own. The set indexes (type "set", no bin) only make the
+# scans of small sets cheap: measured with 1M jobs in the namespace, a scan of the
+# sessions cost the server 350 ms of CPU without one, 3 ms with it.
+INDEXES = [
+    (keys.JOB_SET, "sess", keys.SESS_INDEX, "string"),
+    (keys.JOB_SET, "dl", keys.CLAIMS_INDEX, "numeric"),
+    (keys.SESS_SET, "", keys.SESS_SET_INDEX, "set"),
+    (keys.LIST_SET, "", keys.LIST_SET_INDEX, "set"),
+]
 
 
 @dataclass(frozen=True)
