@@ -40,6 +40,7 @@ DEFAULT_TIMEOUT_S = 300.0  # a claim's time limit
 DEFAULT_BACKOFF_S = 1.0  # attempt n waits between half and all of base * 2^(n-1)...
 DEFAULT_BACKOFF_MAX_S = 3600.0  # ...capped here
 PAGE = 1000  # records per batch read when walking a list
+PREFETCH_BATCH = 5000  # records per batch read of `JobLists.prefetch`
 # How long a drop waits for completion bits still on their way (a worker's bit buffer
 # writes within ~50 ms of an ack) before it deletes the bitmaps a second time.
 DROP_GRACE_S = 1.0
@@ -273,8 +274,33 @@ class JobLists:
 
     # -- status ------------------------------------------------------------------
 
-    def status(self, name: str) -> ListStatus:
-        head, done, dead, finished, voids = self._progress(name)
+    def prefetch(self, names: list[str]) -> dict[str, tuple[dict[str, Any], list[Any]]]:
+        """What `status` reads of each of `names`, for all of them in two batch calls
+        (their list records, then their completion bitmaps): a scrape of thousands of
+        lists made two round trips a list. Lists not there are left out (`status`
+        says so). A batch call that fails raises: the caller reads list by list."""
+        transitions.flush_bits(self.backend)  # this process's acks count at once
+        heads: dict[str, dict[str, Any]] = {}
+        for lo in range(0, len(names), PREFETCH_BATCH):
+            part = names[lo:lo + PREFETCH_BATCH]
+            recs = self.backend.batch_get(keys.LIST_SET, [keys.check_list_name(n) for n in part])
+            heads.update((n, rec.bins) for n, rec in zip(part, recs, strict=True)
+                         if rec is not None and not is_tombstone(rec.bins))
+        wanted = [(name, _bitmap_names(name, head["alloc"])) for name, head in heads.items()]
+        flat = [k for _, ks in wanted for k in ks]
+        got: list[Any] = []
+        for lo in range(0, len(flat), PREFETCH_BATCH):
+            got += self.backend.batch_get(keys.DONE_SET, flat[lo:lo + PREFETCH_BATCH])
+        out, at = {}, 0
+        for name, ks in wanted:
+            out[name] = (heads[name], got[at:at + len(ks)])
+            at += len(ks)
+        return out
+
+    def status(self, name: str, *, read: tuple[dict[str, Any], list[Any]] | None = None) -> ListStatus:
+        """A list's counts and state. `read`: its list record's bins and completion
+        bitmap records as `prefetch` read them (else read here)."""
+        head, done, dead, finished, voids = self._progress(name, read)
         # About to be marked complete (and never swept again): its dead bits checked
         # against the jobs first. A process killed between the two steps of
         # `transitions.set_dead_bits` after a kick leaves the bit of a queued job.
@@ -393,7 +419,12 @@ class JobLists:
         head, done, dead, _, _ = self._progress(name)
         return head, done, dead
 
-    def _progress(self, name: str) -> tuple[dict[str, Any], int, int, _Finished, _Finished]:
+    def _progress(
+        self, name: str, read: tuple[dict[str, Any], list[Any]] | None = None,
+    ) -> tuple[dict[str, Any], int, int, _Finished, _Finished]:
+        if read is not None:  # `prefetch`'s
+            head, recs = read
+            return (head, *self._bits(name, head["alloc"], head["created"], recs))
         transitions.flush_bits(self.backend)  # this process's acks count at once
         head = self.header(name)
         done, dead, finished, voids = self._bits(name, head["alloc"], head["created"])
@@ -449,7 +480,9 @@ class JobLists:
                 x ^= 1 << bit
         return sorted(tokens)
 
-    def _bits(self, name: str, alloc: int, created: int | None) -> tuple[int, int, _Finished, _Finished]:
+    def _bits(
+        self, name: str, alloc: int, created: int | None, recs: list[Any] | None = None,
+    ) -> tuple[int, int, _Finished, _Finished]:
         """Done and dead bits set, which tokens have either, and which are void (hold
         no job: load.void_bits). A retry store entry whose job finished is a
         duplicate, pending nothing: a release or requeue repeated after a lost answer,
@@ -458,7 +491,8 @@ class JobLists:
         done = dead = 0
         maps: dict[int, int] = {}
         voids: dict[int, int] = {}
-        for chunk, rec in enumerate(self._bitmaps(name, alloc, created)):
+        bitmaps = self._bitmaps(name, alloc, created) if recs is None else [keys.bitmap_of(r, created) for r in recs]
+        for chunk, rec in enumerate(bitmaps):
             if rec is None:
                 continue
             d, x = _chunk_bits(rec, "done"), _chunk_bits(rec, "dead")

@@ -349,6 +349,18 @@ class StoreCollector(Collector):
         out: list[tuple[str, ListStatus | None]] = []
         budget_end: float | None = None  # set by the first read that timed out
         unread = 0
+        # Every list's records in two batch calls, not two round trips a list. A batch
+        # call one node does not answer fails whole: the lists are then read one by
+        # one, within the budget that a read that did not answer starts.
+        read: dict[str, Any] = {}
+        if names:
+            try:
+                read = self.lists.prefetch(names)
+            except (BackendTimeout, ClusterChanging) as e:
+                budget_end = time.monotonic() + AFTER_TIMEOUT_BUDGET_S
+                self._error(f"cannot read the lists together; each gets {AFTER_TIMEOUT_MS} ms", e)
+            except AeroqueueError as e:
+                log.debug("lists not read together: one by one", extra={"event": "scrape_one_by_one", "error": str(e)})
         for i, name in enumerate(names):
             now = time.monotonic()
             out_of_time = now >= give_up
@@ -361,10 +373,10 @@ class StoreCollector(Collector):
                 break
             try:
                 if budget_end is None:
-                    st = self.lists.status(name)
+                    st = self.lists.status(name, read=read.get(name))
                 else:
                     with self.backend.bounded_reads(record_ms=AFTER_TIMEOUT_MS):
-                        st = self.lists.status(name)
+                        st = self.lists.status(name, read=read.get(name))
                 out.append((name, st))
                 self._read_order.note(name, True)
             except ListNotFound:

@@ -14,6 +14,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -30,6 +31,7 @@ from aeroqueue.hosts import TrustedHosts, host_name, is_wildcard
 from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.metrics import (
+    AFTER_TIMEOUT_MS,
     ListNames,
     StoreCollector,
     StoreLater,
@@ -502,6 +504,8 @@ def test_lists_after_a_timed_out_one_are_read_with_a_short_limit_within_a_budget
         return real_status(self, name, *args, **kw)
 
     monkeypatch.setattr(JobLists, "status", status)
+    # Each list read on its own, as when the batch read of them all failed (`prefetch`).
+    monkeypatch.setattr(JobLists, "prefetch", lambda self, names: {})
     # The short limit, made long enough for a loaded machine's healthy reads: what is
     # checked is that the later reads get it, not how fast they are.
     monkeypatch.setattr("aeroqueue.metrics.AFTER_TIMEOUT_MS", 1500)
@@ -526,6 +530,52 @@ def test_lists_after_a_timed_out_one_are_read_with_a_short_limit_within_a_budget
     samples = parse(generate_latest(registry).decode())  # names[3] answered last time: before both
     assert [value(samples, "aeroqueue_list_jobs", list=n) for n in names] == [1, None, None, 4]
     assert value(samples, "aeroqueue_store_up") == 0
+
+
+def test_a_scrape_reads_every_list_in_the_same_round_trips_whatever_their_number(
+    registered: Backend, list_name: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A scrape read each list's record and completion bitmaps with two round trips
+    of its own: thousands of lists, thousands of calls a scrape. Now two batch calls
+    for all; their counts are the same as a list's own status. A batch call that
+    fails (one node not answering) leaves each list read on its own, within the
+    short limits a read that did not answer starts."""
+    lists = JobLists(registered)
+    names = [f"{list_name}-{i}" for i in range(12)]
+    for i, name in enumerate(names):
+        lists.load(name, [JobSpec(f"j{k}", k) for k in range(i + 1)], seal=True)
+    queue = Queue(registered)
+    with Session.open(registered, heartbeat=False) as s:
+        queue.complete_many(queue.reserve(names[3], s, 2), ["ok", "ok"])
+    few, every = (lambda: names[:3]), (lambda: names)
+
+    def cost(which: Callable[[], list[str]]) -> tuple[int, dict]:
+        before = registered.round_trips
+        samples = parse(generate_latest(store_registry(registered, which)).decode())
+        return registered.round_trips - before, samples
+
+    (three, _), (twelve, samples) = cost(few), cost(every)
+    assert twelve == three, (three, twelve)  # it was two more a list: 18 more
+    for i, name in enumerate(names):
+        st = lists.status(name)
+        assert value(samples, "aeroqueue_list_jobs", list=name) == i + 1 == st.total
+        assert value(samples, "aeroqueue_list_jobs_by_state", list=name, state="done") == st.done
+    assert value(samples, "aeroqueue_list_jobs_by_state", list=names[3], state="done") == 2
+    assert value(samples, "aeroqueue_store_up") == 1
+
+    def frozen(self: JobLists, names: list[str]) -> Any:
+        raise BackendTimeout("batch read of aq_list failed: timed out", operation="batch_read", key=names[0])
+
+    monkeypatch.setattr(JobLists, "prefetch", frozen)
+    spy = ReadSpy(registered.client)
+    monkeypatch.setattr(registered, "client", spy)
+    samples = parse(generate_latest(store_registry(registered, every)).decode())
+    assert [value(samples, "aeroqueue_list_jobs", list=n) for n in names] == list(range(1, 13))
+    # Every list read after all: the store is up; the read that did not answer is an error.
+    assert value(samples, "aeroqueue_store_up") == 1
+    assert value(samples, "aeroqueue_exporter_errors_total") == 1
+    limits = {ms for call, _, ms in spy.seen if call in ("get", "batch_read")}
+    assert limits == {AFTER_TIMEOUT_MS}, limits
 
 
 def test_the_read_order_forgets_a_list_no_longer_named():
@@ -557,6 +607,7 @@ def test_a_store_answering_every_read_slowly_costs_a_scrape_the_time_prometheus_
         return real_status(self, name, *args, **kw)
 
     monkeypatch.setattr(JobLists, "status", slow)
+    monkeypatch.setattr(JobLists, "prefetch", lambda self, names: {})  # each list read on its own
     server = serve(store_registry(registered, lambda: names), 0)
     try:
         def scrape(**headers: str) -> dict:
@@ -639,7 +690,7 @@ def test_a_scrapes_reads_have_time_limits_and_other_threads_reads_do_not(
     samples = parse(generate_latest(store_registry(registered, ListNames(registered))).decode())
     assert value(samples, "aeroqueue_list_jobs", list=list_name) == 1 and value(samples, "aeroqueue_store_up") == 1
     scrape = set(spy.seen)
-    assert {call for call, _, _ in scrape} >= {"get", "batch_read", "query"}, scrape
+    assert {call for call, _, _ in scrape} >= {"batch_read", "query"}, scrape  # the lists' records: `prefetch`
     assert scrape == {(call, me, 5000 if call == "query" else 1000) for call, _, _ in scrape}
     spy.seen.clear()
     with registered.bounded_reads():
