@@ -48,6 +48,20 @@ def _at_once(*passes: Callable[[], ReapReport]) -> list[ReapReport]:
     return out
 
 
+def _expiries_noted(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """From now on, each `expire_overdue` call's (session, claims it ended)."""
+    ended: list[tuple[str, int]] = []
+    expire = sessions.expire_overdue
+
+    def noted(backend: Backend, session_id: str, *args: Any, **kw: Any) -> int:
+        n = expire(backend, session_id, *args, **kw)
+        ended.append((session_id, n))
+        return n
+
+    monkeypatch.setattr(sessions, "expire_overdue", noted)
+    return ended
+
+
 def _states(backend: Backend, list_name: str) -> Counter[str]:
     recs = backend.batch_get(keys.JOB_SET, keys.job_names(list_name, list(range(N))))
     return Counter(r.bins["state"] for r in recs)
@@ -104,15 +118,7 @@ def test_two_reapers_ending_the_same_overdue_claims_offer_each_job_once(
     others = f"{list_name}-others"
     lists.load(others, [JobSpec(f"o{i}", {}) for i in range(3)], timeout_s=1.0, backoff_s=0, max_attempts=10,
                seal=True)
-    ended: list[tuple[str, int]] = []
-    expire = sessions.expire_overdue
-
-    def expire_noted(backend: Backend, session_id: str, *args: Any, **kw: Any) -> int:
-        n = expire(backend, session_id, *args, **kw)
-        ended.append((session_id, n))
-        return n
-
-    monkeypatch.setattr(sessions, "expire_overdue", expire_noted)
+    ended = _expiries_noted(monkeypatch)
     reapers = [open_backend(store_url) for _ in range(2)]
     holder = Session.open(registered, interval_s=0.2, expiry_s=30)  # alive all along
     other = Session.open(registered, heartbeat=False, expiry_s=60)
@@ -457,14 +463,7 @@ def test_a_reap_pass_costs_the_same_whatever_the_number_of_live_sessions(
         assert six - one < 5, (one, six)  # per session it was two round trips: 10 more
 
         # Claims past their limit, two sessions' each, ended in one pass.
-        ended: list[tuple[str, int]] = []
-        expire = sessions.expire_overdue
-
-        def expire_noted(backend: Backend, session_id: str, *args: Any, **kw: Any) -> int:
-            n = expire(backend, session_id, *args, **kw)
-            ended.append((session_id, n))
-            return n
-
+        ended = _expiries_noted(monkeypatch)
         for use_index in (True, False):
             if not use_index:
                 def no_index(*_args: Any, **_kw: Any) -> Any:
@@ -475,9 +474,7 @@ def test_a_reap_pass_costs_the_same_whatever_the_number_of_live_sessions(
             assert all(len(v) == 3 for v in held.values()), held
             time.sleep(1.3)
             ended.clear()
-            monkeypatch.setattr(sessions, "expire_overdue", expire_noted)
             report = reap(reaper)
-            monkeypatch.setattr(sessions, "expire_overdue", expire)
             assert {sid: n for sid, n in ended if sid in held} == {sid: 3 for sid in held}, (use_index, ended)
             assert report.timed_out >= 6, report
             for jids in held.values():
