@@ -38,11 +38,18 @@ def cutoff_ms(backend: Backend, session_id: str) -> float | None:
     node still admits lands first, or not at all. Never this host's clock: a reaper or
     a dropper whose clock ran ahead would end leases their holders may still
     acknowledge. None when the session record is gone (and its leases with it)."""
+    now = server_now_ms(backend, session_id)
+    return None if now is None else now - CLOCK_MARGIN_MS
+
+
+def server_now_ms(backend: Backend, session_id: str) -> int | None:
+    """The server's clock (ms), as the node holding session `session_id`'s record reads
+    it; None when that record is gone."""
     try:
         rec = backend.operate(keys.SESS_SET, session_id, [_SERVER_NOW])
     except RecordNotFound:
         return None
-    return rec.bins["now"] - CLOCK_MARGIN_MS
+    return int(rec.bins["now"])
 
 
 def overdue(leases: Leases, cutoff: float) -> Leases:

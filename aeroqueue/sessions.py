@@ -565,13 +565,19 @@ def reap(backend: Backend, *, stop: Callable[[], bool] | None = None) -> ReapRep
             sessions += 1
             log.info("session reaped", extra={"event": "reaped", "session": session_id, "released": released})
         live = [(sid, rec) for sid, rec in backend.scan(keys.SESS_SET, bins=["state", "leases"]) if sid not in expired]
+        # The server's clock, read once a pass (never this host's: one whose clock is
+        # behind the store's would skip every lease and claim past its limit by up to
+        # that much, for as long as it stays behind).
+        now, read_at = _server_now(backend, [sid for sid, _ in live]), time.monotonic()
         # Leases past their limit become claims first, so that the one query below
         # finds them among the claims past theirs.
         for sid, rec in live:
             if stop is not None and stop():
                 break
-            end_overdue_leases(backend, sid, rec.bins.get("leases"))
-        claims = overdue_claims(backend) if live else {}
+            end_overdue_leases(backend, sid, rec.bins.get("leases"), server_now_ms=now)
+        if now is not None:  # the server's clock has moved on as long as those took
+            now += int((time.monotonic() - read_at) * 1000) + 1
+        claims = overdue_claims(backend, server_now_ms=now) if live else {}
         for sid, _ in live:
             if stop is not None and stop():
                 break
@@ -590,14 +596,30 @@ _TIMED_OUT = {"retry": "to be retried", "delayed": "to be retried after the list
 _OVERDUE_BINS = ["sess", "list", "token", "tl", "att", "jid", "c"]
 
 
-def end_overdue_leases(backend: Backend, session_id: str, leases: dict[str, Any] | None) -> None:
+def _server_now(backend: Backend, session_ids: list[str]) -> int | None:
+    """The server's clock (ms), read on the first of these session records still there;
+    None if none is (or none given)."""
+    for sid in session_ids:
+        now = lease_entries.server_now_ms(backend, sid)
+        if now is not None:
+            return now
+    return None
+
+
+def end_overdue_leases(
+    backend: Backend, session_id: str, leases: dict[str, Any] | None, *, server_now_ms: int | None = None,
+) -> None:
     """Turn a live session's leases past their limit into claims past theirs, which
     `expire_overdue` then ends (`leases`: the session record's, as a scan read them).
-    The server's clock is read (`lease_entries.cutoff_ms`, a read of the session
-    record) only if a lease may be past its limit by this host's clock and the margin
-    allowed between clocks: a worker's leases are almost always fresh, and every live
-    session's read on every reaper's pass was a round trip a session a pass."""
-    if not leases or all(e[1] >= time.time() * 1000 + CLOCK_MARGIN_MS for e in leases.values()):
+    The server's clock is read on the session record's node (`lease_entries.cutoff_ms`)
+    only if a lease may be past its limit by `server_now_ms` (the server's clock as
+    one node read it this pass) and the margin allowed between nodes' clocks: a
+    worker's leases are almost always fresh, and every live session's read on every
+    reaper's pass was a round trip a session a pass. Without `server_now_ms`, read.
+    Never this host's clock, which may be behind the store's."""
+    if not leases:
+        return
+    if server_now_ms is not None and all(e[1] >= server_now_ms + CLOCK_MARGIN_MS for e in leases.values()):
         return
     cutoff = lease_entries.cutoff_ms(backend, session_id)
     if cutoff is None:
@@ -608,13 +630,19 @@ def end_overdue_leases(backend: Backend, session_id: str, leases: dict[str, Any]
         log.warning(str(e), extra={"event": "reap_late", "session": session_id})
 
 
-def overdue_claims(backend: Backend) -> dict[str, list[Record]] | None:
+def overdue_claims(backend: Backend, *, server_now_ms: int | None = None) -> dict[str, list[Record]] | None:
     """Every claim past its time limit, by session, in one query of the claims index
     (`keys.CLAIMS_INDEX`: a job holds its deadline `dl` only while claimed, and a claim
     past its limit has one behind the server's clock). None without that index (a store
     registered before it): then `expire_overdue` queries each session's claims, one
-    query a live session on every reaper's pass, each on every node."""
-    high = int(time.time() * 1000) + CLOCK_MARGIN_MS  # the server's clock at most this far ahead
+    query a live session on every reaper's pass, each on every node.
+
+    `server_now_ms`: the server's clock as one node read it; the query's upper bound
+    is that and the margin allowed between nodes' clocks. Never this host's clock: one
+    behind the store's by more than the margin left out every claim past its limit
+    by less than that, for as long as it stayed behind. Without it, every claim is
+    read (the expression keeps those past their limit)."""
+    high = keys.INT64[1] if server_now_ms is None else server_now_ms + CLOCK_MARGIN_MS
     try:
         found = backend.find_between(keys.JOB_SET, "dl", keys.INT64[0], high, expression=_OVERDUE,
                                      bins=_OVERDUE_BINS)
