@@ -156,26 +156,34 @@ class WorkerMetrics(WorkerObserver):
     def handler_duration(self, list_name: str, seconds: float) -> None:
         self.handler_seconds.observe(seconds)
 
+    def _count(self, counter: Counter, list_name: str, n: int = 1) -> None:
+        """An outcome of a list still followed: one that ends after its list stopped
+        being followed (a job in flight when its list was dropped, ending lost or
+        released) brought back the series `following` had removed, for good."""
+        with self._lists_lock:
+            if list_name in self._worked:
+                counter.labels(list_name).inc(n)
+
     def done(self, list_name: str) -> None:
-        self.jobs_completed.labels(list_name).inc()
+        self._count(self.jobs_completed, list_name)
 
     def failed(self, list_name: str) -> None:
-        self.jobs_failed.labels(list_name).inc()
+        self._count(self.jobs_failed, list_name)
 
     def dead(self, list_name: str) -> None:
-        self.jobs_dead.labels(list_name).inc()
+        self._count(self.jobs_dead, list_name)
 
     def timed_out(self, list_name: str) -> None:
-        self.jobs_timed_out.labels(list_name).inc()
+        self._count(self.jobs_timed_out, list_name)
 
     def snoozed(self, list_name: str) -> None:
-        self.jobs_snoozed.labels(list_name).inc()
+        self._count(self.jobs_snoozed, list_name)
 
     def released(self, list_name: str, n: int = 1) -> None:
-        self.jobs_released.labels(list_name).inc(n)
+        self._count(self.jobs_released, list_name, n)
 
     def lost(self, list_name: str) -> None:
-        self.jobs_lost.labels(list_name).inc()
+        self._count(self.jobs_lost, list_name)
 
     def heartbeat(self, ok: bool) -> None:
         self.heartbeats.labels("ok" if ok else "failed").inc()

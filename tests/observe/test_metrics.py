@@ -226,6 +226,22 @@ def test_a_workers_counters_are_there_from_a_lists_first_reservation_and_go_with
     assert not thread.is_alive()
 
 
+def test_an_outcome_after_its_list_is_no_longer_followed_brings_no_series_back() -> None:
+    """A job in flight when its list was dropped ends after `following` removed the
+    list's series (lost, or released): its count brought them back, for good."""
+    m = WorkerMetrics()
+    m.following(["a", "b"])
+    m.reserved("a", 2)
+    m.reserved("b", 1)
+    m.following(["b"])
+    m.lost("a")
+    m.released("a")
+    m.done("b")
+    assert _series(m.registry, "aeroqueue_jobs_lost_total") == {"b": 0}
+    assert _series(m.registry, "aeroqueue_jobs_released_total") == {"b": 0}
+    assert _series(m.registry, "aeroqueue_jobs_completed_total") == {"b": 1}
+
+
 def test_a_failed_acknowledgement_is_counted_once(registered: Backend, list_name: str) -> None:
     """An ack the store failed gives the job back: it was counted released and lost, so
     a worker's outcomes added up to more than it reserved."""
