@@ -275,10 +275,12 @@ class PageReads:
         self.last_error: BackendError | None = None  # the last `read`'s, if it did not answer
         self._budget_end: float | None = None
 
-    def read(self, part: str, fn: Callable[[], T], *, short: bool = False) -> T | None:
+    def read(self, part: str, fn: Callable[[], T], *, short: bool = False, shown: bool = True) -> T | None:
         """fn()'s answer, or None (and `part` noted unread) if the store did not answer.
         `short`: with the short limits even before a read of this view timed out (a
-        scan or index query while an earlier view's scan timed out: SCAN_RETRY_S)."""
+        scan or index query while an earlier view's scan timed out: SCAN_RETRY_S).
+        `shown` False: a read the page does without (its parts are read again on their
+        own), noted nowhere if it does not answer, but the short limits start."""
         now = time.monotonic()
         self.last_error = None
         if self._budget_end is not None and now >= self._budget_end:
@@ -298,14 +300,15 @@ class PageReads:
                 ):
                     out = fn()
         except UNANSWERED as e:
-            self.failed(part, e)
+            self.failed(part, e, shown=shown)
             return None
         self.answered += 1
         return out
 
-    def failed(self, part: str, error: BackendError) -> None:
-        """`part` did not answer (`error`): noted, and the short limits start."""
-        self.unread.append(part)
+    def failed(self, part: str, error: BackendError, *, shown: bool = True) -> None:
+        """`part` did not answer (`error`): noted (if `shown`), and the short limits start."""
+        if shown:
+            self.unread.append(part)
         self.last_error = error
         if self._budget_end is None:
             self._budget_end = time.monotonic() + AFTER_TIMEOUT_BUDGET_S
@@ -377,9 +380,14 @@ class Store:
         reads = PageReads(self.backend)
         names, whole = self._list_names(reads)
         got: dict[str, ListRow | UnreadRow] = {}
+        # Every list's records in two batch calls (`JobLists.prefetch`), not two round
+        # trips a list at every refresh; if they do not answer, each list is read on
+        # its own, within the short limits, and shown unread if it does not answer.
+        together = reads.read("the lists together", functools.partial(self.lists.prefetch, names),
+                              shown=False) if names else None
         for name in self._read_order.order(names):
             try:
-                row = reads.read(f"list {name}", functools.partial(self.list_row, name))
+                row = reads.read(f"list {name}", functools.partial(self.list_row, name, (together or {}).get(name)))
             except ListNotFound:
                 with self._lock:
                     self._known.discard(name)
@@ -533,8 +541,9 @@ class Store:
         return rows
 
     @_bounded
-    def list_row(self, name: str) -> ListRow:
-        st = self.lists.status(name)
+    def list_row(self, name: str, read: tuple[dict[str, Any], list[Any]] | None = None) -> ListRow:
+        """A list's row; `read`: its records as `JobLists.prefetch` read them."""
+        st = self.lists.status(name, read=read)
         return ListRow(st, queued=st.reservable + st.retry_pending, delayed=st.delayed, claimed=st.in_flight)
 
     @_bounded

@@ -626,6 +626,41 @@ def test_a_list_page_shows_a_page_of_dead_jobs_each_with_its_last_error_only(
     lists.drop(small, grace_s=0)
 
 
+def test_the_overview_reads_every_list_in_the_same_round_trips_whatever_their_number(
+    app: Flask, registered: Backend, list_name: str,
+) -> None:
+    """The overview read each list's record and completion bitmaps with two round
+    trips of its own, at every refresh (every 5 s) of every open page. Now the
+    records of every list in two batch calls: nine more lists cost a view nothing more,
+    and each shows its own counts."""
+    lists, queue = JobLists(registered), Queue(registered)
+    names = [f"{list_name}-{i:02d}" for i in range(12)]
+    client = app.test_client()
+
+    def view_cost() -> tuple[int, str]:
+        costs = []
+        for _ in range(2):  # the least of two: a view that finds a list left by another test costs it more
+            before = registered.round_trips
+            page = text(client.get("/"))
+            costs.append(registered.round_trips - before)
+        return min(costs), page
+
+    for i, name in enumerate(names[:3]):
+        lists.load(name, [JobSpec(f"j{k}", {}) for k in range(i + 1)])
+    three, _ = view_cost()
+    for i, name in enumerate(names[3:], 3):
+        lists.load(name, [JobSpec(f"j{k}", {}) for k in range(i + 1)])
+    with Session.open(registered, heartbeat=False) as session:
+        queue.complete_many(queue.reserve(names[5], session, 4), ["ok"] * 4)
+    twelve, page = view_cost()
+    assert twelve - three < 9, (three, twelve)  # two round trips a list before: 18 more
+    for name in names:
+        st = lists.status(name)
+        row = re.search(rf'<tr[^>]*>\s*<td[^>]*><a href="/lists/{re.escape(name)}"[^>]*>.*?</tr>', page, re.S)
+        assert row, name
+        assert f">{st.total}<" in row.group(0) and f">{st.done}<" in row.group(0), (name, row.group(0))
+
+
 def test_dead_jobs_are_found_past_a_token(registered: Backend, list_name: str) -> None:
     """A list page's next page starts past the last token of the one before: in the
     chunk that holds it, not from the first."""

@@ -86,7 +86,16 @@ class Frozen:
                 raise timed_out(f"query on {set_name} where {bin_name} in a range")
             return real_find_between(set_name, bin_name, *args, **kw)
 
+        real_prefetch = JobLists.prefetch
+
+        def prefetch(jl: JobLists, names: list[str]) -> Any:
+            # One batch call for every list: a frozen node holding any of them fails it whole.
+            if self.on and (self.lists is None or self.lists & set(names)):
+                raise timed_out("batch read of aq_list")
+            return real_prefetch(jl, names)
+
         monkeypatch.setattr(JobLists, "status", status)
+        monkeypatch.setattr(JobLists, "prefetch", prefetch)
         monkeypatch.setattr(backend, "scan", scan)
         monkeypatch.setattr(backend, "scan_answered", scan_answered)
         monkeypatch.setattr(backend, "find", find)
