@@ -658,7 +658,6 @@ def overdue_claims(backend: Backend, *, server_now_ms: int | None = None) -> dic
     return out
 
 
-
 def expire_overdue(
     backend: Backend, session_id: str, leases: dict[str, Any] | None = None, *, claims: list[Record] | None = None,
 ) -> int:
