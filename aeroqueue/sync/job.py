@@ -33,7 +33,15 @@ from typing import TYPE_CHECKING, Any
 
 from .. import keys
 from ..backends import Backend, open_backend
-from ..errors import AeroqueueError, BackendError, ListNotFound, SparkDriverLost, SyncError
+from ..errors import (
+    AeroqueueError,
+    BackendError,
+    Interrupted,
+    ListNotFound,
+    SparkDriverLost,
+    SyncError,
+    Terminated,
+)
 from ..lists import JobLists
 from .options import Counts, SyncOptions, SyncReport, ranges
 from .schema import (
@@ -153,7 +161,10 @@ def spark_session(
     except Exception as e:
         # The JVM exited as it started (killed; or no Java, or a wrong option: it said
         # why on stderr): PySpark's JAVA_GATEWAY_EXITED, or a py4j error, said as an
-        # internal error.
+        # internal error. A stop asked meanwhile (SIGTERM) is said as itself: the JVM
+        # was killed for it (`_jvm_launched_for_this_driver`).
+        if isinstance(e, (Interrupted, Terminated)):
+            raise
         lost = driver_lost(e, "as it started")
         if lost is None:
             raise
@@ -263,15 +274,20 @@ def _jvm_launched_for_this_driver() -> Iterator[None]:
     java_gateway.Popen = launch  # type: ignore[assignment,misc]
     try:
         yield
-    except BaseException:
-        # Interrupted (Ctrl-C, SIGTERM) or failed before the JVM answered: PySpark
-        # leaves the JVM it started, which ignores SIGINT and SIGTERM and, its
-        # gateway never started, never reads its stdin's end either. It lived on,
-        # orphaned, holding the terminal. Once the gateway answered, the JVM ends
-        # with this process, as always.
+    except BaseException as e:
+        # Interrupted (Ctrl-C, SIGTERM) or failed before the JVM answered: no job ran
+        # in the JVM, so it is killed, not left to end on its own.
+        # - Before its gateway answered, PySpark leaves the JVM it started, which
+        #   ignores SIGINT and SIGTERM and never reads its stdin's end either: it
+        #   lived on, orphaned, holding the terminal.
+        # - Interrupted after, it ended once this process had (its stdin closed), in
+        #   the middle of making the context: it logged "Error initializing
+        #   SparkContext" with its stack after the command's last line (seen in CI).
+        # A context that failed on its own is left as it is: how the JVM ended, or
+        # what it answered, is what the error says (`driver_lost`).
         from pyspark import SparkContext
 
-        if SparkContext._gateway is None:
+        if SparkContext._gateway is None or isinstance(e, (KeyboardInterrupt, Interrupted, Terminated)):
             for proc in started:
                 with contextlib.suppress(OSError):
                     proc.kill()
