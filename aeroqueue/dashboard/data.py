@@ -61,7 +61,6 @@ HISTORY_BINS = ("errs", "errors", "err_hist")
 # took half a gigabyte a view (a helper's audit).
 # The stamp ("c") goes into each row's kick form (a page older than a drop and a load).
 DEAD_ROW_BINS = ["state", "jid", "att", "max_att", "done_at", "err", "c"]
-OVERVIEW_ROW_BINS = DEAD_ROW_BINS
 DEAD_RANK_BINS = ["state", "done_at"]
 
 # What a node that does not answer (frozen, overloaded, cut off) makes a read raise:
@@ -596,10 +595,9 @@ class Store:
         return [(int(bins.get("done_at") or 0), t) for t, bins in dead]
 
     @_bounded
-    def dead_rows(self, name: str, tokens: list[int], bins: list[str] = OVERVIEW_ROW_BINS) -> list[JobView]:
-        """The rows of those of these jobs of a list that are dead (the overview's bins,
-        by default)."""
-        return [JobView(name, t, got, error_history(got)) for t, got in self._dead(name, tokens, bins)]
+    def dead_rows(self, name: str, tokens: list[int]) -> list[JobView]:
+        """The rows of those of these jobs of a list that are dead (`DEAD_ROW_BINS`)."""
+        return [JobView(name, t, got, error_history(got)) for t, got in self._dead(name, tokens, DEAD_ROW_BINS)]
 
     @_bounded
     def dead_jobs(self, name: str, limit: int | None = None, after: int | None = None) -> DeadPage:
@@ -609,7 +607,7 @@ class Store:
         limit = DEAD_PAGE if limit is None else limit
         tokens = self._dead_tokens(name, limit + 1, after)  # one more: is there a next page?
         shown = tokens[:limit]
-        return DeadPage(self.dead_rows(name, shown, DEAD_ROW_BINS), limit, after,
+        return DeadPage(self.dead_rows(name, shown), limit, after,
                         shown[-1] if len(tokens) > limit else None)
 
     def _dead_tokens(self, name: str, limit: int, after: int | None = None) -> list[int]:
