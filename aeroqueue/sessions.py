@@ -644,12 +644,21 @@ def overdue_claims(backend: Backend, *, server_now_ms: int | None = None) -> dic
     read (the expression keeps those past their limit)."""
     high = keys.INT64[1] if server_now_ms is None else server_now_ms + CLOCK_MARGIN_MS
     try:
-        found = backend.find_between(keys.JOB_SET, "dl", keys.INT64[0], high, expression=_OVERDUE,
-                                     bins=_OVERDUE_BINS)
+        return claims_by_session(backend, _OVERDUE, _OVERDUE_BINS, high)
     except BackendError as e:
         if e.code not in NO_INDEX:
             raise
         return None
+
+
+def claims_by_session(
+    backend: Backend, expression: Any, bins: list[str], high: int = keys.INT64[1],
+) -> dict[str, list[Record]]:
+    """The claimed jobs whose deadline (`dl`) is at most `high` and that `expression`
+    keeps (`bins` of each, "sess" among them), by session: one query of the claims index (`keys.CLAIMS_INDEX`: a job holds
+    a deadline only while claimed), for the reaper and the dashboard alike. A store
+    without that index answers a `BackendError` coded in `NO_INDEX`."""
+    found = backend.find_between(keys.JOB_SET, "dl", keys.INT64[0], high, expression=expression, bins=bins)
     out: dict[str, list[Record]] = defaultdict(list)
     for _, rec in found:
         sess = rec.bins.get("sess")

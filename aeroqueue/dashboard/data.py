@@ -29,7 +29,7 @@ import functools
 import logging
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -41,6 +41,7 @@ from ..backends import Backend, Record
 from ..backends.base import AFTER_TIMEOUT_BUDGET_S, AFTER_TIMEOUT_MS, NO_INDEX, UnansweredLast
 from ..errors import BackendError, BackendTimeout, ClusterChanging, JobNotFound, ListNotFound
 from ..lists import DROPPED, JobLists, ListStatus, is_tombstone
+from ..sessions import claims_by_session
 
 log = logging.getLogger("aeroqueue.dashboard")
 
@@ -565,7 +566,7 @@ class Store:
             if time.monotonic() < self._no_claims_index_until:
                 return None
         try:
-            found = self.backend.find_between(keys.JOB_SET, "dl", *keys.INT64, expression=_CLAIMED, bins=["sess"])
+            found = claims_by_session(self.backend, _CLAIMED, ["sess"])
         except BackendError as e:
             if e.code not in NO_INDEX:
                 raise
@@ -577,12 +578,7 @@ class Store:
                             "with a query a session; `aeroqueue udf register` creates it",
                             extra={"event": "claims_index_missing", "error": str(e)})
             return None
-        held: Counter[str] = Counter()
-        for _, rec in found:
-            sess = rec.bins.get("sess")
-            if isinstance(sess, str):
-                held[sess] += 1
-        return dict(held)
+        return {sess: len(claims) for sess, claims in found.items()}
 
     def _claims(self, sid: str) -> int:
         """How many jobs a session holds claimed (the secondary index on ``sess``)."""
