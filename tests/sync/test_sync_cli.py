@@ -43,6 +43,14 @@ from .helpers import (
 from .servers import TcpProxy
 
 
+def _kill_group_if_running(proc: subprocess.Popen) -> None:
+    """A test's `sync` still running when it ends (an assertion failed first): its
+    whole process group (the JVM too) killed, and waited for."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 @pytest.fixture
 def store(registered, spark):
     return registered
@@ -212,8 +220,7 @@ def _stderr_after(proc: subprocess.Popen, act: Callable[[], None], timeout_s: fl
         act()
         _, err = proc.communicate(timeout=timeout_s)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        _kill_group_if_running(proc)
     return err
 
 
@@ -248,8 +255,7 @@ def test_ctrl_c_during_a_run_ends_it_with_one_line_and_a_rerun_copies_each_job_o
             os.kill(jvm, signal.SIGKILL)
         _, err = proc.communicate(timeout=120)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        _kill_group_if_running(proc)
     assert proc.returncode == 130, err[-3000:]
     assert "Traceback" not in err and "reentrant" not in err, err[-3000:]
     assert err.rstrip().splitlines()[-1] == "error: interrupted", err[-3000:]
@@ -414,8 +420,7 @@ def test_sigterm_to_the_whole_group_stops_a_sync_cleanly_and_a_rerun_copies_each
         proc.wait(timeout=120)
         reader.join(10)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        _kill_group_if_running(proc)
     if schedule == "every":
         assert proc.returncode == 0, err[-3000:]
     else:
@@ -573,9 +578,7 @@ def test_mysql_then_the_jvm_killed_under_a_sync_every(
         proc.wait(60)
         err_reader.join(10)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        _kill_group_if_running(proc)
     err = "".join(errs)
     assert proc.returncode == 1, err[-3000:]
     last = _assert_one_clean_line(err, password)
@@ -636,9 +639,7 @@ def test_sigterm_ends_a_sync_every_and_its_jvm_promptly(registered, java, store_
         took = time.monotonic() - signalled
         err_reader.join(10)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        _kill_group_if_running(proc)
     err = "".join(errs)
     assert proc.returncode == 0, err[-3000:]
     assert took < 15, f"the JVM ended {took:.1f} s after SIGTERM"
@@ -694,9 +695,7 @@ def test_a_sync_another_holds_the_lease_for_starts_no_jvm(registered, store_url,
                 proc.send_signal(signal.SIGTERM)
                 assert proc.wait(30) == 0
             finally:
-                if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+                _kill_group_if_running(proc)
         assert not jvm_started.exists(), "a JVM was started for a run the lease refused"
     finally:
         holder.release()
@@ -762,8 +761,7 @@ def test_a_sync_started_with_sigint_ignored_runs_through_sigints(
             time.sleep(0.2)
         _, err = proc.communicate(timeout=30)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        _kill_group_if_running(proc)
     assert proc.returncode == 0, err[-3000:]
     assert sent >= 5, f"{sent} SIGINTs: the run ended before they could span it"
     assert_exactly_once(registered, mysql_db, list_name)
