@@ -5,6 +5,7 @@ server", as if the server were too old for scans). A node of its own, started fr
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -27,8 +28,15 @@ SERVER = ROOT.parent / "shared" / "aerospike" / "server"
 
 def _free_port() -> int:
     """Four free ports in a row (service, fabric, heartbeat, admin), above the range
-    .ci/run gives its nodes (3100-3199) and the default node's (3000)."""
-    for port in range(3400, 3500, 4):
+    .ci/run gives its nodes (3100-3199) and the default node's (3000). Looked for
+    from a place of this process's own: `make test` runs this file's tests in two
+    processes at once, and both took 3400; one stopped its node, the other started
+    its own there, and the first's client, told its server was down, found a
+    server again (seen in a full run)."""
+    slots = 25
+    first = os.getpid() % slots
+    for i in range(slots):
+        port = 3400 + 4 * ((first + i) % slots)
         if not any(port_open("127.0.0.1", p) for p in range(port, port + 4)):
             return port
     raise AssertionError("no four free ports in 127.0.0.1:3400-3499")
