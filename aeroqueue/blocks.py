@@ -176,8 +176,7 @@ def forget(backend: Backend, list_name: str, token: int, created: int, *, fresh:
                 if other is not None and other != created:
                     if not transitions.list_is(backend, list_name, created):
                         raise ListNotFound(f"no job list named {list_name!r} (dropped meanwhile)") from None
-                    with contextlib.suppress(FilteredOut, RecordNotFound):  # gone, or replaced, since
-                        backend.operate(keys.BLOCK_SET, key, [op.delete()], expression=stamped(other))
+                    transitions.delete_left_by(backend, keys.BLOCK_SET, key, other)
             except AeroqueueError as e:
                 if getattr(e, "code", None) != PAST_DEADLINE:
                     raise

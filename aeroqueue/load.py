@@ -1054,7 +1054,8 @@ def _delete_left_by_another(lists: JobLists, set_name: str, left: Iterable[tuple
     while it holds the very stamp read (bin "c"): the callers check first that their
     list is still the one they read, and a caller stopped between that check and this
     delete, while its list was dropped and made again, would otherwise delete the new
-    list's records (stamped by it, so "not ours" to a filter on the caller's stamp)."""
+    list's records (stamped by it, so "not ours" to a filter on the caller's stamp).
+    One record: `transitions.delete_left_by`."""
     by_stamp: dict[int, list[str]] = collections.defaultdict(list)
     for name, stamp in left:
         by_stamp[stamp].append(name)

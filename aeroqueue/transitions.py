@@ -123,12 +123,8 @@ def _set_stamped(backend: Backend, list_name: str, name: str, ops: list[dict], v
             log.warning("completion bits of a list dropped since were not written", extra={
                 "event": "bits_dropped", "list": list_name, "chunk": name})
             return
-        # The chunk of a list of this name dropped before ours was made: deleted while
-        # it still holds that list's stamp. Not by generation: a chunk another writer
-        # of ours deleted and made again starts at the same generation as the stale one.
-        with contextlib.suppress(FilteredOut, RecordNotFound):
-            backend.operate(keys.DONE_SET, name, [op.delete()], update_only=True,
-                            expression=hotpath.stamped(rec.bins["c"]))
+        # The chunk of a list of this name dropped before ours was made.
+        delete_left_by(backend, keys.DONE_SET, name, rec.bins["c"])
     raise AeroqueueError(f"the completion bitmap {name} of list {list_name!r} kept changing: bits not written")
 
 
@@ -341,6 +337,19 @@ def list_is(backend: Backend, list_name: str, created: int) -> bool:
     of it begun: not dropped (a tombstone has no `created`), nor made again since."""
     rec = retry_in_doubt(functools.partial(backend.get, keys.LIST_SET, list_name, bins=["created", "dropping"]))
     return rec is not None and rec.bins.get("created") == created and rec.bins.get("dropping") != 1
+
+
+def delete_left_by(backend: Backend, set_name: str, key: str, stamp: int) -> None:
+    """Delete record `key`, left in the way by another list of the name (dropped before
+    the caller's list was made), while it still holds that list's stamp `stamp` (bin
+    "c"). The caller checks first that its own list is current; a caller stopped
+    between that check and this delete, while its list was dropped and made again,
+    must not delete the new list's record, hence the stamp, not "not ours". Not by
+    generation either: a record another writer deleted and made again starts at the
+    same generation as the stale one. Gone or replaced since: nothing to do.
+    (`load._delete_left_by_another` does the same for many records at once.)"""
+    with contextlib.suppress(FilteredOut, RecordNotFound):
+        backend.operate(set_name, key, [op.delete()], update_only=True, expression=hotpath.stamped(stamp))
 
 
 class BitBuffer:
