@@ -658,6 +658,55 @@ def test_export_lists_the_jobs_of_each_state(ready_url, list_name):
             assert [json.loads(line)["jid"] for line in out.stdout.splitlines()] == ids, state
         queue.release(claimed)
 
+@pytest.mark.parametrize("how", ["reloaded", "reserved again"])
+def test_an_acknowledgement_with_its_claim_is_refused_once_the_session_holds_a_later_reservation(
+    ready_url, list_name, how
+):
+    """`complete` and `fail` name a job by list, token and session: a session that
+    reserves the same token again (the list dropped and loaded again under its name,
+    or the job back in the queue) would have a stale acknowledgement of its first
+    claim taken for one of the new claim. With `--claim` (the request id `reserve`
+    prints) only that reservation's claim is acknowledged, as from Python."""
+    backend = open_backend(ready_url)
+    lists = JobLists(backend)
+    lists.load(list_name, [JobSpec("old", {})], backoff_s=0)
+    with Session.open(backend) as s:
+        if how == "reloaded":
+            first = json.loads(cli("reserve", list_name, "--session", s.id, url=ready_url).stdout)
+            lists.drop(list_name, grace_s=0)
+            lists.load(list_name, [JobSpec("new", {})], backoff_s=0)
+        else:
+            job = Queue(backend).reserve(list_name, s)[0]
+            first = {"token": job.token, "claim": job.rid}
+            assert Queue(backend).release(job) == "released"
+        out = cli("reserve", list_name, "--session", s.id, url=ready_url)
+        assert out.exit_code == 0, out.output
+        second = json.loads(out.stdout)
+        assert second["token"] == first["token"] and second["claim"] != first["claim"] and second["claim"]
+        token = str(first["token"])
+        held = backend.get(keys.JOB_SET, keys.job_name(list_name, int(token)))
+        assert held is not None and (held.bins["state"], held.bins["rid"], held.bins["att"]) == ("claimed", second["claim"], 1)
+        for args in (("complete", "--result", '"stale"'), ("fail", "--error", "stale")):
+            line = one_error_line(cli(args[0], list_name, token, "--session", s.id, "--claim", first["claim"],
+                                      *args[1:], url=ready_url), 1)
+            assert f"held by session {s.id} under another reservation, not claim {first['claim']}" in line, line
+        rec = backend.get(keys.JOB_SET, keys.job_name(list_name, int(token)))
+        assert rec is not None and (rec.gen, rec.bins) == (held.gen, held.bins), "a stale ack writes nothing"
+        ok = cli("complete", list_name, token, "--session", s.id, "--claim", second["claim"], "--json", url=ready_url)
+        assert ok.exit_code == 0, ok.output
+        assert json.loads(ok.stdout)["outcome"] == "done"
+        again = cli("complete", list_name, token, "--session", s.id, "--claim", second["claim"], url=ready_url)
+        assert again.exit_code == 0, again.output  # repeating a completion is harmless
+        stale = one_error_line(cli("complete", list_name, token, "--session", s.id, "--claim", first["claim"],
+                                   url=ready_url), 1)
+        assert "already done" in stale, stale
+        blank = cli("complete", list_name, token, "--session", s.id, "--claim", " ", url=ready_url)
+        assert blank.exit_code == 2 and "the claim is empty" in blank.output, blank.output
+    rec = backend.get(keys.JOB_SET, keys.job_name(list_name, int(token)))
+    assert rec is not None and (rec.bins["state"], rec.bins.get("result"), rec.bins["att"]) == ("done", None, 1)
+    assert rec.bins["jid"] == ("new" if how == "reloaded" else "old")
+
+
 def test_complete_and_fail_act_on_a_job_the_session_holds_by_a_lease(ready_url, list_name):
     """A worker's batches are leased, not claimed: `complete --session` and `fail
     --session` find the lease on the session record and acknowledge through it, once."""
@@ -680,11 +729,19 @@ def test_complete_and_fail_act_on_a_job_the_session_holds_by_a_lease(ready_url, 
         other = one_error_line(cli("complete", list_name, str(j2.token), "--session", "intruder", url=ready_url), 1)
         assert f"job {j2.jid!r}" in other and "leased by another session, not intruder" in other
         assert holder.id not in other, "the holder's id is what complete asks: never quoted to another"
+        # A claim names the lease (its id): another is refused, that one acknowledges.
+        wrong = one_error_line(cli("complete", list_name, str(j2.token), "--session", holder.id, "--claim", "x" + j2.rid,
+                                   url=ready_url), 1)
+        assert f"held by session {holder.id} under another reservation, not claim x{j2.rid}" in wrong, wrong
+        named = cli("complete", list_name, str(j2.token), "--session", holder.id, "--claim", j2.rid, url=ready_url)
+        assert named.exit_code == 0, named.output
         Queue(backend).complete(j0, "twice")  # the same session and lease: a repeat, harmless
         rec0 = backend.get(keys.JOB_SET, j0.name)
         rec1 = backend.get(keys.JOB_SET, j1.name)
         assert rec0 is not None and rec0.bins["state"] == "done" and rec0.bins["result"] == {"n": 1}
         assert rec1 is not None and rec1.bins["state"] == "queued" and rec1.bins["att"] == 1
+        rec2 = backend.get(keys.JOB_SET, j2.name)
+        assert rec2 is not None and (rec2.bins["state"], rec2.bins["rid"], rec2.bins["att"]) == ("done", j2.rid, 1)
     finally:
         holder.close()
         backend.close()
@@ -895,6 +952,7 @@ def test_reserve_releases_what_is_left_when_it_ends(ready_url, list_name, end):
     proc = _reserve_process(ready_url, list_name, "-n", "2", "--hold", "2" if end == "time" else "60")
     assert proc.stdout is not None
     jobs = [json.loads(proc.stdout.readline()) for _ in range(2)]
+    assert jobs[0]["claim"] == jobs[1]["claim"], "one reservation, one claim"
     assert cli("complete", list_name, str(jobs[0]["token"]), "--session", jobs[0]["session"], url=ready_url).exit_code == 0
     if end == "sigterm":
         proc.send_signal(signal.SIGTERM)
@@ -905,7 +963,7 @@ def test_reserve_releases_what_is_left_when_it_ends(ready_url, list_name, end):
     err = proc.stderr.read() if proc.stderr else ""
     assert "released 1 job(s)" in err
     # The command to acknowledge with, on one line to copy (it was cut at 80 columns, mid-command).
-    ack = f"`aeroqueue complete {list_name} TOKEN --session {jobs[0]['session']}`"
+    ack = f"`aeroqueue complete {list_name} TOKEN --session {jobs[0]['session']} --claim {jobs[0]['claim']}`"
     assert any(ack in line for line in err.splitlines()), err
     rec = backend.get(keys.JOB_SET, keys.job_name(list_name, jobs[1]["token"])).bins
     assert rec["state"] == "queued" and rec["att"] == 0, "back at once, its attempt refunded"
@@ -1017,7 +1075,7 @@ def test_json_shapes_are_the_documented_ones(ready_url, list_name):
     with Session.open(backend) as s:
         out = cli("reserve", list_name, "--session", s.id, "--json", url=ready_url)
         job = json.loads(out.stdout)
-        assert set(job) == {"list", "token", "id", "payload", "attempt", "session"} and job["session"] == s.id
+        assert set(job) == {"list", "token", "id", "payload", "attempt", "session", "claim"} and job["session"] == s.id
 
 
 # -- bench ------------------------------------------------------------------------------------------

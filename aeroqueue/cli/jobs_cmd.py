@@ -42,9 +42,11 @@ from .context import (
 
 
 def job_json(job: Job) -> dict[str, Any]:
-    """One line of `reserve`'s output (JSON Lines, with or without --json)."""
+    """One line of `reserve`'s output (JSON Lines, with or without --json). `claim`: the
+    reservation's request id, which `complete --claim` and `fail --claim` check, so that
+    an acknowledgement is of this claim and not of a later one of the same session."""
     return {"list": job.list, "token": job.token, "id": job.jid, "payload": job.payload, "attempt": job.attempt,
-            "session": job.session}
+            "session": job.session, "claim": job.rid}
 
 
 @click.command()
@@ -64,15 +66,17 @@ def job_json(job: Job) -> dict[str, Any]:
 def reserve(obj: Context, list_name: str, count: int, hold_s: float | None, session: str | None, interval_s: float,
             expiry_s: float, as_json: bool) -> None:
     """Reserve up to N jobs of LIST and print them as JSON Lines, one job a line:
-    {"list", "token", "id", "payload", "attempt", "session"} (--json changes nothing:
-    this is always the output).
+    {"list", "token", "id", "payload", "attempt", "session", "claim"} (--json changes
+    nothing: this is always the output). Pass "claim" to `complete --claim` and `fail
+    --claim`: only this reservation's claim is then acknowledged.
 
     The claims live as long as their session. Without --session, reserve opens
     one and needs --hold: for example
 
     \b
       aeroqueue reserve L -n 10 --hold 300 | while read -r job; do
-        ...; aeroqueue complete L "$(jq .token <<<"$job")" --session "$(jq -r .session <<<"$job")"
+        ...; aeroqueue complete L "$(jq .token <<<"$job")" --session "$(jq -r .session <<<"$job")" \\
+              --claim "$(jq -r .claim <<<"$job")"
       done
 
     The session is heartbeated until reserve exits: when every job is
@@ -135,9 +139,12 @@ def _hold(backend: Backend, sess: Session, jobs: list[Job], hold_s: float, *, he
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, stop.on_signal)
     names = [j.name for j in jobs]
+    rids = {j.rid for j in jobs}
+    claim = rids.pop() if len(rids) == 1 else "CLAIM"
     err_console.print(
         f"holding {len(jobs)} job(s) under session {sess.id} for up to {hold_s:g} s: acknowledge each with "
-        f"`aeroqueue complete {jobs[0].list} TOKEN --session {sess.id}` (or `fail`); Ctrl-C releases them",
+        f"`aeroqueue complete {jobs[0].list} TOKEN --session {sess.id} --claim {claim}` (or `fail`); Ctrl-C "
+        "releases them",
         highlight=False, soft_wrap=True,  # one line: a command cut in two does not paste
     )
     try:
@@ -156,18 +163,23 @@ def _hold(backend: Backend, sess: Session, jobs: list[Job], hold_s: float, *, he
             signal.signal(sig, handler)
 
 
-def _held_job(backend: Backend, list_name: str, token: int, session: str) -> Job:
+def _held_job(backend: Backend, list_name: str, token: int, session: str, claim: str | None) -> Job:
     """The job as the CLI names it (list and token), with its real id from the record,
     and, when the session holds it by a lease (a worker's batch) rather than a claim,
-    that lease: the acknowledgement is then the lease's."""
+    that lease: the acknowledgement is then the lease's. `claim` (the request id
+    `reserve` printed): only that reservation's claim or lease is acknowledged; without
+    it, any of the session's, even a later one of the same token (a list dropped and
+    loaded again under the name, a job that came back to the session)."""
     rec = backend.get(keys.JOB_SET, keys.job_name(keys.check_list_name(list_name), token))
     if rec is None or rec.bins.get("state") == "void":
         JobLists(backend).header(list_name)  # no such list: say that instead
         raise JobNotFound(f"list {list_name!r} has no job with token {token}")
     job = Job(list=list_name, token=token, jid=str(rec.bins.get("jid")), payload=None, attempt=rec.bins.get("att", 0),
-              session=session, created=rec.bins.get("c"))
+              session=session, rid=claim or "", created=rec.bins.get("c"))
     leased = lease_of(backend, session, list_name, token) if rec.bins.get("state") == "queued" else None
-    if leased is None:
+    if leased is None or (claim is not None and leased[0] != claim):
+        # Another lease of the session than the one named is not acknowledged through
+        # it: as a claim, the UDF finds the job not claimed under `claim` and refuses it.
         return job
     lid, fence = leased
     return dataclasses.replace(job, attempt=fence[0] + 1, rid=lid, lease=fence)
@@ -189,7 +201,15 @@ def _refusal(backend: Backend, job: Job, what: str) -> ClaimLost:
     bins = rec.bins if rec is not None else {}
     state, holder, by = bins.get("state"), bins.get("sess"), bins.get("by")
     who = f"job {job.jid!r} ({job.list}/{job.token})"
-    if state == "claimed" and holder == job.session:
+    lessee = lease_holder(backend, job.list, job.token) if state == "queued" else None
+    if job.rid and job.lease is None and job.session in (holder if state == "claimed" else None, lessee) \
+            and not (state == "claimed" and bins.get("rid") == job.rid):
+        # The session holds the job, but under a later reservation than the claim named
+        # (the list dropped and loaded again, or the job back and reserved again): that
+        # claim ended, and its acknowledgement must not be taken for the new one's.
+        text = f"{who} is held by session {job.session} under another reservation, not claim {job.rid}"
+        hint = "that claim ended: this acknowledgement is stale; the later reservation's holder acknowledges the job"
+    elif state == "claimed" and holder == job.session:
         # Its own claim, refused: too late (the UDF's 'late'). Still claimed until a reaper ends it.
         tl = bins.get("tl")
         limit = f" ({tl / 1000:g} s)" if isinstance(tl, int) and tl > 0 else ""
@@ -204,7 +224,7 @@ def _refusal(backend: Backend, job: Job, what: str) -> ClaimLost:
         text, hint = f"{who} was buried by an operator ({bins.get('err')})", f"`aeroqueue job kick {job.list} {job.jid}` puts it back"
     elif state == "dead":
         text, hint = f"{who} is dead after {bins.get('att')} attempt(s)", f"`aeroqueue kick {job.list}` puts dead jobs back"
-    elif state == "queued" and (lessee := lease_holder(backend, job.list, job.token)) is not None:
+    elif state == "queued" and lessee is not None:
         if lessee == job.session and bins.get("kicked") is not None:
             # Buried and kicked while leased: the lease's fence refuses it (hotpath, `kicked`).
             text = f"{who} was kicked back into the queue after its lease by session {lessee} began"
@@ -249,14 +269,32 @@ class _Token(click.IntRange):
 TOKEN_ARG = click.argument("token", type=_Token())
 
 
+def _check_claim(claim: str | None) -> str | None:
+    """A blank claim would check nothing (the store reads '' as any claim of the
+    session): refused, so that a `jq` that found no "claim" does not pass silently."""
+    if claim is not None and not claim.strip():
+        raise ConfigError("the claim is empty: give the \"claim\" that `aeroqueue reserve` printed for the job, "
+                          "or leave --claim out")
+    return claim
+
+
+CLAIM_OPT = option(
+    "--claim", env="CLAIM", type=TEXT, default=None, callback=usage_check(_check_claim),
+    help="The \"claim\" that `aeroqueue reserve` printed for the job: only that reservation's claim is acknowledged. "
+         "Without it, any claim of the session is, even a later one of the same token (the job back and reserved "
+         "again, or the list dropped and loaded again).")
+
+
 @click.command()
 @LIST_ARG
 @TOKEN_ARG
 @option("--session", env="SESSION", type=TEXT, required=True, help="The session the job was reserved under.")
+@CLAIM_OPT
 @option("--result", env="RESULT", type=TEXT, default="null", help="The result, as JSON.")
 @JSON_OPT
 @click.pass_obj
-def complete(obj: Context, list_name: str, token: int, session: str, result: str, as_json: bool) -> None:
+def complete(obj: Context, list_name: str, token: int, session: str, claim: str | None, result: str,
+             as_json: bool) -> None:
     """Acknowledge job TOKEN of LIST as done (exactly once; repeating it is harmless).
 
     --json prints {"list", "token", "id", "session", "outcome": "done"}.
@@ -278,7 +316,7 @@ def complete(obj: Context, list_name: str, token: int, session: str, result: str
     except ResultNotStorable as e:
         raise click.BadParameter(str(e), param_hint="--result") from None
     backend = obj.backend()
-    job = _held_job(backend, list_name, token, session)
+    job = _held_job(backend, list_name, token, session, claim)
     try:
         Queue(backend).complete(job, value)
     except ClaimLost:
@@ -302,18 +340,20 @@ _FAILED = {"retry": "will be retried", "delayed": "will be retried after the lis
 @LIST_ARG
 @TOKEN_ARG
 @option("--session", env="SESSION", type=TEXT, required=True, help="The session the job was reserved under.")
+@CLAIM_OPT
 @option("--error", "error_text", env="ERROR", type=TEXT, required=True, callback=usage_check(_check_error),
         help="What went wrong (not blank).")
 @JSON_OPT
 @click.pass_obj
-def fail(obj: Context, list_name: str, token: int, session: str, error_text: str, as_json: bool) -> None:
+def fail(obj: Context, list_name: str, token: int, session: str, claim: str | None, error_text: str,
+         as_json: bool) -> None:
     """Record a failure of job TOKEN: retried while attempts remain (after the list's
     backoff, if it has one), else dead.
 
     --json prints {"list", "token", "id", "session", "outcome": "retry" | "delayed" | "dead"}.
     """
     backend = obj.backend()
-    job = _held_job(backend, list_name, token, session)
+    job = _held_job(backend, list_name, token, session, claim)
     try:
         outcome = Queue(backend).fail(job, error_text)
     except ClaimLost:
