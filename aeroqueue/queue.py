@@ -751,7 +751,7 @@ class Queue:
             del self._leases[lid]
         entry[0].settle(lid)
 
-    def _adopt(self, job: Job, tlim: int, *, in_time: bool = False) -> None:
+    def _adopt(self, job: Job, tlim: int, *, in_time: bool = False, late: bool = False) -> None:
         """A leased job becomes a claim of its session under the lease's id, with a time
         limit of `tlim` ms: fail, snooze, release, expire and touch are UDFs that act on
         claims. If the job is no longer as the lease read it, nothing changes, and the
@@ -760,20 +760,31 @@ class Queue:
         `in_time` (touch, fail, snooze: what a claim past its limit refuses as 'late'):
         only before the lease's end by the server's clock. Past it the job stays leased,
         and the lease with it, for the reaper to end as timed out, as a late ack leaves
-        it; the UDF that follows finds it not held and answers 'lost'."""
+        it; the UDF that follows finds it not held and answers 'lost'.
+
+        `late` (release, which counts a timed-out attempt rather than refusing it):
+        before the lease's end a claim of `tlim`, past it one already past its limit, as
+        the reaper makes it, so that the release counts the attempt the lease spent."""
         if job.lease is None:
             return
         att, claimed, until, created = job.lease
         backend = self.backend
-        # Safe to repeat: a repeat that finds it claimed already changes nothing. Still in
-        # doubt at the deadline, the error reaches the caller and the lease keeps the job.
-        code = hotpath.until_decided(
-            lambda _: hotpath.claim_leased(
-                backend, [job.name], job.session, job.rid, tlim, att, claimed, backend.job_deadline(),
-                until=until if in_time else None, created=created,
-            ),
-            1, self.busy_deadline_s, f"claiming leased job {job.name}",
-        )[0]
+
+        def adopt(tlim: int, until: int | None) -> int:
+            # Safe to repeat: a repeat that finds it claimed already changes nothing. Still
+            # in doubt at the deadline, the error reaches the caller and the lease keeps the job.
+            return hotpath.until_decided(
+                lambda _: hotpath.claim_leased(
+                    backend, [job.name], job.session, job.rid, tlim, att, claimed, backend.job_deadline(),
+                    until=until, created=created,
+                ),
+                1, self.busy_deadline_s, f"claiming leased job {job.name}",
+            )[0]
+
+        code = adopt(tlim, until if in_time or late else None)
+        if code != 0 and late:
+            # Past the lease's end, or not as leased any more (then refused again).
+            code = adopt(PAST_LIMIT, None)
         if code == 0 or not in_time:
             self._settled(job)
 
@@ -1154,9 +1165,11 @@ class Queue:
 
     def release(self, job: Job, why: str = "released", *, refund: bool = True) -> str:
         """Give a claimed job back, if this session still holds it. With `refund` the
-        attempt is returned (it never ran); without, it counts (it ran, or may have)."""
+        attempt is returned (it never ran); without, it counts (it ran, or may have).
+        Past its claim's (or lease's) time limit it counts whatever `refund` says: the
+        attempt timed out, as the reaper would have ended it ('dead' on the last one)."""
         _checked_jobs("release", [job])
-        self._adopt(job, _ms(job.timeout_s))
+        self._adopt(job, _ms(job.timeout_s), late=True)
         return transitions.release(
             self.backend, job.list, job.token, job.session, refund=refund, why=why, rid=job.rid,
             deadline_s=self.busy_deadline_s, holder=True, created=job.created,

@@ -386,8 +386,9 @@ class Session:
                 # Leased jobs not acknowledged become claims of this session, given back below.
                 # Within their time limit (the expiry), not past it as a reaper's: a reaper
                 # running meanwhile would expire them as overdue, an attempt counted (a
-                # job of one attempt dead, never run), where the release refunds it. A
-                # close that dies here leaves them to the session's reap.
+                # job of one attempt dead, never run), where the release refunds it. Those
+                # of a lease past its end timed out: claims past their limit, whose release
+                # counts the attempt. A close that dies here leaves them to the session's reap.
                 tlim = max(1, round(self.expiry_s * 1000))
                 retry_in_doubt(lambda: claim_leases(self.backend, self.id, tlim=tlim), deadline_s=self.expiry_s)
             # Finding the claims is a query: while partitions migrate (a node came back)
@@ -750,7 +751,11 @@ def claim_leases(
     already past: a reaper's), and forget them: a reaper then releases or expires
     them as it does any claim. A job acked, or claimed by its holder, since the
     lease read it is left alone (the lease's fence). Idempotent; returns the jobs
-    claimed."""
+    claimed.
+
+    Given a `tlim` (a closing session's), a lease past its end by the server's clock
+    becomes claims past their limit all the same: its jobs timed out, and the release
+    that follows counts their attempt (aq_job_v1.lua, `release`), as the reaper would."""
     if leases is None:
         rec = backend.get(keys.SESS_SET, session_id, bins=["leases"])
         leases = lease_entries.of_record(rec.bins) if rec is not None else {}
@@ -761,15 +766,26 @@ def claim_leases(
             names = keys.job_names(list_name, tokens)
 
             def send(
-                idx: list[int], names: list[str] = names, lid: str = lid, att: int = att, at: Any = at, created: Any = created
+                idx: list[int], names: list[str] = names, lid: str = lid, att: int = att, at: Any = at,
+                created: Any = created, tlim: int = tlim, until: int | None = None,
             ) -> list[int]:
                 return hotpath.claim_leased(
                     backend, [names[i] for i in idx], session_id, lid, tlim, att, at, backend.job_deadline(),
-                    created=created,
+                    until=until, created=created,
                 )
 
             # Undecided at the deadline, it raises and the lease stays, for the next pass.
-            codes = hotpath.until_decided(send, len(names), 5.0, f"claiming the leased jobs of session {session_id}")
+            what = f"claiming the leased jobs of session {session_id}"
+            if tlim == PAST_LIMIT:
+                codes = hotpath.until_decided(send, len(names), 5.0, what)
+            else:
+                codes = hotpath.until_decided(functools.partial(send, until=entry[1]), len(names), 5.0, what)
+                # Refused: past the lease's end, or not as leased any more (refused again).
+                later = [names[i] for i, code in enumerate(codes) if code == 27]
+                if later:
+                    again = iter(hotpath.until_decided(functools.partial(send, names=later, tlim=PAST_LIMIT),
+                                                       len(later), 5.0, what))
+                    codes = [next(again) if code == 27 else code for code in codes]
             claimed += codes.count(0)
             _check_refused(backend, session_id, [n for n, code in zip(names, codes, strict=True) if code == 27],
                            att, at, created)

@@ -302,16 +302,21 @@ end
 --   claimed by `sess` -> queued (a session closing or reaped gives its jobs
 --   back). refund = 1 returns the attempt (a graceful release); a reaped
 --   session's claim keeps it, so a job that kills its worker every time
---   ends dead instead of looping. A retried release that already took effect
---   answers the same, so the caller redoes its follow-up. `tx`, `off`: as for expire.
+--   ends dead instead of looping. A claim past its time limit has timed out:
+--   its attempt counts whatever `refund` says (dead on the last one), as the
+--   reaper's expire would count it had it come first, so the attempt a
+--   time-out spends does not depend on which of the two ends the claim. A
+--   retried release that already took effect answers the same, so the caller
+--   redoes its follow-up. `tx`, `off`: as for expire.
 function release(rec, sess, refund, why, rid, deadline, tx, off)
   if stale(deadline) then return 'stale' end
   if not aerospike:exists(rec) then return 'missing' end
   if not holds(rec, sess, rid) then return repeated(rec, sess, why, 'released', rid, tx) or 'not held' end
   local att = rec['att']
-  if refund == 1 and att > 0 then att = att - 1 end
+  local refunded = refund == 1 and not late(rec, now())
+  if refunded and att > 0 then att = att - 1 end
   rec['att'] = att
-  return end_claim(rec, sess, why, refund ~= 1 and att >= rec['max_att'], 'released', 0, tx, off)
+  return end_claim(rec, sess, why, not refunded and att >= rec['max_att'], 'released', 0, tx, off)
 end
 
 -- snooze(rec, sess, delay_ms, rid, deadline) -> 'delayed' | 'lost' | 'late' | 'missing' | 'stale'

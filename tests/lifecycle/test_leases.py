@@ -1282,3 +1282,118 @@ def test_a_reaper_running_while_a_session_closes_does_not_expire_its_leased_jobs
         assert sorted(j.jid for j in queue.reserve(list_name, again, 10, lease=True)) == sorted(j.jid for j in jobs)
     finally:
         again.close()
+
+
+def test_a_release_past_the_time_limit_counts_the_attempt_as_a_time_out(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str
+) -> None:
+    """A release gives the attempt back only within the claim's (or lease's) time limit.
+    Past it the attempt timed out, as the reaper would have ended it (beanstalkd and SQS:
+    the job went back at the limit, counted); a release refunding it let a job that
+    hangs its handler past the limit every time loop forever. Leased, the job was
+    claimed afresh by the release and refunded; claimed, the release never looked at
+    the limit. Whoever ends it, the timed-out attempt counts once: dead on the last."""
+    load(lists, list_name, 26, timeout_s=0.5, backoff_s=0)
+    last = f"{list_name}-1"
+    load(lists, last, 4, timeout_s=0.5, backoff_s=0, max_attempts=1)
+    holder = Session.open(registered)
+    leased = queue.reserve(list_name, holder, 20, lease=True)
+    claimed = queue.reserve(list_name, holder, 4)
+    last_leased = queue.reserve(last, holder, 2, lease=True)
+    last_claimed = queue.reserve(last, holder, 2)
+    assert all(j.lease is not None for j in leased + last_leased) and all(j.lease is None for j in claimed + last_claimed)
+    # In time: the attempt given back.
+    assert queue.release(leased[0]) == queue.release(claimed[0]) == "released"
+    assert queue.release(last_leased[0]) == queue.release(last_claimed[0]) == "released"
+    time.sleep(0.5 + 0.3)
+    late = [leased[1], claimed[1]]
+    assert [queue.release(j, "given back late") for j in late] == ["released", "released"]
+    assert [queue.release(j) for j in (last_leased[1], last_claimed[1])] == ["dead", "dead"]
+    assert [queue.release(j, "given back late") for j in late] == ["released", "released"], "a repeat answers the same"
+    for job in late:
+        with pytest.raises(errors.ClaimLost):
+            queue.complete(job, "too late")
+    # The rest of the lease, given back by a close past its end: timed out too.
+    assert holder.close() == 19 - 1 + 2
+    expected = {j.name: 0 for j in (leased[0], claimed[0], last_leased[0], last_claimed[0])}
+    expected |= {j.name: 1 for j in [*leased[1:], *claimed[1:], last_leased[1], last_claimed[1]]}
+    for job in [*leased, *claimed, *last_leased, *last_claimed]:
+        rec = record(registered, job)
+        dead = job in (last_leased[1], last_claimed[1])
+        assert (rec["state"], rec["att"]) == ("dead" if dead else "queued", expected[job.name]), (job, rec)
+        assert "sess" not in rec and "result" not in rec, rec
+    assert record(registered, leased[1])["err"] == "given back late"
+    queue.flush()
+    st, st_last = lists.status(list_name), lists.status(last)
+    assert (st.done, st.dead, st.retry_pending + st.reservable, st.in_flight) == (0, 0, 26, 0)
+    assert (st_last.dead, st_last.retry_pending + st_last.reservable, st_last.in_flight) == (2, 2, 0)
+    # Nothing lost, each done once, the attempts as counted above plus this one.
+    with Session.open(registered) as again:
+        jobs = queue.reserve(list_name, again, 26)
+        assert sorted(j.token for j in jobs) == list(range(26))
+        assert queue.complete_many(jobs) == []
+    queue.flush()
+    for job in jobs:
+        rec = record(registered, job)
+        assert (rec["state"], rec["att"]) == ("done", expected.get(job.name, 0) + 1), (job, rec)
+    assert lists.status(list_name).done == 26
+
+
+@pytest.mark.parametrize("lease", [True, False])
+def test_a_release_racing_the_reaper_past_the_limit_counts_the_attempt_once(
+    registered: Backend, queue: Queue, lists: JobLists, list_name: str, lease: bool
+) -> None:
+    """Threads releasing jobs past their time limit while reapers end the same jobs as
+    timed out: whichever wins, each job has its attempt counted once (neither refunded
+    by the release nor counted twice), is offered again once, and runs to done once."""
+    n = 40
+    load(lists, list_name, n, timeout_s=0.5, backoff_s=0)
+    holder = Session.open(registered)
+    jobs = queue.reserve(list_name, holder, n, lease=lease)
+    assert len(jobs) == n and all((j.lease is not None) == lease for j in jobs)
+    time.sleep(0.5 + CLOCK_MARGIN_MS / 1000 + 0.2)
+    outcomes: dict[str, str] = {}
+    errs: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def releaser(part: list[Job]) -> None:
+        try:
+            start.wait()
+            for job in part:
+                outcomes[job.name] = queue.release(job)
+        except BaseException as e:  # reported below
+            errs.append(e)
+
+    def reaper() -> None:
+        try:
+            start.wait()
+            for _ in range(3):
+                reap(registered)
+        except BaseException as e:  # reported below
+            errs.append(e)
+
+    threads = [threading.Thread(target=releaser, args=(jobs[i::2],)) for i in range(2)]
+    threads += [threading.Thread(target=reaper) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errs, errs
+    assert set(outcomes.values()) <= {"released", "not held"}, outcomes
+    for job in jobs:
+        rec = record(registered, job)
+        assert (rec["state"], rec["att"]) == ("queued", 1), (job, rec, outcomes[job.name])
+        assert "sess" not in rec, rec
+    retry = lists.header(list_name).get("retry") or []
+    assert sorted(retry) == list(range(n)), "each offered again once"
+    holder.close()
+    with Session.open(registered) as again:
+        redo = queue.reserve(list_name, again, n)
+        assert sorted(j.token for j in redo) == list(range(n))
+        assert queue.complete_many(redo) == []
+    queue.flush()
+    for job in jobs:
+        rec = record(registered, job)
+        assert (rec["state"], rec["att"]) == ("done", 2), (job, rec)
+    st = lists.status(list_name)
+    assert (st.done, st.dead, st.in_flight, st.retry_pending) == (n, 0, 0, 0)
