@@ -9,6 +9,7 @@ copy other tests' jobs too: assertions only look at the test's own list.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import sys
@@ -26,6 +27,11 @@ from .helpers import root_connection
 # Two worker threads; a failed task is tried up to 3 times (local mode's
 # default is once, which would hide Spark's retry from the tests).
 SPARK_MASTER = "local[2,3]"
+# Scratch databases' names begin with it: several people running tests against one
+# MariaDB each give theirs (AEROQUEUE_TEST_DB_PREFIX), so that whose a database is shows.
+DB_PREFIX = os.environ.get("AEROQUEUE_TEST_DB_PREFIX", "aqs_")
+if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,20}", DB_PREFIX):
+    raise ValueError(f"AEROQUEUE_TEST_DB_PREFIX={DB_PREFIX!r}: letters, digits and '_' only, at most 21")
 
 
 @pytest.fixture(scope="session")
@@ -53,7 +59,7 @@ def spark() -> Iterator[Any]:
 @pytest.fixture
 def mysql_db(mysql_available: None) -> Iterator[str]:
     """A scratch database of its own, dropped afterwards."""
-    name = f"aqs_{uuid.uuid4().hex[:12]}"  # generated: a safe identifier (DDL takes no parameters)
+    name = f"{DB_PREFIX}{uuid.uuid4().hex[:12]}"  # generated: a safe identifier (DDL takes no parameters)
     conn = root_connection()
     try:
         conn.cursor().execute(f"CREATE DATABASE {name} CHARACTER SET utf8mb4")

@@ -29,6 +29,7 @@ from aeroqueue.sync.job import DAEMON_MODULE
 from aeroqueue.sync.scan import to_copy
 from tests.waiting import wait_for
 
+from .conftest import DB_PREFIX
 from .helpers import (
     assert_exactly_once,
     make_jobs,
@@ -58,7 +59,7 @@ def store(registered, spark):
 
 @pytest.fixture
 def second_db(mysql_available):
-    name = f"aqs_{uuid.uuid4().hex[:12]}"
+    name = f"{DB_PREFIX}{uuid.uuid4().hex[:12]}"
     conn = root_connection()
     conn.cursor().execute(f"CREATE DATABASE {name} CHARACTER SET utf8mb4")
     yield name
