@@ -181,3 +181,32 @@ CREATE TABLE IF NOT EXISTS sync_rejects (
     SELECT list, mode, total, done, dead, sealed, complete, completed_at, updated_at FROM aq_list_summary */;
 /*sqlite DROP TABLE aq_list_summary */;
 /*sqlite ALTER TABLE aq_list_summary_v4 RENAME TO aq_list_summary */;
+
+-- migration 5: sync_rejects carries the list's stamp; a reject is keyed (list, created, token)
+-- Keyed (list, token), a list dropped and loaded again under its name shared
+-- its rejects' rows with the old list: the new list's job at a token took the
+-- old one's reject row, and once the new job was copied the old list's reject
+-- was cleared as copied, though the old job never was. Rows of before hold
+-- created 0 (the stamp unknown): a copy of a job of their (list, token) clears
+-- them, and a reject of one takes their place, as before (aeroqueue.sync.task).
+-- MySQL: one ALTER, run only while the column is missing (safe to run again).
+/*! SET @aq_has_created = (SELECT COUNT(*) FROM information_schema.columns WHERE table_schema = DATABASE() AND table_name = 'sync_rejects' AND column_name = 'created') */;
+/*! SET @aq_alter = IF(@aq_has_created = 0, 'ALTER TABLE sync_rejects ADD COLUMN created BIGINT NOT NULL DEFAULT 0 AFTER list, DROP PRIMARY KEY, ADD PRIMARY KEY (list, created, token)', 'DO 0') */;
+/*! PREPARE aq_migrate_5 FROM @aq_alter */;
+/*! EXECUTE aq_migrate_5 */;
+/*! DEALLOCATE PREPARE aq_migrate_5 */;
+/*sqlite DROP TABLE IF EXISTS sync_rejects_v5 */;
+/*sqlite CREATE TABLE sync_rejects_v5 (
+    list    VARCHAR(64) NOT NULL,
+    created BIGINT      NOT NULL DEFAULT 0,
+    token   BIGINT      NOT NULL,
+    jid     TEXT        NOT NULL,
+    state   VARCHAR(8)  NOT NULL,
+    reason  TEXT        NOT NULL,
+    seen_at BIGINT      NOT NULL,
+    PRIMARY KEY (list, created, token)
+) */;
+/*sqlite INSERT INTO sync_rejects_v5 (list, created, token, jid, state, reason, seen_at)
+    SELECT list, 0, token, jid, state, reason, seen_at FROM sync_rejects */;
+/*sqlite DROP TABLE sync_rejects */;
+/*sqlite ALTER TABLE sync_rejects_v5 RENAME TO sync_rejects */;

@@ -612,11 +612,15 @@ def write_summaries(backend: Backend, sink: Sink, at_ms: int, only: tuple[str, .
 
 
 def forget_copied_rejects(sink: Sink) -> None:
-    """Drop sync_rejects rows whose job has been copied since it was refused."""
+    """Drop sync_rejects rows whose job has been copied since it was refused: a row
+    of its list (the stamp: a list of the name dropped before is another list), or,
+    for a reject written before migration 5 (created 0, the stamp unknown), of its
+    (list, token) as before."""
     try:
         sink.execute(
             f"DELETE FROM {REJECTS_TABLE} WHERE EXISTS (SELECT 1 FROM {JOBS_TABLE} j "
             f"WHERE j.list = {REJECTS_TABLE}.list AND j.token = {REJECTS_TABLE}.token "
+            f"AND (j.created = {REJECTS_TABLE}.created OR {REJECTS_TABLE}.created = 0) "
             f"AND j.synced_at >= {REJECTS_TABLE}.seen_at)"
         )
         sink.commit()

@@ -37,10 +37,12 @@ JOB_KEY = ("list", "created", "jid")
 SUMMARY_COLUMNS = (
     "list", "mode", "total", "done", "dead", "sealed", "complete", "completed_at", "updated_at", "created",
 )
-REJECT_COLUMNS = ("list", "token", "jid", "state", "reason", "seen_at")
+# A reject names its list's stamp too (migration 5): a new list of the name is another list.
+REJECT_COLUMNS = ("list", "token", "jid", "state", "reason", "seen_at", "created")
+REJECT_KEY = ("list", "created", "token")
 MAX_REASON = 2000
 
-__all__ = ["JOBS_TABLE", "Migration", "Refused", "job_row", "migrate", "migrations", "reject_row"]
+__all__ = ["JOBS_TABLE", "REJECT_KEY", "Migration", "Refused", "job_row", "migrate", "migrations", "reject_row"]
 
 
 def now_ms() -> int:
@@ -372,7 +374,7 @@ def reject_row(bins: dict[str, Any], reason: str, seen_at: int) -> tuple[Any, ..
     reason = reason.encode("utf-8", "backslashreplace").decode("utf-8")
     if len(reason) > MAX_REASON:
         reason = reason[: MAX_REASON - 3] + "..."
-    return (bins["list"], bins["token"], shown, bins.get("state") or "", reason, seen_at)
+    return (bins["list"], bins["token"], shown, bins.get("state") or "", reason, seen_at, bins.get("c") or 0)
 
 
 def _row_bytes(row: Sequence[Any]) -> int:

@@ -31,7 +31,15 @@ from ..errors import BackendError, SyncError
 from .mark import Clock, mark_unchanged, put_sync_record, retain, server_clock
 from .options import Counts, SyncFaults, SyncOptions
 from .scan import Batch, batches
-from .schema import JOB_COLUMNS, JOB_KEY, JOBS_TABLE, REJECT_COLUMNS, REJECTS_TABLE, reject_row
+from .schema import (
+    JOB_COLUMNS,
+    JOB_KEY,
+    JOBS_TABLE,
+    REJECT_COLUMNS,
+    REJECT_KEY,
+    REJECTS_TABLE,
+    reject_row,
+)
 from .write import Sink
 
 log = logging.getLogger(__name__)
@@ -215,6 +223,18 @@ class RangeSync:
             sink.execute(f"DELETE FROM {JOBS_TABLE} WHERE (list, created, jid) IN "
                          f"({', '.join([f'({ph}, 0, {ph})'] * len(part))})", [v for pair in part for v in pair])
 
+    def _replace_legacy_rejects(self, rejects: list[tuple[Any, ...]]) -> None:
+        """Rejects written before migration 5 hold created 0 (their list's stamp
+        unknown): a reject of their (list, token) takes their place, as it took their
+        row before, rather than stand beside them as a second reject of one job.
+        Rejects are few: no probe first."""
+        pairs = [(r[0], r[1]) for r in rejects if r[-1] != 0]  # list, token; created is last (REJECT_COLUMNS)
+        ph = self.sink.dialect.placeholder
+        for at in range(0, len(pairs), LEGACY_DELETE_ROWS):
+            part = pairs[at:at + LEGACY_DELETE_ROWS]
+            self.sink.execute(f"DELETE FROM {REJECTS_TABLE} WHERE (list, created, token) IN "
+                              f"({', '.join([f'({ph}, 0, {ph})'] * len(part))})", [v for pair in part for v in pair])
+
     def _write(self, batch: Batch) -> list[tuple[int, str]]:
         """Upsert a batch and its rejects in one transaction; retried on a deadlock."""
         sink = self.sink
@@ -225,7 +245,8 @@ class RangeSync:
                 rejects = batch.rejects + [
                     reject_row(batch.bins[i], reason, self.synced_at) for i, reason in refused
                 ]
-                sink.upsert(REJECTS_TABLE, REJECT_COLUMNS, ("list", "token"), rejects)
+                self._replace_legacy_rejects(rejects)
+                sink.upsert(REJECTS_TABLE, REJECT_COLUMNS, REJECT_KEY, rejects)
                 sink.commit()
                 return refused
             except Exception as e:

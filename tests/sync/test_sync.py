@@ -193,6 +193,66 @@ def test_a_reject_that_copies_later_leaves_the_rejects_table(store, store_url, m
     assert_exactly_once(store, mysql_db, list_name)
 
 
+def test_a_lists_rejects_are_its_own_not_those_of_a_list_of_the_name_dropped_before(
+    store, store_url, mysql_db, mysql_url, list_name, spark
+):
+    """Rejects were keyed (list, token): the new list's reject at a token took the
+    row of the old list's reject there, and once the new job was copied the old
+    list's reject was cleared as copied, though that job never was."""
+    lists = JobLists(store)
+    name = keys.job_name(list_name, 1)
+    make_jobs(store, list_name, done=3)
+    old = lists.status(list_name).created
+    store.put(keys.JOB_SET, name, {"result": bytearray(b"\x01")})
+    first = sync_once(options(store_url, mysql_url, lists=(list_name,)), spark, store)
+
+    lists.drop(list_name, grace_s=0)
+    time.sleep(0.002)  # the new list's stamp is the next millisecond's at least
+    make_jobs(store, list_name, done=3)
+    assert lists.status(list_name).created != old
+    store.put(keys.JOB_SET, name, {"result": bytearray(b"\x02")})
+    second = sync_once(options(store_url, mysql_url, lists=(list_name,)), spark, store)
+
+    def rejects() -> list[tuple]:
+        return sorted(mysql_query(mysql_db, "SELECT token, seen_at FROM sync_rejects WHERE list = %s", (list_name,)))
+
+    assert rejects() == [(1, first.started_ms), (1, second.started_ms)], "one reject of each list's job"
+    store.put(keys.JOB_SET, name, {"result": {"fixed": True}})  # the new job repaired, then copied
+    sync_once(options(store_url, mysql_url, lists=(list_name,)), spark, store)
+    assert rejects() == [(1, first.started_ms)], "the old list's job was never copied: its reject stays"
+    assert mysql_query(mysql_db, "SELECT created FROM sync_rejects WHERE list = %s", (list_name,)) == [(old,)]
+    assert_exactly_once(store, mysql_db, list_name)
+
+
+def test_rejects_written_before_the_lists_stamp_was_kept_give_way_to_their_jobs(
+    store, store_url, mysql_db, mysql_url, list_name, spark
+):
+    """A sync_rejects of schema version 4 (keyed (list, token)) migrated to 5: its rows
+    hold created 0. A job of theirs refused again takes their row's place, as it took
+    the row before, rather than being a second reject of one job; one copied since
+    clears it, as before."""
+    from aeroqueue.sync import parse_target
+    from aeroqueue.sync.schema import migrations
+    from aeroqueue.sync.write import Sink
+
+    make_jobs(store, list_name, done=3)
+    store.put(keys.JOB_SET, keys.job_name(list_name, 1), {"result": bytearray(b"\x01")})
+    with Sink(parse_target(mysql_url)) as sink:
+        for step in migrations()[:5]:
+            for stmt in step.statements:
+                if (here := sink.dialect.ddl(stmt)) is not None:
+                    sink.execute(here)
+        sink.execute("INSERT INTO schema_version (version, description, applied_at) VALUES (1, 'old', 0), "
+                     "(2, 'old', 0), (3, 'old', 0), (4, 'old', 0)")
+        sink.execute("INSERT INTO sync_rejects (list, token, jid, state, reason, seen_at) "
+                     "VALUES (%s, 1, 'j1', 'done', 'old', 1), (%s, 2, 'j2', 'done', 'old', 1)", (list_name, list_name))
+        sink.commit()
+    sync_once(options(store_url, mysql_url, lists=(list_name,)), spark, store)
+    created = JobLists(store).status(list_name).created
+    assert mysql_query(mysql_db, "SELECT created, token FROM sync_rejects WHERE list = %s", (list_name,)) \
+        == [(created, 1)]
+
+
 def test_list_summaries(store, store_url, mysql_db, mysql_url, list_name, spark):
     finished, running = list_name, list_name + "-run"
     make_jobs(store, finished, done=8, dead=2)

@@ -20,6 +20,7 @@ from aeroqueue.sync import (
     JOB_COLUMNS,
     JOB_KEY,
     JOBS_TABLE,
+    REJECTS_TABLE,
     Refused,
     Sink,
     SyncError,
@@ -32,6 +33,7 @@ from aeroqueue.sync import (
     redact,
     remember_demo_target,
 )
+from aeroqueue.sync.schema import REJECT_COLUMNS, REJECT_KEY, reject_row
 from aeroqueue.sync.target import demo_target
 from aeroqueue.sync.write import infile_dir
 from tests.conftest import require
@@ -625,6 +627,38 @@ def test_migration_4_keeps_the_rows_of_before_under_stamp_0_and_keys_rows_on_the
     assert [(c, bytes(j) if isinstance(j, (bytes, bytearray)) else j.encode(), d) for c, j, d in rows] == [
         (0, b"a", 100), (0, b"b", 200), (7, b"a", 400)]
     assert summary == [("L", 0, 2)]
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "mysql"])
+def test_migration_5_keeps_the_rejects_of_before_under_stamp_0_and_keys_rejects_on_the_lists_stamp(
+    dialect, tmp_path, request
+):
+    """sync_rejects was keyed (list, token): a reject of a list dropped and loaded again
+    took the row of the old list's. Its rows of before stay, with created 0, and a
+    reject of another stamp at their token is a row of its own. On MySQL a run that
+    died after the ALTER, before recording the version, finishes it the next time."""
+    target = _target(dialect, tmp_path, request)
+    with Sink(target) as sink:
+        for step in migrations()[:5]:  # as an aeroqueue of schema version 4 left it
+            for stmt in step.statements:
+                if (stmt_here := sink.dialect.ddl(stmt)) is not None:
+                    sink.execute(stmt_here)
+        sink.execute("INSERT INTO schema_version (version, description, applied_at) VALUES (1, 'old', 0), (2, 'old', 0), "
+                     "(3, 'old', 0), (4, 'old', 0)")
+        sink.upsert(REJECTS_TABLE, REJECT_COLUMNS[:-1], ("list", "token"), [("L", 1, "a", "done", "not JSON", 10)])
+        sink.commit()
+        newest = migrations()[-1].version
+        assert migrate(sink) == newest
+        if dialect == "mysql":
+            sink.execute("DELETE FROM schema_version WHERE version >= 5")  # as if it died before recording it
+            sink.commit()
+            assert migrate(sink) == newest
+        for seen_at in (20, 30):  # the new list's reject at token 1, written twice: one row
+            sink.upsert(REJECTS_TABLE, REJECT_COLUMNS, REJECT_KEY,
+                        [reject_row({"list": "L", "token": 1, "jid": "a", "state": "done", "c": 7}, "bad", seen_at)])
+        sink.commit()
+        rows = sink.execute("SELECT created, token, reason, seen_at FROM sync_rejects ORDER BY created")
+    assert rows == [(0, 1, "not JSON", 10), (7, 1, "bad", 30)]
 
 
 _OURS = ("list VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL, created BIGINT NOT NULL DEFAULT 0, "
