@@ -14,7 +14,11 @@
 -- be atomic: every statement must be safe to run twice (IF NOT EXISTS), so a
 -- run that died half-way through a migration finishes it the next time.
 -- Never edit a migration that has shipped; add the next one. Migration 0
--- runs on every start and must stay idempotent.
+-- runs on every start and must stay idempotent. SQLite changes a table by
+-- rebuilding it from the columns of before, which run twice takes away what
+-- it added: a SQLite target whose schema_version is empty gets its version
+-- back from its tables' shape (aeroqueue.sync.schema._sqlite_version), where
+-- each migration that rebuilds a SQLite table must add its own.
 --
 -- Times are Unix milliseconds (BIGINT), as everywhere in aeroqueue.
 -- A statement ends with ';' at the end of a line.

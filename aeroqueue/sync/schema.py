@@ -238,6 +238,45 @@ def _own_tables(steps: list[Migration]) -> set[str]:
             for name in re.findall(r"CREATE TABLE (?:IF NOT EXISTS )?(\w+)", stmt, re.I)}
 
 
+def _sqlite_version(sink: Sink) -> int:
+    """The version a SQLite target's tables are at, read from their shape: the
+    highest version whose change, and every one before it, is there. Only the
+    rebuilds matter (3: jid TEXT; 4: the stamps; 5: the rejects' stamps): each
+    copies its table from the columns of before, so run again it takes away what
+    it added. A migration that rebuilds a SQLite table must be added here."""
+    def columns(table: str) -> dict[str, str]:
+        return {name.lower(): str(kind).upper() for (_, name, kind, *_) in sink.execute(f"PRAGMA table_info({table})")}
+
+    jobs, summary, rejects = columns(JOBS_TABLE), columns(SUMMARY_TABLE), columns(REJECTS_TABLE)
+    shapes = (
+        (1, bool(jobs and summary and rejects)),
+        (2, True),  # MySQL's alone
+        (3, jobs.get("jid") == "TEXT"),
+        (4, "created" in jobs and "created" in summary),
+        (5, "created" in rejects),
+    )
+    version = 0
+    for step, there in shapes:
+        if not there:
+            break
+        version = step
+    return version
+
+
+def _record_sqlite_version(sink: Sink, steps: list[Migration], at_ms: int | None) -> int:
+    """A SQLite target whose schema_version is empty though its tables are there
+    (dropped alone, by hand): the versions its tables show are recorded again, so
+    that only the migrations after them run (SQLite's rebuilds cannot run twice
+    without taking the stamps away). Returns the version recorded (0: none)."""
+    found = min(_sqlite_version(sink), steps[-1].version)
+    if found:
+        log.warning("%s of %s was empty, though its tables are at version %d: recorded again", VERSION_TABLE,
+                    sink.target, found, extra={"event": "schema_version_recorded", "version": found})
+        sink.upsert(VERSION_TABLE, ("version", "description", "applied_at"), ("version",),
+                    [(step.version, step.description, at_ms or now_ms()) for step in steps[1:found + 1]])
+    return found
+
+
 def _migrate_once(sink: Sink, steps: list[Migration], at_ms: int | None) -> int:
     newest = steps[-1].version
 
@@ -266,6 +305,8 @@ def _migrate_once(sink: Sink, steps: list[Migration], at_ms: int | None) -> int:
         if not isinstance(current, int):
             raise SyncError(f"table {VERSION_TABLE} in {sink.target} is not aeroqueue's (its latest version is "
                             f"{current!r}, not a number): {_OWN_DATABASE}")
+        if current == 0 and sink.dialect.name == "sqlite":
+            current = _record_sqlite_version(sink, steps, at_ms)
         if current < newest:
             check_jobs_table(sink, before=True)  # a table found there is not altered unless it passes
         if current > newest:

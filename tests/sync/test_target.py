@@ -33,7 +33,7 @@ from aeroqueue.sync import (
     redact,
     remember_demo_target,
 )
-from aeroqueue.sync.schema import REJECT_COLUMNS, REJECT_KEY, reject_row
+from aeroqueue.sync.schema import REJECT_COLUMNS, REJECT_KEY, VERSION_TABLE, reject_row
 from aeroqueue.sync.target import demo_target
 from aeroqueue.sync.write import infile_dir
 from tests.conftest import require
@@ -659,6 +659,29 @@ def test_migration_5_keeps_the_rejects_of_before_under_stamp_0_and_keys_rejects_
         sink.commit()
         rows = sink.execute("SELECT created, token, reason, seen_at FROM sync_rejects ORDER BY created")
     assert rows == [(0, 1, "not JSON", 10), (7, 1, "bad", 30)]
+
+
+def test_a_sqlite_target_whose_schema_version_alone_was_dropped_keeps_its_stamps(tmp_path, caplog):
+    """SQLite's migrations 3 to 5 rebuild their table from the columns of before: run
+    again on a file whose schema_version alone was dropped, 3 and 4 set every row's
+    stamp to 0 (and two lists of one name, rows of one (list, jid), failed migration
+    3's key for good), and 5 every reject's. The tables' shape tells their version."""
+    target = _sqlite(tmp_path)
+    with Sink(target) as sink:
+        newest = migrate(sink)
+        rows = [job_row({"list": "L", "token": 0, "jid": "a", "state": "done", "done_at": 5, "c": c}, 1) for c in (7, 8)]
+        assert sink.copy(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, rows, newer="done_at") == []
+        sink.upsert(REJECTS_TABLE, REJECT_COLUMNS, REJECT_KEY,
+                    [reject_row({"list": "L", "token": 1, "jid": "b", "state": "done", "c": 8}, "bad", 1)])
+        sink.execute("DROP TABLE schema_version")
+        sink.commit()
+        with caplog.at_level(logging.WARNING, logger="aeroqueue.sync.schema"):
+            assert migrate(sink) == newest
+        assert sink.execute("SELECT created, jid FROM aq_jobs ORDER BY created") == [(7, "a"), (8, "a")]
+        assert sink.execute("SELECT created, token FROM sync_rejects") == [(8, 1)]
+        assert [v for (v,) in sink.execute("SELECT version FROM schema_version ORDER BY version")] == \
+            list(range(1, newest + 1))
+    assert f"{VERSION_TABLE} of {target} was empty, though its tables are at version {newest}" in caplog.text
 
 
 _OURS = ("list VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL, created BIGINT NOT NULL DEFAULT 0, "
