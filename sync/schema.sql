@@ -214,3 +214,17 @@ CREATE TABLE IF NOT EXISTS sync_rejects (
     SELECT list, 0, token, jid, state, reason, seen_at FROM sync_rejects */;
 /*sqlite DROP TABLE sync_rejects */;
 /*sqlite ALTER TABLE sync_rejects_v5 RENAME TO sync_rejects */;
+
+-- migration 6: sync_target: one row, the id of this copy, which the marks name with the place
+-- A job's mark names the target by its place (host, port, database, table):
+-- a database dropped and made again there, or a new server under the old
+-- name, was an empty copy that the marks said held every job, and nothing
+-- told the store (rows went missing from the copy for good). The sync gives
+-- a copy whose aq_jobs it makes a new random id, and the mark of a target
+-- with an id is a hash of its place and the id, so a copy made anew is
+-- copied into in full. A target made before this migration keeps an empty
+-- id: its marks name its place alone, as they did (aeroqueue.sync.schema).
+CREATE TABLE IF NOT EXISTS sync_target (
+    id      VARCHAR(32) /*! CHARACTER SET ascii COLLATE ascii_bin */ NOT NULL PRIMARY KEY,
+    made_at BIGINT      NOT NULL
+) /*! ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 */;

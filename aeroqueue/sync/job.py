@@ -28,6 +28,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +52,7 @@ from .schema import (
     SUMMARY_TABLE,
     migrate,
     now_ms,
+    target_id,
 )
 from .target import Target
 from .task import progress_name, sync_ranges
@@ -478,9 +480,12 @@ def run_sync(
     """One sync run on `spark`. The caller holds the lease (see `sync_once`)."""
     started = time.monotonic()
     synced_at = now_ms()
-    target = options.target
-    with Sink(target) as sink:
+    with Sink(options.target) as sink:
         migrate(sink)
+        # The copy's id names its marks: read from the target each run, so a database
+        # made anew since the last run is copied into in full.
+        target = replace(options.target, target_id=target_id(sink))
+    options = replace(options, target=target)
     if on_progress is not None and not options.run_id:
         options = _with_run_id(options)
     sc = spark.sparkContext
@@ -582,8 +587,6 @@ def _await_tasks(sc: Any, group: str) -> None:
 
 
 def _with_run_id(options: SyncOptions) -> SyncOptions:
-    from dataclasses import replace
-
     return replace(options, run_id=uuid.uuid4().hex[:16])
 
 

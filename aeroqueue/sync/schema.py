@@ -11,7 +11,8 @@ import logging
 import os
 import re
 import time
-from collections.abc import Sequence
+import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,9 +41,14 @@ SUMMARY_COLUMNS = (
 # A reject names its list's stamp too (migration 5): a new list of the name is another list.
 REJECT_COLUMNS = ("list", "token", "jid", "state", "reason", "seen_at", "created")
 REJECT_KEY = ("list", "created", "token")
+# One row: the id of this copy, which the marks name with the target's place (migration 6).
+TARGET_TABLE = "sync_target"
+TARGET_ID_VERSION = 6
 MAX_REASON = 2000
 
-__all__ = ["JOBS_TABLE", "REJECT_KEY", "Migration", "Refused", "job_row", "migrate", "migrations", "reject_row"]
+__all__ = [
+    "JOBS_TABLE", "REJECT_KEY", "Migration", "Refused", "job_row", "migrate", "migrations", "reject_row", "target_id",
+]
 
 
 def now_ms() -> int:
@@ -240,7 +246,7 @@ def _own_tables(steps: list[Migration]) -> set[str]:
 
 def _sqlite_version(sink: Sink) -> int:
     """The version a SQLite target's tables are at, read from their shape: the
-    highest version whose change, and every one before it, is there. Only the
+    highest version whose change, and every one before it, is there. The
     rebuilds matter (3: jid TEXT; 4: the stamps; 5: the rejects' stamps): each
     copies its table from the columns of before, so run again it takes away what
     it added. A migration that rebuilds a SQLite table must be added here."""
@@ -254,6 +260,7 @@ def _sqlite_version(sink: Sink) -> int:
         (3, jobs.get("jid") == "TEXT"),
         (4, "created" in jobs and "created" in summary),
         (5, "created" in rejects),
+        (6, bool(columns(TARGET_TABLE))),
     )
     version = 0
     for step, there in shapes:
@@ -297,6 +304,7 @@ def _migrate_once(sink: Sink, steps: list[Migration], at_ms: int | None) -> int:
                 shown = ", ".join(tables[:5]) + (", ..." if len(tables) > 5 else "")
                 raise SyncError(f"SQLite target {sink.target} holds tables ({shown}), none of them a sync's: "
                                 "another program's file? Name a new file, or one an earlier sync made")
+        made_anew = not _has_table(sink, JOBS_TABLE)  # the copy is empty: it gets a new id
         for stmt in steps[0].statements:
             run(stmt)
         _check_version_table(sink)
@@ -332,8 +340,50 @@ def _migrate_once(sink: Sink, steps: list[Migration], at_ms: int | None) -> int:
                 # logged as what was done, named the wrong database.
                 log.info("schema of %s (%s) at version %d: nothing to change on %s", sink.target, server,
                          step.version, server.split()[0], extra={"event": "schema_migrated", "version": step.version})
+        _keep_target_id(sink, steps, run, made_anew=made_anew, started=current, at_ms=at_ms)
         sink.commit()
     return newest
+
+
+def _has_table(sink: Sink, table: str) -> bool:
+    ph = sink.dialect.placeholder
+    if sink.dialect.name == "mysql":
+        sql = f"SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = {ph}"
+    else:
+        sql = f"SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = {ph}"
+    return bool(sink.execute(sql, (table,))[0][0])
+
+
+def _keep_target_id(sink: Sink, steps: list[Migration], run: Callable[[str], None], *, made_anew: bool,
+                    started: int, at_ms: int | None) -> None:
+    """Give the copy an id if it has none (`Target.mark_bin` hashes it with the place).
+
+    A new id where this migration made aq_jobs (a new database, or one dropped and
+    made again: empty, whatever the marks say), and where the id went missing from a
+    target that had one (what the copy holds is not known: it is copied into in
+    full, an upsert). An empty id for a target upgraded from before ids: its marks
+    name its place alone, as they did, and stay good."""
+    for stmt in steps[TARGET_ID_VERSION].statements:  # the table made again if it was dropped alone
+        run(stmt)
+    ids = sink.execute(f"SELECT id FROM {TARGET_TABLE}")
+    if len(ids) == 1 and not made_anew:
+        return
+    new = uuid.uuid4().hex if made_anew or ids or started >= TARGET_ID_VERSION else ""
+    sink.execute(f"DELETE FROM {TARGET_TABLE}")
+    ph = sink.dialect.placeholder
+    sink.execute(f"INSERT INTO {TARGET_TABLE} (id, made_at) VALUES ({ph}, {ph})", (new, at_ms or now_ms()))
+    if new:
+        log.info("%s has a new id (%s): every processed job is copied into it", sink.target, new,
+                 extra={"event": "target_id_made", "target_id": new})
+
+
+def target_id(sink: Sink) -> str:
+    """The copy's id (`migrate` gives it one; empty for a target made before ids)."""
+    rows = sink.execute(f"SELECT id FROM {TARGET_TABLE}")
+    if len(rows) != 1:
+        raise SyncError(f"table {TARGET_TABLE} of {sink.target} holds {len(rows)} rows, not the one "
+                        "the sync wrote: run the sync again (it writes a new id, and copies every job once more)")
+    return _name(rows[0][0])
 
 
 # -- one job record -> one row ------------------------------------------------------

@@ -2,10 +2,11 @@
 
 A job record carries one mark per target it was copied to: a bin named after
 a hash of the target's place (dialect, host, port, database, table: never the
-user or password), holding the ``done_at`` of the version copied. So a job
-copied to one database is still unsynced for another, and a job kicked and
-processed again (a new ``done_at``) is unsynced everywhere without anyone
-clearing a mark.
+user or password) and of the id the sync keeps in the target (table
+``sync_target``), holding the ``done_at`` of the version copied. So a job
+copied to one database is still unsynced for another, and for a database
+made anew at the same place (a new id); a job kicked and processed again (a
+new ``done_at``) is unsynced everywhere without anyone clearing a mark.
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ class Target:
     password: str | None = field(default=None, repr=False)
     database: str = ""
     path: str = ""  # sqlite
+    # The copy's id, read from the target once its schema is migrated (`schema.target_id`);
+    # empty for a target made before ids, whose marks name its place alone.
+    target_id: str = ""
 
     def __str__(self) -> str:
         if self.dialect == "sqlite":
@@ -65,13 +69,20 @@ class Target:
 
     @property
     def mark_bin(self) -> str:
-        """The job bin that says which version of the job this target holds."""
-        return MARK_PREFIX + hashlib.sha1(self.place.encode()).hexdigest()[:10]
+        """The job bin that says which version of the job this target holds: named
+        after the place and the copy's id, so a database dropped and made again at
+        the place, which has another id, holds nothing the marks of the old one say.
+        The place stays in it: a copy of the database elsewhere (a backup restored
+        into another database) carries the id, and is not the target that holds the
+        jobs marked."""
+        named = f"{self.place}#{self.target_id}" if self.target_id else self.place
+        return MARK_PREFIX + hashlib.sha1(named.encode()).hexdigest()[:10]
 
     @property
     def lease_name(self) -> str:
-        """One sync at a time per target (two targets may sync at once)."""
-        return "sync:" + self.mark_bin[len(MARK_PREFIX):]
+        """One sync at a time per target (two targets may sync at once): by the place,
+        known before the target is connected to."""
+        return "sync:" + hashlib.sha1(self.place.encode()).hexdigest()[:10]
 
     def redact(self, text: str) -> str:
         """`text` with this target's password masked, wherever it appears."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import mysql.connector
@@ -13,7 +14,9 @@ from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Queue
 from aeroqueue.sessions import Session
-from aeroqueue.sync import SyncOptions, parse_target
+from aeroqueue.sync import SyncOptions, Target, parse_target
+from aeroqueue.sync.schema import target_id
+from aeroqueue.sync.write import Sink
 from tests.conftest import port_open
 
 MYSQL = {"host": "127.0.0.1", "port": 3306, "user": "root", "password": ""}
@@ -95,10 +98,22 @@ def assert_exactly_once(backend: Backend, database: str, name: str, port: int = 
         assert row["done_at"] == job["done_at"]
 
 
+def marked_target(target_url: str) -> Target:
+    """The target as the sync marks it: with the id it keeps in the target (none before a sync)."""
+    target = parse_target(target_url)
+    with Sink(target) as sink:
+        try:
+            return replace(target, target_id=target_id(sink))
+        except Exception as e:
+            if not sink.dialect.is_error(e):
+                raise
+            return target  # not synced into yet
+
+
 def synced_marks(backend: Backend, name: str, target_url: str) -> dict[str, int]:
     """jid -> the version (done_at) the target holds, for the list's jobs whose
     current version the target holds."""
-    bin_name = parse_target(target_url).mark_bin
+    bin_name = marked_target(target_url).mark_bin
     return {job["jid"]: job[bin_name] for job in JobLists(backend).jobs(name)
             if bin_name in job and job[bin_name] == job.get("done_at")}
 

@@ -25,6 +25,7 @@ from .helpers import (
     mysql_rows,
     options,
     processed,
+    root_connection,
     synced_marks,
 )
 
@@ -349,6 +350,28 @@ def test_a_job_whose_record_has_no_room_for_the_mark_does_not_stop_the_others(
     again = sync_once(options(store_url, mysql_url, partitions=1, batch_size=5, lists=(list_name,)), spark, store)
     assert again.counts.copied == 1 and again.counts.unmarked == 1, "copied again (harmless), never marked"
     assert_exactly_once(store, mysql_db, list_name)
+
+
+def test_a_target_database_dropped_and_made_again_is_copied_into_in_full(
+    store, store_url, mysql_db, mysql_url, list_name, spark
+):
+    """The marks named the target by its place alone: a database dropped and made
+    again there (or a new server under the old name) was empty while the marks said
+    it held every job, and the next runs copied only jobs processed since. The copy's
+    id, kept in it, is in the mark: a database made anew has another."""
+    make_jobs(store, list_name, done=5, dead=1)
+    sync_once(options(store_url, mysql_url, lists=(list_name,)), spark, store)
+    assert_exactly_once(store, mysql_db, list_name)
+    conn = root_connection()
+    try:  # the name is the fixture's generated one: a safe identifier
+        conn.cursor().execute(f"DROP DATABASE {mysql_db}")
+        conn.cursor().execute(f"CREATE DATABASE {mysql_db} CHARACTER SET utf8mb4")
+    finally:
+        conn.close()
+    again = sync_once(options(store_url, mysql_url, lists=(list_name,)), spark, store)
+    assert again.counts.copied == 6
+    assert_exactly_once(store, mysql_db, list_name)
+    assert set(synced_marks(store, list_name, mysql_url)) == set(processed(store, list_name))
 
 
 def test_a_list_dropped_and_loaded_again_keeps_each_lists_rows_apart(

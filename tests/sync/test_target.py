@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -33,7 +34,7 @@ from aeroqueue.sync import (
     redact,
     remember_demo_target,
 )
-from aeroqueue.sync.schema import REJECT_COLUMNS, REJECT_KEY, VERSION_TABLE, reject_row
+from aeroqueue.sync.schema import REJECT_COLUMNS, REJECT_KEY, VERSION_TABLE, reject_row, target_id
 from aeroqueue.sync.target import demo_target
 from aeroqueue.sync.write import infile_dir
 from tests.conftest import require
@@ -682,6 +683,52 @@ def test_a_sqlite_target_whose_schema_version_alone_was_dropped_keeps_its_stamps
         assert [v for (v,) in sink.execute("SELECT version FROM schema_version ORDER BY version")] == \
             list(range(1, newest + 1))
     assert f"{VERSION_TABLE} of {target} was empty, though its tables are at version {newest}" in caplog.text
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "mysql"])
+def test_a_target_made_anew_gets_an_id_of_its_own_and_one_of_before_keeps_its_marks(dialect, tmp_path, request):
+    """Marks named a target by its place alone: a database dropped and made again
+    there was an empty copy that the marks said held every job. A copy the sync
+    makes gets an id, which its marks name with the place; a target made before ids
+    keeps an empty id, so its marks stay good; one whose id went missing gets a new
+    one (what it holds is not known: it is copied into in full)."""
+    target = _target(dialect, tmp_path, request)
+    with Sink(target) as sink:
+        for step in migrations()[:6]:  # as an aeroqueue of schema version 5 left it
+            for stmt in step.statements:
+                if (stmt_here := sink.dialect.ddl(stmt)) is not None:
+                    sink.execute(stmt_here)
+        sink.execute("INSERT INTO schema_version (version, description, applied_at) VALUES (1, 'old', 0), (2, 'old', 0), "
+                     "(3, 'old', 0), (4, 'old', 0), (5, 'old', 0)")
+        assert sink.copy(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, [_row("a", 100)], newer="done_at") == []
+        sink.commit()
+        migrate(sink)
+        assert target_id(sink) == "", "upgraded: its marks name its place alone, as before"
+        migrate(sink)
+        assert target_id(sink) == ""
+
+        for table in ("aq_jobs", "aq_list_summary", "sync_rejects", "sync_target", "schema_version"):
+            sink.execute(f"DROP TABLE {table}")
+        sink.commit()
+        migrate(sink)
+        made = target_id(sink)
+        assert len(made) == 32, "made anew: an id of its own"
+        migrate(sink)
+        assert target_id(sink) == made, "kept"
+
+        sink.execute("DROP TABLE aq_jobs")
+        sink.execute("DROP TABLE schema_version")  # as the error for a missing aq_jobs says
+        sink.commit()
+        migrate(sink)
+        again = target_id(sink)
+        sink.execute("DELETE FROM sync_target")
+        sink.commit()
+        migrate(sink)
+        lost = target_id(sink)
+    assert len({"", made, again, lost}) == 4
+    marks = {replace(target, target_id=i).mark_bin for i in ("", made, again, lost)}
+    assert len(marks) == 4 and target.mark_bin in marks
+    assert len({replace(target, target_id=i).lease_name for i in ("", made)}) == 1, "one lease per place"
 
 
 _OURS = ("list VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL, created BIGINT NOT NULL DEFAULT 0, "
