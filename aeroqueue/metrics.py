@@ -15,7 +15,9 @@ Two sources, two commands:
 
 Names follow Prometheus' conventions: a common ``aeroqueue_`` prefix, base
 units (seconds, ratios), ``_total`` for counters only. Histograms carry no
-list label: one series set per worker, whatever number of lists it follows.
+list label: one series set per worker, whatever number of lists it follows; the
+job counters have one (8 series a list worked) unless the worker counts every list
+together (``--no-metrics-list-label``: 8 in all, ``list="*"``).
 Each source has its own registry, so several can live in one process (tests).
 
 Both are served by `serve`, which answers only requests whose Host header names
@@ -70,12 +72,26 @@ RESERVE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 
 STATES = ("queued", "delayed", "claimed", "done", "dead")
 
+# The `list` label of a worker's job counters that count every list together
+# (`WorkerMetrics(by_list=False)`): no list is named "*" (keys.check_list_name).
+ALL_LISTS = "*"
+
 
 class WorkerMetrics(WorkerObserver):
-    """A worker's metrics, in a registry of their own (`registry`)."""
+    """A worker's metrics, in a registry of their own (`registry`).
 
-    def __init__(self, in_flight: Callable[[], float] | None = None, *, registry: CollectorRegistry | None = None) -> None:
+    `by_list=False`: the job counters count every list together, as one series each
+    labelled ``list="*"``, whatever the number of lists worked. By list, a worker has
+    8 series per list it works on: with a list per customer load and tens of
+    workers, hundreds of thousands of series in Prometheus. The label stays (with
+    one value), so that the queries and dashboards written for it still work."""
+
+    def __init__(
+        self, in_flight: Callable[[], float] | None = None, *, registry: CollectorRegistry | None = None,
+        by_list: bool = True,
+    ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self.by_list = by_list
         r = self.registry
 
         def jobs(name: str, what: str) -> Counter:
@@ -115,6 +131,9 @@ class WorkerMetrics(WorkerObserver):
         )
         for result in ("ok", "failed"):  # both series exist from the start, so rate() sees the first one
             self.heartbeats.labels(result)
+        if not by_list:  # the same 8 series for the life of the process, at 0 from its start
+            for counter in self._per_list:
+                counter.labels(ALL_LISTS)
         ProcessCollector(registry=r)
 
     def bind(self, in_flight: Callable[[], float]) -> None:
@@ -127,6 +146,10 @@ class WorkerMetrics(WorkerObserver):
         """The series of a list no longer followed (dropped, so that a pattern no longer
         matches it) go: a worker following a pattern for months kept those of every
         list it had ever worked on, dropped long ago, in every scrape."""
+        if not self.by_list:
+            # Nothing to drop: the totals go on (a counter removed and made again
+            # would go back to 0, which rate() reads as a reset, not as jobs gone).
+            return
         now = set(lists)
         with self._lists_lock:
             self._worked &= now
@@ -149,6 +172,9 @@ class WorkerMetrics(WorkerObserver):
         self.reserve_seconds.observe(seconds)
 
     def reserved(self, list_name: str, n: int) -> None:
+        if not self.by_list:
+            self.jobs_reserved.labels(ALL_LISTS).inc(n)
+            return
         if list_name not in self._worked:
             self._first_reservation(list_name)
         self.jobs_reserved.labels(list_name).inc(n)
@@ -159,7 +185,12 @@ class WorkerMetrics(WorkerObserver):
     def _count(self, counter: Counter, list_name: str, n: int = 1) -> None:
         """An outcome of a list still followed: one that ends after its list stopped
         being followed (a job in flight when its list was dropped, ending lost or
-        released) brought back the series `following` had removed, for good."""
+        released) brought back the series `following` had removed, for good. Counted
+        together (`by_list` False), it is counted: every reservation's outcome is, so
+        the totals add up."""
+        if not self.by_list:
+            counter.labels(ALL_LISTS).inc(n)
+            return
         with self._lists_lock:
             if list_name in self._worked:
                 counter.labels(list_name).inc(n)

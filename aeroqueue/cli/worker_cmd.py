@@ -78,6 +78,10 @@ from .observe_cmd import METRICS_TRUSTED_HELP
         help="Address the metrics port binds.")
 @option("--metrics-trusted-host", "metrics_trusted_hosts", env="METRICS_TRUSTED_HOSTS", multiple=True,
         help=METRICS_TRUSTED_HELP)
+@option("--metrics-list-label/--no-metrics-list-label", "metrics_by_list", env="WORKER_METRICS_LIST_LABEL", default=True,
+        help="Count jobs by list in the metrics (8 series for each list worked). --no-metrics-list-label counts "
+             "every list together: 8 series labelled list=\"*\" whatever the number of lists (a list per customer "
+             "load, tens of workers: too many series for Prometheus otherwise); the totals are the same.")
 @option("--log-format", env="LOG_FORMAT", type=click.Choice(["json", "text"]), default="json", help="Log lines as JSON objects or plain text.")
 @option("--log-level", env="LOG_LEVEL", type=click.Choice(["debug", "info", "warning", "error"]), default=None,
         help="Lowest level logged. Default: info, or warning on a terminal, where live counters show the progress.")
@@ -86,8 +90,8 @@ def worker(
     obj: Context, handler: str, lists: tuple[str, ...], refresh_lists: float, idle_max: float, concurrency: int,
     batch: int | None, ack_linger: float, lease: bool, interval_s: float, expiry_s: float, pool: str, drain_timeout: float, sweep_every: float,
     sweep_grace: float, until_complete: bool,
-    metrics_port: int | None, metrics_host: str, metrics_trusted_hosts: tuple[str, ...], log_format: str,
-    log_level: str | None,
+    metrics_port: int | None, metrics_host: str, metrics_trusted_hosts: tuple[str, ...], metrics_by_list: bool,
+    log_format: str, log_level: str | None,
 ) -> None:
     """Run HANDLER on jobs reserved from the lists, under a heartbeat session.
 
@@ -105,7 +109,7 @@ def worker(
     if metrics_port is not None:
         from ..metrics import WorkerMetrics
 
-        observer = WorkerMetrics()
+        observer = WorkerMetrics(by_list=metrics_by_list)
     w = Worker(
         obj.backend(), load_handler(handler), list(lists), concurrency=concurrency, batch=batch,
         ack_linger_s=ack_linger / 1000, interval_s=interval_s,

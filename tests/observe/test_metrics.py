@@ -145,6 +145,74 @@ def test_worker_metrics_while_it_runs_match_the_store(registered: Backend, store
     assert abs((value(final, "aeroqueue_session_last_heartbeat_timestamp_seconds") or 0) - time.time()) < 30
 
 
+def test_a_worker_told_to_count_every_list_together_has_8_job_series_whatever_the_lists(
+    registered: Backend, store_url: str, list_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """By list, a worker has 8 series per list it works on: with a list per customer
+    load and tens of workers, Prometheus holds hundreds of thousands. Without the
+    list label (its environment variable, as a deployment sets it) the same 8 series
+    count every list, labelled list="*", and the totals are the store's."""
+    lists = JobLists(registered)
+    names = [f"{list_name}-{i}" for i in range(5)]
+    for i, name in enumerate(names):
+        lists.load(name, [JobSpec(f"ok{j}", {}) for j in range(4)] + [JobSpec("bad", {"fail_until": 99})] * (i % 2),
+                   max_attempts=2, seal=True)
+    monkeypatch.setenv("AEROQUEUE_WORKER_METRICS_LIST_LABEL", "false")
+    port, log = free_port(), tmp_path / "worker.log"
+    proc = spawn([
+        "--url", store_url, "worker", "--handler", "tests.observe.handlers:scripted", "--list", f"{list_name}-*",
+        "--heartbeat", "0.2", "--expiry", "2", "--metrics-port", str(port),
+    ], log)
+    url = f"http://127.0.0.1:{port}/metrics"
+
+    def finished(samples: Samples) -> float:  # whatever the labels
+        return sum(v for (n, _), v in samples.items() if n in ("aeroqueue_jobs_completed_total", "aeroqueue_jobs_dead_total"))
+
+    try:
+        samples = wait_for(url, proc, log)
+        deadline = time.monotonic() + 60
+        while finished(samples) < 22:
+            assert time.monotonic() < deadline, f"the worker did not finish:\n{log.read_text()[-3000:]}"
+            assert proc.poll() is None, f"the worker exited ({proc.returncode}):\n{log.read_text()[-3000:]}"
+            time.sleep(0.05)
+            samples = scrape(url)
+    finally:
+        code = stop(proc)
+    assert code == 0, log.read_text()[-3000:]
+    jobs_series = {(n, labels) for n, labels in samples if n.startswith("aeroqueue_jobs_") and n.endswith("_total")}
+    assert jobs_series == {(f"aeroqueue_jobs_{name}_total", frozenset({("list", "*")}))
+                           for name in (*COUNTERS, "snoozed")}, sorted(jobs_series)
+    assert not any(dict(labels).get("list") not in (None, "*") for _, labels in samples), "a series names a list"
+    every = [job for name in names for job in lists.jobs(name)]
+    assert len(every) == 22
+
+    def counter(name: str) -> float:
+        return value(samples, f"aeroqueue_jobs_{name}_total", list="*") or 0
+
+    assert counter("completed") == sum(lists.status(n).done for n in names) == 20
+    assert counter("dead") == sum(lists.status(n).dead for n in names) == 2
+    assert counter("reserved") == sum(j["att"] for j in every) == 24
+    assert counter("failed") == sum(j["att"] - 1 for j in every) == 2
+
+
+def test_counted_together_a_lists_counts_stay_when_it_is_no_longer_followed() -> None:
+    """A list dropped takes no count with it from the totals: a counter going down is
+    a reset to rate(), and the reservations' outcomes would no longer add up."""
+    m = WorkerMetrics(by_list=False)
+    assert _series(m.registry, "aeroqueue_jobs_dead_total") == {"*": 0}  # from the start
+    m.following(["a", "b"])
+    m.reserved("a", 2)
+    m.reserved("b", 1)
+    m.following(["b"])
+    m.lost("a")
+    m.released("a")
+    m.done("b")
+    assert _series(m.registry, "aeroqueue_jobs_reserved_total") == {"*": 3}
+    assert _series(m.registry, "aeroqueue_jobs_lost_total") == {"*": 1}
+    assert _series(m.registry, "aeroqueue_jobs_released_total") == {"*": 1}
+    assert _series(m.registry, "aeroqueue_jobs_completed_total") == {"*": 1}
+
+
 def test_worker_metrics_count_each_outcome_by_list() -> None:
     m = WorkerMetrics(lambda: 3)
     m.reserved("a", 4)
