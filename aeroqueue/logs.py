@@ -12,8 +12,13 @@ import logging
 import os
 import re
 import sys
+from typing import Any
 
 from rich.console import Console
+
+from .config import mask_passwords
+
+_PACKAGE = "aeroqueue"
 
 _STANDARD_LOG_ATTRS = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
 
@@ -46,14 +51,27 @@ def _escaped(c: str) -> str:
 
 
 class JsonLines(logging.Formatter):
-    """One JSON object per log line: time, level, message and the record's extra fields."""
+    """One JSON object per log line: time, level, message and the record's extra fields;
+    ``logger``, the logger's name, for a line not of the package (a handler's own, a
+    library's), which has no ``event``. The password of a URL in any text is masked
+    (config.mask_passwords): every logger's lines come here, a handler's and a
+    library's too, whose messages the package does not write."""
 
     def format(self, record: logging.LogRecord) -> str:
-        out = {"ts": round(record.created, 3), "level": record.levelname.lower(), "msg": record.getMessage()}
-        out.update({k: v for k, v in vars(record).items() if k not in _STANDARD_LOG_ATTRS})
+        out: dict[str, Any] = {"ts": round(record.created, 3), "level": record.levelname.lower(),
+                               "msg": mask_passwords(record.getMessage())}
+        if not record.name.startswith(_PACKAGE):
+            out["logger"] = record.name
+        out.update({k: _masked(v) for k, v in vars(record).items() if k not in _STANDARD_LOG_ATTRS})
         if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str)
+            out["exc"] = mask_passwords(self.formatException(record.exc_info))
+        if record.stack_info:
+            out["stack"] = mask_passwords(self.formatStack(record.stack_info))
+        return json.dumps(out, default=lambda v: mask_passwords(str(v)))
+
+
+def _masked(value: Any) -> Any:
+    return mask_passwords(value) if isinstance(value, str) else value
 
 
 class TextLines(logging.Formatter):
@@ -76,8 +94,9 @@ class TextLines(logging.Formatter):
             line += "\n" + self.formatException(record.exc_info)
         if record.stack_info:
             line += "\n" + self.formatStack(record.stack_info)
-        # The message and a traceback may quote a job's id or error too.
-        return visible(line, keep="\n")
+        # The message and a traceback may quote a job's id or error too, and a
+        # handler's or a library's line a URL with its password.
+        return visible(mask_passwords(line), keep="\n")
 
 
 def _logfmt(value: object) -> str:
@@ -102,6 +121,18 @@ class _Stderr(logging.StreamHandler):
 
 ENV_LOG_FORMAT = "AEROQUEUE_LOG_FORMAT"
 
+# Set on each handler the package installs, so that a later set-up replaces it and
+# leaves alone those of anyone else (an embedding app's, a test runner's).
+_OURS = "_aeroqueue_handler"
+
+
+def _ours(handler: logging.Handler) -> bool:
+    return bool(getattr(handler, _OURS, False))
+
+
+def _json_env() -> bool:
+    return os.environ.get(ENV_LOG_FORMAT, "").strip().lower() == "json"
+
 
 def default_command_logging() -> None:
     """Warnings and errors as text lines (time, level, message, fields) for a command
@@ -109,16 +140,24 @@ def default_command_logging() -> None:
     message, with neither its level nor the job it names. JSON lines when
     AEROQUEUE_LOG_FORMAT says json, as for the worker: the compose stack sets it for
     every service, and the exporter's, the dashboard's and the sync's lines reached a
-    JSON log pipeline as text. Leaves alone a process where anyone configured logging
-    already (an embedding app, a test runner, the worker)."""
-    root = logging.getLogger("aeroqueue")
-    if root.handlers or logging.getLogger().handlers:
+    JSON log pipeline as text. In JSON, the lines of every logger (the root's
+    handler): a library's text line in the stream (werkzeug's request lines, which
+    it prints itself when the root has no handler) is one a JSON pipeline cannot
+    parse. Leaves alone a process where anyone configured logging already (an
+    embedding app, a test runner, the worker)."""
+    pkg = logging.getLogger(_PACKAGE)
+    if pkg.handlers or logging.getLogger().handlers:
         return
     handler = _Stderr()
+    setattr(handler, _OURS, True)
     handler.setLevel(logging.WARNING)
-    json_lines = os.environ.get(ENV_LOG_FORMAT, "").strip().lower() == "json"
-    handler.setFormatter(JsonLines() if json_lines else TextLines())
-    root.addHandler(handler)
+    if _json_env():
+        handler.setFormatter(JsonLines())
+        logging.getLogger().addHandler(handler)
+        logging.captureWarnings(True)  # a warnings.warn's text, as a JSON line too
+    else:
+        handler.setFormatter(TextLines())
+        pkg.addHandler(handler)
 
 
 def command_info(name: str) -> None:
@@ -126,16 +165,34 @@ def command_info(name: str) -> None:
     `default_command_logging` installs, in its format: a second handler of their
     own printed each line twice. Leaves alone a process where anyone else
     configured logging."""
-    pkg = logging.getLogger("aeroqueue")
-    if logging.getLogger().handlers or any(not isinstance(h, _Stderr) for h in pkg.handlers):
+    pkg, root = logging.getLogger(_PACKAGE), logging.getLogger()
+    if any(not _ours(h) for h in (*root.handlers, *pkg.handlers)):
         return
     default_command_logging()  # called in-process, without the command line's start
-    for handler in pkg.handlers:
+    for handler in (*root.handlers, *pkg.handlers):
         handler.setLevel(logging.INFO)
     logging.getLogger(name).setLevel(logging.INFO)
 
 
+def request_lines(logger: str = "werkzeug") -> None:
+    """A web server's request lines (logged at info by `logger`) as JSON lines with the
+    others, when AEROQUEUE_LOG_FORMAT says json; in text, werkzeug prints them itself,
+    as it always did."""
+    if any(_ours(h) for h in logging.getLogger().handlers):
+        command_info(logger)
+
+
+def json_lines() -> bool:
+    """The process logs JSON lines through a handler of the package (`default_command_logging`
+    or `configure_logging` with "json")."""
+    return any(_ours(h) and isinstance(h.formatter, JsonLines)
+               for h in (*logging.getLogger().handlers, *logging.getLogger(_PACKAGE).handlers))
+
+
 def configure_logging(fmt: str, level: str = "info", *, live: bool = False) -> None:
+    """The worker's logging: every logger's lines (the root's handler), in one format.
+    A handler's own `logging` calls and the libraries' printed text lines into a
+    stream of JSON lines, or nothing below warning, through Python's last resort."""
     handler: logging.Handler
     if live:  # print above the live counters instead of through them
         from rich.logging import RichHandler
@@ -145,7 +202,22 @@ def configure_logging(fmt: str, level: str = "info", *, live: bool = False) -> N
     else:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(JsonLines() if fmt == "json" else TextLines())
-    root = logging.getLogger("aeroqueue")
-    root.handlers[:] = [handler]
+    setattr(handler, _OURS, True)
+    root, pkg = logging.getLogger(), logging.getLogger(_PACKAGE)
+    root.handlers[:] = [h for h in root.handlers if not _ours(h)] + [handler]
     root.setLevel(level.upper())
-    root.propagate = False
+    pkg.handlers[:] = [h for h in pkg.handlers if not _ours(h)]
+    pkg.setLevel(level.upper())
+    pkg.propagate = True
+    logging.captureWarnings(True)
+    global _configured
+    _configured = ("text" if live else fmt, level)  # a handler process has no live display
+
+
+_configured: tuple[str, str] | None = None  # what `configure_logging` was last given
+
+
+def configured() -> tuple[str, str] | None:
+    """(format, level) of `configure_logging` in this process, for a handler process
+    to log as its worker does (`configure_logging(*configured())`), None without it."""
+    return _configured

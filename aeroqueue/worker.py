@@ -49,7 +49,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import keys
+from . import keys, logs
 from .acks import DEFAULT_LINGER_S, AckBatcher
 from .backends import Backend
 from .errors import (
@@ -1581,7 +1581,8 @@ class _ChildRunner:
     def _start_once(self, timeout_s: float) -> None:
         ctx = multiprocessing.get_context("spawn")
         parent, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_child_main, args=(self.handler, child, os.getpid()), daemon=True, name="aeroqueue-handler")
+        self.proc = ctx.Process(target=_child_main, args=(self.handler, child, os.getpid(), logs.configured()),
+                                daemon=True, name="aeroqueue-handler")
         # The child ignores SIGINT and SIGTERM once it runs `_child_main`; before that
         # (Python starting, imports: most of a second) a Ctrl-C or a SIGTERM to the
         # process group would kill it mid-import. It starts with them blocked (a signal
@@ -1713,10 +1714,15 @@ def _watch_parent(parent_pid: int) -> None:
     os._exit(1)
 
 
-def _child_main(handler: Handler, conn: Any, parent_pid: int | None = None) -> None:
-    """A handler process: run the jobs the parent sends, send back each outcome."""
+def _child_main(handler: Handler, conn: Any, parent_pid: int | None = None, logging_as: tuple[str, str] | None = None) -> None:
+    """A handler process: run the jobs the parent sends, send back each outcome.
+    `logging_as`: the worker's `configure_logging` (format, level), for the handler's
+    own log lines to be the worker's (JSON, when its are): a spawned process starts
+    with no logging set up, and printed them as bare text, warnings only."""
     if parent_pid is not None:
         _die_with_parent(parent_pid)
+    if logging_as is not None:
+        logs.configure_logging(*logging_as)
     # Ctrl-C, and a SIGTERM sent to the process group (systemd's default, `kill --
     # -PGID`), reach the children too: the parent drains, and lets running jobs
     # finish up to its --drain-timeout; it ends a child itself (SIGKILL, or closing

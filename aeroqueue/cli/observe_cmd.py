@@ -20,7 +20,7 @@ from ..backends.later import Later
 from ..errors import ConfigError, StoreUnreachable
 from ..hosts import is_wildcard, url_host
 from ..keys import check_list_name
-from ..logs import command_info
+from ..logs import command_info, json_lines, request_lines
 from ..stopping import Stop
 from .context import Context, check_bind_host, err_console, option, seconds, usage_check
 
@@ -76,7 +76,7 @@ def metrics(
         command_info("aeroqueue.metrics")  # it says when the store answers
         registry.register(StoreLater(collector, e, retry_s=connect_every))
     server = serve(registry, port, host, trusted_hosts)
-    err_console.print(f"serving metrics on http://{url_host(host)}:{server.server_port}/metrics", highlight=False)
+    _say_serving("aeroqueue.metrics", "serving metrics on", f"http://{url_host(host)}:{server.server_port}/metrics")
     _serve_until(stop, server)
 
 
@@ -120,6 +120,7 @@ def dashboard(
         later = Later(lambda _failures: obj.backend(), e, retry_s=connect_every, log=log,
                       meanwhile="answering every page with a 503")
         app = create_app(read_only=read_only, trusted_hosts=(*bound, *trusted_hosts), later=later)
+    request_lines()  # werkzeug's, as JSON lines in a JSON log
     listener = _dashboard_socket(host, port)
     try:
         # werkzeug takes a duplicate of the descriptor: ours is closed either way.
@@ -128,8 +129,19 @@ def dashboard(
     finally:
         listener.close()
     threading.Thread(target=server.serve_forever, name="dashboard", daemon=True).start()
-    err_console.print(f"dashboard on http://{url_host(host)}:{server.port}/" + (" (read-only)" if read_only else ""), highlight=False)
+    _say_serving("aeroqueue.dashboard", "dashboard on", f"http://{url_host(host)}:{server.port}/",
+                 " (read-only)" if read_only else "")
     _serve_until(stop, server)
+
+
+def _say_serving(logger: str, what: str, url: str, more: str = "") -> None:
+    """Where it serves: a line on stderr, or in a JSON log an info line of `logger` (a
+    text line among JSON lines is one a log pipeline cannot parse)."""
+    if json_lines():
+        command_info(logger)
+        logging.getLogger(logger).info(f"{what} {url}{more}", extra={"event": "serving", "url": url})
+    else:
+        err_console.print(f"{what} {url}{more}", highlight=False)
 
 
 def _plain_log_handler() -> type:

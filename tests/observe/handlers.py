@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import time
+import warnings
 from typing import Any
 
 from aeroqueue.queue import Job
@@ -15,3 +17,22 @@ def scripted(job: Job) -> Any:
     if job.attempt <= int(payload.get("fail_until", 0)):
         raise RuntimeError(f"scripted failure of {job.jid} on attempt {job.attempt}")
     return {"attempt": job.attempt}
+
+
+SECRET = "hunter2-not-for-logs"
+
+
+def chatty(job: Job) -> Any:
+    """Logs as a handler does, through logging of its own: its module's logger, the
+    root logger, a warning of Python's and a traceback; one line quotes a URL with
+    its password (`SECRET`)."""
+    log = logging.getLogger(__name__)
+    log.info("handling %s", job.jid)
+    log.warning("charging through https://billing:%s@billing.invalid/charge", SECRET)
+    logging.getLogger().error("a line of the root logger for %s", job.jid)
+    warnings.warn(f"a deprecated call in {job.jid}", UserWarning, stacklevel=1)
+    try:
+        raise ValueError(f"no invoice for mysql://app:{SECRET}@db.invalid/billing")
+    except ValueError:
+        log.exception("recovered")
+    return "ok"
