@@ -108,7 +108,7 @@ def dashboard(
 
         from ..dashboard.app import create_app
     except ImportError as e:
-        raise ConfigError(f"the dashboard needs Flask and Flask-WTF ({e.name} is missing): pip install 'aeroqueue[dashboard]'") from None
+        raise ConfigError(f"the dashboard needs Flask, Flask-WTF and Flask-Compress ({e.name} is missing): pip install 'aeroqueue[dashboard]'") from None
     stop = _stop_on_signals()
     # The bound address itself is a name it is reached by (a wildcard is not).
     bound = () if is_wildcard(host) else (host,)

@@ -1,6 +1,6 @@
 """The web dashboard: `aeroqueue dashboard`, or `create_app()` under any WSGI server.
 
-Needs the ``dashboard`` extra (Flask and Flask-WTF): ``pip install 'aeroqueue[dashboard]'``.
+Needs the ``dashboard`` extra (Flask, Flask-WTF and Flask-Compress): ``pip install 'aeroqueue[dashboard]'``.
 """
 
 from __future__ import annotations

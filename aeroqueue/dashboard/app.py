@@ -27,6 +27,7 @@ from typing import Any, cast
 from urllib.parse import urlsplit
 
 from flask import Flask, abort, flash, redirect, render_template, request, url_for
+from flask_compress import Compress
 from flask_wtf.csrf import CSRFError, CSRFProtect
 from werkzeug.wrappers import Response
 
@@ -81,6 +82,14 @@ def create_app(
         AEROQUEUE_READ_ONLY=read_only,
     )
     CSRFProtect(app)
+    # Compressed when the client accepts it (gzip, br, zstd): the overview of hundreds
+    # of lists is some hundreds of kB, fetched again every `refresh_s`. The overview
+    # only, not every page: a compressed page that holds a secret (the forms' CSRF
+    # token) and reflects a request's text (a list page's ?id= in its search box)
+    # gives the secret away by its size, request after request (BREACH); the
+    # overview reflects nothing of a request.
+    app.config.update(COMPRESS_REGISTER=False)
+    compress = Compress(app)
     trusted = TrustedHosts(trusted_hosts)
 
     @app.before_request
@@ -156,6 +165,7 @@ def create_app(
     # -- pages -------------------------------------------------------------------
 
     @app.get("/")
+    @compress.compressed()
     def index() -> str:
         # A node that does not answer costs the page what it holds, named on it, not
         # the page: an operator opens it exactly then. Nothing answered: 503.

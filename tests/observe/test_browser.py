@@ -585,3 +585,33 @@ def test_a_dashboard_started_before_its_store_says_why_then_shows_it(
         later.close()
     severe = [e for e in browser.get_log("browser") if e.get("level") == "SEVERE" and "503" not in e.get("message", "")]
     assert severe == [], severe
+
+
+def test_the_overview_comes_compressed_and_still_renders_and_refreshes(
+    browser: Any, registered: Backend, list_name: str,
+) -> None:
+    """The overview is compressed for a browser that accepts it (Chromium does): the
+    page renders, and its live refresh (a fetch of the page every few seconds) swaps
+    in what the store holds since, from compressed answers too."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    lists = JobLists(registered)
+    for i in range(20):
+        lists.load(f"{list_name}-{i:02d}", [JobSpec("a", 1)], seal=True)
+    browser.get("about:blank")
+    sizes = ("return performance.getEntriesByType(arguments[0])"
+             ".filter((e) => e.name.split('?')[0].endsWith('/')).map((e) => [e.encodedBodySize, e.decodedBodySize]);")
+    with serving(create_app(registered, secret_key="browser-test", refresh_s=0.5)) as base:
+        browser.get(f"{base}/")
+        rows = browser.find_elements("css selector", f'tr.list-row[data-list^="{list_name}-"]')
+        assert len(rows) == 20
+        [(encoded, decoded)] = browser.execute_script(sizes, "navigation")
+        assert 0 < encoded * 3 < decoded, (encoded, decoded)  # compressed on the wire
+        lists.load(f"{list_name}-new", [JobSpec("b", 1)], seal=True)
+        WebDriverWait(browser, 15).until(
+            lambda drv: drv.find_elements("css selector", f'tr.list-row[data-list="{list_name}-new"]'),
+            "the refresh never showed the new list")
+        fetched = browser.execute_script(sizes, "resource")
+        assert fetched and all(0 < e * 3 < d for e, d in fetched), fetched
+        assert not browser.find_elements("css selector", "#stale:not([hidden])"), "a refresh failed"
+        browser.get("about:blank")

@@ -930,3 +930,37 @@ def test_a_store_error_reloads_a_page_when_it_answers_but_never_an_action(
     action = client.post(f"/lists/{list_name}/kick", data={"csrf_token": token})
     assert action.status_code == 503 and "the store did not answer" in text(action)
     assert "data-error-page" not in text(action) and 'data-refresh="0"' in text(action), "it asks nothing again"
+
+
+def _get(url: str, encoding: str) -> tuple[dict[str, str], bytes]:
+    req = urllib.request.Request(url, headers={"Accept-Encoding": encoding, "Accept": "text/html"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        assert resp.status == 200
+        return {k.lower(): v for k, v in resp.headers.items()}, resp.read()
+
+
+def test_the_overview_is_served_compressed_to_a_client_that_accepts_it(registered: Backend, list_name: str) -> None:
+    """The overview of hundreds of lists is hundreds of kB, fetched again every 5 s by
+    each open page: it went uncompressed. A list page, which shows a request's text
+    (the ?id= searched for) beside its forms' CSRF token, stays uncompressed: its size
+    would tell the token, request after request (BREACH)."""
+    import gzip
+
+    from tests.observe.conftest import serving
+
+    names = [f"{list_name}-{i:03d}" for i in range(60)]
+    for name in names:
+        JobLists(registered).load(name, [JobSpec("a", 1)], seal=True)
+    with serving(create_app(registered, secret_key="gzip-test")) as base:
+        headers, body = _get(f"{base}/", "gzip")
+        plain_headers, plain = _get(f"{base}/", "identity")
+        list_headers, _ = _get(f"{base}/lists/{names[0]}?id=abc", "gzip")
+    assert headers.get("content-encoding") == "gzip", headers
+    assert "accept-encoding" in headers.get("vary", "").lower(), headers
+    assert int(headers["content-length"]) == len(body)
+    page = gzip.decompress(body).decode()
+    assert all(f'data-list="{name}"' in page for name in names)
+    assert page.rstrip().endswith("</html>")
+    assert "content-encoding" not in plain_headers and all(f'data-list="{name}"' in plain.decode() for name in names)
+    assert len(body) * 4 < len(plain), (len(body), len(plain))
+    assert "content-encoding" not in list_headers, list_headers
