@@ -157,10 +157,16 @@ def create_app(
 
     @app.errorhandler(AeroqueueError)
     def _store_error(e: AeroqueueError) -> tuple[str, int]:
-        if connected is not None:  # not connected yet: `Later` said why, once
+        # The page without the addresses the error names (the store's URL, a node's
+        # host:port), the log with them (`Later` has said why already, once, while
+        # not connected): the page goes to whoever reaches the dashboard, which asks
+        # for no login, and what it tells of the store's network is no one's to see
+        # there. The operator who can act on an address reads the log.
+        if connected is not None:
             app.logger.warning("store error: %s", e, extra={"event": "store_error", "error": str(e)})
-        return render_template("error.html", title="Store error", message=str(e) + (f" ({e.hint})" if e.hint else ""),
-                               reload_when_up=request.method == "GET"), 503
+        message, hidden = without_addresses(str(e) + (f" ({e.hint})" if e.hint else ""))
+        return render_template("error.html", title="Store error", message=message,
+                               note=HIDDEN_NOTE if hidden else None, reload_when_up=request.method == "GET"), 503
 
     # -- pages -------------------------------------------------------------------
 
@@ -267,6 +273,25 @@ def create_app(
         return render_template("error.html", title="Refused", message=getattr(e, "description", "")), e.code
 
     return app
+
+
+# An address in an error's text: a URL (the store's; an embedded store's is a path),
+# an IPv4 address or a bracketed IPv6 one, with a port or not, a host:port. Too much
+# rather than too little: a list name with ':' and digits in a key goes too.
+_ADDRESS = re.compile(
+    r"[A-Za-z][A-Za-z0-9+.-]*://\S*"
+    r"|\[[0-9A-Za-z:.%]+\](?::\d+)?"
+    r"|\b(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?\b"
+    r"|\b[A-Za-z0-9][A-Za-z0-9_.-]*:\d{1,5}\b"
+)
+HIDDEN = "[address]"
+HIDDEN_NOTE = "The addresses of the store and its nodes are not shown here: the dashboard's log has them."
+
+
+def without_addresses(text: str) -> tuple[str, bool]:
+    """`text` with every address in it (`_ADDRESS`) as "[address]", and whether one was."""
+    out, n = _ADDRESS.subn(HIDDEN, text)
+    return out, n > 0
 
 
 def _local_address(environ: dict[str, Any]) -> str | None:

@@ -964,3 +964,49 @@ def test_the_overview_is_served_compressed_to_a_client_that_accepts_it(registere
     assert "content-encoding" not in plain_headers and all(f'data-list="{name}"' in plain.decode() for name in names)
     assert len(body) * 4 < len(plain), (len(body), len(plain))
     assert "content-encoding" not in list_headers, list_headers
+
+
+def test_a_store_errors_page_names_no_address_and_the_log_does(
+    app: Flask, registered: Backend, list_name: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The 503 page goes to whoever reaches the dashboard (it asks for no login): it
+    named the store's URL and the node that did not answer (the client's "lastNode=
+    ... host:port"). The page says what failed without them; the log keeps them,
+    for the operator who can act on them."""
+    import logging
+
+    JobLists(registered).load(list_name, [JobSpec("a", 1)])
+
+    def frozen(*_a: Any, **_kw: Any) -> Any:
+        raise errors.BackendTimeout(f"read on aq_list/{list_name} failed: Client timeout: iterations=1 "
+                                    "lastNode=BB9A2DCD3290C00 10.20.30.40:3000 (Aerospike code 9)")
+
+    monkeypatch.setattr(JobLists, "status", frozen)
+    with caplog.at_level(logging.WARNING):
+        page = app.test_client().get(f"/lists/{list_name}")
+    body = html.unescape(page.get_data(as_text=True))
+    assert page.status_code == 503 and "Client timeout" in body, body
+    assert "10.20.30.40" not in body and "[address]" in body and "the dashboard's log has them" in body, body
+    assert any("10.20.30.40:3000" in r.getMessage() for r in caplog.records), caplog.records
+
+
+def test_the_dashboard_command_started_before_its_store_names_no_address_on_its_page(tmp_path: Path) -> None:
+    port, log, nowhere = free_port(), tmp_path / "dashboard.log", free_port()
+    proc = spawn(["--url", f"aerospike://127.0.0.1:{nowhere}/test", "dashboard", "--port", str(port)], log)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5)
+            except urllib.error.HTTPError as e:
+                code, body = e.code, html.unescape(e.read().decode())
+                break
+            except (urllib.error.URLError, ConnectionError):
+                assert proc.poll() is None, log.read_text()[-3000:]
+                assert time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.1)
+    finally:
+        assert stop(proc) == 0, log.read_text()[-3000:]
+    assert code == 503 and "is the server running" in body, body
+    assert f":{nowhere}" not in body and "aerospike://" not in body and "[address]" in body, body
+    assert f"127.0.0.1:{nowhere}" in log.read_text()
