@@ -354,8 +354,8 @@ def _read_csv(handle: Any, source: str, id_field: str, max_payload: int, strict:
             continue
         if len(row) != width:
             raise LoadError(f"{len(row)} fields where the header has {width}", source=source, line=line)
-        jid = row[id_at].strip()
-        if not jid:
+        jid = row[id_at]
+        if not jid.strip():
             raise LoadError("empty job id", source=source, line=line, field=id_field)
         run_at = parse_run_at(row[run_at_at], source, line) if run_at_at is not None else None
         if any("\x00" in cell for cell in row):
@@ -615,6 +615,13 @@ def _checked(spec: JobSpec, source: str, id_field: str, max_payload: int, measur
                         line=spec.line, field=id_field) from None
     if too_long:
         raise LoadError(f"job id longer than {MAX_ID_BYTES} bytes", source=source, line=spec.line, field=id_field)
+    if spec.jid.strip() != spec.jid:
+        # Ids are matched exactly (`job show`, the sync's jid): a CSV file's ' a' was
+        # stripped to 'a' and a JSON Lines file's kept, two jobs for one id. Refused
+        # from every source rather than guessed at.
+        raise LoadError(f"job id {_shown(spec.jid)} begins or ends with whitespace: remove it (an id is taken "
+                        "exactly as written, so ' a' would be a job other than 'a')", source=source, line=spec.line,
+                        field=id_field)
     if "\x00" in spec.jid:
         raise LoadError(f"job id holds a NUL character (\\u0000): the Aerospike client cuts a key there, so it "
                         f"would be the id {spec.jid.partition(chr(0))[0]!r}", source=source, line=spec.line, field=id_field)

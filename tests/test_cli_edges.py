@@ -1189,7 +1189,8 @@ def test_text_in_another_encoding_is_wrong_usage_not_a_crash(ready_url, args, en
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
 
 
-EVIL_ID = "inv\x1b]52;c;cm0gLXJmIH4=\x07oice\x1b[2J\u202egpj.exe\r"  # clipboard, clear screen, bidi, CR
+# Clipboard, clear screen, bidi, CR (within: an id may not end in whitespace).
+EVIL_ID = "inv\x1b]52;c;cm0gLXJmIH4=\x07oice\x1b[2J\u202egpj.exe\rok"
 
 
 def test_a_customers_terminal_controls_reach_no_terminal(ready_url, list_name, caplog):

@@ -24,7 +24,7 @@ from aeroqueue.dashboard import create_app
 from aeroqueue.dashboard import data as dashboard_data
 from aeroqueue.dashboard.data import DEAD_CHUNKS_READ, DEAD_PAGE, Store, dead_tokens, error_history
 from aeroqueue.lists import JobLists
-from aeroqueue.loading import JobSpec
+from aeroqueue.loading import Checked, JobSpec
 from aeroqueue.queue import Queue
 from aeroqueue.sessions import Session
 from aeroqueue.transitions import set_bits
@@ -251,10 +251,13 @@ DEAD_ROW_OF = re.compile(r'<tr class="dead-job" data-token="(\d+)">\s*<td><a hre
 
 
 def test_find_opens_the_job_with_exactly_that_id(app: Flask, registered: Backend, list_name: str) -> None:
-    """Ids loaded from JSON Lines or Python keep their blanks: the search stripped them,
-    so " a" opened job "a" and "b " was not found. Blanks a paste brings still match."""
+    """Ids loaded from JSON Lines or Python kept their blanks: the search stripped them,
+    so " a" opened job "a" and "b " was not found. Blanks a paste brings still match.
+    (Loads refuse such ids now; a store loaded before holds them: written here as
+    checked, as the CLI's second pass writes, past the check.)"""
     lists = JobLists(registered)
-    lists.load(list_name, [("a", {"n": 1}), (" a", {"n": 2}), ("b ", {"n": 3})], seal=True)
+    old = [JobSpec("a", {"n": 1}), JobSpec(" a", {"n": 2}), JobSpec("b ", {"n": 3})]
+    lists.load(list_name, Checked(old), seal=True)
     client = app.test_client()
     for jid, want in ((" a", " a"), ("b ", "b "), ("a", "a"), (" a ", "a")):
         token = lists.find_job(list_name, want)["token"]

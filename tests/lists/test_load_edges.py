@@ -1,0 +1,83 @@
+"""Edges of what `aeroqueue load` reads: ids with whitespace around them, keys given
+twice, numbers Python reads and a user would not mean, inputs that can be read once
+(a terminal, a pipe by any name), a directory. Each either loads the same jobs from
+CSV and JSON Lines, or is a clear error naming file, line and field, with nothing
+written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from aeroqueue import udfs
+from aeroqueue.backends import open_backend
+from aeroqueue.cli import main
+from aeroqueue.errors import LoadError
+from aeroqueue.loading import JobSpec, from_iterable
+
+_REGISTERED: set[str] = set()
+
+
+@pytest.fixture
+def url(store_url: str) -> str:
+    """The store URL, the modules registered once per run on a real server."""
+    if not store_url.startswith("embedded") and store_url not in _REGISTERED:
+        b = open_backend(store_url)
+        udfs.register(b)
+        b.close()
+        _REGISTERED.add(store_url)
+    return store_url
+
+
+def cli(url: str, *args: str, input: str | bytes | None = None, env: dict[str, str] | None = None):
+    return CliRunner().invoke(main, ["--url", url, "--create", *args], input=input, env=env)
+
+
+def jobs_of(url: str, name: str) -> dict[str, object]:
+    out = cli(url, "export", name)
+    assert out.exit_code == 0, out.output
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    return {r["jid"]: r["payload"] for r in rows}
+
+
+def assert_no_list(url: str, name: str) -> None:
+    st = cli(url, "status", name, "--json")
+    assert st.exit_code == 1 and f"no job list named '{name}'" in st.output, "nothing may be created"
+
+
+# -- ids with whitespace around them ------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "content"), [
+    ("space.csv", "id,x\na,1\n b ,2\n"),
+    ("space.jsonl", '{"id": "a", "x": 1}\n{"id": " b ", "x": 2}\n'),
+    ("tab.jsonl", '{"id": "a", "x": 1}\n{"id": "b\\t", "x": 2}\n'),
+    ("nbsp.csv", "id,x\na,1\n\u00a0b,2\n"),
+])
+def test_an_id_with_whitespace_around_it_is_refused_in_either_format(url, list_name, tmp_path, name, content):
+    """A CSV file's ' b ' was loaded as job 'b', a JSON Lines file's as job ' b ': one id,
+    two jobs. Refused in both, naming file, line and field; nothing is created."""
+    path = tmp_path / name
+    path.write_text(content)
+    out = cli(url, "load", list_name, str(path))
+    assert out.exit_code == 1, out.output
+    line = 3 if name.endswith(".csv") else 2  # after the header, or not
+    assert f"{name}, line {line}, field 'id'" in out.output and "whitespace" in out.output, out.output
+    assert_no_list(url, list_name)
+
+
+def test_the_same_id_is_the_same_job_in_csv_and_json_lines(url, list_name, tmp_path):
+    (tmp_path / "a.csv").write_text("id,x\nj 1,1\n")
+    (tmp_path / "a.jsonl").write_text('{"id": "j 1", "x": 2}\n')
+    assert cli(url, "load", list_name, str(tmp_path / "a.csv")).exit_code == 0
+    again = cli(url, "load", list_name, str(tmp_path / "a.jsonl"))
+    assert again.exit_code == 0 and "0 loaded, 1 already there" in again.output, again.output
+    assert jobs_of(url, list_name) == {"j 1": {"x": "1"}}
+
+
+@pytest.mark.parametrize("item", [(" a", {}), {"id": "a "}, JobSpec("a\n", {})])
+def test_a_python_job_id_with_whitespace_around_it_is_refused(item):
+    with pytest.raises(LoadError, match=r"line 2, field 'id'.*whitespace"):
+        from_iterable([("ok", {}), item], max_payload=1000)
