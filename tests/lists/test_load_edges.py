@@ -81,3 +81,28 @@ def test_the_same_id_is_the_same_job_in_csv_and_json_lines(url, list_name, tmp_p
 def test_a_python_job_id_with_whitespace_around_it_is_refused(item):
     with pytest.raises(LoadError, match=r"line 2, field 'id'.*whitespace"):
         from_iterable([("ok", {}), item], max_payload=1000)
+
+
+# -- keys given twice ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "content", "where"), [
+    ("nested.jsonl", '{"id": "a", "payload": {"k": 1}}\n{"id": "b", "payload": {"n": {"k": 1, "k": 2}}}\n',
+     ["line 2, field 'payload'", "key 'k' is given twice"]),
+    # An escape spells the same key: the decoder's keys are compared, not the text.
+    ("in-array.jsonl", '{"id": "b", "payload": [{"z": 1, "\\u007a": 2}]}\n',
+     ["line 1, field 'payload'", "key 'z' is given twice"]),
+    ("extra.jsonl", '{"id": "b", "email": "x@y", "email": "z@y"}\n', ["line 1, field 'email'", "given twice"]),
+    ("inside-extra.jsonl", '{"id": "b", "payload": {}, "meta": {"t": 1, "t": 2}}\n',
+     ["line 1, field 'meta'", "key 't' is given twice"]),
+    ("cell.csv", 'id,payload\na,{}\nb,"{""k"": 1, ""k"": 2}"\n', ["line 3, field 'payload'", "key 'k' is given twice"]),
+])
+def test_a_key_given_twice_in_json_is_refused_naming_it(url, list_name, tmp_path, name, content, where):
+    """JSON keeps the last of two values of a key without a word: {"k": 1, "k": 2} was
+    loaded as {"k": 2}. Refused, naming file, line, field and the key."""
+    path = tmp_path / name
+    path.write_text(content)
+    out = cli(url, "load", list_name, str(path))
+    assert out.exit_code == 1, out.output
+    assert f"{name}, {where[0]}" in out.output and where[1] in out.output, out.output
+    assert_no_list(url, list_name)
