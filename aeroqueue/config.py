@@ -46,6 +46,16 @@ _NAMESPACE = re.compile(r"^[A-Za-z0-9_-]{1,31}$")
 _HOST = re.compile(r"^[A-Za-z0-9._-]+$|^\[[0-9A-Fa-f:.]+\]$")
 # A number in a URL: ASCII digits only (isdigit() takes '²', which int() refuses), nine at most.
 _DIGITS = re.compile(r"[0-9]{1,9}")
+# A number as a person writes one: ASCII digits, a sign, a point, an exponent. float()
+# takes more that nobody means as a time: '1_000', ' 12 ', Arabic-Indic or fullwidth
+# digits, 'nan', 'inf', 'Infinity'.
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+PLAIN_NUMBER = "digits 0-9, with a '.' or an exponent if need be"
+
+
+def plain_number(text: str) -> float | None:
+    """`text` as a float if it is a number as people write one (`PLAIN_NUMBER`), else None."""
+    return float(text) if _DECIMAL.fullmatch(text) else None
 
 # Client options an aerospike:// URL may carry, each with what its value must be.
 # Timeouts are in milliseconds and apply to every command (0: no limit).

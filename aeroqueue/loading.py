@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from .backends.sizes import bin_size
+from .config import PLAIN_NUMBER, plain_number
 from .errors import LoadError
 from .keys import INT64
 
@@ -102,8 +103,8 @@ def _iso_seconds(text: str, source: str, line: int | None) -> float:
     try:
         when = datetime.fromisoformat(text)
     except ValueError:
-        raise LoadError(f"run_at {_shown(text)} is neither ISO 8601 (2026-11-23T15:00:00+00:00) nor epoch seconds",
-                        source=source, line=line, field=RUN_AT) from None
+        raise LoadError(f"run_at {_shown(text)} is neither ISO 8601 (2026-11-23T15:00:00+00:00) nor epoch seconds "
+                        f"({PLAIN_NUMBER})", source=source, line=line, field=RUN_AT) from None
     if when.tzinfo is None:
         raise LoadError(f"run_at {_shown(text)} has no time zone (add Z or +hh:mm)", source=source, line=line,
                         field=RUN_AT)
@@ -120,11 +121,13 @@ def parse_run_at(value: Any, source: str, line: int | None) -> float | None:
     if isinstance(value, (int, float)):
         seconds = float(value)
     else:
-        text = str(value).strip()
-        try:
-            seconds = float(text)
-        except ValueError:
-            seconds = _iso_seconds(text, source, line)
+        text = str(value)
+        if text.strip() != text:
+            raise LoadError(f"run_at {_shown(text)} begins or ends with whitespace: remove it", source=source,
+                            line=line, field=RUN_AT)
+        # Not float(): it reads '1_800_000_000', Arabic-Indic digits, 'nan' and 'inf' too.
+        plain = plain_number(text)
+        seconds = _iso_seconds(text, source, line) if plain is None else plain
     if not 0 <= seconds < 1e11:  # NaN fails too
         raise LoadError(f"run_at {_shown(value)} is out of range", source=source, line=line, field=RUN_AT)
     return seconds

@@ -25,7 +25,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from .. import udfs
 from ..backends import Backend, open_backend
-from ..config import ENV_URL, MAX_ATTEMPTS, MAX_SECONDS, mask_passwords, mask_url, may_create
+from ..config import (
+    ENV_URL,
+    MAX_ATTEMPTS,
+    MAX_SECONDS,
+    PLAIN_NUMBER,
+    mask_passwords,
+    mask_url,
+    may_create,
+    plain_number,
+)
 from ..errors import AeroqueueError, ConfigError, Interrupted, ListNotFound, Terminated
 from ..keys import check_list_name, check_text
 from ..lists import DEFAULT_MAX_ATTEMPTS, JobLists, new_list_policy
@@ -321,6 +330,9 @@ class _Seconds(click.FloatRange):
     name = "seconds"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        # Not float() alone: it reads '1_000', ' 12 ', Arabic-Indic digits, 'nan' and 'inf'.
+        if isinstance(value, str) and plain_number(value) is None:
+            self.fail(f"{value!r} is not a number ({PLAIN_NUMBER})", param, ctx)
         rv = super().convert(value, param, ctx)
         if rv != rv:
             self.fail(f"{value!r} is not a number", param, ctx)

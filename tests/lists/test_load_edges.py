@@ -106,3 +106,53 @@ def test_a_key_given_twice_in_json_is_refused_naming_it(url, list_name, tmp_path
     assert out.exit_code == 1, out.output
     assert f"{name}, {where[0]}" in out.output and where[1] in out.output, out.output
     assert_no_list(url, list_name)
+
+
+# -- numbers a person would not mean -----------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["1_800_000_000", " 1800000000", "1800000000 ", "\u0661\u0668\u0660\u0660" + "0" * 6,
+                                   "\uff11\uff18" + "0" * 8, "nan", "inf", "Infinity", "0x10"])
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_a_run_at_python_reads_and_a_person_would_not_mean_is_refused(url, list_name, tmp_path, value, fmt):
+    """float() reads '1_800_000_000', ' 12 ', Arabic-Indic and fullwidth digits and
+    'nan': each loaded as a time (or, 'nan', said "out of range"). Refused naming file,
+    line and field; nothing is created."""
+    path = tmp_path / f"r.{fmt}"
+    if fmt == "csv":
+        path.write_text(f'id,run_at\na,1800000000\nb,"{value}"\n')
+    else:
+        path.write_text(json.dumps({"id": "a", "run_at": 1800000000}) + "\n"
+                        + json.dumps({"id": "b", "run_at": value}) + "\n")
+    out = cli(url, "load", list_name, str(path))
+    assert out.exit_code == 1, out.output
+    line = 3 if fmt == "csv" else 2
+    assert f"r.{fmt}, line {line}, field 'run_at'" in out.output, out.output
+    assert "whitespace" in out.output or "digits 0-9" in out.output, out.output
+    assert_no_list(url, list_name)
+
+
+def test_run_at_as_people_write_it_loads(url, list_name, tmp_path):
+    path = tmp_path / "r.csv"
+    path.write_text("id,run_at\na,1800000000\nb,1.8e9\nc,+1800000000.5\nd,2027-01-15T15:00:00Z\ne,\n")
+    out = cli(url, "load", list_name, str(path))
+    assert out.exit_code == 0, out.output
+    status = json.loads(cli(url, "status", list_name, "--json").stdout)
+    assert status["delayed"] == 4 and status["queued"] == 1, status
+
+
+@pytest.mark.parametrize("option", ["--delay", "--timeout"])
+@pytest.mark.parametrize("value", ["1_000", " 12 ", "\u0661\u0662", "nan", "inf"])
+@pytest.mark.parametrize("how", ["option", "env"])
+def test_seconds_python_reads_and_a_person_would_not_mean_are_wrong_usage(url, list_name, tmp_path, option, value,
+                                                                          how):
+    path = tmp_path / "a.csv"
+    path.write_text("id\na\n")
+    env_name = "AEROQUEUE_" + option.removeprefix("--").upper()
+    if how == "env":
+        out = cli(url, "load", list_name, str(path), env={env_name: value})
+    else:
+        out = cli(url, "load", list_name, str(path), option, value)
+    assert out.exit_code == 2, out.output
+    assert f"'{option}'" in out.output and f"{value!r} is not a number (digits 0-9" in out.output, out.output
+    assert_no_list(url, list_name)
