@@ -31,7 +31,6 @@ import errno
 import json
 import math
 import os
-import shutil
 import sys
 import tempfile
 from array import array
@@ -174,10 +173,15 @@ def spooled_stdin(stream: IO[bytes] | None = None) -> Iterator[Path]:
     if stream is None and sys.stdin is None:  # file descriptor 0 closed (`<&-`)
         raise LoadError("standard input is closed: nothing to read", source="<stdin>")
     src = stream if stream is not None else sys.stdin.buffer
+    # One read of the source a chunk (read1), and the first empty one ends the copy. A
+    # terminal's Ctrl-D ends one read only: copyfileobj's read(n) read on to fill its n
+    # bytes, and a user who typed the jobs had to press Ctrl-D two or three times.
+    read = getattr(src, "read1", src.read)
     with tempfile.TemporaryDirectory(prefix="aeroqueue-load-") as tmp:
         path = Path(tmp) / "stdin"
         with path.open("wb") as out:
-            shutil.copyfileobj(src, out, 1 << 20)
+            while chunk := read(1 << 20):
+                out.write(chunk)
         yield path
 
 

@@ -6,6 +6,7 @@ import contextlib
 import ctypes
 import itertools
 import json
+import os
 import signal
 import stat
 import sys
@@ -75,13 +76,34 @@ def _progress(enabled: bool) -> Progress:
     )
 
 
-def _is_pipe(file: Path) -> bool:
-    """The input can be read only once: a FIFO, a pipe or socket passed as /dev/fd/N."""
+def _reads_once(file: Path) -> bool:
+    """The input can be read only once: a FIFO, a pipe or socket passed as /dev/fd/N, or
+    a terminal (/dev/stdin not redirected, /dev/pts/N). Read twice, a terminal took the
+    jobs typed for the check, then waited for more to write: what it loaded was never
+    checked (other character devices, /dev/null, read the same each time)."""
     try:
         mode = file.stat().st_mode
     except OSError:
         return False  # read_file says what is wrong with it
-    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or (stat.S_ISCHR(mode) and _is_terminal(file))
+
+
+def _is_terminal(file: Path) -> bool:
+    try:
+        fd = os.open(file, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
+    except OSError:
+        return False  # read_file says what is wrong with it
+    try:
+        return os.isatty(fd)
+    finally:
+        os.close(fd)
+
+
+def _say_terminal() -> None:
+    """Jobs are read from a terminal until Ctrl-D: said, or the load looks hung (a
+    FILE forgotten, `-` typed for one)."""
+    err_console.print("reading jobs from the terminal until Ctrl-D (end of input); Ctrl-C gives up",
+                      highlight=False)
 
 
 def _format_of(file: Path) -> str | None:
@@ -291,14 +313,19 @@ def _load(
     limit = max_payload(backend)
     with contextlib.ExitStack() as stack:
         if str(file) == STDIN:
+            if sys.stdin is not None and sys.stdin.isatty():
+                _say_terminal()
             path, source = stack.enter_context(spooled_stdin()), "<stdin>"
             fmt = fmt or sniff_format(path)
-        elif _is_pipe(file):
-            # A named pipe or <(...) (/dev/fd/N) reads once: spooled as standard input
-            # is, or the write pass would find it empty (or block on the open).
+        elif _reads_once(file):
+            # A named pipe, <(...) (/dev/fd/N) or a terminal reads once: spooled as
+            # standard input is, or the write pass would find it empty (or block on the
+            # open, or wait for the jobs to be typed again).
             source = str(file)
             fmt = fmt or _format_of(file)
             with _open_input(file, source) as stream:
+                if stream.isatty():
+                    _say_terminal()
                 path = stack.enter_context(spooled_stdin(stream))
             fmt = fmt or sniff_format(path)
         else:

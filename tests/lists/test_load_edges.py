@@ -7,6 +7,11 @@ written."""
 from __future__ import annotations
 
 import json
+import os
+import pty
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -156,3 +161,54 @@ def test_seconds_python_reads_and_a_person_would_not_mean_are_wrong_usage(url, l
     assert out.exit_code == 2, out.output
     assert f"'{option}'" in out.output and f"{value!r} is not a number (digits 0-9" in out.output, out.output
     assert_no_list(url, list_name)
+
+
+# -- inputs that read once: a terminal, a pipe by any name -----------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _aq_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AEROQUEUE_")}
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+@pytest.mark.parametrize("name", ["-", "/dev/stdin"])
+def test_jobs_typed_at_a_terminal_are_read_once_and_end_at_the_first_ctrl_d(url, list_name, name):
+    """The loader reads its input twice. From a terminal, `/dev/stdin` was read for the
+    check, then again to write: it waited for the jobs to be typed a second time and
+    loaded those, unchecked. `-` read on past a Ctrl-D (a buffered read fills its
+    size): it took two or three. Now both read the terminal once, to the first Ctrl-D,
+    and say that they read it."""
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "aeroqueue", "--url", url, "--create", "load", list_name, name, "--format", "csv"],
+            stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_aq_env(), text=True)
+        os.close(slave)
+        # The terminal keeps what is typed, the end of input (Ctrl-D at a line's start) too,
+        # until the loader reads it.
+        os.write(master, b"id,x\na,1\nb,2\n\x04")
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            pytest.fail(f"the load still waited for the terminal after Ctrl-D: {err!r}")
+    finally:
+        os.close(master)
+    assert proc.returncode == 0, err
+    assert "2 loaded" in out and "reading jobs from the terminal until Ctrl-D" in err, (out, err)
+    assert jobs_of(url, list_name) == {"a": {"x": "1"}, "b": {"x": "2"}}
+
+
+def test_a_pipe_named_dev_stdin_is_read_once(url, list_name):
+    data = "id,v\n" + "".join(f"p{i},{i}\n" for i in range(300))
+    done = subprocess.run(
+        [sys.executable, "-m", "aeroqueue", "--url", url, "--create", "load", list_name, "/dev/stdin", "--json"],
+        input=data, capture_output=True, text=True, timeout=120, env=_aq_env())
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert (summary["jobs"], summary["loaded"]) == (300, 300), summary
+    assert "terminal" not in done.stderr, done.stderr
