@@ -212,3 +212,24 @@ def test_a_pipe_named_dev_stdin_is_read_once(url, list_name):
     summary = json.loads(done.stdout)
     assert (summary["jobs"], summary["loaded"]) == (300, 300), summary
     assert "terminal" not in done.stderr, done.stderr
+
+
+# -- a directory ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["dir", "dir.csv", "link.jsonl", "dir --format"])
+def test_a_directory_as_file_is_wrong_usage_naming_it(url, list_name, tmp_path, how):
+    """Checked, not fixed: click's own check says it, status 2, before the store is
+    touched. Kept so that a change of FILE's type (allow_dash, a spool) keeps it."""
+    name, *rest = how.split()
+    (tmp_path / "dir").mkdir()
+    if name.startswith("link"):
+        (tmp_path / name).symlink_to(tmp_path / "dir")
+    elif name != "dir":
+        (tmp_path / name).mkdir()
+    args = ["--format", "csv"] if rest else []
+    out = cli(url, "load", list_name, str(tmp_path / name), *args)
+    assert out.exit_code == 2, out.output
+    lines = [line for line in out.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and f"'FILE': File '{tmp_path / name}' is a directory" in lines[0], out.output
+    assert_no_list(url, list_name)
