@@ -300,7 +300,7 @@ def complete(obj: Context, list_name: str, token: int, session: str, claim: str 
     --json prints {"list", "token", "id", "session", "outcome": "done"}.
     """
     try:
-        value = json.loads(result)
+        value = json.loads(result, object_pairs_hook=_keys_once)
     except json.JSONDecodeError as e:
         raise click.BadParameter(f"not JSON: {e.msg}", param_hint="--result") from None
     except RecursionError:  # about 1,000 levels deep: Python's decoder gives up
@@ -322,6 +322,17 @@ def complete(obj: Context, list_name: str, token: int, session: str, claim: str 
     except ClaimLost:
         raise _refusal(backend, job, "completion") from None
     click.echo(_ack_json(job, "done") if as_json else f"{list_name}/{token} (id {job.jid!r}) done")
+
+
+def _keys_once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object of --result, whose keys must differ: JSON keeps the last of two values
+    of a key without a word (as a load refuses a payload's)."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        key = next(k for i, (k, _) in enumerate(pairs) if any(k == seen for seen, _ in pairs[:i]))
+        raise click.BadParameter(f"key {key!r:.60} is given twice in one object (which value is meant?)",
+                                 param_hint="--result")
+    return obj
 
 
 def _check_error(text: str) -> str:

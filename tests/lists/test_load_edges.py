@@ -113,6 +113,15 @@ def test_a_key_given_twice_in_json_is_refused_naming_it(url, list_name, tmp_path
     assert_no_list(url, list_name)
 
 
+
+@pytest.mark.parametrize("result", ['{"sent": true, "sent": false}', '[{"a": {"k": 1, "k": 2}}]'])
+def test_complete_with_a_result_that_gives_a_key_twice_is_wrong_usage(url, result):
+    """`complete --result '{"sent": true, "sent": false}'` stored {"sent": false}."""
+    out = cli(url, "complete", "L", "0", "--session", "s", "--result", result)
+    assert out.exit_code == 2, out.output
+    assert "--result" in out.output and "is given twice in one object" in out.output, out.output
+
+
 # -- numbers a person would not mean -----------------------------------------------
 
 
