@@ -522,6 +522,14 @@ def _depth(value: Any) -> int:
     return deepest
 
 
+def _malformed(e: json.JSONDecodeError, text: str, source: str, line: int) -> LoadError:
+    # The decoder counts the line's own newline as a line 2: a line cut short was "at column 1".
+    column = min(e.pos, len(text.rstrip("\r\n"))) + 1
+    # A first line of "{" or "[" alone: a JSON document (a .json file), pretty-printed.
+    whole = _ONE_A_LINE if line == 1 and text.strip() in ("{", "[") else ""
+    return LoadError(f"malformed JSON: {_json_msg(e)} at column {column}{whole}", source=source, line=line)
+
+
 def _read_jsonl(handle: Any, source: str, id_field: str, max_payload: int, strict: bool) -> Iterator[JobSpec]:
     # Lines this short cannot reach the payload limit, however their numbers re-encode.
     fast = max_payload // 20
@@ -532,13 +540,16 @@ def _read_jsonl(handle: Any, source: str, id_field: str, max_payload: int, stric
             # One level more for the line's own object: its payload field may take them all.
             obj = _loads(text, MAX_DEPTH + 1)
         except json.JSONDecodeError as e:
-            # The decoder counts the line's own newline as a line 2: a line cut short was "at column 1".
-            column = min(e.pos, len(text.rstrip("\r\n"))) + 1
-            # A first line of "{" or "[" alone: a JSON document (a .json file), pretty-printed.
-            whole = _ONE_A_LINE if line == 1 and text.strip() in ("{", "[") else ""
-            raise LoadError(f"malformed JSON: {_json_msg(e)} at column {column}{whole}", source=source, line=line) from None
+            raise _malformed(e, text, source, line) from None
         except _DuplicateKey:
-            obj, where = _duplicate_in(text)
+            # The decoder stopped at the repeat: the rest of the line is read first here.
+            try:
+                obj, where = _duplicate_in(text)
+            except json.JSONDecodeError as e:
+                raise _malformed(e, text, source, line) from None
+            except RecursionError:  # nested past Python's decoder
+                raise LoadError(f"JSON nested more than {MAX_DEPTH} deep ({_DEPTH_WHY})", source=source, line=line,
+                                field=_deep_field(text)) from None
             if where is not None:
                 field, key = where
                 if key is None:  # a field of the line's own object

@@ -114,6 +114,23 @@ def test_a_key_given_twice_in_json_is_refused_naming_it(url, list_name, tmp_path
 
 
 
+@pytest.mark.parametrize(("after", "says"), [
+    ("[" * 5000 + "]" * 5000 + "}", "line 1, field 'b': JSON nested more than 31 deep"),
+    ("}", "line 1: malformed JSON: Expecting value at column 41"),
+], ids=["nested-past-the-decoder", "malformed"])
+def test_a_key_given_twice_before_what_the_decoder_refuses_is_no_internal_error(url, list_name, tmp_path, after,
+                                                                                says):
+    """The decoder stops at the repeat, before the rest of the line; parsed again to name
+    the field, JSON nested past Python's decoder (thousands deep) or malformed after it
+    was an internal RecursionError or JSONDecodeError."""
+    path = tmp_path / "after.jsonl"
+    path.write_text('{"id": "a", "x": {"k": 1, "k": 2}, "b": ' + after + "\n")
+    out = cli(url, "load", list_name, str(path))
+    assert out.exit_code == 1, out.output
+    assert f"after.jsonl, {says}" in out.output, out.output
+    assert_no_list(url, list_name)
+
+
 @pytest.mark.parametrize("result", ['{"sent": true, "sent": false}', '[{"a": {"k": 1, "k": 2}}]'])
 def test_complete_with_a_result_that_gives_a_key_twice_is_wrong_usage(url, result):
     """`complete --result '{"sent": true, "sent": false}'` stored {"sent": false}."""
