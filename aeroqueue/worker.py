@@ -90,11 +90,15 @@ EXIT_THREADS_DIED = 4  # every handler thread died (handler processes that canno
 # Jobs a worker thread reserves at a time: a reservation is two round trips
 # (take, then one batch of claims). The jobs wait claimed in the thread's hands,
 # as with Celery's prefetch. Unless --prefetch fixes it, the worker sizes it to
-# its handlers' pace: DEFAULT_PREFETCH until a handler has run, then about
-# PREFETCH_HOLD_S of work, between 1 and PREFETCH_MAX. Quick handlers get big
-# reservations (their round trips spread over many jobs); slow ones get one
-# job at a time, so no job waits behind another while other workers idle.
-DEFAULT_PREFETCH = 4
+# its handlers' pace on each list: DEFAULT_PREFETCH until a handler has run a job
+# of the list, then about PREFETCH_HOLD_S of work, between 1 and PREFETCH_MAX.
+# Quick handlers get big reservations (their round trips spread over many jobs);
+# slow ones get one job at a time, so no job waits behind another while other
+# workers idle. One while the pace is unknown, as Sidekiq and River take jobs only
+# for a free executor: with Celery's 4, one thread took a short list of long jobs
+# whole (4 jobs of a minute, one after the other, beside 3 idle threads), and the
+# one extra round trip of a quick list's first reservation is nothing.
+DEFAULT_PREFETCH = 1
 PREFETCH_MAX = 100
 # --until-complete reads each list's done and dead bitmaps at most this often (and at
 # least once a reap interval): not on every tick.
@@ -480,9 +484,14 @@ class Worker:
         self.queue = Queue(backend)
         self.handler = handler
         self.observer = observer or NULL_OBSERVER
+        # By list, a moving average of a handler's run (`handler_pace`): the lists of
+        # one worker may hold quick jobs and long ones, and the long ones' first
+        # reservation sized to the quick ones' pace took up to PREFETCH_MAX of them
+        # into one thread. Before the selector, which says the lists it follows at once.
+        self._pace: dict[str, float] = {}
         self.selector = ListSelector(
             specs, JobLists(backend).names, backoff_s=idle_s, backoff_max_s=idle_max_s, refresh_s=refresh_lists_s,
-            on_change=self.observer.following,
+            on_change=self._following,
         )
         self.lists = [str(s) for s in specs]
         self.concurrency = concurrency
@@ -491,7 +500,6 @@ class Worker:
         self.lease = lease
         self.ack_linger_s = ack_linger_s
         self.acks: AckBatcher | None = None  # while running, unless ack_linger_s is 0
-        self._handler_s: float | None = None  # moving average of a handler's run
         self.interval_s = interval_s
         self.expiry_s = expiry_s
         self.drain_timeout_s = drain_timeout_s
@@ -772,7 +780,7 @@ class Worker:
             ok, value = run_handler(job, self.handler)
         took = time.monotonic() - started
         self.observer.handler_duration(job.list, took)
-        self._handler_s = handler_pace(self._handler_s, took)
+        self._pace[job.list] = handler_pace(self._pace.get(job.list), took)
         with self._in_flight_lock:
             if id(job) in self._abandoned:
                 return "abandoned"
@@ -855,18 +863,25 @@ class Worker:
                 if self._held.get(job.name) is job:
                     del self._held[job.name]
 
-    def prefetch(self) -> int:
-        """Jobs a thread reserves at a time: --prefetch when given, else about
-        PREFETCH_HOLD_S of work at the handlers' recent pace (DEFAULT_PREFETCH
-        until one has run), between 1 and PREFETCH_MAX."""
+    def prefetch(self, list_name: str) -> int:
+        """Jobs a thread reserves at a time from `list_name`: --prefetch when given,
+        else about PREFETCH_HOLD_S of work at the handlers' recent pace on that list
+        (DEFAULT_PREFETCH until one has run a job of it), between 1 and PREFETCH_MAX."""
         if self.batch is not None:
             return self.batch
-        return prefetch_for(self._handler_s)
+        return prefetch_for(self._pace.get(list_name))
+
+    def _following(self, lists: list[str]) -> None:
+        """The selector's lists changed: the pace of a list no longer followed goes (a
+        worker following a pattern for months meets a list per customer load)."""
+        for name in set(self._pace) - set(lists):
+            self._pace.pop(name, None)
+        self.observer.following(lists)
 
     def _reserve(self, session: Session, name: str) -> list[Job]:
         asked = self._thread_state.asked = time.monotonic()
         try:
-            n = self.prefetch()
+            n = self.prefetch(name)
             return self.queue.reserve(name, session, n, lease=self.lease and n >= LEASE_MIN)
         finally:
             self.observer.reserve_latency(name, time.monotonic() - asked)

@@ -52,9 +52,8 @@ from .observe_cmd import METRICS_TRUSTED_HELP
 @option("--concurrency", "-c", env="CONCURRENCY", type=click.IntRange(1, 256), default=1, help="Handler threads.")
 @option("--batch", "--prefetch", "batch", env="BATCH", type=click.IntRange(1, 1000), default=None,
         help=f"Jobs each thread reserves at a time (they wait claimed or leased; a reservation is 2 or 3 round trips). Default: "
-             f"sized to the handlers' pace, {DEFAULT_PREFETCH} until one has run, then about "
-             f"{PREFETCH_HOLD_S * 1000:g} ms of work, 1 to {PREFETCH_MAX}. Use 1 for long jobs, so no job waits "
-             "behind another.")
+             f"sized to the handlers' pace on each list, {DEFAULT_PREFETCH} until one has run a job of it, then "
+             f"about {PREFETCH_HOLD_S * 1000:g} ms of work, 1 to {PREFETCH_MAX}.")
 @option("--ack-linger", "ack_linger", env="ACK_LINGER", type=seconds(0), default=DEFAULT_LINGER_S * 1000, metavar="MS",
         help="Milliseconds a finished job's acknowledgement may wait to go out with others in one batch (one round "
              "trip for many jobs). 0: acknowledge each job on its own before taking the next.")

@@ -3,6 +3,7 @@ importable by name, as a spawned process needs."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -41,3 +42,14 @@ def misbehave(job: Job) -> dict:
         time.sleep(0.3)
         os._exit(9)
     return {"pid": os.getpid()}
+
+
+def record_run(job: Job) -> dict:
+    """Sleeps payload["s"] seconds, then appends when it ran, and on which thread, to the
+    file payload["out"] names: what a test of the worker's threads checks overlap on."""
+    start = time.time()
+    time.sleep(job.payload["s"])
+    run = {"jid": job.jid, "start": start, "end": time.time(), "thread": threading.current_thread().name}
+    with open(job.payload["out"], "a") as out:
+        out.write(json.dumps(run) + "\n")
+    return {"slept": job.payload["s"]}

@@ -87,11 +87,22 @@ def test_prefetch_follows_the_handlers_pace():
 
 def test_a_fixed_prefetch_is_kept(registered, list_name):
     w = _worker(registered, list_name, batch=3)
-    w._handler_s = 0.0
-    assert w.prefetch() == 3
+    w._pace[list_name] = 0.0
+    assert w.prefetch(list_name) == 3
     w = _worker(registered, list_name)
-    w._handler_s = 0.0
-    assert w.prefetch() == PREFETCH_MAX
+    w._pace[list_name] = 0.0
+    assert w.prefetch(list_name) == PREFETCH_MAX
+
+
+def test_the_prefetch_follows_each_lists_own_pace(registered, list_name):
+    """A list of long jobs, beside one of quick jobs, was reserved at the quick one's
+    pace: up to PREFETCH_MAX long jobs in one thread's hands, run one after another."""
+    quick, slow, new = list_name, f"{list_name}-slow", f"{list_name}-new"
+    w = _worker(registered, list_name)
+    w._pace.update({quick: 0.0, slow: 60.0})
+    assert (w.prefetch(quick), w.prefetch(slow), w.prefetch(new)) == (PREFETCH_MAX, 1, DEFAULT_PREFETCH)
+    w._following([quick])  # the others no longer followed: their pace goes with them
+    assert w._pace == {quick: 0.0}
 
 
 def test_an_ack_whose_claim_was_lost_is_reported_lost_and_changes_nothing(registered, lists, queue: Queue, list_name):

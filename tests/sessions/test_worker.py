@@ -5,11 +5,15 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +25,8 @@ from aeroqueue.worker import EXIT_OK, EXIT_SESSION_LOST, Worker, load_handler, p
 from tests.conftest import mark_reaping
 from tests.sessions import signal_tripwire
 from tests.waiting import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def fast_worker(backend, handler, list_name, **kw) -> Worker:
@@ -92,7 +98,8 @@ def test_a_lost_session_stops_work_acks_nothing_and_exits_non_zero(registered, l
         go_on.wait(10)
         return "late"
 
-    w = fast_worker(registered, handler, list_name, until_complete=False)
+    # Jobs prefetched behind the running one (the default takes one until the pace is known).
+    w = fast_worker(registered, handler, list_name, until_complete=False, batch=4)
     t = threading.Thread(target=w.run, kwargs={"install_signals": False})
     t.start()
     assert holding.wait(10)
@@ -726,3 +733,24 @@ def test_what_the_close_gives_back_reaches_the_observer_by_list(registered, list
     assert w.counters.snapshot()["released"] == 1
     assert told == {other: 1}, told
     assert registered.get(keys.JOB_SET, keys.job_name(other, 0)).bins["state"] == "queued"
+
+
+def test_a_short_list_of_long_jobs_runs_on_every_thread_at_once(registered, lists, list_name, store_url, tmp_path):
+    """N long jobs, N threads: the default prefetch (4 until a handler had run) let
+    the first thread reserve them all and run them one after another while the
+    others idled (4 jobs of a minute took 4 minutes, not 1). A real worker process;
+    the handler records when each job ran, and the runs must overlap."""
+    n, out = 3, tmp_path / "runs.jsonl"
+    lists.load(list_name, [JobSpec(f"long-{i}", {"s": 2, "out": str(out)}) for i in range(n)], seal=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "aeroqueue", "--url", store_url, "worker", "--handler",
+         "tests.lifecycle.handlers:record_run", "--list", list_name, "--concurrency", str(n), "--until-complete",
+         "--log-format", "json"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == EXIT_OK, proc.stderr[-3000:]
+    runs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(r["jid"] for r in runs) == [f"long-{i}" for i in range(n)], runs
+    # Every run started before any ended: all N at once, each on a thread of its own.
+    assert max(r["start"] for r in runs) < min(r["end"] for r in runs), runs
+    assert len({r["thread"] for r in runs}) == n, runs
