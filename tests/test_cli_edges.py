@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -32,6 +33,8 @@ from aeroqueue.sessions import Session, reap
 from tests.sessions.test_sweep_gate import refuse_recount_after_the_first
 from tests.sessions.test_taken_never_claimed import VICTIM
 from tests.waiting import wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # Environment variables that would change what these commands do, removed for each run.
 CLEAN = {"AEROQUEUE_URL": None, "AEROQUEUE_VERBOSE": None, "AEROQUEUE_CREATE": None, "AEROQUEUE_JSON": None,
@@ -1242,3 +1245,32 @@ def test_text_that_moves_no_cursor_is_shown_as_it_is(ready_url, list_name, capsy
     assert visible("Traceback\r\n  line\r\n", keep="\n") == "Traceback\n  line\n"
     _say_error("error: job a\x1b[2Jb\u202ec failed\n")
     assert capsys.readouterr().err == "error: job a\\u001b[2Jb\\u202ec failed\n"
+
+
+@pytest.mark.parametrize(("source", "spec", "says"), [
+    ("import aq_missing_dependency\ndef h(job):\n    return 1\n", "{m}:h",
+     "cannot import '{m}' (No module named 'aq_missing_dependency')"),
+    ("def h(job):\n    return 1\nLIMIT = 1 / 0\n", "{m}:h", "importing '{m}' raised ZeroDivisionError: division by zero"),
+    ("def h(job):\n    return 1\n", "{m}:nope", "{m} has no function 'nope'"),
+    (None, "aq_no_such_pkg.jobs:send", "cannot import 'aq_no_such_pkg.jobs' (No module named 'aq_no_such_pkg')"),
+], ids=["its-import-missing", "its-import-raising", "no-such-function", "no-such-module"])
+def test_a_handler_that_cannot_be_loaded_is_wrong_usage_naming_the_option_before_the_store(tmp_path, source, spec,
+                                                                                          says):
+    """It exited 1, as a store down does, after opening the store: a --handler that
+    can never work is wrong usage (status 2), which a supervisor can tell from an
+    outage. A real process, with a store that is not there: the handler comes first."""
+    module = f"aq_handler_{os.urandom(4).hex()}"
+    if source is not None:
+        (tmp_path / f"{module}.py").write_text(source)
+    with socket.socket() as s:  # a port nothing listens on: the store is down
+        s.bind(("127.0.0.1", 0))
+        down = f"aerospike://127.0.0.1:{s.getsockname()[1]}/test"
+    proc = subprocess.run(
+        [sys.executable, "-m", "aeroqueue", "--url", down, "worker", "--handler", spec.format(m=module), "--list", "L"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith(f"error: Invalid value for '--handler' (env var: 'AEROQUEUE_HANDLER'): handler "
+                           f"'{spec.format(m=module)}': "), line
+    assert says.format(m=module) in line, line

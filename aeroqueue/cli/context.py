@@ -379,6 +379,17 @@ def usage_check(check: Callable[[str], object]) -> Callable[[click.Context, clic
     return callback
 
 
+def bad_parameter(ctx: click.Context, name: str, e: AeroqueueError) -> click.BadParameter:
+    """`e`, found in a command's body rather than by a callback (it needs the value
+    used: a handler imported), as the usage error of its parameter `name`: status 2,
+    naming the option and its variable, as a callback's; with --verbose, the
+    traceback first, as for any error."""
+    if verbose_requested(ctx):
+        _say_error(traceback.format_exc(), AeroqueueGroup.argv)
+    param = next(p for p in ctx.command.params if p.name == name)
+    return click.BadParameter(str(e), ctx=ctx, param=param)
+
+
 def check_bind_host(host: str) -> str:
     """A bind address given empty (an unset variable in a unit file, say) would bind
     every address of the machine, for a page that asks for no login: refused, and

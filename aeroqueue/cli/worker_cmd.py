@@ -16,7 +16,7 @@ from rich.text import Text
 
 from ..acks import DEFAULT_LINGER_S
 from ..backends import Backend
-from ..errors import AeroqueueError
+from ..errors import AeroqueueError, ConfigError
 from ..hosts import url_host
 from ..logs import configure_logging
 from ..selection import DEFAULT_BACKOFF_MAX_S, DEFAULT_REFRESH_S, parse_list
@@ -29,6 +29,7 @@ from .context import (
     HEARTBEAT_OPT,
     JSON_OPT,
     Context,
+    bad_parameter,
     check_bind_host,
     check_session_timing,
     err_console,
@@ -96,7 +97,8 @@ def worker(
 
     Drains on SIGTERM/SIGINT (in-flight jobs finish up to --drain-timeout, the
     rest are released). Exit status: 0 stopped as asked or every list complete
-    (--until-complete), 1 an error before work started, 3 its session was lost,
+    (--until-complete), 1 an error before work started, 2 wrong usage (a --handler
+    that cannot be loaded, among others), 3 its session was lost,
     4 every handler thread died (with --pool process: handlers that cannot start).
     """
     from ..worker import Worker, load_handler
@@ -104,13 +106,21 @@ def worker(
     live = sys.stderr.isatty()
     configure_logging(log_format, log_level or ("warning" if live else "info"), live=live)
     check_session_timing(interval_s, expiry_s)
+    try:
+        # Before the store is opened: a handler that cannot be loaded (its module not
+        # found or failing to import, no such function) is a --handler that can never
+        # work, wrong usage (status 2, as systemd's RestartPreventExitStatus= can
+        # tell from a store down), not an error that a restart may get past.
+        run = load_handler(handler)
+    except ConfigError as e:
+        raise bad_parameter(click.get_current_context(), "handler", e) from None
     observer = None
     if metrics_port is not None:
         from ..metrics import WorkerMetrics
 
         observer = WorkerMetrics(by_list=metrics_by_list)
     w = Worker(
-        obj.backend(), load_handler(handler), list(lists), concurrency=concurrency, batch=batch,
+        obj.backend(), run, list(lists), concurrency=concurrency, batch=batch,
         ack_linger_s=ack_linger / 1000, interval_s=interval_s,
         expiry_s=expiry_s, drain_timeout_s=drain_timeout, sweep_every_s=sweep_every,
         sweep_grace_ms=int(sweep_grace * 1000), until_complete=until_complete, observer=observer, pool=pool,
