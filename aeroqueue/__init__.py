@@ -5,23 +5,30 @@ of workers that died, exactly-once acknowledgement, and a PySpark sync of
 processed jobs to MySQL.
 """
 
+from __future__ import annotations
+
 from typing import TYPE_CHECKING, Any
 
-from .backends import Backend, open_backend
-from .config import StoreURL, parse_url, resolve_url
-from .errors import AeroqueueError
-
 if TYPE_CHECKING:
+    from .backends import Backend, open_backend
+    from .config import StoreURL, parse_url, resolve_url
+    from .errors import AeroqueueError
     from .queue import Job, Retry
+
+# Every name of the API, imported on first use: `import aeroqueue.<module>` (a sync
+# executor, the CLI) does not pay for the queue's imports, and the `aeroqueue`
+# command imports nothing before its Ctrl-C handling is in place (`__main__`).
+_LAZY = {
+    "Backend": "backends", "open_backend": "backends", "StoreURL": "config", "parse_url": "config",
+    "resolve_url": "config", "AeroqueueError": "errors", "Job": "queue", "Retry": "queue",
+}
 
 
 def __getattr__(name: str) -> Any:
-    # The handler's API, imported on first use: `import aeroqueue.<module>` (a sync
-    # executor, the CLI) does not pay for the queue's imports.
-    if name in ("Job", "Retry"):
-        from . import queue
+    if name in _LAZY:
+        import importlib
 
-        return getattr(queue, name)
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module 'aeroqueue' has no attribute {name!r}")
 
 
@@ -34,6 +41,7 @@ def connect(url: str | None = None, *, create: bool | None = None) -> Backend:
     (`config.may_create`: the default store, or AEROQUEUE_CREATE), unless
     `create` says otherwise."""
     from . import udfs
+    from .backends import open_backend
     from .config import may_create
 
     backend = open_backend(url, create=may_create(url) if create is None else create)

@@ -15,6 +15,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -1274,3 +1275,45 @@ def test_a_handler_that_cannot_be_loaded_is_wrong_usage_naming_the_option_before
     assert line.startswith(f"error: Invalid value for '--handler' (env var: 'AEROQUEUE_HANDLER'): handler "
                            f"'{spec.format(m=module)}': "), line
     assert says.format(m=module) in line, line
+
+
+def _console_script(tmp_path: Path) -> Path:
+    """The `aeroqueue` script as pip writes it from pyproject.toml's entry point."""
+    entry = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]["aeroqueue"]
+    module, function = entry.split(":")
+    script = tmp_path / "aeroqueue"
+    script.write_text(f"import sys\nfrom {module} import {function}\nif __name__ == '__main__':\n"
+                      f"    sys.exit({function}())\n")
+    return script
+
+
+def test_ctrl_c_while_the_command_starts_is_the_one_line_exit_not_a_traceback(tmp_path):
+    """A Ctrl-C in the first tenths of a second, while Python imports the command line,
+    printed a KeyboardInterrupt traceback. A real process, the console script, SIGINT
+    at moments spread over its start: each run ends with the one line and status 130,
+    or (a signal before the interpreter ran any of the package, or after the command
+    ended) as if aeroqueue had no part in it."""
+    script = _console_script(tmp_path)
+    package = str(ROOT / "aeroqueue")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for k in CLEAN:
+        env.pop(k, None)
+    argv = [sys.executable, str(script), "--url", f"embedded://{tmp_path}/s.db", "--create", "lists"]
+    started = time.monotonic()
+    subprocess.run(argv, env=env, capture_output=True, timeout=60, check=True)
+    whole = time.monotonic() - started  # the store made; each run below reads it
+    interrupted = []
+    for i in range(1, 13):
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        time.sleep(whole * i / 12)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        if proc.returncode == 130:
+            # After a blank line (click's), so that it starts a line after the terminal's "^C".
+            assert err == "\nerror: interrupted\n", err
+            interrupted.append(i)
+        elif proc.returncode == -signal.SIGINT:  # in Python's own start, before the script ran
+            assert package not in err, err
+        else:
+            assert proc.returncode == 0 and "Traceback" not in err, (proc.returncode, err)
+    assert len(interrupted) >= 3, f"too few signals landed while the command ran: {interrupted}"
