@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import sys
+import threading
 from typing import Any
 
 from rich.console import Console
@@ -134,6 +135,29 @@ def _json_env() -> bool:
     return os.environ.get(ENV_LOG_FORMAT, "").strip().lower() == "json"
 
 
+def _log_thread_exceptions() -> None:
+    """An exception no thread caught (a thread a handler started, a library's) as a log
+    line of the process's format: threading's own hook printed its traceback as text,
+    a line a JSON log pipeline cannot parse. Installed once per process; it hands the
+    exception to the hook it replaced (threading's: a traceback on stderr) whenever
+    the process does not log JSON lines (`json_lines`), and for a thread's sys.exit()."""
+    if getattr(threading.excepthook, _OURS, False):
+        return
+    previous = threading.excepthook
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if issubclass(args.exc_type, SystemExit) or not json_lines():
+            previous(args)
+            return
+        name = args.thread.name if args.thread is not None else None
+        logging.getLogger(f"{_PACKAGE}.threads").error(
+            "uncaught exception in thread %s: %s", name, args.exc_type.__name__, exc_info=args.exc_value,
+            extra={"event": "thread_exception", "thread_name": name})
+
+    setattr(hook, _OURS, True)
+    threading.excepthook = hook
+
+
 def default_command_logging() -> None:
     """Warnings and errors as text lines (time, level, message, fields) for a command
     that sets up no logging of its own: without a handler, Python prints the bare
@@ -155,6 +179,7 @@ def default_command_logging() -> None:
         handler.setFormatter(JsonLines())
         logging.getLogger().addHandler(handler)
         logging.captureWarnings(True)  # a warnings.warn's text, as a JSON line too
+        _log_thread_exceptions()
     else:
         handler.setFormatter(TextLines())
         pkg.addHandler(handler)
@@ -210,6 +235,7 @@ def configure_logging(fmt: str, level: str = "info", *, live: bool = False) -> N
     pkg.setLevel(level.upper())
     pkg.propagate = True
     logging.captureWarnings(True)
+    _log_thread_exceptions()
     global _configured
     _configured = ("text" if live else fmt, level)  # a handler process has no live display
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import warnings
 from typing import Any
@@ -36,3 +37,16 @@ def chatty(job: Job) -> Any:
     except ValueError:
         log.exception("recovered")
     return "ok"
+
+
+def leaves_a_thread_dying(job: Job) -> Any:
+    """Starts a thread of its own that raises, uncaught (waited for): its traceback is
+    printed by threading's hook, not by the handler's logging."""
+    thread = threading.Thread(target=_raise, args=(job.jid,), name=f"side-{job.jid}")
+    thread.start()
+    thread.join()
+    return "ok"
+
+
+def _raise(jid: str) -> None:
+    raise LookupError(f"no price for {jid} at https://billing:{SECRET}@billing.invalid/")

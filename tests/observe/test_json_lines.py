@@ -64,6 +64,28 @@ def test_a_workers_handler_logs_json_lines_without_passwords(
     assert SECRET not in log.read_text()
 
 
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_an_exception_no_thread_caught_is_a_json_line_too(
+    registered: Backend, store_url: str, list_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pool: str,
+) -> None:
+    """A thread a handler started died of an exception: threading's hook printed its
+    traceback as text lines among the JSON ones. A real worker process, in both pools."""
+    JobLists(registered).load(list_name, [JobSpec(f"j{i}", {}) for i in range(2)], seal=True)
+    monkeypatch.setenv("AEROQUEUE_LOG_FORMAT", "json")
+    log = tmp_path / "worker.log"
+    proc = spawn(["--url", store_url, "worker", "--handler", "tests.observe.handlers:leaves_a_thread_dying",
+                  "--list", list_name, "--heartbeat", "0.2", "--expiry", "2", "--until-complete", "--pool", pool], log)
+    try:
+        proc.wait(timeout=90)
+    finally:
+        code = stop(proc)
+    assert code == 0, log.read_text()[-3000:]
+    died = [e for e in json_lines(log) if e.get("event") == "thread_exception"]
+    assert sorted(e["thread_name"] for e in died) == ["side-j0", "side-j1"], died
+    assert all(e["level"] == "error" and "LookupError: no price for j" in e["exc"] for e in died), died
+    assert SECRET not in log.read_text()
+
+
 def test_the_dashboards_request_lines_are_json_lines_without_passwords(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """werkzeug prints its request lines itself, as text, unless the root logger has a
     handler. The store does not answer here (its URL carries a password): the pages
