@@ -137,3 +137,23 @@ def test_an_exporter_whose_login_is_refused_ends_at_once(real_url: str) -> None:
                          capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 1 and "the server refused the login" in out.stderr, out.stderr
     assert "pw-not-shown" not in out.stderr
+
+
+def test_a_worker_whose_store_is_down_at_start_exits_1_at_once_serving_nothing(tmp_path: Path) -> None:
+    """Unlike the exporter, a worker needs its store to work at all: with the store
+    down it fails fast, one line naming the URL and status 1 (README, "Exit
+    statuses": a store that cannot be opened), so that its supervisor starts it again
+    later, rather than look alive (its /healthz answering) while doing nothing."""
+    from tests.observe.conftest import free_port
+
+    url, metrics_port = f"aerospike://127.0.0.1:{_free_port()}/test", free_port()
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "aeroqueue", "--url", url, "worker", "--handler", "json:dumps", "--list", "L",
+         "--metrics-port", str(metrics_port)],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 1, (proc.returncode, proc.stderr)
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith(f"error: cannot connect to {url}") and "is the server running" in line, line
+    assert time.monotonic() - started < 30, "failed fast, without waiting for the store"
