@@ -24,7 +24,7 @@ from aeroqueue.sessions import Session, claim_sweep, lost_take_due, mark_lost_ta
 from aeroqueue.worker import Worker
 from tests.sessions.test_lost_pops import answer_lost
 from tests.sessions.test_worker import running
-from tests.waiting import wait_for
+from tests.waiting import ModuleTime, wait_for
 
 N = 8
 
@@ -163,24 +163,30 @@ def test_an_answer_lost_within_a_second_of_the_last_mark_is_marked_too(
     from aeroqueue import queue as queue_module
     from aeroqueue import worker as worker_module
 
-    # A longer "second": a loaded machine took 1.1 s over the steps below, and the second
-    # answer then fell outside it (marked at once, not the case under test). Marked at its
-    # end, it may come after the first mark's sweep began: the next lost-take sweep
-    # comes 3 s later, not 30 (skipped, the mark sets off none).
-    every_s = 3.0
-    monkeypatch.setattr(queue_module, "LOST_MARK_EVERY_S", every_s)
+    # The queue's clock stands still from the first lost answer to the second: the
+    # second is within the second after the mark however slow the steps between (a
+    # loaded machine took 3.9 s over them; then marked at once, it was not the case
+    # under test). Marked at the end of that second, it may come after the first
+    # mark's sweep began: the next lost-take sweep comes 3 s later, not 30 (skipped,
+    # the mark sets off none).
+    clock = ModuleTime()
+    monkeypatch.setattr(queue_module, "time", clock)
     monkeypatch.setattr(worker_module, "LOST_TAKE_SWEEP_EVERY_S", 3.0)
     other = f"{list_name}-b"
     lists.load(list_name, [JobSpec("a0", {})], seal=True)
-    with answer_lost(registered, keys.LIST_MOD, "take"), pytest.raises(errors.BackendTimeout):
-        queue.reserve(list_name, session, 1)
-    marked = time.monotonic()
-    time.sleep(0.5)
-    lists.load(other, [JobSpec("b0", {})], seal=True)  # written after the mark
-    time.sleep(0.2)
-    with answer_lost(registered, keys.LIST_MOD, "take"), pytest.raises(errors.BackendTimeout):
-        queue.reserve(other, session, 1)
-    assert time.monotonic() - marked < every_s, "within the second after the mark"
+    with clock.held():
+        with answer_lost(registered, keys.LIST_MOD, "take"), pytest.raises(errors.BackendTimeout):
+            queue.reserve(list_name, session, 1)
+        first = lost_take_due(registered)
+        assert first is not None, "the first lost answer is marked at once"
+        time.sleep(0.5)
+        lists.load(other, [JobSpec("b0", {})], seal=True)  # written after the mark
+        time.sleep(0.2)
+        with answer_lost(registered, keys.LIST_MOD, "take"), pytest.raises(errors.BackendTimeout):
+            queue.reserve(other, session, 1)
+    # No worker runs yet, so no sweep serves either mark: the second write is seen.
+    wait_for("the second lost answer marked at the end of the second",
+             lambda: (due := lost_take_due(registered)) is not None and due.mark != first.mark, timeout_s=30)
 
     assert run_until_complete(registered, lists, [list_name, other], 30) == Counter({"a0": 1, "b0": 1})
 
