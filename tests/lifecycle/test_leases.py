@@ -1204,9 +1204,9 @@ def test_a_drop_forgets_leases_past_their_limit_and_waits_for_no_other(
     load(lists, list_name, 3, timeout_s=0.2)
     assert len(queue.reserve(list_name, session, 3, lease=True)) == 3
     time.sleep(0.2 + CLOCK_MARGIN_MS / 1000 + 0.1)  # no ack of the lease is admitted any more
-    started = time.monotonic()
+    # Nothing else ends those leases: a drop that waited for them would give up after
+    # `lease_wait_s`, raising, not return late (no bound on how long it took).
     assert lists.drop(list_name, grace_s=0, lease_wait_s=5).jobs == 3
-    assert time.monotonic() - started < 4
     assert leases_of(registered, session) == {}
 
 
