@@ -1,5 +1,6 @@
 """Sync fixtures: one local Spark for the whole run, a scratch MySQL database per
-test, and job lists with processed and unprocessed jobs on each backend.
+test, and job lists with processed and unprocessed jobs on each backend. Every
+Spark a test starts keeps its scratch under the test's tmp_path (`spark_scratch`).
 
 Sync scans every job record of the store, so on a shared server a test may
 copy other tests' jobs too: assertions only look at the test's own list.
@@ -15,6 +16,7 @@ import shutil
 import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +25,7 @@ from aeroqueue.sync.job import DAEMON_MODULE, DRIVER_JVM_OPTIONS
 from tests.conftest import require
 
 from .helpers import root_connection
+from .servers import spark_scratch_env
 
 # Two worker threads; a failed task is tried up to 3 times (local mode's
 # default is once, which would hide Spark's retry from the tests).
@@ -34,23 +37,38 @@ if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,20}", DB_PREFIX):
     raise ValueError(f"AEROQUEUE_TEST_DB_PREFIX={DB_PREFIX!r}: letters, digits and '_' only, at most 21")
 
 
+@pytest.fixture(autouse=True)
+def spark_scratch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where the Sparks this test starts keep their scratch: the sync commands and
+    drivers it runs as processes inherit the environment. Tests SIGKILL JVMs, whose
+    shutdown hooks would have deleted it; left in /tmp, a run left some 140 entries."""
+    directory = tmp_path / "spark-scratch"
+    for name, value in spark_scratch_env(directory).items():
+        monkeypatch.setenv(name, value)
+    return directory
+
+
 @pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    """One SparkSession for the whole test run: the JVM starts once."""
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One SparkSession for the whole test run: the JVM starts once, its scratch in a
+    directory of the run's (its JVM reads the environment once, as it starts)."""
     require(shutil.which("java") is not None, "Java is not installed (Spark needs Java 17)")
     from pyspark.sql import SparkSession
 
     # The Python workers must run this interpreter (its venv has aeroqueue).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    session = (
-        SparkSession.builder.master(SPARK_MASTER)
-        .appName("aeroqueue-sync-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.defaultJavaOptions", DRIVER_JVM_OPTIONS)  # as the sync's own JVM
-        .config("spark.python.daemon.module", DAEMON_MODULE)  # and its workers
-        .getOrCreate()
-    )
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in spark_scratch_env(tmp_path_factory.mktemp("spark-session")).items():
+            env.setenv(name, value)
+        session = (
+            SparkSession.builder.master(SPARK_MASTER)
+            .appName("aeroqueue-sync-tests")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.driver.defaultJavaOptions", DRIVER_JVM_OPTIONS)  # as the sync's own JVM
+            .config("spark.python.daemon.module", DAEMON_MODULE)  # and its workers
+            .getOrCreate()
+        )
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()

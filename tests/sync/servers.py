@@ -74,6 +74,21 @@ class OwnMariaDB:
         self.proc = None
 
 
+def spark_scratch_env(directory: Path) -> dict[str, str]:
+    """The environment that makes a Spark started under it keep its scratch in
+    `directory` (made here), not in /tmp: its `spark-*` and `blockmgr-*` directories
+    (SPARK_LOCAL_DIRS) and what the JVMs put in java.io.tmpdir (lz4's native library):
+    the driver's through SPARK_SUBMIT_OPTS, which the launcher adds to the driver JVM's
+    options without a word on stderr (JAVA_TOOL_OPTIONS prints one, and tests compare
+    stderr), and a standalone cluster's executors' through spark-defaults.conf, which
+    the driver reads from SPARK_CONF_DIR (the sync sets no executor options)."""
+    conf = directory / "conf"
+    conf.mkdir(parents=True, exist_ok=True)
+    (conf / "spark-defaults.conf").write_text(f"spark.executor.extraJavaOptions -Djava.io.tmpdir={directory}\n")
+    submit_opts = f"{os.environ.get('SPARK_SUBMIT_OPTS', '')} -Djava.io.tmpdir={directory}".strip()
+    return {"SPARK_LOCAL_DIRS": str(directory), "SPARK_SUBMIT_OPTS": submit_opts, "SPARK_CONF_DIR": str(conf)}
+
+
 def spark_home() -> Path:
     import pyspark
 
@@ -100,9 +115,12 @@ class SparkCluster:
 
     def _env(self) -> dict[str, str]:
         # The master and worker daemons only schedule, as the sync's driver: its JVM options.
-        return {**os.environ, "SPARK_HOME": str(spark_home()), "SPARK_LOCAL_IP": "127.0.0.1",
+        # Their scratch, and the executors' local directories (under the worker's), stay
+        # under the cluster's root: tests kill executors, which leave theirs behind.
+        scratch = spark_scratch_env(self.root / "scratch")
+        return {**os.environ, **scratch, "SPARK_HOME": str(spark_home()), "SPARK_LOCAL_IP": "127.0.0.1",
                 "SPARK_LOG_DIR": str(self.root), "PYSPARK_PYTHON": sys.executable,
-                "SPARK_DAEMON_JAVA_OPTS": DRIVER_JVM_OPTIONS}
+                "SPARK_DAEMON_JAVA_OPTS": f"{DRIVER_JVM_OPTIONS} -Djava.io.tmpdir={self.root / 'scratch'}"}
 
     def _start(self, name: str, *args: str) -> subprocess.Popen:
         log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 - held by the child
