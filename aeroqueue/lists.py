@@ -376,7 +376,9 @@ class JobLists:
         reservable += sum(_ready(r, finished) - voids.within(r[0], r[0] + r[1])
                           - _pending_in(r[0], r[1], r[2] if len(r) > 2 else None, retry_set) for r in head.get("ready") or [])
         total = head["total"]
-        pending = len(head.get("pend") or {})
+        # Ranges allocated and not yet published: written ones waiting behind another
+        # share an entry of `pend` (aq_list_v1 publish), so its size is not their number.
+        pending = head["seq"] - head["pubs"]
         stalled = len(self._pending_ranges(head, expired=True))
         sealed = head["sealed"] == 1
         complete = is_complete(head, done, dead)

@@ -13,10 +13,11 @@
 --   total    integer            real jobs published (tokens minus void ones)
 --   head     integer            next token the token store hands out (never past tail)
 --   cursor   integer            ID store: the chunk reservations pop from (never moves back)
---   pend     map seq -> map{start, n, exp, real, rid, at, cr}   ranges allocated, not yet published
+--   pend     map seq -> map{start, n, exp, real, rid, at, cr, k}   ranges allocated, not yet published
 --                               (rid: the loader's id for the range, so a repeated alloc
 --                               finds it; at: server ms of the alloc; cr: ms of holds
---                               credited to its lease, see credit)
+--                               credited to its lease, see credit; k: written ranges
+--                               seq..seq+k-1 merged into one entry, see publish)
 --   retry    list of tokens     jobs that came back: served before the token store
 --   done_at  integer            server ms when status first saw the list complete
 --   tlim     integer            a claim's time limit, ms (handed to claim by take)
@@ -553,6 +554,53 @@ function alloc(rec, n, lease_ms, rid, created, deadline)
   return map{st = 'ok', seq = seq, start = start, now = t}
 end
 
+-- A written range whose publication holds nothing back of its own (no gate, no
+-- job with its own run_at): merged with its neighbours, its jobs are published
+-- with theirs. Delayed ranges keep an entry each: their gates and timed jobs are
+-- taken as each range publishes.
+local function plain(r)
+  return r ~= nil and r['real'] ~= nil and r['due'] == nil and r['timed'] == nil
+end
+
+-- The seq of the entry that range `seq` was merged into (nil: none). O(entries).
+local function merged_into(pend, seq)
+  for s, p in map.pairs(pend) do
+    if s < seq and seq < s + (p['k'] or 1) and p['real'] ~= nil then return s end
+  end
+  return nil
+end
+
+-- Range `seq`, just written, takes in the run of written ranges right after it and
+-- goes into the run right before it: tokens and ranges are allocated in sequence, so
+-- a run [s, s+k) covers tokens [start, start+n) and publishes as one range would.
+-- O(entries), and entries stay few: unwritten ranges, delayed ones, and a run
+-- between each two of them.
+local function merge_written(pend, seq)
+  local r = pend[seq]
+  if not plain(r) then return end
+  local k = r['k'] or 1
+  local nx = pend[seq + k]
+  if plain(nx) then
+    r = map{start = r['start'], n = r['n'] + nx['n'], real = r['real'] + nx['real'], k = k + (nx['k'] or 1)}
+    map.remove(pend, seq + k)
+    pend[seq] = r
+  end
+  local before = nil
+  for s, p in map.pairs(pend) do
+    if s < seq and s + (p['k'] or 1) == seq then
+      before = s
+      break
+    end
+  end
+  if before == nil then return end
+  local p = pend[before]
+  if plain(p) then
+    pend[before] = map{start = p['start'], n = p['n'] + r['n'], real = p['real'] + r['real'],
+                       k = (p['k'] or 1) + (r['k'] or 1)}
+    map.remove(pend, seq)
+  end
+end
+
 -- publish(rec, seq, real, due, timed, cap, created, deadline) -> map{st='ok'|'gone'|'stale', tail, total}
 --   Marks range `seq` written, with `real` non-void jobs, and moves `tail`
 --   over every consecutive written range. `due` (server ms, 0: none) delays
@@ -564,13 +612,24 @@ end
 --   range that is already published answers 'ok' and changes nothing.
 --   'gone': the range is unknown, or the list is not the one `created` (or nil)
 --   says: range `seq` of a list made since under its name is not this loader's.
+--   A written range that cannot publish yet (one before it is unwritten: a loader
+--   still at work, or one that died and waits out its lease) is merged with the
+--   written ranges next to it (`merge_written`), so that `pend` holds a few
+--   entries, not one per range, however many wait behind it: every call on the
+--   list record reads `pend`, and with one entry per range each call of a load of
+--   small ranges behind a dead loader's cost in proportion to the ranges it had
+--   loaded (quadratic: 3,000 ranges of one job took minutes).
 function publish(rec, seq, real, due, timed, cap, created, deadline)
   if stale(deadline) then return map{st = 'stale'} end
   if not live(rec) or replaced(rec, created) then return map{st = 'gone'} end
   if seq < rec['pubs'] then return map{st = 'ok', tail = rec['tail'], total = rec['total']} end
   local pend = rec['pend']
   local r = pend[seq]
-  if r == nil then return map{st = 'gone'} end
+  if r == nil then
+    -- Merged into the entry of a written range before it: published already.
+    if merged_into(pend, seq) ~= nil then return map{st = 'ok', tail = rec['tail'], total = rec['total']} end
+    return map{st = 'gone'}
+  end
   -- First count wins: a loader and a recovery publishing the same range
   -- computed it from the same final job and index records.
   if r['real'] ~= nil then return map{st = 'ok', tail = rec['tail'], total = rec['total']} end
@@ -579,6 +638,7 @@ function publish(rec, seq, real, due, timed, cap, created, deadline)
   if timed ~= nil and map.size(timed) > 0 then r['timed'] = timed end
   pend[seq] = r
   local pubs, tail, total = rec['pubs'], rec['tail'], rec['total']
+  if seq ~= pubs then merge_written(pend, seq) end
   while pend[pubs] ~= nil and pend[pubs]['real'] ~= nil do
     local p = pend[pubs]
     tail = p['start'] + p['n']
@@ -595,7 +655,7 @@ function publish(rec, seq, real, due, timed, cap, created, deadline)
       merge_into(rec, 'timed', skip)
     end
     map.remove(pend, pubs)
-    pubs = pubs + 1
+    pubs = pubs + (p['k'] or 1)
   end
   rec['pend'] = pend
   rec['pubs'] = pubs

@@ -5,6 +5,7 @@ re-run adds nothing twice, a failed range is left for recovery."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import os
@@ -825,3 +826,71 @@ def test_status_names_the_loads_whose_loader_died_and_sweep_finishes_them(regist
     st = lists.status(list_name)
     assert (st.pending_ranges, st.stalled_ranges) == (1, 0)  # the live loader's range is left alone
     assert "loads stalled" not in status()
+
+
+def _pend_sizes(lists: JobLists, name: str, monkeypatch) -> list[int]:
+    """The number of entries of the list record's `pend` after each publish: what every
+    later call on the list record reads."""
+    sizes: list[int] = []
+    real = JobLists._list_udf
+
+    def udf(self: JobLists, list_name: str, function: str, *args, **kw):
+        out = real(self, list_name, function, *args, **kw)
+        if function == "publish" and list_name == name:
+            sizes.append(len(lists.header(name)["pend"]))
+        return out
+
+    monkeypatch.setattr(JobLists, "_list_udf", udf)
+    return sizes
+
+
+def test_ranges_written_behind_a_dead_loaders_range_keep_the_list_record_small(env, list_name, monkeypatch):
+    """Behind a killed loader's range, each written range kept an entry of `pend` until
+    the dead one was recovered; every call on the list record (alloc, renew, publish,
+    take) reads it whole: a load of 3,000 ranges of one job behind it took minutes, as
+    each call cost in proportion to the ranges before it. Written ranges next to each
+    other share one entry now."""
+    _, lists, queue, session = env
+    lists.create(list_name)
+    lists._list_udf(list_name, "alloc", 1, 60_000, "dead")  # killed: never renewed, never published
+    sizes = _pend_sizes(lists, list_name, monkeypatch)
+    n = 120
+    report = lists.load(list_name, specs(n), chunk_size=1, workers=4, lease_ms=300)
+    assert (report.loaded, report.waiting) == (n, n), "behind the dead range, whose lease runs on"
+    assert len(sizes) == n
+    # The dead range, and the ranges in flight (4 and one queued) with a run of written
+    # ones after each, whatever n (one entry per range before: n + 1 at the end).
+    assert max(sizes) <= 2 + 2 * 5, sizes
+    assert len(lists.header(list_name)["pend"]) == 2
+    st = lists.status(list_name)
+    assert (st.total, st.reservable, st.pending_ranges) == (0, 0, n + 1), "every range still counted pending"
+    # The dead loader's range recovered: the run publishes whole, every job once.
+    head = lists.header(list_name)
+    lists._list_udf(list_name, "renew", list(head["pend"]), 0)  # its lease runs out now (a renewal to 0 ms)
+    time.sleep(0.05)
+    assert load.recover(lists, list_name) == 1
+    st = lists.status(list_name)
+    assert (st.total, st.reservable, st.pending_ranges) == (n, n, 0)
+    head = lists.header(list_name)
+    assert (head["pubs"], head["tail"], head["pend"]) == (n + 1, n + 1, {})
+    jobs = drain_all(queue, list_name, session)
+    assert Counter(j.jid for j in jobs) == Counter(s.jid for s in specs(n)), "every job exactly once"
+
+
+def test_publishing_out_of_order_merges_written_ranges_and_stays_idempotent(env, list_name):
+    _, lists, _, _ = env
+    lists.create(list_name)
+    assert [lists._list_udf(list_name, "alloc", 2, 60_000, f"r{i}")["seq"] for i in range(6)] == list(range(6))
+    pub = functools.partial(lists._list_udf, list_name, "publish")
+    for seq in (2, 4, 3, 1):  # 0 unwritten; 5 unwritten
+        assert pub(seq, 2, 0, {}, 10)["st"] == "ok"
+    pend = lists.header(list_name)["pend"]
+    assert sorted(pend) == [0, 1, 5] and (pend[1]["start"], pend[1]["n"], pend[1]["k"]) == (2, 8, 4)
+    # A publish repeated after a lost answer, of a range merged into another: ok, nothing changes.
+    assert pub(3, 2, 0, {}, 10) == {"st": "ok", "tail": 0, "total": 0}
+    assert lists.header(list_name)["pend"] == pend
+    assert pub(0, 1, 0, {}, 10) == {"st": "ok", "tail": 10, "total": 9}
+    head = lists.header(list_name)
+    assert (head["pubs"], sorted(head["pend"])) == (5, [5])
+    assert pub(5, 2, 0, {}, 10) == {"st": "ok", "tail": 12, "total": 11}
+    assert pub(99, 2, 0, {}, 10)["st"] == "gone"
