@@ -26,7 +26,9 @@ unwritten token. A live loader renews the leases of its ranges in flight, so a
 lease is short (`DEFAULT_LEASE_MS`): a load run again after its loader was
 killed waits for that loader's ranges only until their lease runs out, finishes
 them, and returns with its own jobs reservable. Ranges of a load still running
-elsewhere are not waited for: the jobs behind them are reported as waiting.
+elsewhere are not waited for: the jobs behind them are reported as waiting. A
+loader whose range fails (an error, not a kill) cuts that range's lease short
+(`_RangeLoader._release`): the same load run again finishes it at once.
 """
 
 from __future__ import annotations
@@ -274,14 +276,15 @@ class _Renewer:
     def _run(self) -> None:
         loader = self.loader
         while not self._stop.wait(max(loader.lease_ms / 4000, 0.01)):
-            seqs = loader.in_flight()
-            if not seqs:
-                continue
-            try:
-                loader.lists._list_udf(loader.name, "renew", seqs, loader.lease_ms, loader.created)
-            except Exception as e:  # the next turn tries again; the thread must live
-                log.warning("load lease not renewed", extra={"event": "load_renew_failed", "list": loader.name,
-                                                             "ranges": len(seqs), "error": str(e)})
+            with loader.renewing:
+                seqs = loader.in_flight()
+                if not seqs:
+                    continue
+                try:
+                    loader.lists._list_udf(loader.name, "renew", seqs, loader.lease_ms, loader.created)
+                except Exception as e:  # the next turn tries again; the thread must live
+                    log.warning("load lease not renewed", extra={"event": "load_renew_failed", "list": loader.name,
+                                                                 "ranges": len(seqs), "error": str(e)})
 
 
 # How often a load whose ranges wait behind another loader's looks again.
@@ -400,6 +403,10 @@ class _RangeLoader:
         self._turn = 0  # the next range (by input order) allowed to allocate
         self._turns = threading.Condition()
         self._flying: set[int] = set()  # ranges allocated and not yet published or given up
+        # Held around a renewal of the ranges in flight and a failed range's release, so
+        # that a renewal of a range read in flight before it failed never lands after its
+        # release and gives it the full lease again.
+        self.renewing = threading.Lock()
         self.published: dict[int, int] = {}  # range -> its real jobs, once this loader published it
         # Tokens of the jobs skipped as indexed already: an earlier loader's, which may
         # not be published yet (it was killed, or runs still): `_await_earlier`.
@@ -454,12 +461,36 @@ class _RangeLoader:
                 if not getattr(e, "_fenced", False):
                     self._fence(got, new, cause=e)
                 raise
+        except Exception:
+            self._release(seq)
+            raise
         finally:
             with self._turns:
                 self._flying.discard(seq)
         with self._turns:
             self.published[seq] = real
         return real, skipped, len(new) - real
+
+    def _release(self, seq: int) -> None:
+        """Range `seq` failed: this loader writes no more of it. Its lease is cut short,
+        so that the same load run again (or a sweep) finishes it at once instead of
+        after the full lease. Not at once on a server: a write of the range given up in
+        doubt may still land until its deadline (`Backend.job_deadline`), and the lease
+        runs that long; past it the server refuses it (a job create, a chunk), or it
+        repeats what a recovery writes (an index entry, sent only once every job of the
+        range was written). The embedded store's writes land before they return. Not
+        after a second Ctrl-C (a BaseException): that one stops at once, and the range
+        waits out its lease. A release that fails leaves the lease as it was."""
+        with self._turns:
+            self._flying.discard(seq)  # not renewed again: `_Renewer` holds `renewing` while it renews
+        deadline = self.b.job_deadline()
+        left_ms = 0 if deadline is None else max(0, deadline - int(time.time() * 1000))
+        try:
+            with self.renewing:
+                self.lists._list_udf(self.name, "renew", [seq], left_ms, self.created)
+        except Exception as e:  # the failure being raised is the one to report
+            log.warning("failed load range's lease not cut short: it runs out as a killed loader's would",
+                        extra={"event": "load_release_failed", "list": self.name, "range": seq, "error": str(e)})
 
     def _gone(self) -> str | None:
         """Why this load may write no more into its list (None: it may). A loader
@@ -598,14 +629,13 @@ class _RangeLoader:
             raise LoadAbandoned(
                 f"list {name!r}: the record of job {spec.jid!r}{where} is over the store's max-record-size "
                 f"({len(big)} such job{'s' if len(big) > 1 else ''} in load range {seq}); shrink its payload and run "
-                "the load again (the range stays pending: a later load or `aeroqueue sweep` finishes it after its "
-                f"lease of {self.lease_ms / 1000:g} s)"
+                "the load again (it finishes the range left pending, or `aeroqueue sweep` does)"
             )
         if any(codes):
             raise LoadAbandoned(
                 f"list {name!r}: writing the jobs of load range {seq} failed ({_describe(codes)}); "
-                "run the load again once the cluster is healthy (the range stays pending: "
-                f"a later load or `aeroqueue sweep` finishes it after its lease of {self.lease_ms / 1000:g} s)"
+                "run the load again once the cluster is healthy (it finishes the range left pending, or "
+                "`aeroqueue sweep` does)"
             )
         # 4. the index: the commit point of each job. Not into a list dropped meanwhile.
         self._fence(got, new)

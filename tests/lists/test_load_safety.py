@@ -300,8 +300,9 @@ def test_a_load_behind_a_dead_loaders_range_finishes_it_and_returns_reservable(e
     assert waited >= 1.0, "it waited for the dead loader's lease, not less"
 
 
-class _DiesBeforePublishing(Exception):
-    pass
+class _DiesBeforePublishing(BaseException):
+    """A kill: not an error the loader handles (it would give its range's lease up,
+    `_RangeLoader._release`), a stop that runs none of its code."""
 
 
 def _indexed_not_published(lists: JobLists, name: str, jobs: list[JobSpec], lease_ms: int, monkeypatch) -> None:
@@ -894,3 +895,45 @@ def test_publishing_out_of_order_merges_written_ranges_and_stays_idempotent(env,
     assert (head["pubs"], sorted(head["pend"])) == (5, [5])
     assert pub(5, 2, 0, {}, 10) == {"st": "ok", "tail": 12, "total": 11}
     assert pub(99, 2, 0, {}, 10)["st"] == "gone"
+
+
+def test_a_failed_loads_range_is_finished_by_the_same_load_run_again_at_once(env, list_name, monkeypatch, tmp_path):
+    """A load that failed in a range (here its index writes) left that range pending
+    on its full lease, which nobody renewed: the same load run again at once waited 15 s
+    for it. The loader knows it writes no more of the range: it gives the lease up as
+    soon as no write of the range can land any more (at once on the embedded store, past
+    the writes' deadline on a server), and the load run again, a process of its own,
+    finishes it at once."""
+    backend, lists, queue, session = env
+    n = 100
+    path = tmp_path / "jobs.jsonl"
+    path.write_text("".join(json.dumps({"id": f"j{i}", "payload": {"i": i}}) + "\n" for i in range(n)))
+    real = load.commit_index
+
+    def failing(lists_: JobLists, name: str, created: int, pairs: list[tuple[int, str]]) -> list[int]:
+        if any(jid == "j55" for _, jid in pairs):
+            raise errors.LoadAbandoned(f"list {name!r}: indexing job ids failed (codes [9]); run the load again")
+        return real(lists_, name, created, pairs)
+
+    with monkeypatch.context() as m:
+        m.setattr(load, "commit_index", failing)
+        with pytest.raises(errors.LoadAbandoned, match="indexing job ids failed"):
+            lists.load(list_name, specs(n), chunk_size=10, workers=2)  # the default lease, 15 s
+    failed = [seq for seq, r in lists.header(list_name)["pend"].items() if r.get("real") is None]
+    assert len(failed) == 1, "the test needs the failed range pending"
+    wait_for("the failed range's lease given up", lambda: [r["seq"] for r in lists._list_udf(
+        list_name, "expired")] == failed, 5)
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "aeroqueue", "--url", str(backend.url), "load", list_name, str(path),
+                          "--chunk-size", "10", "--seal", "--json"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert (report["loaded"] + report["skipped"], report["waiting"], report["sealed"]) == (n, 0, True), report
+    assert time.monotonic() - t0 < load.DEFAULT_LEASE_MS / 1000, "it did not wait out the lease"
+    st = lists.status(list_name)
+    assert (st.total, st.reservable, st.pending_ranges) == (n, n, 0)
+    jobs = drain_all(queue, list_name, session)
+    assert Counter(j.jid for j in jobs) == Counter(f"j{i}" for i in range(n)), "every job exactly once"
+    assert all(j.payload == {"i": int(j.jid[1:])} for j in jobs)
+    assert queue.complete_many(jobs) == []
+    assert lists.status(list_name).complete
