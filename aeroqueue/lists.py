@@ -242,6 +242,7 @@ class JobLists:
         backoff_max_s: float | None = None,
         delay_s: float = 0.0,
         stop: Callable[[], bool] | None = None,
+        on_range: Callable[[LoadReport], None] | None = None,
     ) -> LoadReport:
         """Load jobs into a list, creating it if needed (see `aeroqueue.load`).
 
@@ -261,11 +262,15 @@ class JobLists:
         jobs back for that long (server clock), and a job's own `run_at` until then.
         Once its jobs are written, a load whose ranges wait behind another loader's
         waits up to a lease for it (recovering it if its loader died); `stop()` true
-        ends that wait (`LoadReport.waiting` counts the jobs still held back)."""
+        ends that wait (`LoadReport.waiting` counts the jobs still held back).
+        `progress(k)` is told of each `k` jobs gone through (a range written, or
+        refused as already there); `on_range(report)`, at the same time, of what they
+        came to (loaded, skipped, voided): a load that raises has returned no report,
+        and its caller says from these how many jobs it loaded before it stopped."""
         return _load.load(
             self, name, jobs, mode=mode, seal=seal, chunk_size=chunk_size, lease_ms=lease_ms,
             max_attempts=max_attempts, progress=progress, workers=workers, timeout_s=timeout_s, backoff_s=backoff_s,
-            backoff_max_s=backoff_max_s, delay_s=delay_s, stop=stop,
+            backoff_max_s=backoff_max_s, delay_s=delay_s, stop=stop, on_range=on_range,
         )
 
     def recover(self, name: str) -> int:

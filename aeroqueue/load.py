@@ -197,6 +197,7 @@ def load(
     backoff_max_s: float | None = None,
     delay_s: float = 0.0,
     stop: Callable[[], bool] | None = None,
+    on_range: Callable[[LoadReport], None] | None = None,
 ) -> LoadReport:
     """See `JobLists.load`."""
     # Checked before anything is written: a chunk size of 2.5 failed once the list was made.
@@ -220,7 +221,7 @@ def load(
     )
     head = lists.header(name)
     if head["sealed"] == 1:
-        return _sealed_again(backend, name, head["created"], specs, progress)
+        return _sealed_again(backend, name, head["created"], specs, progress, on_range)
     if chunk_size is None:
         chunk_size = default_chunk(backend, head["mode"])
     recover(lists, name)
@@ -233,6 +234,8 @@ def load(
     def add(result: tuple[int, int, int], size: int) -> None:
         for i, v in enumerate(result):
             totals[i] += v
+        if on_range:
+            on_range(LoadReport(*result))
         if progress:
             progress(size)
 
@@ -1058,7 +1061,8 @@ def recover(lists: JobLists, name: str) -> int:
 
 
 def _sealed_again(
-    b: Backend, name: str, created: int, specs: Iterable[JobSpec], progress: Callable[[int], None] | None
+    b: Backend, name: str, created: int, specs: Iterable[JobSpec], progress: Callable[[int], None] | None,
+    on_range: Callable[[LoadReport], None] | None = None,
 ) -> LoadReport:
     """A sealed list takes no new job; loading what it already holds is a no-op."""
     n = new = 0
@@ -1068,6 +1072,8 @@ def _sealed_again(
         missing = _not_indexed(b, name, created, batch)
         new += len(missing)
         first = first or next(iter(missing), None)
+        if on_range:
+            on_range(LoadReport(loaded=0, skipped=len(batch) - len(missing), voided=0))
         if progress:
             progress(len(batch))
     if first is not None:

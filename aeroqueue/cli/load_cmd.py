@@ -29,7 +29,7 @@ from rich.progress import (
 from rich.text import Text
 
 from ..errors import BackendError, InputChanged, Interrupted, LoadError, Terminated
-from ..lists import DEFAULT_CHUNK, JobLists, max_payload
+from ..lists import DEFAULT_CHUNK, JobLists, LoadReport, max_payload
 from ..load import EMBEDDED_CHUNK
 from ..loading import STDIN, Checked, read_file, sniff_format, spooled_stdin, validate
 from .context import (
@@ -263,15 +263,20 @@ def load(
     """
     _few_malloc_arenas()
     guard = _StopGuard()
-    written = 0
+    written = voided = 0
 
-    def wrote(k: int) -> None:
-        nonlocal written
-        written += k
+    def wrote(report: LoadReport) -> None:
+        # Jobs the list holds from this input: loaded now or before (skipped), not rows
+        # left void (their id another row, or another loader, took): a file edited
+        # into a duplicate id said "3,000 of 3,000" loaded where the list held 2,999.
+        nonlocal written, voided
+        written += report.loaded + report.skipped
+        voided += report.voided
 
     def loaded() -> str:
         """What every error of a load cut short says it wrote: "N of M jobs"."""
-        return f"{written:,}" + (f" of {guard.total:,}" if guard.total is not None else "") + " jobs"
+        return (f"{written:,}" + (f" of {guard.total:,}" if guard.total is not None else "") + " jobs"
+                + (f" ({voided:,} duplicate(s) left void)" if voided else ""))
 
     with _stops_handled(guard):
         try:
@@ -306,7 +311,7 @@ def _load(
     obj: Context, list_name: str, file: Path, fmt: str | None, id_field: str, strict: bool, mode: str | None,
     max_attempts: int, timeout_s: float | None, backoff_s: float | None, backoff_max_s: float | None, delay_s: float,
     seal: bool, chunk_size: int | None, workers: int | None, as_json: bool, guard: _StopGuard,
-    wrote: Callable[[int], None],
+    wrote: Callable[[LoadReport], None],
 ) -> None:
     backend = obj.backend()
     check_new_list_policy(JobLists(backend), list_name, max_attempts, timeout_s, backoff_s, backoff_max_s)
@@ -356,7 +361,6 @@ def _load(
         guard.writing = True
 
         def advance(k: int) -> None:
-            wrote(k)
             progress.advance(writing, k)
 
         # Only the rows the check saw: a line appended since (an exporter still writing
@@ -366,6 +370,7 @@ def _load(
             mode=mode, seal=seal, chunk_size=chunk_size,
             max_attempts=max_attempts, workers=workers, progress=advance, timeout_s=timeout_s,
             backoff_s=backoff_s, backoff_max_s=backoff_max_s, delay_s=delay_s, stop=lambda: guard.asked is not None,
+            on_range=wrote,
         )
         t2 = time.perf_counter()
     if as_json:

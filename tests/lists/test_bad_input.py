@@ -367,7 +367,8 @@ def test_the_id_mode_chunk_size_an_error_names_fits_the_store(tmp_path, list_nam
     assert (st.total, st.delayed, st.pending_ranges) == (fits, fits, 0)
 
 
-@pytest.mark.parametrize("change", ["cut short", "malformed line", "edited in place", "appended to"])
+@pytest.mark.parametrize("change", ["cut short", "malformed line", "edited in place", "appended to",
+                                    "edited into a duplicate id"])
 def test_a_file_that_changes_while_it_is_loaded_is_reported_and_the_list_not_sealed(
     tmp_path, store_url, registered, list_name, monkeypatch, change
 ):
@@ -389,6 +390,8 @@ def test_a_file_that_changes_while_it_is_loaded_is_reported_and_the_list_not_sea
             path.write_text("".join([*lines[:200], '{"id": "j200", oops\n', *lines[201:]]))
         elif change == "edited in place":
             path.write_text("".join(lines).replace('"i": 7}', '"i": 8}'))
+        elif change == "edited into a duplicate id":
+            path.write_text("".join(lines).replace('"id": "j299"', '"id": "j005"'))
         else:
             path.write_text("".join(lines) + '{"id": "late"}\n')
         return real_load(self, *args, **kwargs)
@@ -400,8 +403,12 @@ def test_a_file_that_changes_while_it_is_loaded_is_reported_and_the_list_not_sea
     assert len(lines_out) == 1 and "Traceback" not in out.output, out.output
     assert "jobs.jsonl" in lines_out[0] and "the file changed while it was loaded" in lines_out[0], out.output
     # Ranges of 50: those complete before the change is noticed (the rest is not written).
-    loaded = {"cut short": 100, "malformed line": 200, "edited in place": 300, "appended to": 300}[change]
-    assert f"{loaded} of 300 jobs were loaded into" in lines_out[0], out.output
+    # The list's jobs, exactly: a row whose id an earlier row took is left void, not
+    # loaded (it was counted loaded: "300 of 300" where the list held 299).
+    loaded = {"cut short": 100, "malformed line": 200, "edited in place": 300, "appended to": 300,
+              "edited into a duplicate id": 299}[change]
+    void = " (1 duplicate(s) left void)" if change == "edited into a duplicate id" else ""
+    assert f"{loaded} of 300 jobs{void} were loaded into" in lines_out[0], out.output
     assert "nothing was loaded" not in lines_out[0], out.output
     if change == "malformed line":
         assert "line 201" in lines_out[0], out.output
