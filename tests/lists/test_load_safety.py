@@ -101,7 +101,8 @@ from aeroqueue.lists import JobLists
 from aeroqueue.loading import JobSpec
 b = open_backend(sys.argv[1])
 jobs = (JobSpec(f"k{i}", {"i": i}) for i in range(int(sys.argv[3])))
-JobLists(b).load(sys.argv[2], jobs, chunk_size=50, workers=4, lease_ms=int(sys.argv[4]))
+JobLists(b).load(sys.argv[2], jobs, chunk_size=int(sys.argv[5]) if len(sys.argv) > 5 else 50, workers=4,
+                 lease_ms=int(sys.argv[4]))
 """
 
 
@@ -876,6 +877,40 @@ def test_ranges_written_behind_a_dead_loaders_range_keep_the_list_record_small(e
     assert (head["pubs"], head["tail"], head["pend"]) == (n + 1, n + 1, {})
     jobs = drain_all(queue, list_name, session)
     assert Counter(j.jid for j in jobs) == Counter(s.jid for s in specs(n)), "every job exactly once"
+
+
+def test_a_load_of_one_job_ranges_behind_a_killed_loader_reads_a_few_entries_a_call(env, list_name, monkeypatch):
+    """The case as it was met: a loader of one-job ranges SIGKILLed, the same load run
+    again at once. Its ranges wait behind the dead ones for their lease; the list
+    record holds a few entries meanwhile, not one per range. Then every job is there
+    once, reservable."""
+    backend, lists, queue, session = env
+    n, lease_ms = 400, 1500
+    proc = subprocess.Popen([sys.executable, "-c", _LOADER, str(backend.url), list_name, str(n), str(lease_ms), "1"],
+                            start_new_session=True)
+    try:
+        wait_for("the loader's first ranges published", lambda: (
+            (rec := backend.get(keys.LIST_SET, list_name)) is not None and rec.bins["tail"] >= 20), 60)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    head = lists.header(list_name)
+    dead = [seq for seq, r in head["pend"].items() if r.get("real") is None]
+    assert head["tail"] < n and dead, "killed mid-load, ranges in flight"
+    sizes = _pend_sizes(lists, list_name, monkeypatch)
+    report = lists.load(list_name, (JobSpec(f"k{i}", {"i": i}) for i in range(n)), chunk_size=1, workers=4,
+                        lease_ms=lease_ms)
+    assert report.waiting == 0 and report.loaded + report.skipped == n
+    assert len(sizes) > n / 2, "most ranges were the re-run's"
+    # The dead ranges, each maybe with a run of written ones after it, and the re-run's
+    # ranges in flight with theirs: one entry per range before (hundreds).
+    assert max(sizes) <= 2 * len(dead) + 2 * 5 + 1, sizes
+    st = lists.status(list_name)
+    assert (st.total, st.reservable, st.pending_ranges) == (n, n, 0)
+    jobs = drain_all(queue, list_name, session)
+    assert Counter(j.jid for j in jobs) == Counter(f"k{i}" for i in range(n)), "every job exactly once"
+    assert all(j.payload == {"i": int(j.jid[1:])} for j in jobs)
+    assert queue.complete_many(jobs) == []
 
 
 def test_publishing_out_of_order_merges_written_ranges_and_stays_idempotent(env, list_name):
