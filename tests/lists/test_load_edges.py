@@ -14,42 +14,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from aeroqueue import udfs
-from aeroqueue.backends import open_backend
-from aeroqueue.cli import main
 from aeroqueue.errors import LoadError
 from aeroqueue.loading import JobSpec, from_iterable
-
-_REGISTERED: set[str] = set()
+from tests.lists.loadcli import assert_no_list, cli, jobs_of, registered
 
 
 @pytest.fixture
 def url(store_url: str) -> str:
-    """The store URL, the modules registered once per run on a real server."""
-    if not store_url.startswith("embedded") and store_url not in _REGISTERED:
-        b = open_backend(store_url)
-        udfs.register(b)
-        b.close()
-        _REGISTERED.add(store_url)
-    return store_url
-
-
-def cli(url: str, *args: str, input: str | bytes | None = None, env: dict[str, str] | None = None):
-    return CliRunner().invoke(main, ["--url", url, "--create", *args], input=input, env=env)
-
-
-def jobs_of(url: str, name: str) -> dict[str, object]:
-    out = cli(url, "export", name)
-    assert out.exit_code == 0, out.output
-    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-    return {r["jid"]: r["payload"] for r in rows}
-
-
-def assert_no_list(url: str, name: str) -> None:
-    st = cli(url, "status", name, "--json")
-    assert st.exit_code == 1 and f"no job list named '{name}'" in st.output, "nothing may be created"
+    return registered(store_url)
 
 
 # -- ids with whitespace around them ------------------------------------------------

@@ -10,28 +10,18 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from aeroqueue import keys, loading, udfs
 from aeroqueue.backends import open_backend
-from aeroqueue.cli import main
 from aeroqueue.errors import ListModeMismatch, LoadError
 from aeroqueue.lists import JobLists, max_payload
 from aeroqueue.loading import IdDigests, JobSpec, read_file, validate
-
-_REGISTERED: set[str] = set()
+from tests.lists.loadcli import assert_no_list, cli, jobs_of, registered
 
 
 @pytest.fixture
-def url(store_url):
-    """The store URL, with the modules registered once per run on a real server (the
-    CLI registers them itself on an embedded store): registration costs seconds."""
-    if not store_url.startswith("embedded") and store_url not in _REGISTERED:
-        b = open_backend(store_url)
-        udfs.register(b)
-        b.close()
-        _REGISTERED.add(store_url)
-    return store_url
+def url(store_url: str) -> str:
+    return registered(store_url)
 
 
 @pytest.fixture
@@ -40,24 +30,6 @@ def jl(url):
     udfs.ensure(b)
     yield JobLists(b)
     b.close()
-
-
-def cli(url: str, *args: str, input: str | bytes | None = None):
-    # --create: a fresh embedded path is a new store (a typo check refuses it otherwise).
-    return CliRunner().invoke(main, ["--url", url, "--create", *args], input=input)
-
-
-def jobs_of(url: str, name: str) -> dict[str, object]:
-    """job id -> payload, from the store (export), for every job of a list."""
-    out = cli(url, "export", name)
-    assert out.exit_code == 0, out.output
-    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-    return {r["jid"]: r["payload"] for r in rows}
-
-
-def assert_no_list(url: str, name: str) -> None:
-    st = cli(url, "status", name, "--json")
-    assert st.exit_code == 1 and f"no job list named '{name}'" in st.output, "nothing may be created"
 
 
 # -- standard input ---------------------------------------------------------------
