@@ -195,11 +195,9 @@ def test_a_worker_told_to_count_every_list_together_has_8_job_series_whatever_th
     assert counter("failed") == sum(j["att"] - 1 for j in every) == 2
 
 
-def test_counted_together_a_lists_counts_stay_when_it_is_no_longer_followed() -> None:
-    """A list dropped takes no count with it from the totals: a counter going down is
-    a reset to rate(), and the reservations' outcomes would no longer add up."""
-    m = WorkerMetrics(by_list=False)
-    assert _series(m.registry, "aeroqueue_jobs_dead_total") == {"*": 0}  # from the start
+def _drop_a_list_with_jobs_in_flight(m: WorkerMetrics) -> None:
+    """Lists a and b followed, jobs of each reserved, a no longer followed, then the
+    outcomes of all three: a's lost and released, b's done."""
     m.following(["a", "b"])
     m.reserved("a", 2)
     m.reserved("b", 1)
@@ -207,6 +205,14 @@ def test_counted_together_a_lists_counts_stay_when_it_is_no_longer_followed() ->
     m.lost("a")
     m.released("a")
     m.done("b")
+
+
+def test_counted_together_a_lists_counts_stay_when_it_is_no_longer_followed() -> None:
+    """A list dropped takes no count with it from the totals: a counter going down is
+    a reset to rate(), and the reservations' outcomes would no longer add up."""
+    m = WorkerMetrics(by_list=False)
+    assert _series(m.registry, "aeroqueue_jobs_dead_total") == {"*": 0}  # from the start
+    _drop_a_list_with_jobs_in_flight(m)
     assert _series(m.registry, "aeroqueue_jobs_reserved_total") == {"*": 3}
     assert _series(m.registry, "aeroqueue_jobs_lost_total") == {"*": 1}
     assert _series(m.registry, "aeroqueue_jobs_released_total") == {"*": 1}
@@ -298,13 +304,7 @@ def test_an_outcome_after_its_list_is_no_longer_followed_brings_no_series_back()
     """A job in flight when its list was dropped ends after `following` removed the
     list's series (lost, or released): its count brought them back, for good."""
     m = WorkerMetrics()
-    m.following(["a", "b"])
-    m.reserved("a", 2)
-    m.reserved("b", 1)
-    m.following(["b"])
-    m.lost("a")
-    m.released("a")
-    m.done("b")
+    _drop_a_list_with_jobs_in_flight(m)
     assert _series(m.registry, "aeroqueue_jobs_lost_total") == {"b": 0}
     assert _series(m.registry, "aeroqueue_jobs_released_total") == {"b": 0}
     assert _series(m.registry, "aeroqueue_jobs_completed_total") == {"b": 1}
