@@ -972,3 +972,39 @@ def test_a_failed_loads_range_is_finished_by_the_same_load_run_again_at_once(env
     assert all(j.payload == {"i": int(j.jid[1:])} for j in jobs)
     assert queue.complete_many(jobs) == []
     assert lists.status(list_name).complete
+
+
+def test_publishes_in_any_order_each_twice_match_a_model_of_the_list(env, list_name):
+    """Merged `pend` entries (aq_list_v1 publish) against a model: ranges published in
+    any order, each twice (a loader and a recovery, or a publish repeated after a lost
+    answer), some delayed (a gate each, never merged), a renewal of every range after
+    each publish. pubs, tail, total, the gates and the pending count stay what one
+    entry per range gave, and only unwritten ranges are renewed."""
+    import random
+
+    _, lists, _, _ = env
+    for trial in range(25):
+        rnd = random.Random(trial)
+        name = f"{list_name}-{trial}"
+        lists.create(name)
+        n = rnd.randint(2, 8)
+        sizes = [rnd.randint(1, 3) for _ in range(n)]
+        starts = [lists._list_udf(name, "alloc", sizes[i], 600_000, f"r{i}")["start"] for i in range(n)]
+        delayed = {i for i in range(n) if rnd.random() < 0.25}
+        reals = [rnd.randint(0, sizes[i]) for i in range(n)]
+        order = list(range(n)) * 2
+        rnd.shuffle(order)
+        written: set[int] = set()
+        for seq in order:
+            due = int(time.time() * 1000) + 3_600_000 if seq in delayed else 0
+            assert lists._list_udf(name, "publish", seq, reals[seq], due, {}, 10)["st"] == "ok"
+            written.add(seq)
+            assert lists._list_udf(name, "renew", list(range(n)), 600_000) == n - len(written), (trial, order)
+            pubs = 0
+            while pubs in written:
+                pubs += 1
+            head = lists.header(name)
+            tail = starts[pubs - 1] + sizes[pubs - 1] if pubs else 0
+            assert (head["pubs"], head["tail"], head["total"]) == (pubs, tail, sum(reals[:pubs])), (trial, order)
+            assert set(head.get("gates") or {}) == {starts[i] for i in delayed if i < pubs}, (trial, order)
+            assert lists.status(name).pending_ranges == n - pubs, (trial, order)
