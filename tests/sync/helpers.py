@@ -15,7 +15,7 @@ from aeroqueue.loading import JobSpec
 from aeroqueue.queue import Queue
 from aeroqueue.sessions import Session
 from aeroqueue.sync import SyncOptions, Target, parse_target
-from aeroqueue.sync.schema import target_id
+from aeroqueue.sync.schema import migrations, target_id
 from aeroqueue.sync.write import Sink
 from tests.conftest import port_open
 
@@ -133,3 +133,15 @@ def mysql_port_closed() -> int:
         if not port_open("127.0.0.1", port):
             return port
     raise RuntimeError("no free port")
+
+
+def schema_left_at(sink: Sink, version: int) -> None:
+    """`sink`'s target as an aeroqueue of schema `version` left it: migrations 1 to
+    `version` run (each statement as this database runs it) and recorded."""
+    for step in migrations()[:version + 1]:
+        for stmt in step.statements:
+            if (here := sink.dialect.ddl(stmt)) is not None:
+                sink.execute(here)
+    ph = sink.dialect.placeholder
+    for v in range(1, version + 1):
+        sink.execute(f"INSERT INTO schema_version (version, description, applied_at) VALUES ({ph}, 'old', 0)", (v,))

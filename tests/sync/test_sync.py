@@ -26,6 +26,7 @@ from .helpers import (
     options,
     processed,
     root_connection,
+    schema_left_at,
     synced_marks,
 )
 
@@ -233,18 +234,12 @@ def test_rejects_written_before_the_lists_stamp_was_kept_give_way_to_their_jobs(
     the row before, rather than being a second reject of one job; one copied since
     clears it, as before."""
     from aeroqueue.sync import parse_target
-    from aeroqueue.sync.schema import migrations
     from aeroqueue.sync.write import Sink
 
     make_jobs(store, list_name, done=3)
     store.put(keys.JOB_SET, keys.job_name(list_name, 1), {"result": bytearray(b"\x01")})
     with Sink(parse_target(mysql_url)) as sink:
-        for step in migrations()[:5]:
-            for stmt in step.statements:
-                if (here := sink.dialect.ddl(stmt)) is not None:
-                    sink.execute(here)
-        sink.execute("INSERT INTO schema_version (version, description, applied_at) VALUES (1, 'old', 0), "
-                     "(2, 'old', 0), (3, 'old', 0), (4, 'old', 0)")
+        schema_left_at(sink, 4)
         sink.execute("INSERT INTO sync_rejects (list, token, jid, state, reason, seen_at) "
                      "VALUES (%s, 1, 'j1', 'done', 'old', 1), (%s, 2, 'j2', 'done', 'old', 1)", (list_name, list_name))
         sink.commit()
@@ -413,17 +408,11 @@ def test_rows_copied_before_the_lists_stamp_was_kept_give_way_to_their_jobs_copi
     second row beside its first; now it takes that row's place, as a copy took the
     row of its (list, jid) before, and rows no job copies again stay."""
     from aeroqueue.sync import parse_target
-    from aeroqueue.sync.schema import migrations
     from aeroqueue.sync.write import Sink
 
     make_jobs(store, list_name, done=3)
     with Sink(parse_target(mysql_url)) as sink:
-        for step in migrations()[:4]:
-            for stmt in step.statements:
-                if (here := sink.dialect.ddl(stmt)) is not None:
-                    sink.execute(here)
-        sink.execute("INSERT INTO schema_version (version, description, applied_at) VALUES (1, 'old', 0), "
-                     "(2, 'old', 0), (3, 'old', 0)")
+        schema_left_at(sink, 3)
         for jid in ("j0", "j1", "old-x"):
             sink.execute("INSERT INTO aq_jobs (list, jid, token, state, attempts, synced_at) "
                          "VALUES (%s, %s, 0, 'done', 1, 1)", (list_name, jid))

@@ -39,7 +39,7 @@ from aeroqueue.sync.target import demo_target
 from aeroqueue.sync.write import infile_dir
 from tests.conftest import require
 
-from .helpers import mysql_port_closed, mysql_query, root_connection
+from .helpers import mysql_port_closed, mysql_query, root_connection, schema_left_at
 from .servers import OwnMariaDB
 
 
@@ -300,10 +300,7 @@ def test_migration_2_rebuilds_a_version_1_table_keeping_its_rows_and_can_run_aga
     version, finishes the migration the next time."""
     target = parse_target(f"mysql://root@127.0.0.1:3306/{mysql_db}")
     with Sink(target) as sink:
-        for step in migrations()[:2]:
-            for stmt in step.statements:
-                sink.execute(stmt)
-        sink.execute("INSERT INTO schema_version (version, description, applied_at) VALUES (1, 'old', 0)")
+        schema_left_at(sink, 1)
         sink.upsert(JOBS_TABLE, OLD_COLUMNS, OLD_KEY, [_old_row("a", 100), _old_row("b", 100)])
         sink.commit()
         assert "PRIMARY KEY (`list`,`jid`)" in mysql_query(mysql_db, "SHOW CREATE TABLE aq_jobs")[0][1]
@@ -329,10 +326,7 @@ def test_migration_3_gives_sqlite_job_ids_as_text_back_and_keeps_ids_equal_as_nu
     behind) finishes the next time."""
     target = _sqlite(tmp_path)
     with Sink(target) as sink:
-        for step in migrations()[:3]:  # as an aeroqueue of schema version 2 left it
-            for stmt in step.statements:
-                sink.execute(stmt)
-        sink.execute("INSERT INTO schema_version (version, description, applied_at) VALUES (1, 'old', 0), (2, 'old', 0)")
+        schema_left_at(sink, 2)
         sink.upsert(JOBS_TABLE, OLD_COLUMNS, OLD_KEY, [_old_row("0123", 100), _old_row("abc", 100)])
         sink.commit()
         assert sink.execute("SELECT typeof(jid) FROM aq_jobs ORDER BY token, jid") == [("integer",), ("text",)], \
@@ -600,13 +594,7 @@ def test_migration_4_keeps_the_rows_of_before_under_stamp_0_and_keys_rows_on_the
     before recording the version, finishes the migration the next time."""
     target = _target(dialect, tmp_path, request)
     with Sink(target) as sink:
-        for step in migrations()[:4]:  # as an aeroqueue of schema version 3 left it
-            for stmt in step.statements:
-                stmt_here = sink.dialect.ddl(stmt)
-                if stmt_here is not None:
-                    sink.execute(stmt_here)
-        sink.execute("INSERT INTO schema_version (version, description, applied_at) VALUES (1, 'old', 0), (2, 'old', 0), "
-                     "(3, 'old', 0)")
+        schema_left_at(sink, 3)
         sink.upsert(JOBS_TABLE, OLD_COLUMNS, OLD_KEY, [_old_row("a", 100), _old_row("b", 100)])
         sink.execute("INSERT INTO aq_list_summary (list, mode, total, done, dead, sealed, complete, updated_at) "
                      "VALUES ('L', 'tokens', 2, 2, 0, 1, 1, 5)")
@@ -640,12 +628,7 @@ def test_migration_5_keeps_the_rejects_of_before_under_stamp_0_and_keys_rejects_
     died after the ALTER, before recording the version, finishes it the next time."""
     target = _target(dialect, tmp_path, request)
     with Sink(target) as sink:
-        for step in migrations()[:5]:  # as an aeroqueue of schema version 4 left it
-            for stmt in step.statements:
-                if (stmt_here := sink.dialect.ddl(stmt)) is not None:
-                    sink.execute(stmt_here)
-        sink.execute("INSERT INTO schema_version (version, description, applied_at) VALUES (1, 'old', 0), (2, 'old', 0), "
-                     "(3, 'old', 0), (4, 'old', 0)")
+        schema_left_at(sink, 4)
         sink.upsert(REJECTS_TABLE, REJECT_COLUMNS[:-1], ("list", "token"), [("L", 1, "a", "done", "not JSON", 10)])
         sink.commit()
         newest = migrations()[-1].version
@@ -694,12 +677,7 @@ def test_a_target_made_anew_gets_an_id_of_its_own_and_one_of_before_keeps_its_ma
     one (what it holds is not known: it is copied into in full)."""
     target = _target(dialect, tmp_path, request)
     with Sink(target) as sink:
-        for step in migrations()[:6]:  # as an aeroqueue of schema version 5 left it
-            for stmt in step.statements:
-                if (stmt_here := sink.dialect.ddl(stmt)) is not None:
-                    sink.execute(stmt_here)
-        sink.execute("INSERT INTO schema_version (version, description, applied_at) VALUES (1, 'old', 0), (2, 'old', 0), "
-                     "(3, 'old', 0), (4, 'old', 0), (5, 'old', 0)")
+        schema_left_at(sink, 5)
         assert sink.copy(JOBS_TABLE, JOB_COLUMNS, JOB_KEY, [_row("a", 100)], newer="done_at") == []
         sink.commit()
         migrate(sink)
