@@ -891,6 +891,17 @@ def test_a_load_of_one_job_ranges_behind_a_killed_loader_reads_a_few_entries_a_c
     try:
         wait_for("the loader's first ranges published", lambda: (
             (rec := backend.get(keys.LIST_SET, list_name)) is not None and rec.bins["tail"] >= 20), 60)
+
+        def stopped_in_a_range() -> bool:
+            # Killed between two ranges, it would leave none in flight: stopped first,
+            # and killed only while one is (else let go again).
+            os.killpg(proc.pid, signal.SIGSTOP)
+            if any(r.get("real") is None for r in lists.header(list_name)["pend"].values()):
+                return True
+            os.killpg(proc.pid, signal.SIGCONT)
+            return False
+
+        wait_for("the loader stopped with a range in flight", stopped_in_a_range, 60)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
