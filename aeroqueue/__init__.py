@@ -5,11 +5,15 @@ of workers that died, exactly-once acknowledgement, and a PySpark sync of
 processed jobs to MySQL.
 """
 
-from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any
+# The package's first lines import nothing, not even `typing` or `__future__`: a
+# Ctrl-C while they ran (an import is milliseconds on a busy machine) came out as a
+# traceback through this file, before `__main__.main` could turn it into one line.
+# mypy reads a name TYPE_CHECKING as true wherever it is defined.
+TYPE_CHECKING = False
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from .backends import Backend, open_backend
     from .config import StoreURL, parse_url, resolve_url
     from .errors import AeroqueueError
@@ -24,7 +28,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> "Any":
     if name in _LAZY:
         import importlib
 
@@ -32,7 +36,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'aeroqueue' has no attribute {name!r}")
 
 
-def connect(url: str | None = None, *, create: bool | None = None) -> Backend:
+def connect(url: "str | None" = None, *, create: "bool | None" = None) -> "Backend":
     """Open the store (`url`, else AEROQUEUE_URL, else the embedded default) and make
     sure it runs this client's UDF modules: an embedded store registers them; a
     cluster without them is refused with the command that registers them.
