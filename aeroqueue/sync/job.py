@@ -353,9 +353,15 @@ def driver_lost(e: BaseException, when: str, then: str = "") -> SparkDriverLost 
 
 def _py4j_lost(e: BaseException) -> bool:
     """py4j lost its connection to the JVM somewhere in `e`'s chain: the sign of its end
-    when this process did not launch it (spark-submit's)."""
+    when this process did not launch it (spark-submit's).
+
+    Besides its network error, a bare "An error occurred while calling o22.getLocalProperty"
+    (a Py4JError with no Java trace): py4j's client catches a call's broken connection,
+    logs it and answers the call with its error code, which carries nothing else. A run
+    whose JVM was SIGKILLed so failed as an ordinary run, logged, the schedule going on
+    (seen once in CI), because the JVM was not yet reaped when the error was looked at."""
     try:
-        from py4j.protocol import Py4JNetworkError
+        from py4j.protocol import Py4JError, Py4JNetworkError
     except ImportError:
         return False
     seen: BaseException | None = e
@@ -363,6 +369,9 @@ def _py4j_lost(e: BaseException) -> bool:
         if seen is None:
             return False
         if isinstance(seen, Py4JNetworkError):
+            return True
+        if type(seen) is Py4JError and str(seen).startswith("An error occurred while calling") \
+                and "Trace:" not in str(seen):
             return True
         seen = seen.__cause__ or seen.__context__
     return False

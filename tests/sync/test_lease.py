@@ -139,3 +139,28 @@ def test_a_lost_spark_driver_ends_the_schedule(store_url, lock):
         s.run(max_runs=3)
     assert len(calls) == 1 and errors == []
     assert open_backend(store_url).get(LOCK_SET, lock) is None, "released on the way out"
+
+
+def test_a_bare_py4j_error_as_the_jvm_dies_is_the_driver_lost(monkeypatch):
+    """py4j answers a call whose connection broke with a bare "An error occurred while
+    calling o22.getLocalProperty" (its network error logged, not chained). Seen in CI: the
+    JVM SIGKILLed, not yet reaped when the error was looked at, the run failed as an
+    ordinary one and the schedule went on. A real process stands for the JVM, killed a
+    moment after the error is looked at."""
+    from py4j.protocol import Py4JError
+
+    from aeroqueue.sync import job
+
+    jvm = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    monkeypatch.setattr(job, "_driver_process", lambda: jvm)
+    try:
+        # An error the JVM answered (its trace) says nothing of its end: no wait, not lost.
+        answered = Py4JError("An error occurred while calling o22.sql. Trace:\njava.lang.Exception: bad\n")
+        assert job.driver_lost(answered, "during the run") is None
+        threading.Timer(0.3, jvm.kill).start()
+        lost = job.driver_lost(Py4JError("An error occurred while calling o22.getLocalProperty"), "during the run")
+    finally:
+        jvm.kill()
+        jvm.wait()
+    assert isinstance(lost, SparkDriverLost)
+    assert str(lost) == f"the Spark driver (its JVM, pid {jvm.pid}) ended during the run, killed by SIGKILL"
